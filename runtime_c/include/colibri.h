@@ -1,0 +1,285 @@
+/**
+ * @file colibri.h
+ * @brief Public C API of the Colibri MoE runtime (libcolibri.a).
+ *
+ * Three modules that can be used on their own (router, expert loader, sparse forward) plus a
+ * convenience entry point (colibri_forward) that chains them. Every function returns a
+ * colibri_status (0 = OK, negative = error); nothing here calls exit() or abort().
+ *
+ * Memory: on the MCU path (COLIBRI_NO_FILESYSTEM defined) the runtime never allocates; the
+ * generated model provides a static arena. The POSIX build (model files, mmap) is marked.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COLIBRI_VERSION_MAJOR 0
+#define COLIBRI_VERSION_MINOR 1
+#define COLIBRI_VERSION_PATCH 0
+
+/** Largest top-k the router accepts. */
+#define COLIBRI_MAX_TOP_K 64
+
+/** Status codes. Keep in sync with colibri_strerror() (designated-initialiser table). */
+typedef enum {
+    COLIBRI_OK = 0,
+    COLIBRI_ERR_ARG = -1,         /**< NULL pointer or invalid argument */
+    COLIBRI_ERR_IO = -2,          /**< file cannot be opened / read / mapped */
+    COLIBRI_ERR_MAGIC = -3,       /**< not a Colibri model file (bad magic) */
+    COLIBRI_ERR_VERSION = -4,     /**< unsupported format version */
+    COLIBRI_ERR_TRUNCATED = -5,   /**< file shorter than its header / config says */
+    COLIBRI_ERR_SIZE = -6,        /**< file size inconsistent with the config */
+    COLIBRI_ERR_CONFIG = -7,      /**< config.json missing or a field missing/invalid */
+    COLIBRI_ERR_TOPK = -8,        /**< top_k <= 0, > num_experts or > COLIBRI_MAX_TOP_K */
+    COLIBRI_ERR_DIM = -9,         /**< d_model passed to forward differs from the model's */
+    COLIBRI_ERR_NAN = -10,        /**< NaN / Inf in router input or logits */
+    COLIBRI_ERR_NOMEM = -11,      /**< allocation failed / static arena too small */
+    COLIBRI_ERR_EXPERT = -12,     /**< expert id out of range or sharing map invalid */
+    COLIBRI_ERR_UNSUPPORTED = -13, /**< dtype / feature not supported by this build */
+    COLIBRI_ERR_FORMAT = -14       /**< container malformed: tensor missing/duplicated/misplaced */
+} colibri_status;
+
+/** Expert weight residency policy (the seeds' cache_policy). */
+typedef enum {
+    COLIBRI_CACHE_NONE = 0,   /**< fetch the expert every time it is used */
+    COLIBRI_CACHE_LRU = 1,    /**< lru_cache_size slots, least recently used evicted */
+    COLIBRI_CACHE_PINNED = 2  /**< every expert resident, never evicted */
+} colibri_cache_policy;
+
+/** Expert activation (applied between the two projections). */
+typedef enum {
+    COLIBRI_ACT_GELU = 0,      /**< exact gelu, 0.5*x*(1+erf(x/sqrt(2))) (default) */
+    COLIBRI_ACT_GELU_TANH = 1, /**< tanh approximation of gelu */
+    COLIBRI_ACT_SILU = 2,      /**< x*sigmoid(x) */
+    COLIBRI_ACT_RELU = 3       /**< max(x, 0) */
+} colibri_activation;
+
+/** Model flags. */
+#define COLIBRI_FLAG_NORM_TOPK 0x1u   /**< renormalise the k gates to sum to 1 */
+#define COLIBRI_FLAG_GATED 0x2u       /**< SwiGLU experts: (silu(x W1) * (x W3)) W2 */
+#define COLIBRI_FLAG_ROUTER_BIAS 0x4u /**< router has a bias [n_experts] */
+#define COLIBRI_FLAG_EXPERT_BIAS 0x8u /**< experts have b1 / b2 */
+
+/** Run-time configuration (the seeds' colibri_config_t). Zero-initialise unused fields. */
+typedef struct {
+    const char *model_path;              /**< Colibri container or seed flat file (POSIX) */
+    colibri_cache_policy cache_policy;   /**< NONE / LRU / PINNED */
+    int32_t lru_cache_size;              /**< number of LRU slots (LRU only, >= 1) */
+    int32_t num_threads;                 /**< reserved; 0 or 1 = single-threaded */
+    const int32_t *expert_sharing_map;   /**< NULL or [num_experts]: expert i uses j's weights */
+} colibri_config_t;
+
+/** Weights of one expert, fp32, row-major. b1/b2/w3 may be NULL (see flags). */
+typedef struct {
+    const float *w1; /**< [d_model][d_ff] */
+    const float *b1; /**< [d_ff] or NULL */
+    const float *w2; /**< [d_ff][d_model] */
+    const float *b2; /**< [d_model] or NULL */
+    const float *w3; /**< [d_model][d_ff], gated experts only, else NULL */
+} colibri_expert_weights_t;
+
+/**
+ * @brief Expert kernel: y[n][d_model] = FFN(x[n][d_model]) for n tokens.
+ * @param w       the expert's weights (NULL for generated kernels with weights baked in)
+ * @param scratch at least n * d_ff * (gated ? 2 : 1) floats
+ */
+typedef void (*colibri_expert_kernel_fn)(const colibri_expert_weights_t *w, const float *x,
+                                         float *y, int32_t n, float *scratch);
+
+/** Loader counters (colibri_get_stats). */
+typedef struct {
+    uint64_t loads;     /**< calls to colibri_load_expert */
+    uint64_t hits;      /**< expert already resident */
+    uint64_t misses;    /**< expert fetched from storage */
+    uint64_t evictions; /**< LRU slot reused */
+} colibri_stats_t;
+
+/** Maximum number of LRU slots. */
+#define COLIBRI_MAX_LRU_SLOTS 256
+
+/**
+ * Model state. Complete type so that MCU code can allocate it statically; fields are private
+ * to the runtime and the generated code.
+ */
+typedef struct colibri_model {
+    int32_t n_experts;
+    int32_t d_model;
+    int32_t d_ff;
+    int32_t top_k; /**< model default top-k (config) */
+    colibri_activation activation;
+    uint32_t flags;
+    const float *router_w; /**< [n_experts][d_model] */
+    const float *router_b; /**< [n_experts] or NULL */
+    /** Weights as stored (before the sharing map), [n_experts]. */
+    colibri_expert_weights_t *stored;
+    /** Expert i uses weights of stored[share[i]]; [n_experts]. */
+    int32_t *share;
+    /** Optional per-expert kernels (generated code); NULL = portable kernel. */
+    const colibri_expert_kernel_fn *kernels;
+    /** Workspace (arena) and the largest token chunk it can hold. */
+    void *arena;
+    size_t arena_size;
+    int32_t max_tokens;
+    /** Loader state. */
+    colibri_cache_policy cache_policy;
+    int32_t n_slots;
+    float *slot_mem;        /**< n_slots * expert_floats (LRU/NONE on copy-based storage) */
+    int32_t *slot_expert;   /**< [n_slots] stored expert in slot, -1 = empty */
+    uint64_t *slot_stamp;   /**< [n_slots] last use */
+    uint64_t clock;
+    colibri_expert_weights_t *slot_weights; /**< [n_slots] pointers into slot_mem */
+    colibri_stats_t stats;
+    /** Backing storage (POSIX builds): mapping of the model file and owned allocations. */
+    void *map_base;
+    size_t map_size;
+    void *owned; /**< single allocation holding the arrays above (POSIX), freed by cleanup */
+    int is_static;
+    /** Effective sharing map used by the loader (set by init: the config's map, else share;
+     *  NULL = identity). Private. */
+    const int32_t *share_eff;
+} colibri_model_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Life cycle                                                                                  */
+
+/**
+ * @brief Load a model file (POSIX only): a Colibri container, or the seed flat layout with
+ *        config.json and router.bin beside it. The file is mmap'ed; weights are used in place.
+ * @return COLIBRI_OK and *out_model set, or a negative status (*out_model = NULL).
+ */
+colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **out_model);
+
+/**
+ * @brief Initialise a model whose weights are already in memory (generated code, MCU path).
+ *        No allocation: arena/arena_size must hold colibri_workspace_size(model, max_tokens)
+ *        plus COLIBRI_SLOT_BYTES for LRU/NONE (slots live at the end of the arena); the
+ *        arena must be 8-byte aligned. A config sharing map overrides model->share.
+ *        model must have n_experts, d_model, d_ff, top_k, activation, flags, router_w/b,
+ *        stored, share and kernels filled in. config may be NULL (PINNED, no sharing).
+ */
+colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_t *config,
+                                   void *arena, size_t arena_size, int32_t max_tokens);
+
+/** @brief Release a model (unmaps / frees what colibri_init took). Safe on NULL. */
+void colibri_cleanup(colibri_model_t *model);
+
+/** @brief Human-readable message for a status code (never NULL). */
+const char *colibri_strerror(int status);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Router                                                                                      */
+
+/**
+ * @brief Top-k routing over precomputed gate logits, with an online softmax.
+ * @param gate_logits [batch_seq_len][num_experts]
+ * @param expert_ids  out [batch_seq_len][top_k], best first (ties: lower expert index first)
+ * @param gates       out [batch_seq_len][top_k], softmax probabilities over all experts
+ * @param route_temp  workspace of batch_seq_len floats (out: per-token log-sum-exp)
+ * No allocation; memory independent of num_experts. NaN/Inf logits -> COLIBRI_ERR_NAN.
+ */
+colibri_status colibri_route_gate(const float *gate_logits, int32_t batch_seq_len,
+                                  int32_t num_experts, int32_t top_k, int32_t *expert_ids,
+                                  float *gates, float *route_temp);
+
+/**
+ * @brief Full router of a model: logits = x Wg^T (+b) fused with the online softmax/top-k,
+ *        then the model's gate renormalisation (COLIBRI_FLAG_NORM_TOPK).
+ */
+colibri_status colibri_route(const colibri_model_t *model, const float *input,
+                             int32_t batch_seq_len, int32_t top_k, int32_t *expert_ids,
+                             float *gates, float *route_temp);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Expert loader                                                                               */
+
+/**
+ * @brief Pointer to an expert's weights under the model's cache policy (sharing map applied).
+ *        Zero-copy where the weights are addressable (flash, mmap); otherwise a cache slot.
+ */
+colibri_status colibri_load_expert(colibri_model_t *model, int32_t expert_id,
+                                   const colibri_expert_weights_t **out_weights);
+
+/** @brief Loader counters since init (or the last reset). */
+colibri_status colibri_get_stats(const colibri_model_t *model, colibri_stats_t *out_stats);
+
+/** @brief Zero the loader counters. */
+colibri_status colibri_reset_stats(colibri_model_t *model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sparse forward                                                                              */
+
+/** Round a byte count up to 16. */
+#define COLIBRI_ALIGN16(n) ((((size_t)(n)) + 15u) & ~(size_t)15u)
+
+/**
+ * Workspace bytes of colibri_sparse_forward for chunks of T tokens (E experts, top-k K,
+ * d_model D, d_ff F, GATED 0/1): grouping counters, token permutation, gathered inputs,
+ * expert outputs and the hidden activations. A compile-time constant for generated code;
+ * codegen/memplan.py computes the same number and a test checks that they agree.
+ */
+#define COLIBRI_WORKSPACE_BYTES(E, K, D, F, GATED, T)                                          \
+    (COLIBRI_ALIGN16(4u * (2u * (size_t)(E) + 2u)) +                                           \
+     COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(K)) +                                         \
+     2u * COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(D)) +                                    \
+     COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(F) * ((GATED) ? 2u : 1u)))
+
+/** Floats of one expert's weights as held in a cache slot: w1, (b1), w2, (b2), (w3). */
+#define COLIBRI_EXPERT_FLOATS(D, F, GATED, BIAS)                                               \
+    ((size_t)(D) * (size_t)(F) * ((GATED) ? 3u : 2u) +                                         \
+     ((BIAS) ? (size_t)(D) + (size_t)(F) : 0u))
+
+/**
+ * Extra arena bytes a static model (colibri_init_static) needs after the workspace for its
+ * cache slots: N = lru_cache_size for COLIBRI_CACHE_LRU, 1 for COLIBRI_CACHE_NONE, 0 for
+ * COLIBRI_CACHE_PINNED; EF = COLIBRI_EXPERT_FLOATS(...). The static arena must hold
+ * COLIBRI_WORKSPACE_BYTES(...) + COLIBRI_SLOT_BYTES(N, EF) bytes and be 8-byte aligned
+ * (16 recommended).
+ */
+#define COLIBRI_SLOT_BYTES(N, EF)                                                              \
+    ((size_t)(N) == 0u ? (size_t)0u                                                            \
+                       : (COLIBRI_ALIGN16(8u * (size_t)(N)) +                                  \
+                          COLIBRI_ALIGN16((size_t)(N) * sizeof(colibri_expert_weights_t)) +    \
+                          COLIBRI_ALIGN16(4u * (size_t)(N)) +                                  \
+                          COLIBRI_ALIGN16(4u * (size_t)(N) * (size_t)(EF))))
+
+/** @brief Bytes of workspace colibri_sparse_forward needs for chunks of max_tokens tokens
+ *         (COLIBRI_WORKSPACE_BYTES for the model's dims and default top-k). */
+size_t colibri_workspace_size(const colibri_model_t *model, int32_t max_tokens);
+
+/**
+ * @brief Expert computation for routed tokens: counting-sort grouping of tokens by expert,
+ *        each active expert run once over its contiguous mini-batch, gate-weighted
+ *        scatter-add back in token order. Tokens are processed in chunks of model->max_tokens.
+ */
+colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input,
+                                      float *output, int32_t batch_seq_len, int32_t top_k,
+                                      const int32_t *expert_ids, const float *gates);
+
+/**
+ * @brief The whole MoE layer: route then sparse forward (the seeds' entry point).
+ * @param input       [batch_seq_len][d_model]
+ * @param output      [batch_seq_len][d_model]
+ * @param d_model     must equal the model's d_model (COLIBRI_ERR_DIM otherwise)
+ * @param expert_ids  out [batch_seq_len][top_k]
+ * @param gates       out [batch_seq_len][top_k] (after renormalisation if the model asks)
+ * @param route_temp  workspace of batch_seq_len floats
+ */
+colibri_status colibri_forward(colibri_model_t *model, const float *input, float *output,
+                               int32_t batch_seq_len, int32_t d_model, int32_t top_k,
+                               int32_t *expert_ids, float *gates, float *route_temp);
+
+/** @brief The portable fp32 expert FFN (reference kernel, used when no kernel is generated). */
+void colibri_expert_ffn_f32(const colibri_model_t *model, const colibri_expert_weights_t *w,
+                            const float *x, float *y, int32_t n, float *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLIBRI_H */

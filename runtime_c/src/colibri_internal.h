@@ -1,0 +1,60 @@
+/**
+ * @file colibri_internal.h
+ * @brief Private helpers shared by the runtime's modules (not installed, not public API).
+ */
+#ifndef COLIBRI_INTERNAL_H
+#define COLIBRI_INTERNAL_H
+
+#include "colibri.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef COLIBRI_DEBUG
+#include <assert.h>
+#define COLIBRI_DEBUG_ASSERT(cond) assert(cond)
+#else
+#define COLIBRI_DEBUG_ASSERT(cond) ((void)0)
+#endif
+
+/** Number of token rows the POSIX loader sizes the arena of a file model for. */
+#define COLIBRI_FILE_MAX_TOKENS 256
+
+/** @brief Floats of one expert in a cache slot, from the model's dims and flags. */
+size_t colibri_expert_floats(const colibri_model_t *model);
+
+/** @brief Workspace bytes (COLIBRI_WORKSPACE_BYTES) computed without overflow; 0 if it
+ *         does not fit in size_t or the dims are invalid. */
+size_t colibri_workspace_bytes_checked(int32_t n_experts, int32_t top_k, int32_t d_model,
+                                       int32_t d_ff, int gated, int32_t max_tokens);
+
+/** @brief Slot count a policy needs (LRU: lru_cache_size, NONE: 1, PINNED: 0), or <0 when
+ *         the policy / size is invalid. */
+int32_t colibri_slot_count(const colibri_config_t *config);
+
+/** @brief COLIBRI_SLOT_BYTES computed without overflow; SIZE_MAX when it does not fit. */
+size_t colibri_slot_bytes_checked(int32_t n_slots, size_t expert_floats);
+
+/** @brief A sharing map is valid when every entry is in range and map[map[i]] == map[i]. */
+colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts);
+
+/**
+ * @brief Set up the loader: policy, slot arrays carved from slot_area (which must hold
+ *        colibri_slot_bytes_checked(n_slots, colibri_expert_floats(model)) bytes, 8-aligned),
+ *        counters zeroed.
+ */
+void colibri_loader_setup(colibri_model_t *model, colibri_cache_policy policy, int32_t n_slots,
+                          void *slot_area);
+
+/** @brief Check that the dims / flags / activation of a model descriptor are usable. */
+colibri_status colibri_check_dims(const colibri_model_t *model);
+
+/** @brief Validate stored weights: every canonical expert has the tensors its flags need. */
+colibri_status colibri_check_stored(const colibri_model_t *model);
+
+#ifndef COLIBRI_NO_FILESYSTEM
+/** @brief Release what colibri_init took (munmap + free). Defined in model_file.c. */
+void colibri_file_release(colibri_model_t *model);
+#endif
+
+#endif /* COLIBRI_INTERNAL_H */

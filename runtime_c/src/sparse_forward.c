@@ -1,0 +1,187 @@
+/**
+ * @file sparse_forward.c
+ * @brief Sparse MoE forward: counting-sort the (token, slot) pairs of a chunk by expert id,
+ *        run each active expert once over its gathered mini-batch, scatter-add gate * y back
+ *        into the token rows. All scratch lives in the model's arena, laid out exactly as
+ *        COLIBRI_WORKSPACE_BYTES describes. colibri_forward chains router and sparse forward.
+ */
+#include "colibri.h"
+#include "colibri_internal.h"
+
+#include <stddef.h>
+#include <string.h>
+
+size_t colibri_workspace_size(const colibri_model_t *model, int32_t max_tokens)
+{
+    if (model == NULL) {
+        return 0;
+    }
+    return colibri_workspace_bytes_checked(model->n_experts, model->top_k, model->d_model,
+                                           model->d_ff, (model->flags & COLIBRI_FLAG_GATED) != 0,
+                                           max_tokens);
+}
+
+/** The arena carved into the buffers of COLIBRI_WORKSPACE_BYTES (same order and rounding). */
+typedef struct {
+    int32_t *offsets; /* [E + 1] prefix offsets of each expert's group in perm */
+    int32_t *cursor;  /* [E] placement cursors (the remaining counter is spare) */
+    int32_t *perm;    /* [max_tokens * model top_k] pair index (t_local * k + slot) */
+    float *x_gathered;
+    float *y_expert;
+    float *hidden;
+} workspace_view;
+
+static workspace_view workspace_carve(const colibri_model_t *model)
+{
+    const size_t e = (size_t)model->n_experts;
+    const size_t t = (size_t)model->max_tokens;
+    const size_t d = (size_t)model->d_model;
+    unsigned char *p = (unsigned char *)model->arena;
+    workspace_view v;
+    v.offsets = (int32_t *)(void *)p;
+    v.cursor = v.offsets + e + 1u;
+    p += COLIBRI_ALIGN16(4u * (2u * e + 2u));
+    v.perm = (int32_t *)(void *)p;
+    p += COLIBRI_ALIGN16(4u * t * (size_t)model->top_k);
+    v.x_gathered = (float *)(void *)p;
+    p += COLIBRI_ALIGN16(4u * t * d);
+    v.y_expert = (float *)(void *)p;
+    p += COLIBRI_ALIGN16(4u * t * d);
+    v.hidden = (float *)(void *)p;
+    return v;
+}
+
+static colibri_status check_topk(const colibri_model_t *model, int32_t top_k)
+{
+    if (top_k <= 0 || top_k > model->n_experts || top_k > COLIBRI_MAX_TOP_K) {
+        return COLIBRI_ERR_TOPK;
+    }
+    return COLIBRI_OK;
+}
+
+/* Run expert e over rows [begin, end) of the chunk's sorted pairs. */
+static colibri_status run_expert_group(colibri_model_t *model, const workspace_view *ws,
+                                       int32_t e, int32_t begin, int32_t end, int32_t t0,
+                                       int32_t top_k, const float *input, float *output,
+                                       const float *gates)
+{
+    const size_t d = (size_t)model->d_model;
+    const colibri_expert_weights_t *w = NULL;
+    colibri_status st = colibri_load_expert(model, e, &w);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    colibri_expert_kernel_fn kernel =
+        (model->kernels != NULL) ? model->kernels[e] : (colibri_expert_kernel_fn)NULL;
+
+    for (int32_t b = begin; b < end; b += model->max_tokens) {
+        const int32_t m = (end - b < model->max_tokens) ? end - b : model->max_tokens;
+        for (int32_t r = 0; r < m; r++) {
+            const int32_t pair = ws->perm[b + r];
+            const size_t tok = (size_t)t0 + (size_t)(pair / top_k);
+            memcpy(ws->x_gathered + (size_t)r * d, input + tok * d, d * sizeof(float));
+        }
+        if (kernel != NULL) {
+            kernel(w, ws->x_gathered, ws->y_expert, m, ws->hidden);
+        } else {
+            colibri_expert_ffn_f32(model, w, ws->x_gathered, ws->y_expert, m, ws->hidden);
+        }
+        for (int32_t r = 0; r < m; r++) {
+            const int32_t pair = ws->perm[b + r];
+            const size_t tok = (size_t)t0 + (size_t)(pair / top_k);
+            const float g = gates[(size_t)t0 * (size_t)top_k + (size_t)pair];
+            const float *y = ws->y_expert + (size_t)r * d;
+            float *out = output + tok * d;
+            for (size_t o = 0; o < d; o++) {
+                out[o] += g * y[o];
+            }
+        }
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input,
+                                      float *output, int32_t batch_seq_len, int32_t top_k,
+                                      const int32_t *expert_ids, const float *gates)
+{
+    if (model == NULL || input == NULL || output == NULL || expert_ids == NULL ||
+        gates == NULL || batch_seq_len < 0 || model->arena == NULL || model->max_tokens <= 0) {
+        return COLIBRI_ERR_ARG;
+    }
+    colibri_status st = check_topk(model, top_k);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    const int32_t n_exp = model->n_experts;
+    const size_t n_pairs = (size_t)batch_seq_len * (size_t)top_k;
+    for (size_t p = 0; p < n_pairs; p++) {
+        if (expert_ids[p] < 0 || expert_ids[p] >= n_exp) {
+            return COLIBRI_ERR_EXPERT;
+        }
+    }
+    /* A larger k than the arena was sized for means fewer tokens per chunk. */
+    int32_t chunk = model->max_tokens;
+    if (top_k > model->top_k) {
+        chunk = (int32_t)(((int64_t)model->max_tokens * model->top_k) / top_k);
+        if (chunk == 0) {
+            return COLIBRI_ERR_NOMEM;
+        }
+    }
+    memset(output, 0, (size_t)batch_seq_len * (size_t)model->d_model * sizeof(float));
+
+    const workspace_view ws = workspace_carve(model);
+    for (int32_t t0 = 0; t0 < batch_seq_len; t0 += chunk) {
+        const int32_t n = (batch_seq_len - t0 < chunk) ? batch_seq_len - t0 : chunk;
+        const int32_t chunk_pairs = n * top_k;
+        const int32_t *ids = expert_ids + (size_t)t0 * (size_t)top_k;
+
+        /* Counting sort, stable in token order: counts -> prefix offsets -> placement. */
+        memset(ws.offsets, 0, ((size_t)n_exp + 1u) * sizeof(int32_t));
+        for (int32_t p = 0; p < chunk_pairs; p++) {
+            ws.offsets[ids[p] + 1]++;
+        }
+        for (int32_t e = 0; e < n_exp; e++) {
+            ws.offsets[e + 1] += ws.offsets[e];
+            ws.cursor[e] = ws.offsets[e];
+        }
+        for (int32_t p = 0; p < chunk_pairs; p++) {
+            ws.perm[ws.cursor[ids[p]]++] = p;
+        }
+        COLIBRI_DEBUG_ASSERT(ws.offsets[n_exp] == chunk_pairs);
+
+        for (int32_t e = 0; e < n_exp; e++) {
+            if (ws.offsets[e + 1] == ws.offsets[e]) {
+                continue;
+            }
+            st = run_expert_group(model, &ws, e, ws.offsets[e], ws.offsets[e + 1], t0, top_k,
+                                  input, output, gates);
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+        }
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_forward(colibri_model_t *model, const float *input, float *output,
+                               int32_t batch_seq_len, int32_t d_model, int32_t top_k,
+                               int32_t *expert_ids, float *gates, float *route_temp)
+{
+    if (model == NULL || input == NULL || output == NULL || expert_ids == NULL ||
+        gates == NULL || batch_seq_len < 0) {
+        return COLIBRI_ERR_ARG;
+    }
+    if (d_model != model->d_model) {
+        return COLIBRI_ERR_DIM;
+    }
+    colibri_status st = check_topk(model, top_k);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    st = colibri_route(model, input, batch_seq_len, top_k, expert_ids, gates, route_temp);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    return colibri_sparse_forward(model, input, output, batch_seq_len, top_k, expert_ids,
+                                  gates);
+}

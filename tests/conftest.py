@@ -1,0 +1,63 @@
+"""Shared fixtures: the CLI as a subprocess, toy models on disk, board availability."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() == "true"
+#: Boards whose toolchain cannot be installed from the registries reachable here.
+NOT_INSTALLABLE = {"esp32s3"}
+
+
+def require_board(name: str, run: bool = True) -> None:
+    """Skip (locally) or fail (CI) when a board's toolchain or emulator is missing."""
+    from colibri.boards import load_board
+
+    board = load_board(name)
+    ok, why = board.can_build()
+    if ok and run:
+        ok, why = board.can_run()
+    if ok:
+        return
+    if IN_CI and name not in NOT_INSTALLABLE:
+        pytest.fail(f"CI=true and {why}: scripts/setup.sh should have installed it")
+    pytest.skip(why)
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m colibri ARGS`; with check=True a non-zero exit fails the test."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "colibri", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"colibri {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_cli
+
+
+@pytest.fixture
+def toy_dir(tmp_path: Path) -> Path:
+    """The seed toy (2 experts, d_model 8, d_ff 16, k 1) in the seed layout."""
+    from colibri.importers import write_seed
+    from colibri.toy import make_toy
+
+    write_seed(make_toy(), tmp_path / "toy")
+    return tmp_path / "toy"

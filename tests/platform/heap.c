@@ -1,0 +1,21 @@
+/**
+ * @file heap.c
+ * @brief Negative test of the no-heap check: a program that calls malloc/free. It is built
+ *        without the check (selftest=heap) and codegen.elfcheck.check_no_heap must reject it.
+ */
+#include "colibri_platform.h"
+
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    (void)argv;
+    clb_platform_init();
+    char *p = malloc((size_t)argc + 15u);
+    if (p == NULL) {
+        return 1;
+    }
+    p[0] = 'x';
+    int r = p[0] == 'x' ? 0 : 2;
+    free(p);
+    return r;
+}
