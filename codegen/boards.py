@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BoardError, ToolchainNotFound
+from .errors import BoardError
 from .paths import resource_dir, tools_dir
 
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 KINDS = ("host", "linux-user", "baremetal")
 
@@ -34,7 +34,9 @@ BAREMETAL_CFLAGS = ["-ffunction-sections", "-fdata-sections", "-fno-tree-loop-di
 BAREMETAL_DEFINES = ["COLIBRI_NO_FILESYSTEM"]
 BAREMETAL_LDFLAGS = ["-nostartfiles", "-Wl,--gc-sections"]
 
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
+_TypeSpec = type | tuple[type, ...]
+
+_REQUIRED: dict[str, _TypeSpec] = {
     "name": str,
     "description": str,
     "arch": str,
@@ -51,7 +53,7 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "stack_size": int,
     "install_hint": str,
 }
-_OPTIONAL: dict[str, type | tuple[type, ...]] = {
+_OPTIONAL: dict[str, _TypeSpec] = {
     "isa": str,
     "cc": str,
     "defines": list,
@@ -61,7 +63,12 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "memory": dict,
     "qemu": dict,
 }
-_QEMU_KEYS = {"binary": str, "args": list, "timeout": (int, float), "install_hint": str}
+_QEMU_KEYS: dict[str, _TypeSpec] = {
+    "binary": str,
+    "args": list,
+    "timeout": (int, float),
+    "install_hint": str,
+}
 
 
 @dataclass(frozen=True)
@@ -212,7 +219,7 @@ class Board:
         return True, f"board {self.name}: {binary}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _qemu_machines(binary: str) -> frozenset[str]:
     try:
         out = subprocess.run(

@@ -29,8 +29,9 @@ from .paths import resource_dir, tools_dir
 BENCH_BEGIN = "clb_platform_bench_begin"
 BENCH_END = "clb_platform_bench_end"
 FAULT_EXIT_CODE = 99
+#: Lines printed by the platforms' fault handlers (arm_semihost, xtensa_sim) before exit 99.
 _FAULT_RE = re.compile(
-    r"colibri: (HardFault|MemManage|BusFault|UsageFault|SecureFault|NMI|interrupt|\w+Fault)[^\n]*"
+    r"colibri: (\w+Fault|XtensaException|NMI|SVCall|PendSV|SysTick|interrupt)\b[^\n]*"
 )
 _TAIL_LINES = 20
 
@@ -252,6 +253,11 @@ def run_elf(
             f"{what}: {'the program' if board.kind == 'host' else 'QEMU'} was killed by "
             f"signal {-code}\n{_tail(out, err)}"
         )
+    qemu_error = [
+        line for line in err.splitlines() if board.qemu and line.startswith(board.qemu.binary + ":")
+    ]
+    if qemu_error and code != expected_returncode:
+        raise QemuError(f"{what}: QEMU failed: {qemu_error[0]}\n{_tail(out, err)}")
     if check and code != expected_returncode:
         raise QemuError(
             f"{what}: exit code {code}, expected {expected_returncode}\n{_tail(out, err)}"

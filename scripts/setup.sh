@@ -123,9 +123,19 @@ setup_venv() {
         "$PYTHON" -m venv "$ROOT/.venv"
         info "created .venv ($("$ROOT/.venv/bin/python" --version))"
     fi
-    "$ROOT/.venv/bin/pip" install -q --upgrade pip
-    "$ROOT/.venv/bin/pip" install -q -e "$ROOT[test]"
-    info "installed colibri (editable) with test extras"
+    local stamp="$ROOT/.venv/.colibri-installed" log="$ROOT/.venv/pip-install.log"
+    if [[ -f "$stamp" && "$stamp" -nt "$ROOT/pyproject.toml" ]] &&
+        "$ROOT/.venv/bin/python" -c 'import colibri' 2>/dev/null; then
+        info "colibri already installed in .venv"
+        return
+    fi
+    if ! { "$ROOT/.venv/bin/pip" install -q --upgrade pip &&
+        "$ROOT/.venv/bin/pip" install -q -e "$ROOT[test]"; } >"$log" 2>&1; then
+        cat "$log" >&2
+        die "pip install -e '.[test]' failed (log: ${log#"$ROOT"/})"
+    fi
+    touch "$stamp"
+    info "installed colibri (editable) with test extras (log: ${log#"$ROOT"/})"
 }
 
 install_packages

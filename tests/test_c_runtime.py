@@ -189,7 +189,9 @@ def _write_seed_model(directory: Path, rng: np.random.Generator, n_experts: int,
     return model, router, experts
 
 
-def _reference_layer(x: np.ndarray, router: np.ndarray, experts: list) -> tuple[int, float, np.ndarray]:
+def _reference_layer(
+    x: np.ndarray, router: np.ndarray, experts: list
+) -> tuple[int, float, np.ndarray]:
     """Top-1 MoE layer in float64: softmax gate over all experts, not renormalised."""
     logits = router.astype(np.float64) @ x
     probs = np.exp(logits - logits.max())

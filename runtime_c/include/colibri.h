@@ -29,27 +29,27 @@ extern "C" {
 /** Status codes. Keep in sync with colibri_strerror() (designated-initialiser table). */
 typedef enum {
     COLIBRI_OK = 0,
-    COLIBRI_ERR_ARG = -1,         /**< NULL pointer or invalid argument */
-    COLIBRI_ERR_IO = -2,          /**< file cannot be opened / read / mapped */
-    COLIBRI_ERR_MAGIC = -3,       /**< not a Colibri model file (bad magic) */
-    COLIBRI_ERR_VERSION = -4,     /**< unsupported format version */
-    COLIBRI_ERR_TRUNCATED = -5,   /**< file shorter than its header / config says */
-    COLIBRI_ERR_SIZE = -6,        /**< file size inconsistent with the config */
-    COLIBRI_ERR_CONFIG = -7,      /**< config.json missing or a field missing/invalid */
-    COLIBRI_ERR_TOPK = -8,        /**< top_k <= 0, > num_experts or > COLIBRI_MAX_TOP_K */
-    COLIBRI_ERR_DIM = -9,         /**< d_model passed to forward differs from the model's */
-    COLIBRI_ERR_NAN = -10,        /**< NaN / Inf in router input or logits */
-    COLIBRI_ERR_NOMEM = -11,      /**< allocation failed / static arena too small */
-    COLIBRI_ERR_EXPERT = -12,     /**< expert id out of range or sharing map invalid */
+    COLIBRI_ERR_ARG = -1,          /**< NULL pointer or invalid argument */
+    COLIBRI_ERR_IO = -2,           /**< file cannot be opened / read / mapped */
+    COLIBRI_ERR_MAGIC = -3,        /**< not a Colibri model file (bad magic) */
+    COLIBRI_ERR_VERSION = -4,      /**< unsupported format version */
+    COLIBRI_ERR_TRUNCATED = -5,    /**< file shorter than its header / config says */
+    COLIBRI_ERR_SIZE = -6,         /**< file size inconsistent with the config */
+    COLIBRI_ERR_CONFIG = -7,       /**< config.json missing or a field missing/invalid */
+    COLIBRI_ERR_TOPK = -8,         /**< top_k <= 0, > num_experts or > COLIBRI_MAX_TOP_K */
+    COLIBRI_ERR_DIM = -9,          /**< d_model passed to forward differs from the model's */
+    COLIBRI_ERR_NAN = -10,         /**< NaN / Inf in router input or logits */
+    COLIBRI_ERR_NOMEM = -11,       /**< allocation failed / static arena too small */
+    COLIBRI_ERR_EXPERT = -12,      /**< expert id out of range or sharing map invalid */
     COLIBRI_ERR_UNSUPPORTED = -13, /**< dtype / feature not supported by this build */
     COLIBRI_ERR_FORMAT = -14       /**< container malformed: tensor missing/duplicated/misplaced */
 } colibri_status;
 
 /** Expert weight residency policy (the seeds' cache_policy). */
 typedef enum {
-    COLIBRI_CACHE_NONE = 0,   /**< fetch the expert every time it is used */
-    COLIBRI_CACHE_LRU = 1,    /**< lru_cache_size slots, least recently used evicted */
-    COLIBRI_CACHE_PINNED = 2  /**< every expert resident, never evicted */
+    COLIBRI_CACHE_NONE = 0,  /**< fetch the expert every time it is used */
+    COLIBRI_CACHE_LRU = 1,   /**< lru_cache_size slots, least recently used evicted */
+    COLIBRI_CACHE_PINNED = 2 /**< every expert resident, never evicted */
 } colibri_cache_policy;
 
 /** Expert activation (applied between the two projections). */
@@ -68,11 +68,11 @@ typedef enum {
 
 /** Run-time configuration (the seeds' colibri_config_t). Zero-initialise unused fields. */
 typedef struct {
-    const char *model_path;              /**< Colibri container or seed flat file (POSIX) */
-    colibri_cache_policy cache_policy;   /**< NONE / LRU / PINNED */
-    int32_t lru_cache_size;              /**< number of LRU slots (LRU only, >= 1) */
-    int32_t num_threads;                 /**< reserved; 0 or 1 = single-threaded */
-    const int32_t *expert_sharing_map;   /**< NULL or [num_experts]: expert i uses j's weights */
+    const char *model_path;            /**< Colibri container or seed flat file (POSIX) */
+    colibri_cache_policy cache_policy; /**< NONE / LRU / PINNED */
+    int32_t lru_cache_size;            /**< number of LRU slots (LRU only, >= 1) */
+    int32_t num_threads;               /**< reserved; 0 or 1 = single-threaded */
+    const int32_t *expert_sharing_map; /**< NULL or [num_experts]: expert i uses j's weights */
 } colibri_config_t;
 
 /** Weights of one expert, fp32, row-major. b1/b2/w3 may be NULL (see flags). */
@@ -129,9 +129,9 @@ typedef struct colibri_model {
     /** Loader state. */
     colibri_cache_policy cache_policy;
     int32_t n_slots;
-    float *slot_mem;        /**< n_slots * expert_floats (LRU/NONE on copy-based storage) */
-    int32_t *slot_expert;   /**< [n_slots] stored expert in slot, -1 = empty */
-    uint64_t *slot_stamp;   /**< [n_slots] last use */
+    float *slot_mem;      /**< n_slots * expert_floats (LRU/NONE on copy-based storage) */
+    int32_t *slot_expert; /**< [n_slots] stored expert in slot, -1 = empty */
+    uint64_t *slot_stamp; /**< [n_slots] last use */
     uint64_t clock;
     colibri_expert_weights_t *slot_weights; /**< [n_slots] pointers into slot_mem */
     colibri_stats_t stats;
@@ -223,16 +223,15 @@ colibri_status colibri_reset_stats(colibri_model_t *model);
  * expert outputs and the hidden activations. A compile-time constant for generated code;
  * codegen/memplan.py computes the same number and a test checks that they agree.
  */
-#define COLIBRI_WORKSPACE_BYTES(E, K, D, F, GATED, T)                                          \
-    (COLIBRI_ALIGN16(4u * (2u * (size_t)(E) + 2u)) +                                           \
-     COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(K)) +                                         \
-     2u * COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(D)) +                                    \
+#define COLIBRI_WORKSPACE_BYTES(E, K, D, F, GATED, T)                                              \
+    (COLIBRI_ALIGN16(4u * (2u * (size_t)(E) + 2u)) +                                               \
+     COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(K)) +                                             \
+     2u * COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(D)) +                                        \
      COLIBRI_ALIGN16(4u * (size_t)(T) * (size_t)(F) * ((GATED) ? 2u : 1u)))
 
 /** Floats of one expert's weights as held in a cache slot: w1, (b1), w2, (b2), (w3). */
-#define COLIBRI_EXPERT_FLOATS(D, F, GATED, BIAS)                                               \
-    ((size_t)(D) * (size_t)(F) * ((GATED) ? 3u : 2u) +                                         \
-     ((BIAS) ? (size_t)(D) + (size_t)(F) : 0u))
+#define COLIBRI_EXPERT_FLOATS(D, F, GATED, BIAS)                                                   \
+    ((size_t)(D) * (size_t)(F) * ((GATED) ? 3u : 2u) + ((BIAS) ? (size_t)(D) + (size_t)(F) : 0u))
 
 /**
  * Extra arena bytes a static model (colibri_init_static) needs after the workspace for its
@@ -241,12 +240,12 @@ colibri_status colibri_reset_stats(colibri_model_t *model);
  * COLIBRI_WORKSPACE_BYTES(...) + COLIBRI_SLOT_BYTES(N, EF) bytes and be 8-byte aligned
  * (16 recommended).
  */
-#define COLIBRI_SLOT_BYTES(N, EF)                                                              \
-    ((size_t)(N) == 0u ? (size_t)0u                                                            \
-                       : (COLIBRI_ALIGN16(8u * (size_t)(N)) +                                  \
-                          COLIBRI_ALIGN16((size_t)(N) * sizeof(colibri_expert_weights_t)) +    \
-                          COLIBRI_ALIGN16(4u * (size_t)(N)) +                                  \
-                          COLIBRI_ALIGN16(4u * (size_t)(N) * (size_t)(EF))))
+#define COLIBRI_SLOT_BYTES(N, EF)                                                                  \
+    ((size_t)(N) == 0u                                                                             \
+         ? (size_t)0u                                                                              \
+         : (COLIBRI_ALIGN16(8u * (size_t)(N)) +                                                    \
+            COLIBRI_ALIGN16((size_t)(N) * sizeof(colibri_expert_weights_t)) +                      \
+            COLIBRI_ALIGN16(4u * (size_t)(N)) + COLIBRI_ALIGN16(4u * (size_t)(N) * (size_t)(EF))))
 
 /** @brief Bytes of workspace colibri_sparse_forward needs for chunks of max_tokens tokens
  *         (COLIBRI_WORKSPACE_BYTES for the model's dims and default top-k). */
@@ -257,8 +256,8 @@ size_t colibri_workspace_size(const colibri_model_t *model, int32_t max_tokens);
  *        each active expert run once over its contiguous mini-batch, gate-weighted
  *        scatter-add back in token order. Tokens are processed in chunks of model->max_tokens.
  */
-colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input,
-                                      float *output, int32_t batch_seq_len, int32_t top_k,
+colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input, float *output,
+                                      int32_t batch_seq_len, int32_t top_k,
                                       const int32_t *expert_ids, const float *gates);
 
 /**

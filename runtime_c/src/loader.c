@@ -79,10 +79,9 @@ size_t colibri_workspace_bytes_checked(int32_t n_experts, int32_t top_k, int32_t
     size_t t = (size_t)max_tokens;
     size_t total = align16_sat(mul_sat(4u, add_sat(mul_sat(2u, (size_t)n_experts), 2u)));
     total = add_sat(total, align16_sat(mul_sat(mul_sat(4u, t), (size_t)top_k)));
+    total = add_sat(total, mul_sat(2u, align16_sat(mul_sat(mul_sat(4u, t), (size_t)d_model))));
     total = add_sat(total,
-                    mul_sat(2u, align16_sat(mul_sat(mul_sat(4u, t), (size_t)d_model))));
-    total = add_sat(total, align16_sat(mul_sat(mul_sat(mul_sat(4u, t), (size_t)d_ff),
-                                               gated ? 2u : 1u)));
+                    align16_sat(mul_sat(mul_sat(mul_sat(4u, t), (size_t)d_ff), gated ? 2u : 1u)));
     return (total == SIZE_MAX) ? 0 : total;
 }
 

@@ -37,8 +37,7 @@
 
 static uint32_t rd_u32(const unsigned char *p)
 {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-           ((uint32_t)p[3] << 24);
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 static uint64_t rd_u64(const unsigned char *p)
@@ -211,8 +210,8 @@ static int json_skip_value(json_cursor *c, int depth)
     }
     default:
         /* number or literal: consume up to a delimiter */
-        while (c->p < c->end && *c->p != ',' && *c->p != '}' && *c->p != ']' &&
-               *c->p != ' ' && *c->p != '\n' && *c->p != '\r' && *c->p != '\t') {
+        while (c->p < c->end && *c->p != ',' && *c->p != '}' && *c->p != ']' && *c->p != ' ' &&
+               *c->p != '\n' && *c->p != '\r' && *c->p != '\t') {
             c->p++;
         }
         return 0;
@@ -239,8 +238,8 @@ static colibri_status parse_activation(json_cursor *c, seed_config *cfg)
         colibri_activation act;
         int gated;
     } k_acts[] = {
-        {"gelu", COLIBRI_ACT_GELU, 0},       {"gelu_tanh", COLIBRI_ACT_GELU_TANH, 0},
-        {"silu", COLIBRI_ACT_SILU, 0},       {"relu", COLIBRI_ACT_RELU, 0},
+        {"gelu", COLIBRI_ACT_GELU, 0},   {"gelu_tanh", COLIBRI_ACT_GELU_TANH, 0},
+        {"silu", COLIBRI_ACT_SILU, 0},   {"relu", COLIBRI_ACT_RELU, 0},
         {"swiglu", COLIBRI_ACT_SILU, 1},
     };
     const char *s;
@@ -726,8 +725,7 @@ static colibri_status container_entry(clb_state *cs, const clb_entry *en)
 }
 
 static colibri_status load_container(const colibri_config_t *config, int32_t n_slots,
-                                     const unsigned char *base, size_t size,
-                                     colibri_model_t **out)
+                                     const unsigned char *base, size_t size, colibri_model_t **out)
 {
     if (size < CLB_HEADER_BYTES) {
         return COLIBRI_ERR_TRUNCATED;
@@ -786,15 +784,15 @@ static colibri_status load_container(const colibri_config_t *config, int32_t n_s
             st = container_entry(&cs, &en);
         }
     }
-    if (st == COLIBRI_OK && (!cs.have_router_w ||
-                             ((flags & COLIBRI_FLAG_ROUTER_BIAS) && !cs.have_router_b))) {
+    if (st == COLIBRI_OK &&
+        (!cs.have_router_w || ((flags & COLIBRI_FLAG_ROUTER_BIAS) && !cs.have_router_b))) {
         st = COLIBRI_ERR_FORMAT;
     }
     if (!(flags & COLIBRI_FLAG_ROUTER_BIAS)) {
         m->router_b = NULL;
     }
-    const int32_t *map = (config->expert_sharing_map != NULL) ? config->expert_sharing_map
-                                                              : cs.file_map;
+    const int32_t *map =
+        (config->expert_sharing_map != NULL) ? config->expert_sharing_map : cs.file_map;
     if (st == COLIBRI_OK) {
         st = colibri_check_sharing_map(map, (int32_t)e);
     }

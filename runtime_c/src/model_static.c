@@ -16,8 +16,7 @@ colibri_status colibri_check_dims(const colibri_model_t *model)
     if (model->n_experts <= 0 || model->d_model <= 0 || model->d_ff <= 0) {
         return COLIBRI_ERR_ARG;
     }
-    if (model->top_k <= 0 || model->top_k > model->n_experts ||
-        model->top_k > COLIBRI_MAX_TOP_K) {
+    if (model->top_k <= 0 || model->top_k > model->n_experts || model->top_k > COLIBRI_MAX_TOP_K) {
         return COLIBRI_ERR_TOPK;
     }
     switch (model->activation) {
@@ -69,8 +68,7 @@ colibri_status colibri_check_stored(const colibri_model_t *model)
 colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_t *config,
                                    void *arena, size_t arena_size, int32_t max_tokens)
 {
-    if (model == NULL || arena == NULL || max_tokens <= 0 ||
-        ((uintptr_t)arena % 8u) != 0u) {
+    if (model == NULL || arena == NULL || max_tokens <= 0 || ((uintptr_t)arena % 8u) != 0u) {
         return COLIBRI_ERR_ARG;
     }
     colibri_status st = colibri_check_dims(model);
@@ -98,7 +96,7 @@ colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_
     if (model->stored == NULL && n_slots > 0) {
         return COLIBRI_ERR_ARG; /* nothing to copy into a slot */
     }
-    if ((int64_t)max_tokens * (int64_t)model->top_k > (int64_t)INT32_MAX) {
+    if (max_tokens > INT32_MAX / model->top_k) { /* perm indices stay in int32_t */
         return COLIBRI_ERR_NOMEM;
     }
     const size_t ws = colibri_workspace_size(model, max_tokens);

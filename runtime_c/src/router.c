@@ -13,12 +13,12 @@
 
 /** Per-token routing state: the online softmax and the k-sized sorted selection. */
 typedef struct {
-    float max;       /* running max M */
-    float sum;       /* running sum S of expf(l - M) */
-    int32_t n_kept;  /* entries of ids/vals filled so far (<= k) */
+    float max;      /* running max M */
+    float sum;      /* running sum S of expf(l - M) */
+    int32_t n_kept; /* entries of ids/vals filled so far (<= k) */
     int32_t k;
-    int32_t *ids;    /* caller's expert_ids row */
-    float *vals;     /* caller's gates row, holds logits until finished */
+    int32_t *ids; /* caller's expert_ids row */
+    float *vals;  /* caller's gates row, holds logits until finished */
 } route_state;
 
 static void route_begin(route_state *st, int32_t k, int32_t *ids, float *vals)

@@ -9,6 +9,7 @@
 #include "colibri_internal.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 size_t colibri_workspace_size(const colibri_model_t *model, int32_t max_tokens)
@@ -60,10 +61,9 @@ static colibri_status check_topk(const colibri_model_t *model, int32_t top_k)
 }
 
 /* Run expert e over rows [begin, end) of the chunk's sorted pairs. */
-static colibri_status run_expert_group(colibri_model_t *model, const workspace_view *ws,
-                                       int32_t e, int32_t begin, int32_t end, int32_t t0,
-                                       int32_t top_k, const float *input, float *output,
-                                       const float *gates)
+static colibri_status run_expert_group(colibri_model_t *model, const workspace_view *ws, int32_t e,
+                                       int32_t begin, int32_t end, int32_t t0, int32_t top_k,
+                                       const float *input, float *output, const float *gates)
 {
     const size_t d = (size_t)model->d_model;
     const colibri_expert_weights_t *w = NULL;
@@ -100,12 +100,12 @@ static colibri_status run_expert_group(colibri_model_t *model, const workspace_v
     return COLIBRI_OK;
 }
 
-colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input,
-                                      float *output, int32_t batch_seq_len, int32_t top_k,
+colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input, float *output,
+                                      int32_t batch_seq_len, int32_t top_k,
                                       const int32_t *expert_ids, const float *gates)
 {
-    if (model == NULL || input == NULL || output == NULL || expert_ids == NULL ||
-        gates == NULL || batch_seq_len < 0 || model->arena == NULL || model->max_tokens <= 0) {
+    if (model == NULL || input == NULL || output == NULL || expert_ids == NULL || gates == NULL ||
+        batch_seq_len < 0 || model->arena == NULL || model->max_tokens <= 0) {
         return COLIBRI_ERR_ARG;
     }
     colibri_status st = check_topk(model, top_k);
@@ -122,7 +122,9 @@ colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input
     /* A larger k than the arena was sized for means fewer tokens per chunk. */
     int32_t chunk = model->max_tokens;
     if (top_k > model->top_k) {
-        chunk = (int32_t)(((int64_t)model->max_tokens * model->top_k) / top_k);
+        /* init guarantees max_tokens * model top_k <= INT32_MAX; 32-bit maths only (no
+         * 64-bit division helpers needed on small cores) */
+        chunk = (int32_t)(((uint32_t)model->max_tokens * (uint32_t)model->top_k) / (uint32_t)top_k);
         if (chunk == 0) {
             return COLIBRI_ERR_NOMEM;
         }
@@ -153,8 +155,8 @@ colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input
             if (ws.offsets[e + 1] == ws.offsets[e]) {
                 continue;
             }
-            st = run_expert_group(model, &ws, e, ws.offsets[e], ws.offsets[e + 1], t0, top_k,
-                                  input, output, gates);
+            st = run_expert_group(model, &ws, e, ws.offsets[e], ws.offsets[e + 1], t0, top_k, input,
+                                  output, gates);
             if (st != COLIBRI_OK) {
                 return st;
             }
@@ -167,8 +169,8 @@ colibri_status colibri_forward(colibri_model_t *model, const float *input, float
                                int32_t batch_seq_len, int32_t d_model, int32_t top_k,
                                int32_t *expert_ids, float *gates, float *route_temp)
 {
-    if (model == NULL || input == NULL || output == NULL || expert_ids == NULL ||
-        gates == NULL || batch_seq_len < 0) {
+    if (model == NULL || input == NULL || output == NULL || expert_ids == NULL || gates == NULL ||
+        batch_seq_len < 0) {
         return COLIBRI_ERR_ARG;
     }
     if (d_model != model->d_model) {
@@ -182,6 +184,5 @@ colibri_status colibri_forward(colibri_model_t *model, const float *input, float
     if (st != COLIBRI_OK) {
         return st;
     }
-    return colibri_sparse_forward(model, input, output, batch_seq_len, top_k, expert_ids,
-                                  gates);
+    return colibri_sparse_forward(model, input, output, batch_seq_len, top_k, expert_ids, gates);
 }

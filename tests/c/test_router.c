@@ -108,7 +108,7 @@ static void test_k_extremes(void)
     for (int i = 0; i < 3 * 7; i++) {
         logits[i] = rng_float(-3.0f, 3.0f);
     }
-    logits[4] = logits[2]; /* a tie inside a full sort */
+    logits[4] = logits[2];         /* a tie inside a full sort */
     check_tokens(logits, 3, 7, 7); /* k = E */
     check_tokens(logits, 3, 7, 1); /* k = 1 */
 
@@ -150,8 +150,8 @@ static void test_errors(void)
     static float wide[100];
     int32_t wide_ids[100];
     float wide_gates[100];
-    CHECK_STATUS(COLIBRI_ERR_TOPK, colibri_route_gate(wide, 1, 100, COLIBRI_MAX_TOP_K + 1,
-                                                      wide_ids, wide_gates, NULL));
+    CHECK_STATUS(COLIBRI_ERR_TOPK, colibri_route_gate(wide, 1, 100, COLIBRI_MAX_TOP_K + 1, wide_ids,
+                                                      wide_gates, NULL));
     CHECK_STATUS(COLIBRI_ERR_ARG, colibri_route_gate(NULL, 1, 4, 2, ids, gates, temp));
     CHECK_STATUS(COLIBRI_ERR_ARG, colibri_route_gate(logits, 1, 4, 2, NULL, gates, temp));
     CHECK_STATUS(COLIBRI_ERR_ARG, colibri_route_gate(logits, -1, 4, 2, ids, gates, temp));

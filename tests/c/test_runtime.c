@@ -77,9 +77,9 @@ static void tm_free(test_model *tm)
 static size_t arena_bytes(const colibri_model_t *m, int32_t n_slots, int32_t max_tokens)
 {
     return colibri_workspace_size(m, max_tokens) +
-           COLIBRI_SLOT_BYTES(n_slots, COLIBRI_EXPERT_FLOATS(
-                                           m->d_model, m->d_ff, (m->flags & COLIBRI_FLAG_GATED),
-                                           (m->flags & COLIBRI_FLAG_EXPERT_BIAS)));
+           COLIBRI_SLOT_BYTES(
+               n_slots, COLIBRI_EXPERT_FLOATS(m->d_model, m->d_ff, (m->flags & COLIBRI_FLAG_GATED),
+                                              (m->flags & COLIBRI_FLAG_EXPERT_BIAS)));
 }
 
 /* Static model with an arena of exactly the documented size (ASan catches any overrun). */
@@ -172,8 +172,11 @@ static void check_forward_case(const fwd_case *c, uint32_t seed)
     const struct {
         colibri_cache_policy policy;
         int32_t slots;
-    } runs[] = {{COLIBRI_CACHE_PINNED, 0}, {COLIBRI_CACHE_LRU, 1}, {COLIBRI_CACHE_LRU, 2},
-                {COLIBRI_CACHE_LRU, c->e}, {COLIBRI_CACHE_NONE, 0}};
+    } runs[] = {{COLIBRI_CACHE_PINNED, 0},
+                {COLIBRI_CACHE_LRU, 1},
+                {COLIBRI_CACHE_LRU, 2},
+                {COLIBRI_CACHE_LRU, c->e},
+                {COLIBRI_CACHE_NONE, 0}};
     for (size_t r = 0; r < sizeof(runs) / sizeof(runs[0]); r++) {
         colibri_model_t m;
         void *arena = NULL;
@@ -213,16 +216,15 @@ static void check_forward_case(const fwd_case *c, uint32_t seed)
 
 static void test_sparse_forward_random(void)
 {
-    const colibri_activation acts[] = {COLIBRI_ACT_GELU, COLIBRI_ACT_GELU_TANH,
-                                       COLIBRI_ACT_SILU, COLIBRI_ACT_RELU};
+    const colibri_activation acts[] = {COLIBRI_ACT_GELU, COLIBRI_ACT_GELU_TANH, COLIBRI_ACT_SILU,
+                                       COLIBRI_ACT_RELU};
     const fwd_case fixed[] = {
         /* e, k, d, f, act, flags, t, max_tokens, k_run, map */
         {4, 1, 8, 16, COLIBRI_ACT_GELU, COLIBRI_FLAG_EXPERT_BIAS, 1, 4, 1, 0},
         {6, 2, 5, 7, COLIBRI_ACT_SILU, COLIBRI_FLAG_GATED, 11, 4, 2, 0},
-        {6, 2, 5, 7, COLIBRI_ACT_SILU, COLIBRI_FLAG_GATED | COLIBRI_FLAG_EXPERT_BIAS, 13, 5, 2,
+        {6, 2, 5, 7, COLIBRI_ACT_SILU, COLIBRI_FLAG_GATED | COLIBRI_FLAG_EXPERT_BIAS, 13, 5, 2, 1},
+        {8, 3, 6, 9, COLIBRI_ACT_RELU, COLIBRI_FLAG_NORM_TOPK | COLIBRI_FLAG_ROUTER_BIAS, 17, 4, 3,
          1},
-        {8, 3, 6, 9, COLIBRI_ACT_RELU, COLIBRI_FLAG_NORM_TOPK | COLIBRI_FLAG_ROUTER_BIAS, 17,
-         4, 3, 1},
         {8, 2, 6, 9, COLIBRI_ACT_GELU_TANH, COLIBRI_FLAG_EXPERT_BIAS, 10, 3, 5, 0}, /* k>K */
         {5, 5, 4, 3, COLIBRI_ACT_GELU, COLIBRI_FLAG_EXPERT_BIAS, 7, 2, 5, 1},       /* k=E */
         {16, 4, 3, 5, COLIBRI_ACT_SILU, 0u, 33, 7, 4, 1},
@@ -253,8 +255,8 @@ static void test_sparse_forward_random(void)
 static const colibri_model_t *g_kernel_model;
 static int g_kernel_calls;
 
-static void counting_kernel(const colibri_expert_weights_t *w, const float *x, float *y,
-                            int32_t n, float *scratch)
+static void counting_kernel(const colibri_expert_weights_t *w, const float *x, float *y, int32_t n,
+                            float *scratch)
 {
     g_kernel_calls++;
     colibri_expert_ffn_f32(g_kernel_model, w, x, y, n, scratch);
@@ -264,8 +266,8 @@ static void test_generated_kernels(void)
 {
     test_model tm;
     tm_make(&tm, 5, 2, 6, 8, COLIBRI_ACT_GELU, COLIBRI_FLAG_EXPERT_BIAS, 77);
-    colibri_expert_kernel_fn kernels[5] = {counting_kernel, NULL, counting_kernel,
-                                           counting_kernel, NULL};
+    colibri_expert_kernel_fn kernels[5] = {counting_kernel, NULL, counting_kernel, counting_kernel,
+                                           NULL};
     tm.base.kernels = kernels;
     colibri_model_t m;
     void *arena;
@@ -333,8 +335,7 @@ static int weights_equal(const colibri_model_t *m, const colibri_expert_weights_
 static void test_lru(void)
 {
     test_model tm;
-    tm_make(&tm, 4, 2, 3, 5, COLIBRI_ACT_GELU,
-            COLIBRI_FLAG_EXPERT_BIAS | COLIBRI_FLAG_GATED, 11);
+    tm_make(&tm, 4, 2, 3, 5, COLIBRI_ACT_GELU, COLIBRI_FLAG_EXPERT_BIAS | COLIBRI_FLAG_GATED, 11);
     colibri_model_t m;
     void *arena;
     const colibri_expert_weights_t *w = NULL;
@@ -558,11 +559,11 @@ static void test_forward_errors(void)
 
 static void test_strerror(void)
 {
-    const int codes[] = {COLIBRI_OK,           COLIBRI_ERR_ARG,     COLIBRI_ERR_IO,
-                         COLIBRI_ERR_MAGIC,    COLIBRI_ERR_VERSION, COLIBRI_ERR_TRUNCATED,
-                         COLIBRI_ERR_SIZE,     COLIBRI_ERR_CONFIG,  COLIBRI_ERR_TOPK,
-                         COLIBRI_ERR_DIM,      COLIBRI_ERR_NAN,     COLIBRI_ERR_NOMEM,
-                         COLIBRI_ERR_EXPERT,   COLIBRI_ERR_UNSUPPORTED, COLIBRI_ERR_FORMAT};
+    const int codes[] = {COLIBRI_OK,         COLIBRI_ERR_ARG,         COLIBRI_ERR_IO,
+                         COLIBRI_ERR_MAGIC,  COLIBRI_ERR_VERSION,     COLIBRI_ERR_TRUNCATED,
+                         COLIBRI_ERR_SIZE,   COLIBRI_ERR_CONFIG,      COLIBRI_ERR_TOPK,
+                         COLIBRI_ERR_DIM,    COLIBRI_ERR_NAN,         COLIBRI_ERR_NOMEM,
+                         COLIBRI_ERR_EXPERT, COLIBRI_ERR_UNSUPPORTED, COLIBRI_ERR_FORMAT};
     const size_t n = sizeof(codes) / sizeof(codes[0]);
     int ok = 1;
     for (size_t i = 0; i < n; i++) {
@@ -681,8 +682,8 @@ static void write_config(const char *text)
     write_bytes("config.json", text, strlen(text));
 }
 
-static colibri_status init_file(colibri_cache_policy policy, int32_t slots,
-                                const int32_t *map, colibri_model_t **out)
+static colibri_status init_file(colibri_cache_policy policy, int32_t slots, const int32_t *map,
+                                colibri_model_t **out)
 {
     char path[128];
     path_in_dir(path, sizeof(path), "model.bin");
@@ -749,8 +750,8 @@ static void expect_init(colibri_status expected, int line)
         g_passed++;
     } else {
         g_failed++;
-        fprintf(stderr, "%s:%d: colibri_init: expected %d (%s), actual %d (%s)%s\n", __FILE__,
-                line, (int)expected, colibri_strerror(expected), (int)st, colibri_strerror(st),
+        fprintf(stderr, "%s:%d: colibri_init: expected %d (%s), actual %d (%s)%s\n", __FILE__, line,
+                (int)expected, colibri_strerror(expected), (int)st, colibri_strerror(st),
                 (st != COLIBRI_OK && fm != NULL) ? ", *out_model not NULL" : "");
     }
     if (st == COLIBRI_OK) {
@@ -868,8 +869,8 @@ typedef struct {
     uint32_t expert;
 } clb_tensor;
 
-static void add_tensor(clb_tensor *t, size_t *n, const char *name, const void *data,
-                       uint32_t ndim, uint32_t a, uint32_t b, uint32_t expert, uint32_t dtype)
+static void add_tensor(clb_tensor *t, size_t *n, const char *name, const void *data, uint32_t ndim,
+                       uint32_t a, uint32_t b, uint32_t expert, uint32_t dtype)
 {
     clb_tensor *x = &t[(*n)++];
     memset(x, 0, sizeof(*x));
@@ -886,8 +887,7 @@ static void add_tensor(clb_tensor *t, size_t *n, const char *name, const void *d
 static void write_container(const test_model *tm, const clb_opts *o)
 {
     const colibri_model_t *m = &tm->base;
-    const uint32_t e = (uint32_t)m->n_experts, d = (uint32_t)m->d_model,
-                   f = (uint32_t)m->d_ff;
+    const uint32_t e = (uint32_t)m->n_experts, d = (uint32_t)m->d_model, f = (uint32_t)m->d_ff;
     clb_tensor *t = calloc(8u + 5u * e, sizeof(clb_tensor));
     size_t n = 0;
     char name[48];
@@ -1001,8 +1001,7 @@ static colibri_status init_clb(colibri_cache_policy policy, int32_t slots, colib
     return colibri_init(&cfg, m);
 }
 
-static void expect_clb(const test_model *tm, const clb_opts *o, colibri_status expected,
-                       int line)
+static void expect_clb(const test_model *tm, const clb_opts *o, colibri_status expected, int line)
 {
     write_container(tm, o);
     colibri_model_t *fm = (colibri_model_t *)&fm;
@@ -1086,8 +1085,7 @@ static void test_container_files(void)
     EXPECT_CLB(&tm, &o, COLIBRI_ERR_EXPERT);
 
     test_model tg;
-    tm_make(&tg, 4, 2, 6, 5, COLIBRI_ACT_SILU,
-            COLIBRI_FLAG_GATED | COLIBRI_FLAG_NORM_TOPK, 52);
+    tm_make(&tg, 4, 2, 6, 5, COLIBRI_ACT_SILU, COLIBRI_FLAG_GATED | COLIBRI_FLAG_NORM_TOPK, 52);
     o = clb_default();
     check_clb_matches(&tg, &o);
     tm_free(&tg);

@@ -9,7 +9,8 @@
 
 typedef void (*fault_fn)(void);
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     (void)argv;
     clb_platform_init();
     clb_platform_puts("fault: calling through an invalid pointer\n");

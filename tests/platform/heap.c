@@ -5,9 +5,20 @@
  */
 #include "colibri_platform.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 
-int main(int argc, char **argv) {
+void *_sbrk(ptrdiff_t increment);
+
+/* newlib's malloc needs _sbrk to link; this one has no memory to give. */
+void *_sbrk(ptrdiff_t increment)
+{
+    (void)increment;
+    return (void *)-1;
+}
+
+int main(int argc, char **argv)
+{
     (void)argv;
     clb_platform_init();
     char *p = malloc((size_t)argc + 15u);

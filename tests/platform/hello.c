@@ -16,14 +16,16 @@
 static uint8_t hello_in[HELLO_MAX_BYTES];
 static uint8_t hello_out[HELLO_MAX_BYTES];
 
-static char *hello_append(char *p, const char *s) {
+static char *hello_append(char *p, const char *s)
+{
     while (*s != '\0') {
         *p++ = *s++;
     }
     return p;
 }
 
-static char *hello_append_u32(char *p, uint32_t v) {
+static char *hello_append_u32(char *p, uint32_t v)
+{
     char digits[10];
     int n = 0;
     do {
@@ -36,12 +38,14 @@ static char *hello_append_u32(char *p, uint32_t v) {
     return p;
 }
 
-static int hello_close_to(float got, float want) {
+static int hello_close_to(float got, float want)
+{
     float diff = got - want;
     return diff < 1e-5f && diff > -1e-5f;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     (void)argc;
     (void)argv;
     clb_platform_init();

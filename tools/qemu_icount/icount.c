@@ -51,12 +51,11 @@ void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn,
                                             enum qemu_plugin_cb_flags flags, void *userdata);
 void qemu_plugin_register_vcpu_insn_exec_inline(struct qemu_plugin_insn *insn,
                                                 enum qemu_plugin_op op, void *ptr, uint64_t imm);
-void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb,
-                                    void *userdata);
+void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
 void qemu_plugin_outs(const char *string);
 
-QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
-                                           int argc, char **argv);
+QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc,
+                                           char **argv);
 /* -------------------------------------------------------------------------------------------- */
 
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
@@ -75,7 +74,8 @@ static uint64_t pairs;      /* completed pairs */
 static uint64_t started_at; /* total when the open pair began */
 static bool inside;
 
-static void on_marker(unsigned int vcpu_index, void *userdata) {
+static void on_marker(unsigned int vcpu_index, void *userdata)
+{
     (void)vcpu_index;
     if ((uintptr_t)userdata == MARK_BEGIN) {
         if (!inside) {
@@ -89,7 +89,8 @@ static void on_marker(unsigned int vcpu_index, void *userdata) {
     }
 }
 
-static int marker_of(const struct qemu_plugin_insn *insn) {
+static int marker_of(const struct qemu_plugin_insn *insn)
+{
     uint64_t vaddr = qemu_plugin_insn_vaddr(insn);
     if (vaddr == begin_addr) {
         return MARK_BEGIN;
@@ -113,7 +114,8 @@ static int marker_of(const struct qemu_plugin_insn *insn) {
     return 0;
 }
 
-static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
+static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
+{
     (void)id;
     size_t n = qemu_plugin_tb_n_insns(tb);
     for (size_t i = 0; i < n; i++) {
@@ -128,7 +130,8 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
     }
 }
 
-static void on_plugin_exit(qemu_plugin_id_t id, void *userdata) {
+static void on_plugin_exit(qemu_plugin_id_t id, void *userdata)
+{
     (void)id;
     (void)userdata;
     char line[160];
@@ -145,7 +148,8 @@ static void on_plugin_exit(qemu_plugin_id_t id, void *userdata) {
     qemu_plugin_outs(line);
 }
 
-static bool parse_u64(const char *text, uint64_t *out) {
+static bool parse_u64(const char *text, uint64_t *out)
+{
     char *end = NULL;
     unsigned long long v = strtoull(text, &end, 0);
     if (end == text || *end != '\0') {
@@ -155,8 +159,9 @@ static bool parse_u64(const char *text, uint64_t *out) {
     return true;
 }
 
-QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
-                                           int argc, char **argv) {
+QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc,
+                                           char **argv)
+{
     (void)info;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];

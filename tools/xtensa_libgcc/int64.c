@@ -16,7 +16,8 @@ uint64_t __udivmoddi4(uint64_t n, uint64_t d, uint64_t *rem);
 int64_t __muldi3(int64_t a, int64_t b);
 
 /* Restoring shift-subtract division; division by zero gives all ones (no trap). */
-uint64_t __udivmoddi4(uint64_t n, uint64_t d, uint64_t *rem) {
+uint64_t __udivmoddi4(uint64_t n, uint64_t d, uint64_t *rem)
+{
     uint64_t q = 0;
     uint64_t r = 0;
     if (d == 0) {
@@ -38,28 +39,38 @@ uint64_t __udivmoddi4(uint64_t n, uint64_t d, uint64_t *rem) {
     return q;
 }
 
-uint64_t __udivdi3(uint64_t n, uint64_t d) { return __udivmoddi4(n, d, 0); }
+uint64_t __udivdi3(uint64_t n, uint64_t d)
+{
+    return __udivmoddi4(n, d, 0);
+}
 
-uint64_t __umoddi3(uint64_t n, uint64_t d) {
+uint64_t __umoddi3(uint64_t n, uint64_t d)
+{
     uint64_t r;
     (void)__udivmoddi4(n, d, &r);
     return r;
 }
 
-static uint64_t int64_magnitude(int64_t v) { return v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v; }
+static uint64_t int64_magnitude(int64_t v)
+{
+    return v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+}
 
-int64_t __divdi3(int64_t n, int64_t d) {
+int64_t __divdi3(int64_t n, int64_t d)
+{
     uint64_t q = __udivmoddi4(int64_magnitude(n), int64_magnitude(d), 0);
     return (int64_t)(((n < 0) != (d < 0)) ? (uint64_t)0 - q : q);
 }
 
-int64_t __moddi3(int64_t n, int64_t d) {
+int64_t __moddi3(int64_t n, int64_t d)
+{
     uint64_t r;
     (void)__udivmoddi4(int64_magnitude(n), int64_magnitude(d), &r);
     return (int64_t)((n < 0) ? (uint64_t)0 - r : r);
 }
 
-int64_t __muldi3(int64_t a, int64_t b) {
+int64_t __muldi3(int64_t a, int64_t b)
+{
     uint32_t a_lo = (uint32_t)a, a_hi = (uint32_t)((uint64_t)a >> 32);
     uint32_t b_lo = (uint32_t)b, b_hi = (uint32_t)((uint64_t)b >> 32);
     uint64_t low = (uint64_t)a_lo * b_lo; /* __umulsidi3 */

@@ -8,9 +8,12 @@
 
 #include <stdint.h>
 
-void clb_platform_init(void) {}
+void clb_platform_init(void)
+{
+}
 
-static uint32_t clb_strlen(const char *s) {
+static uint32_t clb_strlen(const char *s)
+{
     uint32_t n = 0;
     while (s[n] != '\0') {
         n++;
@@ -18,18 +21,19 @@ static uint32_t clb_strlen(const char *s) {
     return n;
 }
 
-int32_t clb_platform_open(const char *path, int32_t mode) {
+int32_t clb_platform_open(const char *path, int32_t mode)
+{
     /* Semihosting fopen modes: 1 = "rb", 4 = "w" (":tt" = stdout), 5 = "wb". */
     uint32_t sh_mode = (mode == CLB_PLATFORM_WRITE) ? 5u : 1u;
     if (path[0] == ':' && path[1] == 't' && path[2] == 't' && path[3] == '\0') {
         sh_mode = (mode == CLB_PLATFORM_WRITE) ? 4u : 0u;
     }
-    uint32_t block[3] = {(uint32_t)(uintptr_t)path, sh_mode,
-                         clb_strlen(path)};
+    uint32_t block[3] = {(uint32_t)(uintptr_t)path, sh_mode, clb_strlen(path)};
     return clb_semihost_call(CLB_SH_SYS_OPEN, block);
 }
 
-int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n) {
+int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n)
+{
     uint32_t block[3] = {(uint32_t)fd, (uint32_t)(uintptr_t)buf, n};
     int32_t not_read = clb_semihost_call(CLB_SH_SYS_READ, block);
     if (not_read < 0 || (uint32_t)not_read > n) {
@@ -38,13 +42,15 @@ int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n) {
     return (int32_t)(n - (uint32_t)not_read);
 }
 
-int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n) {
+int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n)
+{
     uint32_t block[3] = {(uint32_t)fd, (uint32_t)(uintptr_t)buf, n};
     int32_t not_written = clb_semihost_call(CLB_SH_SYS_WRITE, block);
     return (not_written == 0) ? (int32_t)n : -1;
 }
 
-int32_t clb_platform_close(int32_t fd) {
+int32_t clb_platform_close(int32_t fd)
+{
     uint32_t block[1] = {(uint32_t)fd};
     return clb_semihost_call(CLB_SH_SYS_CLOSE, block);
 }
@@ -53,7 +59,8 @@ int32_t clb_platform_close(int32_t fd) {
  * go to QEMU's stderr); SYS_WRITE0 is the fallback if it cannot be opened. */
 static int32_t clb_console_fd = -2;
 
-void clb_platform_puts(const char *s) {
+void clb_platform_puts(const char *s)
+{
     if (clb_console_fd == -2) {
         clb_console_fd = clb_platform_open(":tt", CLB_PLATFORM_WRITE);
     }
@@ -65,17 +72,20 @@ void clb_platform_puts(const char *s) {
 /* Distinct bodies (and noipa) so that identical-code folding cannot merge the two markers. */
 volatile int32_t clb_platform_bench_state;
 
-__attribute__((noinline, noipa)) void clb_platform_bench_begin(void) {
+__attribute__((noinline, noipa)) void clb_platform_bench_begin(void)
+{
     __asm__ volatile("" ::: "memory");
     clb_platform_bench_state = 1;
 }
 
-__attribute__((noinline, noipa)) void clb_platform_bench_end(void) {
+__attribute__((noinline, noipa)) void clb_platform_bench_end(void)
+{
     clb_platform_bench_state = 2;
     __asm__ volatile("" ::: "memory");
 }
 
-_Noreturn void clb_platform_exit(int32_t code) {
+_Noreturn void clb_platform_exit(int32_t code)
+{
     uint32_t block[2] = {CLB_SH_ADP_STOPPED_APPLICATION_EXIT, (uint32_t)code};
     for (;;) {
         (void)clb_semihost_call(CLB_SH_SYS_EXIT_EXTENDED, block);

@@ -17,7 +17,8 @@
 #define CLB_SH_ADP_STOPPED_APPLICATION_EXIT 0x20026
 
 /** @brief One semihosting call: r0 = operation, r1 = argument (block); returns r0. */
-static inline int32_t clb_semihost_call(int32_t op, const void *arg) {
+static inline int32_t clb_semihost_call(int32_t op, const void *arg)
+{
     register int32_t r0 __asm__("r0") = op;
     register const void *r1 __asm__("r1") = arg;
     __asm__ volatile("bkpt 0xab" : "+r"(r0) : "r"(r1) : "memory");

@@ -26,7 +26,8 @@ void clb_fault_report(const uint32_t *frame, uint32_t exc_return);
 static char clb_prog_name[] = "colibri";
 static char *clb_argv[] = {clb_prog_name, 0};
 
-void clb_reset_handler(void) {
+void clb_reset_handler(void)
+{
 #if defined(__ARM_FP) || defined(__ARM_FEATURE_MVE)
     /* CP10/CP11 full access first: compiled code below may already use FP/MVE registers. */
     CLB_SCB_CPACR |= 0xFu << 20;
@@ -43,19 +44,21 @@ void clb_reset_handler(void) {
 
 /* Exception names by number (IPSR). */
 static const char *const clb_exception_names[16] = {
-    [2] = "NMI",        [3] = "HardFault", [4] = "MemManage", [5] = "BusFault",
-    [6] = "UsageFault", [7] = "SecureFault", [11] = "SVCall",  [12] = "DebugMonitor",
+    [2] = "NMI",        [3] = "HardFault",   [4] = "MemManage", [5] = "BusFault",
+    [6] = "UsageFault", [7] = "SecureFault", [11] = "SVCall",   [12] = "DebugMonitor",
     [14] = "PendSV",    [15] = "SysTick",
 };
 
-static char *clb_append(char *p, const char *s) {
+static char *clb_append(char *p, const char *s)
+{
     while (*s != '\0') {
         *p++ = *s++;
     }
     return p;
 }
 
-static char *clb_append_hex(char *p, uint32_t v) {
+static char *clb_append_hex(char *p, uint32_t v)
+{
     static const char digits[] = "0123456789abcdef";
     p = clb_append(p, "0x");
     for (int shift = 28; shift >= 0; shift -= 4) {
@@ -65,12 +68,13 @@ static char *clb_append_hex(char *p, uint32_t v) {
 }
 
 /** @brief Print "colibri: <Fault> pc=... lr=... cfsr=... hfsr=..." and exit with 99. */
-__attribute__((used)) void clb_fault_report(const uint32_t *frame, uint32_t exc_return) {
+__attribute__((used)) void clb_fault_report(const uint32_t *frame, uint32_t exc_return)
+{
     uint32_t ipsr;
     __asm__ volatile("mrs %0, ipsr" : "=r"(ipsr));
     ipsr &= 0x1FFu;
-    const char *name = (ipsr < 16u && clb_exception_names[ipsr] != 0) ? clb_exception_names[ipsr]
-                                                                       : "interrupt";
+    const char *name =
+        (ipsr < 16u && clb_exception_names[ipsr] != 0) ? clb_exception_names[ipsr] : "interrupt";
     char msg[160];
     char *p = clb_append(msg, "colibri: ");
     p = clb_append(p, name);
@@ -93,7 +97,8 @@ __attribute__((used)) void clb_fault_report(const uint32_t *frame, uint32_t exc_
 }
 
 /* Every exception lands here: pick the stack the frame was pushed on, then report. */
-__attribute__((naked)) static void clb_fault_handler(void) {
+__attribute__((naked)) static void clb_fault_handler(void)
+{
     __asm__ volatile("tst lr, #4\n\t"
                      "ite eq\n\t"
                      "mrseq r0, msp\n\t"

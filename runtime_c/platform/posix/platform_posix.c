@@ -13,14 +13,18 @@
 #include <string.h>
 #include <unistd.h>
 
-void clb_platform_init(void) {}
+void clb_platform_init(void)
+{
+}
 
-int32_t clb_platform_open(const char *path, int32_t mode) {
+int32_t clb_platform_open(const char *path, int32_t mode)
+{
     int flags = (mode == CLB_PLATFORM_WRITE) ? (O_WRONLY | O_CREAT | O_TRUNC) : O_RDONLY;
     return (int32_t)open(path, flags, 0644);
 }
 
-int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n) {
+int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n)
+{
     uint32_t done = 0;
     while (done < n) {
         ssize_t r = read(fd, (char *)buf + done, n - done);
@@ -35,7 +39,8 @@ int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n) {
     return (int32_t)done;
 }
 
-int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n) {
+int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n)
+{
     uint32_t done = 0;
     while (done < n) {
         ssize_t w = write(fd, (const char *)buf + done, n - done);
@@ -47,9 +52,13 @@ int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n) {
     return (int32_t)done;
 }
 
-int32_t clb_platform_close(int32_t fd) { return (int32_t)close(fd); }
+int32_t clb_platform_close(int32_t fd)
+{
+    return (int32_t)close(fd);
+}
 
-void clb_platform_puts(const char *s) {
+void clb_platform_puts(const char *s)
+{
     fputs(s, stdout);
     fflush(stdout);
 }
@@ -57,17 +66,20 @@ void clb_platform_puts(const char *s) {
 /* Distinct bodies (and noipa) so that identical-code folding cannot merge the two markers. */
 volatile int32_t clb_platform_bench_state;
 
-__attribute__((noinline, noipa)) void clb_platform_bench_begin(void) {
+__attribute__((noinline, noipa)) void clb_platform_bench_begin(void)
+{
     __asm__ volatile("" ::: "memory");
     clb_platform_bench_state = 1;
 }
 
-__attribute__((noinline, noipa)) void clb_platform_bench_end(void) {
+__attribute__((noinline, noipa)) void clb_platform_bench_end(void)
+{
     clb_platform_bench_state = 2;
     __asm__ volatile("" ::: "memory");
 }
 
-_Noreturn void clb_platform_exit(int32_t code) {
+_Noreturn void clb_platform_exit(int32_t code)
+{
     fflush(stdout);
     exit((int)code);
 }

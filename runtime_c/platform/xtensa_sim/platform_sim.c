@@ -23,10 +23,14 @@
 
 #define CLB_SIM_STDOUT 1
 
+#define CLB_FAULT_EXIT_CODE 99
+
 int main(int argc, char **argv);
 void clb_xtensa_start(void);
+void clb_xtensa_fault(uint32_t cause, uint32_t pc);
 
-static int32_t clb_simcall(int32_t nr, int32_t arg1, int32_t arg2, int32_t arg3) {
+static int32_t clb_simcall(int32_t nr, int32_t arg1, int32_t arg2, int32_t arg3)
+{
     register int32_t a2 __asm__("a2") = nr;
     register int32_t a3 __asm__("a3") = arg1;
     register int32_t a4 __asm__("a4") = arg2;
@@ -39,18 +43,57 @@ static char clb_prog_name[] = "colibri";
 static char *clb_argv[] = {clb_prog_name, 0};
 
 /** @brief Called by startup.S once the stack and .bss are set up. */
-void clb_xtensa_start(void) { clb_platform_exit((int32_t)main(1, clb_argv)); }
+void clb_xtensa_start(void)
+{
+    clb_platform_exit((int32_t)main(1, clb_argv));
+}
 
-void clb_platform_init(void) {}
+static char *clb_append(char *p, const char *s)
+{
+    while (*s != '\0') {
+        *p++ = *s++;
+    }
+    return p;
+}
 
-int32_t clb_platform_open(const char *path, int32_t mode) {
+static char *clb_append_hex(char *p, uint32_t v)
+{
+    static const char digits[] = "0123456789abcdef";
+    p = clb_append(p, "0x");
+    for (int shift = 28; shift >= 0; shift -= 4) {
+        *p++ = digits[(v >> shift) & 0xFu];
+    }
+    return p;
+}
+
+/** @brief Called by the exception vectors (startup.S): report and exit with 99. */
+void clb_xtensa_fault(uint32_t cause, uint32_t pc)
+{
+    char msg[96];
+    char *p = clb_append(msg, "colibri: XtensaException pc=");
+    p = clb_append_hex(p, pc);
+    p = clb_append(p, " exccause=");
+    p = clb_append_hex(p, cause);
+    p = clb_append(p, "\n");
+    *p = '\0';
+    clb_platform_puts(msg);
+    clb_platform_exit(CLB_FAULT_EXIT_CODE);
+}
+
+void clb_platform_init(void)
+{
+}
+
+int32_t clb_platform_open(const char *path, int32_t mode)
+{
     int32_t flags = (mode == CLB_PLATFORM_WRITE)
                         ? (CLB_SIM_O_WRONLY | CLB_SIM_O_CREAT | CLB_SIM_O_TRUNC)
                         : CLB_SIM_O_RDONLY;
     return clb_simcall(CLB_SIM_SYS_OPEN, (int32_t)(uintptr_t)path, flags, 0644);
 }
 
-int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n) {
+int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n)
+{
     uint32_t done = 0;
     while (done < n) {
         int32_t r = clb_simcall(CLB_SIM_SYS_READ, fd, (int32_t)(uintptr_t)((char *)buf + done),
@@ -66,11 +109,13 @@ int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n) {
     return (int32_t)done;
 }
 
-int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n) {
+int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n)
+{
     uint32_t done = 0;
     while (done < n) {
-        int32_t w = clb_simcall(CLB_SIM_SYS_WRITE, fd,
-                                (int32_t)(uintptr_t)((const char *)buf + done), (int32_t)(n - done));
+        int32_t w =
+            clb_simcall(CLB_SIM_SYS_WRITE, fd, (int32_t)(uintptr_t)((const char *)buf + done),
+                        (int32_t)(n - done));
         if (w <= 0) {
             return -1;
         }
@@ -79,9 +124,13 @@ int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n) {
     return (int32_t)done;
 }
 
-int32_t clb_platform_close(int32_t fd) { return clb_simcall(CLB_SIM_SYS_CLOSE, fd, 0, 0); }
+int32_t clb_platform_close(int32_t fd)
+{
+    return clb_simcall(CLB_SIM_SYS_CLOSE, fd, 0, 0);
+}
 
-void clb_platform_puts(const char *s) {
+void clb_platform_puts(const char *s)
+{
     uint32_t n = 0;
     while (s[n] != '\0') {
         n++;
@@ -92,17 +141,20 @@ void clb_platform_puts(const char *s) {
 /* Distinct bodies (and noipa) so that identical-code folding cannot merge the two markers. */
 volatile int32_t clb_platform_bench_state;
 
-__attribute__((noinline, noipa)) void clb_platform_bench_begin(void) {
+__attribute__((noinline, noipa)) void clb_platform_bench_begin(void)
+{
     __asm__ volatile("" ::: "memory");
     clb_platform_bench_state = 1;
 }
 
-__attribute__((noinline, noipa)) void clb_platform_bench_end(void) {
+__attribute__((noinline, noipa)) void clb_platform_bench_end(void)
+{
     clb_platform_bench_state = 2;
     __asm__ volatile("" ::: "memory");
 }
 
-_Noreturn void clb_platform_exit(int32_t code) {
+_Noreturn void clb_platform_exit(int32_t code)
+{
     for (;;) {
         (void)clb_simcall(CLB_SIM_SYS_EXIT, code, 0, 0);
     }

@@ -1,0 +1,201 @@
+"""Platform self-tests for every board, independent of the code generator and the runtime.
+
+For each board: build tests/platform/hello.c with the board's platform and libm
+(``scons board=X selftest=1``), run it in QEMU (or natively) in a temporary directory and check
+the reversed output file, the console line and the exit code 3. Plus: a HardFault is reported as
+such on Cortex-M, the no-heap check rejects a program that calls malloc, and instruction counts
+of the marked region are deterministic.
+
+Skips: a board whose toolchain/emulator is missing is skipped with the install hint, except with
+CI=true, where only esp32s3 (not installable here) may be skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from colibri.boards import Board, list_boards, load_board
+from colibri.elfcheck import check_no_heap
+from colibri.errors import HeapUseError, QemuError
+from colibri.qemu import run_elf
+from conftest import IN_CI, NOT_INSTALLABLE, ROOT, require_board
+
+BOARDS = [b.name for b in list_boards()]
+QEMU_BOARDS = [b.name for b in list_boards() if b.kind != "host"]
+HELLO_INPUT = bytes(range(7, 7 + 200)) + b"colibri"
+HELLO_LINE = f"colibri hello: reversed {len(HELLO_INPUT)} bytes"
+
+
+def _build(board: Board, selftest: str, build_dir: Path) -> Path:
+    cmd = [
+        sys.executable,
+        "-m",
+        "SCons",
+        "-Q",
+        "-C",
+        str(ROOT),
+        f"board={board.name}",
+        f"selftest={selftest}",
+        f"build_dir={build_dir}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    name = {"1": "hello", "fault": "fault", "heap": "heap"}[selftest]
+    elf = build_dir / "selftest" / f"{name}{board.elf_suffix}"
+    assert elf.is_file(), f"scons succeeded but {elf} is missing"
+    return elf
+
+
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("platform-build")
+
+
+def _hello(name: str, build_root: Path) -> tuple[Board, Path]:
+    require_board(name)
+    board = load_board(name)
+    return board, _build(board, "1", build_root / name)
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_hello_runs_on_board(name: str, build_root: Path, tmp_path: Path) -> None:
+    board, elf = _hello(name, build_root)
+    (tmp_path / "input.bin").write_bytes(HELLO_INPUT)
+    result = run_elf(board, elf, tmp_path, expected_returncode=3)
+    assert result.returncode == 3
+    assert HELLO_LINE in result.stdout, f"console line missing:\n{result.stdout}{result.stderr}"
+    assert "libm ok" in result.stdout
+    assert (tmp_path / "output.bin").read_bytes() == HELLO_INPUT[::-1]
+
+
+def test_boards_are_valid_and_complete() -> None:
+    names = set(BOARDS)
+    assert {"host", "cortex-a53", "cortex-a7", "cortex-m3", "cortex-m4", "cortex-m7"} <= names
+    assert {"cortex-m55", "xtensa-lx106", "esp32s3"} <= names
+    for board in list_boards():
+        if board.is_baremetal:
+            assert board.region("ram").size > board.stack_size
+            assert "COLIBRI_NO_FILESYSTEM" in board.all_defines()
+        assert "-ffp-contract=off" in board.compile_flags()
+
+
+def test_esp32s3_reports_what_is_missing() -> None:
+    board = load_board("esp32s3")
+    ok, why = board.can_build()
+    if ok:
+        pytest.skip("xtensa-esp32s3-elf-gcc is installed here")
+    assert "xtensa-esp32s3-elf-gcc" in why
+    assert "ESP-IDF" in why and "Zephyr SDK" in why
+
+
+def test_missing_toolchain_fails_the_build_clearly(tmp_path: Path) -> None:
+    if load_board("esp32s3").can_build()[0]:
+        pytest.skip("xtensa-esp32s3-elf-gcc is installed here")
+    cmd = [sys.executable, "-m", "SCons", "-Q", "-C", str(ROOT), "board=esp32s3"]
+    cmd.append(f"build_dir={tmp_path}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode != 0
+    assert "xtensa-esp32s3-elf-gcc" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern"),
+    [
+        ("cortex-m4", r"guest HardFault .*pc=0xfffffff0"),
+        ("cortex-m55", r"guest HardFault .*pc=0xfffffff0"),
+        ("xtensa-lx106", r"guest XtensaException .*pc=0xfffffff0"),
+    ],
+)
+def test_fault_is_reported(name: str, pattern: str, build_root: Path, tmp_path: Path) -> None:
+    require_board(name)
+    board = load_board(name)
+    elf = _build(board, "fault", build_root / f"{name}-fault")
+    with pytest.raises(QemuError, match=pattern):
+        run_elf(board, elf, tmp_path, timeout=30)
+
+
+def test_heap_use_is_rejected(build_root: Path) -> None:
+    require_board("cortex-m4", run=False)
+    board = load_board("cortex-m4")
+    elf = _build(board, "heap", build_root / "cortex-m4-heap")
+    with pytest.raises(HeapUseError, match=r"malloc.*referenced by .*heap\.o"):
+        check_no_heap(elf)
+
+
+def test_hello_has_no_heap(build_root: Path) -> None:
+    _, elf = _hello("cortex-m4", build_root)
+    check_no_heap(elf)
+
+
+@pytest.mark.parametrize("name", QEMU_BOARDS)
+def test_instruction_count_is_deterministic(name: str, build_root: Path, tmp_path: Path) -> None:
+    board, elf = _hello(name, build_root)
+    counts = []
+    for _ in range(2):
+        (tmp_path / "input.bin").write_bytes(HELLO_INPUT)
+        result = run_elf(board, elf, tmp_path, count_instructions=True, expected_returncode=3)
+        counts.append(result.instructions)
+    print(f"{name}: hello marked region = {counts[0]} guest instructions")
+    assert counts[0] is not None and counts[0] > 0
+    assert counts[0] == counts[1]
+
+
+def test_host_instruction_count(build_root: Path, tmp_path: Path) -> None:
+    board, elf = _hello("host", build_root)
+    if shutil.which("valgrind") is None:
+        if IN_CI:
+            pytest.fail("CI=true and valgrind is missing: scripts/setup.sh installs it")
+        pytest.skip("host instruction counts need valgrind (apt-get install valgrind)")
+    counts = []
+    for _ in range(2):
+        (tmp_path / "input.bin").write_bytes(HELLO_INPUT)
+        result = run_elf(board, elf, tmp_path, count_instructions=True, expected_returncode=3)
+        counts.append(result.instructions)
+    print(f"host: hello marked region = {counts[0]} instructions (callgrind)")
+    assert counts[0] is not None and counts[0] > 0
+    assert counts[0] == counts[1]
+
+
+def test_qemu_failure_is_reported(tmp_path: Path) -> None:
+    require_board("cortex-m4")
+    bogus = tmp_path / "not-an-elf.elf"
+    bogus.write_bytes(b"\x7fELF garbage")
+    with pytest.raises(QemuError, match="cortex-m4"):
+        run_elf(load_board("cortex-m4"), bogus, tmp_path, timeout=30)
+
+
+def test_ci_never_skips_installable_boards() -> None:
+    if not IN_CI:
+        pytest.skip("only meaningful with CI=true")
+    for board in list_boards():
+        if board.name in NOT_INSTALLABLE:
+            continue
+        assert board.can_build()[0], board.can_build()[1]
+        assert board.can_run()[0], board.can_run()[1]
+
+
+def test_ram_overflow_fails_the_link(tmp_path: Path) -> None:
+    """A board whose RAM cannot hold .data + .bss + stack must fail to link, naming RAM."""
+    require_board("cortex-m3", run=False)
+    root = tmp_path / "resources"
+    root.mkdir()
+    for entry in ("SConstruct", "codegen", "runtime_c", "templates", "tests", "tools"):
+        (root / entry).symlink_to(ROOT / entry)
+    (root / "boards").mkdir()
+    text = (ROOT / "boards" / "cortex-m3.toml").read_text()
+    text = text.replace("stack_size = 4096", "stack_size = 70000")  # > the 64 KB of RAM
+    (root / "boards" / "cortex-m3.toml").write_text(text)
+    cmd = [sys.executable, "-m", "SCons", "-Q", "-C", str(root), "board=cortex-m3", "selftest=1"]
+    cmd.append(f"build_dir={tmp_path / 'build'}")
+    env = {**os.environ, "COLIBRI_RESOURCE_DIR": str(root)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert re.search(r"RAM'? overflow", output), output
