@@ -47,7 +47,7 @@ def _build(board: Board, selftest: str, build_dir: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    name = {"1": "hello", "fault": "fault", "heap": "heap"}[selftest]
+    name = {"1": "hello", "fault": "fault", "heap": "heap", "spin": "spin"}[selftest]
     elf = build_dir / "selftest" / f"{name}{board.elf_suffix}"
     assert elf.is_file(), f"scons succeeded but {elf} is missing"
     return elf
@@ -199,3 +199,13 @@ def test_ram_overflow_fails_the_link(tmp_path: Path) -> None:
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert re.search(r"RAM'? overflow", output), output
+
+
+@pytest.mark.parametrize("name", ["cortex-m4", "xtensa-lx106"])
+def test_timeout_is_reported(name: str, build_root: Path, tmp_path: Path) -> None:
+    """A guest that never exits is killed at the timeout and reported, with its output."""
+    require_board(name)
+    board = load_board(name)
+    elf = _build(board, "spin", build_root / f"{name}-spin")
+    with pytest.raises(QemuError, match=r"timed out after 2 s(?s:.*)spin: looping forever"):
+        run_elf(board, elf, tmp_path, timeout=2)
