@@ -12,7 +12,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
 from colibri.boards import list_boards
 from colibri.cli import run_model
 from colibri.emit import GenerateOptions, generate

@@ -27,11 +27,11 @@ def _run(cmd: list[str]) -> None:
 
 
 def test_ruff_lint() -> None:
-    _run(_tool("ruff") + ["check", "codegen", "tests", "setup.py"])
+    _run(_tool("ruff") + ["check", "codegen", "tests", "benchmarks", "setup.py"])
 
 
 def test_ruff_format() -> None:
-    _run(_tool("ruff") + ["format", "--check", "codegen", "tests", "setup.py"])
+    _run(_tool("ruff") + ["format", "--check", "codegen", "tests", "benchmarks", "setup.py"])
 
 
 def test_mypy() -> None:
