@@ -4,6 +4,7 @@
  *        .data copy, .bss zeroing, main) and fault handlers that report the faulting PC through
  *        semihosting and exit with code 99 instead of letting QEMU lock up.
  */
+#include "colibri_fmt.h"
 #include "colibri_platform.h"
 #include "semihost.h"
 
@@ -48,24 +49,6 @@ static const char *const clb_exception_names[16] = {
     [6] = "UsageFault", [7] = "SecureFault", [11] = "SVCall",   [12] = "DebugMonitor",
     [14] = "PendSV",    [15] = "SysTick",
 };
-
-static char *clb_append(char *p, const char *s)
-{
-    while (*s != '\0') {
-        *p++ = *s++;
-    }
-    return p;
-}
-
-static char *clb_append_hex(char *p, uint32_t v)
-{
-    static const char digits[] = "0123456789abcdef";
-    p = clb_append(p, "0x");
-    for (int shift = 28; shift >= 0; shift -= 4) {
-        *p++ = digits[(v >> shift) & 0xFu];
-    }
-    return p;
-}
 
 /** @brief Print "colibri: <Fault> pc=... lr=... cfsr=... hfsr=..." and exit with 99. */
 __attribute__((used)) void clb_fault_report(const uint32_t *frame, uint32_t exc_return)

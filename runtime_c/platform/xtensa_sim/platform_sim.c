@@ -5,6 +5,7 @@
  *        a2, errno in a3). File descriptors and open flags are the host's (QEMU passes them
  *        through), paths are relative to QEMU's working directory.
  */
+#include "colibri_fmt.h"
 #include "colibri_platform.h"
 
 #include <stdint.h>
@@ -46,24 +47,6 @@ static char *clb_argv[] = {clb_prog_name, 0};
 void clb_xtensa_start(void)
 {
     clb_platform_exit((int32_t)main(1, clb_argv));
-}
-
-static char *clb_append(char *p, const char *s)
-{
-    while (*s != '\0') {
-        *p++ = *s++;
-    }
-    return p;
-}
-
-static char *clb_append_hex(char *p, uint32_t v)
-{
-    static const char digits[] = "0123456789abcdef";
-    p = clb_append(p, "0x");
-    for (int shift = 28; shift >= 0; shift -= 4) {
-        *p++ = digits[(v >> shift) & 0xFu];
-    }
-    return p;
 }
 
 /** @brief Called by the exception vectors (startup.S): report and exit with 99. */
