@@ -75,6 +75,7 @@ def _layer_tensors(layer: MoELayer) -> tuple[list[tuple[str, np.ndarray, int]], 
 def write_container(layer: MoELayer, path: str | os.PathLike[str]) -> Path:
     """Write `layer` as a Colibri container, atomically (temporary file, then rename)."""
     layer.validate()
+    layer.require_no_shared_expert("the Colibri container format")
     c = layer.config
     path = Path(path)
     tensors, _ = _layer_tensors(layer)

@@ -19,6 +19,7 @@ import numpy as np
 from .container import MAGIC as CONTAINER_MAGIC
 from .container import read_container
 from .errors import ConfigError, ModelFormatError
+from .hf import is_hf_checkpoint
 from .ir import Expert, MoEConfig, MoELayer, parse_config
 
 SEED_MAGIC = 0x434F4C49
@@ -209,13 +210,25 @@ def read_npz(path: Path, config_path: Path | None = None) -> MoELayer:
 
 
 def load_model(
-    path: str | os.PathLike[str], config: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    config: str | os.PathLike[str] | None = None,
+    layer: int | None = None,
 ) -> MoELayer:
-    """Read any supported model; the format is detected from the content."""
+    """Read any supported model; the format is detected from the content.
+
+    A Hugging Face checkpoint directory (config.json with "architectures") is a whole model:
+    `layer` picks the decoder layer whose MoE block is imported (codegen/hf.py)."""
     p = Path(path)
     cfg = Path(config) if config is not None else None
     if not p.exists():
         raise ModelFormatError(f"{p}: no such file or directory")
+    if p.is_dir() and is_hf_checkpoint(p):
+        return _load_hf_block(p, layer)
+    if layer is not None:
+        raise ConfigError(
+            f"{p}: --layer {layer} applies only to Hugging Face checkpoint directories "
+            f'(config.json with "architectures"); this model is a single MoE layer'
+        )
     if p.is_dir():
         if (p / "expert_0.bin").is_file():
             return read_seed_dir(p, cfg)
@@ -242,6 +255,21 @@ def load_model(
         f"container ({CONTAINER_MAGIC[:7].decode()}), the seed layout (magic 0x{SEED_MAGIC:08X}) "
         f"or a numpy .npz"
     )
+
+
+def _load_hf_block(path: Path, layer: int | None) -> MoELayer:
+    from .hf import HFCheckpoint, load_hf_moe_layer
+
+    ckpt = HFCheckpoint(path)
+    if layer is None:
+        n = ckpt.n_layers
+        moe = [i for i in range(n) if ckpt.is_moe_layer(i)]
+        raise ConfigError(
+            f"{path}: a whole {ckpt.arch.name} model ({n} decoder layers); pass --layer N to "
+            f"import the MoE block of one layer (MoE layers: {moe}) — generating C for the "
+            f"whole transformer is not supported yet"
+        )
+    return load_hf_moe_layer(ckpt, layer)
 
 
 def write_seed(layer: MoELayer, out_dir: str | os.PathLike[str], name: str = "model.bin") -> Path:

@@ -163,6 +163,19 @@ class MoELayer:
     sharing_map: list[int] | None = None
     source: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Qwen2-MoE's shared expert: run on every token, same activation as the routed experts,
+    #: its own intermediate size; its output is scaled by ``sigmoid(x . shared_gate)`` (or by
+    #: 1 when shared_gate is None) and added to the routed experts' sum.
+    shared_expert: Expert | None = None
+    shared_gate: np.ndarray | None = None  # [d_model]
+
+    def require_no_shared_expert(self, what: str) -> None:
+        """Raise ConfigError when `what` (a stage) cannot represent the shared expert."""
+        if self.shared_expert is not None:
+            raise ConfigError(
+                f"{self.source or 'model'}: the layer has a shared expert (Qwen2-MoE), which "
+                f"{what} does not support yet; the numpy reference (colibri reference) does"
+            )
 
     @property
     def flags(self) -> int:
@@ -221,6 +234,22 @@ class MoELayer:
                 raise ShapeError(f"{src}: expert {i} has w3 but the activation is not swiglu")
         if self.sharing_map is not None:
             validate_sharing_map(self.sharing_map, c.n_experts, src)
+        if self.shared_expert is not None:
+            se = self.shared_expert
+            f_s = int(se.w1.shape[1]) if se.w1.ndim == 2 else -1
+            check("shared_expert.w1", se.w1, (c.d_model, f_s))
+            check("shared_expert.b1", se.b1, (f_s,))
+            check("shared_expert.w2", se.w2, (f_s, c.d_model))
+            check("shared_expert.b2", se.b2, (c.d_model,))
+            check("shared_expert.w3", se.w3, (c.d_model, f_s))
+            if c.gated != (se.w3 is not None):
+                raise ShapeError(
+                    f"{src}: the shared expert {'lacks' if c.gated else 'has'} w3 but the "
+                    f"activation is {'swiglu' if c.gated else c.activation}"
+                )
+        elif self.shared_gate is not None:
+            raise ShapeError(f"{src}: shared_gate is set but there is no shared expert")
+        check("shared_gate", self.shared_gate, (c.d_model,))
         return self
 
     def storage_map(self) -> list[int]:

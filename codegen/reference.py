@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from .ir import MoELayer
+from .ir import Expert, MoELayer
 
 #: Tolerance of every fp32 comparison (C vs this reference), relative to the largest |output|:
 #: ``max|c - ref| <= FP32_TOLERANCE * max(max|ref|, 1e-6)``. fp32 has a unit roundoff of
@@ -92,7 +92,11 @@ def activation(name: str, h: np.ndarray) -> np.ndarray:
 
 def expert_ffn(layer: MoELayer, e: int, x: np.ndarray) -> np.ndarray:
     """One expert's FFN on rows x [n, d_model], float64."""
-    ex = layer.experts[e]
+    return ffn(layer.experts[e], layer, x)
+
+
+def ffn(ex: Expert, layer: MoELayer, x: np.ndarray) -> np.ndarray:
+    """An expert's FFN (routed or shared) with the layer's activation on rows x, float64."""
     x64 = np.asarray(x, dtype=np.float64)
     h = x64 @ ex.w1.astype(np.float64)
     if ex.b1 is not None:
@@ -123,6 +127,12 @@ def moe_forward(layer: MoELayer, x: np.ndarray, k: int | None = None) -> tuple[n
     for e in np.unique(r.expert_ids):
         rows, slots = np.nonzero(r.expert_ids == e)
         out[rows] += r.gates[rows, slots, None] * expert_ffn(layer, int(e), x[rows])
+    if layer.shared_expert is not None:
+        shared = ffn(layer.shared_expert, layer, x)
+        if layer.shared_gate is not None:
+            g = x.astype(np.float64) @ layer.shared_gate.astype(np.float64)
+            shared = shared / (1.0 + np.exp(-g))[:, None]
+        out += shared
     return out, r
 
 
