@@ -29,6 +29,29 @@ def workspace_bytes(e: int, k: int, d: int, f: int, gated: bool, t: int) -> int:
     )
 
 
+#: Bytes of colibri_expert_weights_t on a 64-bit target (5 pointers + 5 uint32 part sizes,
+#: padded to 8); 32-bit targets need 40, so a plan sized with this fits every board (the
+#: generated C _Static_asserts it).
+EXPERT_WEIGHTS_STRUCT_BYTES = 64
+
+
+def slot_bytes(n_slots: int, expert_floats: int) -> int:
+    """COLIBRI_SLOT_BYTES(N, EF) of colibri.h, with the 64-bit size of the pointer struct."""
+    if n_slots <= 0:
+        return 0
+    return (
+        align16(8 * n_slots)
+        + align16(n_slots * EXPERT_WEIGHTS_STRUCT_BYTES)
+        + align16(4 * n_slots)
+        + align16(4 * n_slots * expert_floats)
+    )
+
+
+def expert_floats(c: MoEConfig, bias: bool) -> int:
+    """COLIBRI_EXPERT_FLOATS(D, F, GATED, BIAS)."""
+    return c.d_model * c.d_ff * (3 if c.gated else 2) + ((c.d_model + c.d_ff) if bias else 0)
+
+
 @dataclass(frozen=True)
 class Region:
     name: str
@@ -51,8 +74,20 @@ class MemoryPlan:
         return next(r for r in self.regions if r.name == name)
 
 
-def plan_memory(c: MoEConfig, max_tokens: int) -> MemoryPlan:
-    """Lay out the arena for chunks of max_tokens tokens."""
+def plan_memory(
+    c: MoEConfig,
+    max_tokens: int,
+    slots: int = 0,
+    bias: bool = False,
+    act_q: bool = False,
+    slot_floats: int = 0,
+) -> MemoryPlan:
+    """Lay out the arena for chunks of max_tokens tokens.
+
+    slots: expert cache slots of an LRU/NONE static model (they must follow the workspace,
+    where colibri_init_static carves them), each of slot_floats floats (0: the fp32 expert
+    size, COLIBRI_EXPERT_FLOATS); act_q: an int8 row buffer for the per-token
+    quantised activations of integer kernels (max(d_model, d_ff) bytes)."""
     t, d, k = max_tokens, c.d_model, c.top_k
     items = [
         ("input", 4 * t * d, f"float[{t}][{d}] token chunk"),
@@ -66,6 +101,17 @@ def plan_memory(c: MoEConfig, max_tokens: int) -> MemoryPlan:
             "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)",
         ),
     ]
+    if slots:
+        items.append(
+            (
+                "slots",
+                slot_bytes(slots, slot_floats or expert_floats(c, bias)),
+                f"{slots} expert cache slot(s) (COLIBRI_SLOT_BYTES)",
+            )
+        )
+    if act_q:
+        n = max(c.d_model, c.d_ff)
+        items.append(("act_q", n, f"int8[{n}] per-token quantised activations"))
     regions = []
     off = 0
     for name, size, what in items:

@@ -82,6 +82,13 @@ typedef struct {
     const float *w2; /**< [d_ff][d_model] */
     const float *b2; /**< [d_model] or NULL */
     const float *w3; /**< [d_model][d_ff], gated experts only, else NULL */
+    /**
+     * Stored bytes of w1, b1, w2, b2, w3 when a tensor is not plain fp32 (quantised experts:
+     * the pointers then address colibri_quant.h data and only the expert's kernel reads them);
+     * 0 = the fp32 size from the model's dims. A cache slot copies exactly these bytes, each
+     * part at a 16-byte aligned offset.
+     */
+    uint32_t part_bytes[5];
 } colibri_expert_weights_t;
 
 /**
@@ -143,6 +150,16 @@ typedef struct colibri_model {
     /** Effective sharing map used by the loader (set by init: the config's map, else share;
      *  NULL = identity). Private. */
     const int32_t *share_eff;
+    /** Capacity of one cache slot in floats; 0 = COLIBRI_EXPERT_FLOATS of the dims. Generated
+     *  code sets it when quantised experts (part_bytes) need a different size. */
+    int32_t slot_floats;
+    /** Router weight storage (the router stays fp32 unless codegen is asked otherwise):
+     *  0 = fp32 router_w; 1 = fp16 bits in router_wq; 2 = int8 in router_wq with one fp32
+     *  scale per expert in router_scale (values as colibri_quant_scheme). Each weight is
+     *  dequantised to fp32 before the same sequential fp32 accumulation as the fp32 router. */
+    int32_t router_scheme;
+    const void *router_wq;
+    const float *router_scale;
 } colibri_model_t;
 
 /* ------------------------------------------------------------------------------------------ */

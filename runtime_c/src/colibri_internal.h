@@ -30,6 +30,12 @@ size_t colibri_workspace_bytes_checked(int32_t n_experts, int32_t top_k, int32_t
 
 /** @brief Slot count a policy needs (LRU: lru_cache_size, NONE: 1, PINNED: 0), or <0 when
  *         the policy / size is invalid. */
+/** @brief Floats one cache slot holds: model->slot_floats, else colibri_expert_floats. */
+size_t colibri_slot_capacity(const colibri_model_t *model);
+
+/** @brief Whether the router weights the model's router_scheme needs are present. */
+int colibri_router_weights_ok(const colibri_model_t *model);
+
 int32_t colibri_slot_count(const colibri_config_t *config);
 
 /** @brief COLIBRI_SLOT_BYTES computed without overflow; SIZE_MAX when it does not fit. */

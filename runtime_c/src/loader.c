@@ -18,6 +18,11 @@ size_t colibri_expert_floats(const colibri_model_t *model)
                                  (model->flags & COLIBRI_FLAG_EXPERT_BIAS) != 0);
 }
 
+size_t colibri_slot_capacity(const colibri_model_t *model)
+{
+    return model->slot_floats > 0 ? (size_t)model->slot_floats : colibri_expert_floats(model);
+}
+
 int32_t colibri_slot_count(const colibri_config_t *config)
 {
     if (config == NULL) {
@@ -123,41 +128,19 @@ void colibri_loader_setup(colibri_model_t *model, colibri_cache_policy policy, i
     p += COLIBRI_ALIGN16(4u * n);
     model->slot_mem = (float *)(void *)p;
 
-    const size_t d = (size_t)model->d_model;
-    const size_t f = (size_t)model->d_ff;
-    const int bias = (model->flags & COLIBRI_FLAG_EXPERT_BIAS) != 0;
-    const int gated = (model->flags & COLIBRI_FLAG_GATED) != 0;
-    const size_t ef = colibri_expert_floats(model);
     for (size_t s = 0; s < n; s++) {
-        float *q = model->slot_mem + s * ef;
-        colibri_expert_weights_t *w = &model->slot_weights[s];
-        w->w1 = q;
-        q += d * f;
-        w->b1 = bias ? q : NULL;
-        q += bias ? f : 0u;
-        w->w2 = q;
-        q += f * d;
-        w->b2 = bias ? q : NULL;
-        q += bias ? d : 0u;
-        w->w3 = gated ? q : NULL;
+        memset(&model->slot_weights[s], 0, sizeof(model->slot_weights[s]));
         model->slot_expert[s] = -1;
         model->slot_stamp[s] = 0;
     }
 }
 
-/* Copy n floats of one weight tensor into the slot at q; returns the next free float. */
-static float *copy_part(float *q, const float *src, size_t n, int present)
-{
-    if (!present) {
-        return q;
-    }
-    if (src != NULL) {
-        memcpy(q, src, n * sizeof(float));
-    }
-    return q + n;
-}
-
-/* Fill slot s with the weights of stored expert e (layout as in colibri_loader_setup). */
+/*
+ * Fill slot s with the weights of stored expert e and point slot_weights[s] at the copy.
+ * fp32 experts: w1, b1, w2, b2, w3 packed back to back (COLIBRI_EXPERT_FLOATS). Experts with
+ * part_bytes (quantised): each present part at a 16-byte aligned offset, exactly part_bytes
+ * long; codegen sizes slot_floats for the largest such expert.
+ */
 static void slot_fill(colibri_model_t *model, int32_t s, int32_t e)
 {
     const size_t d = (size_t)model->d_model;
@@ -165,12 +148,33 @@ static void slot_fill(colibri_model_t *model, int32_t s, int32_t e)
     const int bias = (model->flags & COLIBRI_FLAG_EXPERT_BIAS) != 0;
     const int gated = (model->flags & COLIBRI_FLAG_GATED) != 0;
     const colibri_expert_weights_t *src = &model->stored[e];
-    float *q = model->slot_mem + (size_t)s * colibri_expert_floats(model);
-    q = copy_part(q, src->w1, d * f, 1);
-    q = copy_part(q, src->b1, f, bias);
-    q = copy_part(q, src->w2, f * d, 1);
-    q = copy_part(q, src->b2, d, bias);
-    (void)copy_part(q, src->w3, d * f, gated);
+    colibri_expert_weights_t *dst = &model->slot_weights[s];
+    const float *parts[5] = {src->w1, src->b1, src->w2, src->b2, src->w3};
+    const int present[5] = {1, bias, 1, bias, gated};
+    const size_t floats[5] = {d * f, f, f * d, d, d * f};
+    const float **out[5] = {&dst->w1, &dst->b1, &dst->w2, &dst->b2, &dst->w3};
+    const int packed = (src->part_bytes[0] | src->part_bytes[1] | src->part_bytes[2] |
+                        src->part_bytes[3] | src->part_bytes[4]) != 0u;
+    unsigned char *base =
+        (unsigned char *)(model->slot_mem + (size_t)s * colibri_slot_capacity(model));
+    size_t off = 0;
+    for (int i = 0; i < 5; i++) {
+        *out[i] = NULL;
+        dst->part_bytes[i] = src->part_bytes[i];
+        if (!present[i] || (packed && parts[i] == NULL)) {
+            continue;
+        }
+        const size_t nbytes =
+            src->part_bytes[i] != 0u ? (size_t)src->part_bytes[i] : floats[i] * sizeof(float);
+        if (packed) {
+            off = COLIBRI_ALIGN16(off);
+        }
+        if (parts[i] != NULL) {
+            memcpy(base + off, parts[i], nbytes);
+        }
+        *out[i] = (const float *)(const void *)(base + off);
+        off += nbytes;
+    }
     model->slot_expert[s] = e;
 }
 

@@ -28,7 +28,7 @@ colibri_status colibri_check_dims(const colibri_model_t *model)
     default:
         return COLIBRI_ERR_ARG;
     }
-    if (model->router_w == NULL ||
+    if (!colibri_router_weights_ok(model) ||
         ((model->flags & COLIBRI_FLAG_ROUTER_BIAS) && model->router_b == NULL)) {
         return COLIBRI_ERR_ARG;
     }
@@ -100,7 +100,7 @@ colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_
         return COLIBRI_ERR_NOMEM;
     }
     const size_t ws = colibri_workspace_size(model, max_tokens);
-    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_expert_floats(model));
+    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(model));
     if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws || arena_size < ws + slots) {
         return COLIBRI_ERR_NOMEM;
     }

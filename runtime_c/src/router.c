@@ -7,6 +7,7 @@
  */
 #include "colibri.h"
 #include "colibri_internal.h"
+#include "colibri_quant.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -111,12 +112,51 @@ colibri_status colibri_route_gate(const float *gate_logits, int32_t batch_seq_le
     return COLIBRI_OK;
 }
 
+int colibri_router_weights_ok(const colibri_model_t *model)
+{
+    switch (model->router_scheme) {
+    case COLIBRI_QUANT_F32:
+        return model->router_w != NULL;
+    case COLIBRI_QUANT_F16:
+        return model->router_wq != NULL;
+    case COLIBRI_QUANT_Q8:
+        return model->router_wq != NULL && model->router_scale != NULL;
+    default:
+        return 0;
+    }
+}
+
+/* x . Wg[e] accumulated in fp32 in index order; quantised weights are dequantised to fp32
+ * first (fp16 exactly; int8 as (float)q * scale[e]), which codegen/reference.py mirrors. */
+static float router_dot(const colibri_model_t *model, int32_t e, const float *x, size_t d)
+{
+    float acc = 0.0f;
+    if (model->router_scheme == COLIBRI_QUANT_F16) {
+        const uint16_t *wq = (const uint16_t *)model->router_wq + (size_t)e * d;
+        for (size_t i = 0; i < d; i++) {
+            acc += x[i] * colibri_f16_to_f32(wq[i]);
+        }
+    } else if (model->router_scheme == COLIBRI_QUANT_Q8) {
+        const int8_t *wq = (const int8_t *)model->router_wq + (size_t)e * d;
+        const float s = model->router_scale[e];
+        for (size_t i = 0; i < d; i++) {
+            acc += x[i] * ((float)wq[i] * s);
+        }
+    } else {
+        const float *wg = model->router_w + (size_t)e * d;
+        for (size_t i = 0; i < d; i++) {
+            acc += x[i] * wg[i];
+        }
+    }
+    return acc;
+}
+
 colibri_status colibri_route(const colibri_model_t *model, const float *input,
                              int32_t batch_seq_len, int32_t top_k, int32_t *expert_ids,
                              float *gates, float *route_temp)
 {
     if (model == NULL || input == NULL || expert_ids == NULL || gates == NULL ||
-        batch_seq_len < 0 || model->router_w == NULL) {
+        batch_seq_len < 0 || !colibri_router_weights_ok(model)) {
         return COLIBRI_ERR_ARG;
     }
     colibri_status st = check_topk(model->n_experts, top_k);
@@ -139,11 +179,7 @@ colibri_status colibri_route(const colibri_model_t *model, const float *input,
         route_state rs;
         route_begin(&rs, top_k, ids, g);
         for (int32_t e = 0; e < n_exp; e++) {
-            const float *wg = model->router_w + (size_t)e * d;
-            float acc = 0.0f;
-            for (size_t i = 0; i < d; i++) {
-                acc += x[i] * wg[i];
-            }
+            const float acc = router_dot(model, e, x, d);
             float logit = (bias != NULL) ? acc + bias[e] : acc;
             if (!isfinite(logit)) {
                 return COLIBRI_ERR_NAN;

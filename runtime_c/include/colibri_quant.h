@@ -1,0 +1,106 @@
+/**
+ * @file colibri_quant.h
+ * @brief Quantised weight formats and their matrix-vector kernels (portable reference C).
+ *
+ * One definition per format. Every format stores a weight matrix output-channel-major
+ * (w[out][in], the transpose of the fp32 seed layout) so each output is a dot product over
+ * contiguous memory. codegen/quantize.py mirrors each format as a numpy dtype; a test reads
+ * the sizes and offsets below back from a compiled object so the two cannot drift.
+ *
+ *  - fp16: IEEE binary16 bits (uint16_t), converted exactly to fp32, computed in fp32.
+ *  - int8: int8_t q[out][in] with one fp32 scale per output channel (symmetric, q in -127..127).
+ *  - int4: colibri_block_q4_32 blocks of 32 weights along the input dimension, one fp16 scale
+ *          per block (the 4.5-bit-per-weight layout of ggml's q4_0): w = d * (nibble - 8).
+ *
+ * Activations are fp32 (the *_f32 kernels) or int8 quantised per token at run time
+ * (colibri_quantize_row_q8 + the *_q8 kernels, integer dot products with int32 accumulators).
+ *
+ * Arithmetic order is part of the contract (the numpy reference mirrors it bit for bit; every
+ * board compiles with -ffp-contract=off, so there is no fused multiply-add):
+ *  - f16/q8 x f32:  acc = 0; for i: acc += w(o,i) * x[i]            ; y = acc       (f16)
+ *                                                                     ; y = acc * s[o] (q8)
+ *  - q4 x f32:      acc = 0; for each block b: { bs = 0; for j: bs += (float)(q-8) * x[i] ;
+ *                                                acc += bs * d_b }     ; y = acc
+ *  - q8 x q8:       isum = sum_i q(o,i) * xq[i] (int32)              ; y = ((float)isum * s[o]) *
+ * sx
+ *  - q4 x q8:       acc = 0; for each block b: acc += (float)isum_b * d_b ; y = acc * sx
+ * where the row quantiser is amax = max|x|, sx = amax / 127, xq = roundf(x / sx)
+ * (half away from zero; all zero when amax == 0).
+ */
+#ifndef COLIBRI_QUANT_H
+#define COLIBRI_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Weights per int4 block. */
+#define COLIBRI_QK4 32
+
+/** Largest |q| of int8 weights and activations (symmetric: -127..127). */
+#define COLIBRI_Q8_MAX 127
+
+/** Weight storage schemes (codegen/quantize.py SCHEMES, same order). */
+typedef enum {
+    COLIBRI_QUANT_F32 = 0,
+    COLIBRI_QUANT_F16 = 1,
+    COLIBRI_QUANT_Q8 = 2,
+    COLIBRI_QUANT_Q4 = 3
+} colibri_quant_scheme;
+
+/** 32 int4 weights with one fp16 scale: 18 bytes, 4.5 bits per weight. Nibble j (j < 16) of
+ *  the block is the low half of qs[j]; nibble j + 16 is the high half of qs[j]. */
+typedef struct {
+    uint16_t d;                  /**< scale, IEEE binary16 bits */
+    uint8_t qs[COLIBRI_QK4 / 2]; /**< nibbles, value = nibble - 8 */
+} colibri_block_q4_32;
+
+_Static_assert(sizeof(colibri_block_q4_32) == 18, "colibri_block_q4_32 must be 18 bytes");
+_Static_assert(offsetof(colibri_block_q4_32, qs) == 2, "colibri_block_q4_32.qs at offset 2");
+
+/** Blocks of one row of n_in inputs (the last block is zero-padded). */
+#define COLIBRI_Q4_BLOCKS(n_in) (((size_t)(n_in) + (COLIBRI_QK4 - 1u)) / COLIBRI_QK4)
+
+/** @brief Exact conversion of IEEE binary16 bits to fp32 (normals, subnormals, inf, NaN). */
+float colibri_f16_to_f32(uint16_t h);
+
+/** @brief y[o] = sum_i (float)w[o][i] * x[i], w fp16 [n_out][n_in]. */
+void colibri_matvec_f16_f32(const uint16_t *w, const float *x, float *y, int32_t n_out,
+                            int32_t n_in);
+
+/** @brief y[o] = (sum_i (float)q[o][i] * x[i]) * scale[o], q int8 [n_out][n_in]. */
+void colibri_matvec_q8_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                           int32_t n_out, int32_t n_in);
+
+/** @brief y[o] = sum_b d_b * sum_j (q - 8) * x, w [n_out][COLIBRI_Q4_BLOCKS(n_in)] blocks. */
+void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *y, int32_t n_out,
+                           int32_t n_in);
+
+/**
+ * @brief Quantise one row of activations to int8 (symmetric, per token).
+ * @return the scale sx (x ~ sx * xq); 0 when every x is 0.
+ */
+float colibri_quantize_row_q8(const float *x, int8_t *xq, int32_t n);
+
+/** @brief Integer dot product of two int8 vectors, int32 accumulator. */
+int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n);
+
+/** @brief Integer dot product of one int4 block (n <= 32 weights used) with int8 xq[n]. */
+int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int32_t n);
+
+/** @brief y[o] = ((float)dot(q[o], xq) * scale[o]) * sx. */
+void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, float sx, float *y,
+                          int32_t n_out, int32_t n_in);
+
+/** @brief y[o] = (sum_b (float)dot(block_b, xq_b) * d_b) * sx. */
+void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, float sx, float *y,
+                          int32_t n_out, int32_t n_in);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLIBRI_QUANT_H */

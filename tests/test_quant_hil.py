@@ -1,0 +1,95 @@
+"""Quantised models on every board: fp16 / int8 / int4 (and int8 / int4 with fp32 activations)
+on one small model (d_model 40, so the
+last int4 block is partial), compared with the quantised numpy reference under the scheme's
+named tolerance; routing identical to fp32; heat-based placement (RAM-pinned hot experts,
+speed/compact kernel variants) bit-identical to the plain build and placed where it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from colibri.boards import list_boards
+from colibri.cli import run_model
+from colibri.emit import GenerateOptions, generate
+from colibri.quantize import LAYER_TOLERANCE, make_plan, quant_moe_forward, quantize_layer
+from colibri.reference import compare, moe_forward
+from colibri.toy import make_toy
+from conftest import require_board
+
+BOARDS = [b.name for b in list_boards()]
+SCHEMES = ("fp16", "int8", "int4")
+
+
+def _model():  # type: ignore[no-untyped-def]
+    layer = make_toy(4, 40, 36, 2, "gelu", seed=21, router_bias=True)
+    x = np.random.default_rng(5).standard_normal((10, 40)).astype(np.float32)
+    return layer, x
+
+
+@pytest.mark.parametrize(
+    "scheme,act", [(s, None) for s in SCHEMES] + [("int8", "fp32"), ("int4", "fp32")]
+)
+@pytest.mark.parametrize("board", BOARDS)
+def test_scheme_on_board_matches_reference(
+    board: str, scheme: str, act: str | None, tmp_path: Path
+) -> None:
+    require_board(board)
+    layer, x = _model()
+    opts = GenerateOptions(board=board, name="q", quant=scheme, act=act)
+    generate(layer, tmp_path / "q", opts)
+    out, _ = run_model(tmp_path / "q", board, x)
+    plan = make_plan(4, scheme, None, act)
+    ref, ids = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    np.testing.assert_array_equal(out.expert_ids, ids, err_msg=f"{board}/{scheme}")
+    np.testing.assert_array_equal(out.expert_ids, moe_forward(layer, x)[1].expert_ids)
+    err = compare(out.output, ref, LAYER_TOLERANCE[(scheme, plan.acts[0])])
+    assert err is None, f"{board}/{scheme}: {err}"
+
+
+@pytest.mark.parametrize("board", ["host", "cortex-m4"])
+def test_heat_placement_is_bit_identical_and_pins_hot_experts(board: str, tmp_path: Path) -> None:
+    require_board(board)
+    layer = make_toy(8, 32, 48, 2, "silu", seed=4)
+    # calibration tokens that favour expert 0's router row
+    rng = np.random.default_rng(1)
+    calib = (rng.standard_normal((64, 32)) + 3 * layer.router_w[0]).astype(np.float32)
+    x = rng.standard_normal((12, 32)).astype(np.float32)
+    outputs = []
+    for tag, kw in (("plain", {}), ("hot", {"ram_budget": 8000})):
+        opts = GenerateOptions(board=board, name=tag, quant="int8", **kw)  # type: ignore[arg-type]
+        _, man = generate(layer, tmp_path / tag, opts, calib=calib if kw else None)
+        out, _ = run_model(tmp_path / tag, board, x)
+        outputs.append(out.output)
+    assert np.array_equal(outputs[0], outputs[1]), "placement changed the numbers"
+    experts = man["experts"]
+    heat = [e["calib_hits"] for e in experts]
+    assert sum(heat) == 64 * 2
+    ram = [e["expert"] for e in experts if e["placement"] == "ram"]
+    assert ram and sum(experts[i]["bytes"] for i in ram) <= 8000
+    coldest_ram = min(heat[i] for i in ram)
+    assert all(heat[e["expert"]] <= coldest_ram for e in experts if e["placement"] == "flash")
+    assert {e["kernel"] for e in experts} <= {"speed", "compact"}
+    assert man["layout"]["order"] == sorted(range(8), key=lambda i: (-heat[i], i))
+    if board != "host":
+        from colibri.size import size_report
+
+        rep = size_report(tmp_path / "hot", board)
+        data = next(s for s in rep.sections if s["name"] == ".data")
+        assert data["ram"] and data["size"] >= sum(experts[i]["bytes"] for i in ram)
+        # per-expert bytes of the report are the ELF's symbol sizes
+        assert {i: v["weights"] for i, v in rep.experts.items()} == {
+            e["expert"]: e["bytes"] for e in experts
+        }
+
+
+def test_ram_budget_larger_than_the_board_is_refused(tmp_path: Path) -> None:
+    from colibri.errors import BudgetExceeded
+
+    layer = make_toy(8, 64, 128, 2, "gelu", seed=2)  # 8 x 66 KB of fp32 experts
+    calib = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    opts = GenerateOptions(board="cortex-m4", name="r", ram_budget=10**6)
+    with pytest.raises(BudgetExceeded, match=r"pinned in RAM .* lower --ram-budget to at most"):
+        generate(layer, tmp_path / "r", opts, calib=calib)
+    assert not (tmp_path / "r").exists()
