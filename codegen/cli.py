@@ -66,7 +66,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from .container import write_container
     from .importers import load_model
 
-    layer = load_model(a.model, a.config)
+    layer = load_model(a.model, a.config, a.layer)
     path = write_container(layer, a.out)
     stored = len(set(layer.storage_map()))
     print(
@@ -77,14 +77,40 @@ def cmd_convert(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
+    from .accuracy import format_accuracy
     from .boards import load_board
     from .emit import GenerateOptions, generate
     from .importers import load_model
+    from .placement import format_placement_report
 
     board = load_board(a.board)
-    layer = load_model(a.model, a.config)
+    if a.layer is None and a.config is None:
+        from .hf import is_hf_checkpoint
+
+        if is_hf_checkpoint(a.model):
+            return cmd_generate_transformer(a)
+    if a.max_context is not None:
+        from .errors import ConfigError
+
+        raise ConfigError(
+            "--max-context applies to whole transformers (a Hugging Face checkpoint directory "
+            "without --layer); a single MoE layer uses --max-tokens"
+        )
+    layer = load_model(a.model, a.config, a.layer)
     name = a.name or Path(a.out).resolve().name
-    opts = GenerateOptions(board=board.name, name=name, max_tokens=a.max_tokens)
+    opts = GenerateOptions(
+        board=board.name,
+        name=name,
+        max_tokens=a.max_tokens,
+        quant=a.quant,
+        expert_quant=a.expert_quant,
+        act=a.act,
+        cache=a.cache,
+        cache_slots=a.cache_slots if a.cache == "lru" else 0,
+        calib=a.calib,
+        ram_budget=a.ram_budget,
+        router_quant=a.router_quant,
+    )
     out, manifest = generate(layer, a.out, opts, force=a.force)
     mem = manifest["memory"]
     c = layer.config
@@ -93,6 +119,28 @@ def cmd_generate(a: argparse.Namespace) -> int:
         f"({manifest['model']['unique_experts']} stored), d_model {c.d_model}, d_ff {c.d_ff}, "
         f"k {c.top_k}; weights {mem['weight_bytes']} bytes (const), arena "
         f"{mem['arena_size']} bytes (static RAM, {mem['max_tokens']} tokens per chunk)"
+    )
+    if "accuracy" in manifest:
+        print(format_placement_report(manifest))
+        print(format_accuracy(manifest["accuracy"]))
+    return 0
+
+
+def cmd_generate_transformer(a: argparse.Namespace) -> int:
+    """`colibri generate CKPT --max-context N` (no --layer): the whole decoder as C."""
+    from .lmgen import DEFAULT_MAX_CONTEXT, generate_transformer
+    from .transformer import load_hf_transformer
+
+    model = load_hf_transformer(a.model)
+    ctx = a.max_context if a.max_context is not None else DEFAULT_MAX_CONTEXT
+    out, manifest = generate_transformer(model, a.out, a.board, a.name, ctx, force=a.force)
+    mem = manifest["memory"]
+    c = model.config
+    print(
+        f"generated {out} for {a.board}: {c.architecture}, {c.n_layers} layers, d_model "
+        f"{c.d_model}, vocab {c.vocab_size}; weights {mem['weight_bytes']} bytes (const), arena "
+        f"{mem['arena_size']} bytes (static RAM: KV cache {mem['kv_cache_bytes']} bytes for "
+        f"{ctx} positions + {mem['activation_bytes']} bytes of activations)"
     )
     return 0
 
@@ -136,6 +184,18 @@ def run_model(
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    from .build import check_generated
+    from .lmgen import is_transformer_dir
+
+    if is_transformer_dir(check_generated(Path(a.dir).resolve())):
+        from .lmrun import cmd_run_lm
+
+        return cmd_run_lm(a)
+    if a.input is None or a.output is None:
+        raise InputError(
+            f"{a.dir} is a single MoE layer: pass --input X.npy ([T, d_model] float32) and "
+            f"--output Y.npy (--prompt-ids is for generated transformers)"
+        )
     x = _load_npy(a.input)
     out, result = run_model(a.dir, a.board, x, a.count_instructions, a.timeout, a.verbose)
     np.save(a.output, out.output)
@@ -157,7 +217,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     from .reference import moe_forward
     from .runio import check_input
 
-    layer = load_model(a.model, a.config)
+    layer = load_model(a.model, a.config, a.layer)
     x = check_input(_load_npy(a.input), layer.config.d_model, a.input)
     y, r = moe_forward(layer, x)
     np.save(a.output, y.astype(np.float32))
@@ -224,12 +284,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
     np.save(work / "x.npy", x)
     ref, routing = moe_forward(layer, x)
     failures = 0
-    for board in ("host", a.board):
+    for step, board in enumerate(("host", a.board), start=2):
         from .emit import GenerateOptions, generate
 
         gen = work / f"gen-{board}"
         generate(layer, gen, GenerateOptions(board=board, name="demo", max_tokens=8))
-        print(f"\n== 2. generate + build + run on {board}: {gen}")
+        print(f"\n== {step}. generate + build + run on {board}: {gen}")
         out, result = run_model(gen, board, x, count_instructions=board != "host")
         for t in range(x.shape[0]):
             ids = " ".join(str(v) for v in out.expert_ids[t])
@@ -255,6 +315,22 @@ def cmd_demo(a: argparse.Namespace) -> int:
                 pass
     print("\ndemo " + ("passed" if failures == 0 else "FAILED"))
     return 0 if failures == 0 else 1
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from .export import EXPORT_TOLERANCE, export
+
+    res = export(a.source, a.out, a.layer, a.config, a.check_tokens, a.seed)
+    c = res.layer.config
+    print(
+        f"wrote {res.path}: {c.n_experts} experts, d_model {c.d_model}, d_ff {c.d_ff}, "
+        f"k {c.top_k}, {res.layer.metadata.get('architecture', 'PyTorch')} block"
+    )
+    print(
+        f"check vs PyTorch ({res.tokens} tokens): max |diff| {res.max_abs_diff:.3g} "
+        f"(max |y| {res.max_abs_output:.3g}, tolerance {EXPORT_TOLERANCE} x max |y|) OK"
+    )
+    return 0
 
 
 # -- parser ------------------------------------------------------------------------------------
@@ -286,6 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model")
     s.add_argument("--config", help="config.json (default: beside the model)")
     s.add_argument("--out", required=True, help="output .clb file")
+    s.add_argument(
+        "--layer",
+        type=int,
+        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
+    )
     s.set_defaults(func=cmd_convert)
 
     s = sub.add_parser("generate", help="emit C specialised to a model for a board")
@@ -301,6 +382,62 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per chunk the static buffers hold (default 32)",
     )
     s.add_argument("--force", action="store_true", help="replace a non-Colibri --out directory")
+    s.add_argument(
+        "--quant",
+        default="fp32",
+        choices=("fp32", "fp16", "int8", "int4"),
+        help="expert weight scheme (default fp32; the router stays fp32)",
+    )
+    s.add_argument(
+        "--expert-quant",
+        metavar="I=SCHEME,...",
+        help="per-expert override, e.g. 3=int4,7=fp32",
+    )
+    s.add_argument(
+        "--router-quant",
+        choices=("fp32", "fp16", "int8"),
+        default="fp32",
+        help="router weights (default fp32; quantising them can flip routing: see the "
+        "accuracy report's routing agreement)",
+    )
+    s.add_argument(
+        "--act",
+        choices=("fp32", "int8"),
+        help="activations of int8/int4 experts: int8 per token (integer dot products, the "
+        "default) or fp32",
+    )
+    s.add_argument(
+        "--calib",
+        metavar="X.npy",
+        help="[T, d_model] calibration tokens for the accuracy report and routing heat "
+        "(default: 64 seeded random tokens, no heat-based placement)",
+    )
+    s.add_argument(
+        "--cache",
+        default="pinned",
+        choices=("pinned", "lru", "none"),
+        help="expert residency (the seeds' cache_policy; lru/none copy experts from flash "
+        "into static RAM slots on use)",
+    )
+    s.add_argument("--cache-slots", type=int, default=2, help="LRU slots (lru_cache_size)")
+    s.add_argument(
+        "--ram-budget",
+        type=int,
+        metavar="BYTES",
+        help="RAM for pinning the hottest experts (with --calib; default 0: all in flash)",
+    )
+    s.add_argument(
+        "--layer",
+        type=int,
+        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
+    )
+    s.add_argument(
+        "--max-context",
+        type=int,
+        metavar="N",
+        help="Hugging Face checkpoint without --layer (whole transformer): positions the KV "
+        "cache holds, prompt + generated tokens (default 64)",
+    )
     s.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("build", help="build a generated model for a board (SCons)")
@@ -312,8 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", help="build and run a generated model on a board")
     s.add_argument("dir")
     s.add_argument("--board", default="host")
-    s.add_argument("--input", required=True, help="[T, d_model] float32 .npy")
-    s.add_argument("--output", required=True, help="output .npy")
+    s.add_argument("--input", help="MoE layer: [T, d_model] float32 .npy")
+    s.add_argument(
+        "--output",
+        help="MoE layer: output .npy; transformer: also write the generated ids (int32 .npy)",
+    )
     s.add_argument("--routing", help="also write expert_ids and gates [T, k] to this .npz")
     s.add_argument(
         "--count-instructions",
@@ -322,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--timeout", type=float, help="seconds (default: the board's)")
     s.add_argument("-v", "--verbose", action="store_true")
+    from .lmrun import add_run_arguments
+
+    add_run_arguments(s)
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("reference", help="run the numpy reference on an input")
@@ -330,7 +473,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True)
     s.add_argument("--output", required=True)
     s.add_argument("--routing")
+    s.add_argument(
+        "--layer",
+        type=int,
+        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
+    )
     s.set_defaults(func=cmd_reference)
+
+    s = sub.add_parser(
+        "export",
+        help="PyTorch state_dict of an MoE block or HF checkpoint -> Colibri container",
+    )
+    s.add_argument("source", help="state_dict file (torch.save) or Hugging Face checkpoint dir")
+    s.add_argument("--out", required=True, help="output .clb file")
+    s.add_argument("--layer", type=int, help="checkpoint directory: the decoder layer to export")
+    s.add_argument("--config", help="state_dict: the model's Hugging Face config.json")
+    s.add_argument(
+        "--check-tokens", type=int, default=8, help="tokens in the check vs PyTorch (default 8)"
+    )
+    s.add_argument("--seed", type=int, default=0, help="seed of the check batch")
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("boards", help="list boards, their memory and toolchain status")
     s.add_argument("--json", action="store_true")

@@ -38,6 +38,8 @@ class SizeReport:
     modules: dict[str, dict[str, int]] = field(default_factory=dict)
     experts: dict[int, dict[str, int]] = field(default_factory=dict)
     model: dict[str, int] = field(default_factory=dict)
+    #: Regions of a generated transformer's arena (KV cache included), from its manifest.
+    arena: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +55,7 @@ class SizeReport:
             "modules": self.modules,
             "experts": {str(k): v for k, v in sorted(self.experts.items())},
             "model": self.model,
+            **({"arena": self.arena} if self.arena else {}),
         }
 
 
@@ -203,8 +206,19 @@ def locate(target: Path, board: Board) -> tuple[Path, Path | None, str | None]:
 
 def size_report(target: str | Path, board_name: str) -> SizeReport:
     board = load_board(board_name)
-    elf, lib, name = locate(Path(target).resolve(), board)
-    return analyse(elf, board, lib, name)
+    path = Path(target).resolve()
+    elf, lib, name = locate(path, board)
+    rep = analyse(elf, board, lib, name)
+    if path.is_dir():
+        from .build import check_generated
+
+        manifest = check_generated(path)
+        if manifest.get("kind") == "transformer":
+            rep.arena = [
+                {"name": r["name"], "size": r["size"], "what": r["what"]}
+                for r in manifest["memory"]["regions"]
+            ]
+    return rep
 
 
 def _fmt_row(cols: list[str], widths: list[int]) -> str:
@@ -244,6 +258,11 @@ def format_report(rep: SizeReport) -> str:
         lines.append(_fmt_row(["model (other)", "bytes"], [22, 10]))
         for n, nbytes in rep.model.items():
             lines.append(_fmt_row([n, str(nbytes)], [22, 10]))
+    if rep.arena:
+        lines.append("")
+        lines.append(_fmt_row(["arena region", "bytes"], [22, 10]) + "  what")
+        for r in rep.arena:
+            lines.append(_fmt_row([r["name"], str(r["size"])], [22, 10]) + "  " + r["what"])
     return "\n".join(lines)
 
 
