@@ -22,82 +22,12 @@
 #include "colibri.h"
 #include "colibri_platform.h"
 #include "colibri_transformer.h"
+#include "runner_io.h"
 #include "transformer_model.h"
 
 #define LM_IN_MAGIC 0x4C424C43u  /* "CLBL" */
 #define LM_OUT_MAGIC 0x47424C43u /* "CLBG" */
 #define LM_FLAG_LOGITS 0x1u
-
-/** @brief Append the decimal form of v to buf (NUL-terminated, buf >= 12 bytes free). */
-static char *fmt_u32(char *buf, uint32_t v)
-{
-    char tmp[12];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + (v % 10u));
-        v /= 10u;
-    } while (v != 0u);
-    while (n > 0) {
-        *buf++ = tmp[--n];
-    }
-    *buf = '\0';
-    return buf;
-}
-
-/** @brief Print "colibri: <a><num><b>" on the console. */
-static void say(const char *a, uint32_t num, const char *b)
-{
-    char line[160];
-    char *p = line;
-    const char *parts[2] = {"colibri: ", a};
-    for (int i = 0; i < 2; ++i) {
-        size_t len = strlen(parts[i]);
-        if (len > 60u) {
-            len = 60u;
-        }
-        memcpy(p, parts[i], len);
-        p += len;
-    }
-    p = fmt_u32(p, num);
-    size_t blen = strlen(b);
-    if (blen > 80u) {
-        blen = 80u;
-    }
-    memcpy(p, b, blen);
-    p[blen] = '\n';
-    p[blen + 1u] = '\0';
-    clb_platform_puts(line);
-}
-
-/** @brief Read exactly n bytes; 0 on success. */
-static int read_all(int32_t fd, void *buf, uint32_t n)
-{
-    uint8_t *p = (uint8_t *)buf;
-    while (n > 0u) {
-        const int32_t got = clb_platform_read(fd, p, n);
-        if (got <= 0) {
-            return -1;
-        }
-        p += got;
-        n -= (uint32_t)got;
-    }
-    return 0;
-}
-
-/** @brief Write exactly n bytes; 0 on success. */
-static int write_all(int32_t fd, const void *buf, uint32_t n)
-{
-    const uint8_t *p = (const uint8_t *)buf;
-    while (n > 0u) {
-        const int32_t put = clb_platform_write(fd, p, n);
-        if (put <= 0) {
-            return -1;
-        }
-        p += put;
-        n -= (uint32_t)put;
-    }
-    return 0;
-}
 
 /** @brief Print a runtime failure and map it to the exit status. */
 static int fail(const char *what, colibri_status st)
