@@ -1,6 +1,10 @@
-"""Text generation with the whole generated transformer: tokens/s on the host, instructions
-per generated token on the host (callgrind) and on cortex-m7 (QEMU TCG plugin), firmware
-flash / RAM (KV cache included) and greedy agreement with transformers.
+"""Text generation with the whole generated transformer, fp32 and with int8 routed experts
+(``--quant int8``): tokens/s on the host, instructions per generated token on the host
+(callgrind) and on cortex-m7 (QEMU TCG plugin), firmware flash / RAM (KV cache included), top-1
+agreement of next-token predictions with transformers' fp32 logits (the numpy model of that
+scheme at every position of 16 seeded 32-token prompts) and whether the C greedy continuation
+equals transformers' (fp32) or the numpy int8 mirror's (int8, with its agreement with
+transformers' greedy tokens).
 
 Models are seeded random tiny checkpoints built with transformers (tests/hf_tiny.py):
 ``tiny`` is the test suite's Mixtral (d_model 16, 2 layers, 4 experts, k 2, vocab 64); ``small``
@@ -30,7 +34,13 @@ from colibri.lmgen import generate_transformer  # noqa: E402
 from colibri.lmrun import SamplingOptions, run_lm, write_lm_input  # noqa: E402
 from colibri.qemu import run_elf  # noqa: E402
 from colibri.size import size_report  # noqa: E402
-from colibri.transformer import load_hf_transformer  # noqa: E402
+from colibri.transformer import (  # noqa: E402
+    MoETransformer,
+    forward,
+    generate,
+    load_hf_transformer,
+    quantize_transformer,
+)
 from hf_tiny import make_model, save_model  # noqa: E402
 
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -60,6 +70,23 @@ def _hf_greedy(model: Any, n_new: int) -> list[int]:
     return ids[len(PROMPT) :]
 
 
+def _top1_agreement(hf: Any, model: MoETransformer, quant: str) -> float:
+    """Top-1 agreement of the numpy model (quant scheme) with transformers' fp32 logits over
+    every position of 16 seeded 32-token prompts."""
+    import numpy as np
+    import torch
+
+    q = quantize_transformer(model, quant) if quant != "fp32" else None
+    same = total = 0
+    for s in range(16):
+        prompt = np.random.default_rng(900 + s).integers(0, model.config.vocab_size, 32).tolist()
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0].double().numpy()
+        same += int((forward(model, prompt, quant=q).argmax(1) == ref.argmax(1)).sum())
+        total += len(prompt)
+    return same / total
+
+
 def _host_tokens_per_s(gen: Path, n: int) -> float:
     """Decode tokens/s of the built host runner: a run generating n tokens minus a run
     generating 1 (process start-up and prefill), best of 5 each; SCons stays out of the timing."""
@@ -85,8 +112,8 @@ def main() -> int:
     ap.add_argument("--host-tokens", type=int, default=256)
     args = ap.parse_args()
     print(
-        f"{'model':6} {'board':11} {'flash':>9} {'RAM':>8} {'KV cache':>9} {'tokens/s':>10} "
-        f"{'instr/token':>12}  greedy {args.new_tokens} = transformers"
+        f"{'model':6} {'quant':5} {'board':11} {'flash':>9} {'RAM':>8} {'KV cache':>9} "
+        f"{'tokens/s':>10} {'instr/token':>12} {'top-1':>7}  greedy {args.new_tokens}"
     )
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -95,36 +122,56 @@ def main() -> int:
             ckpt = save_model(hf, tmp / label / "ckpt")
             model = load_hf_transformer(ckpt)
             want = _hf_greedy(hf, args.new_tokens)
-            for board in ("host", "cortex-m7"):
-                b = load_board(board)
-                ok, why = b.can_build()
-                if ok:
-                    ok, why = b.can_run()
-                if not ok:
-                    print(f"{label:6} {board:11} unavailable: {why.split('. ')[0]}")
-                    continue
-                ctx = len(PROMPT) + (args.host_tokens if board == "host" else args.new_tokens)
-                try:
-                    gen, manifest = generate_transformer(
-                        model, tmp / label / board, board, "lm", max(ctx, 64)
+            for quant in ("fp32", "int8"):
+                top1 = f"{100 * _top1_agreement(hf, model, quant):.2f}%"
+                mirror = want
+                if quant != "fp32":
+                    mirror = generate(model, PROMPT, args.new_tokens, quant=quant)[len(PROMPT) :]
+                for board in ("host", "cortex-m7"):
+                    b = load_board(board)
+                    ok, why = b.can_build()
+                    if ok:
+                        ok, why = b.can_run()
+                    row = f"{label:6} {quant:5} {board:11}"
+                    if not ok:
+                        print(f"{row} unavailable: {why.split('. ')[0]}")
+                        continue
+                    ctx = len(PROMPT) + (args.host_tokens if board == "host" else args.new_tokens)
+                    try:
+                        gen, manifest = generate_transformer(
+                            model, tmp / label / quant / board, board, "lm", max(ctx, 64),
+                            quant=quant,
+                        )  # fmt: skip
+                        count = True  # callgrind on the host, the TCG plugin under QEMU
+                        out, res = run_lm(
+                            gen, board, PROMPT, args.new_tokens, count_instructions=count
+                        )
+                        rep = size_report(gen, board)
+                    except ColibriError as exc:
+                        print(f"{row} error: {exc}")
+                        continue
+                    tps = (
+                        f"{_host_tokens_per_s(gen, args.host_tokens):.0f}"
+                        if board == "host"
+                        else "-"
                     )
-                    count = True  # callgrind on the host, the TCG plugin under QEMU
-                    out, res = run_lm(gen, board, PROMPT, args.new_tokens, count_instructions=count)
-                    rep = size_report(gen, board)
-                except ColibriError as exc:
-                    print(f"{label:6} {board:11} error: {exc}")
-                    continue
-                tps = f"{_host_tokens_per_s(gen, args.host_tokens):.0f}" if board == "host" else "-"
-                ipt = (
-                    f"{res.instructions // (args.new_tokens - 1)}"
-                    if count and res.instructions and args.new_tokens > 1
-                    else "-"
-                )
-                same = "yes" if out.tokens.tolist() == want else "NO"
-                print(
-                    f"{label:6} {board:11} {rep.flash_used:>9} {rep.ram_used:>8} "
-                    f"{manifest['memory']['kv_cache_bytes']:>9} {tps:>10} {ipt:>12}  {same}"
-                )
+                    ipt = (
+                        f"{res.instructions // (args.new_tokens - 1)}"
+                        if count and res.instructions and args.new_tokens > 1
+                        else "-"
+                    )
+                    got = out.tokens.tolist()
+                    if quant == "fp32":
+                        same = "= transformers" if got == want else "differs from transformers"
+                    else:
+                        n_hf = sum(a == b for a, b in zip(got, want))
+                        same = "= int8 mirror" if got == mirror else "differs from int8 mirror"
+                        same += f" ({n_hf}/{len(want)} tokens = transformers)"
+                    print(
+                        f"{row} {rep.flash_used:>9} {rep.ram_used:>8} "
+                        f"{manifest['memory']['kv_cache_bytes']:>9} {tps:>10} {ipt:>12} "
+                        f"{top1:>7}  {same}"
+                    )
     return 0
 
 

@@ -128,12 +128,28 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_generate_transformer(a: argparse.Namespace) -> int:
     """`colibri generate CKPT --max-context N` (no --layer): the whole decoder as C."""
+    from .errors import ConfigError
     from .lmgen import DEFAULT_MAX_CONTEXT, generate_transformer
     from .transformer import load_hf_transformer
 
+    single_layer = {
+        "--expert-quant": a.expert_quant is not None,
+        "--router-quant": a.router_quant != "fp32",
+        "--cache": a.cache != "pinned",
+        "--calib": a.calib is not None,
+        "--ram-budget": a.ram_budget is not None,
+    }
+    given = [opt for opt, on in single_layer.items() if on]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: single MoE layer options (pass --layer N); a whole "
+            f"transformer takes --quant and --act for its routed experts"
+        )
     model = load_hf_transformer(a.model)
     ctx = a.max_context if a.max_context is not None else DEFAULT_MAX_CONTEXT
-    out, manifest = generate_transformer(model, a.out, a.board, a.name, ctx, force=a.force)
+    out, manifest = generate_transformer(
+        model, a.out, a.board, a.name, ctx, force=a.force, quant=a.quant, act=a.act
+    )
     mem = manifest["memory"]
     c = model.config
     print(
@@ -142,6 +158,13 @@ def cmd_generate_transformer(a: argparse.Namespace) -> int:
         f"{mem['arena_size']} bytes (static RAM: KV cache {mem['kv_cache_bytes']} bytes for "
         f"{ctx} positions + {mem['activation_bytes']} bytes of activations)"
     )
+    qr = manifest.get("quantization")
+    if qr is not None:
+        print(
+            f"routed experts {qr['scheme']} ({qr['act']} activations): weights "
+            f"{qr['weight_bytes']} bytes instead of {qr['fp32_weight_bytes']} fp32 "
+            f"({qr['bytes_saved']} saved)"
+        )
     return 0
 
 

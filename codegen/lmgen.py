@@ -8,6 +8,13 @@ runtime_c/runner/lm_main.c). Attention / norm / MLP weights are stored one row p
 (``[out][in]``, the Hugging Face layout); expert weights keep the MoE IR's layout, which the
 runtime's kernels read. RoPE angles are tabulated in float64 and stored as fp32 cos / sin
 tables of ``max_context`` positions. Deterministic and written atomically (emit.write_output).
+
+With ``--quant fp16|int8|int4`` every MoE layer's routed experts are stored in that scheme
+(codegen/quantize.py formats, output-channel-major) and run by generated per-expert kernels
+(``<name>_l<L>_expert_<J>``, weights baked in) on the colibri_quant.h matvecs, activations
+quantised per token to int8 in an ``act_q`` arena row (``--act fp32`` keeps them float). The
+numpy mirror is :func:`colibri.transformer.forward` with the same
+:func:`~colibri.transformer.quantize_transformer`. Without --quant the output is unchanged.
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ import numpy as np
 
 from . import __version__
 from .cnames import NameTable, c_float, c_float_array, c_ident
-from .emit import MANIFEST, _environment, write_output
+from .emit import MANIFEST, _environment, _tensor_entry, write_output
 from .errors import BudgetExceeded, ConfigError
+from .quantize import QuantTensor, check_scheme
 from .tfplan import TransformerPlan, max_top_k, plan_transformer
-from .transformer import MoETransformer, rope_tables
+from .transformer import MoETransformer, TransformerQuant, quantize_transformer, rope_tables
 
 KIND = "transformer"
 GENERATED_FILES = (
@@ -98,6 +106,8 @@ class _Weights:
         self.arrays: list[dict[str, Any]] = []
         self.nbytes = 0
         self.keys: set[str] = set()
+        self.qarrays: list[dict[str, Any]] = []
+        self.typedefs: dict[str, str] = {}
 
     def add(self, key: str, arr: np.ndarray, what: str) -> str:
         if key in self.keys:
@@ -114,11 +124,40 @@ class _Weights:
     def opt(self, key: str, arr: np.ndarray | None, what: str) -> str:
         return "NULL" if arr is None else self.add(key, arr, what)
 
+    def add_quant(self, key: str, t: QuantTensor, what: str) -> dict[str, Any]:
+        """A quantised tensor (emit._tensor_entry: its decl, init, typedef and reference)."""
+        if key in self.keys:
+            raise ConfigError(f"generated weight '{key}' would be emitted twice")
+        self.keys.add(key)
+        sym = self.names.add(key, f"{self.name}_{key}")
+        entry = _tensor_entry(sym, key, t, self.name, "const ")
+        if entry["typedef"] is not None:
+            self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
+        entry["what"] = what
+        self.qarrays.append(entry)
+        self.nbytes += int(entry["nbytes"])
+        return entry
+
+
+def _quant_params(name: str, scheme: str, d: int, f: int) -> str:
+    """C parameter list (w1, w2, w3) of a quantised expert FFN of d_model d, d_ff f."""
+    if scheme == "int8":
+        t_in, t_out = f"const {name}_q8_{f}x{d}_t *", f"const {name}_q8_{d}x{f}_t *"
+    else:
+        t_in = t_out = "const uint16_t *" if scheme == "fp16" else "const colibri_block_q4_32 *"
+    return f"{t_in}w1, {t_out}w2, {t_in}w3"
+
 
 def render_transformer(
-    model: MoETransformer, board: str, name: str, max_context: int
+    model: MoETransformer,
+    board: str,
+    name: str,
+    max_context: int,
+    quant: str = "fp32",
+    act: str | None = None,
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Render every generated file of a whole transformer; returns ({filename: text}, manifest)."""
+    """Render every generated file of a whole transformer; returns ({filename: text}, manifest).
+    quant / act: the scheme and activation mode of every MoE layer's routed experts."""
     if isinstance(max_context, bool) or not 1 <= max_context <= MAX_CONTEXT_LIMIT:
         raise ConfigError(
             f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {max_context}"
@@ -126,7 +165,13 @@ def render_transformer(
     _check_supported(model)
     c = model.config
     name = c_ident(name)
-    plan: TransformerPlan = plan_transformer(model, max_context)
+    quant = check_scheme(quant)
+    q: TransformerQuant | None = None
+    if quant != "fp32":
+        q = quantize_transformer(model, quant, act)
+    elif act is not None:
+        raise ConfigError("--act applies to quantised experts: pass --quant int8 or int4 too")
+    kinds: dict[str, dict[str, Any]] = {}
     w = _Weights(name)
     w.add("embed", model.embed, f"token embedding [{c.vocab_size}][{c.d_model}]")
     layers: list[dict[str, Any]] = []
@@ -159,15 +204,37 @@ def render_transformer(
             m = layer.moe
             mc = m.config
             experts = []
-            for j, e in enumerate(m.experts):
-                assert e.w3 is not None
-                experts.append(
-                    {
-                        "w1": w.add(f"l{i}_e{j}_w1", e.w1, f"expert {j} gate [d][f]"),
-                        "w2": w.add(f"l{i}_e{j}_w2", e.w2, f"expert {j} down [f][d]"),
-                        "w3": w.add(f"l{i}_e{j}_w3", e.w3, f"expert {j} up [d][f]"),
+            stored_q = []
+            kernels: list[str] = []
+            if q is None:
+                for j, e in enumerate(m.experts):
+                    assert e.w3 is not None
+                    experts.append(
+                        {
+                            "w1": w.add(f"l{i}_e{j}_w1", e.w1, f"expert {j} gate [d][f]"),
+                            "w2": w.add(f"l{i}_e{j}_w2", e.w2, f"expert {j} down [f][d]"),
+                            "w3": w.add(f"l{i}_e{j}_w3", e.w3, f"expert {j} up [d][f]"),
+                        }
+                    )
+            else:
+                shape = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
+                for idx, qe in sorted(q.experts[i].items()):
+                    args = {}
+                    for tname, t in qe.tensors():
+                        assert isinstance(t, QuantTensor)
+                        what = f"expert {idx} {shape[tname]}, {qe.scheme}"
+                        args[tname] = w.add_quant(f"l{i}_e{idx}_{tname}", t, what)["ref"]
+                    fn = f"{name}_ffn_{qe.scheme}_{qe.act}_f{mc.d_ff}"
+                    kinds[fn] = {
+                        "fn": fn,
+                        "scheme": qe.scheme,
+                        "act": qe.act,
+                        "d_ff": mc.d_ff,
+                        "params": _quant_params(name, qe.scheme, c.d_model, mc.d_ff),
                     }
-                )
+                    stored_q.append({"index": idx, "ffn": fn, "args": args})
+                storage = m.storage_map()
+                kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
             entry["moe"] = len(moes)
             moes.append(
                 {
@@ -177,6 +244,8 @@ def render_transformer(
                     "flags": m.flags,
                     "router": w.add(f"l{i}_router", m.router_w, f"router [{mc.n_experts}][d]"),
                     "experts": experts,
+                    "stored_q": stored_q,
+                    "kernels": kernels,
                 }
             )
             ffn = m.shared_expert
@@ -198,11 +267,18 @@ def render_transformer(
     lm_head = f"{name}_embed"
     if not c.tie_word_embeddings:
         lm_head = w.add("lm_head", model.lm_head, f"LM head [{c.vocab_size}][{c.d_model}]")
+    act_q = 0
+    if any(k["act"] == "int8" for k in kinds.values()):
+        act_q = max([c.d_model] + [int(m["c"].d_ff) for m in moes])
+    plan: TransformerPlan = plan_transformer(model, max_context, act_q)
     cos, sin = rope_tables(c, np.arange(max_context))
     half = c.head_dim // 2
     rope_bytes = 2 * max_context * half * 4
     mhash = transformer_hash(model)
-    options = {"board": board, "name": name, "max_context": max_context}
+    options: dict[str, Any] = {"board": board, "name": name, "max_context": max_context}
+    if q is not None:  # only when asked, so fp32 outputs stay byte-identical
+        options["quant"] = quant
+        options["act"] = q.act
     ctx: dict[str, Any] = {
         "version": __version__,
         "model_source": Path(model.source).name if model.source else "(in memory)",
@@ -220,6 +296,10 @@ def render_transformer(
         "rope_cos": c_float_array(cos[:, :half]),
         "rope_sin": c_float_array(sin[:, :half]),
         "weights": w.arrays,
+        "qweights": w.qarrays,
+        "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
+        "ffn_kinds": [kinds[k] for k in sorted(kinds)],
+        "act_q": act_q,
         "weight_bytes": w.nbytes + rope_bytes,
         "layers": layers,
         "moes": moes,
@@ -255,6 +335,17 @@ def render_transformer(
         },
         "files": {f: hashlib.sha256(t.encode()).hexdigest() for f, t in sorted(files.items())},
     }
+    if q is not None:
+        fp32_bytes = sum(int(a.nbytes) for _, a in _all_tensors(model)) + rope_bytes
+        manifest["quantization"] = {
+            "scheme": quant,
+            "act": q.act,
+            "experts": "routed experts of every MoE layer (attention, norms, router, shared "
+            "expert, dense MLPs, embedding and LM head stay fp32)",
+            "fp32_weight_bytes": fp32_bytes,
+            "weight_bytes": w.nbytes + rope_bytes,
+            "bytes_saved": fp32_bytes - (w.nbytes + rope_bytes),
+        }
     return files, manifest
 
 
@@ -265,14 +356,17 @@ def generate_transformer(
     name: str | None = None,
     max_context: int = DEFAULT_MAX_CONTEXT,
     force: bool = False,
+    quant: str = "fp32",
+    act: str | None = None,
 ) -> tuple[Path, dict[str, Any]]:
-    """Render, check against the board's budget and write a whole-model directory."""
+    """Render, check against the board's budget (quantised weights counted as stored) and
+    write a whole-model directory."""
     from .boards import load_board
     from .size import check_budget
 
     board = load_board(board_name)
     files, manifest = render_transformer(
-        model, board.name, name or Path(out_dir).resolve().name, max_context
+        model, board.name, name or Path(out_dir).resolve().name, max_context, quant, act
     )
     try:
         check_budget(manifest, board)
@@ -281,8 +375,36 @@ def generate_transformer(
         raise BudgetExceeded(
             f"{str(exc).replace('reduce --max-tokens (now 1)', 'reduce --max-context')}\n  "
             f"KV cache: {kv} bytes for --max-context {max_context}"
+            + _quant_hint(model, manifest, board, str(exc))
         ) from None
     return write_output(out_dir, files, manifest, force=force), manifest
+
+
+def _quant_hint(model: MoETransformer, manifest: dict[str, Any], board: Any, message: str) -> str:
+    """When fp32 weights overflow the flash: which --quant makes them fit (the routed experts
+    of every MoE layer quantised, everything else unchanged)."""
+    from .quantize import weight_bytes_for
+    from .size import check_budget
+
+    if "flash:" not in message or "quantization" in manifest:
+        return ""
+    moes = [layer.moe for layer in model.layers if layer.moe is not None]
+    fp32 = sum(int(m.router_w.nbytes) + sum(e.nbytes for e in m.experts) for m in moes)
+    fits = []
+    for scheme in ("fp16", "int8", "int4"):
+        need = int(manifest["memory"]["weight_bytes"]) - fp32
+        need += sum(weight_bytes_for(m, scheme) for m in moes)
+        trial = json.loads(json.dumps(manifest))
+        trial["memory"]["weight_bytes"] = need
+        try:
+            check_budget(trial, board)
+        except BudgetExceeded as exc:
+            if "flash:" in str(exc):
+                continue
+        fits.append(f"--quant {scheme} (~{need} bytes of weights)")
+    if not fits:
+        return "\n  Even --quant int4 routed experts do not fit the flash of this board"
+    return "\n  Quantised routed experts fit the flash: " + ", ".join(fits)
 
 
 def is_transformer_dir(manifest: dict[str, Any]) -> bool:

@@ -67,8 +67,9 @@ class TransformerPlan:
         return next(r for r in self.regions if r.name == name)
 
 
-def plan_transformer(model: MoETransformer, max_context: int) -> TransformerPlan:
-    """Lay out the arena of a transformer with a KV cache of max_context positions."""
+def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) -> TransformerPlan:
+    """Lay out the arena of a transformer with a KV cache of max_context positions; act_q > 0
+    adds the int8 row of the quantised experts' per-token activations (that many bytes)."""
     c = model.config
     d, hq, hkv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     k = max_top_k(model)
@@ -97,6 +98,11 @@ def plan_transformer(model: MoETransformer, max_context: int) -> TransformerPlan
             "sample",
             sample_workspace_bytes(c.vocab_size),
             "sampler workspace (COLIBRI_SAMPLE_WORKSPACE_BYTES)",
+        ),
+        *(
+            [("act_q", act_q, f"int8[{act_q}] quantised activation row (int8 experts)")]
+            if act_q
+            else []
         ),
         (
             "kv_cache",

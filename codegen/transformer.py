@@ -11,6 +11,12 @@ prompt and then one token at a time give the same logits as one pass over the wh
 MoE blocks go through :func:`colibri.reference.moe_forward` (its fp32 router, so expert choices
 match the C runtime's). :func:`generate` does greedy decoding or seeded temperature / top-k /
 top-p sampling.
+
+Quantised experts (:func:`quantize_transformer`, ``forward(..., quant=...)``): every MoE
+layer's routed experts go through :func:`colibri.quantize.quant_moe_forward`, the numpy mirror
+of the generated quantised kernels (int8 per-output-channel weights and int8 per-token
+activations by default, as ``colibri generate --quant int8``). Attention, norms, the router,
+Qwen's shared expert and dense MLPs, the embedding and the LM head stay fp32.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import numpy as np
 from .errors import ConfigError, InputError
 from .hf import HFCheckpoint, load_hf_moe_layer
 from .ir import Expert, MoELayer
-from .reference import moe_forward
+from .quantize import QuantExpert, make_plan, quant_moe_forward, quantize_layer
+from .reference import ffn, moe_forward
 
 #: Logits of the float64 reference vs transformers' float32 model on the tiny test models:
 #: measured max |diff| is <= 4e-6 (fp32 accumulation over 1-4 layers); 1e-4 absolute leaves
@@ -250,6 +257,65 @@ def load_hf_transformer(path: str | os.PathLike[str] | HFCheckpoint) -> MoETrans
     )
 
 
+# -- quantised experts --------------------------------------------------------------------------
+
+
+@dataclass
+class TransformerQuant:
+    """The quantised routed experts of every MoE layer (layer index -> stored expert index ->
+    QuantExpert), as `colibri generate --quant SCHEME [--act MODE]` stores them."""
+
+    scheme: str
+    act: str
+    experts: dict[int, dict[int, QuantExpert]]
+
+
+def quantize_transformer(
+    model: MoETransformer, scheme: str = "int8", act: str | None = None
+) -> TransformerQuant:
+    """Quantise the routed experts of every MoE layer (codegen/quantize.py formats); act is
+    the activation mode of int8/int4 experts (default int8: integer dot products)."""
+    plan_act = ""
+    experts: dict[int, dict[int, QuantExpert]] = {}
+    for i, layer in enumerate(model.layers):
+        if layer.moe is None:
+            continue
+        plan = make_plan(layer.moe.config.n_experts, scheme, None, act)
+        plan_act = plan.acts[0]
+        experts[i] = quantize_layer(layer.moe, plan)
+    if not plan_act:
+        plan_act = make_plan(1, scheme, None, act).acts[0]
+    return TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
+
+
+def _moe_block(
+    layer: MoELayer, h: np.ndarray, qexperts: dict[int, QuantExpert] | None
+) -> np.ndarray:
+    """The MoE block on fp32 rows h: fp32 reference, or the quantised mirror of the routed
+    experts plus the (fp32) shared expert."""
+    if qexperts is None:
+        y, _ = moe_forward(layer, h)
+        return y
+    y, _ = quant_moe_forward(layer, qexperts, h)
+    if layer.shared_expert is not None:
+        shared = ffn(layer.shared_expert, layer, h)
+        if layer.shared_gate is not None:
+            g = h.astype(np.float64) @ layer.shared_gate.astype(np.float64)
+            shared = shared / (1.0 + np.exp(-g))[:, None]
+        y = y + shared
+    return y
+
+
+def _as_quant(
+    model: MoETransformer, quant: TransformerQuant | str | None
+) -> TransformerQuant | None:
+    if quant is None or isinstance(quant, TransformerQuant):
+        return quant
+    if quant == "fp32":
+        return None
+    return quantize_transformer(model, quant)
+
+
 # -- reference forward -------------------------------------------------------------------------
 
 
@@ -343,10 +409,16 @@ def _swiglu(ex: Expert, x: np.ndarray) -> np.ndarray:
 
 
 def forward(
-    model: MoETransformer, token_ids: list[int] | np.ndarray, cache: KVCache | None = None
+    model: MoETransformer,
+    token_ids: list[int] | np.ndarray,
+    cache: KVCache | None = None,
+    quant: TransformerQuant | str | None = None,
 ) -> np.ndarray:
-    """Logits [T, vocab] (float64) of `token_ids`, which follow the cache's positions."""
+    """Logits [T, vocab] (float64) of `token_ids`, which follow the cache's positions. With
+    `quant` (a :class:`TransformerQuant`, or a scheme name quantised on the fly) the routed
+    experts run through the quantised kernels' mirror."""
     c = model.config
+    q = _as_quant(model, quant)
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if ids.size == 0:
         raise InputError("no tokens to run: pass at least one token id")
@@ -363,7 +435,8 @@ def forward(
         x = x + attention_forward(c, layer.attention, h, cache, i, start)
         h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
         if layer.moe is not None:
-            y, _ = moe_forward(layer.moe, h.astype(np.float32))
+            qe = q.experts[i] if q is not None else None
+            y = _moe_block(layer.moe, h.astype(np.float32), qe)
         else:
             assert layer.mlp is not None
             y = _swiglu(layer.mlp, h)
@@ -416,20 +489,23 @@ def generate(
     top_p: float = 1.0,
     seed: int = 0,
     eos_token_id: int | None = None,
+    quant: TransformerQuant | str | None = None,
 ) -> list[int]:
-    """Prompt + up to max_new_tokens new tokens (stops after eos_token_id when given)."""
+    """Prompt + up to max_new_tokens new tokens (stops after eos_token_id when given); quant
+    as in :func:`forward`."""
     if not prompt_ids:
         raise InputError("the prompt is empty: pass at least one token id")
+    q = _as_quant(model, quant)
     rng = np.random.default_rng(seed)
     cache = KVCache()
     out = list(prompt_ids)
-    logits = forward(model, out, cache)[-1]
+    logits = forward(model, out, cache, q)[-1]
     for _ in range(max_new_tokens):
         nxt = sample_next(logits, rng, temperature, top_k, top_p)
         out.append(nxt)
         if eos_token_id is not None and nxt == eos_token_id:
             break
-        logits = forward(model, [nxt], cache)[-1]
+        logits = forward(model, [nxt], cache, q)[-1]
     return out
 
 
