@@ -573,26 +573,15 @@ def generate(
 
 def _quant_suggestion(layer: MoELayer, manifest: dict, board: Any, message: str) -> str:
     """When the weights overflow the board's flash: which of --quant fp16/int8/int4 fits."""
-    from .size import check_budget
+    from .size import schemes_that_fit
 
     if "flash:" not in message:
         return ""
-    current = manifest["memory"]["weight_bytes"]
-    fits = []
-    for scheme in ("fp16", "int8", "int4"):
-        need = weight_bytes_for(layer, scheme)
-        if need >= current:
-            continue
-        trial = json.loads(json.dumps(manifest))
-        trial["memory"]["weight_bytes"] = need
-        try:
-            check_budget(trial, board)
-        except BudgetExceeded as exc:
-            if "flash:" in str(exc):
-                continue
-        fits.append(f"--quant {scheme} ({need} bytes of weights)")
+    fits = schemes_that_fit(manifest, board, lambda scheme: weight_bytes_for(layer, scheme))
     if fits:
-        return "\n  Quantised weights fit the flash: " + ", ".join(fits)
+        return "\n  Quantised weights fit the flash: " + ", ".join(
+            f"--quant {scheme} ({need} bytes of weights)" for scheme, need in fits
+        )
     return (
         f"\n  Even --quant int4 ({weight_bytes_for(layer, 'int4')} bytes of weights) does not "
         "fit the flash of this board"

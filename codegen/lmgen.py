@@ -384,27 +384,21 @@ def _quant_hint(model: MoETransformer, manifest: dict[str, Any], board: Any, mes
     """When fp32 weights overflow the flash: which --quant makes them fit (the routed experts
     of every MoE layer quantised, everything else unchanged)."""
     from .quantize import weight_bytes_for
-    from .size import check_budget
+    from .size import schemes_that_fit
 
     if "flash:" not in message or "quantization" in manifest:
         return ""
     moes = [layer.moe for layer in model.layers if layer.moe is not None]
     fp32 = sum(int(m.router_w.nbytes) + sum(e.nbytes for e in m.experts) for m in moes)
-    fits = []
-    for scheme in ("fp16", "int8", "int4"):
-        need = int(manifest["memory"]["weight_bytes"]) - fp32
-        need += sum(weight_bytes_for(m, scheme) for m in moes)
-        trial = json.loads(json.dumps(manifest))
-        trial["memory"]["weight_bytes"] = need
-        try:
-            check_budget(trial, board)
-        except BudgetExceeded as exc:
-            if "flash:" in str(exc):
-                continue
-        fits.append(f"--quant {scheme} (~{need} bytes of weights)")
+    others = int(manifest["memory"]["weight_bytes"]) - fp32
+    fits = schemes_that_fit(
+        manifest, board, lambda scheme: others + sum(weight_bytes_for(m, scheme) for m in moes)
+    )
     if not fits:
         return "\n  Even --quant int4 routed experts do not fit the flash of this board"
-    return "\n  Quantised routed experts fit the flash: " + ", ".join(fits)
+    return "\n  Quantised routed experts fit the flash: " + ", ".join(
+        f"--quant {scheme} (~{need} bytes of weights)" for scheme, need in fits
+    )
 
 
 def is_transformer_dir(manifest: dict[str, Any]) -> bool:

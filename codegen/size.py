@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,29 @@ def check_budget(
             + "\n  Fix: a smaller model, fewer tokens per chunk (--max-tokens), or a board with "
             "more memory (colibri boards)"
         )
+
+
+def schemes_that_fit(
+    manifest: dict, board: Board, weight_bytes_with: Callable[[str], int]
+) -> list[tuple[str, int]]:
+    """Which of --quant fp16/int8/int4 would make the weights fit the board's flash:
+    [(scheme, weight bytes)], given the weight bytes the model would have with each scheme.
+    Schemes that do not shrink the weights are left out."""
+    current = int(manifest["memory"]["weight_bytes"])
+    fits = []
+    for scheme in ("fp16", "int8", "int4"):
+        need = weight_bytes_with(scheme)
+        if need >= current:
+            continue
+        trial = json.loads(json.dumps(manifest))
+        trial["memory"]["weight_bytes"] = need
+        try:
+            check_budget(trial, board)
+        except BudgetExceeded as exc:
+            if "flash:" in str(exc):
+                continue
+        fits.append((scheme, need))
+    return fits
 
 
 def check_elf_budget(rep: SizeReport) -> None:
