@@ -60,9 +60,20 @@ class Region:
     what: str
 
 
+def lay_out(items: list[tuple[str, int, str]]) -> tuple[Region, ...]:
+    """Regions back to back in the given order, each at a 16-byte aligned offset."""
+    regions = []
+    off = 0
+    for name, size, what in items:
+        regions.append(Region(name, off, size, what))
+        off = align16(off + size)
+    return tuple(regions)
+
+
 @dataclass(frozen=True)
-class MemoryPlan:
-    max_tokens: int
+class ArenaPlan:
+    """One static arena: named regions at fixed offsets (see lay_out)."""
+
     regions: tuple[Region, ...]
 
     @property
@@ -72,6 +83,13 @@ class MemoryPlan:
 
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
+
+
+@dataclass(frozen=True)
+class MemoryPlan(ArenaPlan):
+    """The arena of one MoE layer processed in chunks of max_tokens tokens."""
+
+    max_tokens: int = 0
 
 
 def plan_memory(
@@ -112,9 +130,4 @@ def plan_memory(
     if act_q:
         n = max(c.d_model, c.d_ff)
         items.append(("act_q", n, f"int8[{n}] per-token quantised activations"))
-    regions = []
-    off = 0
-    for name, size, what in items:
-        regions.append(Region(name, off, size, what))
-        off = align16(off + size)
-    return MemoryPlan(max_tokens, tuple(regions))
+    return MemoryPlan(regions=lay_out(items), max_tokens=max_tokens)

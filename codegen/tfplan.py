@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .memplan import Region, align16, workspace_bytes
+from .memplan import ArenaPlan, align16, lay_out, workspace_bytes
 from .transformer import MoETransformer
 
 
@@ -54,17 +54,10 @@ def max_top_k(model: MoETransformer) -> int:
 
 
 @dataclass(frozen=True)
-class TransformerPlan:
-    max_context: int
-    regions: tuple[Region, ...]
+class TransformerPlan(ArenaPlan):
+    """The arena of a whole transformer with a KV cache of max_context positions."""
 
-    @property
-    def arena_size(self) -> int:
-        last = self.regions[-1]
-        return align16(last.offset + last.size)
-
-    def region(self, name: str) -> Region:
-        return next(r for r in self.regions if r.name == name)
+    max_context: int = 0
 
 
 def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) -> TransformerPlan:
@@ -110,9 +103,4 @@ def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) ->
             f"float[{c.n_layers}][2][{c.n_kv_heads}][{max_context}][{c.head_dim}] KV cache",
         ),
     ]
-    regions = []
-    off = 0
-    for name, size, what in items:
-        regions.append(Region(name, off, size, what))
-        off = align16(off + size)
-    return TransformerPlan(max_context, tuple(regions))
+    return TransformerPlan(regions=lay_out(items), max_context=max_context)
