@@ -90,3 +90,52 @@ def make_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
 def save_model(model: Any, path: Path, **kwargs: Any) -> Path:
     model.save_pretrained(path, **kwargs)
     return path
+
+
+def hf_logits(model: Any, prompt: list[int]) -> Any:
+    """transformers' fp32 logits of every prompt position, float64 [T, vocab]."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        return np.asarray(model(torch.tensor([prompt])).logits[0].double().numpy())
+
+
+def hf_reference(model: Any, prompt: list[int], n_new: int) -> tuple[Any, list[int]]:
+    """transformers' logits of the prompt [T, vocab] and its greedy continuation (n_new ids)."""
+    import torch
+
+    with torch.no_grad():
+        # An explicit mask: with pad_token_id=0 transformers would mask prompt tokens with id 0.
+        ids = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            pad_token_id=0,
+        )[0].tolist()
+    return hf_logits(model, prompt), ids[len(prompt) :]
+
+
+def assert_logits_close(actual: Any, expected: Any, what: str, who: str) -> None:
+    """max |actual - expected| <= LOGIT_TOLERANCE, else the worst position and the count."""
+    import numpy as np
+    from colibri.transformer import LOGIT_TOLERANCE
+
+    diff = np.abs(np.asarray(actual, dtype=np.float64) - expected)
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    assert diff.max() <= LOGIT_TOLERANCE, (
+        f"{what}: max |logit diff| {diff.max():.3g} > {LOGIT_TOLERANCE} at position/token "
+        f"{worst}: {who} {actual[worst]!r}, transformers {expected[worst]!r}; "
+        f"{int((diff > LOGIT_TOLERANCE).sum())} of {diff.size} logits off"
+    )
+
+
+def assert_same_tokens(actual: list[int], expected: list[int], what: str, who: str) -> None:
+    """Identical id sequences, else the first index that differs and both sequences."""
+    first = next((i for i, (a, b) in enumerate(zip(actual, expected)) if a != b), None)
+    assert actual == expected, (
+        f"{what}: generated ids differ from index {first}:\n  {who}: {actual}\n"
+        f"  transformers: {expected}"
+    )

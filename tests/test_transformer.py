@@ -10,14 +10,20 @@ import numpy as np
 import pytest
 from colibri.errors import ConfigError, InputError, ShapeError
 from colibri.transformer import (
-    LOGIT_TOLERANCE,
     KVCache,
     forward,
     generate,
     load_hf_transformer,
     sample_next,
 )
-from hf_tiny import make_model, require_torch, save_model
+from hf_tiny import (
+    assert_logits_close,
+    assert_same_tokens,
+    hf_reference,
+    make_model,
+    require_torch,
+    save_model,
+)
 
 N_NEW_TOKENS = 32
 
@@ -104,39 +110,17 @@ def _prompt(case: int, vocab: int) -> list[int]:
 
 @pytest.mark.parametrize("case", range(len(MODEL_CASES)))
 def test_logits_and_greedy_generation_match_transformers(tmp_path: Path, case: int) -> None:
-    import torch
-
     arch, overrides = MODEL_CASES[case]
     model = make_model(arch, seed=200 + case, **overrides)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
     vocab = model.config.vocab_size
     prompt = _prompt(case, vocab)
 
-    with torch.no_grad():
-        ref = model(torch.tensor([prompt])).logits[0].double().numpy()
-    logits = forward(ours, prompt)
-    diff = np.abs(logits - ref)
-    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    assert diff.max() <= LOGIT_TOLERANCE, (
-        f"{arch} case {case}: max |logit diff| {diff.max():.3g} > {LOGIT_TOLERANCE} at "
-        f"position/token {worst}: ours {logits[worst]!r}, transformers {ref[worst]!r}; "
-        f"{int((diff > LOGIT_TOLERANCE).sum())} of {diff.size} logits off"
-    )
-
-    with torch.no_grad():
-        hf_ids = model.generate(
-            torch.tensor([prompt]),
-            # explicit mask: with pad_token_id=0 and none, transformers masks prompt tokens 0
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=N_NEW_TOKENS,
-            min_new_tokens=N_NEW_TOKENS,
-            pad_token_id=0,
-        )[0].tolist()
+    ref, hf_new = hf_reference(model, prompt, N_NEW_TOKENS)
+    assert_logits_close(forward(ours, prompt), ref, f"{arch} case {case}", "ours")
     ours_ids = generate(ours, prompt, N_NEW_TOKENS)
     assert len(ours_ids) == len(prompt) + N_NEW_TOKENS
-    first = next((i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b), None)
-    assert ours_ids == hf_ids, f"{arch} case {case}: sequences differ from index {first}"
+    assert_same_tokens(ours_ids, prompt + hf_new, f"{arch} case {case}", "ours")
 
 
 def test_kv_cache_matches_full_pass(tmp_path: Path) -> None:

@@ -23,9 +23,17 @@ from colibri.lmrun import (
     write_lm_input,
 )
 from colibri.qemu import run_elf
-from colibri.transformer import LOGIT_TOLERANCE, load_hf_transformer
+from colibri.transformer import load_hf_transformer
 from conftest import require_board, run_cli
-from hf_tiny import ARCHS, make_model, require_torch, save_model
+from hf_tiny import (
+    ARCHS,
+    assert_logits_close,
+    assert_same_tokens,
+    hf_reference,
+    make_model,
+    require_torch,
+    save_model,
+)
 from test_transformer import MODEL_CASES, N_NEW_TOKENS
 
 #: Boards every architecture's greedy generation is checked on (the host is in every test).
@@ -43,42 +51,6 @@ def _prompt(seed: int, vocab: int) -> list[int]:
     return [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(3, 10)))]
 
 
-def _hf_reference(model: Any, prompt: list[int], n_new: int) -> tuple[np.ndarray, list[int]]:
-    """transformers' fp32 logits of the prompt [T, vocab] and its greedy continuation."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt])).logits[0].double().numpy()
-        # An explicit mask: with pad_token_id=0 transformers would mask prompt tokens with id 0.
-        ids = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=n_new,
-            min_new_tokens=n_new,
-            pad_token_id=0,
-        )[0].tolist()
-    return logits, ids[len(prompt) :]
-
-
-def _check_logits(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
-    diff = np.abs(actual.astype(np.float64) - expected)
-    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    assert diff.max() <= LOGIT_TOLERANCE, (
-        f"{what}: max |logit diff| {diff.max():.3g} > {LOGIT_TOLERANCE} at position/token "
-        f"{worst}: C {actual[worst]!r}, transformers {expected[worst]!r}; "
-        f"{int((diff > LOGIT_TOLERANCE).sum())} of {diff.size} logits off"
-    )
-
-
-def _check_tokens(actual: list[int], expected: list[int], what: str) -> None:
-    first = next((i for i, (a, b) in enumerate(zip(actual, expected)) if a != b), None)
-    assert actual == expected, (
-        f"{what}: generated ids differ from index {first}:\n  C:            {actual}\n"
-        f"  transformers: {expected}"
-    )
-
-
 @pytest.mark.parametrize("case", range(len(MODEL_CASES)))
 def test_host_logits_and_greedy_match_transformers(tmp_path: Path, case: int) -> None:
     """Every tiny config of the reference tests: MHA / GQA / MQA, tied heads, biases, QK-norm,
@@ -87,12 +59,12 @@ def test_host_logits_and_greedy_match_transformers(tmp_path: Path, case: int) ->
     model = make_model(arch, seed=200 + case, **overrides)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
     prompt = _prompt(case, model.config.vocab_size)
-    ref_logits, ref_ids = _hf_reference(model, prompt, N_NEW_TOKENS)
+    ref_logits, ref_ids = hf_reference(model, prompt, N_NEW_TOKENS)
     gen, _ = generate_transformer(ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT)
     out, _ = run_lm(gen, "host", prompt, N_NEW_TOKENS, want_logits=True)
     assert out.logits is not None and out.logits.shape == (len(prompt), model.config.vocab_size)
-    _check_logits(out.logits, ref_logits, f"{arch} case {case}")
-    _check_tokens(out.tokens.tolist(), ref_ids, f"{arch} case {case} on host")
+    assert_logits_close(out.logits, ref_logits, f"{arch} case {case}", "C")
+    assert_same_tokens(out.tokens.tolist(), ref_ids, f"{arch} case {case} on host", "C")
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +86,13 @@ def test_board_greedy_matches_transformers(
     require_board(board)
     path, model = arch_models[arch]
     prompt = [3, 14, 15, 9, 26, 5]
-    ref_logits, ref_ids = _hf_reference(model, prompt, N_NEW_TOKENS)
+    ref_logits, ref_ids = hf_reference(model, prompt, N_NEW_TOKENS)
     ours = load_hf_transformer(path)
     gen, manifest = generate_transformer(ours, tmp_path / arch, board, arch, MAX_CONTEXT)
     out, _ = run_lm(gen, board, prompt, N_NEW_TOKENS, want_logits=True)
     assert out.logits is not None
-    _check_logits(out.logits, ref_logits, f"{arch} on {board}")
-    _check_tokens(out.tokens.tolist(), ref_ids, f"{arch} on {board}")
+    assert_logits_close(out.logits, ref_logits, f"{arch} on {board}", "C")
+    assert_same_tokens(out.tokens.tolist(), ref_ids, f"{arch} on {board}", "C")
     host, _ = run_lm(gen, "host", prompt, N_NEW_TOKENS)
     assert out.tokens.tolist() == host.tokens.tolist()
     # The sampler's RNG is integer-only, so seeded sampling agrees across boards as well
@@ -143,10 +115,10 @@ def test_other_boards_greedy(
     require_board(board)
     path, model = arch_models["mixtral"]
     prompt = [3, 14, 15, 9, 26, 5]
-    _, ref_ids = _hf_reference(model, prompt, N_NEW_TOKENS)
+    _, ref_ids = hf_reference(model, prompt, N_NEW_TOKENS)
     gen, _ = generate_transformer(load_hf_transformer(path), tmp_path / "g", board, "mx", 40)
     out, _ = run_lm(gen, board, prompt, N_NEW_TOKENS)
-    _check_tokens(out.tokens.tolist(), ref_ids, f"mixtral on {board}")
+    assert_same_tokens(out.tokens.tolist(), ref_ids, f"mixtral on {board}", "C")
 
 
 # -- context overflow ----------------------------------------------------------------------------

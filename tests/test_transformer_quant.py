@@ -23,7 +23,7 @@ from colibri.transformer import (
     quantize_transformer,
 )
 from conftest import require_board, run_cli
-from hf_tiny import ARCHS, make_model, require_torch, save_model
+from hf_tiny import ARCHS, hf_logits, make_model, require_torch, save_model
 from test_transformer import MODEL_CASES, N_NEW_TOKENS
 
 #: The issue's target: top-1 agreement of next-token predictions, int8 model vs fp32.
@@ -75,13 +75,6 @@ def _prompts(case: int, vocab: int) -> list[list[int]]:
     ]
 
 
-def _hf_logits(model: Any, prompt: list[int]) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return np.asarray(model(torch.tensor([prompt])).logits[0].double().numpy())
-
-
 @pytest.mark.parametrize("arch", [_arch_param(a) for a in ARCHS])
 def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> None:
     """int8 experts (int8 activations, the --quant int8 default) vs transformers' fp32 logits at
@@ -99,7 +92,7 @@ def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> Non
         a8 = aw = n = 0
         margins = []
         for prompt in _prompts(case, model.config.vocab_size):
-            ref = _hf_logits(model, prompt)
+            ref = hf_logits(model, prompt)
             top = ref.argmax(axis=1)
             got = forward(ours, prompt, quant=q8).argmax(axis=1)
             a8 += int((got == top).sum())
