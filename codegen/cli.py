@@ -14,20 +14,7 @@ import numpy as np
 
 from . import __version__
 from .errors import ColibriError, InputError
-
-
-def _load_npy(path: str) -> np.ndarray:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: input file not found")
-    try:
-        arr = np.load(p, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{p}: not a readable .npy file ({exc})") from exc
-    if not isinstance(arr, np.ndarray):
-        raise InputError(f"{p}: expected a single array (.npy), got an archive")
-    return arr
-
+from .runio import load_npy
 
 # -- commands ----------------------------------------------------------------------------------
 
@@ -219,7 +206,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             f"{a.dir} is a single MoE layer: pass --input X.npy ([T, d_model] float32) and "
             f"--output Y.npy (--prompt-ids is for generated transformers)"
         )
-    x = _load_npy(a.input)
+    x = load_npy(a.input)
     out, result = run_model(a.dir, a.board, x, a.count_instructions, a.timeout, a.verbose)
     np.save(a.output, out.output)
     if a.routing:
@@ -241,7 +228,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     from .runio import check_input
 
     layer = load_model(a.model, a.config, a.layer)
-    x = check_input(_load_npy(a.input), layer.config.d_model, a.input)
+    x = check_input(load_npy(a.input), layer.config.d_model, a.input)
     y, r = moe_forward(layer, x)
     np.save(a.output, y.astype(np.float32))
     if a.routing:

@@ -238,18 +238,12 @@ def _tensor_entry(
 
 def _load_calib(options: GenerateOptions, calib: np.ndarray | None, d_model: int) -> np.ndarray:
     """Calibration tokens: the array given, --calib FILE, or seeded random ones."""
-    from .runio import check_input
+    from .runio import check_input, load_npy
 
     if calib is None and options.calib:
-        from .errors import InputError
-
-        path = Path(options.calib)
-        if not path.is_file():
-            raise InputError(f"--calib {path}: file not found (a [T, {d_model}] float32 .npy)")
-        try:
-            calib = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--calib {path}: not a readable .npy file ({exc})") from exc
+        calib = load_npy(
+            options.calib, "--calib file", f"a [T, {d_model}] float32 .npy of calibration tokens"
+        )
     if calib is None:
         return (
             np.random.default_rng(DEFAULT_CALIB_SEED)

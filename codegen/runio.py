@@ -21,6 +21,22 @@ class RunOutput:
     gates: np.ndarray  # [T, k] float32
 
 
+def load_npy(path: str | Path, what: str = "input file", expected: str = "") -> np.ndarray:
+    """One array from a .npy file, with an error naming the file (and `expected`, e.g. the
+    shape wanted) when it is missing, unreadable or an archive."""
+    p = Path(path)
+    hint = f" ({expected})" if expected else ""
+    if not p.is_file():
+        raise InputError(f"{p}: {what} not found{hint}")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable .npy file ({exc}){hint}") from exc
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"{p}: expected a single array (.npy), got an archive{hint}")
+    return arr
+
+
 def check_input(x: np.ndarray, d_model: int, source: str = "input") -> np.ndarray:
     """Validate a [T, d_model] float input (clear errors for shape, dtype and NaN)."""
     arr = np.asarray(x)
