@@ -6,14 +6,17 @@ scheme at every position of 16 seeded 32-token prompts) and whether the C greedy
 equals transformers' (fp32) or the numpy int8 mirror's (int8, with its agreement with
 transformers' greedy tokens).
 
-Models are seeded random tiny checkpoints built with transformers (tests/hf_tiny.py):
-``tiny`` is the test suite's Mixtral (d_model 16, 2 layers, 4 experts, k 2, vocab 64); ``small``
-is a Mixtral with d_model 64, 2 layers, 8 experts (d_ff 64), k 2, vocab 256. Instructions per
-token are the mean over the decode steps of a run generating --new-tokens after an 8-token
-prompt; host tokens/s the mean over --host-tokens decode steps (attention grows with the
-position, so both depend on the context length).
+Models are seeded tiny checkpoints built with transformers (tests/hf_tiny.py), trained 400
+steps on their synthetic language (hf_tiny.trained_model; top-1 over held-out sentences of it)
+or, with --untrained, left at the std-0.3 random weights of the fp32 tests (top-1 over random
+prompts: near-tie next-token choices, the worst case for quantisation). ``tiny`` is the test
+suite's Mixtral (d_model 16, 2 layers, 4 experts, k 2, vocab 64); ``small`` is a Mixtral
+with d_model 64, 2 layers, 8 experts (d_ff 64), k 2, vocab 256. Instructions per token are the
+mean over the decode steps of a run generating --new-tokens after an 8-token prompt; host
+tokens/s the mean over --host-tokens decode steps (attention grows with the position, so both
+depend on the context length).
 
-    python benchmarks/lm_table.py [--new-tokens 32] [--host-tokens 256]
+    python benchmarks/lm_table.py [--new-tokens 32] [--host-tokens 256] [--untrained]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from colibri.transformer import (  # noqa: E402
     load_hf_transformer,
     quantize_transformer,
 )
-from hf_tiny import make_model, save_model  # noqa: E402
+from hf_tiny import ToyLanguage, make_model, save_model, trained_model  # noqa: E402
 
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny": ("mixtral", {}),
@@ -70,16 +73,19 @@ def _hf_greedy(model: Any, n_new: int) -> list[int]:
     return ids[len(PROMPT) :]
 
 
-def _top1_agreement(hf: Any, model: MoETransformer, quant: str) -> float:
+def _top1_agreement(hf: Any, model: MoETransformer, quant: str, lang: ToyLanguage | None) -> float:
     """Top-1 agreement of the numpy model (quant scheme) with transformers' fp32 logits over
-    every position of 16 seeded 32-token prompts."""
+    every position of 16 seeded 32-token prompts (sentences of `lang`, or random ids)."""
     import numpy as np
     import torch
 
     q = quantize_transformer(model, quant) if quant != "fp32" else None
     same = total = 0
+    vocab = model.config.vocab_size
     for s in range(16):
-        prompt = np.random.default_rng(900 + s).integers(0, model.config.vocab_size, 32).tolist()
+        rng = np.random.default_rng(900 + s)
+        seq = lang.sample(rng, 1, 32)[0] if lang else rng.integers(0, vocab, 32)
+        prompt = [int(t) for t in seq]
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0].double().numpy()
         same += int((forward(model, prompt, quant=q).argmax(1) == ref.argmax(1)).sum())
@@ -110,6 +116,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--host-tokens", type=int, default=256)
+    ap.add_argument("--untrained", action="store_true", help="random std-0.3 weights")
     args = ap.parse_args()
     print(
         f"{'model':6} {'quant':5} {'board':11} {'flash':>9} {'RAM':>8} {'KV cache':>9} "
@@ -118,12 +125,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for label, (arch, overrides) in MODELS.items():
-            hf = make_model(arch, seed=1, **overrides)
+            lang: ToyLanguage | None = None
+            if args.untrained:
+                hf = make_model(arch, seed=1, **overrides)
+            else:
+                hf, lang, _ = trained_model(arch, 1, **overrides)
             ckpt = save_model(hf, tmp / label / "ckpt")
             model = load_hf_transformer(ckpt)
             want = _hf_greedy(hf, args.new_tokens)
             for quant in ("fp32", "int8"):
-                top1 = f"{100 * _top1_agreement(hf, model, quant):.2f}%"
+                top1 = f"{100 * _top1_agreement(hf, model, quant, lang):.2f}%"
                 mirror = want
                 if quant != "fp32":
                     mirror = generate(model, PROMPT, args.new_tokens, quant=quant)[len(PROMPT) :]

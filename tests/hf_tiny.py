@@ -139,3 +139,80 @@ def assert_same_tokens(actual: list[int], expected: list[int], what: str, who: s
         f"{what}: generated ids differ from index {first}:\n  {who}: {actual}\n"
         f"  transformers: {expected}"
     )
+
+
+# -- trained tiny models -------------------------------------------------------------------------
+#
+# A random LM head makes every next-token distribution a draw of iid Gaussian logits: the gap
+# between the two best tokens is then as often tiny as for any untrained model, and quantisation
+# noise of ~1 % of the logits flips ~2 % of the top-1 choices whatever the scheme's quality.
+# Models people deploy are trained; these are the same configs, trained a few hundred seeded
+# steps on a synthetic language that needs attention (the token before the previous one) and a
+# nonlinear FFN (a parity-selected permutation), so their next-token predictions are as
+# decisive as a small trained LM's.
+
+
+class ToyLanguage:
+    """Token t+1 = perm[t-1 is odd][token t] with probability `p_rule`, else uniform."""
+
+    def __init__(self, vocab: int, seed: int, p_rule: float = 0.8) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        self.vocab = vocab
+        self.perms = np.stack([rng.permutation(vocab), rng.permutation(vocab)])
+        self.p_rule = p_rule
+
+    def sample(self, rng: Any, n: int, length: int) -> Any:
+        """n sequences [n, length] (int64)."""
+        import numpy as np
+
+        x = np.zeros((n, length), dtype=np.int64)
+        x[:, :2] = rng.integers(0, self.vocab, (n, 2))
+        for t in range(2, length):
+            ruled = self.perms[x[:, t - 2] % 2, x[:, t - 1]]
+            noise = rng.integers(0, self.vocab, n)
+            x[:, t] = np.where(rng.random(n) < self.p_rule, ruled, noise)
+        return x
+
+    def rule(self, seqs: Any) -> Any:
+        """The rule's next token after every position >= 1 of seqs [n, length]: [n, length - 1]."""
+        return self.perms[seqs[:, :-1] % 2, seqs[:, 1:]]
+
+
+def trained_model(
+    arch: str, seed: int, steps: int = 400, **overrides: Any
+) -> tuple[Any, ToyLanguage, float]:
+    """transformers' own initialisation of `arch` trained `steps` AdamW steps (batch 32 x 32
+    tokens, lr 1e-2, one CPU thread so the run is repeatable) on ToyLanguage(seed): (model in
+    eval mode, the language, last batch's loss)."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    cls = {
+        "mixtral": transformers.MixtralForCausalLM,
+        "qwen2_moe": transformers.Qwen2MoeForCausalLM,
+        "olmoe": transformers.OlmoeForCausalLM,
+    }[arch]
+    torch.manual_seed(seed)
+    model = cls(tiny_config(arch, **overrides)).to(torch.float32)
+    vocab = model.config.vocab_size
+    lang = ToyLanguage(vocab, seed)
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.train()
+        for _ in range(steps):
+            x = torch.from_numpy(lang.sample(rng, 32, 33))
+            logits = model(x[:, :-1]).logits
+            loss = F.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval(), lang, loss.item()

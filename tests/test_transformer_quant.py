@@ -4,6 +4,8 @@ generated C (``colibri generate CKPT --quant int8``) vs that mirror on the host 
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from colibri.quantize import QuantExpert
 from colibri.size import size_report
 from colibri.transformer import (
     KVCache,
+    MoETransformer,
     TransformerQuant,
     forward,
     generate,
@@ -23,7 +26,15 @@ from colibri.transformer import (
     quantize_transformer,
 )
 from conftest import require_board, run_cli
-from hf_tiny import ARCHS, hf_logits, make_model, require_torch, save_model
+from hf_tiny import (
+    ARCHS,
+    ToyLanguage,
+    hf_logits,
+    make_model,
+    require_torch,
+    save_model,
+    trained_model,
+)
 from test_transformer import MODEL_CASES, N_NEW_TOKENS
 
 #: The issue's target: top-1 agreement of next-token predictions, int8 model vs fp32.
@@ -32,15 +43,14 @@ TOP1_TARGET = 0.99
 #: architecture's configs in MODEL_CASES (3 x 512 positions per architecture).
 N_PROMPTS = 16
 PROMPT_LEN = 32
-#: The tiny seeded test models (d_model 16-32, weights std 0.3, vocab 50-97) have next-token
-#: margins of ~0.3 (median) against int8 logit errors of 1-3 % RMS, and none reaches
-#: TOP1_TARGET with int8 activations (measured per architecture: Mixtral 97.72 %, Qwen2-MoE
-#: 98.37 %, OLMoE 98.18 %; weight-only int8 98.57 / 99.22 / 98.63 %; per config 95.5-99.6 %,
-#: all printed). They are expected to miss it (xfail, strict: reaching the target fails the
-#: test so this list stays current); falling below REGRESSION_FLOOR fails outright.
-BELOW_TARGET = {"mixtral": "97.72 %", "qwen2_moe": "98.37 %", "olmoe": "98.18 %"}
-REGRESSION_FLOOR = 0.95
-
+#: The untrained models of the fp32 tests (weights std 0.3, routed experts dominating the
+#: residual stream: zeroing them changes ~75 % of the top-1 choices) have iid Gaussian logits,
+#: so their top-1 margins are as often tiny as chance makes them, and int8's ~1-2 % logit noise
+#: flips 1.6-2.3 % of the choices (measured per architecture: Mixtral 97.72 %, Qwen2-MoE
+#: 98.37 %, OLMoE 98.18 %; weight-only int8 98.57 / 99.22 / 98.63 %; fp16 99.93 / 99.80 /
+#: 100 %). A stress figure, printed; falling below this floor fails (a kernel or mirror bug
+#: moves it by far more than the spread between configs).
+UNTRAINED_FLOOR = 0.97
 #: Generated C vs the numpy mirror, max |logit diff| (absolute). The quantised matvecs are
 #: bit-exact with the mirror; what differs is the fp32 C attention / norms vs the float64
 #: reference (<= 4e-6, as for fp32) feeding the int8 row quantiser: measured <= 1.2e-5 on
@@ -55,17 +65,86 @@ def _torch() -> None:
     require_torch()
 
 
-class BelowTarget(AssertionError):
-    """Top-1 agreement under TOP1_TARGET (the only failure BELOW_TARGET expects)."""
+@functools.cache
+def _trained(case: int) -> tuple[Any, ToyLanguage, float]:
+    """MODEL_CASES[case] trained on its ToyLanguage (hf_tiny.trained_model), once per session."""
+    arch, overrides = MODEL_CASES[case]
+    return trained_model(arch, 200 + case, **overrides)
 
 
-def _arch_param(arch: str) -> Any:
-    if arch in BELOW_TARGET:
-        reason = f"tiny models: int8 top-1 agreement {BELOW_TARGET[arch]} < {TOP1_TARGET:.0%}"
-        return pytest.param(
-            arch, marks=pytest.mark.xfail(strict=True, raises=BelowTarget, reason=reason)
+def _lang_prompts(case: int, lang: ToyLanguage) -> Any:
+    """N_PROMPTS held-out sentences of the model's language (training draws from seed 200+)."""
+    return lang.sample(np.random.default_rng(5000 + case), N_PROMPTS, PROMPT_LEN)
+
+
+def _without_routed_experts(model: MoETransformer) -> MoETransformer:
+    """A copy whose routed experts output zero (w2 = 0); shared experts and dense MLPs stay."""
+    out = copy.deepcopy(model)
+    for layer in out.layers:
+        if layer.moe is not None:
+            for ex in layer.moe.experts:
+                ex.w2 = np.zeros_like(ex.w2)
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> None:
+    """The issue's figure: int8 experts (int8 activations, the --quant int8 default) vs
+    transformers' fp32 logits at every position of held-out sentences, for every config of the
+    architecture trained on its toy language; weight-only int8 and int4 printed alongside. The
+    test also checks the models learnt the language and that their routed experts matter
+    (removing them changes top-1 choices), so the agreement is not that of a bigram model."""
+    counts = {"int8": 0, "w8": 0, "int4": 0, "rule": 0, "no_experts": 0}
+    total = 0
+    for case, (case_arch, _) in enumerate(MODEL_CASES):
+        if case_arch != arch:
+            continue
+        model, lang, loss = _trained(case)
+        ours = load_hf_transformer(save_model(model, tmp_path / str(case)))
+        quants = {
+            "int8": quantize_transformer(ours, "int8"),
+            "w8": quantize_transformer(ours, "int8", act="fp32"),
+            "int4": quantize_transformer(ours, "int4"),
+        }
+        bare = _without_routed_experts(ours)
+        seqs = _lang_prompts(case, lang)
+        got = dict.fromkeys(counts, 0)
+        n = 0
+        margins = []
+        for seq in seqs:
+            prompt = [int(t) for t in seq]
+            ref = hf_logits(model, prompt)
+            top = ref.argmax(axis=1)
+            for name, q in quants.items():
+                pred = forward(ours, prompt, quant=q).argmax(axis=1)
+                got[name] += int((pred == top).sum())
+                if name == "int8":
+                    for t in np.nonzero(pred != top)[0]:
+                        srt = np.sort(ref[t])
+                        margins.append(f"{srt[-1] - srt[-2]:.3f}")
+            got["rule"] += int((top[1:] == lang.rule(seq[None, :])[0]).sum())
+            got["no_experts"] += int((forward(bare, prompt).argmax(axis=1) != top).sum())
+            n += len(prompt)
+        rule_n = len(seqs) * (PROMPT_LEN - 1)
+        print(
+            f"\ntrained {arch} case {case} (loss {loss:.3f}, top-1 = the language's rule at "
+            f"{got['rule'] / rule_n:.1%}, removing the routed experts changes "
+            f"{got['no_experts'] / n:.1%} of top-1): int8 {got['int8']}/{n} = "
+            f"{got['int8'] / n:.2%}, weight-only int8 {got['w8'] / n:.2%}, int4 "
+            f"{got['int4'] / n:.2%}; fp32 margins where int8 differs: {' '.join(margins)}"
         )
-    return arch
+        assert got["rule"] / rule_n > 0.5, f"{arch} case {case} did not learn its language"
+        for key in counts:
+            counts[key] += got[key]
+        total += n
+    rate = counts["int8"] / total
+    print(
+        f"int8 top-1 agreement {arch} (trained): {counts['int8']}/{total} = {rate:.2%} "
+        f"(weight-only int8 {counts['w8'] / total:.2%}, int4 {counts['int4'] / total:.2%}); "
+        f"routed experts decide {counts['no_experts'] / total:.1%} of the top-1 choices"
+    )
+    assert counts["no_experts"] / total > 0.03, f"{arch}: the routed experts barely matter"
+    assert rate >= TOP1_TARGET, f"{arch}: int8 top-1 agreement {rate:.2%} < {TOP1_TARGET:.0%}"
 
 
 def _prompts(case: int, vocab: int) -> list[list[int]]:
@@ -75,11 +154,10 @@ def _prompts(case: int, vocab: int) -> list[list[int]]:
     ]
 
 
-@pytest.mark.parametrize("arch", [_arch_param(a) for a in ARCHS])
-def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> None:
-    """int8 experts (int8 activations, the --quant int8 default) vs transformers' fp32 logits at
-    every prompt position of every config of the architecture; weight-only int8 (--act fp32)
-    is printed alongside."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_int8_top1_agreement_untrained_stress(tmp_path: Path, arch: str) -> None:
+    """The same figure on the untrained std-0.3 models of the fp32 tests and random prompts:
+    near-tie next-token choices, the worst case for any quantiser (see UNTRAINED_FLOOR)."""
     agree = {"int8": 0, "w8": 0}
     total = 0
     for case, (case_arch, overrides) in enumerate(MODEL_CASES):
@@ -90,32 +168,40 @@ def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> Non
         q8 = quantize_transformer(ours, "int8")
         w8 = quantize_transformer(ours, "int8", act="fp32")
         a8 = aw = n = 0
-        margins = []
         for prompt in _prompts(case, model.config.vocab_size):
-            ref = hf_logits(model, prompt)
-            top = ref.argmax(axis=1)
-            got = forward(ours, prompt, quant=q8).argmax(axis=1)
-            a8 += int((got == top).sum())
+            top = hf_logits(model, prompt).argmax(axis=1)
+            a8 += int((forward(ours, prompt, quant=q8).argmax(axis=1) == top).sum())
             aw += int((forward(ours, prompt, quant=w8).argmax(axis=1) == top).sum())
             n += len(prompt)
-            for t in np.nonzero(got != top)[0]:
-                srt = np.sort(ref[t])
-                margins.append(f"{srt[-1] - srt[-2]:.3f}")
-        print(
-            f"\nint8 top-1 agreement {arch} case {case}: {a8}/{n} = {a8 / n:.2%} (weight-only "
-            f"int8 {aw / n:.2%}); fp32 top-1 margins where int8 differs: {' '.join(margins)}"
-        )
+        print(f"\nuntrained {arch} case {case}: int8 {a8 / n:.2%}, weight-only {aw / n:.2%}")
         agree["int8"] += a8
         agree["w8"] += aw
         total += n
     rate = agree["int8"] / total
     print(
-        f"int8 top-1 agreement {arch}: {agree['int8']}/{total} = {rate:.2%} (weight-only int8 "
-        f"{agree['w8'] / total:.2%})"
+        f"int8 top-1 agreement {arch} (untrained, stress): {agree['int8']}/{total} = {rate:.2%} "
+        f"(weight-only int8 {agree['w8'] / total:.2%})"
     )
-    assert rate >= REGRESSION_FLOOR, f"{arch}: int8 top-1 agreement {rate:.2%} collapsed"
-    if rate < TOP1_TARGET:
-        raise BelowTarget(f"{arch}: int8 top-1 agreement {rate:.2%} < {TOP1_TARGET:.0%}")
+    assert rate >= UNTRAINED_FLOOR, f"{arch}: int8 top-1 agreement {rate:.2%} collapsed"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_c_int8_top1_agreement_on_host(tmp_path: Path, arch: str) -> None:
+    """End to end: the generated C (--quant int8, host) on held-out sentences of the first
+    trained config of the architecture, its prompt logits' top-1 vs transformers'."""
+    case = next(i for i, (a, _) in enumerate(MODEL_CASES) if a == arch)
+    model, lang, _ = _trained(case)
+    ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
+    gen, _ = generate_transformer(ours, tmp_path / "gen", "host", arch, MAX_CONTEXT, quant="int8")
+    same = n = 0
+    for seq in _lang_prompts(case, lang)[:4]:
+        prompt = [int(t) for t in seq]
+        out, _ = run_lm(gen, "host", prompt, 1, want_logits=True)
+        assert out.logits is not None
+        same += int((out.logits.argmax(axis=1) == hf_logits(model, prompt).argmax(axis=1)).sum())
+        n += len(prompt)
+    print(f"\n{arch}: C int8 on host, top-1 agreement with transformers {same}/{n}")
+    assert same / n >= TOP1_TARGET
 
 
 # -- the numpy mirror --------------------------------------------------------------------------
