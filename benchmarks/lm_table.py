@@ -1,5 +1,6 @@
 """Text generation with the whole generated transformer, fp32 and with int8 routed experts
-(``--quant int8``): tokens/s on the host, instructions per generated token on the host
+(``--quant int8``, and ``int8+d``: ``--quant int8 --dense-quant int8``, every matrix int8):
+tokens/s on the host, instructions per generated token on the host
 (callgrind) and on cortex-m7 (QEMU TCG plugin), firmware flash / RAM (KV cache included), top-1
 agreement of next-token predictions with transformers' fp32 logits (the numpy model of that
 scheme at every position of 16 seeded 32-token prompts) and whether the C greedy continuation
@@ -73,13 +74,22 @@ def _hf_greedy(model: Any, n_new: int) -> list[int]:
     return ids[len(PROMPT) :]
 
 
+#: Row label -> (--quant, --dense-quant).
+QUANTS = {"fp32": ("fp32", "fp32"), "int8": ("int8", "fp32"), "int8+d": ("int8", "int8")}
+
+
+def _quant(model: MoETransformer, label: str) -> Any:
+    quant, dense = QUANTS[label]
+    return quantize_transformer(model, quant, dense=dense) if label != "fp32" else None
+
+
 def _top1_agreement(hf: Any, model: MoETransformer, quant: str, lang: ToyLanguage | None) -> float:
-    """Top-1 agreement of the numpy model (quant scheme) with transformers' fp32 logits over
+    """Top-1 agreement of the numpy model (row label quant) with transformers' fp32 logits over
     every position of 16 seeded 32-token prompts (sentences of `lang`, or random ids)."""
     import numpy as np
     import torch
 
-    q = quantize_transformer(model, quant) if quant != "fp32" else None
+    q = _quant(model, quant)
     same = total = 0
     vocab = model.config.vocab_size
     for s in range(16):
@@ -119,7 +129,7 @@ def main() -> int:
     ap.add_argument("--untrained", action="store_true", help="random std-0.3 weights")
     args = ap.parse_args()
     print(
-        f"{'model':6} {'quant':5} {'board':11} {'flash':>9} {'RAM':>8} {'KV cache':>9} "
+        f"{'model':6} {'quant':6} {'board':11} {'flash':>9} {'RAM':>8} {'KV cache':>9} "
         f"{'tokens/s':>10} {'instr/token':>12} {'top-1':>7}  greedy {args.new_tokens}"
     )
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -133,17 +143,18 @@ def main() -> int:
             ckpt = save_model(hf, tmp / label / "ckpt")
             model = load_hf_transformer(ckpt)
             want = _hf_greedy(hf, args.new_tokens)
-            for quant in ("fp32", "int8"):
+            for quant in QUANTS:
                 top1 = f"{100 * _top1_agreement(hf, model, quant, lang):.2f}%"
                 mirror = want
                 if quant != "fp32":
-                    mirror = generate(model, PROMPT, args.new_tokens, quant=quant)[len(PROMPT) :]
+                    q = _quant(model, quant)
+                    mirror = generate(model, PROMPT, args.new_tokens, quant=q)[len(PROMPT) :]
                 for board in ("host", "cortex-m7"):
                     b = load_board(board)
                     ok, why = b.can_build()
                     if ok:
                         ok, why = b.can_run()
-                    row = f"{label:6} {quant:5} {board:11}"
+                    row = f"{label:6} {quant:6} {board:11}"
                     if not ok:
                         print(f"{row} unavailable: {why.split('. ')[0]}")
                         continue
@@ -151,7 +162,7 @@ def main() -> int:
                     try:
                         gen, manifest = generate_transformer(
                             model, tmp / label / quant / board, board, "lm", max(ctx, 64),
-                            quant=quant,
+                            quant=QUANTS[quant][0], dense=QUANTS[quant][1],
                         )  # fmt: skip
                         count = True  # callgrind on the host, the TCG plugin under QEMU
                         out, res = run_lm(

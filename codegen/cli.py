@@ -76,12 +76,21 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
         if is_hf_checkpoint(a.model):
             return cmd_generate_transformer(a)
-    if a.max_context is not None:
+    whole_only = [
+        opt
+        for opt, on in (
+            ("--max-context", a.max_context is not None),
+            ("--dense-quant", a.dense_quant != "fp32"),
+        )
+        if on
+    ]
+    if whole_only:
         from .errors import ConfigError
 
         raise ConfigError(
-            "--max-context applies to whole transformers (a Hugging Face checkpoint directory "
-            "without --layer); a single MoE layer uses --max-tokens"
+            f"{' and '.join(whole_only)} {'apply' if len(whole_only) > 1 else 'applies'} to whole "
+            f"transformers (a Hugging Face checkpoint directory without --layer); a single MoE "
+            f"layer uses --max-tokens and --quant"
         )
     layer = load_model(a.model, a.config, a.layer)
     name = a.name or Path(a.out).resolve().name
@@ -130,12 +139,21 @@ def cmd_generate_transformer(a: argparse.Namespace) -> int:
     if given:
         raise ConfigError(
             f"{', '.join(given)}: single MoE layer options (pass --layer N); a whole "
-            f"transformer takes --quant and --act for its routed experts"
+            f"transformer takes --quant and --act for its routed experts and --dense-quant "
+            f"for its other matrices"
         )
     model = load_hf_transformer(a.model)
     ctx = a.max_context if a.max_context is not None else DEFAULT_MAX_CONTEXT
     out, manifest = generate_transformer(
-        model, a.out, a.board, a.name, ctx, force=a.force, quant=a.quant, act=a.act
+        model,
+        a.out,
+        a.board,
+        a.name,
+        ctx,
+        force=a.force,
+        quant=a.quant,
+        act=a.act,
+        dense=a.dense_quant,
     )
     mem = manifest["memory"]
     c = model.config
@@ -147,8 +165,14 @@ def cmd_generate_transformer(a: argparse.Namespace) -> int:
     )
     qr = manifest.get("quantization")
     if qr is not None:
+        dense = ""
+        if qr["dense_scheme"] != "fp32":
+            dense = (
+                f", attention / shared experts / dense MLPs / embedding / LM head "
+                f"{qr['dense_scheme']} ({qr['dense_act']} activations)"
+            )
         print(
-            f"routed experts {qr['scheme']} ({qr['act']} activations): weights "
+            f"routed experts {qr['scheme']} ({qr['act']} activations){dense}: weights "
             f"{qr['weight_bytes']} bytes instead of {qr['fp32_weight_bytes']} fp32 "
             f"({qr['bytes_saved']} saved)"
         )
@@ -413,8 +437,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--act",
         choices=("fp32", "int8"),
-        help="activations of int8/int4 experts: int8 per token (integer dot products, the "
+        help="activations of int8/int4 matrices: int8 per token (integer dot products, the "
         "default) or fp32",
+    )
+    s.add_argument(
+        "--dense-quant",
+        choices=("fp32", "fp16", "int8"),
+        default="fp32",
+        help="whole transformers: scheme of every matrix besides the routed experts (attention, "
+        "shared expert, dense MLPs, embedding, LM head; default fp32; norms and routers stay "
+        "fp32)",
     )
     s.add_argument(
         "--calib",

@@ -14,7 +14,11 @@ With ``--quant fp16|int8|int4`` every MoE layer's routed experts are stored in t
 (``<name>_l<L>_expert_<J>``, weights baked in) on the colibri_quant.h matvecs, activations
 quantised per token to int8 in an ``act_q`` arena row (``--act fp32`` keeps them float). The
 numpy mirror is :func:`colibri.transformer.forward` with the same
-:func:`~colibri.transformer.quantize_transformer`. Without --quant the output is unchanged.
+:func:`~colibri.transformer.quantize_transformer`. ``--dense-quant fp16|int8`` stores every
+other matrix in that scheme too (attention q/k/v/o, the shared expert / dense MLPs through the
+same generated FFN kernels, the embedding, dequantised one row per token, and the LM head, one
+table when tied); norms, biases, routers and the shared-expert gate stay fp32. Without these
+options the output is unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +38,13 @@ from .emit import MANIFEST, _environment, _tensor_entry, write_output
 from .errors import BudgetExceeded, ConfigError
 from .quantize import QuantTensor, check_scheme
 from .tfplan import TransformerPlan, max_top_k, plan_transformer
-from .transformer import MoETransformer, TransformerQuant, quantize_transformer, rope_tables
+from .transformer import (
+    MoETransformer,
+    TransformerQuant,
+    check_dense_scheme,
+    quantize_transformer,
+    rope_tables,
+)
 
 KIND = "transformer"
 GENERATED_FILES = (
@@ -97,6 +108,17 @@ def _check_supported(model: MoETransformer) -> None:
             raise ConfigError(f"layer {i}: a shared expert with biases is not supported")
 
 
+#: Weight keys of _Weights -> the part of the model they belong to (first match; else norms).
+_PARTS = (
+    (r"embed", "embedding"),
+    (r"lm_head", "LM head"),
+    (r"l\d+_(wq|wk|wv|wo|bq|bk|bv|bo)", "attention"),
+    (r"l\d+_e\d+_\w+", "routed experts"),
+    (r"l\d+_router", "routers"),
+    (r"l\d+_(shared|mlp)_\w+", "shared experts / dense MLPs"),
+)
+
+
 class _Weights:
     """Const arrays of the generated weights file, each named once (NameTable)."""
 
@@ -108,6 +130,13 @@ class _Weights:
         self.keys: set[str] = set()
         self.qarrays: list[dict[str, Any]] = []
         self.typedefs: dict[str, str] = {}
+        self.parts: dict[str, int] = {}
+
+    def _count(self, key: str, nbytes: int) -> None:
+        """Bytes per part of the model (the budget error's largest consumers)."""
+        part = next((p for pattern, p in _PARTS if re.fullmatch(pattern, key)), "norms")
+        self.parts[part] = self.parts.get(part, 0) + nbytes
+        self.nbytes += nbytes
 
     def add(self, key: str, arr: np.ndarray, what: str) -> str:
         if key in self.keys:
@@ -118,7 +147,7 @@ class _Weights:
         self.arrays.append(
             {"symbol": sym, "size": int(a.size), "init": c_float_array(a), "what": what}
         )
-        self.nbytes += int(a.nbytes)
+        self._count(key, int(a.nbytes))
         return sym
 
     def opt(self, key: str, arr: np.ndarray | None, what: str) -> str:
@@ -135,7 +164,7 @@ class _Weights:
             self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
         entry["what"] = what
         self.qarrays.append(entry)
-        self.nbytes += int(entry["nbytes"])
+        self._count(key, int(entry["nbytes"]))
         return entry
 
 
@@ -155,9 +184,11 @@ def render_transformer(
     max_context: int,
     quant: str = "fp32",
     act: str | None = None,
+    dense: str = "fp32",
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Render every generated file of a whole transformer; returns ({filename: text}, manifest).
-    quant / act: the scheme and activation mode of every MoE layer's routed experts."""
+    quant / act: the scheme and activation mode of every MoE layer's routed experts; dense: the
+    scheme of every other matrix (fp32, fp16, int8; act applies to int8)."""
     if isinstance(max_context, bool) or not 1 <= max_context <= MAX_CONTEXT_LIMIT:
         raise ConfigError(
             f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {max_context}"
@@ -166,14 +197,45 @@ def render_transformer(
     c = model.config
     name = c_ident(name)
     quant = check_scheme(quant)
+    dense = check_dense_scheme(dense)
     q: TransformerQuant | None = None
-    if quant != "fp32":
-        q = quantize_transformer(model, quant, act)
-    elif act is not None:
-        raise ConfigError("--act applies to quantised experts: pass --quant int8 or int4 too")
+    if quant != "fp32" or dense != "fp32":
+        q = quantize_transformer(model, quant, act, dense)
+    if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
+        raise ConfigError(
+            "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"
+        )
+    eq = q if q is not None and q.scheme != "fp32" else None  # quantised routed experts
+    dq = q if q is not None and q.dense_scheme != "fp32" else None  # quantised dense matrices
     kinds: dict[str, dict[str, Any]] = {}
     w = _Weights(name)
-    w.add("embed", model.embed, f"token embedding [{c.vocab_size}][{c.d_model}]")
+    what = f"token embedding [{c.vocab_size}][{c.d_model}]"
+    embed: dict[str, Any]
+    if dq is None:
+        sym = w.add("embed", model.embed, what)
+        embed = {"ref": sym, "symbol": sym}
+    else:
+        embed = w.add_quant("embed", dq.dense["embed"], f"{what}, {dense}")
+    dense_types: dict[str, str] = {}
+
+    def proj(i: int, n: str, arr: np.ndarray, what: str) -> str:
+        if dq is None:
+            return w.add(f"l{i}_{n}", arr, what)
+        e = w.add_quant(f"l{i}_{n}", dq.dense[f"l{i}.{n}"], f"{what}, {dense}")
+        dense_types[n] = e["ptype"]
+        return str(e["ref"])
+
+    def kind(scheme: str, kact: str, d_ff: int) -> str:
+        fn = f"{name}_ffn_{scheme}_{kact}_f{d_ff}"
+        kinds[fn] = {
+            "fn": fn,
+            "scheme": scheme,
+            "act": kact,
+            "d_ff": d_ff,
+            "params": _quant_params(name, scheme, c.d_model, d_ff),
+        }
+        return fn
+
     layers: list[dict[str, Any]] = []
     moes: list[dict[str, Any]] = []
     for i, layer in enumerate(model.layers):
@@ -181,10 +243,10 @@ def render_transformer(
         entry: dict[str, Any] = {
             "index": i,
             "input_norm": w.add(f"l{i}_input_norm", layer.input_norm, "RMSNorm weight"),
-            "wq": w.add(f"l{i}_wq", a.wq.T, "q_proj [out][in]"),
-            "wk": w.add(f"l{i}_wk", a.wk.T, "k_proj [out][in]"),
-            "wv": w.add(f"l{i}_wv", a.wv.T, "v_proj [out][in]"),
-            "wo": w.add(f"l{i}_wo", a.wo.T, "o_proj [out][in]"),
+            "wq": proj(i, "wq", a.wq.T, "q_proj [out][in]"),
+            "wk": proj(i, "wk", a.wk.T, "k_proj [out][in]"),
+            "wv": proj(i, "wv", a.wv.T, "v_proj [out][in]"),
+            "wo": proj(i, "wo", a.wo.T, "o_proj [out][in]"),
             "bq": w.opt(f"l{i}_bq", a.bq, "q_proj bias"),
             "bk": w.opt(f"l{i}_bk", a.bk, "k_proj bias"),
             "bv": w.opt(f"l{i}_bv", a.bv, "v_proj bias"),
@@ -198,6 +260,7 @@ def render_transformer(
             "ffn_down": "NULL",
             "ffn_d_ff": 0,
             "shared_gate": "NULL",
+            "dense_ffn": None,
         }
         ffn = layer.mlp
         if layer.moe is not None:
@@ -206,7 +269,7 @@ def render_transformer(
             experts = []
             stored_q = []
             kernels: list[str] = []
-            if q is None:
+            if eq is None:
                 for j, e in enumerate(m.experts):
                     assert e.w3 is not None
                     experts.append(
@@ -218,20 +281,13 @@ def render_transformer(
                     )
             else:
                 shape = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
-                for idx, qe in sorted(q.experts[i].items()):
+                for idx, qe in sorted(eq.experts[i].items()):
                     args = {}
                     for tname, t in qe.tensors():
                         assert isinstance(t, QuantTensor)
                         what = f"expert {idx} {shape[tname]}, {qe.scheme}"
                         args[tname] = w.add_quant(f"l{i}_e{idx}_{tname}", t, what)["ref"]
-                    fn = f"{name}_ffn_{qe.scheme}_{qe.act}_f{mc.d_ff}"
-                    kinds[fn] = {
-                        "fn": fn,
-                        "scheme": qe.scheme,
-                        "act": qe.act,
-                        "d_ff": mc.d_ff,
-                        "params": _quant_params(name, qe.scheme, c.d_model, mc.d_ff),
-                    }
+                    fn = kind(qe.scheme, qe.act, mc.d_ff)
                     stored_q.append({"index": idx, "ffn": fn, "args": args})
                 storage = m.storage_map()
                 kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
@@ -256,7 +312,18 @@ def render_transformer(
             prefix = "shared"
         else:
             prefix = "mlp"
-        if ffn is not None:
+        if ffn is not None and dq is not None:
+            qf = dq.dense_ffn[i]
+            d_ff = int(ffn.w1.shape[1])
+            names = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
+            args = {}
+            for tname, t in qf.tensors():
+                assert isinstance(t, QuantTensor)
+                key = f"l{i}_{prefix}_{tname}"
+                args[tname] = w.add_quant(key, t, f"SwiGLU {names[tname]}, {dense}")["ref"]
+            entry["dense_ffn"] = {"ffn": kind(qf.scheme, qf.act, d_ff), "args": args}
+            entry["ffn_d_ff"] = d_ff
+        elif ffn is not None:
             assert ffn.w3 is not None
             entry["ffn_gate"] = w.add(f"l{i}_{prefix}_gate", ffn.w1.T, "SwiGLU gate [f][d]")
             entry["ffn_up"] = w.add(f"l{i}_{prefix}_up", ffn.w3.T, "SwiGLU up [f][d]")
@@ -264,12 +331,19 @@ def render_transformer(
             entry["ffn_d_ff"] = int(ffn.w1.shape[1])
         layers.append(entry)
     w.add("final_norm", model.final_norm, "final RMSNorm weight")
-    lm_head = f"{name}_embed"
+    lm_head = embed
     if not c.tie_word_embeddings:
-        lm_head = w.add("lm_head", model.lm_head, f"LM head [{c.vocab_size}][{c.d_model}]")
-    act_q = 0
-    if any(k["act"] == "int8" for k in kinds.values()):
-        act_q = max([c.d_model] + [int(m["c"].d_ff) for m in moes])
+        what = f"LM head [{c.vocab_size}][{c.d_model}]"
+        if dq is None:
+            sym = w.add("lm_head", model.lm_head, what)
+            lm_head = {"ref": sym, "symbol": sym}
+        else:
+            lm_head = w.add_quant("lm_head", dq.dense["lm_head"], f"{what}, {dense}")
+    # Widest row quantised to int8 at run time (expert / FFN inputs, attention inputs).
+    act_rows = [max(c.d_model, int(k["d_ff"])) for k in kinds.values() if k["act"] == "int8"]
+    if dq is not None and dq.dense_act == "int8":
+        act_rows.append(max(c.d_model, c.n_heads * c.head_dim))
+    act_q = max(act_rows, default=0)
     plan: TransformerPlan = plan_transformer(model, max_context, act_q)
     cos, sin = rope_tables(c, np.arange(max_context))
     half = c.head_dim // 2
@@ -279,6 +353,9 @@ def render_transformer(
     if q is not None:  # only when asked, so fp32 outputs stay byte-identical
         options["quant"] = quant
         options["act"] = q.act
+    if dq is not None:
+        options["dense_quant"] = dense
+        options["dense_act"] = dq.dense_act
     ctx: dict[str, Any] = {
         "version": __version__,
         "model_source": Path(model.source).name if model.source else "(in memory)",
@@ -305,6 +382,13 @@ def render_transformer(
         "moes": moes,
         "max_top_k": max_top_k(model),
         "lm_head": lm_head,
+        "embed": embed,
+        "dense": (
+            {"scheme": dq.dense_scheme, "act": dq.dense_act, "types": dense_types}
+            if dq is not None
+            else None
+        ),
+        "dense_ffn_layers": [entry for entry in layers if entry["dense_ffn"]],
         "architecture": c.architecture,
     }
     env = _environment()
@@ -332,16 +416,20 @@ def render_transformer(
                 for r in plan.regions
             ],
             "weight_bytes": w.nbytes + rope_bytes,
+            "weight_parts": {**w.parts, "RoPE tables": rope_bytes},
         },
         "files": {f: hashlib.sha256(t.encode()).hexdigest() for f, t in sorted(files.items())},
     }
     if q is not None:
         fp32_bytes = sum(int(a.nbytes) for _, a in _all_tensors(model)) + rope_bytes
+        others = "attention, shared experts, dense MLPs, embedding and LM head"
         manifest["quantization"] = {
             "scheme": quant,
             "act": q.act,
-            "experts": "routed experts of every MoE layer (attention, norms, router, shared "
-            "expert, dense MLPs, embedding and LM head stay fp32)",
+            "dense_scheme": q.dense_scheme,
+            "dense_act": q.dense_act,
+            "what": f"routed experts of every MoE layer: {quant}; {others}: {dense}; norms, "
+            "biases, routers and the shared-expert gate: fp32",
             "fp32_weight_bytes": fp32_bytes,
             "weight_bytes": w.nbytes + rope_bytes,
             "bytes_saved": fp32_bytes - (w.nbytes + rope_bytes),
@@ -358,6 +446,7 @@ def generate_transformer(
     force: bool = False,
     quant: str = "fp32",
     act: str | None = None,
+    dense: str = "fp32",
 ) -> tuple[Path, dict[str, Any]]:
     """Render, check against the board's budget (quantised weights counted as stored) and
     write a whole-model directory."""
@@ -366,23 +455,44 @@ def generate_transformer(
 
     board = load_board(board_name)
     files, manifest = render_transformer(
-        model, board.name, name or Path(out_dir).resolve().name, max_context, quant, act
+        model, board.name, name or Path(out_dir).resolve().name, max_context, quant, act, dense
     )
     try:
         check_budget(manifest, board)
     except BudgetExceeded as exc:
         kv = manifest["memory"]["kv_cache_bytes"]
         raise BudgetExceeded(
-            f"{str(exc).replace('reduce --max-tokens (now 1)', 'reduce --max-context')}\n  "
+            f"{_for_transformers(str(exc))}\n  "
             f"KV cache: {kv} bytes for --max-context {max_context}"
             + _quant_hint(model, manifest, board, str(exc))
         ) from None
     return write_output(out_dir, files, manifest, force=force), manifest
 
 
+def _for_transformers(message: str) -> str:
+    """check_budget's advice in a whole transformer's terms (no token chunks: a context)."""
+    return message.replace("reduce --max-tokens (now 1)", "reduce --max-context").replace(
+        "fewer tokens per chunk (--max-tokens)", "a shorter --max-context (KV cache)"
+    )
+
+
+def _dense_int8_saving(model: MoETransformer) -> int:
+    """Bytes --dense-quant int8 saves: each matrix besides the routed experts and routers goes
+    from 4 bytes per weight to 1 plus a float scale per output row (struct padding ignored)."""
+    vocab_rows = [model.embed] + ([] if model.config.tie_word_embeddings else [model.lm_head])
+    saved = sum(3 * a.size - 4 * a.shape[0] for a in vocab_rows)  # [vocab, d]: a row per token
+    for layer in model.layers:
+        mats = [getattr(layer.attention, n) for n in ("wq", "wk", "wv", "wo")]
+        ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
+        if ffn is not None:
+            mats += [t for _, t in ffn.tensors() if t.ndim == 2]
+        saved += sum(3 * a.size - 4 * a.shape[1] for a in mats)  # [in, out]
+    return int(saved)
+
+
 def _quant_hint(model: MoETransformer, manifest: dict[str, Any], board: Any, message: str) -> str:
     """When fp32 weights overflow the flash: which --quant makes them fit (the routed experts
-    of every MoE layer quantised, everything else unchanged)."""
+    of every MoE layer quantised), alone or with --dense-quant int8 (every other matrix)."""
     from .quantize import weight_bytes_for
     from .size import schemes_that_fit
 
@@ -394,10 +504,23 @@ def _quant_hint(model: MoETransformer, manifest: dict[str, Any], board: Any, mes
     fits = schemes_that_fit(
         manifest, board, lambda scheme: others + sum(weight_bytes_for(m, scheme) for m in moes)
     )
+    if fits:
+        return "\n  Quantised routed experts fit the flash: " + ", ".join(
+            f"--quant {scheme} (~{need} bytes of weights)" for scheme, need in fits
+        )
+    saved = _dense_int8_saving(model)
+    fits = schemes_that_fit(
+        manifest,
+        board,
+        lambda scheme: others - saved + sum(weight_bytes_for(m, scheme) for m in moes),
+    )
     if not fits:
-        return "\n  Even --quant int4 routed experts do not fit the flash of this board"
-    return "\n  Quantised routed experts fit the flash: " + ", ".join(
-        f"--quant {scheme} (~{need} bytes of weights)" for scheme, need in fits
+        return (
+            "\n  Even --quant int4 routed experts with --dense-quant int8 do not fit the flash "
+            "of this board"
+        )
+    return "\n  Quantised weights fit the flash: " + ", ".join(
+        f"--quant {scheme} --dense-quant int8 (~{need} bytes of weights)" for scheme, need in fits
     )
 
 

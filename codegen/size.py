@@ -305,6 +305,10 @@ def check_budget(
         experts = manifest.get("experts_bytes", [])
         top = sorted(experts, key=lambda e: -e[1])[:3]
         biggest = ", ".join(f"expert {i}: {b} bytes" for i, b in top)
+        parts = manifest["memory"].get("weight_parts")  # whole transformers: bytes per part
+        if parts:
+            top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+            biggest = ", ".join(f"{part} {b} bytes" for part, b in top)
         problems.append(
             f"flash: needs ~{flash_need} bytes (weights {weights} + ~{runtime_flash_estimate} "
             f"code), board has {flash.size}: {flash_need - flash.size} bytes over budget; "

@@ -15,13 +15,17 @@ top-p sampling.
 Quantised experts (:func:`quantize_transformer`, ``forward(..., quant=...)``): every MoE
 layer's routed experts go through :func:`colibri.quantize.quant_moe_forward`, the numpy mirror
 of the generated quantised kernels (int8 per-output-channel weights and int8 per-token
-activations by default, as ``colibri generate --quant int8``). Attention, norms, the router,
-Qwen's shared expert and dense MLPs, the embedding and the LM head stay fp32.
+activations by default, as ``colibri generate --quant int8``). With ``dense=`` (``colibri
+generate --dense-quant fp16|int8``) the other matrices follow: attention q/k/v/o projections,
+Qwen's shared expert and dense MLPs, the token embedding and the LM head (one table when tied),
+stored in that scheme and run through the same kernels' mirror (:func:`colibri.quantize.matvec`)
+on fp32 rows. Norms, biases, the router and the shared expert's gate stay fp32.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +34,18 @@ import numpy as np
 from .errors import ConfigError, InputError
 from .hf import HFCheckpoint, load_hf_moe_layer
 from .ir import Expert, MoELayer
-from .quantize import QuantExpert, make_plan, quant_moe_forward, quantize_layer
+from .quantize import (
+    QuantExpert,
+    QuantTensor,
+    check_scheme,
+    make_plan,
+    matvec,
+    quant_expert_ffn,
+    quant_moe_forward,
+    quantize_expert,
+    quantize_layer,
+    quantize_matrix,
+)
 from .reference import ffn, moe_forward
 
 #: Logits of the float64 reference vs transformers' float32 model on the tiny test models:
@@ -260,21 +275,49 @@ def load_hf_transformer(path: str | os.PathLike[str] | HFCheckpoint) -> MoETrans
 # -- quantised experts --------------------------------------------------------------------------
 
 
+#: Schemes of --dense-quant (int4 blocks of 32 are for the routed experts: --quant int4).
+DENSE_SCHEMES = ("fp32", "fp16", "int8")
+#: The attention projections of every layer, as named in the IR and the generated C.
+ATTENTION_PROJECTIONS = ("wq", "wk", "wv", "wo")
+
+
 @dataclass
 class TransformerQuant:
-    """The quantised routed experts of every MoE layer (layer index -> stored expert index ->
-    QuantExpert), as `colibri generate --quant SCHEME [--act MODE]` stores them."""
+    """The quantised weights of a transformer, as `colibri generate --quant SCHEME [--act MODE]
+    [--dense-quant SCHEME]` stores them: the routed experts of every MoE layer (layer index ->
+    stored expert index -> QuantExpert) and, when dense_scheme is not fp32, the rest
+    (``dense``: "embed", "lm_head" (absent when tied), "l<i>.wq" .. "l<i>.wo" as [out, in];
+    ``dense_ffn``: layer index -> its shared expert or dense MLP)."""
 
     scheme: str
     act: str
     experts: dict[int, dict[int, QuantExpert]]
+    dense_scheme: str = "fp32"
+    dense_act: str = "fp32"
+    dense: dict[str, QuantTensor] = field(default_factory=dict)
+    dense_ffn: dict[int, QuantExpert] = field(default_factory=dict)
+
+    def lm_head(self) -> QuantTensor:
+        """The LM head's tensor (the embedding's when tied)."""
+        return self.dense.get("lm_head", self.dense["embed"])
+
+
+def check_dense_scheme(dense: str) -> str:
+    dense = check_scheme(dense, "--dense-quant")
+    if dense not in DENSE_SCHEMES:
+        raise ConfigError(
+            f"--dense-quant {dense} is not supported; supported: {', '.join(DENSE_SCHEMES)} "
+            f"(int4 blocks are for the routed experts: --quant int4)"
+        )
+    return dense
 
 
 def quantize_transformer(
-    model: MoETransformer, scheme: str = "int8", act: str | None = None
+    model: MoETransformer, scheme: str = "int8", act: str | None = None, dense: str = "fp32"
 ) -> TransformerQuant:
-    """Quantise the routed experts of every MoE layer (codegen/quantize.py formats); act is
-    the activation mode of int8/int4 experts (default int8: integer dot products)."""
+    """Quantise the routed experts of every MoE layer (codegen/quantize.py formats) and, with
+    dense fp16 / int8, every other matrix; act is the activation mode of int8/int4 matrices
+    (default int8: integer dot products; fp16 has no integer kernel and keeps fp32)."""
     plan_act = ""
     experts: dict[int, dict[int, QuantExpert]] = {}
     for i, layer in enumerate(model.layers):
@@ -285,20 +328,41 @@ def quantize_transformer(
         experts[i] = quantize_layer(layer.moe, plan)
     if not plan_act:
         plan_act = make_plan(1, scheme, None, act).acts[0]
-    return TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
+    q = TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
+    q.dense_scheme = check_dense_scheme(dense)
+    if q.dense_scheme == "fp32":
+        return q
+    q.dense_act = make_plan(1, q.dense_scheme, None, act).acts[0]
+    q.dense["embed"] = quantize_matrix(model.embed, q.dense_scheme, "embed")
+    if not model.config.tie_word_embeddings:
+        q.dense["lm_head"] = quantize_matrix(model.lm_head, q.dense_scheme, "lm_head")
+    for i, layer in enumerate(model.layers):
+        for n in ATTENTION_PROJECTIONS:
+            w = getattr(layer.attention, n)
+            q.dense[f"l{i}.{n}"] = quantize_matrix(w.T, q.dense_scheme, f"l{i}.{n}")
+        ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
+        if ffn is not None:
+            q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn")
+    return q
 
 
 def _moe_block(
-    layer: MoELayer, h: np.ndarray, qexperts: dict[int, QuantExpert] | None
+    layer: MoELayer,
+    h: np.ndarray,
+    qexperts: dict[int, QuantExpert] | None,
+    shared_q: QuantExpert | None = None,
 ) -> np.ndarray:
     """The MoE block on fp32 rows h: fp32 reference, or the quantised mirror of the routed
-    experts plus the (fp32) shared expert."""
+    experts plus the shared expert (fp32, or shared_q's scheme)."""
     if qexperts is None:
         y, _ = moe_forward(layer, h)
         return y
     y, _ = quant_moe_forward(layer, qexperts, h)
     if layer.shared_expert is not None:
-        shared = ffn(layer.shared_expert, layer, h)
+        if shared_q is not None:
+            shared = quant_expert_ffn(shared_q, "silu", True, h).astype(np.float64)
+        else:
+            shared = ffn(layer.shared_expert, layer, h)
         if layer.shared_gate is not None:
             g = h.astype(np.float64) @ layer.shared_gate.astype(np.float64)
             shared = shared / (1.0 + np.exp(-g))[:, None]
@@ -357,14 +421,41 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     return y if b is None else y + b
 
 
+#: A linear layer of attention: (projection name, rows x [T, in], weight [in, out], bias).
+Linear = Callable[[str, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
+
+
+def _float_linear(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    return _linear(x, w, b)
+
+
+def _dense_linear(q: TransformerQuant, layer: int) -> Linear:
+    """Attention projections of `layer` through the quantised kernels' mirror: fp32 rows in,
+    fp32 matvec (+ fp32 bias, as the generated C adds it), float64 out."""
+
+    def run(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+        y = matvec(q.dense[f"l{layer}.{name}"], x.astype(np.float32), q.dense_act)
+        if b is not None:
+            y = (y + b.astype(np.float32)[None, :]).astype(np.float32)
+        return y.astype(np.float64)
+
+    return run
+
+
 def attention_forward(
-    c: TransformerConfig, att: Attention, h: np.ndarray, cache: KVCache, layer: int, start: int
+    c: TransformerConfig,
+    att: Attention,
+    h: np.ndarray,
+    cache: KVCache,
+    layer: int,
+    start: int,
+    linear: Linear = _float_linear,
 ) -> np.ndarray:
     """Causal GQA self-attention of rows h [T, d] at positions start.., updating the cache."""
     t = h.shape[0]
-    q = _linear(h, att.wq, att.bq)
-    k = _linear(h, att.wk, att.bk)
-    v = _linear(h, att.wv, att.bv)
+    q = linear("wq", h, att.wq, att.bq)
+    k = linear("wk", h, att.wk, att.bk)
+    v = linear("wv", h, att.wv, att.bv)
     if att.q_norm is not None and att.k_norm is not None:
         q = rms_norm(q, att.q_norm, c.rms_norm_eps)
         k = rms_norm(k, att.k_norm, c.rms_norm_eps)
@@ -399,7 +490,7 @@ def attention_forward(
         p = np.exp(scores)
         p /= p.sum(axis=1, keepdims=True)
         out[:, head] = p @ values[kv]
-    return _linear(out.reshape(t, c.n_heads * hd), att.wo, att.bo)
+    return linear("wo", out.reshape(t, c.n_heads * hd), att.wo, att.bo)
 
 
 def _swiglu(ex: Expert, x: np.ndarray) -> np.ndarray:
@@ -429,19 +520,29 @@ def forward(
         )
     cache = KVCache() if cache is None else cache
     start = cache.length
-    x = model.embed[ids].astype(np.float64)
+    dq = q if q is not None and q.dense_scheme != "fp32" else None
+    if dq is not None:  # rows dequantised in fp32, as the generated C does
+        x = dq.dense["embed"].dequantize()[ids].astype(np.float64)
+    else:
+        x = model.embed[ids].astype(np.float64)
     for i, layer in enumerate(model.layers):
         h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-        x = x + attention_forward(c, layer.attention, h, cache, i, start)
+        linear = _dense_linear(dq, i) if dq is not None else _float_linear
+        x = x + attention_forward(c, layer.attention, h, cache, i, start, linear)
         h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+        dense_ffn = dq.dense_ffn.get(i) if dq is not None else None
         if layer.moe is not None:
             qe = q.experts[i] if q is not None else None
-            y = _moe_block(layer.moe, h.astype(np.float32), qe)
+            y = _moe_block(layer.moe, h.astype(np.float32), qe, dense_ffn)
+        elif dense_ffn is not None:
+            y = quant_expert_ffn(dense_ffn, "silu", True, h).astype(np.float64)
         else:
             assert layer.mlp is not None
             y = _swiglu(layer.mlp, h)
         x = x + y
     x = rms_norm(x, model.final_norm, c.rms_norm_eps)
+    if dq is not None:
+        return matvec(dq.lm_head(), x.astype(np.float32), dq.dense_act).astype(np.float64)
     return np.asarray(x @ model.lm_head.astype(np.float64).T)
 
 

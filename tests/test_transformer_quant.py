@@ -94,7 +94,7 @@ def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> Non
     architecture trained on its toy language; weight-only int8 and int4 printed alongside. The
     test also checks the models learnt the language and that their routed experts matter
     (removing them changes top-1 choices), so the agreement is not that of a bigram model."""
-    counts = {"int8": 0, "w8": 0, "int4": 0, "rule": 0, "no_experts": 0}
+    counts = {"int8": 0, "all8": 0, "w8": 0, "int4": 0, "rule": 0, "no_experts": 0}
     total = 0
     for case, (case_arch, _) in enumerate(MODEL_CASES):
         if case_arch != arch:
@@ -103,6 +103,7 @@ def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> Non
         ours = load_hf_transformer(save_model(model, tmp_path / str(case)))
         quants = {
             "int8": quantize_transformer(ours, "int8"),
+            "all8": quantize_transformer(ours, "int8", dense="int8"),
             "w8": quantize_transformer(ours, "int8", act="fp32"),
             "int4": quantize_transformer(ours, "int4"),
         }
@@ -130,7 +131,8 @@ def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> Non
             f"\ntrained {arch} case {case} (loss {loss:.3f}, top-1 = the language's rule at "
             f"{got['rule'] / rule_n:.1%}, removing the routed experts changes "
             f"{got['no_experts'] / n:.1%} of top-1): int8 {got['int8']}/{n} = "
-            f"{got['int8'] / n:.2%}, weight-only int8 {got['w8'] / n:.2%}, int4 "
+            f"{got['int8'] / n:.2%}, whole model int8 (--dense-quant int8) {got['all8'] / n:.2%}, "
+            f"weight-only int8 {got['w8'] / n:.2%}, int4 "
             f"{got['int4'] / n:.2%}; fp32 margins where int8 differs: {' '.join(margins)}"
         )
         assert got["rule"] / rule_n > 0.5, f"{arch} case {case} did not learn its language"
@@ -138,13 +140,16 @@ def test_int8_top1_agreement_with_transformers(tmp_path: Path, arch: str) -> Non
             counts[key] += got[key]
         total += n
     rate = counts["int8"] / total
+    whole = counts["all8"] / total
     print(
         f"int8 top-1 agreement {arch} (trained): {counts['int8']}/{total} = {rate:.2%} "
-        f"(weight-only int8 {counts['w8'] / total:.2%}, int4 {counts['int4'] / total:.2%}); "
-        f"routed experts decide {counts['no_experts'] / total:.1%} of the top-1 choices"
+        f"(whole model int8 {whole:.2%}, weight-only int8 {counts['w8'] / total:.2%}, int4 "
+        f"{counts['int4'] / total:.2%}); routed experts decide "
+        f"{counts['no_experts'] / total:.1%} of the top-1 choices"
     )
     assert counts["no_experts"] / total > 0.03, f"{arch}: the routed experts barely matter"
     assert rate >= TOP1_TARGET, f"{arch}: int8 top-1 agreement {rate:.2%} < {TOP1_TARGET:.0%}"
+    assert whole >= TOP1_TARGET, f"{arch}: whole-model int8 agreement {whole:.2%}"
 
 
 def _prompts(case: int, vocab: int) -> list[list[int]]:
@@ -356,7 +361,7 @@ def test_fp32_output_has_no_quantisation(arch_ckpts: dict[str, Path]) -> None:
     assert "colibri_matvec_q8_q8" in files["transformer_model.c"]
     _, w8 = render_transformer(ours, "host", "lm", 16, "int8", "fp32")
     assert "act_q" not in [r["name"] for r in w8["memory"]["regions"]]
-    with pytest.raises(ConfigError, match="--act applies to quantised experts"):
+    with pytest.raises(ConfigError, match="--act applies to int8/int4 matrices"):
         render_transformer(ours, "host", "lm", 16, "fp32", "int8")
 
 
@@ -388,3 +393,135 @@ def test_cli_generate_quant(arch_ckpts: dict[str, Path], tmp_path: Path) -> None
     for extra in (["--router-quant", "int8"], ["--cache", "lru"], ["--expert-quant", "1=int4"]):
         bad = run_cli("generate", str(ckpt), "--out", str(tmp_path / "x"), *extra, check=False)
         assert bad.returncode == 1 and "single MoE layer options (pass --layer N)" in bad.stderr
+
+
+# -- --dense-quant: every other matrix quantised too -------------------------------------------
+
+
+def test_quantize_transformer_dense_structure(qwen: Any) -> None:
+    q = quantize_transformer(qwen, "int4", dense="int8")
+    assert (q.scheme, q.act, q.dense_scheme, q.dense_act) == ("int4", "int8", "int8", "int8")
+    c = qwen.config
+    assert q.dense["embed"].data.shape == (c.vocab_size, c.d_model)
+    assert q.lm_head() is q.dense["lm_head"]  # untied
+    hq = c.n_heads * c.head_dim
+    for i in range(c.n_layers):
+        assert q.dense[f"l{i}.wq"].data.shape == (hq, c.d_model)
+        assert q.dense[f"l{i}.wo"].data.shape == (c.d_model, hq)
+    # layer 0 is a dense MLP, layers 1-2 have a shared expert: all three quantised
+    assert sorted(q.dense_ffn) == [0, 1, 2]
+    assert q.dense_ffn[0].w1.n_out == qwen.layers[0].mlp.w1.shape[1]
+    assert quantize_transformer(qwen, "int8", "fp32", dense="fp16").dense_act == "fp32"
+    assert quantize_transformer(qwen, "fp32", dense="int8").experts[1][0].scheme == "fp32"
+    with pytest.raises(ConfigError, match=r"--dense-quant int4 is not supported.*--quant int4"):
+        quantize_transformer(qwen, "int8", dense="int4")
+
+
+def test_dense_quant_mirror(qwen: Any) -> None:
+    ids = [1, 9, 4, 33, 2, 8, 60, 5]
+    ref = forward(qwen, ids)
+    experts = forward(qwen, ids, quant=quantize_transformer(qwen, "int8"))
+    whole = forward(qwen, ids, quant=quantize_transformer(qwen, "int8", dense="int8"))
+    fp16 = forward(qwen, ids, quant=quantize_transformer(qwen, "fp32", dense="fp16"))
+    e, w, h = (float(np.max(np.abs(v - ref))) for v in (experts, whole, fp16))
+    # quantising more matrices adds error; fp16 everywhere stays far below int8 experts
+    assert 0 < h < e < w < 0.5 * float(np.max(np.abs(ref)))
+    q = quantize_transformer(qwen, "int8", dense="int8")
+    cache = KVCache()
+    parts = [forward(qwen, ids[:5], cache, q)] + [forward(qwen, [t], cache, q) for t in ids[5:]]
+    assert np.max(np.abs(np.concatenate(parts) - whole)) < 1e-12
+
+
+DENSE_CASES = [  # (MODEL_CASES index, --quant, --act, --dense-quant)
+    (4, "int8", None, "int8"),  # Qwen: dense MLP layer, shared experts, GQA
+    (7, "int8", "fp32", "int8"),  # OLMoE: attention biases, QK-norm, clip_qkv
+    (2, "fp32", None, "fp16"),  # Mixtral: tied embedding, sliding window
+    (8, "int4", None, "int8"),  # OLMoE: tied, MQA, k 1
+]
+
+
+@pytest.mark.parametrize(("case", "quant", "act", "dense"), DENSE_CASES)
+def test_c_dense_quant_matches_mirror_on_host(
+    tmp_path: Path, case: int, quant: str, act: str | None, dense: str
+) -> None:
+    arch, overrides = MODEL_CASES[case]
+    model = make_model(arch, seed=200 + case, **overrides)
+    ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
+    gen, manifest = generate_transformer(
+        ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant=quant, act=act, dense=dense
+    )
+    q = quantize_transformer(ours, quant, act, dense)
+    qr = manifest["quantization"]
+    assert (qr["dense_scheme"], qr["dense_act"]) == (dense, q.dense_act)
+    assert manifest["options"]["dense_quant"] == dense
+    _, experts_only = render_transformer(ours, "host", "lm", MAX_CONTEXT, quant, act)
+    assert qr["weight_bytes"] < experts_only["memory"]["weight_bytes"]
+    if dense == "int8" and q.dense_act == "int8":
+        regions = {r["name"]: r["size"] for r in manifest["memory"]["regions"]}
+        c = ours.config
+        assert regions["act_q"] >= max(c.d_model, c.n_heads * c.head_dim)
+    what = f"{arch} case {case} --quant {quant} --act {q.act} --dense-quant {dense}"
+    _check_c(gen, "host", ours, q, _prompt(case, model.config.vocab_size), what)
+
+
+def test_c_dense_quant_on_cortex_m7(tmp_path: Path, arch_ckpts: dict[str, Path]) -> None:
+    """Whole-model int8 Qwen2-MoE on the board: mirror-exact, and the firmware shrinks by what
+    the manifest says --dense-quant saves over int8 experts alone."""
+    require_board("cortex-m7")
+    ours = load_hf_transformer(arch_ckpts["qwen2_moe"])
+    q = quantize_transformer(ours, "int8", dense="int8")
+    gen, man = generate_transformer(
+        ours, tmp_path / "all", "cortex-m7", "lm", MAX_CONTEXT, quant="int8", dense="int8"
+    )
+    _check_c(gen, "cortex-m7", ours, q, [3, 14, 15, 9, 26, 5], "qwen2_moe whole int8 on m7")
+    experts, man_e = generate_transformer(
+        ours, tmp_path / "experts", "cortex-m7", "lm", MAX_CONTEXT, quant="int8"
+    )
+    saved = size_report(experts, "cortex-m7").flash_used - size_report(gen, "cortex-m7").flash_used
+    expected = man_e["memory"]["weight_bytes"] - man["memory"]["weight_bytes"]
+    print(f"\n--dense-quant int8 saves {saved} bytes of flash (manifest: {expected})")
+    assert 0.9 * expected < saved < 1.1 * expected
+
+
+def test_budget_hint_names_dense_quant(tmp_path: Path) -> None:
+    """A model whose embedding and LM head alone overflow the cortex-m3's flash: quantising
+    the routed experts cannot help; the hint names --dense-quant int8, and it fits."""
+    model = make_model("mixtral", seed=3, num_hidden_layers=1, hidden_size=32, vocab_size=1200)
+    ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
+    with pytest.raises(BudgetExceeded) as exc:
+        generate_transformer(ours, tmp_path / "f", "cortex-m3", "lm", 16)
+    msg = str(exc.value)
+    assert "largest consumers: embedding 153600 bytes, LM head 153600 bytes" in msg
+    assert "a shorter --max-context" in msg and "--max-tokens" not in msg
+    assert "fit the flash: --quant fp16 --dense-quant int8 (~" in msg
+    assert not (tmp_path / "f").exists()
+    with pytest.raises(BudgetExceeded):
+        generate_transformer(ours, tmp_path / "e", "cortex-m3", "lm", 16, quant="int4")
+    _, man = generate_transformer(
+        ours, tmp_path / "q", "cortex-m3", "lm", 16, quant="int8", dense="int8"
+    )
+    assert man["memory"]["weight_bytes"] < 256 * 1024 - 24 * 1024
+
+
+def test_cli_dense_quant(arch_ckpts: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = arch_ckpts["qwen2_moe"]
+    gen = tmp_path / "cli"
+    proc = run_cli(
+        "generate", str(ckpt), "--out", str(gen), "--max-context", "24", "--quant", "int8",
+        "--dense-quant", "int8",
+    )  # fmt: skip
+    assert "embedding / LM head int8 (int8 activations): weights" in proc.stdout
+    ours = load_hf_transformer(ckpt)
+    out, _ = run_lm(gen, "host", [1, 5, 9], 8)
+    want = generate(ours, [1, 5, 9], 8, quant=quantize_transformer(ours, "int8", dense="int8"))
+    assert out.tokens.tolist() == want[3:]
+    bad = run_cli(
+        "generate", str(ckpt), "--layer", "0", "--out", str(tmp_path / "x"), "--dense-quant",
+        "int8", check=False,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "--dense-quant applies to whole transformers" in bad.stderr
+    bad = run_cli(
+        "generate", str(ckpt), "--out", str(tmp_path / "y"), "--dense-quant", "fp16", "--act",
+        "int8", check=False,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "--act applies to int8/int4 matrices" in bad.stderr
