@@ -47,7 +47,9 @@ def _build(board: Board, selftest: str, build_dir: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    name = {"1": "hello", "fault": "fault", "heap": "heap", "spin": "spin"}[selftest]
+    name = {"1": "hello", "fault": "fault", "heap": "heap", "spin": "spin", "kernels": "kernels"}[
+        selftest
+    ]
     elf = build_dir / "selftest" / f"{name}{board.elf_suffix}"
     assert elf.is_file(), f"scons succeeded but {elf} is missing"
     return elf
@@ -145,6 +147,46 @@ def test_instruction_count_is_deterministic(name: str, build_root: Path, tmp_pat
     print(f"{name}: hello marked region = {counts[0]} guest instructions")
     assert counts[0] is not None and counts[0] > 0
     assert counts[0] == counts[1]
+
+
+KERNEL_LINE = re.compile(r"colibri kernels: (\d+) checks, (\d+) failed")
+#: Bench loops of tests/platform/kernels.c, selected by the first byte of input.bin.
+KERNEL_BENCH = {"int8 dot": (0, 1), "int4 block dot": (2, 3)}
+#: Where kernels_q.c has an ISA path (elsewhere the runtime runs the portable loop itself).
+ISA_PATHS = {
+    "cortex-m4": ("int8 dot", "int4 block dot"),
+    "cortex-m7": ("int8 dot", "int4 block dot"),
+    "cortex-m55": ("int8 dot", "int4 block dot"),
+    "cortex-a53": ("int8 dot",),
+    "cortex-a7": ("int8 dot",),
+}
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path) -> None:
+    """The runtime's integer dot products (Helium on cortex-m55, Neon on cortex-a53 / a7, SIMD32
+    on cortex-m4 / m7, portable C elsewhere) equal the plain loops for every length 0..140,
+    unaligned pointers and extreme values; under QEMU the instruction counts of both are
+    printed side by side."""
+    require_board(name)
+    board = load_board(name)
+    elf = _build(board, "kernels", build_root / name)
+    counts: dict[int, int | None] = {}
+    for mode in range(4):
+        (tmp_path / "input.bin").write_bytes(bytes([mode]))
+        result = run_elf(board, elf, tmp_path, count_instructions=board.kind != "host")
+        found = KERNEL_LINE.search(result.stdout)
+        assert found, f"no result line:\n{result.stdout}{result.stderr}"
+        assert int(found.group(1)) == 4920 and found.group(2) == "0", found.group(0)
+        counts[mode] = result.instructions
+    if board.kind == "host":
+        return
+    for what, (fast, plain) in KERNEL_BENCH.items():
+        f, p = counts[fast], counts[plain]
+        assert f is not None and p is not None and f > 0 and p > 0
+        print(f"\n{name}: {what}: runtime {f} / plain C {p} guest instructions = {p / f:.2f}x")
+        if what in ISA_PATHS.get(name, ()):
+            assert f < p, f"{name}: the runtime's {what} is not faster than the plain loop"
 
 
 def test_host_instruction_count(build_root: Path, tmp_path: Path) -> None:

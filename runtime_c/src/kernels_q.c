@@ -1,8 +1,15 @@
 /**
  * @file kernels_q.c
- * @brief Portable reference kernels of the quantised formats (colibri_quant.h): fp16 / int8 /
- *        int4 weights against fp32 or per-token int8 activations. The order of every float
- *        operation is the one documented in colibri_quant.h; codegen/quantize.py mirrors it.
+ * @brief Kernels of the quantised formats (colibri_quant.h): fp16 / int8 / int4 weights against
+ *        fp32 or per-token int8 activations. The order of every float operation is the one
+ *        documented in colibri_quant.h; codegen/quantize.py mirrors it.
+ *
+ * The integer dot products have per-ISA paths chosen by the compiler's ACLE feature macros
+ * (as CMSIS-NN does): Helium / MVE (Cortex-M55: VMLADAVA, 16 MACs), Neon (Cortex-A: VMULL +
+ * VPADAL, 16 MACs), the 32-bit SIMD / DSP extension (Cortex-M4 / M7, and int4 blocks on the M55:
+ * SXTB16 + SMLAD, 2 MACs), else portable C. Integer sums do not depend on their order, so every
+ * path returns exactly what the portable loop returns (tests/platform/kernels.c checks it on every
+ * board).
  */
 #include "colibri_quant.h"
 
@@ -10,6 +17,19 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1)
+#include <arm_mve.h>
+#define COLIBRI_DOT_MVE 1
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#define COLIBRI_DOT_NEON 1
+#endif
+#if defined(__ARM_FEATURE_SIMD32) && !defined(COLIBRI_DOT_NEON)
+/* Cortex-M4 / M7 (and int4 blocks on M55); on Neon cores GCC vectorises the portable loops. */
+#include <arm_acle.h>
+#define COLIBRI_HAVE_SIMD32 1
+#endif
 
 float colibri_f16_to_f32(uint16_t h)
 {
@@ -124,10 +144,71 @@ float colibri_quantize_row_q8(const float *x, int8_t *xq, int32_t n)
     return sx;
 }
 
+#if defined(COLIBRI_HAVE_SIMD32)
+/** @brief Four bytes from any address (LDR: unaligned loads are fine on ARMv7-M / v7-A). */
+static inline uint32_t colibri_load4(const void *p)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return w;
+}
+
+/** @brief SXTB16 of x rotated right by 8 (bytes 1 and 3): one instruction, which ACLE lacks. */
+static inline uint32_t colibri_sxtb16_ror8(uint32_t x)
+{
+    uint32_t r;
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(x));
+    return r;
+}
+
+/** @brief acc + the dot product of four int8 lanes of wa and wb (two SMLADs). */
+static inline int32_t colibri_dot4_simd32(uint32_t wa, uint32_t wb, int32_t acc)
+{
+    /* SXTB16 sign-extends bytes 0 and 2 into two halfwords; rotated by 8, bytes 1 and 3. */
+    acc = __smlad(__sxtb16(wa), __sxtb16(wb), acc);
+    return __smlad(colibri_sxtb16_ror8(wa), colibri_sxtb16_ror8(wb), acc);
+}
+#endif
+
 int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n)
 {
     int32_t acc = 0;
-    for (int32_t i = 0; i < n; i++) {
+    int32_t i = 0;
+#if defined(COLIBRI_DOT_MVE)
+    for (; i + 16 <= n; i += 16) {
+        acc = vmladavaq_s8(acc, vld1q_s8(a + i), vld1q_s8(b + i));
+    }
+#elif defined(COLIBRI_DOT_NEON)
+    int32x4_t acc4 = vdupq_n_s32(0);
+    for (; i + 16 <= n; i += 16) { /* int8 x int8 products fit int16: widen, then pair-add */
+        const int8x16_t va = vld1q_s8(a + i);
+        const int8x16_t vb = vld1q_s8(b + i);
+        acc4 = vpadalq_s16(acc4, vmull_s8(vget_low_s8(va), vget_low_s8(vb)));
+#if defined(__aarch64__)
+        acc4 = vpadalq_s16(acc4, vmull_high_s8(va, vb));
+#else
+        acc4 = vpadalq_s16(acc4, vmull_s8(vget_high_s8(va), vget_high_s8(vb)));
+#endif
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc4 = vpadalq_s16(acc4, vmull_s8(vld1_s8(a + i), vld1_s8(b + i)));
+    }
+#if defined(__aarch64__)
+    acc = vaddvq_s32(acc4);
+#else
+    const int32x2_t pair = vadd_s32(vget_low_s32(acc4), vget_high_s32(acc4));
+    acc = vget_lane_s32(vpadd_s32(pair, pair), 0);
+#endif
+#elif defined(COLIBRI_HAVE_SIMD32)
+    for (; i + 8 <= n; i += 8) {
+        acc = colibri_dot4_simd32(colibri_load4(a + i), colibri_load4(b + i), acc);
+        acc = colibri_dot4_simd32(colibri_load4(a + i + 4), colibri_load4(b + i + 4), acc);
+    }
+    for (; i + 4 <= n; i += 4) {
+        acc = colibri_dot4_simd32(colibri_load4(a + i), colibri_load4(b + i), acc);
+    }
+#endif
+    for (; i < n; i++) {
         acc += (int32_t)a[i] * (int32_t)b[i];
     }
     return acc;
@@ -137,12 +218,27 @@ int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int3
 {
     int32_t acc = 0;
     if (n == COLIBRI_QK4) { /* integer sums: any order gives the same result */
+#if defined(COLIBRI_HAVE_SIMD32)
+        /* sum (q - 8) x = sum q x - 8 sum x, the nibbles q in 0..15 as int8 lanes. */
+        int32_t sum_x = 0;
+        for (int32_t j = 0; j < 16; j += 4) {
+            const uint32_t w = colibri_load4(blk->qs + j);
+            const uint32_t x_lo = colibri_load4(xq + j);
+            const uint32_t x_hi = colibri_load4(xq + j + 16);
+            acc = colibri_dot4_simd32(w & 0x0F0F0F0Fu, x_lo, acc);
+            acc = colibri_dot4_simd32((w >> 4) & 0x0F0F0F0Fu, x_hi, acc);
+            sum_x = colibri_dot4_simd32(0x01010101u, x_lo, sum_x);
+            sum_x = colibri_dot4_simd32(0x01010101u, x_hi, sum_x);
+        }
+        return acc - 8 * sum_x;
+#else
         for (int32_t j = 0; j < 16; j++) {
             const int32_t lo = (int32_t)(blk->qs[j] & 0x0Fu) - 8;
             const int32_t hi = (int32_t)(blk->qs[j] >> 4) - 8;
             acc += lo * (int32_t)xq[j] + hi * (int32_t)xq[j + 16];
         }
         return acc;
+#endif
     }
     for (int32_t j = 0; j < n; j++) {
         acc += q4_value(blk, j) * (int32_t)xq[j];

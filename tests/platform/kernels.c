@@ -1,0 +1,171 @@
+/**
+ * @file kernels.c
+ * @brief Self-test of the runtime's integer dot products on a board (kernels_q.c: its Helium,
+ *        Neon, SIMD32 or portable path, whichever the board's flags select) against the plain
+ *        loops below, for every length 0..140, unaligned pointers and extreme values; then the
+ *        int4 block dot product for full and partial blocks. Prints one line and returns 0 when
+ *        every result is identical. The bench markers time one of four loops, chosen by the
+ *        first byte of input.bin: 0 the runtime's int8 dot (128 values, 8 times), 1 the plain
+ *        loop, 2 the runtime's int4 block dot (4 blocks, 8 times), 3 its portable loop
+ *        (tests/test_platforms.py prints the instruction counts side by side).
+ */
+#include "colibri_platform.h"
+#include "colibri_quant.h"
+
+#include <stdint.h>
+
+#define KT_MAX 160
+#define KT_BLOCKS 4
+
+static int8_t kt_a[KT_MAX + 4];
+static int8_t kt_b[KT_MAX + 4];
+static colibri_block_q4_32 kt_blk[KT_BLOCKS];
+static uint32_t kt_state = 0x9E3779B9u;
+
+static uint32_t kt_next(void)
+{
+    kt_state ^= kt_state << 13;
+    kt_state ^= kt_state >> 17;
+    kt_state ^= kt_state << 5;
+    return kt_state;
+}
+
+/* noinline: the baselines pay a call, as the runtime's kernels do */
+__attribute__((noinline)) static int32_t kt_dot_q8(const int8_t *a, const int8_t *b, int32_t n)
+{
+    int32_t acc = 0;
+    for (int32_t i = 0; i < n; i++) {
+        acc += (int32_t)a[i] * (int32_t)b[i];
+    }
+    return acc;
+}
+
+static int32_t kt_dot_q4(const colibri_block_q4_32 *blk, const int8_t *x, int32_t n)
+{
+    int32_t acc = 0;
+    for (int32_t j = 0; j < n; j++) {
+        const uint32_t byte = blk->qs[j % 16];
+        const int32_t q = (int32_t)(j < 16 ? (byte & 0x0Fu) : (byte >> 4)) - 8;
+        acc += q * (int32_t)x[j];
+    }
+    return acc;
+}
+
+/** @brief The portable full-block loop of kernels_q.c (the baseline of bench mode 3). */
+__attribute__((noinline)) static int32_t kt_dot_q4_block(const colibri_block_q4_32 *blk,
+                                                         const int8_t *x)
+{
+    int32_t acc = 0;
+    for (int32_t j = 0; j < 16; j++) {
+        const int32_t lo = (int32_t)(blk->qs[j] & 0x0Fu) - 8;
+        const int32_t hi = (int32_t)(blk->qs[j] >> 4) - 8;
+        acc += lo * (int32_t)x[j] + hi * (int32_t)x[j + 16];
+    }
+    return acc;
+}
+
+static char *kt_append(char *p, const char *s)
+{
+    while (*s != '\0') {
+        *p++ = *s++;
+    }
+    return p;
+}
+
+static char *kt_append_u32(char *p, uint32_t v)
+{
+    char digits[10];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + v % 10u);
+        v /= 10u;
+    } while (v != 0u);
+    while (n > 0) {
+        *p++ = digits[--n];
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    clb_platform_init();
+    uint32_t checks = 0;
+    uint32_t failed = 0;
+    for (int32_t round = 0; round < 3; round++) {
+        for (int32_t i = 0; i < KT_MAX + 4; i++) {
+            kt_a[i] = (int8_t)(kt_next() >> 24);
+            kt_b[i] = (int8_t)(kt_next() >> 24);
+            if (round == 2) { /* the extremes: -128 * -128 and 127 * -128 */
+                kt_a[i] = (i % 3 == 0) ? (int8_t)127 : (int8_t)-128;
+                kt_b[i] = (int8_t)-128;
+            }
+        }
+        for (int32_t n = 0; n <= 140; n++) {
+            for (int32_t oa = 0; oa < 4; oa++) {
+                for (int32_t ob = 0; ob < 4; ob += 3) {
+                    checks++;
+                    if (colibri_dot_q8(kt_a + oa, kt_b + ob, n) !=
+                        kt_dot_q8(kt_a + oa, kt_b + ob, n)) {
+                        failed++;
+                    }
+                }
+            }
+        }
+        for (int32_t k = 0; k < KT_BLOCKS; k++) {
+            kt_blk[k].d = 0x3C00u;
+            for (int32_t j = 0; j < 16; j++) {
+                kt_blk[k].qs[j] = (uint8_t)(round == 2 ? 0x0Fu * (uint32_t)(j & 1) : kt_next());
+            }
+            for (int32_t n = 1; n <= COLIBRI_QK4; n++) {
+                for (int32_t ox = 0; ox < 4; ox++) {
+                    checks++;
+                    const int32_t want = kt_dot_q4(&kt_blk[k], kt_b + ox + k, n);
+                    if (colibri_dot_q4_q8(&kt_blk[k], kt_b + ox + k, n) != want ||
+                        (n == COLIBRI_QK4 && kt_dot_q4_block(&kt_blk[k], kt_b + ox + k) != want)) {
+                        failed++;
+                    }
+                }
+            }
+        }
+    }
+    uint8_t mode = 0xFFu;
+    const int32_t fd = clb_platform_open("input.bin", CLB_PLATFORM_READ);
+    if (fd >= 0) {
+        if (clb_platform_read(fd, &mode, 1) != 1) {
+            mode = 0xFFu;
+        }
+        (void)clb_platform_close(fd);
+    }
+    volatile int32_t sink = 0;
+    const int32_t n_bench = 128;
+    clb_platform_bench_begin();
+    for (int32_t rep = 0; rep < 8; rep++) {
+        if (mode == 0u) {
+            sink += colibri_dot_q8(kt_a, kt_b, n_bench);
+        } else if (mode == 1u) {
+            sink += kt_dot_q8(kt_a, kt_b, n_bench);
+        } else if (mode == 2u) {
+            for (int32_t k = 0; k < KT_BLOCKS; k++) {
+                sink += colibri_dot_q4_q8(&kt_blk[k], kt_b + 32 * k, COLIBRI_QK4);
+            }
+        } else if (mode == 3u) {
+            for (int32_t k = 0; k < KT_BLOCKS; k++) {
+                sink += kt_dot_q4_block(&kt_blk[k], kt_b + 32 * k);
+            }
+        }
+    }
+    clb_platform_bench_end();
+    (void)sink;
+
+    char line[96];
+    char *p = kt_append(line, "colibri kernels: ");
+    p = kt_append_u32(p, checks);
+    p = kt_append(p, " checks, ");
+    p = kt_append_u32(p, failed);
+    p = kt_append(p, " failed\n");
+    *p = '\0';
+    clb_platform_puts(line);
+    return failed == 0u ? 0 : 1;
+}
