@@ -17,15 +17,23 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 ARCHS = ("mixtral", "qwen2_moe", "olmoe")
 
 
-def require_torch() -> None:
-    """Skip (locally) or fail (CI) when torch / transformers are not installed."""
+def require_package(name: str, why: str) -> Any:
+    """The imported test-only package `name`; skips (locally) or fails (CI, where the set-up
+    installs it with pip install -e '.[test]') when it is missing."""
+    import importlib
+
     try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        return importlib.import_module(name)
     except ImportError as exc:
         if IN_CI:
-            pytest.fail(f"CI=true and {exc}: pip install -e '.[test]' installs torch")
-        pytest.skip(f"{exc}: pip install -e '.[torch]' to run the Hugging Face peer tests")
+            pytest.fail(f"CI=true and {exc}: pip install -e '.[test]' installs {name}")
+        pytest.skip(f"{exc}: pip install -e '.[test]' to run {why}")
+
+
+def require_torch() -> None:
+    """Skip (locally) or fail (CI) when torch / transformers are not installed."""
+    require_package("torch", "the Hugging Face peer tests")
+    require_package("transformers", "the Hugging Face peer tests")
 
 
 def tiny_config(arch: str, **overrides: Any) -> Any:
@@ -64,16 +72,22 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
     return cls(**common)
 
 
-def make_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
-    """A seeded random transformers causal LM of architecture `arch`, fp32, eval mode."""
-    import torch
+def causal_lm_class(arch: str) -> Any:
+    """transformers' causal-LM class of `arch`."""
     import transformers
 
-    cls = {
+    return {
         "mixtral": transformers.MixtralForCausalLM,
         "qwen2_moe": transformers.Qwen2MoeForCausalLM,
         "olmoe": transformers.OlmoeForCausalLM,
     }[arch]
+
+
+def make_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
+    """A seeded random transformers causal LM of architecture `arch`, fp32, eval mode."""
+    import torch
+
+    cls = causal_lm_class(arch)
     torch.manual_seed(seed)
     model = cls(tiny_config(arch, **overrides)).to(torch.float32).eval()
     gen = torch.Generator().manual_seed(seed)
@@ -189,13 +203,8 @@ def trained_model(
     import numpy as np
     import torch
     import torch.nn.functional as F
-    import transformers
 
-    cls = {
-        "mixtral": transformers.MixtralForCausalLM,
-        "qwen2_moe": transformers.Qwen2MoeForCausalLM,
-        "olmoe": transformers.OlmoeForCausalLM,
-    }[arch]
+    cls = causal_lm_class(arch)
     torch.manual_seed(seed)
     model = cls(tiny_config(arch, **overrides)).to(torch.float32)
     vocab = model.config.vocab_size

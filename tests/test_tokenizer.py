@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from colibri.errors import ConfigError, InputError
 from colibri.tokenizer import load_tokenizer
-from conftest import IN_CI, run_cli
+from conftest import run_cli
+from hf_tiny import require_package
 
 CORPUS = [
     "Hello world! Don't stop believing. 12345 numbers and 3.14 pi.",
@@ -85,13 +86,7 @@ LLAMA3_SPLIT = (
 
 
 def _require_tokenizers() -> Any:
-    try:
-        import tokenizers
-    except ImportError as exc:
-        if IN_CI:
-            pytest.fail(f"CI=true and {exc}: pip install -e '.[test]' installs tokenizers")
-        pytest.skip(f"{exc}: the tokenizers package is the reference of these tests")
-    return tokenizers
+    return require_package("tokenizers", "the tokenizer tests (tokenizers is their reference)")
 
 
 def _fuzz(rng: random.Random, n: int) -> list[str]:

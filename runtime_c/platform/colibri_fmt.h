@@ -1,6 +1,7 @@
 /**
  * @file colibri_fmt.h
- * @brief Heap-free string building for fault reports on bare-metal platforms (no printf).
+ * @brief Heap-free string building for fault reports and self-tests on bare-metal platforms (no
+ *        printf).
  */
 #ifndef COLIBRI_FMT_H
 #define COLIBRI_FMT_H
@@ -23,6 +24,21 @@ static inline char *clb_append_hex(char *p, uint32_t v)
     p = clb_append(p, "0x");
     for (int shift = 28; shift >= 0; shift -= 4) {
         *p++ = digits[(v >> shift) & 0xFu];
+    }
+    return p;
+}
+
+/** @brief Append v in decimal; returns the new end. */
+static inline char *clb_append_u32(char *p, uint32_t v)
+{
+    char digits[10];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + v % 10u);
+        v /= 10u;
+    } while (v != 0u);
+    while (n > 0) {
+        *p++ = digits[--n];
     }
     return p;
 }

@@ -5,6 +5,7 @@
  *        returns 3 so that the exit-code path is tested too. The loop between the bench markers
  *        is the region whose instructions tests/test_platforms.py counts.
  */
+#include "colibri_fmt.h"
 #include "colibri_platform.h"
 
 #include <math.h>
@@ -15,28 +16,6 @@
 
 static uint8_t hello_in[HELLO_MAX_BYTES];
 static uint8_t hello_out[HELLO_MAX_BYTES];
-
-static char *hello_append(char *p, const char *s)
-{
-    while (*s != '\0') {
-        *p++ = *s++;
-    }
-    return p;
-}
-
-static char *hello_append_u32(char *p, uint32_t v)
-{
-    char digits[10];
-    int n = 0;
-    do {
-        digits[n++] = (char)('0' + v % 10u);
-        v /= 10u;
-    } while (v != 0u);
-    while (n > 0) {
-        *p++ = digits[--n];
-    }
-    return p;
-}
 
 static int hello_close_to(float got, float want)
 {
@@ -90,11 +69,11 @@ int main(int argc, char **argv)
     }
 
     char line[96];
-    char *p = hello_append(line, "colibri hello: reversed ");
-    p = hello_append_u32(p, (uint32_t)n);
-    p = hello_append(p, " bytes, checksum ");
-    p = hello_append_u32(p, checksum);
-    p = hello_append(p, libm_ok ? ", libm ok\n" : ", libm WRONG\n");
+    char *p = clb_append(line, "colibri hello: reversed ");
+    p = clb_append_u32(p, (uint32_t)n);
+    p = clb_append(p, " bytes, checksum ");
+    p = clb_append_u32(p, checksum);
+    p = clb_append(p, libm_ok ? ", libm ok\n" : ", libm WRONG\n");
     *p = '\0';
     clb_platform_puts(line);
     return libm_ok ? HELLO_EXIT_CODE : 14;

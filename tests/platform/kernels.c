@@ -9,6 +9,7 @@
  *        loop, 2 the runtime's int4 block dot (4 blocks, 8 times), 3 its portable loop
  *        (tests/test_platforms.py prints the instruction counts side by side).
  */
+#include "colibri_fmt.h"
 #include "colibri_platform.h"
 #include "colibri_quant.h"
 
@@ -62,28 +63,6 @@ __attribute__((noinline)) static int32_t kt_dot_q4_block(const colibri_block_q4_
         acc += lo * (int32_t)x[j] + hi * (int32_t)x[j + 16];
     }
     return acc;
-}
-
-static char *kt_append(char *p, const char *s)
-{
-    while (*s != '\0') {
-        *p++ = *s++;
-    }
-    return p;
-}
-
-static char *kt_append_u32(char *p, uint32_t v)
-{
-    char digits[10];
-    int n = 0;
-    do {
-        digits[n++] = (char)('0' + v % 10u);
-        v /= 10u;
-    } while (v != 0u);
-    while (n > 0) {
-        *p++ = digits[--n];
-    }
-    return p;
 }
 
 int main(int argc, char **argv)
@@ -160,11 +139,11 @@ int main(int argc, char **argv)
     (void)sink;
 
     char line[96];
-    char *p = kt_append(line, "colibri kernels: ");
-    p = kt_append_u32(p, checks);
-    p = kt_append(p, " checks, ");
-    p = kt_append_u32(p, failed);
-    p = kt_append(p, " failed\n");
+    char *p = clb_append(line, "colibri kernels: ");
+    p = clb_append_u32(p, checks);
+    p = clb_append(p, " checks, ");
+    p = clb_append_u32(p, failed);
+    p = clb_append(p, " failed\n");
     *p = '\0';
     clb_platform_puts(line);
     return failed == 0u ? 0 : 1;
