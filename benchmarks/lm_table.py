@@ -11,7 +11,8 @@ Models are seeded tiny checkpoints built with transformers (tests/hf_tiny.py), t
 steps on their synthetic language (hf_tiny.trained_model; top-1 over held-out sentences of it)
 or, with --untrained, left at the std-0.3 random weights of the fp32 tests (top-1 over random
 prompts: near-tie next-token choices, the worst case for quantisation). ``tiny`` is the test
-suite's Mixtral (d_model 16, 2 layers, 4 experts, k 2, vocab 64); ``small`` is a Mixtral
+suite's Mixtral (d_model 16, 2 layers, 4 experts, k 2, vocab 64), ``tiny-q`` / ``tiny-o`` its
+Qwen2-MoE (shared expert, moe d_ff 12) / OLMoE (QK-norm) of the same size; ``small`` is a Mixtral
 with d_model 64, 2 layers, 8 experts (d_ff 64), k 2, vocab 256. Instructions per token are the
 mean over the decode steps of a run generating --new-tokens after an 8-token prompt; host
 tokens/s the mean over --host-tokens decode steps (attention grows with the position, so both
@@ -49,6 +50,8 @@ from hf_tiny import ToyLanguage, make_model, save_model, trained_model  # noqa: 
 
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny": ("mixtral", {}),
+    "tiny-q": ("qwen2_moe", {}),
+    "tiny-o": ("olmoe", {}),
     "small": (
         "mixtral",
         {

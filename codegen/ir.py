@@ -174,7 +174,9 @@ class MoELayer:
         if self.shared_expert is not None:
             raise ConfigError(
                 f"{self.source or 'model'}: the layer has a shared expert (Qwen2-MoE), which "
-                f"{what} does not support yet; the numpy reference (colibri reference) does"
+                f"{what} does not support for a single MoE layer; the numpy reference (colibri "
+                f"reference) does, and the whole checkpoint (colibri generate without --layer) "
+                f"generates C with its shared experts"
             )
 
     @property

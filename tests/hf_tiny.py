@@ -194,19 +194,27 @@ class ToyLanguage:
         return self.perms[seqs[:, :-1] % 2, seqs[:, 1:]]
 
 
+def init_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
+    """A seeded causal LM of `arch` with transformers' own initialisation (normal with std
+    initializer_range = 0.02, norms 1), fp32, eval mode: the residual stream is mostly the
+    token embedding, so the MoE blocks move few next-token choices (see the int8 tests)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return causal_lm_class(arch)(tiny_config(arch, **overrides)).to(torch.float32).eval()
+
+
 def trained_model(
     arch: str, seed: int, steps: int = 400, **overrides: Any
 ) -> tuple[Any, ToyLanguage, float]:
-    """transformers' own initialisation of `arch` trained `steps` AdamW steps (batch 32 x 32
+    """init_model(arch, seed) trained `steps` AdamW steps (batch 32 x 32
     tokens, lr 1e-2, one CPU thread so the run is repeatable) on ToyLanguage(seed): (model in
     eval mode, the language, last batch's loss)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
-    cls = causal_lm_class(arch)
-    torch.manual_seed(seed)
-    model = cls(tiny_config(arch, **overrides)).to(torch.float32)
+    model = init_model(arch, seed, **overrides)
     vocab = model.config.vocab_size
     lang = ToyLanguage(vocab, seed)
     rng = np.random.default_rng(seed)
