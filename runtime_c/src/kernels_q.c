@@ -6,10 +6,10 @@
  *
  * The integer dot products have per-ISA paths chosen by the compiler's ACLE feature macros
  * (as CMSIS-NN does): Helium / MVE (Cortex-M55: VMLADAVA, 16 MACs), Neon (Cortex-A: VMULL +
- * VPADAL, 16 MACs), the 32-bit SIMD / DSP extension (Cortex-M4 / M7, and int4 blocks on the M55:
- * SXTB16 + SMLAD, 2 MACs), else portable C. Integer sums do not depend on their order, so every
- * path returns exactly what the portable loop returns (tests/platform/kernels.c checks it on every
- * board).
+ * VPADAL, 16 MACs), SSE2 on x86-64 hosts (PMADDWD, 16 MACs), the 32-bit SIMD / DSP extension
+ * (Cortex-M4 / M7, and int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), else portable C. Integer
+ * sums do not depend on their order, so every path returns exactly what the portable loop returns
+ * (tests/platform/kernels.c checks it on every board).
  */
 #include "colibri_quant.h"
 
@@ -24,6 +24,9 @@
 #elif defined(__ARM_NEON)
 #include <arm_neon.h>
 #define COLIBRI_DOT_NEON 1
+#elif defined(__SSE2__)
+#include <emmintrin.h>
+#define COLIBRI_DOT_SSE2 1
 #endif
 #if defined(__ARM_FEATURE_SIMD32) && !defined(COLIBRI_DOT_NEON)
 /* Cortex-M4 / M7 (and int4 blocks on M55); on Neon cores GCC vectorises the portable loops. */
@@ -199,6 +202,22 @@ int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n)
     const int32x2_t pair = vadd_s32(vget_low_s32(acc4), vget_high_s32(acc4));
     acc = vget_lane_s32(vpadd_s32(pair, pair), 0);
 #endif
+#elif defined(COLIBRI_DOT_SSE2)
+    __m128i acc4 = _mm_setzero_si128();
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 16 <= n; i += 16) { /* sign-extend to int16, then PMADDWD pairs into int32 */
+        const __m128i va = _mm_loadu_si128((const __m128i *)(const void *)(a + i));
+        const __m128i vb = _mm_loadu_si128((const __m128i *)(const void *)(b + i));
+        const __m128i sa = _mm_cmpgt_epi8(zero, va);
+        const __m128i sb = _mm_cmpgt_epi8(zero, vb);
+        acc4 = _mm_add_epi32(acc4,
+                             _mm_madd_epi16(_mm_unpacklo_epi8(va, sa), _mm_unpacklo_epi8(vb, sb)));
+        acc4 = _mm_add_epi32(acc4,
+                             _mm_madd_epi16(_mm_unpackhi_epi8(va, sa), _mm_unpackhi_epi8(vb, sb)));
+    }
+    int32_t lanes[4];
+    _mm_storeu_si128((__m128i *)(void *)lanes, acc4);
+    acc = lanes[0] + lanes[1] + lanes[2] + lanes[3];
 #elif defined(COLIBRI_HAVE_SIMD32)
     for (; i + 8 <= n; i += 8) {
         acc = colibri_dot4_simd32(colibri_load4(a + i), colibri_load4(b + i), acc);
