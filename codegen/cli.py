@@ -340,13 +340,10 @@ def cmd_demo(a: argparse.Namespace) -> int:
             print(f"  instructions for {x.shape[0]} tokens: {result.instructions}")
         failures += int(err is not None or not same)
         if board != "host":
-            try:
-                from .size import size_report_text
+            from .size import size_report_text
 
-                print()
-                print(size_report_text(gen, board))
-            except ImportError:
-                pass
+            print()
+            print(size_report_text(gen, board))
     print("\ndemo " + ("passed" if failures == 0 else "FAILED"))
     return 0 if failures == 0 else 1
 

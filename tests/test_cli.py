@@ -4,6 +4,7 @@ output directories, and bad input reported as one clear line (no traceback, non-
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from colibri.importers import load_model
 from colibri.reference import FP32_TOLERANCE, compare, moe_forward
+from conftest import require_board, run_cli
 
 Cli = Callable[..., CompletedProcess[str]]
 
@@ -20,8 +22,6 @@ def assert_clean_error(proc: CompletedProcess[str], pattern: str) -> None:
     assert proc.returncode != 0, proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("colibri: error: "), proc.stderr
-    import re
-
     assert re.search(pattern, proc.stderr), proc.stderr
 
 
@@ -234,3 +234,15 @@ def test_run_rejects_bad_input(cli: Cli, tmp_path: Path) -> None:
 def test_python_dash_m_and_version(cli: Cli) -> None:
     proc = cli("--version")
     assert proc.stdout.startswith("colibri ")
+
+
+def test_demo_is_the_readme_main_job(tmp_path: Path) -> None:
+    """`colibri demo` (the README's first command after the set-up): host and cortex-m4 runs
+    match the numpy reference, and the size report is printed."""
+    require_board("cortex-m4")
+    proc = run_cli("demo", "--workdir", str(tmp_path / "demo"))
+    out = proc.stdout
+    assert out.count("vs numpy reference: OK") == 2 and out.count("routing identical: True") == 2
+    assert "Size report: colibri_runner.elf on cortex-m4" in out and "flash:" in out
+    assert re.search(r"instructions for 5 tokens: \d+", out)
+    assert out.rstrip().endswith("demo passed")
