@@ -130,7 +130,6 @@ def cmd_generate_transformer(a: argparse.Namespace) -> int:
 
     single_layer = {
         "--expert-quant": a.expert_quant is not None,
-        "--router-quant": a.router_quant != "fp32",
         "--cache": a.cache != "pinned",
         "--calib": a.calib is not None,
         "--ram-budget": a.ram_budget is not None,
@@ -139,8 +138,8 @@ def cmd_generate_transformer(a: argparse.Namespace) -> int:
     if given:
         raise ConfigError(
             f"{', '.join(given)}: single MoE layer options (pass --layer N); a whole "
-            f"transformer takes --quant and --act for its routed experts and --dense-quant "
-            f"for its other matrices"
+            f"transformer takes --quant and --act for its routed experts, --router-quant for "
+            f"its routers and --dense-quant for its other matrices"
         )
     model = load_hf_transformer(a.model)
     ctx = a.max_context if a.max_context is not None else DEFAULT_MAX_CONTEXT
@@ -154,6 +153,7 @@ def cmd_generate_transformer(a: argparse.Namespace) -> int:
         quant=a.quant,
         act=a.act,
         dense=a.dense_quant,
+        router=a.router_quant,
     )
     mem = manifest["memory"]
     c = model.config
@@ -171,6 +171,8 @@ def cmd_generate_transformer(a: argparse.Namespace) -> int:
                 f", attention / shared experts / dense MLPs / embedding / LM head "
                 f"{qr['dense_scheme']} ({qr['dense_act']} activations)"
             )
+        if qr["router_scheme"] != "fp32":
+            dense += f", routers {qr['router_scheme']}"
         print(
             f"routed experts {qr['scheme']} ({qr['act']} activations){dense}: weights "
             f"{qr['weight_bytes']} bytes instead of {qr['fp32_weight_bytes']} fp32 "

@@ -33,6 +33,7 @@ from .ir import MoELayer
 from .memplan import MemoryPlan, align16, plan_memory
 from .paths import resource_dir
 from .quantize import (
+    ROUTER_SCHEME_CODES,
     QuantRouter,
     QuantTensor,
     make_plan,
@@ -363,7 +364,7 @@ def render_sources(
         "router_bias": layer.router_b is not None,
         "router_w": c_float_array(layer.router_w) if qrouter.scheme == "fp32" else "",
         "router_scheme": qrouter.scheme,
-        "router_scheme_code": {"fp32": 0, "fp16": 1, "int8": 2}[qrouter.scheme],
+        "router_scheme_code": ROUTER_SCHEME_CODES[qrouter.scheme],
         "router_wq": _router_wq_literal(qrouter),
         "router_scale": c_float_array(qrouter.scale) if qrouter.scale is not None else "",
         "router_b": c_float_array(layer.router_b) if layer.router_b is not None else "",

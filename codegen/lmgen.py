@@ -36,7 +36,7 @@ from . import __version__
 from .cnames import NameTable, c_float, c_float_array, c_ident
 from .emit import MANIFEST, _environment, _tensor_entry, write_output
 from .errors import BudgetExceeded, ConfigError
-from .quantize import QuantTensor, check_scheme
+from .quantize import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor, check_scheme
 from .tfplan import TransformerPlan, max_top_k, plan_transformer
 from .transformer import (
     MoETransformer,
@@ -168,6 +168,22 @@ class _Weights:
         return entry
 
 
+def _router_entry(
+    w: _Weights, layer: int, router_w: np.ndarray, qr: QuantRouter | None
+) -> dict[str, Any]:
+    """The router of an MoE layer as colibri_model_t takes it: fp32 router_w, or router_scheme
+    with router_wq (fp16 bits / int8 codes) and, for int8, router_scale per expert."""
+    n_experts = router_w.shape[0]
+    what = f"router [{n_experts}][d]"
+    if qr is None or qr.scheme == "fp32":
+        return {"scheme": 0, "w": w.add(f"l{layer}_router", router_w, what)}
+    t = QuantTensor(qr.scheme, n_experts, int(router_w.shape[1]), qr.data, qr.scale)
+    sym = w.add_quant(f"l{layer}_router", t, f"{what}, {qr.scheme}")["symbol"]
+    if qr.scheme == "fp16":
+        return {"scheme": ROUTER_SCHEME_CODES["fp16"], "wq": sym, "scale": "NULL"}
+    return {"scheme": ROUTER_SCHEME_CODES["int8"], "wq": f"{sym}.q", "scale": f"{sym}.scale"}
+
+
 def _quant_params(name: str, scheme: str, d: int, f: int) -> str:
     """C parameter list (w1, w2, w3) of a quantised expert FFN of d_model d, d_ff f."""
     if scheme == "int8":
@@ -185,10 +201,12 @@ def render_transformer(
     quant: str = "fp32",
     act: str | None = None,
     dense: str = "fp32",
+    router: str = "fp32",
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Render every generated file of a whole transformer; returns ({filename: text}, manifest).
     quant / act: the scheme and activation mode of every MoE layer's routed experts; dense: the
-    scheme of every other matrix (fp32, fp16, int8; act applies to int8)."""
+    scheme of every other matrix (fp32, fp16, int8; act applies to int8); router: the routers'
+    scheme (fp32, fp16, int8: dequantised per element by the C router)."""
     if isinstance(max_context, bool) or not 1 <= max_context <= MAX_CONTEXT_LIMIT:
         raise ConfigError(
             f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {max_context}"
@@ -199,8 +217,8 @@ def render_transformer(
     quant = check_scheme(quant)
     dense = check_dense_scheme(dense)
     q: TransformerQuant | None = None
-    if quant != "fp32" or dense != "fp32":
-        q = quantize_transformer(model, quant, act, dense)
+    if quant != "fp32" or dense != "fp32" or router != "fp32":
+        q = quantize_transformer(model, quant, act, dense, router)
     if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
         raise ConfigError(
             "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"
@@ -298,7 +316,7 @@ def render_transformer(
                     "index": len(moes),
                     "c": mc,
                     "flags": m.flags,
-                    "router": w.add(f"l{i}_router", m.router_w, f"router [{mc.n_experts}][d]"),
+                    "router": _router_entry(w, i, m.router_w, q.routers.get(i) if q else None),
                     "experts": experts,
                     "stored_q": stored_q,
                     "kernels": kernels,
@@ -356,6 +374,8 @@ def render_transformer(
     if dq is not None:
         options["dense_quant"] = dense
         options["dense_act"] = dq.dense_act
+    if q is not None and q.router_scheme != "fp32":
+        options["router_quant"] = q.router_scheme
     ctx: dict[str, Any] = {
         "version": __version__,
         "model_source": Path(model.source).name if model.source else "(in memory)",
@@ -428,8 +448,9 @@ def render_transformer(
             "act": q.act,
             "dense_scheme": q.dense_scheme,
             "dense_act": q.dense_act,
-            "what": f"routed experts of every MoE layer: {quant}; {others}: {dense}; norms, "
-            "biases, routers and the shared-expert gate: fp32",
+            "router_scheme": q.router_scheme,
+            "what": f"routed experts of every MoE layer: {quant}; {others}: {dense}; routers: "
+            f"{q.router_scheme}; norms, biases and the shared-expert gate: fp32",
             "fp32_weight_bytes": fp32_bytes,
             "weight_bytes": w.nbytes + rope_bytes,
             "bytes_saved": fp32_bytes - (w.nbytes + rope_bytes),
@@ -447,6 +468,7 @@ def generate_transformer(
     quant: str = "fp32",
     act: str | None = None,
     dense: str = "fp32",
+    router: str = "fp32",
 ) -> tuple[Path, dict[str, Any]]:
     """Render, check against the board's budget (quantised weights counted as stored) and
     write a whole-model directory."""
@@ -455,7 +477,14 @@ def generate_transformer(
 
     board = load_board(board_name)
     files, manifest = render_transformer(
-        model, board.name, name or Path(out_dir).resolve().name, max_context, quant, act, dense
+        model,
+        board.name,
+        name or Path(out_dir).resolve().name,
+        max_context,
+        quant,
+        act,
+        dense,
+        router,
     )
     try:
         check_budget(manifest, board)

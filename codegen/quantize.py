@@ -484,6 +484,8 @@ def quantize_layer(layer: MoELayer, plan: QuantPlan) -> dict[int, QuantExpert]:
 
 
 ROUTER_SCHEMES = ("fp32", "fp16", "int8")
+#: colibri_model_t.router_scheme of each router scheme (colibri.h).
+ROUTER_SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2}
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ from .errors import ConfigError, InputError
 from .hf import HFCheckpoint, load_hf_moe_layer
 from .ir import Expert, MoELayer
 from .quantize import (
+    ROUTER_SCHEMES,
     QuantExpert,
+    QuantRouter,
     QuantTensor,
     check_scheme,
     make_plan,
@@ -45,6 +47,7 @@ from .quantize import (
     quantize_expert,
     quantize_layer,
     quantize_matrix,
+    quantize_router,
 )
 from .reference import ffn, moe_forward
 
@@ -287,7 +290,9 @@ class TransformerQuant:
     [--dense-quant SCHEME]` stores them: the routed experts of every MoE layer (layer index ->
     stored expert index -> QuantExpert) and, when dense_scheme is not fp32, the rest
     (``dense``: "embed", "lm_head" (absent when tied), "l<i>.wq" .. "l<i>.wo" as [out, in];
-    ``dense_ffn``: layer index -> its shared expert or dense MLP)."""
+    ``dense_ffn``: layer index -> its shared expert or dense MLP) and, with router_scheme fp16 /
+    int8, the routers (dequantised per element before the fp32 accumulation, as the C router
+    does)."""
 
     scheme: str
     act: str
@@ -296,6 +301,9 @@ class TransformerQuant:
     dense_act: str = "fp32"
     dense: dict[str, QuantTensor] = field(default_factory=dict)
     dense_ffn: dict[int, QuantExpert] = field(default_factory=dict)
+    #: --router-quant: every MoE layer's router (layer index -> QuantRouter) when not fp32.
+    router_scheme: str = "fp32"
+    routers: dict[int, QuantRouter] = field(default_factory=dict)
 
     def lm_head(self) -> QuantTensor:
         """The LM head's tensor (the embedding's when tied)."""
@@ -313,7 +321,11 @@ def check_dense_scheme(dense: str) -> str:
 
 
 def quantize_transformer(
-    model: MoETransformer, scheme: str = "int8", act: str | None = None, dense: str = "fp32"
+    model: MoETransformer,
+    scheme: str = "int8",
+    act: str | None = None,
+    dense: str = "fp32",
+    router: str = "fp32",
 ) -> TransformerQuant:
     """Quantise the routed experts of every MoE layer (codegen/quantize.py formats) and, with
     dense fp16 / int8, every other matrix; act is the activation mode of int8/int4 matrices
@@ -329,6 +341,15 @@ def quantize_transformer(
     if not plan_act:
         plan_act = make_plan(1, scheme, None, act).acts[0]
     q = TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
+    if router not in ROUTER_SCHEMES:
+        raise ConfigError(
+            f"--router-quant: unknown scheme '{router}'; supported: {', '.join(ROUTER_SCHEMES)}"
+        )
+    q.router_scheme = router
+    if router != "fp32":
+        for i, layer in enumerate(model.layers):
+            if layer.moe is not None:
+                q.routers[i] = quantize_router(layer.moe.router_w, q.router_scheme)
     q.dense_scheme = check_dense_scheme(dense)
     if q.dense_scheme == "fp32":
         return q
@@ -351,13 +372,14 @@ def _moe_block(
     h: np.ndarray,
     qexperts: dict[int, QuantExpert] | None,
     shared_q: QuantExpert | None = None,
+    router: QuantRouter | None = None,
 ) -> np.ndarray:
     """The MoE block on fp32 rows h: fp32 reference, or the quantised mirror of the routed
     experts plus the shared expert (fp32, or shared_q's scheme)."""
     if qexperts is None:
         y, _ = moe_forward(layer, h)
         return y
-    y, _ = quant_moe_forward(layer, qexperts, h)
+    y, _ = quant_moe_forward(layer, qexperts, h, router)
     if layer.shared_expert is not None:
         if shared_q is not None:
             shared = quant_expert_ffn(shared_q, "silu", True, h).astype(np.float64)
@@ -533,7 +555,8 @@ def forward(
         dense_ffn = dq.dense_ffn.get(i) if dq is not None else None
         if layer.moe is not None:
             qe = q.experts[i] if q is not None else None
-            y = _moe_block(layer.moe, h.astype(np.float32), qe, dense_ffn)
+            router = q.routers.get(i) if q is not None else None
+            y = _moe_block(layer.moe, h.astype(np.float32), qe, dense_ffn, router)
         elif dense_ffn is not None:
             y = quant_expert_ffn(dense_ffn, "silu", True, h).astype(np.float64)
         else:

@@ -424,7 +424,7 @@ def test_cli_generate_quant(arch_ckpts: dict[str, Path], tmp_path: Path) -> None
     out, _ = run_lm(gen, "host", [1, 5, 9], 8)
     want = generate(ours, [1, 5, 9], 8, quant="int8")[3:]
     assert out.tokens.tolist() == want
-    for extra in (["--router-quant", "int8"], ["--cache", "lru"], ["--expert-quant", "1=int4"]):
+    for extra in (["--cache", "lru"], ["--expert-quant", "1=int4"]):
         bad = run_cli("generate", str(ckpt), "--out", str(tmp_path / "x"), *extra, check=False)
         assert bad.returncode == 1 and "single MoE layer options (pass --layer N)" in bad.stderr
 
@@ -559,3 +559,47 @@ def test_cli_dense_quant(arch_ckpts: dict[str, Path], tmp_path: Path) -> None:
         "int8", check=False,
     )  # fmt: skip
     assert bad.returncode == 1 and "--act applies to int8/int4 matrices" in bad.stderr
+
+
+ROUTER_CASES = [  # (MODEL_CASES index, --quant, --router-quant)
+    (4, "int8", "int8"),  # Qwen: shared experts, a dense layer
+    (7, "fp32", "fp16"),  # OLMoE, k 4 of 8: fp32 experts, fp16 routers
+    (0, "int4", "int8"),
+]
+
+
+@pytest.mark.parametrize(("case", "quant", "router"), ROUTER_CASES)
+def test_c_router_quant_matches_mirror_on_host(
+    tmp_path: Path, case: int, quant: str, router: str
+) -> None:
+    """--router-quant on a whole transformer: every MoE layer's router stored in that scheme
+    (smaller weights), the C routing and logits equal to the mirror's."""
+    arch, overrides = MODEL_CASES[case]
+    model = make_model(arch, seed=200 + case, **overrides)
+    ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
+    gen, manifest = generate_transformer(
+        ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant=quant, router=router
+    )
+    assert manifest["options"]["router_quant"] == router
+    assert manifest["quantization"]["router_scheme"] == router
+    _, fp32_router = render_transformer(ours, "host", "lm", MAX_CONTEXT, quant)
+    assert manifest["memory"]["weight_bytes"] < fp32_router["memory"]["weight_bytes"]
+    q = quantize_transformer(ours, quant, router=router)
+    assert sorted(q.routers) == [i for i, layer in enumerate(ours.layers) if layer.moe]
+    what = f"{arch} case {case} --quant {quant} --router-quant {router}"
+    _check_c(gen, "host", ours, q, _prompt(case, model.config.vocab_size), what)
+
+
+def test_cli_router_quant(arch_ckpts: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = arch_ckpts["mixtral"]
+    proc = run_cli(
+        "generate", str(ckpt), "--out", str(tmp_path / "g"), "--max-context", "24",
+        "--router-quant", "int8",
+    )  # fmt: skip
+    assert "routers int8" in proc.stdout
+    ours = load_hf_transformer(ckpt)
+    out, _ = run_lm(tmp_path / "g", "host", [1, 5, 9], 8)
+    want = generate(ours, [1, 5, 9], 8, quant=quantize_transformer(ours, "fp32", router="int8"))
+    assert out.tokens.tolist() == want[3:]
+    with pytest.raises(ConfigError, match="--router-quant: unknown scheme 'int4'"):
+        quantize_transformer(ours, "int8", router="int4")
