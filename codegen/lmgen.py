@@ -126,7 +126,6 @@ class _Weights:
         self.name = name
         self.names = NameTable()
         self.arrays: list[dict[str, Any]] = []
-        self.nbytes = 0
         self.keys: set[str] = set()
         self.qarrays: list[dict[str, Any]] = []
         self.typedefs: dict[str, str] = {}
@@ -136,7 +135,11 @@ class _Weights:
         """Bytes per part of the model (the budget error's largest consumers)."""
         part = next((p for pattern, p in _PARTS if re.fullmatch(pattern, key)), "norms")
         self.parts[part] = self.parts.get(part, 0) + nbytes
-        self.nbytes += nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array added so far."""
+        return sum(self.parts.values())
 
     def add(self, key: str, arr: np.ndarray, what: str) -> str:
         if key in self.keys:
@@ -366,6 +369,7 @@ def render_transformer(
     cos, sin = rope_tables(c, np.arange(max_context))
     half = c.head_dim // 2
     rope_bytes = 2 * max_context * half * 4
+    weight_bytes = w.nbytes + rope_bytes
     mhash = transformer_hash(model)
     options: dict[str, Any] = {"board": board, "name": name, "max_context": max_context}
     if q is not None:  # only when asked, so fp32 outputs stay byte-identical
@@ -397,7 +401,7 @@ def render_transformer(
         "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
         "ffn_kinds": [kinds[k] for k in sorted(kinds)],
         "act_q": act_q,
-        "weight_bytes": w.nbytes + rope_bytes,
+        "weight_bytes": weight_bytes,
         "layers": layers,
         "moes": moes,
         "max_top_k": max_top_k(model),
@@ -435,7 +439,7 @@ def render_transformer(
                 {"name": r.name, "offset": r.offset, "size": r.size, "what": r.what}
                 for r in plan.regions
             ],
-            "weight_bytes": w.nbytes + rope_bytes,
+            "weight_bytes": weight_bytes,
             "weight_parts": {**w.parts, "RoPE tables": rope_bytes},
         },
         "files": {f: hashlib.sha256(t.encode()).hexdigest() for f, t in sorted(files.items())},
@@ -452,8 +456,8 @@ def render_transformer(
             "what": f"routed experts of every MoE layer: {quant}; {others}: {dense}; routers: "
             f"{q.router_scheme}; norms, biases and the shared-expert gate: fp32",
             "fp32_weight_bytes": fp32_bytes,
-            "weight_bytes": w.nbytes + rope_bytes,
-            "bytes_saved": fp32_bytes - (w.nbytes + rope_bytes),
+            "weight_bytes": weight_bytes,
+            "bytes_saved": fp32_bytes - weight_bytes,
         }
     return files, manifest
 
