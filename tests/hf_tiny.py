@@ -101,6 +101,14 @@ def make_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
     return model
 
 
+def short_prompt(seed: int, vocab: int) -> list[int]:
+    """A seeded prompt of 3-9 random ids below vocab."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(3, 10)))]
+
+
 def save_model(model: Any, path: Path, **kwargs: Any) -> Path:
     model.save_pretrained(path, **kwargs)
     return path

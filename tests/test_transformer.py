@@ -23,6 +23,7 @@ from hf_tiny import (
     make_model,
     require_torch,
     save_model,
+    short_prompt,
 )
 
 N_NEW_TOKENS = 32
@@ -104,8 +105,7 @@ def _torch() -> None:
 
 
 def _prompt(case: int, vocab: int) -> list[int]:
-    rng = np.random.default_rng(100 + case)
-    return [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(3, 10)))]
+    return short_prompt(100 + case, vocab)
 
 
 @pytest.mark.parametrize("case", range(len(MODEL_CASES)))

@@ -33,6 +33,7 @@ from hf_tiny import (
     make_model,
     require_torch,
     save_model,
+    short_prompt,
 )
 from test_transformer import MODEL_CASES, N_NEW_TOKENS
 
@@ -47,8 +48,7 @@ def _torch() -> None:
 
 
 def _prompt(seed: int, vocab: int) -> list[int]:
-    rng = np.random.default_rng(300 + seed)
-    return [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(3, 10)))]
+    return short_prompt(300 + seed, vocab)
 
 
 @pytest.mark.parametrize("case", range(len(MODEL_CASES)))

@@ -34,6 +34,7 @@ from hf_tiny import (
     make_model,
     require_torch,
     save_model,
+    short_prompt,
     trained_model,
 )
 from test_transformer import MODEL_CASES, N_NEW_TOKENS
@@ -316,8 +317,7 @@ def _check_c(
 
 
 def _prompt(case: int, vocab: int) -> list[int]:
-    rng = np.random.default_rng(300 + case)
-    return [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(3, 10)))]
+    return short_prompt(300 + case, vocab)
 
 
 @pytest.mark.parametrize("case", range(len(MODEL_CASES)))
