@@ -136,15 +136,28 @@ def test_hello_has_no_heap(build_root: Path) -> None:
     check_no_heap(elf)
 
 
-@pytest.mark.parametrize("name", QEMU_BOARDS)
+def _can_count(board: Board) -> bool:
+    """Whether instructions can be counted on the board: the QEMU TCG plugin, or callgrind on
+    the host (valgrind missing: False locally, a failure with CI=true)."""
+    if board.kind != "host" or shutil.which("valgrind") is not None:
+        return True
+    if IN_CI:
+        pytest.fail("CI=true and valgrind is missing: scripts/setup.sh installs it")
+    return False
+
+
+@pytest.mark.parametrize("name", BOARDS)
 def test_instruction_count_is_deterministic(name: str, build_root: Path, tmp_path: Path) -> None:
     board, elf = _hello(name, build_root)
+    if not _can_count(board):
+        pytest.skip("host instruction counts need valgrind (apt-get install valgrind)")
     counts = []
     for _ in range(2):
         (tmp_path / "input.bin").write_bytes(HELLO_INPUT)
         result = run_elf(board, elf, tmp_path, count_instructions=True, expected_returncode=3)
         counts.append(result.instructions)
-    print(f"{name}: hello marked region = {counts[0]} guest instructions")
+    how = "instructions (callgrind)" if board.kind == "host" else "guest instructions"
+    print(f"{name}: hello marked region = {counts[0]} {how}")
     assert counts[0] is not None and counts[0] > 0
     assert counts[0] == counts[1]
 
@@ -172,7 +185,7 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
     require_board(name)
     board = load_board(name)
     elf = _build(board, "kernels", build_root / name)
-    counting = board.kind != "host" or shutil.which("valgrind") is not None  # host: callgrind
+    counting = _can_count(board)
     counts: dict[int, int | None] = {}
     for mode in range(4):
         (tmp_path / "input.bin").write_bytes(bytes([mode]))
@@ -189,22 +202,6 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
         print(f"\n{name}: {what}: runtime {f} / plain C {p} instructions = {p / f:.2f}x")
         if what in ISA_PATHS.get(name, ()):
             assert f < p, f"{name}: the runtime's {what} is not faster than the plain loop"
-
-
-def test_host_instruction_count(build_root: Path, tmp_path: Path) -> None:
-    board, elf = _hello("host", build_root)
-    if shutil.which("valgrind") is None:
-        if IN_CI:
-            pytest.fail("CI=true and valgrind is missing: scripts/setup.sh installs it")
-        pytest.skip("host instruction counts need valgrind (apt-get install valgrind)")
-    counts = []
-    for _ in range(2):
-        (tmp_path / "input.bin").write_bytes(HELLO_INPUT)
-        result = run_elf(board, elf, tmp_path, count_instructions=True, expected_returncode=3)
-        counts.append(result.instructions)
-    print(f"host: hello marked region = {counts[0]} instructions (callgrind)")
-    assert counts[0] is not None and counts[0] > 0
-    assert counts[0] == counts[1]
 
 
 def test_qemu_failure_is_reported(tmp_path: Path) -> None:
