@@ -511,12 +511,17 @@ class QuantRouter:
         return np.asarray(self.data, dtype=np.float32)
 
 
-def quantize_router(w: np.ndarray, scheme: str) -> QuantRouter:
-    """Router weights [E, d] in `scheme` (int8: symmetric per expert row)."""
+def check_router_scheme(scheme: str) -> str:
     if scheme not in ROUTER_SCHEMES:
         raise ConfigError(
             f"--router-quant: unknown scheme '{scheme}'; supported: {', '.join(ROUTER_SCHEMES)}"
         )
+    return scheme
+
+
+def quantize_router(w: np.ndarray, scheme: str) -> QuantRouter:
+    """Router weights [E, d] in `scheme` (int8: symmetric per expert row)."""
+    check_router_scheme(scheme)
     w = np.asarray(w, dtype=np.float32)
     if scheme == "fp16":
         return QuantRouter("fp16", quantize_fp16(w, "router.weight"))

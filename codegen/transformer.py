@@ -35,10 +35,10 @@ from .errors import ConfigError, InputError
 from .hf import HFCheckpoint, load_hf_moe_layer
 from .ir import Expert, MoELayer
 from .quantize import (
-    ROUTER_SCHEMES,
     QuantExpert,
     QuantRouter,
     QuantTensor,
+    check_router_scheme,
     check_scheme,
     make_plan,
     matvec,
@@ -341,11 +341,7 @@ def quantize_transformer(
     if not plan_act:
         plan_act = make_plan(1, scheme, None, act).acts[0]
     q = TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
-    if router not in ROUTER_SCHEMES:
-        raise ConfigError(
-            f"--router-quant: unknown scheme '{router}'; supported: {', '.join(ROUTER_SCHEMES)}"
-        )
-    q.router_scheme = router
+    q.router_scheme = check_router_scheme(router)
     if router != "fp32":
         for i, layer in enumerate(model.layers):
             if layer.moe is not None:
