@@ -17,8 +17,9 @@ numpy mirror is :func:`colibri.transformer.forward` with the same
 :func:`~colibri.transformer.quantize_transformer`. ``--dense-quant fp16|int8`` stores every
 other matrix in that scheme too (attention q/k/v/o, the shared expert / dense MLPs through the
 same generated FFN kernels, the embedding, dequantised one row per token, and the LM head, one
-table when tied); norms, biases, routers and the shared-expert gate stay fp32. Without these
-options the output is unchanged.
+table when tied); ``--router-quant fp16|int8`` stores the routers for the runtime's quantised
+router; norms, biases and the shared-expert gate stay fp32. Without these options the output
+contains no quantisation code.
 """
 
 from __future__ import annotations
