@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 from colibri.boards import list_boards
-from colibri.cli import run_model
-from colibri.emit import GenerateOptions, generate
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate
 from colibri.errors import ColibriError
-from colibri.reference import compare, moe_forward
-from colibri.size import size_report
-from colibri.toy import make_toy
+from colibri.frontends.toy import make_toy
+from colibri.options import GenerateOptions
+from colibri.reference.moe import compare, moe_forward
+from colibri.targets.size import size_report
 
 
 def main() -> int:

@@ -33,19 +33,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from colibri.boards import load_board  # noqa: E402
-from colibri.build import build_model  # noqa: E402
+from colibri.cli.pipeline import generate as generate_c  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
-from colibri.lmgen import generate_transformer  # noqa: E402
-from colibri.lmrun import SamplingOptions, run_lm, write_lm_input  # noqa: E402
-from colibri.qemu import run_elf  # noqa: E402
-from colibri.size import size_report  # noqa: E402
-from colibri.transformer import (  # noqa: E402
-    MoETransformer,
-    forward,
-    generate,
-    load_hf_transformer,
-    quantize_transformer,
-)
+from colibri.frontends.hf_model import load_hf_transformer  # noqa: E402
+from colibri.ir.transformer import MoETransformer  # noqa: E402
+from colibri.options import GenerateOptions  # noqa: E402
+from colibri.quant.model import quantize_transformer  # noqa: E402
+from colibri.reference.transformer import forward, generate  # noqa: E402
+from colibri.targets.build import build_model  # noqa: E402
+from colibri.targets.lmrun import SamplingOptions, run_lm, write_lm_input  # noqa: E402
+from colibri.targets.qemu import run_elf  # noqa: E402
+from colibri.targets.size import size_report  # noqa: E402
 from hf_tiny import ToyLanguage, make_model, save_model, trained_model  # noqa: E402
 
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -163,10 +161,11 @@ def main() -> int:
                         continue
                     ctx = len(PROMPT) + (args.host_tokens if board == "host" else args.new_tokens)
                     try:
-                        gen, manifest = generate_transformer(
-                            model, tmp / label / quant / board, board, "lm", max(ctx, 64),
-                            quant=QUANTS[quant][0], dense=QUANTS[quant][1],
+                        opts = GenerateOptions(
+                            board=board, name="lm", max_context=max(ctx, 64),
+                            quant=QUANTS[quant][0], dense_quant=QUANTS[quant][1],
                         )  # fmt: skip
+                        gen, manifest = generate_c(model, tmp / label / quant / board, opts)
                         count = True  # callgrind on the host, the TCG plugin under QEMU
                         out, res = run_lm(
                             gen, board, PROMPT, args.new_tokens, count_instructions=count

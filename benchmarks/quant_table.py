@@ -34,14 +34,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from colibri.accuracy import accuracy_report  # noqa: E402
 from colibri.boards import load_board  # noqa: E402
-from colibri.cli import run_model  # noqa: E402
-from colibri.emit import GenerateOptions, generate, render_sources  # noqa: E402
+from colibri.cli.main import run_model  # noqa: E402
+from colibri.cli.pipeline import generate, render  # noqa: E402
 from colibri.errors import BudgetExceeded  # noqa: E402
-from colibri.quantize import make_plan, quantize_layer  # noqa: E402
-from colibri.size import check_budget, size_report  # noqa: E402
-from colibri.toy import make_toy  # noqa: E402
+from colibri.frontends.toy import make_toy  # noqa: E402
+from colibri.options import GenerateOptions  # noqa: E402
+from colibri.plan.budget import check_budget  # noqa: E402
+from colibri.quant.formats import make_plan, quantize_layer  # noqa: E402
+from colibri.reference.accuracy import accuracy_report  # noqa: E402
+from colibri.targets.size import size_report  # noqa: E402
 
 ROWS = [("fp32", None), ("fp16", None), ("int8", None), ("int4", None)]
 EXTRA = [("int8", "fp32"), ("int4", "fp32")]
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = GenerateOptions(
             board=board.name, name=f"qt_{scheme}", quant=scheme, act=act, max_tokens=a.tokens
         )
-        _, full = render_sources(layer, opts)
+        _, full = render(layer, opts)
         weights = int(full["memory"]["weight_bytes"])
         try:
             check_budget(full, board)

@@ -56,8 +56,8 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
 @pytest.fixture
 def toy_dir(tmp_path: Path) -> Path:
     """The seed toy (2 experts, d_model 8, d_ff 16, k 1) in the seed layout."""
-    from colibri.importers import write_seed
-    from colibri.toy import make_toy
+    from colibri.frontends.seed import write_seed
+    from colibri.frontends.toy import make_toy
 
     write_seed(make_toy(), tmp_path / "toy")
     return tmp_path / "toy"

@@ -143,7 +143,7 @@ def hf_reference(model: Any, prompt: list[int], n_new: int) -> tuple[Any, list[i
 def assert_logits_close(actual: Any, expected: Any, what: str, who: str) -> None:
     """max |actual - expected| <= LOGIT_TOLERANCE, else the worst position and the count."""
     import numpy as np
-    from colibri.transformer import LOGIT_TOLERANCE
+    from colibri.reference.transformer import LOGIT_TOLERANCE
 
     diff = np.abs(np.asarray(actual, dtype=np.float64) - expected)
     worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
@@ -241,3 +241,43 @@ def trained_model(
     finally:
         torch.set_num_threads(threads)
     return model.eval(), lang, loss.item()
+
+
+def lm_options(
+    board: str,
+    name: str,
+    max_context: int,
+    quant: str = "fp32",
+    act: str | None = None,
+    dense: str = "fp32",
+    router: str = "fp32",
+) -> Any:
+    """GenerateOptions of a whole transformer, in the order the tests spell them."""
+    from colibri.options import GenerateOptions
+
+    return GenerateOptions(
+        board=board,
+        name=name,
+        max_context=max_context,
+        quant=quant,
+        act=act,
+        dense_quant=dense,
+        router_quant=router,
+    )
+
+
+def generate_lm(
+    model: Any, out: Path, board: str, name: str, max_context: int, **kw: Any
+) -> tuple[Path, dict[str, Any]]:
+    """`colibri generate` of a whole transformer through the pipeline (tests' shorthand)."""
+    from colibri.cli.pipeline import generate
+
+    force = kw.pop("force", False)
+    return generate(model, out, lm_options(board, name, max_context, **kw), force=force)
+
+
+def render_lm(model: Any, board: str, name: str, max_context: int, *args: Any, **kw: Any) -> Any:
+    """Generated files and manifest of a whole transformer, without writing them."""
+    from colibri.cli.pipeline import render
+
+    return render(model, lm_options(board, name, max_context, *args, **kw))

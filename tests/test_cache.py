@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri.cli import run_model
-from colibri.emit import GenerateOptions, generate
-from colibri.ir import MoELayer
-from colibri.reference import compare, moe_forward
-from colibri.toy import make_toy
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate
+from colibri.frontends.toy import make_toy
+from colibri.ir.moe import MoELayer
+from colibri.options import GenerateOptions
+from colibri.reference.moe import compare, moe_forward
 from conftest import ROOT, require_board
 
 POLICIES = [("pinned", 0), ("none", 0), ("lru", 1), ("lru", 2), ("lru", 6)]
@@ -178,7 +179,7 @@ def test_fewer_slots_than_k_forward(static_model) -> None:  # type: ignore[no-un
 
 def test_lru_with_sharing_map_and_cli_report(tmp_path: Path) -> None:
     """Experts sharing weights share cache slots; the CLI prints the cache in its report."""
-    from colibri.importers import write_seed
+    from colibri.frontends.seed import write_seed
     from conftest import run_cli
 
     layer, x = _model()

@@ -11,8 +11,8 @@ from subprocess import CompletedProcess
 
 import numpy as np
 import pytest
-from colibri.importers import load_model
-from colibri.reference import FP32_TOLERANCE, compare, moe_forward
+from colibri.frontends.load import load_model
+from colibri.reference.moe import FP32_TOLERANCE, compare, moe_forward
 from conftest import require_board, run_cli
 
 Cli = Callable[..., CompletedProcess[str]]

@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from colibri.container import read_container
+from colibri.cli.export import export
 from colibri.errors import ConfigError, ModelFormatError, ShapeError
-from colibri.export import EXPORT_TOLERANCE, export
-from colibri.hf import load_hf_moe_layer
-from colibri.reference import compare, moe_forward
+from colibri.frontends.container import read_container
+from colibri.frontends.export import EXPORT_TOLERANCE
+from colibri.frontends.hf import load_hf_moe_layer
+from colibri.reference.moe import compare, moe_forward
 from hf_tiny import make_model, require_torch, save_model
 
 

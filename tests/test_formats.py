@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri.container import read_container, write_container
 from colibri.errors import ColibriError, ConfigError, ModelFormatError, ShapeError
-from colibri.importers import load_model, write_seed
-from colibri.ir import Expert, MoELayer
-from colibri.toy import make_toy
+from colibri.frontends.container import read_container, write_container
+from colibri.frontends.load import load_model
+from colibri.frontends.seed import write_seed
+from colibri.frontends.toy import make_toy
+from colibri.ir.moe import Expert, MoELayer
 
 
 def assert_same(a: MoELayer, b: MoELayer) -> None:
@@ -82,7 +83,7 @@ def test_container_round_trip(tmp_path: Path, activation: str) -> None:
     back = read_container(p)
     assert_same(layer, back)
     # every blob 64-byte aligned, experts contiguous and in order
-    from colibri.container import read_table
+    from colibri.frontends.container import read_table
 
     _, entries, meta = read_table(raw, "m.clb")
     assert all(e.offset % 64 == 0 for e in entries)

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri.cli import run_model
-from colibri.container import write_container
-from colibri.emit import GenerateOptions, generate
-from colibri.importers import write_seed
-from colibri.reference import FP32_TOLERANCE, compare, moe_forward
-from colibri.toy import make_toy
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate
+from colibri.frontends.container import write_container
+from colibri.frontends.seed import write_seed
+from colibri.frontends.toy import make_toy
+from colibri.options import GenerateOptions
+from colibri.reference.moe import FP32_TOLERANCE, compare, moe_forward
 
 ACTS = ("gelu", "gelu_tanh", "silu", "relu", "swiglu")
 N_CASES = 50
@@ -105,7 +106,7 @@ def test_generated_c_matches_reference(case: Case, tmp_path: Path) -> None:
     check_against_reference(case, out.output, out.expert_ids, out.gates, ref, r.expert_ids, r.gates)
 
     # The runtime's own loader on the same model: the container, and the seed layout.
-    from colibri.binding import Runtime
+    from colibri.targets.binding import Runtime
 
     paths = [write_container(layer, tmp_path / "m.clb")]
     if not layer.config.gated:

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.errors import ColibriError, ConfigError, ModelFormatError, ShapeError
-from colibri.hf import HFCheckpoint, SafetensorsFile, load_hf_moe_layer, write_safetensors
-from colibri.importers import load_model
-from colibri.reference import compare, moe_forward
+from colibri.frontends.hf import HFCheckpoint, SafetensorsFile, load_hf_moe_layer, write_safetensors
+from colibri.frontends.load import load_model
+from colibri.reference.moe import compare, moe_forward
 from conftest import require_board
 from hf_tiny import make_model, require_torch, save_model
 
@@ -171,7 +171,7 @@ def test_cli_reference_on_checkpoint(tmp_path: Path, cli: Any) -> None:
 def test_generated_c_runs_checkpoint_block(tmp_path: Path, cli: Any, arch: str) -> None:
     """colibri generate CHECKPOINT --layer N -> C on the host == transformers' block."""
     require_board("host")
-    from colibri.cli import run_model
+    from colibri.cli.main import run_model
 
     model = make_model(arch, seed=9)
     path = save_model(model, tmp_path / arch)

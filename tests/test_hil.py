@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from colibri.boards import list_boards, load_board
-from colibri.cli import run_model
-from colibri.emit import GenerateOptions, generate
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate
 from colibri.errors import BudgetExceeded
-from colibri.ir import MoELayer
-from colibri.reference import FP32_TOLERANCE, compare, moe_forward
-from colibri.toy import make_toy
+from colibri.frontends.toy import make_toy
+from colibri.ir.moe import MoELayer
+from colibri.options import GenerateOptions
+from colibri.reference.moe import FP32_TOLERANCE, compare, moe_forward
 from conftest import require_board
 
 BOARDS = [b.name for b in list_boards()]
@@ -107,8 +108,8 @@ def test_instruction_counts_are_deterministic(board: str, tmp_path: Path) -> Non
 @pytest.mark.parametrize("board", BAREMETAL)
 def test_firmware_has_no_heap(board: str, tmp_path: Path) -> None:
     require_board(board, run=False)
-    from colibri.build import build_model
-    from colibri.elfcheck import check_no_heap
+    from colibri.targets.build import build_model
+    from colibri.targets.elfcheck import check_no_heap
 
     layer, _ = _model("e8k2")
     generate(layer, tmp_path / "m", GenerateOptions(board=board, name="m"))
@@ -142,7 +143,7 @@ def test_link_time_budget_check(tmp_path: Path) -> None:
     """A model generated for a larger board and built for cortex-m3 fails the link with a
     budget error (the linker script's region check), not a corrupt image."""
     require_board("cortex-m3", run=False)
-    from colibri.build import build_model
+    from colibri.targets.build import build_model
 
     layer = make_toy(experts=4, hidden=64, ff=128, top_k=2)
     generate(
@@ -154,7 +155,7 @@ def test_link_time_budget_check(tmp_path: Path) -> None:
 
 def test_size_report_json(tmp_path: Path) -> None:
     require_board("cortex-m4", run=False)
-    from colibri.size import size_report
+    from colibri.targets.size import size_report
 
     layer, _ = _model("e8k2")
     generate(layer, tmp_path / "m", GenerateOptions(board="cortex-m4", name="m"))

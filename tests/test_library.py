@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from colibri.boards import list_boards
-from colibri.build import build_library, scons
-from colibri.importers import load_model, write_seed
-from colibri.reference import compare, moe_forward
-from colibri.size import _ar_members
-from colibri.toy import make_toy
+from colibri.frontends.load import load_model
+from colibri.frontends.seed import write_seed
+from colibri.frontends.toy import make_toy
+from colibri.reference.moe import compare, moe_forward
+from colibri.targets.build import build_library, scons
+from colibri.targets.size import _ar_members
 from conftest import ROOT, require_board
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection

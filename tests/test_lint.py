@@ -27,11 +27,13 @@ def _run(cmd: list[str]) -> None:
 
 
 def test_ruff_lint() -> None:
-    _run(_tool("ruff") + ["check", "codegen", "tests", "benchmarks", "setup.py"])
+    _run(_tool("ruff") + ["check", "codegen", "tests", "benchmarks", "fuzz", "setup.py"])
 
 
 def test_ruff_format() -> None:
-    _run(_tool("ruff") + ["format", "--check", "codegen", "tests", "benchmarks", "setup.py"])
+    _run(
+        _tool("ruff") + ["format", "--check", "codegen", "tests", "benchmarks", "fuzz", "setup.py"]
+    )
 
 
 def test_mypy() -> None:
@@ -41,7 +43,7 @@ def test_mypy() -> None:
 def test_clang_format() -> None:
     files = sorted(
         str(p.relative_to(ROOT))
-        for d in ("runtime_c", "examples", "tests/c", "tests/platform", "tools")
+        for d in ("runtime_c", "examples", "tests/c", "tests/platform", "tools", "fuzz")
         for p in (ROOT / d).rglob("*")
         if p.suffix in (".c", ".h")
     )

@@ -36,11 +36,13 @@ def test_wheel_carries_resources_and_works(tmp_path: Path) -> None:
     wheel = next(wheel_dir.glob("*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
-        "colibri/cli.py",
+        "colibri/cli/main.py",
+        "colibri/emit/layer.py",
+        "colibri/data/templates/common/experts.j2",
         "colibri/data/SConstruct",
         "colibri/data/boards/host.toml",
         "colibri/data/boards/cortex-m4.toml",
-        "colibri/data/templates/colibri_model.c.j2",
+        "colibri/data/templates/layer/colibri_model.c.j2",
         "colibri/data/runtime_c/include/colibri.h",
         "colibri/data/runtime_c/runner/main.c",
     ):
@@ -93,8 +95,8 @@ def test_wheel_carries_resources_and_works(tmp_path: Path) -> None:
     x = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)
     np.save(work / "x.npy", x)
     cli("run", "gen", "--input", "x.npy", "--output", "y.npy")
-    from colibri.importers import load_model
-    from colibri.reference import compare, moe_forward
+    from colibri.frontends.load import load_model
+    from colibri.reference.moe import compare, moe_forward
 
     ref, _ = moe_forward(load_model(work / "toy" / "model.bin"), x)
     assert compare(np.load(work / "y.npy"), ref) is None

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 from colibri.boards import Board, list_boards, load_board
-from colibri.elfcheck import check_no_heap
 from colibri.errors import HeapUseError, QemuError
-from colibri.qemu import run_elf
+from colibri.targets.elfcheck import check_no_heap
+from colibri.targets.qemu import run_elf
 from conftest import IN_CI, NOT_INSTALLABLE, ROOT, require_board
 
 BOARDS = [b.name for b in list_boards()]

@@ -14,34 +14,37 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri.cli import run_model
-from colibri.emit import GenerateOptions, generate, render_sources
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate, render
 from colibri.errors import BudgetExceeded
-from colibri.quantize import (
+from colibri.frontends.toy import make_toy
+from colibri.options import GenerateOptions
+from colibri.quant.formats import (
     BLOCK_Q4_DTYPE,
     LAYER_TOLERANCE,
     QK4,
     SCHEMES,
-    dot_q4_q8,
-    dot_q8,
     f16_to_f32,
     make_plan,
+    quantize_fp16,
+    quantize_int4_blocks,
+    quantize_int8_per_channel,
+    quantize_layer,
+    quantize_matrix,
+    round_half_away,
+)
+from colibri.reference.kernels import (
+    dot_q4_q8,
+    dot_q8,
     matvec_f16_f32,
     matvec_q4_f32,
     matvec_q4_q8,
     matvec_q8_f32,
     matvec_q8_q8,
     quant_moe_forward,
-    quantize_fp16,
-    quantize_int4_blocks,
-    quantize_int8_per_channel,
-    quantize_layer,
-    quantize_matrix,
     quantize_rows_q8,
-    round_half_away,
 )
-from colibri.reference import compare, moe_forward
-from colibri.toy import make_toy
+from colibri.reference.moe import compare, moe_forward
 from conftest import ROOT, require_board, run_cli
 
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off"]
@@ -310,18 +313,18 @@ def test_generated_quantised_matches_reference(case: tuple, tmp_path: Path) -> N
 @pytest.mark.parametrize("dims", [(3, 5, 7), (4, 40, 36), (2, 33, 70)])
 def test_weight_bytes_estimate_matches_generation(dims: tuple, activation: str) -> None:
     """The budget suggestion's estimate is the generated size, padding included."""
-    from colibri.quantize import weight_bytes_for
+    from colibri.quant.formats import weight_bytes_for
 
     layer = make_toy(*dims, 1, activation, seed=1)
     for scheme in SCHEMES:
-        _, man = render_sources(layer, GenerateOptions(quant=scheme))
+        _, man = render(layer, GenerateOptions(quant=scheme))
         assert man["memory"]["weight_bytes"] == weight_bytes_for(layer, scheme), scheme
 
 
 def test_generation_is_deterministic() -> None:
     layer = make_toy(4, 40, 36, 2, "gelu", seed=3)
     opts = GenerateOptions(name="d", quant="int4", expert_quant="0=int8,1=fp16")
-    assert render_sources(layer, opts) == render_sources(layer, opts)
+    assert render(layer, opts) == render(layer, opts)
 
 
 # -- layout: sharing --------------------------------------------------------------------------
@@ -347,7 +350,7 @@ def test_sharing_map_saves_75_percent(tmp_path: Path) -> None:
 
 
 def test_cli_generate_reports_accuracy_and_placement(tmp_path: Path) -> None:
-    from colibri.importers import write_seed
+    from colibri.frontends.seed import write_seed
 
     layer = make_toy(6, 32, 64, 2, "gelu", seed=2)
     write_seed(layer, tmp_path / "m")
@@ -386,7 +389,7 @@ def test_accuracy_orders_schemes(tmp_path: Path) -> None:
     layer = make_toy(4, 64, 64, 2, "gelu", seed=9)
     errs = {}
     for scheme in SCHEMES:
-        _, man = render_sources(layer, GenerateOptions(name="a", quant=scheme, act="fp32"))
+        _, man = render(layer, GenerateOptions(name="a", quant=scheme, act="fp32"))
         errs[scheme] = man.get("accuracy", {"layers": [{"rel_rms_error": 0.0}]})["layers"][0]
     rel = [errs[s]["rel_rms_error"] for s in SCHEMES]
     assert rel[0] == 0.0 and rel[1] < 1e-3 < rel[3] and rel[1] < rel[2] < rel[3] < 0.2, rel
@@ -396,7 +399,7 @@ def test_quantised_lru_slots_fit_the_packed_experts() -> None:
     """Tiny dims make a quantised expert (parts at 16-byte offsets) larger than its fp32 form:
     the slots are sized for the largest packed expert, and the kernels read the slot."""
     layer = make_toy(4, 1, 1, 1, "gelu")
-    files, man = render_sources(
+    files, man = render(
         layer, GenerateOptions(quant="int8", expert_quant="1=fp16", cache="lru", cache_slots=2)
     )
     slots = next(r for r in man["memory"]["regions"] if r["name"] == "slots")
@@ -425,7 +428,7 @@ def test_fp32_over_budget_suggests_int4(tmp_path: Path) -> None:
 
 def test_int4_fits_and_runs_on_cortex_m4(tmp_path: Path) -> None:
     require_board("cortex-m4")
-    from colibri.size import size_report
+    from colibri.targets.size import size_report
 
     layer = _m4_model()
     x = np.random.default_rng(4).standard_normal((6, 128)).astype(np.float32)

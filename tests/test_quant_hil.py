@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from colibri.boards import list_boards
-from colibri.cli import run_model
-from colibri.emit import GenerateOptions, generate
-from colibri.quantize import LAYER_TOLERANCE, make_plan, quant_moe_forward, quantize_layer
-from colibri.reference import compare, moe_forward
-from colibri.toy import make_toy
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate
+from colibri.frontends.toy import make_toy
+from colibri.options import GenerateOptions
+from colibri.quant.formats import LAYER_TOLERANCE, make_plan, quantize_layer
+from colibri.reference.kernels import quant_moe_forward
+from colibri.reference.moe import compare, moe_forward
 from conftest import require_board
 
 BOARDS = [b.name for b in list_boards()]
@@ -73,7 +75,7 @@ def test_heat_placement_is_bit_identical_and_pins_hot_experts(board: str, tmp_pa
     assert {e["kernel"] for e in experts} <= {"speed", "compact"}
     assert man["layout"]["order"] == sorted(range(8), key=lambda i: (-heat[i], i))
     if board != "host":
-        from colibri.size import size_report
+        from colibri.targets.size import size_report
 
         rep = size_report(tmp_path / "hot", board)
         data = next(s for s in rep.sections if s["name"] == ".data")

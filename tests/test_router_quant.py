@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri.accuracy import routing_agreement
-from colibri.cli import run_model
-from colibri.emit import GenerateOptions, generate
-from colibri.quantize import quantize_router
-from colibri.reference import compare, moe_forward
-from colibri.toy import make_toy
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate
+from colibri.frontends.toy import make_toy
+from colibri.options import GenerateOptions
+from colibri.quant.formats import quantize_router
+from colibri.reference.accuracy import routing_agreement
+from colibri.reference.moe import compare, moe_forward
 from conftest import require_board
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from colibri.errors import ConfigError, InputError
-from colibri.tokenizer import load_tokenizer
+from colibri.frontends.tokenizer import load_tokenizer
 from conftest import run_cli
 from hf_tiny import require_package
 
@@ -418,7 +418,8 @@ def test_cli_prompt_with_checkpoint_tokenizer(tmp_path: Path, variants: dict[str
     from hf_tiny import make_model, require_torch, save_model
 
     require_torch()
-    from colibri.transformer import generate, load_hf_transformer
+    from colibri.frontends.hf_model import load_hf_transformer
+    from colibri.reference.transformer import generate
 
     tk = _require_tokenizers()
     tok_path = variants["llama3_bos"]  # Split + ByteLevel, BOS from the template
@@ -492,7 +493,8 @@ def test_cli_tokenizer_errors(tmp_path: Path, variants: dict[str, Path]) -> None
     assert bad.returncode == 1 and "tokenizer file not found" in bad.stderr
     # Without a tokenizer, vocab 300 >= 256: the byte-level fallback still works.
     (ckpt / "tokenizer.json").unlink()
-    from colibri.transformer import generate, load_hf_transformer
+    from colibri.frontends.hf_model import load_hf_transformer
+    from colibri.reference.transformer import generate
 
     proc = run_cli("run", str(gen), "--prompt", "hé", "--max-new-tokens", "2")
     new = generate(load_hf_transformer(ckpt), list("hé".encode()), 2)[-2:]

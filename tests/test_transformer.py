@@ -9,13 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.errors import ConfigError, InputError, ShapeError
-from colibri.transformer import (
-    KVCache,
-    forward,
-    generate,
-    load_hf_transformer,
-    sample_next,
-)
+from colibri.frontends.hf_model import load_hf_transformer
+from colibri.reference.transformer import KVCache, forward, generate, sample_next
 from hf_tiny import (
     assert_logits_close,
     assert_same_tokens,

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.boards import load_board
-from colibri.build import build_model
 from colibri.errors import BudgetExceeded, ConfigError, InputError
-from colibri.lmgen import generate_transformer
-from colibri.lmrun import (
+from colibri.frontends.hf_model import load_hf_transformer
+from colibri.targets.build import build_model
+from colibri.targets.lmrun import (
     EXIT_CONTEXT_OVERFLOW,
     SamplingOptions,
     parse_ids,
@@ -22,13 +22,13 @@ from colibri.lmrun import (
     run_lm,
     write_lm_input,
 )
-from colibri.qemu import run_elf
-from colibri.transformer import load_hf_transformer
+from colibri.targets.qemu import run_elf
 from conftest import require_board, run_cli
 from hf_tiny import (
     ARCHS,
     assert_logits_close,
     assert_same_tokens,
+    generate_lm,
     hf_reference,
     make_model,
     require_torch,
@@ -60,7 +60,7 @@ def test_host_logits_and_greedy_match_transformers(tmp_path: Path, case: int) ->
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
     prompt = _prompt(case, model.config.vocab_size)
     ref_logits, ref_ids = hf_reference(model, prompt, N_NEW_TOKENS)
-    gen, _ = generate_transformer(ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT)
+    gen, _ = generate_lm(ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT)
     out, _ = run_lm(gen, "host", prompt, N_NEW_TOKENS, want_logits=True)
     assert out.logits is not None and out.logits.shape == (len(prompt), model.config.vocab_size)
     assert_logits_close(out.logits, ref_logits, f"{arch} case {case}", "C")
@@ -88,7 +88,7 @@ def test_board_greedy_matches_transformers(
     prompt = [3, 14, 15, 9, 26, 5]
     ref_logits, ref_ids = hf_reference(model, prompt, N_NEW_TOKENS)
     ours = load_hf_transformer(path)
-    gen, manifest = generate_transformer(ours, tmp_path / arch, board, arch, MAX_CONTEXT)
+    gen, manifest = generate_lm(ours, tmp_path / arch, board, arch, MAX_CONTEXT)
     out, _ = run_lm(gen, board, prompt, N_NEW_TOKENS, want_logits=True)
     assert out.logits is not None
     assert_logits_close(out.logits, ref_logits, f"{arch} on {board}", "C")
@@ -116,7 +116,7 @@ def test_other_boards_greedy(
     path, model = arch_models["mixtral"]
     prompt = [3, 14, 15, 9, 26, 5]
     _, ref_ids = hf_reference(model, prompt, N_NEW_TOKENS)
-    gen, _ = generate_transformer(load_hf_transformer(path), tmp_path / "g", board, "mx", 40)
+    gen, _ = generate_lm(load_hf_transformer(path), tmp_path / "g", board, "mx", 40)
     out, _ = run_lm(gen, board, prompt, N_NEW_TOKENS)
     assert_same_tokens(out.tokens.tolist(), ref_ids, f"mixtral on {board}", "C")
 
@@ -130,7 +130,7 @@ def mixtral_gen(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     require_torch()
     tmp = tmp_path_factory.mktemp("mixtral16")
     ckpt = save_model(make_model("mixtral", seed=2), tmp / "ckpt")
-    gen, _ = generate_transformer(load_hf_transformer(ckpt), tmp / "gen", "host", "mx", 16)
+    gen, _ = generate_lm(load_hf_transformer(ckpt), tmp / "gen", "host", "mx", 16)
     return ckpt, gen
 
 
@@ -151,7 +151,7 @@ def test_firmware_refuses_overflow_itself(
     """Bypassing the Python check, the runner stops before touching the KV cache."""
     require_board(board)
     ckpt, _ = mixtral_gen
-    gen, _ = generate_transformer(load_hf_transformer(ckpt), tmp_path / "g", board, "mx", 16)
+    gen, _ = generate_lm(load_hf_transformer(ckpt), tmp_path / "g", board, "mx", 16)
     exe = build_model(gen, board)
     write_lm_input(tmp_path / "input.bin", [1, 2, 3], 14, SamplingOptions(), False)
     res = run_elf(load_board(board), exe, tmp_path, expected_returncode=EXIT_CONTEXT_OVERFLOW)
@@ -162,11 +162,11 @@ def test_max_context_and_budget_errors(mixtral_gen: tuple[Path, Path], tmp_path:
     ckpt, _ = mixtral_gen
     model = load_hf_transformer(ckpt)
     with pytest.raises(ConfigError, match="--max-context must be between 1 and"):
-        generate_transformer(model, tmp_path / "z", "host", "mx", 0)
+        generate_lm(model, tmp_path / "z", "host", "mx", 0)
     # 2 layers x 2 kv heads x 4 head_dim x 2 x 4 bytes = 128 bytes per position: 8192 positions
     # are a 1 MB KV cache, over the cortex-m7's 512 KB of RAM.
     with pytest.raises(BudgetExceeded, match=r"(?s)RAM: .*reduce --max-context.*KV cache: 1048576"):
-        generate_transformer(model, tmp_path / "big", "cortex-m7", "mx", 8192)
+        generate_lm(model, tmp_path / "big", "cortex-m7", "mx", 8192)
     assert not (tmp_path / "big").exists()
 
 
@@ -321,9 +321,7 @@ def test_parse_ids_and_output_protocol(tmp_path: Path) -> None:
 def test_size_report_shows_kv_cache(mixtral_gen: tuple[Path, Path], tmp_path: Path) -> None:
     require_board("cortex-m7")
     ckpt, _ = mixtral_gen
-    gen, manifest = generate_transformer(
-        load_hf_transformer(ckpt), tmp_path / "m7", "cortex-m7", "mx", 64
-    )
+    gen, manifest = generate_lm(load_hf_transformer(ckpt), tmp_path / "m7", "cortex-m7", "mx", 64)
     assert manifest["kind"] == "transformer"
     assert manifest["memory"]["kv_cache_bytes"] == 64 * 128
     proc = run_cli("size", str(gen), "--board", "cortex-m7")
@@ -334,7 +332,7 @@ def test_size_report_shows_kv_cache(mixtral_gen: tuple[Path, Path], tmp_path: Pa
 def test_generation_is_deterministic(mixtral_gen: tuple[Path, Path], tmp_path: Path) -> None:
     ckpt, _ = mixtral_gen
     model = load_hf_transformer(ckpt)
-    a, _ = generate_transformer(model, tmp_path / "a", "host", "mx", 16)
-    b, _ = generate_transformer(model, tmp_path / "b", "host", "mx", 16)
+    a, _ = generate_lm(model, tmp_path / "a", "host", "mx", 16)
+    b, _ = generate_lm(model, tmp_path / "b", "host", "mx", 16)
     for f in sorted(p.name for p in a.iterdir() if p.is_file()):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f

@@ -12,26 +12,22 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.errors import BudgetExceeded, ConfigError
-from colibri.lmgen import generate_transformer, render_transformer
-from colibri.lmrun import run_lm
-from colibri.quantize import QuantExpert
-from colibri.size import size_report
-from colibri.transformer import (
-    KVCache,
-    MoETransformer,
-    TransformerQuant,
-    forward,
-    generate,
-    load_hf_transformer,
-    quantize_transformer,
-)
+from colibri.frontends.hf_model import load_hf_transformer
+from colibri.ir.transformer import MoETransformer
+from colibri.quant.formats import QuantExpert
+from colibri.quant.model import TransformerQuant, quantize_transformer
+from colibri.reference.transformer import KVCache, forward, generate
+from colibri.targets.lmrun import run_lm
+from colibri.targets.size import size_report
 from conftest import require_board, run_cli
 from hf_tiny import (
     ARCHS,
     ToyLanguage,
+    generate_lm,
     hf_logits,
     init_model,
     make_model,
+    render_lm,
     require_torch,
     save_model,
     short_prompt,
@@ -232,7 +228,7 @@ def test_c_int8_top1_agreement_on_host(tmp_path: Path, arch: str) -> None:
     case = next(i for i, (a, _) in enumerate(MODEL_CASES) if a == arch)
     model, lang, _ = _trained(case)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
-    gen, _ = generate_transformer(ours, tmp_path / "gen", "host", arch, MAX_CONTEXT, quant="int8")
+    gen, _ = generate_lm(ours, tmp_path / "gen", "host", arch, MAX_CONTEXT, quant="int8")
     same = n = 0
     for seq in _lang_prompts(case, lang)[:4]:
         prompt = [int(t) for t in seq]
@@ -325,9 +321,7 @@ def test_c_int8_matches_mirror_on_host(tmp_path: Path, case: int) -> None:
     arch, overrides = MODEL_CASES[case]
     model = make_model(arch, seed=200 + case, **overrides)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
-    gen, manifest = generate_transformer(
-        ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant="int8"
-    )
+    gen, manifest = generate_lm(ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant="int8")
     qr = manifest["quantization"]
     assert (qr["scheme"], qr["act"]) == ("int8", "int8")
     assert qr["weight_bytes"] == manifest["memory"]["weight_bytes"] < qr["fp32_weight_bytes"]
@@ -339,7 +333,7 @@ def test_c_int8_matches_mirror_on_host(tmp_path: Path, case: int) -> None:
 def test_c_other_schemes_match_mirror_on_host(tmp_path: Path, scheme: str, act: str | None) -> None:
     model = make_model("qwen2_moe", seed=203)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
-    gen, manifest = generate_transformer(
+    gen, manifest = generate_lm(
         ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant=scheme, act=act
     )
     q = quantize_transformer(ours, scheme, act)
@@ -362,17 +356,15 @@ def test_c_int8_on_cortex_m7(tmp_path: Path, arch: str, arch_ckpts: dict[str, Pa
     ours = load_hf_transformer(arch_ckpts[arch])
     q = quantize_transformer(ours, "int8")
     prompt = [3, 14, 15, 9, 26, 5]
-    gen, _ = generate_transformer(
-        ours, tmp_path / "m7", "cortex-m7", arch, MAX_CONTEXT, quant="int8"
-    )
+    gen, _ = generate_lm(ours, tmp_path / "m7", "cortex-m7", arch, MAX_CONTEXT, quant="int8")
     board_ids = _check_c(gen, "cortex-m7", ours, q, prompt, f"{arch} int8 on cortex-m7")
-    host, _ = generate_transformer(ours, tmp_path / "h", "host", arch, MAX_CONTEXT, quant="int8")
+    host, _ = generate_lm(ours, tmp_path / "h", "host", arch, MAX_CONTEXT, quant="int8")
     assert run_lm(host, "host", prompt, N_NEW_TOKENS)[0].tokens.tolist() == board_ids
     if arch == "mixtral":  # the linked firmware shrinks by what the manifest says it saves
-        fp32, _ = generate_transformer(ours, tmp_path / "f", "cortex-m7", arch, MAX_CONTEXT)
+        fp32, _ = generate_lm(ours, tmp_path / "f", "cortex-m7", arch, MAX_CONTEXT)
         small, big = size_report(gen, "cortex-m7"), size_report(fp32, "cortex-m7")
         saved = big.flash_used - small.flash_used
-        manifest_saved = render_transformer(ours, "cortex-m7", arch, MAX_CONTEXT, "int8")[1]
+        manifest_saved = render_lm(ours, "cortex-m7", arch, MAX_CONTEXT, "int8")[1]
         expected = manifest_saved["quantization"]["bytes_saved"]
         assert 0.9 * expected < saved < 1.1 * expected
         # RAM barely moves: + the act_q row, - the fp32 expert pointer tables (.data).
@@ -384,19 +376,19 @@ def test_c_int8_on_cortex_m7(tmp_path: Path, arch: str, arch_ckpts: dict[str, Pa
 
 def test_fp32_output_has_no_quantisation(arch_ckpts: dict[str, Path]) -> None:
     ours = load_hf_transformer(arch_ckpts["mixtral"])
-    files, manifest = render_transformer(ours, "host", "lm", 16)
+    files, manifest = render_lm(ours, "host", "lm", 16)
     assert "quantization" not in manifest and "quant" not in manifest["options"]
     assert "act_q" not in [r["name"] for r in manifest["memory"]["regions"]]
     assert "colibri_quant.h" not in files["transformer_weights.h"]
-    files, manifest = render_transformer(ours, "host", "lm", 16, "int8")
+    files, manifest = render_lm(ours, "host", "lm", 16, "int8")
     regions = {r["name"]: r for r in manifest["memory"]["regions"]}
     assert regions["act_q"]["size"] == 24  # max(d_model 16, d_ff 24) int8 codes
     assert "_Static_assert(sizeof(lm_q8_24x16_t)" in files["transformer_weights.h"]
     assert "colibri_matvec_q8_q8" in files["transformer_model.c"]
-    _, w8 = render_transformer(ours, "host", "lm", 16, "int8", "fp32")
+    _, w8 = render_lm(ours, "host", "lm", 16, "int8", "fp32")
     assert "act_q" not in [r["name"] for r in w8["memory"]["regions"]]
     with pytest.raises(ConfigError, match="--act applies to int8/int4 matrices"):
-        render_transformer(ours, "host", "lm", 16, "fp32", "int8")
+        render_lm(ours, "host", "lm", 16, "fp32", "int8")
 
 
 def test_budget_counts_quantised_weights(tmp_path: Path) -> None:
@@ -407,9 +399,9 @@ def test_budget_counts_quantised_weights(tmp_path: Path) -> None:
     )  # fmt: skip
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
     with pytest.raises(BudgetExceeded, match=r"(?s)flash: .*fit the flash: .*--quant int8"):
-        generate_transformer(ours, tmp_path / "f", "cortex-m3", "lm", 16)
+        generate_lm(ours, tmp_path / "f", "cortex-m3", "lm", 16)
     assert not (tmp_path / "f").exists()
-    _, manifest = generate_transformer(ours, tmp_path / "q", "cortex-m3", "lm", 16, quant="int8")
+    _, manifest = generate_lm(ours, tmp_path / "q", "cortex-m3", "lm", 16, quant="int8")
     assert manifest["memory"]["weight_bytes"] < 256 * 1024 - 24 * 1024
 
 
@@ -481,14 +473,14 @@ def test_c_dense_quant_matches_mirror_on_host(
     arch, overrides = MODEL_CASES[case]
     model = make_model(arch, seed=200 + case, **overrides)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
-    gen, manifest = generate_transformer(
+    gen, manifest = generate_lm(
         ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant=quant, act=act, dense=dense
     )
     q = quantize_transformer(ours, quant, act, dense)
     qr = manifest["quantization"]
     assert (qr["dense_scheme"], qr["dense_act"]) == (dense, q.dense_act)
     assert manifest["options"]["dense_quant"] == dense
-    _, experts_only = render_transformer(ours, "host", "lm", MAX_CONTEXT, quant, act)
+    _, experts_only = render_lm(ours, "host", "lm", MAX_CONTEXT, quant, act)
     assert qr["weight_bytes"] < experts_only["memory"]["weight_bytes"]
     if dense == "int8" and q.dense_act == "int8":
         regions = {r["name"]: r["size"] for r in manifest["memory"]["regions"]}
@@ -504,11 +496,11 @@ def test_c_dense_quant_on_cortex_m7(tmp_path: Path, arch_ckpts: dict[str, Path])
     require_board("cortex-m7")
     ours = load_hf_transformer(arch_ckpts["qwen2_moe"])
     q = quantize_transformer(ours, "int8", dense="int8")
-    gen, man = generate_transformer(
+    gen, man = generate_lm(
         ours, tmp_path / "all", "cortex-m7", "lm", MAX_CONTEXT, quant="int8", dense="int8"
     )
     _check_c(gen, "cortex-m7", ours, q, [3, 14, 15, 9, 26, 5], "qwen2_moe whole int8 on m7")
-    experts, man_e = generate_transformer(
+    experts, man_e = generate_lm(
         ours, tmp_path / "experts", "cortex-m7", "lm", MAX_CONTEXT, quant="int8"
     )
     saved = size_report(experts, "cortex-m7").flash_used - size_report(gen, "cortex-m7").flash_used
@@ -523,17 +515,15 @@ def test_budget_hint_names_dense_quant(tmp_path: Path) -> None:
     model = make_model("mixtral", seed=3, num_hidden_layers=1, hidden_size=32, vocab_size=1200)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
     with pytest.raises(BudgetExceeded) as exc:
-        generate_transformer(ours, tmp_path / "f", "cortex-m3", "lm", 16)
+        generate_lm(ours, tmp_path / "f", "cortex-m3", "lm", 16)
     msg = str(exc.value)
     assert "largest consumers: embedding 153600 bytes, LM head 153600 bytes" in msg
     assert "a shorter --max-context" in msg and "--max-tokens" not in msg
     assert "fit the flash: --quant fp16 --dense-quant int8 (~" in msg
     assert not (tmp_path / "f").exists()
     with pytest.raises(BudgetExceeded):
-        generate_transformer(ours, tmp_path / "e", "cortex-m3", "lm", 16, quant="int4")
-    _, man = generate_transformer(
-        ours, tmp_path / "q", "cortex-m3", "lm", 16, quant="int8", dense="int8"
-    )
+        generate_lm(ours, tmp_path / "e", "cortex-m3", "lm", 16, quant="int4")
+    _, man = generate_lm(ours, tmp_path / "q", "cortex-m3", "lm", 16, quant="int8", dense="int8")
     assert man["memory"]["weight_bytes"] < 256 * 1024 - 24 * 1024
 
 
@@ -577,12 +567,12 @@ def test_c_router_quant_matches_mirror_on_host(
     arch, overrides = MODEL_CASES[case]
     model = make_model(arch, seed=200 + case, **overrides)
     ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
-    gen, manifest = generate_transformer(
+    gen, manifest = generate_lm(
         ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant=quant, router=router
     )
     assert manifest["options"]["router_quant"] == router
     assert manifest["quantization"]["router_scheme"] == router
-    _, fp32_router = render_transformer(ours, "host", "lm", MAX_CONTEXT, quant)
+    _, fp32_router = render_lm(ours, "host", "lm", MAX_CONTEXT, quant)
     assert manifest["memory"]["weight_bytes"] < fp32_router["memory"]["weight_bytes"]
     q = quantize_transformer(ours, quant, router=router)
     assert sorted(q.routers) == [i for i, layer in enumerate(ours.layers) if layer.moe]

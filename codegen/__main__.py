@@ -1,5 +1,0 @@
-"""`python -m colibri` entry point."""
-
-from .cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""Colibri: a firmware compiler for Mixture-of-Experts models.
+
+Python reads an MoE model, lays out its expert weights and emits C specialised to that model;
+SCons builds it with the C runtime (libcolibri.a) for a board; QEMU runs every target.
+
+One folder per stage, in the order data flows (a module imports only its own or earlier
+stages; tests/test_stages.py checks it):
+
+    ir -> frontends -> quant -> reference -> plan -> emit -> targets -> cli
+
+The modules at this level are read by every stage: ``errors`` (the ColibriError family),
+``paths`` (where boards, templates and the runtime live), ``boards`` (boards/*.toml, also read
+by the SConstruct) and ``options`` (what `colibri generate` was asked for).
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    BoardError,
+    BudgetExceeded,
+    BuildError,
+    ColibriError,
+    ConfigError,
+    InputError,
+    ModelFormatError,
+    QemuError,
+    ShapeError,
+    ToolchainNotFound,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BoardError",
+    "BudgetExceeded",
+    "BuildError",
+    "ColibriError",
+    "ConfigError",
+    "InputError",
+    "ModelFormatError",
+    "QemuError",
+    "ShapeError",
+    "ToolchainNotFound",
+    "__version__",
+]

@@ -1,0 +1,5 @@
+"""`python -m colibri` entry point."""
+
+from .cli.main import main
+
+raise SystemExit(main())

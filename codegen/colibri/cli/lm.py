@@ -1,0 +1,115 @@
+"""`colibri run` on a generated transformer: its options, tokens in, ids and text out.
+
+The runner's file protocol and the tokenizer lookup are :mod:`colibri.targets.lmrun`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..targets.lmrun import (
+    SamplingOptions,
+    byte_text,
+    byte_tokens,
+    format_ids,
+    parse_ids,
+    resolve_tokenizer,
+    run_lm,
+)
+
+if TYPE_CHECKING:
+    from ..frontends.tokenizer import Tokenizer
+
+
+def add_run_arguments(s: Any) -> None:
+    """The text-generation options of the `run` subcommand (an argparse parser)."""
+    s.add_argument("--prompt-ids", metavar="1,5,9", help="transformer: prompt token ids")
+    s.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help="transformer: the prompt as text, tokenized with --tokenizer, else the checkpoint's "
+        "tokenizer.json, else one token per UTF-8 byte (vocabularies of >= 256 ids); the "
+        "generated text is printed after the ids",
+    )
+    s.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="transformer: a Hugging Face tokenizer.json (byte-level BPE: GPT-2, Qwen2, Llama 3, "
+        "OLMoE) for --prompt and the printed text (default: the checkpoint's tokenizer.json)",
+    )
+    s.add_argument(
+        "--max-new-tokens", type=int, default=32, help="transformer: tokens to generate (32)"
+    )
+    s.add_argument(
+        "--logits", metavar="L.npy", help="transformer: write the logits [T, vocab] of the prompt"
+    )
+    s.add_argument(
+        "--temperature", type=float, default=0.0, help="transformer: 0 = greedy (default)"
+    )
+    s.add_argument("--top-k", type=int, default=0, help="transformer: sample from the k best")
+    s.add_argument("--top-p", type=float, default=1.0, help="transformer: nucleus threshold")
+    s.add_argument("--seed", type=int, default=0, help="transformer: sampler seed (default 0)")
+
+
+def cmd_run_lm(a: Any) -> int:
+    """Generate from a prompt; prints the new ids space-separated on one line, then (with
+    --prompt or --tokenizer) their text."""
+    if getattr(a, "input", None) is not None or getattr(a, "routing", None) is not None:
+        raise InputError(
+            f"{a.dir} is a generated transformer: --input / --routing are for single MoE "
+            f"layers; pass --prompt-ids 1,5,9 (or --prompt TEXT) instead"
+        )
+    if (a.prompt_ids is None) == (a.prompt is None):
+        raise InputError(
+            f"{a.dir} is a generated transformer: pass either --prompt-ids 1,5,9 or --prompt "
+            f"TEXT (and optionally --max-new-tokens N); --input is for single MoE layers"
+        )
+    tok: Tokenizer | None = None
+    explicit = getattr(a, "tokenizer", None)
+    if a.prompt is not None or explicit is not None:
+        from ..targets.build import check_generated
+
+        manifest = check_generated(Path(a.dir).resolve())
+        tok = resolve_tokenizer(manifest, explicit)
+        if tok is not None and a.verbose:
+            print(f"colibri: tokenizer {tok.source}", file=sys.stderr)
+    if a.prompt is not None:
+        if tok is not None:
+            prompt = tok.encode(a.prompt)
+            if not prompt:
+                raise InputError(f"--prompt {a.prompt!r} encodes to no tokens: pass some text")
+        else:
+            prompt = byte_tokens(a.prompt, int(manifest["model"]["config"]["vocab_size"]))
+    else:
+        prompt = parse_ids(a.prompt_ids)
+    sampling = SamplingOptions(a.temperature, a.top_k, a.top_p, a.seed)
+    out, result = run_lm(
+        a.dir,
+        a.board,
+        prompt,
+        a.max_new_tokens,
+        sampling,
+        want_logits=a.logits is not None,
+        count_instructions=a.count_instructions,
+        timeout=a.timeout,
+        verbose=a.verbose,
+    )
+    print(format_ids(out.tokens))
+    if tok is not None:
+        print(tok.decode(out.tokens.tolist()))
+    elif a.prompt is not None:
+        print(byte_text(out.tokens))
+    if a.output:
+        np.save(a.output, out.tokens.astype(np.int32))
+    if a.logits and out.logits is not None:
+        np.save(a.logits, out.logits)
+    if a.count_instructions:
+        steps = a.max_new_tokens - 1
+        per = "n/a" if result.instructions is None or steps < 1 else result.instructions // steps
+        print(f"instructions per generated token ({a.board}, decode step): {per}")
+    return 0

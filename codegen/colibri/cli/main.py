@@ -1,0 +1,557 @@
+"""The `colibri` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..errors import ColibriError, ConfigError, InputError
+from ..frontends.hf import is_hf_checkpoint
+from ..frontends.load import load_npy
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def cmd_make_toy(a: argparse.Namespace) -> int:
+    from ..frontends.seed import write_seed
+    from ..frontends.toy import make_toy
+
+    layer = make_toy(
+        experts=a.experts,
+        hidden=a.hidden,
+        ff=a.ff,
+        top_k=a.top_k,
+        activation=a.activation,
+        seed=a.seed,
+        norm_topk_prob=a.norm_topk,
+        router_bias=a.router_bias,
+    )
+    out = Path(a.out)
+    if layer.config.gated:
+        from ..frontends.container import write_container
+
+        path = write_container(layer, out / "model.clb")
+        (out / "config.json").write_text(json.dumps(layer.config.to_json(), indent=2) + "\n")
+    else:
+        path = write_seed(layer, out)
+    c = layer.config
+    print(
+        f"wrote {path} ({c.n_experts} experts, d_model {c.d_model}, d_ff {c.d_ff}, "
+        f"k {c.top_k}, {'swiglu' if c.gated else c.activation}, seed {a.seed})"
+    )
+    return 0
+
+
+def cmd_convert(a: argparse.Namespace) -> int:
+    from ..frontends.container import write_container
+    from ..frontends.load import load_model
+
+    layer = load_model(a.model, a.config, a.layer)
+    path = write_container(layer, a.out)
+    stored = len(set(layer.storage_map()))
+    print(
+        f"wrote {path}: {path.stat().st_size} bytes, {layer.config.n_experts} experts "
+        f"({stored} stored), 64-byte aligned blobs"
+    )
+    return 0
+
+
+def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
+    """Options of the other kind of model are errors, not silently ignored."""
+    if whole:
+        others = {
+            "--expert-quant": a.expert_quant is not None,
+            "--cache": a.cache != "pinned",
+            "--calib": a.calib is not None,
+            "--ram-budget": a.ram_budget is not None,
+        }
+        given = [opt for opt, on in others.items() if on]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: single MoE layer options (pass --layer N); a whole "
+                f"transformer takes --quant and --act for its routed experts, --router-quant "
+                f"for its routers and --dense-quant for its other matrices"
+            )
+        return
+    whole_only = [
+        opt
+        for opt, on in (
+            ("--max-context", a.max_context is not None),
+            ("--dense-quant", a.dense_quant != "fp32"),
+        )
+        if on
+    ]
+    if whole_only:
+        raise ConfigError(
+            f"{' and '.join(whole_only)} {'apply' if len(whole_only) > 1 else 'applies'} to whole "
+            f"transformers (a Hugging Face checkpoint directory without --layer); a single MoE "
+            f"layer uses --max-tokens and --quant"
+        )
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from ..boards import load_board
+    from ..ir.transformer import MoETransformer
+    from ..options import GenerateOptions
+    from .pipeline import generate, load
+
+    board = load_board(a.board)
+    whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
+    _check_generate_options(a, whole)
+    model = load(a.model, a.config, a.layer)
+    opts = GenerateOptions(
+        board=board.name,
+        name=a.name or Path(a.out).resolve().name,
+        max_tokens=a.max_tokens,
+        quant=a.quant,
+        expert_quant=a.expert_quant,
+        act=a.act,
+        cache=a.cache,
+        cache_slots=a.cache_slots if a.cache == "lru" else 0,
+        calib=a.calib,
+        ram_budget=a.ram_budget,
+        router_quant=a.router_quant,
+        max_context=a.max_context,
+        dense_quant=a.dense_quant,
+    )
+    out, manifest = generate(model, a.out, opts, force=a.force)
+    if isinstance(model, MoETransformer):
+        _print_transformer_summary(out, board.name, model, manifest)
+        return 0
+    from ..plan.placement import format_placement_report
+    from ..reference.accuracy import format_accuracy
+
+    mem = manifest["memory"]
+    c = model.config
+    print(
+        f"generated {out} for {board.name}: {c.n_experts} experts "
+        f"({manifest['model']['unique_experts']} stored), d_model {c.d_model}, d_ff {c.d_ff}, "
+        f"k {c.top_k}; weights {mem['weight_bytes']} bytes (const), arena "
+        f"{mem['arena_size']} bytes (static RAM, {mem['max_tokens']} tokens per chunk)"
+    )
+    if "accuracy" in manifest:
+        print(format_placement_report(manifest))
+        print(format_accuracy(manifest["accuracy"]))
+    return 0
+
+
+def _print_transformer_summary(out: Path, board: str, model: Any, manifest: dict[str, Any]) -> None:
+    mem = manifest["memory"]
+    c = model.config
+    print(
+        f"generated {out} for {board}: {c.architecture}, {c.n_layers} layers, d_model "
+        f"{c.d_model}, vocab {c.vocab_size}; weights {mem['weight_bytes']} bytes (const), arena "
+        f"{mem['arena_size']} bytes (static RAM: KV cache {mem['kv_cache_bytes']} bytes for "
+        f"{mem['max_context']} positions + {mem['activation_bytes']} bytes of activations)"
+    )
+    qr = manifest.get("quantization")
+    if qr is not None:
+        dense = ""
+        if qr["dense_scheme"] != "fp32":
+            dense = (
+                f", attention / shared experts / dense MLPs / embedding / LM head "
+                f"{qr['dense_scheme']} ({qr['dense_act']} activations)"
+            )
+        if qr["router_scheme"] != "fp32":
+            dense += f", routers {qr['router_scheme']}"
+        print(
+            f"routed experts {qr['scheme']} ({qr['act']} activations){dense}: weights "
+            f"{qr['weight_bytes']} bytes instead of {qr['fp32_weight_bytes']} fp32 "
+            f"({qr['bytes_saved']} saved)"
+        )
+
+
+def cmd_build(a: argparse.Namespace) -> int:
+    from ..targets.build import build_model
+
+    exe = build_model(a.dir, a.board, verbose=a.verbose)
+    print(f"built {exe}")
+    return 0
+
+
+def run_model(
+    gen_dir: str | Path,
+    board_name: str,
+    x: np.ndarray,
+    count_instructions: bool = False,
+    timeout: float | None = None,
+    verbose: bool = False,
+) -> tuple[Any, Any]:
+    """Build (incrementally) and run a generated model on a board; returns (RunOutput, result)."""
+    from ..boards import load_board
+    from ..frontends.load import check_input
+    from ..targets.build import build_model, check_generated
+    from ..targets.qemu import run_elf
+    from ..targets.runio import read_output, write_input
+
+    gdir = Path(gen_dir).resolve()
+    manifest = check_generated(gdir)
+    d_model = int(manifest["model"]["config"]["hidden_size"])
+    x = check_input(x, d_model)
+    board = load_board(board_name)
+    exe = build_model(gdir, board.name, verbose=verbose)
+    with tempfile.TemporaryDirectory(prefix="colibri-run-") as tmp:
+        work = Path(tmp)
+        write_input(work / "input.bin", x)
+        result = run_elf(
+            board, exe, cwd=work, timeout=timeout, count_instructions=count_instructions
+        )
+        out = read_output(work / "output.bin")
+    return out, result
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from ..emit.output import is_transformer_dir
+    from ..targets.build import check_generated
+
+    if is_transformer_dir(check_generated(Path(a.dir).resolve())):
+        from .lm import cmd_run_lm
+
+        return cmd_run_lm(a)
+    if a.input is None or a.output is None:
+        raise InputError(
+            f"{a.dir} is a single MoE layer: pass --input X.npy ([T, d_model] float32) and "
+            f"--output Y.npy (--prompt-ids is for generated transformers)"
+        )
+    x = load_npy(a.input)
+    out, result = run_model(a.dir, a.board, x, a.count_instructions, a.timeout, a.verbose)
+    np.save(a.output, out.output)
+    if a.routing:
+        np.savez(a.routing, expert_ids=out.expert_ids, gates=out.gates)
+    guest = (result.stdout or "").strip()
+    if guest:
+        print(guest)
+    print(f"wrote {a.output}: output {list(out.output.shape)} float32")
+    if a.routing:
+        print(f"wrote {a.routing}: expert_ids {list(out.expert_ids.shape)}, gates")
+    if a.count_instructions:
+        print(f"instructions per forward pass ({a.board}): {result.instructions}")
+    return 0
+
+
+def cmd_reference(a: argparse.Namespace) -> int:
+    from ..frontends.load import check_input, load_model
+    from ..reference.moe import moe_forward
+
+    layer = load_model(a.model, a.config, a.layer)
+    x = check_input(load_npy(a.input), layer.config.d_model, a.input)
+    y, r = moe_forward(layer, x)
+    np.save(a.output, y.astype(np.float32))
+    if a.routing:
+        np.savez(a.routing, expert_ids=r.expert_ids, gates=r.gates.astype(np.float32))
+    print(f"wrote {a.output}: reference output {list(y.shape)}")
+    return 0
+
+
+def cmd_boards(a: argparse.Namespace) -> int:
+    from ..boards import list_boards
+
+    rows = []
+    for b in list_boards():
+        ok_build, _ = b.can_build()
+        ok_run, _ = b.can_run()
+        mem = ", ".join(f"{n} {r.size // 1024} KB" for n, r in b.memory.items()) or "-"
+        rows.append((b.name, b.kind, mem, "yes" if ok_build else "no", "yes" if ok_run else "no"))
+    if a.json:
+        print(
+            json.dumps(
+                [dict(zip(("name", "kind", "memory", "toolchain", "runner"), r)) for r in rows],
+                indent=2,
+            )
+        )
+        return 0
+    head = ("board", "kind", "memory", "toolchain", "emulator")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(5)]
+    for r in [head, *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+    missing = [b for b in list_boards() if not b.can_build()[0]]
+    for b in missing:
+        print(f"\n{b.can_build()[1]}")
+    return 0
+
+
+def cmd_size(a: argparse.Namespace) -> int:
+    from ..targets.size import check_elf_budget, format_report, size_report
+
+    rep = size_report(a.target, a.board)
+    if a.json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        print(format_report(rep))
+    check_elf_budget(rep)
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    """The README's main job: toy model -> generate -> build + run on host and a Cortex-M."""
+    from ..frontends.load import load_model
+    from ..frontends.seed import write_seed
+    from ..frontends.toy import make_toy
+    from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
+
+    work = Path(a.workdir).resolve()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    layer = make_toy(experts=8, hidden=32, ff=64, top_k=2, activation="gelu", seed=7)
+    write_seed(layer, work / "toy")
+    print(f"== 1. model: {work / 'toy'} (8 experts, d_model 32, d_ff 64, k 2, gelu)")
+    layer = load_model(work / "toy" / "model.bin")
+    x = np.random.default_rng(1).standard_normal((5, 32)).astype(np.float32)
+    np.save(work / "x.npy", x)
+    ref, routing = moe_forward(layer, x)
+    failures = 0
+    for step, board in enumerate(("host", a.board), start=2):
+        from ..options import GenerateOptions
+        from .pipeline import generate
+
+        gen = work / f"gen-{board}"
+        generate(layer, gen, GenerateOptions(board=board, name="demo", max_tokens=8))
+        print(f"\n== {step}. generate + build + run on {board}: {gen}")
+        out, result = run_model(gen, board, x, count_instructions=board != "host")
+        for t in range(x.shape[0]):
+            ids = " ".join(str(v) for v in out.expert_ids[t])
+            gates = " ".join(f"{v:.4f}" for v in out.gates[t])
+            vals = " ".join(f"{v:+.4f}" for v in out.output[t, :6])
+            print(f"  token {t}: experts [{ids}] gates [{gates}] y[:6] = {vals} ...")
+        err = compare(out.output, ref)
+        same = bool(np.array_equal(out.expert_ids, routing.expert_ids))
+        print(
+            f"  vs numpy reference: {'OK' if err is None else 'MISMATCH: ' + err} "
+            f"(tolerance {FP32_TOLERANCE} x max|y|), routing identical: {same}"
+        )
+        if getattr(result, "instructions", None):
+            print(f"  instructions for {x.shape[0]} tokens: {result.instructions}")
+        failures += int(err is not None or not same)
+        if board != "host":
+            from ..targets.size import size_report_text
+
+            print()
+            print(size_report_text(gen, board))
+    print("\ndemo " + ("passed" if failures == 0 else "FAILED"))
+    return 0 if failures == 0 else 1
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from ..frontends.export import EXPORT_TOLERANCE
+    from .export import export
+
+    res = export(a.source, a.out, a.layer, a.config, a.check_tokens, a.seed)
+    c = res.layer.config
+    print(
+        f"wrote {res.path}: {c.n_experts} experts, d_model {c.d_model}, d_ff {c.d_ff}, "
+        f"k {c.top_k}, {res.layer.metadata.get('architecture', 'PyTorch')} block"
+    )
+    print(
+        f"check vs PyTorch ({res.tokens} tokens): max |diff| {res.max_abs_diff:.3g} "
+        f"(max |y| {res.max_abs_output:.3g}, tolerance {EXPORT_TOLERANCE} x max |y|) OK"
+    )
+    return 0
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="colibri",
+        description="Colibri: compile a Mixture-of-Experts model into C for a board.",
+    )
+    p.add_argument("--version", action="version", version=f"colibri {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("make-toy", help="write a random toy model in the seed layout")
+    s.add_argument("--out", required=True, help="output directory")
+    s.add_argument("--experts", type=int, default=2)
+    s.add_argument("--hidden", type=int, default=8, help="d_model")
+    s.add_argument("--ff", type=int, default=16, help="d_ff")
+    s.add_argument("--top-k", type=int, default=1)
+    s.add_argument(
+        "--activation", default="gelu", help="gelu (default), gelu_tanh, silu, relu or swiglu"
+    )
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--norm-topk", action="store_true", help="renormalise the k gates")
+    s.add_argument("--router-bias", action="store_true")
+    s.set_defaults(func=cmd_make_toy)
+
+    s = sub.add_parser("convert", help="write a model as a Colibri container (.clb)")
+    s.add_argument("model")
+    s.add_argument("--config", help="config.json (default: beside the model)")
+    s.add_argument("--out", required=True, help="output .clb file")
+    s.add_argument(
+        "--layer",
+        type=int,
+        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
+    )
+    s.set_defaults(func=cmd_convert)
+
+    s = sub.add_parser("generate", help="emit C specialised to a model for a board")
+    s.add_argument("model")
+    s.add_argument("--config", help="config.json (default: beside the model)")
+    s.add_argument("--board", default="host")
+    s.add_argument("--out", required=True, help="output directory")
+    s.add_argument("--name", help="C name of the model (default: the output directory's name)")
+    s.add_argument(
+        "--max-tokens",
+        type=int,
+        default=32,
+        help="tokens per chunk the static buffers hold (default 32)",
+    )
+    s.add_argument("--force", action="store_true", help="replace a non-Colibri --out directory")
+    s.add_argument(
+        "--quant",
+        default="fp32",
+        choices=("fp32", "fp16", "int8", "int4"),
+        help="expert weight scheme (default fp32; the router stays fp32)",
+    )
+    s.add_argument(
+        "--expert-quant",
+        metavar="I=SCHEME,...",
+        help="per-expert override, e.g. 3=int4,7=fp32",
+    )
+    s.add_argument(
+        "--router-quant",
+        choices=("fp32", "fp16", "int8"),
+        default="fp32",
+        help="router weights (default fp32; quantising them can flip routing: see the "
+        "accuracy report's routing agreement)",
+    )
+    s.add_argument(
+        "--act",
+        choices=("fp32", "int8"),
+        help="activations of int8/int4 matrices: int8 per token (integer dot products, the "
+        "default) or fp32",
+    )
+    s.add_argument(
+        "--dense-quant",
+        choices=("fp32", "fp16", "int8"),
+        default="fp32",
+        help="whole transformers: scheme of every matrix besides the routed experts (attention, "
+        "shared expert, dense MLPs, embedding, LM head; default fp32; norms and routers stay "
+        "fp32)",
+    )
+    s.add_argument(
+        "--calib",
+        metavar="X.npy",
+        help="[T, d_model] calibration tokens for the accuracy report and routing heat "
+        "(default: 64 seeded random tokens, no heat-based placement)",
+    )
+    s.add_argument(
+        "--cache",
+        default="pinned",
+        choices=("pinned", "lru", "none"),
+        help="expert residency (the seeds' cache_policy; lru/none copy experts from flash "
+        "into static RAM slots on use)",
+    )
+    s.add_argument("--cache-slots", type=int, default=2, help="LRU slots (lru_cache_size)")
+    s.add_argument(
+        "--ram-budget",
+        type=int,
+        metavar="BYTES",
+        help="RAM for pinning the hottest experts (with --calib; default 0: all in flash)",
+    )
+    s.add_argument(
+        "--layer",
+        type=int,
+        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
+    )
+    s.add_argument(
+        "--max-context",
+        type=int,
+        metavar="N",
+        help="Hugging Face checkpoint without --layer (whole transformer): positions the KV "
+        "cache holds, prompt + generated tokens (default 64)",
+    )
+    s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("build", help="build a generated model for a board (SCons)")
+    s.add_argument("dir")
+    s.add_argument("--board", default="host")
+    s.add_argument("-v", "--verbose", action="store_true")
+    s.set_defaults(func=cmd_build)
+
+    s = sub.add_parser("run", help="build and run a generated model on a board")
+    s.add_argument("dir")
+    s.add_argument("--board", default="host")
+    s.add_argument("--input", help="MoE layer: [T, d_model] float32 .npy")
+    s.add_argument(
+        "--output",
+        help="MoE layer: output .npy; transformer: also write the generated ids (int32 .npy)",
+    )
+    s.add_argument("--routing", help="also write expert_ids and gates [T, k] to this .npz")
+    s.add_argument(
+        "--count-instructions",
+        action="store_true",
+        help="report guest instructions of the forward pass (QEMU boards)",
+    )
+    s.add_argument("--timeout", type=float, help="seconds (default: the board's)")
+    s.add_argument("-v", "--verbose", action="store_true")
+    from .lm import add_run_arguments
+
+    add_run_arguments(s)
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("reference", help="run the numpy reference on an input")
+    s.add_argument("model")
+    s.add_argument("--config")
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.add_argument("--routing")
+    s.add_argument(
+        "--layer",
+        type=int,
+        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
+    )
+    s.set_defaults(func=cmd_reference)
+
+    s = sub.add_parser(
+        "export",
+        help="PyTorch state_dict of an MoE block or HF checkpoint -> Colibri container",
+    )
+    s.add_argument("source", help="state_dict file (torch.save) or Hugging Face checkpoint dir")
+    s.add_argument("--out", required=True, help="output .clb file")
+    s.add_argument("--layer", type=int, help="checkpoint directory: the decoder layer to export")
+    s.add_argument("--config", help="state_dict: the model's Hugging Face config.json")
+    s.add_argument(
+        "--check-tokens", type=int, default=8, help="tokens in the check vs PyTorch (default 8)"
+    )
+    s.add_argument("--seed", type=int, default=0, help="seed of the check batch")
+    s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("boards", help="list boards, their memory and toolchain status")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_boards)
+
+    s = sub.add_parser("size", help="flash/RAM report of a built ELF or generated directory")
+    s.add_argument("target", help="firmware ELF, or a generated directory (built if needed)")
+    s.add_argument("--board", default="host")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_size)
+
+    s = sub.add_parser("demo", help="toy model on the host and a Cortex-M board, with sizes")
+    s.add_argument("--board", default="cortex-m4")
+    s.add_argument("--workdir", default="build/demo")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except ColibriError as exc:
+        print(f"colibri: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("colibri: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,8 @@
+"""Stage 6, emission: quantised IR + plan -> C sources and a manifest, from Jinja2 templates.
+
+``weights`` is the one weights writer (every stored tensor's declaration and initialiser, named
+once, bytes counted per part); ``layer`` and ``transformer`` render the two kinds of generated
+directory from ``templates/`` (the per-expert FFN kernels of both come from one template macro,
+``templates/common/experts.j2``); ``cnames`` makes C identifiers and literals; ``output`` holds
+the file names per kind, the Jinja2 environment and the atomic directory writer.
+"""

@@ -1,0 +1,82 @@
+"""The expert kernels: one description of a quantised expert's FFN kernel for every model kind.
+
+A quantised expert runs a generated FFN kernel with its dimensions fixed (colibri_quant.h
+matvecs, activations quantised per token to int8 in the arena's ``act_q`` row when its mode is
+int8). Whether the expert sits in a lone MoE layer or in layer 17 of a transformer, the kernel
+is described by :func:`ffn_kernel` and written by the one macro ``ffn_kernel`` of
+``templates/common/experts.j2``; only what differs is a parameter: a lone layer's kernel takes
+bias pointers and its dimensions from the header's macros, a transformer's SwiGLU experts have
+no biases and one kernel per d_ff.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Parts of an expert in the order of the kernels' parameters.
+PARTS = ("w1", "b1", "w2", "b2", "w3")
+
+
+def weight_types(name: str, scheme: str, d_model: int, d_ff: int) -> tuple[str, str]:
+    """C pointer types of (w1 / w3 [d_ff][d_model], w2 [d_model][d_ff]) in `scheme`."""
+    if scheme == "int8":
+        return f"const {name}_q8_{d_ff}x{d_model}_t *", f"const {name}_q8_{d_model}x{d_ff}_t *"
+    pointer = {
+        "fp32": "const float *",
+        "fp16": "const uint16_t *",
+        "int4": "const colibri_block_q4_32 *",
+    }[scheme]
+    return pointer, pointer
+
+
+def kernel_params(name: str, scheme: str, d_model: int, d_ff: int, bias: bool) -> str:
+    """The weight parameters of an FFN kernel: w1, (b1,) w2, (b2,) w3."""
+    t_in, t_out = weight_types(name, scheme, d_model, d_ff)
+    types = {"w1": t_in, "b1": "const float *", "w2": t_out, "b2": "const float *", "w3": t_in}
+    return ", ".join(f"{types[p]}{p}" for p in PARTS if bias or p[0] == "w")
+
+
+def ffn_kernel(
+    name: str,
+    prefix: str,
+    scheme: str,
+    act: str,
+    d_model: int,
+    d_ff: int,
+    gated: bool,
+    lone_layer: bool,
+) -> dict[str, Any]:
+    """What the ``ffn_kernel`` macro needs to write the kernel of one kind of quantised expert
+    (scheme, activation mode, d_ff) of model `name` (macro prefix `prefix`)."""
+    if lone_layer:  # the lone layer's header has <P>_D_FF; biases are optional at run time
+        return {
+            "fn": f"{name}_ffn_{scheme}_{act}",
+            "brief": f"FFN of one {scheme} expert ({act} activations) over n tokens",
+            "storage": "static inline",
+            "params": kernel_params(name, scheme, d_model, d_ff, bias=True),
+            "scheme": scheme,
+            "act": act,
+            "gated": gated,
+            "bias": True,
+            "act_fn": f"{name}_act",
+            "rows": 2 if gated else 1,
+            "f": f"{prefix}_D_FF",
+            "f_stride": f"{prefix}_D_FF",
+            "d_ff": d_ff,
+        }
+    return {
+        "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
+        "brief": f"SwiGLU FFN of one {scheme} expert ({act} activations, d_ff {d_ff}) over n "
+        "tokens",
+        "storage": "static",
+        "params": kernel_params(name, scheme, d_model, d_ff, bias=False),
+        "scheme": scheme,
+        "act": act,
+        "gated": True,
+        "bias": False,
+        "act_fn": f"{name}_silu",
+        "rows": 2,
+        "f": str(d_ff),
+        "f_stride": f"{d_ff}u",
+        "d_ff": d_ff,
+    }

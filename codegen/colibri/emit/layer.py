@@ -1,0 +1,210 @@
+"""Emit the C sources of a lone MoE layer (kind "layer") from the Jinja2 templates.
+
+Output: colibri_model.h, colibri_model.c, colibri_weights.h, colibri_weights.c and the
+manifest. Experts are stored in their scheme (:mod:`colibri.quant.formats`: fp32 in the seed
+layout, fp16 / int8 / int4 output-channel-major in the formats of colibri_quant.h), 16-byte
+aligned, one expert's tensors together, identical experts once, in the order and placement of
+the plan (hot experts pinned in RAM and stored first). The manifest carries the analysis
+(accuracy report), the layout savings and a per-expert table when there is something to report.
+Deterministic: the same model and options give byte-identical files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir.moe import MoELayer, model_hash
+from ..options import GenerateOptions
+from ..plan.model import LayerPlan
+from ..quant.formats import ROUTER_SCHEME_CODES
+from ..quant.model import LayerQuant
+from ..reference.accuracy import Analysis
+from .cnames import c_float_array, c_ident, c_int_array
+from .experts import ffn_kernel, kernel_params
+from .output import banner_context, new_manifest, render_files
+from .weights import WeightTable, router_wq_literal
+
+
+def render_layer(
+    layer: MoELayer,
+    q: LayerQuant,
+    analysis: Analysis,
+    plan: LayerPlan,
+    options: GenerateOptions,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The emit stage of a lone MoE layer: every generated file and the manifest, from the
+    quantised weights, the analysis and the plan; returns ({filename: text}, manifest)."""
+    layer.validate()
+    layer.require_no_shared_expert("generated C")
+    c = layer.config
+    name = c_ident(options.name)
+    prefix = name.upper()
+    qplan, qexperts, qrouter = q.plan, q.experts, q.router
+    storage = layer.storage_map()
+    quantised = q.quantised
+    n_slots, slot_floats, act_q = plan.n_slots, plan.slot_floats, plan.act_q
+    bias = layer.experts[0].b1 is not None
+    report, heat, accuracy = analysis.report, analysis.heat, analysis.accuracy
+    placements = plan.placements
+    by_index = {p.index: p for p in placements}
+
+    stored: list[dict[str, Any]] = []
+    weights = WeightTable(name)
+    for idx in [p.index for p in placements]:  # hot experts first
+        qe = qexperts[idx]
+        pl = by_index[idx]
+        const = "" if pl.placement == "ram" else "const "
+        tensors = []
+        arg = {"w1": "NULL", "b1": "NULL", "w2": "NULL", "b2": "NULL", "w3": "NULL"}
+        # The same pointers taken from the loader's weights (a cache slot under LRU/NONE).
+        warg = dict(arg)
+        part_bytes = {"w1": "0u", "b1": "0u", "w2": "0u", "b2": "0u", "w3": "0u"}
+        for tname, t in qe.tensors():
+            entry = weights.add_stored(f"e{idx}_{tname}", t, f"expert {idx} {tname}", const)
+            sym = entry["symbol"]
+            tensors.append(entry)
+            arg[tname] = entry["ref"]
+            if entry["quantised"]:
+                warg[tname] = f"({entry['ptype']})(const void *)w->{tname}"
+                part_bytes[tname] = f"sizeof({sym})"
+            else:
+                warg[tname] = f"w->{tname}"
+        stored.append(
+            {
+                "index": idx,
+                "tensors": tensors,
+                "arg": arg,
+                "warg": warg,
+                "part_bytes": part_bytes,
+                "nbytes": qe.nbytes,
+                "users": [i for i, s in enumerate(storage) if s == idx],
+                "scheme": qe.scheme,
+                "act": qe.act,
+                "kernel": pl.kernel,
+                "placement": pl.placement,
+                "ffn": f"{name}_ffn" if qe.scheme == "fp32" else f"{name}_ffn_{qe.scheme}_{qe.act}",
+            }
+        )
+    ffn_kinds = [
+        ffn_kernel(name, prefix, scheme, act, c.d_model, c.d_ff, c.gated, lone_layer=True)
+        for scheme, act in sorted(
+            {(s["scheme"], s["act"]) for s in stored if s["scheme"] != "fp32"}
+        )
+    ]
+    variants = sorted({(s["ffn"], s["kernel"]) for s in stored if s["kernel"] != "default"})
+    weight_bytes = qrouter.nbytes + sum(int(s["nbytes"]) for s in stored)
+    if layer.router_b is not None:
+        weight_bytes += int(layer.router_b.nbytes)
+    pinned_ram = sum(int(s["nbytes"]) for s in stored if s["placement"] == "ram")
+    fp32_bytes = int(layer.router_w.nbytes) + sum(e.nbytes for e in layer.experts)
+    if layer.router_b is not None:
+        fp32_bytes += int(layer.router_b.nbytes)
+    mhash = model_hash(layer)
+    opts = options.as_dict()
+    ctx: dict[str, Any] = {
+        **banner_context(layer.source, mhash, opts, name),
+        "c": c,
+        "plan": plan.memory,
+        "flags": layer.flags,
+        "act_name": "silu" if c.gated else c.activation,
+        "router_bias": layer.router_b is not None,
+        "router_w": c_float_array(layer.router_w) if qrouter.scheme == "fp32" else "",
+        "router_scheme": qrouter.scheme,
+        "router_scheme_code": ROUTER_SCHEME_CODES[qrouter.scheme],
+        "router_wq": router_wq_literal(qrouter),
+        "router_scale": c_float_array(qrouter.scale) if qrouter.scale is not None else "",
+        "router_b": c_float_array(layer.router_b) if layer.router_b is not None else "",
+        "stored": sorted(stored, key=lambda s: int(s["index"])),
+        "stored_layout": stored,
+        "stored_by_index": {s["index"]: s for s in stored},
+        "kernel_params": {
+            s["ffn"]: kernel_params(name, s["scheme"], c.d_model, c.d_ff, bias=True) for s in stored
+        },
+        "storage": storage,
+        "share_values": c_int_array(storage),
+        "weight_bytes": weight_bytes,
+        "quantised": quantised,
+        "typedefs": [weights.typedefs[k] for k in sorted(weights.typedefs)],
+        "ffn_kinds": ffn_kinds,
+        "variants": variants,
+        "act_q": act_q,
+        "cache": options.cache,
+        "n_slots": n_slots,
+        "slot_floats": slot_floats,
+        "bias": bias,
+        "pinned_ram": pinned_ram,
+    }
+    files = render_files("layer", ctx)
+    manifest = new_manifest(
+        "layer",
+        {
+            "source": str(layer.source),
+            "sha256": mhash,
+            "config": c.to_json(),
+            "storage_map": storage,
+            "unique_experts": len(stored),
+        },
+        opts,
+        plan.memory,
+        plan.memory.max_tokens,
+        weight_bytes,
+        files,
+    )
+    manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in sorted(stored, key=_by_index)]
+    if report:
+        manifest["quantization"] = {
+            "schemes": qplan.scheme_counts(),
+            "router": qrouter.scheme,
+            "fp32_weight_bytes": fp32_bytes,
+            "weight_bytes": weight_bytes,
+            "bytes_saved": fp32_bytes - weight_bytes,
+        }
+        manifest["accuracy"] = accuracy
+        manifest["layout"] = layout_summary(layer, stored, pinned_ram, options.cache, n_slots)
+        manifest["experts"] = [
+            {
+                "expert": i,
+                "stored_as": storage[i],
+                "scheme": by_index[storage[i]].scheme,
+                "act": by_index[storage[i]].act,
+                "placement": by_index[storage[i]].placement,
+                "kernel": by_index[storage[i]].kernel,
+                "bytes": by_index[storage[i]].nbytes if storage[i] == i else 0,
+                "calib_hits": int(heat[i]),
+            }
+            for i in range(c.n_experts)
+        ]
+    return files, manifest
+
+
+def _by_index(s: dict[str, Any]) -> int:
+    return int(s["index"])
+
+
+def layout_summary(
+    layer: MoELayer, stored: list[dict[str, Any]], pinned_ram: int, cache: str, n_slots: int
+) -> dict[str, Any]:
+    """Sharing / dedup savings and placement totals."""
+    c = layer.config
+    per_expert = [int(s["nbytes"]) for s in stored]
+    unshared = int(np.mean(per_expert)) * c.n_experts if per_expert else 0
+    shared = sum(per_expert)
+    explicit = layer.sharing_map is not None
+    return {
+        "unique_experts": len(stored),
+        "n_experts": c.n_experts,
+        "sharing": "expert_sharing_map" if explicit else "content hash",
+        "expert_bytes_unshared": unshared,
+        "expert_bytes_stored": shared,
+        "sharing_saved_bytes": unshared - shared,
+        "sharing_saved_percent": round(100.0 * (unshared - shared) / unshared, 1)
+        if unshared
+        else 0.0,
+        "alignment": 16,
+        "order": [int(s["index"]) for s in stored],
+        "pinned_ram_bytes": pinned_ram,
+        "cache": cache,
+        "cache_slots": n_slots,
+    }

@@ -1,0 +1,299 @@
+"""Emit a whole decoder-only MoE transformer as C (`colibri generate CKPT --max-context N`).
+
+Output (one directory): transformer_model.h (dimensions, the arena plan as macros, the step
+API), transformer_model.c (per-layer table, one ``colibri_model_t`` per MoE block run by the
+runtime's router + sparse forward, the token step), transformer_weights.{h,c} (const arrays,
+flash on MCUs) and manifest.json with ``"kind": "transformer"`` (the SConstruct then links
+runtime_c/runner/lm_main.c). Attention / norm / MLP weights are stored one row per output
+(``[out][in]``, the Hugging Face layout); expert weights keep the MoE IR's layout, which the
+runtime's kernels read. RoPE angles are tabulated in float64 and stored as fp32 cos / sin
+tables of ``max_context`` positions. Deterministic.
+
+With ``--quant fp16|int8|int4`` every MoE layer's routed experts are stored in that scheme
+(colibri.quant.formats, output-channel-major) and run by generated per-expert kernels
+(``<name>_l<L>_expert_<J>``, weights baked in) on the colibri_quant.h matvecs, activations
+quantised per token to int8 in an ``act_q`` arena row (``--act fp32`` keeps them float). The
+numpy mirror is :func:`colibri.reference.transformer.forward` with the same
+:func:`~colibri.quant.model.quantize_transformer`. ``--dense-quant fp16|int8`` stores every
+other matrix in that scheme too (attention q/k/v/o, the shared expert / dense MLPs through the
+same generated FFN kernels, the embedding, dequantised one row per token, and the LM head, one
+table when tied); ``--router-quant fp16|int8`` stores the routers for the runtime's quantised
+router; norms, biases and the shared-expert gate stay fp32. Without these options the output
+contains no quantisation code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..ir.transformer import MoETransformer, all_tensors, transformer_hash
+from ..plan.memory import TransformerPlan, max_top_k
+from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
+from ..quant.model import TransformerQuant
+from ..reference.transformer import rope_tables
+from .cnames import c_float, c_float_array, c_ident
+from .experts import ffn_kernel
+from .output import KIND, banner_context, new_manifest, render_files
+from .weights import WeightTable
+
+
+def check_supported(model: MoETransformer) -> None:
+    for i, layer in enumerate(model.layers):
+        moe = layer.moe
+        if moe is None:
+            continue
+        if moe.router_b is not None or (moe.experts and moe.experts[0].b1 is not None):
+            raise ConfigError(
+                f"layer {i}: router / expert biases are not supported by the generated "
+                f"transformer (Mixtral, Qwen2-MoE and OLMoE have none)"
+            )
+        if not moe.config.gated:
+            raise ConfigError(f"layer {i}: the generated transformer needs SwiGLU experts")
+        se = moe.shared_expert
+        if se is not None and (se.b1 is not None or se.b2 is not None):
+            raise ConfigError(f"layer {i}: a shared expert with biases is not supported")
+
+
+def _router_entry(
+    w: WeightTable, layer: int, router_w: np.ndarray, qr: QuantRouter | None
+) -> dict[str, Any]:
+    """The router of an MoE layer as colibri_model_t takes it: fp32 router_w, or router_scheme
+    with router_wq (fp16 bits / int8 codes) and, for int8, router_scale per expert."""
+    n_experts = router_w.shape[0]
+    what = f"router [{n_experts}][d]"
+    if qr is None or qr.scheme == "fp32":
+        return {"scheme": 0, "w": w.add(f"l{layer}_router", router_w, what)}
+    t = QuantTensor(qr.scheme, n_experts, int(router_w.shape[1]), qr.data, qr.scale)
+    sym = w.add_stored(f"l{layer}_router", t, f"{what}, {qr.scheme}")["symbol"]
+    if qr.scheme == "fp16":
+        return {"scheme": ROUTER_SCHEME_CODES["fp16"], "wq": sym, "scale": "NULL"}
+    return {"scheme": ROUTER_SCHEME_CODES["int8"], "wq": f"{sym}.q", "scale": f"{sym}.scale"}
+
+
+def render_transformer(
+    model: MoETransformer,
+    q: TransformerQuant | None,
+    plan: TransformerPlan,
+    board: str,
+    name: str,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The emit stage of a whole transformer: every generated file and the manifest, from the
+    quantised weights (None: all fp32) and the plan; returns ({filename: text}, manifest)."""
+    check_supported(model)
+    c = model.config
+    name = c_ident(name)
+    max_context = plan.max_context
+    quant = q.scheme if q is not None else "fp32"
+    dense = q.dense_scheme if q is not None else "fp32"
+    eq = q if q is not None and q.scheme != "fp32" else None  # quantised routed experts
+    dq = q if q is not None and q.dense_scheme != "fp32" else None  # quantised dense matrices
+    kinds: dict[str, dict[str, Any]] = {}
+    w = WeightTable(name)
+    what = f"token embedding [{c.vocab_size}][{c.d_model}]"
+    embed: dict[str, Any]
+    if dq is None:
+        sym = w.add("embed", model.embed, what)
+        embed = {"ref": sym, "symbol": sym}
+    else:
+        embed = w.add_stored("embed", dq.dense["embed"], f"{what}, {dense}")
+    dense_types: dict[str, str] = {}
+
+    def proj(i: int, n: str, arr: np.ndarray, what: str) -> str:
+        if dq is None:
+            return w.add(f"l{i}_{n}", arr, what)
+        e = w.add_stored(f"l{i}_{n}", dq.dense[f"l{i}.{n}"], f"{what}, {dense}")
+        dense_types[n] = e["ptype"]
+        return str(e["ref"])
+
+    def kind(scheme: str, kact: str, d_ff: int) -> str:
+        k = ffn_kernel(name, name.upper(), scheme, kact, c.d_model, d_ff, True, lone_layer=False)
+        kinds[k["fn"]] = k
+        return str(k["fn"])
+
+    layers: list[dict[str, Any]] = []
+    moes: list[dict[str, Any]] = []
+    for i, layer in enumerate(model.layers):
+        a = layer.attention
+        entry: dict[str, Any] = {
+            "index": i,
+            "input_norm": w.add(f"l{i}_input_norm", layer.input_norm, "RMSNorm weight"),
+            "wq": proj(i, "wq", a.wq.T, "q_proj [out][in]"),
+            "wk": proj(i, "wk", a.wk.T, "k_proj [out][in]"),
+            "wv": proj(i, "wv", a.wv.T, "v_proj [out][in]"),
+            "wo": proj(i, "wo", a.wo.T, "o_proj [out][in]"),
+            "bq": w.opt(f"l{i}_bq", a.bq, "q_proj bias"),
+            "bk": w.opt(f"l{i}_bk", a.bk, "k_proj bias"),
+            "bv": w.opt(f"l{i}_bv", a.bv, "v_proj bias"),
+            "bo": w.opt(f"l{i}_bo", a.bo, "o_proj bias"),
+            "q_norm": w.opt(f"l{i}_q_norm", a.q_norm, "QK-norm of the queries"),
+            "k_norm": w.opt(f"l{i}_k_norm", a.k_norm, "QK-norm of the keys"),
+            "post_norm": w.add(f"l{i}_post_norm", layer.post_norm, "RMSNorm weight"),
+            "moe": -1,
+            "ffn_gate": "NULL",
+            "ffn_up": "NULL",
+            "ffn_down": "NULL",
+            "ffn_d_ff": 0,
+            "shared_gate": "NULL",
+            "dense_ffn": None,
+        }
+        ffn = layer.mlp
+        if layer.moe is not None:
+            m = layer.moe
+            mc = m.config
+            experts = []
+            stored_q = []
+            kernels: list[str] = []
+            if eq is None:
+                for j, e in enumerate(m.experts):
+                    assert e.w3 is not None
+                    experts.append(
+                        {
+                            "w1": w.add(f"l{i}_e{j}_w1", e.w1, f"expert {j} gate [d][f]"),
+                            "w2": w.add(f"l{i}_e{j}_w2", e.w2, f"expert {j} down [f][d]"),
+                            "w3": w.add(f"l{i}_e{j}_w3", e.w3, f"expert {j} up [d][f]"),
+                        }
+                    )
+            else:
+                shape = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
+                for idx, qe in sorted(eq.experts[i].items()):
+                    args = {}
+                    for tname, t in qe.tensors():
+                        assert isinstance(t, QuantTensor)
+                        what = f"expert {idx} {shape[tname]}, {qe.scheme}"
+                        args[tname] = w.add_stored(f"l{i}_e{idx}_{tname}", t, what)["ref"]
+                    fn = kind(qe.scheme, qe.act, mc.d_ff)
+                    stored_q.append({"index": idx, "ffn": fn, "args": args})
+                storage = m.storage_map()
+                kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
+            entry["moe"] = len(moes)
+            moes.append(
+                {
+                    "layer": i,
+                    "index": len(moes),
+                    "c": mc,
+                    "flags": m.flags,
+                    "router": _router_entry(w, i, m.router_w, q.routers.get(i) if q else None),
+                    "experts": experts,
+                    "stored_q": stored_q,
+                    "kernels": kernels,
+                }
+            )
+            ffn = m.shared_expert
+            if m.shared_gate is not None:
+                entry["shared_gate"] = w.add(
+                    f"l{i}_shared_expert_gate", m.shared_gate, "shared-expert sigmoid gate [d]"
+                )
+            prefix = "shared"
+        else:
+            prefix = "mlp"
+        if ffn is not None and dq is not None:
+            qf = dq.dense_ffn[i]
+            d_ff = int(ffn.w1.shape[1])
+            names = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
+            args = {}
+            for tname, t in qf.tensors():
+                assert isinstance(t, QuantTensor)
+                key = f"l{i}_{prefix}_{tname}"
+                args[tname] = w.add_stored(key, t, f"SwiGLU {names[tname]}, {dense}")["ref"]
+            entry["dense_ffn"] = {"ffn": kind(qf.scheme, qf.act, d_ff), "args": args}
+            entry["ffn_d_ff"] = d_ff
+        elif ffn is not None:
+            assert ffn.w3 is not None
+            entry["ffn_gate"] = w.add(f"l{i}_{prefix}_gate", ffn.w1.T, "SwiGLU gate [f][d]")
+            entry["ffn_up"] = w.add(f"l{i}_{prefix}_up", ffn.w3.T, "SwiGLU up [f][d]")
+            entry["ffn_down"] = w.add(f"l{i}_{prefix}_down", ffn.w2.T, "SwiGLU down [d][f]")
+            entry["ffn_d_ff"] = int(ffn.w1.shape[1])
+        layers.append(entry)
+    w.add("final_norm", model.final_norm, "final RMSNorm weight")
+    lm_head = embed
+    if not c.tie_word_embeddings:
+        what = f"LM head [{c.vocab_size}][{c.d_model}]"
+        if dq is None:
+            sym = w.add("lm_head", model.lm_head, what)
+            lm_head = {"ref": sym, "symbol": sym}
+        else:
+            lm_head = w.add_stored("lm_head", dq.dense["lm_head"], f"{what}, {dense}")
+    cos, sin = rope_tables(c, np.arange(max_context))
+    half = c.head_dim // 2
+    rope_bytes = 2 * max_context * half * 4
+    weight_bytes = w.nbytes + rope_bytes
+    mhash = transformer_hash(model)
+    options: dict[str, Any] = {"board": board, "name": name, "max_context": max_context}
+    if q is not None:  # only when asked, so fp32 outputs stay byte-identical
+        options["quant"] = quant
+        options["act"] = q.act
+    if dq is not None:
+        options["dense_quant"] = dense
+        options["dense_act"] = dq.dense_act
+    if q is not None and q.router_scheme != "fp32":
+        options["router_quant"] = q.router_scheme
+    ctx: dict[str, Any] = {
+        **banner_context(model.source, mhash, options, name),
+        "c": c,
+        "eps": c_float(float(c.rms_norm_eps)),
+        "clip": c_float(float(c.clip_qkv)) if c.clip_qkv is not None else None,
+        "window": c.sliding_window or 0,
+        "plan": plan,
+        "max_context": max_context,
+        "half": half,
+        "rope_cos": c_float_array(cos[:, :half]),
+        "rope_sin": c_float_array(sin[:, :half]),
+        "weights": w.arrays,
+        "qweights": w.qarrays,
+        "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
+        "ffn_kinds": [kinds[k] for k in sorted(kinds)],
+        "act_q": plan.region_size("act_q"),
+        "weight_bytes": weight_bytes,
+        "layers": layers,
+        "moes": moes,
+        "max_top_k": max_top_k(model),
+        "lm_head": lm_head,
+        "embed": embed,
+        "dense": (
+            {"scheme": dq.dense_scheme, "act": dq.dense_act, "types": dense_types}
+            if dq is not None
+            else None
+        ),
+        "dense_ffn_layers": [entry for entry in layers if entry["dense_ffn"]],
+        "architecture": c.architecture,
+    }
+    files = render_files(KIND, ctx)
+    kv = plan.region("kv_cache").size
+    manifest = new_manifest(
+        KIND,
+        {
+            "source": str(model.source),
+            "sha256": mhash,
+            "architecture": c.architecture,
+            "config": dict(sorted(c.__dict__.items())),
+            "moe_layers": [m["layer"] for m in moes],
+        },
+        options,
+        plan,
+        1,
+        weight_bytes,
+        files,
+        kv_cache_bytes=kv,
+        activation_bytes=plan.arena_size - kv,
+        max_context=max_context,
+        weight_parts={**w.parts, "RoPE tables": rope_bytes},
+    )
+    if q is not None:
+        fp32_bytes = sum(int(a.nbytes) for _, a in all_tensors(model)) + rope_bytes
+        others = "attention, shared experts, dense MLPs, embedding and LM head"
+        manifest["quantization"] = {
+            "scheme": quant,
+            "act": q.act,
+            "dense_scheme": q.dense_scheme,
+            "dense_act": q.dense_act,
+            "router_scheme": q.router_scheme,
+            "what": f"routed experts of every MoE layer: {quant}; {others}: {dense}; routers: "
+            f"{q.router_scheme}; norms, biases and the shared-expert gate: fp32",
+            "fp32_weight_bytes": fp32_bytes,
+            "weight_bytes": weight_bytes,
+            "bytes_saved": fp32_bytes - weight_bytes,
+        }
+    return files, manifest

@@ -1,0 +1,263 @@
+"""The Colibri container (.clb): read and write. Byte layout: docs/format.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import ModelFormatError, ShapeError
+from ..ir.moe import Expert, MoEConfig, MoELayer, validate_sharing_map
+
+MAGIC = b"CLBRMOE\0"
+VERSION = 1
+ALIGN = 64
+HEADER_SIZE = 128
+ENTRY_SIZE = 96
+NAME_SIZE = 48
+NO_EXPERT = 0xFFFFFFFF
+
+# header: magic, version, alignment, E, k, d, f, activation, flags, n_tensors, meta_bytes,
+#         table_offset, meta_offset, data_offset, file_size, vocab_size, reserved
+_HEADER = struct.Struct("<8s10I4QI44x")
+# entry: name, dtype, ndim, shape[4], offset, nbytes, expert, crc32
+_ENTRY = struct.Struct("<48sII4IQQII")
+assert _HEADER.size == HEADER_SIZE and _ENTRY.size == ENTRY_SIZE
+
+DTYPES: dict[int, np.dtype] = {
+    0: np.dtype("<f4"),
+    1: np.dtype("<f2"),
+    2: np.dtype("i1"),
+    4: np.dtype("<i4"),
+}
+DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One row of the tensor table."""
+
+    name: str
+    dtype: int
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    expert: int
+    crc32: int
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _layer_tensors(layer: MoELayer) -> tuple[list[tuple[str, np.ndarray, int]], list[int]]:
+    storage = layer.storage_map()
+    tensors: list[tuple[str, np.ndarray, int]] = [("router.weight", layer.router_w, NO_EXPERT)]
+    if layer.router_b is not None:
+        tensors.append(("router.bias", layer.router_b, NO_EXPERT))
+    for i, expert in enumerate(layer.experts):
+        if storage[i] != i:
+            continue
+        for name, arr in expert.tensors():
+            tensors.append((f"expert.{i}.{name}", arr, i))
+    if storage != list(range(layer.config.n_experts)):
+        tensors.append(("expert_sharing_map", np.asarray(storage, dtype="<i4"), NO_EXPERT))
+    return tensors, storage
+
+
+def write_container(layer: MoELayer, path: str | os.PathLike[str]) -> Path:
+    """Write `layer` as a Colibri container, atomically (temporary file, then rename)."""
+    layer.validate()
+    layer.require_no_shared_expert("the Colibri container format")
+    c = layer.config
+    path = Path(path)
+    tensors, _ = _layer_tensors(layer)
+    meta = json.dumps(
+        {"config": c.to_json(), "producer": f"colibri {__version__}"}, sort_keys=True
+    ).encode()
+    table_offset = HEADER_SIZE
+    meta_offset = table_offset + ENTRY_SIZE * len(tensors)
+    data_offset = _align(meta_offset + len(meta))
+    entries: list[bytes] = []
+    blobs: list[tuple[int, bytes]] = []
+    cursor = data_offset
+    for name, arr, expert in tensors:
+        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+        code = DTYPE_CODES[np.dtype(arr.dtype).newbyteorder("<")]
+        shape = list(arr.shape) + [0] * (4 - arr.ndim)
+        entries.append(
+            _ENTRY.pack(
+                name.encode().ljust(NAME_SIZE, b"\0"),
+                code,
+                arr.ndim,
+                *shape,
+                cursor,
+                len(data),
+                expert,
+                zlib.crc32(data),
+            )
+        )
+        blobs.append((cursor, data))
+        cursor = _align(cursor + len(data))
+    file_size = blobs[-1][0] + len(blobs[-1][1])
+    header = _HEADER.pack(
+        MAGIC,
+        VERSION,
+        ALIGN,
+        c.n_experts,
+        c.top_k,
+        c.d_model,
+        c.d_ff,
+        c.activation_code,
+        layer.flags,
+        len(tensors),
+        len(meta),
+        table_offset,
+        meta_offset,
+        data_offset,
+        file_size,
+        c.vocab_size or 0,
+    )
+    buf = bytearray(file_size)
+    buf[0:HEADER_SIZE] = header
+    buf[table_offset:meta_offset] = b"".join(entries)
+    buf[meta_offset : meta_offset + len(meta)] = meta
+    for off, data in blobs:
+        buf[off : off + len(data)] = data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEntry], dict]:
+    """Parse and check the header, tensor table and metadata of a container image."""
+    if len(data) < HEADER_SIZE:
+        raise ModelFormatError(
+            f"{source}: truncated Colibri container: {len(data)} bytes, the header alone is "
+            f"{HEADER_SIZE}"
+        )
+    h = _HEADER.unpack_from(data, 0)
+    if h[0] != MAGIC:
+        raise ModelFormatError(f"{source}: bad magic {h[0]!r}, expected {MAGIC!r}")
+    version, align, e, k, d, f, act, flags, n_t, meta_bytes = h[1:11]
+    table_off, meta_off, data_off, file_size, _vocab = h[11:16]
+    if version != VERSION:
+        raise ModelFormatError(
+            f"{source}: container version {version} is not supported (this Colibri reads "
+            f"version {VERSION}); re-convert the model with `colibri convert`"
+        )
+    if file_size > len(data):
+        raise ModelFormatError(
+            f"{source}: truncated: header says {file_size} bytes, file has {len(data)}"
+        )
+    if file_size != len(data):
+        raise ModelFormatError(
+            f"{source}: file is {len(data)} bytes but its header says {file_size}"
+        )
+    if align != ALIGN or table_off != HEADER_SIZE or meta_off != table_off + n_t * ENTRY_SIZE:
+        raise ModelFormatError(f"{source}: inconsistent container header (table/alignment)")
+    if meta_off + meta_bytes > data_off or data_off % ALIGN or data_off > len(data):
+        raise ModelFormatError(f"{source}: inconsistent container header (metadata/data offset)")
+    entries = []
+    for i in range(n_t):
+        name_b, dtype, ndim, s0, s1, s2, s3, off, nb, expert, crc = _ENTRY.unpack_from(
+            data, table_off + i * ENTRY_SIZE
+        )
+        name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+        if dtype not in DTYPES or not 1 <= ndim <= 4:
+            raise ModelFormatError(f"{source}: tensor '{name}' has unknown dtype {dtype}/ndim")
+        shape = (s0, s1, s2, s3)[:ndim]
+        if off % ALIGN or off < data_off or off + nb > len(data):
+            raise ModelFormatError(
+                f"{source}: tensor '{name}' at offset {off} (+{nb} bytes) lies outside the "
+                f"file or is misaligned; the file is truncated or corrupt"
+            )
+        if int(np.prod(shape)) * DTYPES[dtype].itemsize != nb:
+            raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
+        if zlib.crc32(data[off : off + nb]) != crc:
+            raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
+        entries.append(TensorEntry(name, dtype, shape, off, nb, expert, crc))
+    try:
+        meta = json.loads(data[meta_off : meta_off + meta_bytes].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFormatError(f"{source}: metadata is not valid JSON ({exc})") from exc
+    return (e, k, d, f, act, flags), entries, meta
+
+
+def read_container(path: str | os.PathLike[str]) -> MoELayer:
+    """Read a container into the IR (tensors copied out of the file)."""
+    from ..ir.moe import ACTIVATIONS, FLAG_GATED, FLAG_NORM_TOPK
+
+    path = Path(path)
+    data = path.read_bytes()
+    source = str(path)
+    (e, k, d, f, act, flags), entries, meta = read_table(data, source)
+    if act >= len(ACTIVATIONS):
+        raise ModelFormatError(f"{source}: unknown activation code {act}")
+    vocab = meta.get("config", {}).get("vocab_size")
+    config = MoEConfig(
+        n_experts=e,
+        top_k=k,
+        d_model=d,
+        d_ff=f,
+        activation=ACTIVATIONS[act],
+        gated=bool(flags & FLAG_GATED),
+        norm_topk_prob=bool(flags & FLAG_NORM_TOPK),
+        vocab_size=vocab,
+    )
+    by_name = {t.name: t for t in entries}
+
+    def get(name: str, required: bool = True) -> np.ndarray | None:
+        t = by_name.get(name)
+        if t is None:
+            if required:
+                raise ModelFormatError(f"{source}: tensor '{name}' is missing")
+            return None
+        arr = np.frombuffer(
+            data, dtype=DTYPES[t.dtype], count=int(np.prod(t.shape)), offset=t.offset
+        )
+        return arr.reshape(t.shape).copy()
+
+    share = get("expert_sharing_map", required=False)
+    storage = [int(v) for v in share] if share is not None else list(range(e))
+    validate_sharing_map(storage, e, source)
+    experts: dict[int, Expert] = {}
+    for i in sorted(set(storage)):
+        w1, w2 = get(f"expert.{i}.w1"), get(f"expert.{i}.w2")
+        assert w1 is not None and w2 is not None
+        experts[i] = Expert(
+            w1=w1,
+            w2=w2,
+            b1=get(f"expert.{i}.b1", required=False),
+            b2=get(f"expert.{i}.b2", required=False),
+            w3=get(f"expert.{i}.w3", required=False),
+        )
+    router_w = get("router.weight")
+    assert router_w is not None
+    layer = MoELayer(
+        config=config,
+        router_w=router_w,
+        router_b=get("router.bias", required=False),
+        experts=[experts[storage[i]] for i in range(e)],
+        sharing_map=storage if share is not None else None,
+        source=source,
+        metadata=meta,
+    )
+    try:
+        return layer.validate()
+    except ShapeError as exc:
+        raise ModelFormatError(str(exc)) from exc

@@ -1,0 +1,181 @@
+"""Hugging Face MoE causal LMs (Mixtral, Qwen2-MoE, OLMoE) as a whole :class:`MoETransformer`.
+
+Reads the checkpoint's config.json (every field checked) and its safetensors through
+:mod:`colibri.frontends.hf`; each MoE block is :func:`~colibri.frontends.hf.load_hf_moe_layer`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..ir.moe import Expert, MoELayer
+from ..ir.transformer import Attention, DecoderLayer, MoETransformer, TransformerConfig
+from .hf import HFCheckpoint, load_hf_moe_layer
+
+#: rope theta when config.json names none (the transformers defaults per architecture).
+DEFAULT_ROPE_THETA = {
+    "MixtralForCausalLM": 1e6,
+    "Qwen2MoeForCausalLM": 1e4,
+    "OlmoeForCausalLM": 1e4,
+}
+
+
+def _rope_theta(ckpt: HFCheckpoint) -> float:
+    cfg = ckpt.config
+    params = cfg.get("rope_parameters")
+    scaling = cfg.get("rope_scaling")
+    theta = cfg.get("rope_theta")
+    if isinstance(params, dict):
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        theta = params.get("rope_theta", theta)
+    elif isinstance(scaling, dict):
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    else:
+        rope_type = "default"
+    if rope_type != "default":
+        raise ConfigError(
+            f"{ckpt.config_source}: rope type {rope_type!r} is not supported; supported: "
+            f"'default' (plain rotary embeddings with rope_theta)"
+        )
+    if theta is None:
+        theta = DEFAULT_ROPE_THETA[ckpt.arch.name]
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise ConfigError(f"{ckpt.config_source}: rope_theta must be a number > 0, got {theta!r}")
+    return float(theta)
+
+
+def _sliding_window(ckpt: HFCheckpoint) -> int | None:
+    cfg = ckpt.config
+    if ckpt.arch.name == "MixtralForCausalLM":
+        w = cfg.get("sliding_window")
+        if w is None:
+            return None
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ConfigError(f"{ckpt.config_source}: sliding_window must be null or >= 1")
+        return w
+    if cfg.get("use_sliding_window"):
+        raise ConfigError(
+            f"{ckpt.config_source}: use_sliding_window=true is not supported for "
+            f"{ckpt.arch.name}; supported: full attention (use_sliding_window=false)"
+        )
+    return None
+
+
+def load_hf_config(ckpt: HFCheckpoint) -> TransformerConfig:
+    """The TransformerConfig of a checkpoint, every field checked."""
+    ckpt.check_silu()
+    d = ckpt.get_int("hidden_size")
+    n_heads = ckpt.get_int("num_attention_heads")
+    kv = ckpt.config.get("num_key_value_heads")
+    n_kv = n_heads if kv is None else ckpt.get_int("num_key_value_heads")
+    if n_heads % n_kv:
+        raise ConfigError(
+            f"{ckpt.config_source}: num_attention_heads={n_heads} is not a multiple of "
+            f"num_key_value_heads={n_kv}"
+        )
+    head_dim = ckpt.config.get("head_dim") or d // n_heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim % 2:
+        raise ConfigError(
+            f"{ckpt.config_source}: head_dim={head_dim!r} must be an even integer (rotary pairs)"
+        )
+    eps = ckpt.config.get("rms_norm_eps", 1e-6)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+        raise ConfigError(f"{ckpt.config_source}: rms_norm_eps must be a number >= 0")
+    clip = ckpt.config.get("clip_qkv")
+    return TransformerConfig(
+        architecture=ckpt.arch.name,
+        vocab_size=ckpt.get_int("vocab_size"),
+        d_model=d,
+        n_layers=ckpt.n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rope_theta=_rope_theta(ckpt),
+        rms_norm_eps=float(eps),
+        tie_word_embeddings=bool(ckpt.config.get("tie_word_embeddings", False)),
+        qk_norm=ckpt.arch.qk_norm,
+        clip_qkv=None if clip is None else float(clip),
+        sliding_window=_sliding_window(ckpt),
+    )
+
+
+def _attention(ckpt: HFCheckpoint, c: TransformerConfig, i: int) -> Attention:
+    p = f"model.layers.{i}.self_attn"
+    d, hq, hkv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    cfg = ckpt.config
+    if c.architecture == "Qwen2MoeForCausalLM":
+        qkv_bias, o_bias = bool(cfg.get("qkv_bias", True)), False
+    elif c.architecture == "OlmoeForCausalLM":
+        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
+    else:
+        qkv_bias = o_bias = False
+
+    def bias(name: str, n: int, present: bool) -> np.ndarray | None:
+        return ckpt.tensor(f"{p}.{name}.bias", (n,)) if present else None
+
+    att = Attention(
+        wq=ckpt.tensor(f"{p}.q_proj.weight", (hq, d)).T.copy(),
+        wk=ckpt.tensor(f"{p}.k_proj.weight", (hkv, d)).T.copy(),
+        wv=ckpt.tensor(f"{p}.v_proj.weight", (hkv, d)).T.copy(),
+        wo=ckpt.tensor(f"{p}.o_proj.weight", (d, hq)).T.copy(),
+        bq=bias("q_proj", hq, qkv_bias),
+        bk=bias("k_proj", hkv, qkv_bias),
+        bv=bias("v_proj", hkv, qkv_bias),
+        bo=bias("o_proj", d, o_bias),
+    )
+    if c.qk_norm:
+        att.q_norm = ckpt.tensor(f"{p}.q_norm.weight", (hq,))
+        att.k_norm = ckpt.tensor(f"{p}.k_norm.weight", (hkv,))
+    return att
+
+
+def load_hf_transformer(path: str | os.PathLike[str] | HFCheckpoint) -> MoETransformer:
+    """A whole Hugging Face MoE causal LM (Mixtral, Qwen2-MoE, OLMoE) as a MoETransformer."""
+    ckpt = path if isinstance(path, HFCheckpoint) else HFCheckpoint(path)
+    c = load_hf_config(ckpt)
+    d = c.d_model
+    layers = []
+    for i in range(c.n_layers):
+        moe: MoELayer | None = None
+        mlp: Expert | None = None
+        if ckpt.is_moe_layer(i):
+            moe = load_hf_moe_layer(ckpt, i)
+        else:
+            f = ckpt.get_int("intermediate_size")
+            p = f"model.layers.{i}.mlp"
+            mlp = Expert(
+                w1=ckpt.tensor(f"{p}.gate_proj.weight", (f, d)).T.copy(),
+                w3=ckpt.tensor(f"{p}.up_proj.weight", (f, d)).T.copy(),
+                w2=ckpt.tensor(f"{p}.down_proj.weight", (d, f)).T.copy(),
+            )
+        layers.append(
+            DecoderLayer(
+                input_norm=ckpt.tensor(f"model.layers.{i}.input_layernorm.weight", (d,)),
+                attention=_attention(ckpt, c, i),
+                post_norm=ckpt.tensor(f"model.layers.{i}.post_attention_layernorm.weight", (d,)),
+                moe=moe,
+                mlp=mlp,
+            )
+        )
+    embed = ckpt.tensor("model.embed_tokens.weight", (c.vocab_size, d))
+    if c.tie_word_embeddings:
+        lm_head = embed
+    else:
+        lm_head = ckpt.tensor("lm_head.weight", (c.vocab_size, d))
+    return MoETransformer(
+        config=c,
+        embed=embed,
+        layers=layers,
+        final_norm=ckpt.tensor("model.norm.weight", (d,)),
+        lm_head=lm_head,
+        source=str(ckpt.path),
+    )
+
+
+def load_transformer(path: str | os.PathLike[str]) -> MoETransformer:
+    """A whole model from a checkpoint directory (only Hugging Face checkpoints for now)."""
+    return load_hf_transformer(Path(path))

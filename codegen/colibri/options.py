@@ -1,0 +1,69 @@
+"""What `colibri generate` is asked for: one options object that every stage reads.
+
+A lone MoE layer uses ``max_tokens`` (tokens per chunk), the cache options, ``calib`` and
+``ram_budget``; a whole transformer uses ``max_context`` and ``dense_quant``. ``quant``, ``act``
+and ``router_quant`` apply to both. :meth:`GenerateOptions.as_dict` is what the manifest records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_TOKENS = 32
+#: Calibration tokens when no --calib file is given (seeded, standard normal).
+DEFAULT_CALIB_TOKENS = 64
+DEFAULT_CALIB_SEED = 0
+
+
+CACHE_POLICIES = ("pinned", "lru", "none")
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What `colibri generate` was asked for (recorded in the manifest)."""
+
+    board: str = "host"
+    name: str = "model"
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    quant: str = "fp32"
+    expert_quant: str | None = None
+    act: str | None = None
+    cache: str = "pinned"
+    cache_slots: int = 0
+    calib: str | None = None
+    ram_budget: int | None = None
+    router_quant: str = "fp32"
+    #: Whole transformers only: KV-cache positions (None: DEFAULT_MAX_CONTEXT) and the scheme
+    #: of every matrix besides the routed experts and routers.
+    max_context: int | None = None
+    dense_quant: str = "fp32"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "board": self.board,
+            "name": self.name,
+            "max_tokens": self.max_tokens,
+        }
+        # Only non-defaults, so that fp32 outputs stay byte-identical to earlier versions.
+        extra = {
+            "quant": (self.quant, "fp32"),
+            "expert_quant": (self.expert_quant, None),
+            "act": (self.act, None),
+            "cache": (self.cache, "pinned"),
+            "cache_slots": (self.cache_slots, 0),
+            "calib": (self.calib, None),
+            "ram_budget": (self.ram_budget, None),
+            "router_quant": (self.router_quant, "fp32"),
+            "max_context": (self.max_context, None),
+            "dense_quant": (self.dense_quant, "fp32"),
+        }
+        for key, (value, default) in extra.items():
+            if value != default:
+                out[key] = value
+        return out
+
+
+DEFAULT_MAX_CONTEXT = 64
+#: Largest --max-context accepted (positions are int32 in C; far above any MCU's RAM).
+MAX_CONTEXT_LIMIT = 1 << 20

@@ -1,0 +1,242 @@
+"""Static memory plans: every run-time buffer gets a fixed offset in one arena.
+
+One planner for every kind of model: :func:`lay_out` places named regions back to back,
+16-byte aligned, into an :class:`ArenaPlan`; :func:`plan_memory` lists the regions of a lone
+MoE layer and :func:`plan_transformer` those of a whole decoder.
+
+A lone layer's arena holds the runner's I/O chunk (input, output, routing results, the router's
+route_temp) followed by the runtime's sparse-forward workspace, whose size is the C macro
+COLIBRI_WORKSPACE_BYTES (colibri.h) — :func:`workspace_bytes` computes the same number, and
+a test compiles the macro to check they agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.moe import MoEConfig
+from ..ir.transformer import MoETransformer
+
+ALIGN = 16
+
+
+def align16(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def workspace_bytes(e: int, k: int, d: int, f: int, gated: bool, t: int) -> int:
+    """COLIBRI_WORKSPACE_BYTES(E, K, D, F, GATED, T) of colibri.h."""
+    return (
+        align16(4 * (2 * e + 2))
+        + align16(4 * t * k)
+        + 2 * align16(4 * t * d)
+        + align16(4 * t * f * (2 if gated else 1))
+    )
+
+
+#: Bytes of colibri_expert_weights_t on a 64-bit target (5 pointers + 5 uint32 part sizes,
+#: padded to 8); 32-bit targets need 40, so a plan sized with this fits every board (the
+#: generated C _Static_asserts it).
+EXPERT_WEIGHTS_STRUCT_BYTES = 64
+
+
+def slot_bytes(n_slots: int, expert_floats: int) -> int:
+    """COLIBRI_SLOT_BYTES(N, EF) of colibri.h, with the 64-bit size of the pointer struct."""
+    if n_slots <= 0:
+        return 0
+    return (
+        align16(8 * n_slots)
+        + align16(n_slots * EXPERT_WEIGHTS_STRUCT_BYTES)
+        + align16(4 * n_slots)
+        + align16(4 * n_slots * expert_floats)
+    )
+
+
+def expert_floats(c: MoEConfig, bias: bool) -> int:
+    """COLIBRI_EXPERT_FLOATS(D, F, GATED, BIAS)."""
+    return c.d_model * c.d_ff * (3 if c.gated else 2) + ((c.d_model + c.d_ff) if bias else 0)
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    offset: int
+    size: int
+    what: str
+
+
+def lay_out(items: list[tuple[str, int, str]]) -> tuple[Region, ...]:
+    """Regions back to back in the given order, each at a 16-byte aligned offset."""
+    regions = []
+    off = 0
+    for name, size, what in items:
+        regions.append(Region(name, off, size, what))
+        off = align16(off + size)
+    return tuple(regions)
+
+
+@dataclass(frozen=True)
+class ArenaPlan:
+    """One static arena: named regions at fixed offsets (see lay_out)."""
+
+    regions: tuple[Region, ...]
+
+    @property
+    def arena_size(self) -> int:
+        last = self.regions[-1]
+        return align16(last.offset + last.size)
+
+    def region(self, name: str) -> Region:
+        return next(r for r in self.regions if r.name == name)
+
+    def region_size(self, name: str) -> int:
+        """Bytes of region `name`, 0 when the plan has none."""
+        return next((r.size for r in self.regions if r.name == name), 0)
+
+
+@dataclass(frozen=True)
+class MemoryPlan(ArenaPlan):
+    """The arena of one MoE layer processed in chunks of max_tokens tokens."""
+
+    max_tokens: int = 0
+
+
+def plan_memory(
+    c: MoEConfig,
+    max_tokens: int,
+    slots: int = 0,
+    bias: bool = False,
+    act_q: bool = False,
+    slot_floats: int = 0,
+) -> MemoryPlan:
+    """Lay out the arena for chunks of max_tokens tokens.
+
+    slots: expert cache slots of an LRU/NONE static model (they must follow the workspace,
+    where colibri_init_static carves them), each of slot_floats floats (0: the fp32 expert
+    size, COLIBRI_EXPERT_FLOATS); act_q: an int8 row buffer for the per-token
+    quantised activations of integer kernels (max(d_model, d_ff) bytes)."""
+    t, d, k = max_tokens, c.d_model, c.top_k
+    items = [
+        ("input", 4 * t * d, f"float[{t}][{d}] token chunk"),
+        ("output", 4 * t * d, f"float[{t}][{d}] layer output"),
+        ("expert_ids", 4 * t * k, f"int32[{t}][{k}] routing"),
+        ("gates", 4 * t * k, f"float[{t}][{k}] gate weights"),
+        ("route_temp", 4 * t, f"float[{t}] router workspace (per-token log-sum-exp)"),
+        (
+            "workspace",
+            workspace_bytes(c.n_experts, k, d, c.d_ff, c.gated, t),
+            "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)",
+        ),
+    ]
+    if slots:
+        items.append(
+            (
+                "slots",
+                slot_bytes(slots, slot_floats or expert_floats(c, bias)),
+                f"{slots} expert cache slot(s) (COLIBRI_SLOT_BYTES)",
+            )
+        )
+    if act_q:
+        n = max(c.d_model, c.d_ff)
+        items.append(("act_q", n, f"int8[{n}] per-token quantised activations"))
+    return MemoryPlan(regions=lay_out(items), max_tokens=max_tokens)
+
+
+# -- whole transformers ------------------------------------------------------------------------
+# Static memory plan of a whole generated transformer: activations, MoE buffers, KV cache.
+# The generated model runs one token at a time (prefill included), so every activation buffer
+# holds one row; the KV cache holds ``max_context`` positions of every layer's keys and values.
+# All of it is one arena with a fixed offset per buffer (``<NAME>_<REGION>_OFFSET`` / ``_BYTES``
+# macros). The MoE workspace is :func:`colibri.memplan.workspace_bytes` for one token (the C
+# macro COLIBRI_WORKSPACE_BYTES, checked by a ``_Static_assert`` in the generated C), shared by
+# every layer's MoE block since layers run one after the other; the sampler's workspace is
+# COLIBRI_SAMPLE_WORKSPACE_BYTES (colibri_transformer.h).
+
+
+def sample_workspace_bytes(vocab: int) -> int:
+    """COLIBRI_SAMPLE_WORKSPACE_BYTES(N) of colibri_transformer.h."""
+    return 2 * align16(4 * vocab)
+
+
+def kv_cache_bytes(model: MoETransformer, max_context: int) -> int:
+    """Keys + values of every layer, fp32: 2 * layers * kv_heads * max_context * head_dim * 4."""
+    c = model.config
+    return 2 * c.n_layers * c.n_kv_heads * max_context * c.head_dim * 4
+
+
+def ffn_scratch_floats(model: MoETransformer) -> int:
+    """Floats of the SwiGLU scratch (gate + up rows) of the widest dense MLP / shared expert."""
+    widths = [0]
+    for layer in model.layers:
+        if layer.mlp is not None:
+            widths.append(int(layer.mlp.w1.shape[1]))
+        if layer.moe is not None and layer.moe.shared_expert is not None:
+            widths.append(int(layer.moe.shared_expert.w1.shape[1]))
+    return 2 * max(widths)
+
+
+def moe_workspace_bytes(model: MoETransformer) -> int:
+    """The largest one-token sparse-forward workspace over the MoE layers."""
+    sizes = [0]
+    for layer in model.layers:
+        if layer.moe is not None:
+            m = layer.moe.config
+            sizes.append(workspace_bytes(m.n_experts, m.top_k, m.d_model, m.d_ff, m.gated, 1))
+    return max(sizes)
+
+
+def max_top_k(model: MoETransformer) -> int:
+    return max([1] + [layer.moe.config.top_k for layer in model.layers if layer.moe is not None])
+
+
+@dataclass(frozen=True)
+class TransformerPlan(ArenaPlan):
+    """The arena of a whole transformer with a KV cache of max_context positions."""
+
+    max_context: int = 0
+
+
+def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) -> TransformerPlan:
+    """Lay out the arena of a transformer with a KV cache of max_context positions; act_q > 0
+    adds the int8 row of the quantised experts' per-token activations (that many bytes)."""
+    c = model.config
+    d, hq, hkv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    k = max_top_k(model)
+    scratch = max(ffn_scratch_floats(model), 1)
+    items = [
+        ("x", 4 * d, f"float[{d}] residual stream"),
+        ("h", 4 * d, f"float[{d}] normalised input of a sub-layer"),
+        ("q", 4 * hq, f"float[{hq}] queries"),
+        ("k", 4 * hkv, f"float[{hkv}] keys of this token"),
+        ("v", 4 * hkv, f"float[{hkv}] values of this token"),
+        ("att", 4 * hq, f"float[{hq}] attention output (all heads)"),
+        ("proj", 4 * d, f"float[{d}] sub-layer output (attention / MoE / MLP)"),
+        ("shared", 4 * d, f"float[{d}] shared-expert output"),
+        ("ffn_scratch", 4 * scratch, f"float[{scratch}] SwiGLU gate + up rows"),
+        ("expert_ids", 4 * k, f"int32[{k}] routing of this token"),
+        ("gates", 4 * k, f"float[{k}] gate weights"),
+        ("route_temp", 4, "float[1] router workspace"),
+        (
+            "workspace",
+            max(moe_workspace_bytes(model), 16),
+            "one-token sparse-forward workspace (COLIBRI_WORKSPACE_BYTES), shared by all layers",
+        ),
+        ("scores", 4 * max_context, f"float[{max_context}] attention scores"),
+        ("logits", 4 * c.vocab_size, f"float[{c.vocab_size}] next-token logits"),
+        (
+            "sample",
+            sample_workspace_bytes(c.vocab_size),
+            "sampler workspace (COLIBRI_SAMPLE_WORKSPACE_BYTES)",
+        ),
+        *(
+            [("act_q", act_q, f"int8[{act_q}] quantised activation row (int8 experts)")]
+            if act_q
+            else []
+        ),
+        (
+            "kv_cache",
+            kv_cache_bytes(model, max_context),
+            f"float[{c.n_layers}][2][{c.n_kv_heads}][{max_context}][{c.head_dim}] KV cache",
+        ),
+    ]
+    return TransformerPlan(regions=lay_out(items), max_context=max_context)

@@ -1,0 +1,127 @@
+"""Planning a model for a board: memory (one static arena), expert placement, cache slots.
+
+:func:`plan_layer` is the planning stage of a lone MoE layer: the cache policy and its slots,
+the arena (:func:`~colibri.plan.memory.plan_memory`), the RAM budget for pinned experts and
+each stored expert's placement and kernel variant (:func:`~colibri.plan.placement.plan_placement`).
+:func:`plan_whole_transformer` plans a whole decoder's arena with its KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..boards import Board
+from ..errors import ConfigError
+from ..ir.moe import MoELayer
+from ..ir.transformer import MoETransformer
+from ..options import CACHE_POLICIES, MAX_CONTEXT_LIMIT, GenerateOptions
+from ..quant.formats import stored_nbytes
+from ..quant.model import LayerQuant, TransformerQuant
+from ..reference.accuracy import Analysis
+from .memory import (
+    MemoryPlan,
+    TransformerPlan,
+    align16,
+    expert_floats,
+    plan_memory,
+    plan_transformer,
+)
+from .placement import Placement, plan_placement
+
+#: Largest number of LRU slots (COLIBRI_MAX_LRU_SLOTS).
+MAX_LRU_SLOTS = 256
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Where everything of a lone MoE layer lives: the arena, the cache slots and every stored
+    expert's placement (in storage order: hottest first when calibrated)."""
+
+    memory: MemoryPlan
+    placements: list[Placement]
+    n_slots: int
+    slot_floats: int
+    act_q: bool
+
+
+def default_ram_budget(board: Board, plan: MemoryPlan) -> int:
+    """RAM for pinned experts when --ram-budget is not given: half of what the board has left
+    after the arena, the stack and a 4 KB allowance for the runtime's statics; 0 on hosted
+    boards (no RAM region: weights are in RAM there anyway)."""
+    ram = board.memory.get("ram")
+    if ram is None or "flash" not in board.memory:
+        return 0
+    free = ram.size - plan.arena_size - board.stack_size - 4096
+    return max(0, free // 2)
+
+
+def slot_floats(layer: MoELayer, q: LayerQuant, bias: bool) -> int:
+    """Floats of one cache slot when some experts are quantised: the largest stored expert as
+    the loader packs it (fp32: COLIBRI_EXPERT_FLOATS back to back; quantised: each part at a
+    16-byte aligned offset, loader.c slot_fill), rounded up so every slot starts 16-aligned."""
+    largest = 4 * expert_floats(layer.config, bias)
+    for qe in q.experts.values():
+        if qe.scheme == "fp32":
+            continue
+        off = 0
+        for _, t in qe.tensors():
+            off = align16(off) + stored_nbytes(t)
+        largest = max(largest, off)
+    return align16(largest) // 4
+
+
+def plan_layer(
+    layer: MoELayer, q: LayerQuant, analysis: Analysis, board: Board, options: GenerateOptions
+) -> LayerPlan:
+    """The planning stage of a lone MoE layer."""
+    if options.cache not in CACHE_POLICIES:
+        raise ConfigError(
+            f"--cache: unknown policy '{options.cache}'; supported: {', '.join(CACHE_POLICIES)}"
+        )
+    n_slots = {"pinned": 0, "none": 1, "lru": options.cache_slots}[options.cache]
+    if options.cache == "lru" and not 1 <= options.cache_slots <= MAX_LRU_SLOTS:
+        raise ConfigError(
+            f"--cache lru needs --cache-slots between 1 and {MAX_LRU_SLOTS} "
+            f"(COLIBRI_MAX_LRU_SLOTS), got {options.cache_slots}"
+        )
+    bias = layer.experts[0].b1 is not None
+    act_q = any(e.act == "int8" and e.scheme != "fp32" for e in q.experts.values())
+    floats = slot_floats(layer, q, bias) if n_slots and q.quantised else 0
+    memory = plan_memory(layer.config, options.max_tokens, n_slots, bias, act_q, floats)
+    ram_budget = options.ram_budget
+    if ram_budget is None:
+        ram_budget = default_ram_budget(board, memory) if analysis.calibrated else 0
+    placements = plan_placement(layer, q.experts, analysis.heat, ram_budget, analysis.calibrated)
+    return LayerPlan(memory, placements, n_slots, floats, act_q)
+
+
+def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
+    """Bytes of the int8 row that quantised matrices with int8 activations need: the widest
+    input they quantise (expert / FFN inputs and hidden rows, attention inputs); 0 for none."""
+    if q is None:
+        return 0
+    c = model.config
+    rows = []
+    for i, layer in enumerate(model.layers):
+        if layer.moe is not None and q.scheme != "fp32":
+            rows += [
+                max(c.d_model, layer.moe.config.d_ff)
+                for e in q.experts[i].values()
+                if e.act == "int8"
+            ]
+        if q.dense_scheme != "fp32" and i in q.dense_ffn and q.dense_ffn[i].act == "int8":
+            rows.append(max(c.d_model, int(q.dense_ffn[i].w1.n_out)))
+    if q.dense_scheme != "fp32" and q.dense_act == "int8":
+        rows.append(max(c.d_model, c.n_heads * c.head_dim))
+    return max(rows, default=0)
+
+
+def plan_whole_transformer(
+    model: MoETransformer, q: TransformerQuant | None, max_context: int
+) -> TransformerPlan:
+    """The planning stage of a whole decoder: its arena with a KV cache of max_context."""
+    if isinstance(max_context, bool) or not 1 <= max_context <= MAX_CONTEXT_LIMIT:
+        raise ConfigError(
+            f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {max_context}"
+        )
+    return plan_transformer(model, max_context, transformer_act_q(model, q))

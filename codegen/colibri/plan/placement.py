@@ -1,0 +1,100 @@
+"""Expert placement from routing heat: which experts live where, in which order, with which
+kernel variant.
+
+Calibration tokens are routed with the fp32 router (the one the firmware runs); each expert's
+heat is the number of (token, slot) pairs that chose it. The hottest stored experts that fit
+the RAM budget are pinned in RAM (their arrays lose `const`, so the startup code copies them
+from flash into .data: no flash wait states on the hot path) and get the *speed* kernel (the
+FFN body inlined into the expert's kernel, dimensions constant); the others stay in flash,
+ordered by heat (hot first, so a flash cache or an external-memory prefetch sees the likely
+experts together) with the *compact* kernel (one shared out-of-line FFN body). Both kernel
+variants run the same operations in the same order: outputs are bit-identical.
+
+Without calibration data nothing is moved: index order, flash, the default kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..ir.moe import MoELayer
+from ..quant.formats import QuantExpert
+
+PLACEMENTS = ("flash", "ram")
+KERNELS = ("default", "speed", "compact")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one stored expert lives and which kernel runs it."""
+
+    index: int
+    scheme: str
+    act: str
+    placement: str
+    kernel: str
+    nbytes: int
+    heat: int  # calibration hits of every expert that uses these weights
+
+
+def plan_placement(
+    layer: MoELayer,
+    qexperts: dict[int, QuantExpert],
+    heat: np.ndarray,
+    ram_budget: int,
+    calibrated: bool,
+) -> list[Placement]:
+    """Placements of the stored experts, in storage order (hottest first when calibrated)."""
+    storage = layer.storage_map()
+    stored_heat = {idx: 0 for idx in qexperts}
+    for i, owner in enumerate(storage):
+        stored_heat[owner] += int(heat[i])
+    if not calibrated:
+        return [
+            Placement(i, q.scheme, q.act, "flash", "default", q.nbytes, stored_heat[i])
+            for i, q in sorted(qexperts.items())
+        ]
+    order = sorted(qexperts, key=lambda i: (-stored_heat[i], i))
+    out = []
+    used = 0
+    n_hot = max(1, len(order) // 4)  # no RAM budget: the hottest quarter gets the speed kernel
+    for rank, i in enumerate(order):
+        q = qexperts[i]
+        ram = stored_heat[i] > 0 and used + q.nbytes <= ram_budget
+        used += q.nbytes if ram else 0
+        hot = ram or (ram_budget == 0 and stored_heat[i] > 0 and rank < n_hot)
+        out.append(
+            Placement(
+                i,
+                q.scheme,
+                q.act,
+                "ram" if ram else "flash",
+                "speed" if hot else "compact",
+                q.nbytes,
+                stored_heat[i],
+            )
+        )
+    return out
+
+
+def format_placement_report(manifest: dict[str, Any]) -> str:
+    """The per-expert placement table and the layout savings of a generated model."""
+    q, lay = manifest["quantization"], manifest["layout"]
+    lines = [
+        f"weights: {q['weight_bytes']} bytes ({q['fp32_weight_bytes']} as fp32, "
+        f"{q['bytes_saved']} saved), router {q['router']}; {lay['unique_experts']} of "
+        f"{lay['n_experts']} experts stored ({lay['sharing']}: {lay['sharing_saved_bytes']} "
+        f"bytes, {lay['sharing_saved_percent']}% saved); cache {lay['cache']}"
+        + (f" ({lay['cache_slots']} slots)" if lay["cache_slots"] else ""),
+        f"{'expert':>6}  {'stored':>6}  {'scheme':<6}  {'act':<5}  {'placement':<9}  "
+        f"{'kernel':<7}  {'bytes':>9}  {'calib hits':>10}",
+    ]
+    for e in manifest["experts"]:
+        lines.append(
+            f"{e['expert']:>6}  {e['stored_as']:>6}  {e['scheme']:<6}  {e['act']:<5}  "
+            f"{e['placement']:<9}  {e['kernel']:<7}  {e['bytes']:>9}  {e['calib_hits']:>10}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""Quantisation of a whole model: what `colibri generate` stores with --quant and its kin.
+
+A lone MoE layer (:func:`quantize_moe_layer` -> :class:`LayerQuant`): each stored expert in its
+scheme (``--quant``, per expert ``--expert-quant``, activations ``--act``) and the router
+(``--router-quant``). A whole transformer (:func:`quantize_transformer` ->
+:class:`TransformerQuant`): the routed experts of every MoE layer in one scheme
+(:mod:`colibri.quant.formats`), and with ``dense`` fp16 / int8 (``--dense-quant``) every other
+matrix: attention q/k/v/o, Qwen's shared expert and dense MLPs, the token embedding and the LM
+head (one table when tied); routers on request. Norms, biases and the shared expert's gate stay
+fp32. :func:`colibri.reference.transformer.forward` runs the result through the kernels' mirror.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..ir.moe import MoELayer
+from ..ir.transformer import MoETransformer
+from .formats import (
+    QuantExpert,
+    QuantPlan,
+    QuantRouter,
+    QuantTensor,
+    check_router_scheme,
+    check_scheme,
+    make_plan,
+    quantize_expert,
+    quantize_layer,
+    quantize_matrix,
+    quantize_router,
+)
+
+
+@dataclass
+class LayerQuant:
+    """The stored form of a lone MoE layer: per-expert schemes, the quantised stored experts
+    (keyed by the storing expert's index) and the router."""
+
+    plan: QuantPlan
+    experts: dict[int, QuantExpert]
+    router: QuantRouter
+
+    @property
+    def quantised(self) -> bool:
+        """Whether anything is stored in another scheme than fp32."""
+        return any(q.scheme != "fp32" for q in self.experts.values()) or (
+            self.router.scheme != "fp32"
+        )
+
+
+def quantize_moe_layer(
+    layer: MoELayer,
+    quant: str = "fp32",
+    expert_quant: str | None = None,
+    act: str | None = None,
+    router: str = "fp32",
+) -> LayerQuant:
+    """Quantise a lone MoE layer as `colibri generate --quant --expert-quant --act
+    --router-quant` asks."""
+    plan = make_plan(layer.config.n_experts, quant, expert_quant, act)
+    return LayerQuant(plan, quantize_layer(layer, plan), quantize_router(layer.router_w, router))
+
+
+#: Schemes of --dense-quant (int4 blocks of 32 are for the routed experts: --quant int4).
+DENSE_SCHEMES = ("fp32", "fp16", "int8")
+#: The attention projections of every layer, as named in the IR and the generated C.
+ATTENTION_PROJECTIONS = ("wq", "wk", "wv", "wo")
+
+
+@dataclass
+class TransformerQuant:
+    """The quantised weights of a transformer, as `colibri generate --quant SCHEME [--act MODE]
+    [--dense-quant SCHEME]` stores them: the routed experts of every MoE layer (layer index ->
+    stored expert index -> QuantExpert) and, when dense_scheme is not fp32, the rest
+    (``dense``: "embed", "lm_head" (absent when tied), "l<i>.wq" .. "l<i>.wo" as [out, in];
+    ``dense_ffn``: layer index -> its shared expert or dense MLP) and, with router_scheme fp16 /
+    int8, the routers (dequantised per element before the fp32 accumulation, as the C router
+    does)."""
+
+    scheme: str
+    act: str
+    experts: dict[int, dict[int, QuantExpert]]
+    dense_scheme: str = "fp32"
+    dense_act: str = "fp32"
+    dense: dict[str, QuantTensor] = field(default_factory=dict)
+    dense_ffn: dict[int, QuantExpert] = field(default_factory=dict)
+    #: --router-quant: every MoE layer's router (layer index -> QuantRouter) when not fp32.
+    router_scheme: str = "fp32"
+    routers: dict[int, QuantRouter] = field(default_factory=dict)
+
+    def lm_head(self) -> QuantTensor:
+        """The LM head's tensor (the embedding's when tied)."""
+        return self.dense.get("lm_head", self.dense["embed"])
+
+
+def check_dense_scheme(dense: str) -> str:
+    dense = check_scheme(dense, "--dense-quant")
+    if dense not in DENSE_SCHEMES:
+        raise ConfigError(
+            f"--dense-quant {dense} is not supported; supported: {', '.join(DENSE_SCHEMES)} "
+            f"(int4 blocks are for the routed experts: --quant int4)"
+        )
+    return dense
+
+
+def quantize_transformer(
+    model: MoETransformer,
+    scheme: str = "int8",
+    act: str | None = None,
+    dense: str = "fp32",
+    router: str = "fp32",
+) -> TransformerQuant:
+    """Quantise the routed experts of every MoE layer (colibri.quant.formats) and, with
+    dense fp16 / int8, every other matrix; act is the activation mode of int8/int4 matrices
+    (default int8: integer dot products; fp16 has no integer kernel and keeps fp32)."""
+    plan_act = ""
+    experts: dict[int, dict[int, QuantExpert]] = {}
+    for i, layer in enumerate(model.layers):
+        if layer.moe is None:
+            continue
+        plan = make_plan(layer.moe.config.n_experts, scheme, None, act)
+        plan_act = plan.acts[0]
+        experts[i] = quantize_layer(layer.moe, plan)
+    if not plan_act:
+        plan_act = make_plan(1, scheme, None, act).acts[0]
+    q = TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
+    q.router_scheme = check_router_scheme(router)
+    if router != "fp32":
+        for i, layer in enumerate(model.layers):
+            if layer.moe is not None:
+                q.routers[i] = quantize_router(layer.moe.router_w, q.router_scheme)
+    q.dense_scheme = check_dense_scheme(dense)
+    if q.dense_scheme == "fp32":
+        return q
+    q.dense_act = make_plan(1, q.dense_scheme, None, act).acts[0]
+    q.dense["embed"] = quantize_matrix(model.embed, q.dense_scheme, "embed")
+    if not model.config.tie_word_embeddings:
+        q.dense["lm_head"] = quantize_matrix(model.lm_head, q.dense_scheme, "lm_head")
+    for i, layer in enumerate(model.layers):
+        for n in ATTENTION_PROJECTIONS:
+            w = getattr(layer.attention, n)
+            q.dense[f"l{i}.{n}"] = quantize_matrix(w.T, q.dense_scheme, f"l{i}.{n}")
+        ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
+        if ffn is not None:
+            q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn")
+    return q
+
+
+def quantize_transformer_as_asked(
+    model: MoETransformer,
+    quant: str = "fp32",
+    act: str | None = None,
+    dense: str = "fp32",
+    router: str = "fp32",
+) -> TransformerQuant | None:
+    """The quantisation stage of a whole transformer: None when everything stays fp32 (the
+    generated C then holds no quantisation code), else :func:`quantize_transformer`; --act
+    without an int8/int4 matrix to apply to is an error."""
+    quant = check_scheme(quant)
+    dense = check_dense_scheme(dense)
+    q: TransformerQuant | None = None
+    if quant != "fp32" or dense != "fp32" or router != "fp32":
+        q = quantize_transformer(model, quant, act, dense, router)
+    if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
+        raise ConfigError(
+            "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"
+        )
+    return q

@@ -1,0 +1,143 @@
+"""Analysis of a quantised model against the fp32 reference, on calibration inputs.
+
+:func:`analyse_layer` is the generator's analysis stage (after quantisation, before planning):
+it routes the calibration tokens (--calib, or seeded random ones) to get each expert's heat
+(which drives placement) and measures the accuracy report.
+
+Per layer: max-abs error and relative RMS error of the output, cosine similarity, and routing
+agreement (the fraction of tokens whose top-k expert *set* is unchanged). The router stays
+fp32, so for a single layer the routing is unchanged by construction; the figure is kept so
+that stacked layers (whose inputs move) and a quantised router report it the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..frontends.export import EXPORT_TOLERANCE, ExportCheckFailed, import_torch, torch_block
+from ..frontends.hf import HFConfig
+from ..frontends.load import check_input, load_npy
+from ..ir.moe import MoELayer
+from ..options import DEFAULT_CALIB_SEED, DEFAULT_CALIB_TOKENS, GenerateOptions
+from ..quant.formats import QuantExpert, QuantRouter
+from ..quant.model import LayerQuant
+from .kernels import quant_moe_forward
+from .moe import compare, moe_forward, route
+
+
+def error_metrics(y: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """max-abs, relative RMS and cosine similarity of y vs ref."""
+    y = np.asarray(y, dtype=np.float64).ravel()
+    ref = np.asarray(ref, dtype=np.float64).ravel()
+    diff = y - ref
+    rms_ref = float(np.sqrt(np.mean(ref**2))) if ref.size else 0.0
+    rel = float(np.sqrt(np.mean(diff**2))) / rms_ref if rms_ref > 0 else 0.0
+    ny, nr = float(np.linalg.norm(y)), float(np.linalg.norm(ref))
+    cos = float(np.dot(y, ref) / (ny * nr)) if ny > 0 and nr > 0 else 1.0
+    return {
+        "max_abs_error": float(np.max(np.abs(diff))) if diff.size else 0.0,
+        "rel_rms_error": rel,
+        "cosine": cos,
+    }
+
+
+def routing_agreement(ids: np.ndarray, ref_ids: np.ndarray) -> float:
+    """Fraction of tokens whose set of k experts is the same."""
+    if ids.shape[0] == 0:
+        return 1.0
+    same = np.all(np.sort(ids, axis=1) == np.sort(ref_ids, axis=1), axis=1)
+    return float(np.mean(same))
+
+
+def accuracy_report(
+    layer: MoELayer,
+    qexperts: dict[int, QuantExpert],
+    x: np.ndarray,
+    router: QuantRouter | None = None,
+) -> dict[str, Any]:
+    """The manifest's "accuracy" entry (one layer)."""
+    ref, r = moe_forward(layer, x)
+    y, ids = quant_moe_forward(layer, qexperts, x, router)
+    m = error_metrics(y, ref)
+    m["routing_agreement"] = routing_agreement(ids, r.expert_ids)
+    return {"tokens": int(x.shape[0]), "layers": [{"layer": 0, **m}]}
+
+
+def format_accuracy(acc: dict[str, Any]) -> str:
+    lines = [f"accuracy vs fp32 on {acc['tokens']} calibration tokens:"]
+    for m in acc["layers"]:
+        lines.append(
+            f"  layer {m['layer']}: max-abs {m['max_abs_error']:.3g}, rel-RMS "
+            f"{m['rel_rms_error']:.3g}, cosine {m['cosine']:.6f}, routing agreement "
+            f"{100 * m['routing_agreement']:.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def routing_heat(layer: MoELayer, x: np.ndarray) -> np.ndarray:
+    """Calibration hits per expert: how many tokens chose it among their top-k."""
+    r = route(layer, np.asarray(x, dtype=np.float32))
+    return np.bincount(r.expert_ids.ravel(), minlength=layer.config.n_experts).astype(np.int64)
+
+
+def load_calib(options: GenerateOptions, calib: np.ndarray | None, d_model: int) -> np.ndarray:
+    """Calibration tokens: the array given, --calib FILE, or seeded random ones."""
+    if calib is None and options.calib:
+        calib = load_npy(
+            options.calib, "--calib file", f"a [T, {d_model}] float32 .npy of calibration tokens"
+        )
+    if calib is None:
+        return (
+            np.random.default_rng(DEFAULT_CALIB_SEED)
+            .standard_normal((DEFAULT_CALIB_TOKENS, d_model))
+            .astype(np.float32)
+        )
+    return check_input(np.asarray(calib), d_model, options.calib or "calibration input")
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the analysis stage found: whether there is anything to report (a plain fp32 model
+    generates exactly as before, without a report), whether real calibration data was given,
+    each expert's calibration hits and the accuracy report (None without a report)."""
+
+    report: bool
+    calibrated: bool
+    heat: np.ndarray
+    accuracy: dict[str, Any] | None
+
+
+def analyse_layer(
+    layer: MoELayer, q: LayerQuant, options: GenerateOptions, calib: np.ndarray | None = None
+) -> Analysis:
+    """Heat and accuracy of a lone layer on the calibration tokens, when there is something to
+    report (quantised, calibrated, a cache or a RAM budget)."""
+    c = layer.config
+    calibrated = options.calib is not None or calib is not None
+    report = q.quantised or calibrated or options.cache != "pinned" or bool(options.ram_budget)
+    if not report:
+        return Analysis(False, calibrated, np.zeros(c.n_experts, np.int64), None)
+    x_cal = load_calib(options, calib, c.d_model)
+    heat = routing_heat(layer, x_cal)
+    return Analysis(True, calibrated, heat, accuracy_report(layer, q.experts, x_cal, q.router))
+
+
+def check_against_torch(
+    layer: MoELayer, cfg: HFConfig, state: dict[str, np.ndarray], tokens: int, seed: int
+) -> tuple[float, float]:
+    """(max |reference - torch|, max |torch|) on a seeded standard-normal batch."""
+    torch = import_torch()
+    x = np.random.default_rng(seed).standard_normal((tokens, layer.config.d_model))
+    x = x.astype(np.float32)
+    block = torch_block(cfg, state)
+    with torch.no_grad():
+        y_torch = block(torch.from_numpy(x)[None])[0].double().numpy()
+    y, _ = moe_forward(layer, x)
+    diff = float(np.max(np.abs(y - y_torch)))
+    err = compare(y_torch, y, EXPORT_TOLERANCE)
+    if err is not None:
+        raise ExportCheckFailed(f"{layer.source}: exported block differs from PyTorch: {err}")
+    return diff, float(np.max(np.abs(y_torch)))

@@ -1,0 +1,172 @@
+"""The numpy mirror of the quantised C kernels (kernels_q.c and the generated FFN kernels).
+
+The mirror repeats the C kernels' arithmetic *in the same fp32 order* (there is no FMA on any
+board: -ffp-contract=off), so integer accumulators and matvec outputs are bit-identical; C's
+``roundf`` (half away from zero) is :func:`colibri.quant.formats.round_half_away`, not
+``np.round`` (half to even). Weight formats are :mod:`colibri.quant.formats`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..ir.moe import MoELayer
+from ..quant.formats import (
+    Q8_MAX,
+    QK4,
+    QuantExpert,
+    QuantRouter,
+    QuantTensor,
+    f16_to_f32,
+    int4_values,
+    round_half_away,
+)
+from .moe import activation, expert_ffn, route
+
+
+def _seq_dot(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """acc = 0; for i: acc += w[:, i] * x[:, i], fp32 sequential: [T, out]."""
+    w = np.asarray(w, dtype=np.float32)
+    x = np.asarray(x, dtype=np.float32)
+    acc = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
+    for i in range(w.shape[1]):
+        acc += x[:, i : i + 1] * w[None, :, i]
+    return acc
+
+
+def matvec_f16_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """colibri_matvec_f16_f32 on rows x [T, in]: [T, out]."""
+    return _seq_dot(f16_to_f32(w), x)
+
+
+def matvec_q8_f32(q: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """colibri_matvec_q8_f32."""
+    return (_seq_dot(q.astype(np.float32), x) * scale[None, :]).astype(np.float32)
+
+
+def matvec_q4_f32(blocks: np.ndarray, x: np.ndarray, n_in: int) -> np.ndarray:
+    """colibri_matvec_q4_f32."""
+    x = np.asarray(x, dtype=np.float32)
+    vals = int4_values(blocks, n_in).astype(np.float32)
+    d = f16_to_f32(blocks["d"])
+    acc = np.zeros((x.shape[0], blocks.shape[0]), dtype=np.float32)
+    for b in range(blocks.shape[1]):
+        lo, hi = b * QK4, min(n_in, (b + 1) * QK4)
+        bs = _seq_dot(vals[:, lo:hi], x[:, lo:hi])
+        acc += bs * d[None, :, b]
+    return acc
+
+
+def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """colibri_quantize_row_q8 on every row: (xq int8 [T, n], sx float32 [T])."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.max(np.abs(x), axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
+    sx = (amax / np.float32(Q8_MAX)).astype(np.float32)
+    safe = np.where(sx == 0, np.float32(1), sx).astype(np.float32)
+    v = round_half_away((x / safe[:, None]).astype(np.float32))
+    v = np.where(sx[:, None] == 0, 0, np.clip(v, -Q8_MAX, Q8_MAX))
+    return v.astype(np.int8), sx
+
+
+def dot_q8(q: np.ndarray, xq: np.ndarray) -> np.ndarray:
+    """Integer accumulators of colibri_dot_q8 for every (token, output): int32 [T, out]."""
+    return xq.astype(np.int32) @ q.astype(np.int32).T
+
+
+def dot_q4_q8(blocks: np.ndarray, xq: np.ndarray, n_in: int) -> np.ndarray:
+    """Integer accumulators of colibri_dot_q4_q8 per block: int32 [T, out, nb]."""
+    vals = int4_values(blocks, n_in).astype(np.int32)
+    nb = blocks.shape[1]
+    out = np.zeros((xq.shape[0], blocks.shape[0], nb), dtype=np.int32)
+    for b in range(nb):
+        lo, hi = b * QK4, min(n_in, (b + 1) * QK4)
+        out[:, :, b] = xq[:, lo:hi].astype(np.int32) @ vals[:, lo:hi].T
+    return out
+
+
+def matvec_q8_q8(q: np.ndarray, scale: np.ndarray, xq: np.ndarray, sx: np.ndarray) -> np.ndarray:
+    """colibri_matvec_q8_q8: ((float)isum * scale[o]) * sx."""
+    isum = dot_q8(q, xq).astype(np.float32)
+    return ((isum * scale[None, :]).astype(np.float32) * sx[:, None]).astype(np.float32)
+
+
+def matvec_q4_q8(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) -> np.ndarray:
+    """colibri_matvec_q4_q8: (sum_b (float)isum_b * d_b) * sx, blocks in order."""
+    isum = dot_q4_q8(blocks, xq, n_in).astype(np.float32)
+    d = f16_to_f32(blocks["d"])
+    acc = np.zeros(isum.shape[:2], dtype=np.float32)
+    for b in range(blocks.shape[1]):
+        acc += isum[:, :, b] * d[None, :, b]
+    return (acc * sx[:, None]).astype(np.float32)
+
+
+def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
+    """The C kernel of t's scheme on rows x [T, in] (fp32 out [T, out]), activations
+    quantised per row first when act == 'int8'."""
+    if t.scheme == "fp32":
+        return _seq_dot(t.data, x)
+    if act == "int8":
+        xq, sx = quantize_rows_q8(x)
+        if t.scheme == "int8":
+            assert t.scale is not None
+            return matvec_q8_q8(t.data, t.scale, xq, sx)
+        if t.scheme == "int4":
+            return matvec_q4_q8(t.data, xq, sx, t.n_in)
+        # fp16 weights have no integer kernel: activations stay fp32
+    if t.scheme == "fp16":
+        return matvec_f16_f32(t.data, x)
+    if t.scheme == "int8":
+        assert t.scale is not None
+        return matvec_q8_f32(t.data, t.scale, x)
+    return matvec_q4_f32(t.data, x, t.n_in)
+
+
+def _activation_f32(name: str, h: np.ndarray) -> np.ndarray:
+    return np.asarray(activation(name, h.astype(np.float64)), dtype=np.float32)
+
+
+def quant_expert_ffn(qe: QuantExpert, activation: str, gated: bool, x: np.ndarray) -> np.ndarray:
+    """One quantised expert on rows x [n, d_model], mirroring the generated C in fp32:
+    h = W1 x (+ b1); act (gated: act(h) * W3 x); y = W2 h (+ b2)."""
+    x = np.asarray(x, dtype=np.float32)
+    h = matvec(qe.w1, x, qe.act)
+    if qe.b1 is not None:
+        h = (h + qe.b1[None, :]).astype(np.float32)
+    if gated:
+        assert qe.w3 is not None
+        g = matvec(qe.w3, x, qe.act)
+        h = (_activation_f32("silu", h) * g).astype(np.float32)
+    else:
+        h = _activation_f32(activation, h)
+    y = matvec(qe.w2, h, qe.act)
+    if qe.b2 is not None:
+        y = (y + qe.b2[None, :]).astype(np.float32)
+    return y
+
+
+def quant_moe_forward(
+    layer: MoELayer,
+    qexperts: dict[int, QuantExpert],
+    x: np.ndarray,
+    router: QuantRouter | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The layer with quantised experts (and router, if given): (output float64 [T, d],
+    expert_ids), mirroring the generated C."""
+    x = np.asarray(x, dtype=np.float32)
+    routed = layer if router is None else replace(layer, router_w=router.dequantized())
+    r = route(routed, x)
+    storage = layer.storage_map()
+    c = layer.config
+    out = np.zeros(x.shape, dtype=np.float64)
+    for e in np.unique(r.expert_ids):
+        rows, slots = np.nonzero(r.expert_ids == e)
+        owner = storage[int(e)]
+        qe = qexperts[owner]
+        if qe.scheme == "fp32":
+            y = expert_ffn(layer, owner, x[rows])
+        else:
+            y = quant_expert_ffn(qe, c.activation, c.gated, x[rows]).astype(np.float64)
+        out[rows] += r.gates[rows, slots, None] * y
+    return out, r.expert_ids

@@ -1,0 +1,228 @@
+"""Python binding of the C runtime (ctypes + numpy), for services and for tests of the
+runtime's file-loading path (colibri_init on a container or a seed-layout file, mmap'ed).
+
+The shared library is built from runtime_c/src with the host's C compiler on first use and
+cached under the tools directory, keyed by a hash of the sources.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BuildError, ColibriError, InputError, ToolchainNotFound
+from ..paths import resource_dir, tools_dir
+
+CACHE_POLICIES = {"none": 0, "lru": 1, "pinned": 2}
+
+
+class RuntimeStatusError(ColibriError):
+    """A C runtime call returned a negative colibri_status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [
+        ("model_path", ctypes.c_char_p),
+        ("cache_policy", ctypes.c_int),
+        ("lru_cache_size", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
+        ("expert_sharing_map", ctypes.POINTER(ctypes.c_int32)),
+    ]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [
+        ("loads", ctypes.c_uint64),
+        ("hits", ctypes.c_uint64),
+        ("misses", ctypes.c_uint64),
+        ("evictions", ctypes.c_uint64),
+    ]
+
+
+class _ModelHead(ctypes.Structure):
+    """The leading fields of colibri_model_t (stable order, see colibri.h)."""
+
+    _fields_ = [
+        ("n_experts", ctypes.c_int32),
+        ("d_model", ctypes.c_int32),
+        ("d_ff", ctypes.c_int32),
+        ("top_k", ctypes.c_int32),
+    ]
+
+
+def _sources() -> list[Path]:
+    root = resource_dir() / "runtime_c"
+    return (
+        sorted((root / "src").glob("*.c"))
+        + sorted((root / "include").glob("*.h"))
+        + sorted((root / "src").glob("*.h"))
+    )
+
+
+def shared_library() -> Path:
+    """Build (once) and return the path of libcolibri.so for this host."""
+    srcs = _sources()
+    h = hashlib.sha256()
+    for p in srcs:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    out = tools_dir() / "pybinding" / f"libcolibri-{h.hexdigest()[:16]}.so"
+    if out.is_file():
+        return out
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise ToolchainNotFound(f"C compiler '{cc}' not found; install gcc (apt-get install gcc)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    cmd = [
+        cc,
+        "-std=c11",
+        "-O2",
+        "-fPIC",
+        "-shared",
+        "-ffp-contract=off",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-I",
+        str(resource_dir() / "runtime_c" / "include"),
+        *[str(p) for p in srcs if p.suffix == ".c"],
+        "-o",
+        str(tmp),
+        "-lm",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"building libcolibri.so failed:\n{proc.stderr[-3000:]}")
+    os.replace(tmp, out)
+    return out
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    global _LIB
+    if _LIB is None:
+        lib = ctypes.CDLL(str(shared_library()))
+        lib.colibri_init.argtypes = [ctypes.POINTER(_Config), ctypes.POINTER(ctypes.c_void_p)]
+        lib.colibri_init.restype = ctypes.c_int
+        lib.colibri_cleanup.argtypes = [ctypes.c_void_p]
+        lib.colibri_cleanup.restype = None
+        lib.colibri_strerror.argtypes = [ctypes.c_int]
+        lib.colibri_strerror.restype = ctypes.c_char_p
+        f32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
+        i32 = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
+        lib.colibri_forward.argtypes = [
+            ctypes.c_void_p,
+            f32,
+            f32,
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.c_int32,
+            i32,
+            f32,
+            f32,
+        ]
+        lib.colibri_forward.restype = ctypes.c_int
+        lib.colibri_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Stats)]
+        lib.colibri_get_stats.restype = ctypes.c_int
+        _LIB = lib
+    return _LIB
+
+
+def strerror(status: int) -> str:
+    return library().colibri_strerror(status).decode()
+
+
+class Runtime:
+    """A model loaded by the C runtime from a file (mmap, zero-copy)."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        cache_policy: str = "pinned",
+        lru_cache_size: int = 0,
+        sharing_map: list[int] | None = None,
+    ) -> None:
+        lib = library()
+        self._lib = lib
+        self._share = (ctypes.c_int32 * len(sharing_map))(*sharing_map) if sharing_map else None
+        cfg = _Config(
+            str(model_path).encode(),
+            CACHE_POLICIES[cache_policy],
+            lru_cache_size,
+            1,
+            ctypes.cast(self._share, ctypes.POINTER(ctypes.c_int32)) if self._share else None,
+        )
+        handle = ctypes.c_void_p()
+        st = lib.colibri_init(ctypes.byref(cfg), ctypes.byref(handle))
+        if st != 0:
+            raise RuntimeStatusError(st, f"{model_path}: colibri_init: {strerror(st)} ({st})")
+        self._handle: ctypes.c_void_p | None = handle
+        head = ctypes.cast(handle, ctypes.POINTER(_ModelHead)).contents
+        self.n_experts, self.d_model = head.n_experts, head.d_model
+        self.d_ff, self.top_k = head.d_ff, head.top_k
+
+    def forward(
+        self, x: np.ndarray, top_k: int | None = None, d_model: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Returns (output [T, d], expert_ids [T, k], gates [T, k])."""
+        if self._handle is None:
+            raise InputError("model was closed")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        t = x.shape[0]
+        k = self.top_k if top_k is None else top_k
+        kk = max(k, 1)
+        y = np.zeros((t, self.d_model), np.float32)
+        ids = np.zeros((t, kk), np.int32)
+        gates = np.zeros((t, kk), np.float32)
+        temp = np.zeros(max(t, 1), np.float32)
+        st = self._lib.colibri_forward(
+            self._handle,
+            x,
+            y,
+            t,
+            self.d_model if d_model is None else d_model,
+            k,
+            ids,
+            gates,
+            temp,
+        )
+        if st != 0:
+            raise RuntimeStatusError(st, f"colibri_forward: {strerror(st)} ({st})")
+        return y, ids, gates
+
+    def stats(self) -> dict[str, int]:
+        s = _Stats()
+        st = self._lib.colibri_get_stats(self._handle, ctypes.byref(s))
+        if st != 0:
+            raise RuntimeStatusError(st, f"colibri_get_stats: {strerror(st)}")
+        return {"loads": s.loads, "hits": s.hits, "misses": s.misses, "evictions": s.evictions}
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.colibri_cleanup(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,100 @@
+"""Build a generated model for a board by calling the SConstruct (SCons 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..boards import Board, load_board
+from ..emit.output import MANIFEST
+from ..errors import BuildError, ColibriError, ToolchainNotFound
+from ..paths import resource_dir
+
+
+def require_toolchain(board: Board) -> None:
+    """Raise ToolchainNotFound (with the install hint) if the board cannot be built here."""
+    ok, why = board.can_build()
+    if not ok:
+        raise ToolchainNotFound(why)
+
+
+def model_name(gen_dir: Path) -> str:
+    """The generated model's directory name (SConstruct names the runner after it)."""
+    return gen_dir.resolve().name
+
+
+def build_dir_for(gen_dir: Path, board: Board) -> Path:
+    return gen_dir.resolve() / "build" / board.name
+
+
+def runner_path(gen_dir: Path, board: Board) -> Path:
+    suffix = ".elf" if board.kind == "baremetal" else ""
+    return build_dir_for(gen_dir, board) / model_name(gen_dir) / f"colibri_runner{suffix}"
+
+
+def check_generated(gen_dir: Path) -> dict:
+    """Read the manifest of a generated directory, with a clear error if it is not one."""
+    manifest = gen_dir / MANIFEST
+    if not manifest.is_file():
+        raise ColibriError(
+            f"{gen_dir}: not a generated model directory (no {MANIFEST}); run "
+            f"`colibri generate MODEL --out {gen_dir}` first"
+        )
+    data: dict = json.loads(manifest.read_text())
+    return data
+
+
+def scons(args: list[str], verbose: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run SCons on the project's SConstruct with the given arguments."""
+    cmd = [sys.executable, "-m", "SCons", "-Q", "-C", str(resource_dir()), *args]
+    env = dict(os.environ)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if verbose:
+        sys.stderr.write(proc.stdout + proc.stderr)
+    return proc
+
+
+def _fail(proc: subprocess.CompletedProcess[str], what: str) -> None:
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    errors = [line for line in out if "error" in line.lower() or "colibri" in line.lower()]
+    tail = "\n".join((errors or out)[-25:])
+    overflow = [line for line in out if "overflow" in line.lower()]
+    if overflow:
+        from ..errors import BudgetExceeded
+
+        raise BudgetExceeded(
+            f"{what}: the firmware does not fit the board:\n"
+            + "\n".join(overflow[-5:])
+            + "\nRun `colibri size` on a smaller build, or reduce --max-tokens"
+        )
+    raise BuildError(f"{what} failed (scons exit {proc.returncode}):\n{tail}")
+
+
+def build_library(board_name: str, build_dir: Path | None = None, verbose: bool = False) -> Path:
+    """Build libcolibri.a for a board; returns its path."""
+    board = load_board(board_name)
+    require_toolchain(board)
+    bdir = (build_dir or resource_dir() / "build" / board.name).resolve()
+    proc = scons([f"board={board.name}", f"build_dir={bdir}"], verbose)
+    if proc.returncode != 0:
+        _fail(proc, f"building libcolibri.a for {board.name}")
+    return bdir / "libcolibri.a"
+
+
+def build_model(gen_dir: str | os.PathLike[str], board_name: str, verbose: bool = False) -> Path:
+    """Build the runner of a generated model for a board; returns the ELF / executable."""
+    gdir = Path(gen_dir).resolve()
+    check_generated(gdir)
+    board = load_board(board_name)
+    require_toolchain(board)
+    bdir = build_dir_for(gdir, board)
+    proc = scons([f"board={board.name}", f"model={gdir}", f"build_dir={bdir}"], verbose)
+    if proc.returncode != 0:
+        _fail(proc, f"building {gdir.name} for {board.name}")
+    exe = runner_path(gdir, board)
+    if not exe.is_file():
+        raise BuildError(f"build finished but {exe} was not produced")
+    return exe

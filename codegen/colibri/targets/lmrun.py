@@ -1,0 +1,225 @@
+"""Run a generated transformer on a board: the runner's file protocol, tokens in and out.
+
+runtime_c/runner/lm_main.c reads ``input.bin`` (prompt ids and sampling options) and writes
+``output.bin`` (the logits of every prompt position when asked, then the generated ids). The
+prompt plus the new tokens must fit the KV cache (``--max-context`` at generation time):
+:func:`run_lm` refuses an overflowing request with :class:`~colibri.errors.InputError` before
+anything runs, and the firmware refuses it again (exit status 4) rather than overrun memory.
+
+``--prompt TEXT`` is tokenized with, in order: ``--tokenizer FILE``, the ``tokenizer.json`` of the
+checkpoint the model was generated from (``manifest["model"]["source"]``), or, for a
+vocabulary of >= 256 ids, one token per UTF-8 byte (:func:`byte_tokens`). The tokenizer (a Hugging
+Face byte-level BPE, :mod:`colibri.tokenizer`) also decodes the generated ids for printing.
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ColibriError, InputError
+
+if TYPE_CHECKING:
+    from ..frontends.tokenizer import Tokenizer
+
+IN_MAGIC = 0x4C424C43  # "CLBL"
+OUT_MAGIC = 0x47424C43  # "CLBG"
+FLAG_LOGITS = 0x1
+#: Exit status of the runner when the request does not fit the KV cache.
+EXIT_CONTEXT_OVERFLOW = 4
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Greedy when temperature is 0; top_k 0 keeps every token; top_p 1 cuts nothing."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def check(self, vocab: int) -> None:
+        if not self.temperature >= 0.0 or not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
+            raise InputError(
+                f"sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k >= 0; got "
+                f"temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}"
+            )
+        if not 0 <= self.seed < 2**64:
+            raise InputError(f"--seed must be between 0 and 2**64 - 1, got {self.seed}")
+        if self.top_k > vocab:
+            raise InputError(f"--top-k {self.top_k} exceeds the vocabulary ({vocab} tokens)")
+
+
+@dataclass
+class LMOutput:
+    tokens: np.ndarray  # [max_new] int32, the generated ids
+    logits: np.ndarray | None  # [n_prompt, vocab] float32 when asked
+
+
+def parse_ids(text: str) -> list[int]:
+    """'1,5,9' (or spaces) -> [1, 5, 9], with a clear error for anything else."""
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise InputError(
+            f"--prompt-ids {text!r}: expected comma-separated integers such as 1,5,9"
+        ) from None
+    if not ids:
+        raise InputError("--prompt-ids is empty: pass at least one token id")
+    return ids
+
+
+def check_request(manifest: dict[str, Any], prompt: list[int], max_new: int) -> None:
+    """Ids in the vocabulary and prompt + new tokens within the KV cache (else InputError)."""
+    cfg = manifest["model"]["config"]
+    vocab = int(cfg["vocab_size"])
+    ctx = int(manifest["memory"]["max_context"])
+    if not prompt:
+        raise InputError("the prompt is empty: pass at least one token id")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise InputError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    if max_new < 0:
+        raise InputError(f"--max-new-tokens must be >= 0, got {max_new}")
+    if len(prompt) + max_new > ctx:
+        raise InputError(
+            f"context overflow: {len(prompt)} prompt + {max_new} new tokens = "
+            f"{len(prompt) + max_new} positions, but the model was generated with --max-context "
+            f"{ctx}; pass fewer tokens or regenerate with a larger --max-context"
+        )
+
+
+def write_lm_input(
+    path: Path, prompt: list[int], max_new: int, sampling: SamplingOptions, logits: bool
+) -> None:
+    hdr = struct.pack(
+        "<4IfifII",
+        IN_MAGIC,
+        len(prompt),
+        max_new,
+        FLAG_LOGITS if logits else 0,
+        sampling.temperature,
+        sampling.top_k,
+        sampling.top_p,
+        sampling.seed & 0xFFFFFFFF,
+        sampling.seed >> 32,
+    )
+    path.write_bytes(hdr + np.asarray(prompt, "<i4").tobytes())
+
+
+def read_lm_output(path: Path, max_new: int) -> LMOutput:
+    if not path.is_file():
+        raise ColibriError(f"{path}: the runner wrote no output file")
+    raw = path.read_bytes()
+    if len(raw) < 16:
+        raise ColibriError(f"{path}: output file truncated ({len(raw)} bytes)")
+    magic, vocab, n_prompt, rows = struct.unpack_from("<4I", raw)
+    if magic != OUT_MAGIC:
+        raise ColibriError(f"{path}: not a text-generation output file (magic 0x{magic:08X})")
+    need = 16 + 4 * (rows * vocab + max_new)
+    if len(raw) != need:
+        raise ColibriError(f"{path}: {len(raw)} bytes, expected {need}; the run stopped early")
+    logits = None
+    if rows:
+        logits = np.frombuffer(raw, "<f4", rows * vocab, 16).reshape(rows, vocab).copy()
+    tokens = np.frombuffer(raw, "<i4", max_new, 16 + 4 * rows * vocab).astype(np.int32)
+    return LMOutput(tokens, logits)
+
+
+def run_lm(
+    gen_dir: str | Path,
+    board_name: str,
+    prompt: list[int],
+    max_new: int,
+    sampling: SamplingOptions | None = None,
+    want_logits: bool = False,
+    count_instructions: bool = False,
+    timeout: float | None = None,
+    verbose: bool = False,
+) -> tuple[LMOutput, Any]:
+    """Build (incrementally) and run a generated transformer; returns (LMOutput, RunResult)."""
+    from ..boards import load_board
+    from ..emit.output import is_transformer_dir
+    from .build import build_model, check_generated
+    from .qemu import run_elf
+
+    gdir = Path(gen_dir).resolve()
+    manifest = check_generated(gdir)
+    if not is_transformer_dir(manifest):
+        raise InputError(
+            f"{gdir}: a single MoE layer, not a whole transformer; run it with --input X.npy, "
+            f"or generate a Hugging Face checkpoint without --layer"
+        )
+    sampling = sampling or SamplingOptions()
+    sampling.check(int(manifest["model"]["config"]["vocab_size"]))
+    check_request(manifest, prompt, max_new)
+    board = load_board(board_name)
+    exe = build_model(gdir, board.name, verbose=verbose)
+    with tempfile.TemporaryDirectory(prefix="colibri-lm-") as tmp:
+        work = Path(tmp)
+        write_lm_input(work / "input.bin", prompt, max_new, sampling, want_logits)
+        result = run_elf(
+            board, exe, cwd=work, timeout=timeout, count_instructions=count_instructions
+        )
+        out = read_lm_output(work / "output.bin", max_new)
+    return out, result
+
+
+def byte_tokens(text: str, vocab: int) -> list[int]:
+    """The byte-level tokenizer: one token per UTF-8 byte, id = byte value."""
+    if vocab < 256:
+        raise InputError(
+            f"--prompt needs a tokenizer: without --tokenizer FILE or a tokenizer.json in the "
+            f"checkpoint directory, the text is encoded one token per UTF-8 byte, which needs a "
+            f"vocabulary of >= 256 ids; this model has {vocab}: pass --prompt-ids instead, or "
+            f"--tokenizer with the checkpoint's tokenizer.json (Hugging Face byte-level BPE)"
+        )
+    try:
+        ids = list(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InputError("--prompt is not valid Unicode text (lone surrogates)") from None
+    if not ids:
+        raise InputError("--prompt is empty: pass at least one character")
+    return ids
+
+
+def byte_text(ids: np.ndarray | list[int]) -> str:
+    """Generated ids as text under the byte-level tokenizer (ids >= 256 and invalid UTF-8 show
+    as U+FFFD)."""
+    raw = bytes(int(t) if 0 <= int(t) < 256 else 0xFF for t in ids)
+    return raw.decode("utf-8", errors="replace")
+
+
+def format_ids(ids: np.ndarray | list[int]) -> str:
+    """Token ids space-separated on one line."""
+    return " ".join(str(int(t)) for t in ids)
+
+
+def checkpoint_tokenizer(manifest: dict[str, Any]) -> Path | None:
+    """The tokenizer.json next to the checkpoint the model was generated from, if it is there
+    (a relative source path is taken from the current directory, as `colibri generate` was)."""
+    source = str(manifest.get("model", {}).get("source") or "")
+    if not source or source == "(in memory)":
+        return None
+    ckpt = Path(source)
+    path = (ckpt if ckpt.is_dir() else ckpt.parent) / "tokenizer.json"
+    return path if path.is_file() else None
+
+
+def resolve_tokenizer(manifest: dict[str, Any], explicit: str | None) -> Tokenizer | None:
+    """--tokenizer FILE, else the checkpoint's tokenizer.json, else None; ConfigError when the
+    tokenizer is unsupported or has ids outside the model's vocabulary."""
+    from ..frontends.tokenizer import load_tokenizer
+
+    path = Path(explicit) if explicit is not None else checkpoint_tokenizer(manifest)
+    if path is None:
+        return None
+    tok = load_tokenizer(path)
+    tok.check_vocab(int(manifest["model"]["config"]["vocab_size"]), "the generated model")
+    return tok
