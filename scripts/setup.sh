@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Colibri set-up on a fresh Debian 12 / Ubuntu machine (run as root; idempotent).
 #
-#   1. Debian packages: cross toolchains, QEMU, Python, clang-format, valgrind (only if missing)
+#   1. Debian packages: cross toolchains, QEMU, Python, clang-format, valgrind, cmake and
+#      pkg-config (tests/targets/test_install.py), clang with libFuzzer / ASan / UBSan runtimes
+#      (fuzz/, tests/runtime/test_fuzz.py) (only if missing)
 #   2. build/tools/xtensa-lx106/libgcc-extra.a: the integer-division and soft-float helpers that
 #      Debian's lx106 libgcc leaves out (the ESP8266 ROM has them), from gcc-12-source's
 #      libgcc/config/xtensa/lib1funcs.S plus tools/xtensa_libgcc/int64.c
@@ -28,6 +30,8 @@ APT_PACKAGES=(
     gcc-xtensa-lx106 picolibc-xtensa-lx106-elf qemu-system-misc gcc-12-source
     python3 python3-venv python3-pip
     clang-format valgrind
+    clang libclang-rt-14-dev
+    cmake pkg-config
     xz-utils
 )
 

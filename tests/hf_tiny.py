@@ -281,3 +281,76 @@ def render_lm(model: Any, board: str, name: str, max_context: int, *args: Any, *
     from colibri.cli.pipeline import render
 
     return render(model, lm_options(board, name, max_context, *args, **kw))
+
+
+N_NEW_TOKENS = 32
+
+# Seeded tiny configs per architecture: layers, heads / kv-heads (MHA, GQA, MQA), experts, k,
+# vocab, head_dim, tied embeddings, attention biases, QKV clipping, sliding window, Qwen's
+# dense layers.
+MODEL_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("mixtral", {}),
+    (
+        "mixtral",
+        {
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "num_local_experts": 6,
+            "num_experts_per_tok": 1,
+            "vocab_size": 97,
+            "head_dim": 6,
+        },
+    ),
+    (
+        "mixtral",
+        {
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "tie_word_embeddings": True,
+            "sliding_window": 5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+        },
+    ),
+    ("qwen2_moe", {}),
+    (
+        "qwen2_moe",
+        {
+            "num_hidden_layers": 3,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "hidden_size": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 3,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+            "vocab_size": 80,
+        },
+    ),
+    (
+        "qwen2_moe",
+        {
+            "num_hidden_layers": 4,
+            "decoder_sparse_step": 2,
+            "qkv_bias": False,
+            "num_key_value_heads": 4,
+        },
+    ),
+    ("olmoe", {}),
+    (
+        "olmoe",
+        {
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "num_experts": 8,
+            "num_experts_per_tok": 4,
+            "norm_topk_prob": True,
+            "attention_bias": True,
+            "clip_qkv": 0.8,
+            "vocab_size": 50,
+        },
+    ),
+    ("olmoe", {"num_key_value_heads": 1, "tie_word_embeddings": True, "num_experts_per_tok": 1}),
+]

@@ -42,7 +42,9 @@ typedef enum {
     COLIBRI_ERR_NOMEM = -11,       /**< allocation failed / static arena too small */
     COLIBRI_ERR_EXPERT = -12,      /**< expert id out of range or sharing map invalid */
     COLIBRI_ERR_UNSUPPORTED = -13, /**< dtype / feature not supported by this build */
-    COLIBRI_ERR_FORMAT = -14       /**< container malformed: tensor missing/duplicated/misplaced */
+    COLIBRI_ERR_FORMAT = -14,      /**< container malformed: tensor missing/duplicated/misplaced */
+    COLIBRI_ERR_CHECKSUM = -15,    /**< a container tensor fails its CRC-32 (corrupt file) */
+    COLIBRI_ERR_NONFINITE = -16    /**< NaN or Inf in the model's fp32 weights (refused at load) */
 } colibri_status;
 
 /** Expert weight residency policy (the seeds' cache_policy). */
@@ -66,12 +68,26 @@ typedef enum {
 #define COLIBRI_FLAG_ROUTER_BIAS 0x4u /**< router has a bias [n_experts] */
 #define COLIBRI_FLAG_EXPERT_BIAS 0x8u /**< experts have b1 / b2 */
 
-/** Run-time configuration (the seeds' colibri_config_t). Zero-initialise unused fields. */
+/**
+ * colibri_config_t.load_flags (colibri_init): checks a trusted file may skip. 0 = verify all.
+ * Without them colibri_init still validates the header and tensor table completely; it only
+ * stops reading every weight byte (a container's per-tensor CRC-32, the NaN / Inf scan).
+ */
+#define COLIBRI_LOAD_SKIP_CHECKSUM 0x1u /**< do not verify the container's per-tensor CRC-32 */
+#define COLIBRI_LOAD_SKIP_FINITE 0x2u   /**< do not scan fp32 weights for NaN / Inf */
+
+/**
+ * Run-time configuration (the seeds' colibri_config_t). Zero-initialise unused fields (use
+ * designated initialisers). load_flags sits in what was padding after num_threads on LP64
+ * hosts, so sizeof and every other field's offset are unchanged there; a zeroed struct from
+ * an older caller (e.g. a ctypes mirror of the four original fields) means "verify all".
+ */
 typedef struct {
     const char *model_path;            /**< Colibri container or seed flat file (POSIX) */
     colibri_cache_policy cache_policy; /**< NONE / LRU / PINNED */
     int32_t lru_cache_size;            /**< number of LRU slots (LRU only, >= 1) */
     int32_t num_threads;               /**< reserved; 0 or 1 = single-threaded */
+    uint32_t load_flags;               /**< COLIBRI_LOAD_* bits; 0 = verify everything */
     const int32_t *expert_sharing_map; /**< NULL or [num_experts]: expert i uses j's weights */
 } colibri_config_t;
 
@@ -106,6 +122,13 @@ typedef struct {
     uint64_t misses;    /**< expert fetched from storage */
     uint64_t evictions; /**< LRU slot reused */
 } colibri_stats_t;
+
+/** Largest d_model / d_ff a model file may declare (a sanity limit checked before any
+ *  allocation; the tensors must also fit in the file). */
+#define COLIBRI_FILE_MAX_DIM (1 << 24)
+
+/** Arena bytes colibri_init may use for a model file even when the file is smaller. */
+#define COLIBRI_FILE_ARENA_MIN (64u * 1024u)
 
 /** Maximum number of LRU slots. */
 #define COLIBRI_MAX_LRU_SLOTS 256
@@ -168,6 +191,17 @@ typedef struct colibri_model {
 /**
  * @brief Load a model file (POSIX only): a Colibri container, or the seed flat layout with
  *        config.json and router.bin beside it. The file is mmap'ed; weights are used in place.
+ *
+ * Everything is validated before anything is allocated: every header field or config.json
+ * value (overflow-safe, against the file size and the limits COLIBRI_FILE_MAX_DIM, 65535
+ * experts, top-k COLIBRI_MAX_TOP_K), every tensor entry (inside the file, after the metadata,
+ * 64-aligned, in table order without overlapping, dtype and shape as the header says), the
+ * sharing map; then, unless config->load_flags skips them, each container tensor's CRC-32
+ * (COLIBRI_ERR_CHECKSUM) and the fp32 weights for NaN / Inf (COLIBRI_ERR_NONFINITE; the seed
+ * layout has no checksums). Only then is the model allocated, in one block whose size is
+ * bounded by the file: the arena holds up to 256 token rows per chunk, fewer when that would
+ * exceed max(file size, COLIBRI_FILE_ARENA_MIN) bytes (same results), and LRU slots are capped
+ * at the number of experts that own weights. Details and costs: docs/format.md.
  * @return COLIBRI_OK and *out_model set, or a negative status (*out_model = NULL).
  */
 colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **out_model);
@@ -238,7 +272,7 @@ colibri_status colibri_reset_stats(colibri_model_t *model);
  * Workspace bytes of colibri_sparse_forward for chunks of T tokens (E experts, top-k K,
  * d_model D, d_ff F, GATED 0/1): grouping counters, token permutation, gathered inputs,
  * expert outputs and the hidden activations. A compile-time constant for generated code;
- * codegen/memplan.py computes the same number and a test checks that they agree.
+ * colibri/plan/memory.py computes the same number and a test checks that they agree.
  */
 #define COLIBRI_WORKSPACE_BYTES(E, K, D, F, GATED, T)                                              \
     (COLIBRI_ALIGN16(4u * (2u * (size_t)(E) + 2u)) +                                               \

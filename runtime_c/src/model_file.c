@@ -86,6 +86,70 @@ static int read_full(int fd, void *dst, size_t n)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Integrity checks that read every weight byte (skippable for trusted files: load_flags)      */
+
+/* zlib's CRC-32 (reflected polynomial 0xEDB88320), slicing-by-8: eight 256-entry tables. */
+typedef struct {
+    uint32_t t[8][256];
+} crc32_tables;
+
+static void crc32_tables_init(crc32_tables *ct)
+{
+    for (uint32_t i = 0; i < 256u; i++) {
+        uint32_t c = i;
+        for (int b = 0; b < 8; b++) {
+            c = (c & 1u) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        }
+        ct->t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256u; i++) {
+        for (int s = 1; s < 8; s++) {
+            const uint32_t prev = ct->t[s - 1][i];
+            ct->t[s][i] = (prev >> 8) ^ ct->t[0][prev & 0xFFu];
+        }
+    }
+}
+
+static uint32_t crc32_of(const crc32_tables *ct, const unsigned char *p, uint64_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8u) {
+        const uint32_t lo = c ^ rd_u32(p);
+        const uint32_t hi = rd_u32(p + 4);
+        c = ct->t[7][lo & 0xFFu] ^ ct->t[6][(lo >> 8) & 0xFFu] ^ ct->t[5][(lo >> 16) & 0xFFu] ^
+            ct->t[4][lo >> 24] ^ ct->t[3][hi & 0xFFu] ^ ct->t[2][(hi >> 8) & 0xFFu] ^
+            ct->t[1][(hi >> 16) & 0xFFu] ^ ct->t[0][hi >> 24];
+        p += 8;
+        n -= 8u;
+    }
+    while (n > 0u) {
+        c = ct->t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
+        n--;
+    }
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* 1 when all n fp32 values (little-endian, 4-aligned) are finite: exponent bits not all set.
+ * Blocks of 1024 without branches so the compiler vectorises the scan. */
+static int f32_all_finite(const unsigned char *p, uint64_t n)
+{
+    const uint32_t *w = (const uint32_t *)(const void *)p;
+    while (n > 0u) {
+        const uint64_t m = n < 1024u ? n : 1024u;
+        uint32_t bad = 0;
+        for (uint64_t i = 0; i < m; i++) {
+            bad |= (uint32_t)((w[i] & 0x7F800000u) == 0x7F800000u);
+        }
+        if (bad != 0u) {
+            return 0;
+        }
+        w += m;
+        n -= m;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Minimal JSON scanner for config.json: top-level integer / bool / string values.             */
 
 typedef struct {
@@ -329,7 +393,7 @@ static colibri_status parse_config_json(const char *text, size_t n, seed_config 
     }
     if (cfg->n_experts < 1 || cfg->n_experts > (int64_t)CLB_MAX_EXPERTS || cfg->k < 1 ||
         cfg->k > cfg->n_experts || cfg->k > COLIBRI_MAX_TOP_K || cfg->hidden < 1 ||
-        cfg->hidden > INT32_MAX || cfg->inter < 1 || cfg->inter > INT32_MAX) {
+        cfg->hidden > COLIBRI_FILE_MAX_DIM || cfg->inter < 1 || cfg->inter > COLIBRI_FILE_MAX_DIM) {
         return COLIBRI_ERR_CONFIG;
     }
     return COLIBRI_OK;
@@ -381,12 +445,32 @@ static int add_ok(size_t *acc, size_t n)
     return 0;
 }
 
-/* Allocate and pre-fill the block for dims in `dims` (router_floats = floats to copy in). */
+/*
+ * Token rows per chunk for a file model: COLIBRI_FILE_MAX_TOKENS, halved while the workspace
+ * exceeds max(file_bytes, COLIBRI_FILE_ARENA_MIN), so the arena stays proportional to the file
+ * (chunking gives identical results). 0 when the dims are unusable.
+ */
+static int32_t file_max_tokens(const colibri_model_t *dims, size_t file_bytes)
+{
+    const size_t budget = file_bytes > COLIBRI_FILE_ARENA_MIN ? file_bytes : COLIBRI_FILE_ARENA_MIN;
+    int32_t t = COLIBRI_FILE_MAX_TOKENS;
+    size_t ws = colibri_workspace_size(dims, t);
+    while (ws != 0 && ws > budget && t > 1) {
+        t /= 2;
+        ws = colibri_workspace_size(dims, t);
+    }
+    return ws == 0 ? 0 : t;
+}
+
+/* Allocate and pre-fill the block for dims in `dims` (router_floats = floats to copy in).
+ * Callers have validated the file first: every size here is bounded by the file's size. */
 static colibri_status block_alloc(const colibri_model_t *dims, size_t router_floats,
-                                  int32_t n_slots, colibri_model_t **out, float **router_out)
+                                  int32_t n_slots, size_t file_bytes, colibri_model_t **out,
+                                  float **router_out)
 {
     const size_t e = (size_t)dims->n_experts;
-    const size_t ws = colibri_workspace_size(dims, COLIBRI_FILE_MAX_TOKENS);
+    const int32_t max_tokens = file_max_tokens(dims, file_bytes);
+    const size_t ws = max_tokens > 0 ? colibri_workspace_size(dims, max_tokens) : 0;
     const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_expert_floats(dims));
     block_layout lay;
     size_t acc = 0;
@@ -432,11 +516,12 @@ static colibri_status block_alloc(const colibri_model_t *dims, size_t router_flo
     m->kernels = NULL;
     m->arena = block + lay.arena;
     m->arena_size = ws;
-    m->max_tokens = COLIBRI_FILE_MAX_TOKENS;
+    m->max_tokens = max_tokens;
     m->owned = block;
     m->is_static = 0;
     m->share_eff = NULL;
     m->slot_mem = (float *)(void *)(block + lay.slots); /* carved by colibri_loader_setup */
+    m->n_slots = n_slots;                               /* the slots the block holds */
     *out = m;
     return COLIBRI_OK;
 }
@@ -464,17 +549,18 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
     const uint64_t e = (uint64_t)cfg.n_experts;
     const uint64_t d = (uint64_t)cfg.hidden;
     const uint64_t f = (uint64_t)cfg.inter;
-    /* per expert: 2*d*f + f + d floats; d, f < 2^31 so 2*d*f < 2^63 */
+    /* per expert: 2*d*f + f + d floats; d, f <= 2^24 and e < 2^16, so no product overflows */
     const uint64_t per_expert = 2u * d * f + f + d;
-    if (per_expert > (UINT64_MAX - SEED_HEADER_BYTES) / 4u / e) {
-        return COLIBRI_ERR_SIZE;
-    }
     const uint64_t expected = SEED_HEADER_BYTES + e * per_expert * 4u;
     if ((uint64_t)size < expected) {
         return COLIBRI_ERR_TRUNCATED;
     }
     if ((uint64_t)size > expected) {
         return COLIBRI_ERR_SIZE;
+    }
+    const int check_finite = (config->load_flags & COLIBRI_LOAD_SKIP_FINITE) == 0u;
+    if (check_finite && !f32_all_finite(base + SEED_HEADER_BYTES, e * per_expert)) {
+        return COLIBRI_ERR_NONFINITE;
     }
 
     char *rpath = sibling_path(config->model_path, "router.bin");
@@ -491,7 +577,7 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
         close(rfd);
         return COLIBRI_ERR_IO;
     }
-    const uint64_t rsize = (uint64_t)sb.st_size;
+    const uint64_t rsize = (uint64_t)sb.st_size; /* compared below with sizes < 2^42 */
     int router_bias;
     if (rsize == e * d * 4u) {
         router_bias = 0;
@@ -513,7 +599,9 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
                  (router_bias ? COLIBRI_FLAG_ROUTER_BIAS : 0u);
     colibri_model_t *m = NULL;
     float *router = NULL;
-    st = block_alloc(&dims, (size_t)(rsize / 4u), n_slots, &m, &router);
+    /* every expert owns weights here: more LRU slots than experts would never be used */
+    const int32_t slots = n_slots < dims.n_experts ? n_slots : dims.n_experts;
+    st = block_alloc(&dims, (size_t)(rsize / 4u), slots, size, &m, &router);
     if (st != COLIBRI_OK) {
         close(rfd);
         return st;
@@ -524,6 +612,10 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
         return COLIBRI_ERR_IO;
     }
     close(rfd);
+    if (check_finite && !f32_all_finite((const unsigned char *)router, rsize / 4u)) {
+        free(m->owned);
+        return COLIBRI_ERR_NONFINITE;
+    }
     m->router_b = router_bias ? router + (size_t)(e * d) : NULL;
 
     const float *w = (const float *)(const void *)(base + SEED_HEADER_BYTES);
@@ -552,10 +644,85 @@ typedef struct {
     uint32_t dtype, ndim;
     uint32_t shape[4];
     uint64_t offset, nbytes;
-    uint32_t expert;
+    uint32_t expert, crc32;
 } clb_entry;
 
-static colibri_status entry_read(const unsigned char *p, size_t file_size, clb_entry *en)
+/* The header's fields, checked by header_read. */
+typedef struct {
+    uint32_t e, k, d, f, act, flags, n_tensors, meta_bytes;
+    uint64_t table_off, meta_off, data_off;
+} clb_header;
+
+/*
+ * Every header field, against the file size and the limits, before anything else: the table
+ * and metadata inside the file and in their documented places, and the data area large enough
+ * for the smallest model the dims imply (the router and one expert's matrices; at least one
+ * expert owns weights). d, f <= 2^24 and e < 2^16 keep every product below 2^53.
+ */
+static colibri_status header_read(const unsigned char *base, size_t size, clb_header *h)
+{
+    if (size < CLB_HEADER_BYTES) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if (rd_u32(base + 8) != 1u) {
+        return COLIBRI_ERR_VERSION;
+    }
+    const uint64_t file_size = rd_u64(base + 72);
+    if ((uint64_t)size < file_size) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if ((uint64_t)size != file_size) {
+        return COLIBRI_ERR_SIZE;
+    }
+    if (rd_u32(base + 12) != CLB_ALIGNMENT) {
+        return COLIBRI_ERR_FORMAT;
+    }
+    h->e = rd_u32(base + 16);
+    h->k = rd_u32(base + 20);
+    h->d = rd_u32(base + 24);
+    h->f = rd_u32(base + 28);
+    h->act = rd_u32(base + 32);
+    h->flags = rd_u32(base + 36);
+    h->n_tensors = rd_u32(base + 40);
+    h->meta_bytes = rd_u32(base + 44);
+    h->table_off = rd_u64(base + 48);
+    h->meta_off = rd_u64(base + 56);
+    h->data_off = rd_u64(base + 64);
+    if (h->e < 1 || h->e > CLB_MAX_EXPERTS || h->k < 1 || h->k > h->e || h->k > COLIBRI_MAX_TOP_K ||
+        h->d < 1 || h->d > (uint32_t)COLIBRI_FILE_MAX_DIM || h->f < 1 ||
+        h->f > (uint32_t)COLIBRI_FILE_MAX_DIM || h->act > (uint32_t)COLIBRI_ACT_RELU ||
+        (h->flags & ~0xFu) != 0u) {
+        return COLIBRI_ERR_CONFIG;
+    }
+    /* n_tensors < 2^32, so meta_off < 2^39 and meta_off + meta_bytes cannot overflow */
+    const uint64_t table_end = CLB_HEADER_BYTES + (uint64_t)h->n_tensors * CLB_ENTRY_BYTES;
+    if (h->table_off != CLB_HEADER_BYTES || h->meta_off != table_end ||
+        h->data_off % CLB_ALIGNMENT != 0u) {
+        return COLIBRI_ERR_FORMAT;
+    }
+    if (table_end > (uint64_t)size || h->meta_off + h->meta_bytes > (uint64_t)size ||
+        h->data_off > (uint64_t)size) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if (h->meta_off + h->meta_bytes > h->data_off) {
+        return COLIBRI_ERR_FORMAT;
+    }
+    const uint64_t e = h->e, d = h->d, f = h->f;
+    const int gated = (h->flags & COLIBRI_FLAG_GATED) != 0u;
+    /* elements, at half a byte each at least (q4_32 is the format's smallest dtype); the
+     * checking pass then holds the tensors the runtime uses to their exact fp32 sizes */
+    uint64_t elems = e * d + d * f * (gated ? 3u : 2u);
+    elems += (h->flags & COLIBRI_FLAG_ROUTER_BIAS) ? e : 0u;
+    elems += (h->flags & COLIBRI_FLAG_EXPERT_BIAS) ? d + f : 0u;
+    if (elems / 2u > (uint64_t)size - h->data_off) {
+        return COLIBRI_ERR_TRUNCATED; /* the file is smaller than the tensors its header implies */
+    }
+    return COLIBRI_OK;
+}
+
+/* One table entry: a NUL-terminated name, 1..4 dims, a 64-aligned blob inside the data area. */
+static colibri_status entry_read(const unsigned char *p, const clb_header *h, size_t file_size,
+                                 clb_entry *en)
 {
     memcpy(en->name, p, CLB_NAME_BYTES);
     if (memchr(en->name, '\0', CLB_NAME_BYTES) == NULL) {
@@ -569,19 +736,20 @@ static colibri_status entry_read(const unsigned char *p, size_t file_size, clb_e
     en->offset = rd_u64(p + 72);
     en->nbytes = rd_u64(p + 80);
     en->expert = rd_u32(p + 88);
+    en->crc32 = rd_u32(p + 92);
     if (en->ndim < 1 || en->ndim > 4) {
         return COLIBRI_ERR_FORMAT;
     }
     if (en->offset > (uint64_t)file_size || en->nbytes > (uint64_t)file_size - en->offset) {
         return COLIBRI_ERR_TRUNCATED;
     }
-    if (en->offset % CLB_ALIGNMENT != 0u) {
+    if (en->offset % CLB_ALIGNMENT != 0u || en->offset < h->data_off) {
         return COLIBRI_ERR_FORMAT;
     }
     return COLIBRI_OK;
 }
 
-/* Shape must be exactly (a) or (a, b), nbytes = 4 * elements. */
+/* Shape must be exactly (a) or (a, b), nbytes = 4 * elements (a, b <= 2^24: no overflow). */
 static colibri_status entry_shape(const clb_entry *en, uint32_t ndim, uint32_t a, uint32_t b)
 {
     if (en->ndim != ndim || en->shape[0] != a || (ndim == 2 && en->shape[1] != b)) {
@@ -620,12 +788,34 @@ static int parse_expert_name(const char *name, uint32_t *idx, const char **part)
     return 0;
 }
 
+/* Index of an expert part name in {w1, b1, w2, b2, w3}, or -1. */
+static int expert_part(const char *part)
+{
+    static const char *const k_parts[5] = {"w1", "b1", "w2", "b2", "w3"};
+    for (int i = 0; i < 5; i++) {
+        if (strcmp(part, k_parts[i]) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The fp32 tensors the runtime computes with (those scanned for NaN / Inf). */
+static int entry_is_weight(const clb_entry *en)
+{
+    uint32_t idx;
+    const char *part;
+    return strcmp(en->name, "router.weight") == 0 || strcmp(en->name, "router.bias") == 0 ||
+           (parse_expert_name(en->name, &idx, &part) == 0 && expert_part(part) >= 0);
+}
+
 typedef struct {
-    const colibri_model_t *dims;
+    const clb_header *h;
     const unsigned char *base;
-    colibri_model_t *m;
+    colibri_model_t *m;      /* NULL in the checking pass (nothing allocated yet) */
     const int32_t *file_map; /* expert_sharing_map tensor, if any (in the mmap) */
     int have_router_w, have_router_b;
+    uint32_t n_w1; /* expert w1 tensors seen (bounds the useful LRU slots) */
 } clb_state;
 
 static colibri_status set_once(const float **slot, const float *value)
@@ -637,12 +827,13 @@ static colibri_status set_once(const float **slot, const float *value)
     return COLIBRI_OK;
 }
 
+/*
+ * One entry, checked against the header's dims (cs->m == NULL: the pass before allocation,
+ * which also records the sharing map and the router tensors), or stored into the model.
+ */
 static colibri_status container_entry(clb_state *cs, const clb_entry *en)
 {
-    const colibri_model_t *dm = cs->dims;
-    const uint32_t e = (uint32_t)dm->n_experts;
-    const uint32_t d = (uint32_t)dm->d_model;
-    const uint32_t f = (uint32_t)dm->d_ff;
+    const clb_header *h = cs->h;
     const void *blob = cs->base + en->offset;
     colibri_status st;
 
@@ -650,171 +841,185 @@ static colibri_status container_entry(clb_state *cs, const clb_entry *en)
         if (en->dtype != CLB_DTYPE_I32) {
             return COLIBRI_ERR_UNSUPPORTED;
         }
-        if ((st = entry_shape(en, 1, e, 0)) != COLIBRI_OK) {
+        if ((st = entry_shape(en, 1, h->e, 0)) != COLIBRI_OK) {
             return st;
         }
-        if (cs->file_map != NULL) {
-            return COLIBRI_ERR_FORMAT;
+        if (cs->m == NULL) {
+            if (cs->file_map != NULL) {
+                return COLIBRI_ERR_FORMAT;
+            }
+            cs->file_map = (const int32_t *)blob;
         }
-        cs->file_map = (const int32_t *)blob;
         return COLIBRI_OK;
     }
     uint32_t idx = 0;
     const char *part = NULL;
     const int is_router_w = strcmp(en->name, "router.weight") == 0;
     const int is_router_b = strcmp(en->name, "router.bias") == 0;
-    const int is_expert = parse_expert_name(en->name, &idx, &part) == 0;
-    if (!is_router_w && !is_router_b && !is_expert) {
+    const int part_id = parse_expert_name(en->name, &idx, &part) == 0 ? expert_part(part) : -1;
+    if (!is_router_w && !is_router_b && part_id < 0) {
         return COLIBRI_OK; /* unknown tensors are ignored (forward compatibility) */
     }
     if (en->dtype != CLB_DTYPE_F32) {
         return COLIBRI_ERR_UNSUPPORTED;
     }
     const float *data = (const float *)blob;
-    if (is_router_w) {
-        if ((st = entry_shape(en, 2, e, d)) != COLIBRI_OK) {
+    if (is_router_w || is_router_b) {
+        if ((st = entry_shape(en, is_router_w ? 2u : 1u, h->e, h->d)) != COLIBRI_OK) {
             return st;
         }
-        if (cs->have_router_w) {
-            return COLIBRI_ERR_FORMAT;
+        int *have = is_router_w ? &cs->have_router_w : &cs->have_router_b;
+        if (cs->m == NULL) {
+            if (*have) {
+                return COLIBRI_ERR_FORMAT;
+            }
+            *have = 1;
+        } else if (is_router_w) {
+            cs->m->router_w = data;
+        } else {
+            cs->m->router_b = data;
         }
-        cs->have_router_w = 1;
-        cs->m->router_w = data;
         return COLIBRI_OK;
     }
-    if (is_router_b) {
-        if ((st = entry_shape(en, 1, e, 0)) != COLIBRI_OK) {
-            return st;
-        }
-        if (cs->have_router_b) {
-            return COLIBRI_ERR_FORMAT;
-        }
-        cs->have_router_b = 1;
-        cs->m->router_b = data;
-        return COLIBRI_OK;
-    }
-    if (idx >= e || en->expert != idx) {
+    if (idx >= h->e || en->expert != idx) {
         return COLIBRI_ERR_FORMAT;
     }
+    /* w1 / w3 [d, f], b1 [f], w2 [f, d], b2 [d] */
+    static const uint8_t k_ndim[5] = {2, 1, 2, 1, 2};
+    const uint32_t rows[5] = {h->d, h->f, h->f, h->d, h->d};
+    const uint32_t cols[5] = {h->f, 0, h->d, 0, h->f};
+    if ((st = entry_shape(en, k_ndim[part_id], rows[part_id], cols[part_id])) != COLIBRI_OK) {
+        return st;
+    }
+    if (cs->m == NULL) {
+        cs->n_w1 += (part_id == 0) ? 1u : 0u;
+        return COLIBRI_OK;
+    }
     colibri_expert_weights_t *w = &cs->m->stored[idx];
-    if (strcmp(part, "w1") == 0 || strcmp(part, "w3") == 0) {
-        if ((st = entry_shape(en, 2, d, f)) != COLIBRI_OK) {
-            return st;
-        }
-        return set_once(part[1] == '1' ? &w->w1 : &w->w3, data);
+    const float **slots[5] = {&w->w1, &w->b1, &w->w2, &w->b2, &w->w3};
+    return set_once(slots[part_id], data);
+}
+
+/* CRC-32 of every blob and NaN / Inf in every weight tensor (load_flags may skip either). */
+static colibri_status container_integrity(const clb_header *h, const unsigned char *base,
+                                          size_t size, uint32_t load_flags)
+{
+    const int check_crc = (load_flags & COLIBRI_LOAD_SKIP_CHECKSUM) == 0u;
+    const int check_finite = (load_flags & COLIBRI_LOAD_SKIP_FINITE) == 0u;
+    if (!check_crc && !check_finite) {
+        return COLIBRI_OK;
     }
-    if (strcmp(part, "w2") == 0) {
-        if ((st = entry_shape(en, 2, f, d)) != COLIBRI_OK) {
-            return st;
-        }
-        return set_once(&w->w2, data);
+    crc32_tables tables;
+    if (check_crc) {
+        crc32_tables_init(&tables);
     }
-    if (strcmp(part, "b1") == 0) {
-        if ((st = entry_shape(en, 1, f, 0)) != COLIBRI_OK) {
-            return st;
+    for (uint32_t i = 0; i < h->n_tensors; i++) {
+        clb_entry en;
+        colibri_status st =
+            entry_read(base + h->table_off + (uint64_t)i * CLB_ENTRY_BYTES, h, size, &en);
+        if (st != COLIBRI_OK) {
+            return st; /* not reached: the checking pass read every entry */
         }
-        return set_once(&w->b1, data);
-    }
-    if (strcmp(part, "b2") == 0) {
-        if ((st = entry_shape(en, 1, d, 0)) != COLIBRI_OK) {
-            return st;
+        const unsigned char *blob = base + en.offset;
+        if (check_crc && crc32_of(&tables, blob, en.nbytes) != en.crc32) {
+            return COLIBRI_ERR_CHECKSUM;
         }
-        return set_once(&w->b2, data);
+        if (check_finite && en.dtype == CLB_DTYPE_F32 && entry_is_weight(&en) &&
+            !f32_all_finite(blob, en.nbytes / 4u)) {
+            return COLIBRI_ERR_NONFINITE;
+        }
     }
-    return COLIBRI_OK; /* unknown expert tensor */
+    return COLIBRI_OK;
 }
 
 static colibri_status load_container(const colibri_config_t *config, int32_t n_slots,
                                      const unsigned char *base, size_t size, colibri_model_t **out)
 {
-    if (size < CLB_HEADER_BYTES) {
-        return COLIBRI_ERR_TRUNCATED;
-    }
-    if (rd_u32(base + 8) != 1u) {
-        return COLIBRI_ERR_VERSION;
-    }
-    const uint64_t file_size = rd_u64(base + 72);
-    if ((uint64_t)size < file_size) {
-        return COLIBRI_ERR_TRUNCATED;
-    }
-    if ((uint64_t)size != file_size) {
-        return COLIBRI_ERR_SIZE;
-    }
-    if (rd_u32(base + 12) != CLB_ALIGNMENT) {
-        return COLIBRI_ERR_FORMAT;
-    }
-    const uint32_t e = rd_u32(base + 16), k = rd_u32(base + 20), d = rd_u32(base + 24),
-                   f = rd_u32(base + 28), act = rd_u32(base + 32), flags = rd_u32(base + 36),
-                   n_tensors = rd_u32(base + 40), meta_bytes = rd_u32(base + 44);
-    const uint64_t table_off = rd_u64(base + 48), meta_off = rd_u64(base + 56),
-                   data_off = rd_u64(base + 64);
-    if (e < 1 || e > CLB_MAX_EXPERTS || k < 1 || k > e || k > COLIBRI_MAX_TOP_K || d < 1 ||
-        d > (uint32_t)INT32_MAX || f < 1 || f > (uint32_t)INT32_MAX ||
-        act > (uint32_t)COLIBRI_ACT_RELU || (flags & ~0xFu) != 0u) {
-        return COLIBRI_ERR_CONFIG;
-    }
-    if (table_off < CLB_HEADER_BYTES || data_off % CLB_ALIGNMENT != 0u) {
-        return COLIBRI_ERR_FORMAT;
-    }
-    if (table_off > (uint64_t)size ||
-        (uint64_t)n_tensors * CLB_ENTRY_BYTES > (uint64_t)size - table_off ||
-        meta_off > (uint64_t)size || (uint64_t)meta_bytes > (uint64_t)size - meta_off ||
-        data_off > (uint64_t)size) {
-        return COLIBRI_ERR_TRUNCATED;
-    }
-
-    colibri_model_t dims;
-    memset(&dims, 0, sizeof(dims));
-    dims.n_experts = (int32_t)e;
-    dims.d_model = (int32_t)d;
-    dims.d_ff = (int32_t)f;
-    dims.top_k = (int32_t)k;
-    dims.activation = (colibri_activation)act;
-    dims.flags = flags;
-    colibri_model_t *m = NULL;
-    colibri_status st = block_alloc(&dims, 0, n_slots, &m, NULL);
+    clb_header h;
+    colibri_status st = header_read(base, size, &h);
     if (st != COLIBRI_OK) {
         return st;
     }
-    clb_state cs = {&dims, base, m, NULL, 0, 0};
-    for (uint32_t i = 0; i < n_tensors && st == COLIBRI_OK; i++) {
+    /* Checking pass: every entry, no allocation. Blobs lie inside the data area in table order
+     * without overlapping, so their sizes add up to no more than the file. */
+    clb_state cs = {&h, base, NULL, NULL, 0, 0, 0};
+    uint64_t prev_end = h.data_off;
+    for (uint32_t i = 0; i < h.n_tensors && st == COLIBRI_OK; i++) {
         clb_entry en;
-        st = entry_read(base + table_off + (uint64_t)i * CLB_ENTRY_BYTES, size, &en);
+        st = entry_read(base + h.table_off + (uint64_t)i * CLB_ENTRY_BYTES, &h, size, &en);
         if (st == COLIBRI_OK) {
-            st = container_entry(&cs, &en);
+            st = (en.offset < prev_end) ? COLIBRI_ERR_FORMAT : container_entry(&cs, &en);
+            prev_end = en.offset + en.nbytes; /* <= size (entry_read) */
         }
     }
-    if (st == COLIBRI_OK &&
-        (!cs.have_router_w || ((flags & COLIBRI_FLAG_ROUTER_BIAS) && !cs.have_router_b))) {
+    /* router.weight [e, d] and an expert's w1 [d, f], both fp32 and inside the file, bound
+     * every dimension the allocation depends on; without them the file is incomplete */
+    if (st == COLIBRI_OK && (!cs.have_router_w || cs.n_w1 == 0u ||
+                             ((h.flags & COLIBRI_FLAG_ROUTER_BIAS) && !cs.have_router_b))) {
         st = COLIBRI_ERR_FORMAT;
-    }
-    if (!(flags & COLIBRI_FLAG_ROUTER_BIAS)) {
-        m->router_b = NULL;
     }
     const int32_t *map =
         (config->expert_sharing_map != NULL) ? config->expert_sharing_map : cs.file_map;
     if (st == COLIBRI_OK) {
-        st = colibri_check_sharing_map(map, (int32_t)e);
+        st = colibri_check_sharing_map(map, (int32_t)h.e);
     }
-    for (uint32_t i = 0; i < e && st == COLIBRI_OK; i++) {
+    if (st == COLIBRI_OK) {
+        st = container_integrity(&h, base, size, config->load_flags);
+    }
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+
+    /* Slots beyond the experts that own weights (each has a w1 in the file) are never used. */
+    uint32_t owners = 0;
+    for (uint32_t i = 0; i < h.e; i++) {
+        owners += (map == NULL || map[i] == (int32_t)i) ? 1u : 0u;
+    }
+    owners = owners < cs.n_w1 ? owners : cs.n_w1;
+    const int32_t slots = (uint32_t)n_slots < owners ? n_slots : (int32_t)owners;
+
+    colibri_model_t dims;
+    memset(&dims, 0, sizeof(dims));
+    dims.n_experts = (int32_t)h.e;
+    dims.d_model = (int32_t)h.d;
+    dims.d_ff = (int32_t)h.f;
+    dims.top_k = (int32_t)h.k;
+    dims.activation = (colibri_activation)h.act;
+    dims.flags = h.flags;
+    colibri_model_t *m = NULL;
+    st = block_alloc(&dims, 0, slots, size, &m, NULL);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    cs.m = m;
+    for (uint32_t i = 0; i < h.n_tensors && st == COLIBRI_OK; i++) {
+        clb_entry en;
+        st = entry_read(base + h.table_off + (uint64_t)i * CLB_ENTRY_BYTES, &h, size, &en);
+        if (st == COLIBRI_OK) {
+            st = container_entry(&cs, &en);
+        }
+    }
+    if (!(h.flags & COLIBRI_FLAG_ROUTER_BIAS)) {
+        m->router_b = NULL;
+    }
+    for (uint32_t i = 0; i < h.e; i++) {
         m->share[i] = (map != NULL) ? map[i] : (int32_t)i;
         colibri_expert_weights_t *w = &m->stored[i];
-        if (!(flags & COLIBRI_FLAG_EXPERT_BIAS)) {
+        if (!(h.flags & COLIBRI_FLAG_EXPERT_BIAS)) {
             w->b1 = NULL;
             w->b2 = NULL;
         }
-        if (!(flags & COLIBRI_FLAG_GATED)) {
+        if (!(h.flags & COLIBRI_FLAG_GATED)) {
             w->w3 = NULL;
         }
+    }
+    m->share_eff = m->share;
+    if (st == COLIBRI_OK && colibri_check_stored(m) != COLIBRI_OK) {
+        st = COLIBRI_ERR_FORMAT; /* an expert owning its weights lacks a tensor */
     }
     if (st != COLIBRI_OK) {
         free(m->owned);
         return st;
-    }
-    m->share_eff = m->share;
-    if (colibri_check_stored(m) != COLIBRI_OK) {
-        free(m->owned);
-        return COLIBRI_ERR_FORMAT; /* an expert owning its weights lacks a tensor */
     }
     *out = m;
     return COLIBRI_OK;
@@ -890,7 +1095,7 @@ colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **ou
     }
     m->map_base = map;
     m->map_size = size;
-    colibri_loader_setup(m, config->cache_policy, n_slots,
+    colibri_loader_setup(m, config->cache_policy, m->n_slots /* capped by the loaders */,
                          (void *)m->slot_mem /* start of the slot area */);
     *out_model = m;
     return COLIBRI_OK;

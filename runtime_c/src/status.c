@@ -23,6 +23,8 @@ static const char *const k_messages[] = {
     [-COLIBRI_ERR_EXPERT] = "expert id out of range or invalid expert sharing map",
     [-COLIBRI_ERR_UNSUPPORTED] = "dtype or feature not supported by this build",
     [-COLIBRI_ERR_FORMAT] = "malformed container: tensor missing, duplicated or misplaced",
+    [-COLIBRI_ERR_CHECKSUM] = "model file is corrupt: a tensor fails its CRC-32 check",
+    [-COLIBRI_ERR_NONFINITE] = "model weights contain NaN or Inf",
 };
 
 #define K_N_MESSAGES ((int)(sizeof(k_messages) / sizeof(k_messages[0])))

@@ -3,7 +3,8 @@
  * @brief Runtime tests: sparse forward vs a naive per-token loop (bit-exact), chunking,
  *        cache policies and their counters, static-model validation, colibri_forward
  *        argument checks, colibri_strerror, and colibri_init on seed-layout and container
- *        files written here (valid files and every error path).
+ *        files written here (valid files and every error path, including hostile headers,
+ *        overlapping tensors, flipped bits (CRC-32) and NaN / Inf weights).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -559,11 +560,12 @@ static void test_forward_errors(void)
 
 static void test_strerror(void)
 {
-    const int codes[] = {COLIBRI_OK,         COLIBRI_ERR_ARG,         COLIBRI_ERR_IO,
-                         COLIBRI_ERR_MAGIC,  COLIBRI_ERR_VERSION,     COLIBRI_ERR_TRUNCATED,
-                         COLIBRI_ERR_SIZE,   COLIBRI_ERR_CONFIG,      COLIBRI_ERR_TOPK,
-                         COLIBRI_ERR_DIM,    COLIBRI_ERR_NAN,         COLIBRI_ERR_NOMEM,
-                         COLIBRI_ERR_EXPERT, COLIBRI_ERR_UNSUPPORTED, COLIBRI_ERR_FORMAT};
+    const int codes[] = {COLIBRI_OK,           COLIBRI_ERR_ARG,         COLIBRI_ERR_IO,
+                         COLIBRI_ERR_MAGIC,    COLIBRI_ERR_VERSION,     COLIBRI_ERR_TRUNCATED,
+                         COLIBRI_ERR_SIZE,     COLIBRI_ERR_CONFIG,      COLIBRI_ERR_TOPK,
+                         COLIBRI_ERR_DIM,      COLIBRI_ERR_NAN,         COLIBRI_ERR_NOMEM,
+                         COLIBRI_ERR_EXPERT,   COLIBRI_ERR_UNSUPPORTED, COLIBRI_ERR_FORMAT,
+                         COLIBRI_ERR_CHECKSUM, COLIBRI_ERR_NONFINITE};
     const size_t n = sizeof(codes) / sizeof(codes[0]);
     int ok = 1;
     for (size_t i = 0; i < n; i++) {
@@ -589,6 +591,7 @@ static void test_strerror(void)
 /* Model files                                                                                 */
 
 static char g_dir[64];
+static uint32_t g_load_flags; /* colibri_config_t.load_flags of init_file / init_clb */
 
 static void path_in_dir(char *out, size_t n, const char *name)
 {
@@ -687,7 +690,12 @@ static colibri_status init_file(colibri_cache_policy policy, int32_t slots, cons
 {
     char path[128];
     path_in_dir(path, sizeof(path), "model.bin");
-    colibri_config_t cfg = {path, policy, slots, 1, map};
+    colibri_config_t cfg = {.model_path = path,
+                            .cache_policy = policy,
+                            .lru_cache_size = slots,
+                            .num_threads = 1,
+                            .load_flags = g_load_flags,
+                            .expert_sharing_map = map};
     return colibri_init(&cfg, out);
 }
 
@@ -859,7 +867,27 @@ typedef struct {
     int skip_expert;         /* drop the tensors of this expert (-1: none) */
     long size_delta;         /* bytes appended (>0) or cut (<0) after writing */
     uint32_t n_experts_override;
+    uint32_t d_ff_override; /* header d_ff (0: the model's) */
+    int flip_bit;           /* flip one bit in the blob of mutate_name (after its CRC) */
+    int bad_crc;            /* store the complement of its CRC-32 */
+    int overlap;            /* point its blob at the previous tensor's blob */
+    int64_t meta_off_delta; /* added to the header's meta_offset */
+    int data_off_meta;      /* header data_offset = meta_offset (data overlaps the metadata) */
 } clb_opts;
+
+/* zlib CRC-32, bit by bit (independent of the runtime's table-driven one). */
+static uint32_t test_crc32(const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int b = 0; b < 8; b++) {
+            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+        }
+    }
+    return ~c;
+}
 
 typedef struct {
     char name[48];
@@ -938,21 +966,30 @@ static void write_container(const test_model *tm, const clb_opts *o)
     bb_u32(&b, o->n_experts_override ? o->n_experts_override : e);
     bb_u32(&b, (uint32_t)m->top_k);
     bb_u32(&b, d);
-    bb_u32(&b, f);
+    bb_u32(&b, o->d_ff_override ? o->d_ff_override : f);
     bb_u32(&b, (uint32_t)m->activation);
     bb_u32(&b, m->flags);
     bb_u32(&b, (uint32_t)n);
     bb_u32(&b, (uint32_t)strlen(meta));
     bb_u64(&b, 128);
-    bb_u64(&b, meta_off);
-    bb_u64(&b, data_off);
+    bb_u64(&b, meta_off + (uint64_t)o->meta_off_delta);
+    bb_u64(&b, o->data_off_meta ? meta_off : data_off);
     bb_u64(&b, file_size);
     bb_u32(&b, 0);
     bb_put(&b, NULL, 44);
+    size_t flip_at = 0;
     for (size_t i = 0; i < n; i++) {
         clb_tensor x = t[i];
         uint32_t dtype = x.dtype;
+        uint32_t crc = test_crc32(x.data, (size_t)x.nbytes);
         if (o->mutate_name != NULL && strcmp(o->mutate_name, x.name) == 0) {
+            flip_at = (size_t)x.offset + (size_t)x.nbytes / 2u;
+            if (o->bad_crc) {
+                crc = ~crc;
+            }
+            if (o->overlap && i > 0) {
+                x.offset = t[i - 1].offset;
+            }
             if (o->mutate_dtype >= 0) {
                 dtype = (uint32_t)o->mutate_dtype;
             }
@@ -976,12 +1013,15 @@ static void write_container(const test_model *tm, const clb_opts *o)
         bb_u64(&b, x.offset);
         bb_u64(&b, x.nbytes);
         bb_u32(&b, x.expert);
-        bb_u32(&b, 0); /* crc32: checked by the Python reader only */
+        bb_u32(&b, crc);
     }
     bb_put(&b, meta, strlen(meta));
     for (size_t i = 0; i < n; i++) {
         bb_put(&b, NULL, (size_t)(t[i].offset - b.n));
         bb_put(&b, t[i].data, (size_t)t[i].nbytes);
+    }
+    if (o->flip_bit && flip_at > 0) {
+        b.p[flip_at] ^= 0x01u; /* lowest bit of a byte of the blob: a finite float stays finite */
     }
     if (o->size_delta > 0) {
         bb_put(&b, NULL, (size_t)o->size_delta);
@@ -997,7 +1037,10 @@ static colibri_status init_clb(colibri_cache_policy policy, int32_t slots, colib
 {
     char path[128];
     path_in_dir(path, sizeof(path), "model.clb");
-    colibri_config_t cfg = {path, policy, slots, 0, NULL};
+    colibri_config_t cfg = {.model_path = path,
+                            .cache_policy = policy,
+                            .lru_cache_size = slots,
+                            .load_flags = g_load_flags};
     return colibri_init(&cfg, m);
 }
 
@@ -1132,6 +1175,126 @@ static void test_container_files(void)
     tm_free(&tm);
 }
 
+/* ---- hostile and corrupt files: header fields, overlaps, CRC-32, NaN / Inf ---- */
+
+static void test_hostile_container(void)
+{
+    test_model tm;
+    tm_make(&tm, 6, 2, 5, 8, COLIBRI_ACT_GELU, COLIBRI_FLAG_EXPERT_BIAS | COLIBRI_FLAG_ROUTER_BIAS,
+            61);
+    clb_opts o = clb_default();
+    EXPECT_CLB(&tm, &o, COLIBRI_OK);
+
+    /* the issue's case: a small file whose header says d_ff = 2^26 (64 GiB of workspace
+     * before this check); the tensors it implies do not fit, so nothing is allocated */
+    o.d_ff_override = 1u << 26;
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_CONFIG); /* above COLIBRI_FILE_MAX_DIM */
+    o.d_ff_override = 1u << 20;
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_TRUNCATED); /* allowed dim, but 2 * 4 * d * f > file */
+    o.d_ff_override = 9;
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_SIZE); /* fits, but the tensors' shapes say 8 */
+    o = clb_default();
+    o.meta_off_delta = 96;
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_FORMAT);
+    o.meta_off_delta = -96; /* inside the tensor table */
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_FORMAT);
+    o = clb_default();
+    o.data_off_meta = 1; /* data area starts inside the metadata */
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_FORMAT);
+    o = clb_default();
+    o.mutate_name = "expert.3.w2";
+    o.overlap = 1; /* shares its blob with expert.3.b1 */
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_FORMAT);
+
+    /* flipped bits and wrong checksums */
+    o = clb_default();
+    o.mutate_name = "expert.4.w1";
+    o.flip_bit = 1;
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_CHECKSUM);
+    g_load_flags = COLIBRI_LOAD_SKIP_CHECKSUM; /* a trusted file: the flip goes unnoticed */
+    EXPECT_CLB(&tm, &o, COLIBRI_OK);
+    g_load_flags = 0;
+    o = clb_default();
+    o.mutate_name = "router.bias";
+    o.bad_crc = 1;
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_CHECKSUM);
+    o = clb_default();
+    o.mutate_name = "router.weight";
+    o.flip_bit = 1;
+    EXPECT_CLB(&tm, &o, COLIBRI_ERR_CHECKSUM);
+
+    /* NaN / Inf weights (with valid CRCs) */
+    const struct {
+        float *at;
+        float value;
+    } poison[] = {
+        {(float *)tm.stored[2].w2 + 7, NAN},
+        {(float *)tm.stored[0].b1, INFINITY},
+        {(float *)tm.stored[5].w1 + 39, -INFINITY},
+        {tm.router_w + 3, NAN},
+        {tm.router_b + 5, INFINITY},
+    };
+    for (size_t i = 0; i < sizeof(poison) / sizeof(poison[0]); i++) {
+        const float saved = *poison[i].at;
+        *poison[i].at = poison[i].value;
+        o = clb_default();
+        EXPECT_CLB(&tm, &o, COLIBRI_ERR_NONFINITE);
+        g_load_flags = COLIBRI_LOAD_SKIP_CHECKSUM; /* the scan does not depend on the CRC */
+        EXPECT_CLB(&tm, &o, COLIBRI_ERR_NONFINITE);
+        g_load_flags = COLIBRI_LOAD_SKIP_FINITE;
+        EXPECT_CLB(&tm, &o, COLIBRI_OK);
+        g_load_flags = 0;
+        *poison[i].at = saved;
+    }
+    EXPECT_CLB(&tm, &o, COLIBRI_OK);
+
+    /* LRU slots beyond the experts are not allocated (ASan checks the carving) */
+    write_container(&tm, &o);
+    colibri_model_t *fm = NULL;
+    CHECK_STATUS(COLIBRI_OK, init_clb(COLIBRI_CACHE_LRU, COLIBRI_MAX_LRU_SLOTS, &fm));
+    if (fm != NULL) {
+        CHECK_INT(6, fm->n_slots);
+        colibri_cleanup(fm);
+    }
+    remove_file("model.clb");
+    tm_free(&tm);
+}
+
+static void test_hostile_seed(void)
+{
+    test_model tm;
+    tm_make(&tm, 5, 2, 6, 7, COLIBRI_ACT_GELU, COLIBRI_FLAG_EXPERT_BIAS, 62);
+    write_config("{\"n_experts\": 5, \"k\": 2, \"hidden_size\": 6, \"intermediate_size\": "
+                 "67108864}");
+    write_seed(&tm, 0x434F4C49u, 1, 5, 0, 0);
+    EXPECT_INIT(COLIBRI_ERR_CONFIG); /* d_ff 2^26 > COLIBRI_FILE_MAX_DIM */
+    write_config("{\"n_experts\": 65535, \"k\": 2, \"hidden_size\": 16777216, "
+                 "\"intermediate_size\": 16777216}");
+    write_seed(&tm, 0x434F4C49u, 1, 65535, 0, 0);
+    EXPECT_INIT(COLIBRI_ERR_TRUNCATED); /* largest dims: 2^16 * 2^50 bytes, no overflow */
+    write_config(k_config);
+    write_seed(&tm, 0x434F4C49u, 1, 5, 0, 0);
+    EXPECT_INIT(COLIBRI_OK);
+
+    float *const poison[] = {(float *)tm.stored[1].w1 + 5, (float *)tm.stored[4].b2 + 1,
+                             tm.router_w + 29};
+    const float values[] = {NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof(poison) / sizeof(poison[0]); i++) {
+        const float saved = *poison[i];
+        *poison[i] = values[i];
+        write_seed(&tm, 0x434F4C49u, 1, 5, 0, 0);
+        EXPECT_INIT(COLIBRI_ERR_NONFINITE);
+        g_load_flags = COLIBRI_LOAD_SKIP_FINITE;
+        EXPECT_INIT(COLIBRI_OK);
+        g_load_flags = 0;
+        *poison[i] = saved;
+    }
+    remove_file("model.bin");
+    remove_file("router.bin");
+    remove_file("config.json");
+    tm_free(&tm);
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/colibri_rt_XXXXXX");
@@ -1147,6 +1310,8 @@ int main(void)
     test_strerror();
     test_seed_files();
     test_container_files();
+    test_hostile_container();
+    test_hostile_seed();
     rmdir(g_dir);
     return test_summary();
 }

@@ -3,7 +3,7 @@
  * @brief Self-test of a board's platform layer (no model, no runtime): reads input.bin, writes
  *        its bytes reversed to output.bin, checks three libm functions, prints one line and
  *        returns 3 so that the exit-code path is tested too. The loop between the bench markers
- *        is the region whose instructions tests/test_platforms.py counts.
+ *        is the region whose instructions tests/targets/test_platforms.py counts.
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"

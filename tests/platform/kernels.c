@@ -7,7 +7,7 @@
  *        every result is identical. The bench markers time one of four loops, chosen by the
  *        first byte of input.bin: 0 the runtime's int8 dot (128 values, 8 times), 1 the plain
  *        loop, 2 the runtime's int4 block dot (4 blocks, 8 times), 3 its portable loop
- *        (tests/test_platforms.py prints the instruction counts side by side).
+ *        (tests/targets/test_platforms.py prints the instruction counts side by side).
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"

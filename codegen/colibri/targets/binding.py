@@ -36,6 +36,7 @@ class _Config(ctypes.Structure):
         ("cache_policy", ctypes.c_int),
         ("lru_cache_size", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
+        ("load_flags", ctypes.c_uint32),  # COLIBRI_LOAD_*: 0 verifies checksums and NaN / Inf
         ("expert_sharing_map", ctypes.POINTER(ctypes.c_int32)),
     ]
 

@@ -1,4 +1,4 @@
-"""The whole decoder-only MoE transformer in generated C (codegen/lmgen.py, lm_main.c):
+"""The whole decoder-only MoE transformer in generated C (colibri/emit/transformer.py, lm_main.c):
 logits at every prompt position vs transformers, greedy generation identical to transformers on
 the host and under QEMU, context overflow, seeded sampling, the CLI and the size report."""
 
@@ -26,6 +26,8 @@ from colibri.targets.qemu import run_elf
 from conftest import require_board, run_cli
 from hf_tiny import (
     ARCHS,
+    MODEL_CASES,
+    N_NEW_TOKENS,
     assert_logits_close,
     assert_same_tokens,
     generate_lm,
@@ -35,7 +37,6 @@ from hf_tiny import (
     save_model,
     short_prompt,
 )
-from test_transformer import MODEL_CASES, N_NEW_TOKENS
 
 #: Boards every architecture's greedy generation is checked on (the host is in every test).
 QEMU_BOARDS = ("cortex-a53", "cortex-m7")

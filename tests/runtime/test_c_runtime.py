@@ -11,12 +11,13 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SRC_DIR = ROOT / "runtime_c" / "src"
 INCLUDE_DIR = ROOT / "runtime_c" / "include"
 C_TEST_DIR = ROOT / "tests" / "c"
@@ -29,6 +30,7 @@ HOST_FLAGS = [
     "-O1",
     "-g",
     "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
     "-fno-omit-frame-pointer",
 ]
 CORTEX_M4_FLAGS = ["-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard", "-mfpu=fpv4-sp-d16"]
@@ -241,3 +243,35 @@ def test_infer_example_reports_errors(tmp_path: Path) -> None:
     result = _run([str(exe), str(bogus)], timeout=60)
     assert result.returncode == 1
     assert "bad magic" in result.stderr
+
+
+def test_infer_example_checks_cli_containers(tmp_path: Path) -> None:
+    """Containers written by `colibri convert` pass the C runtime's CRC-32 check; a flipped
+    bit in a blob and a NaN weight in a seed-layout file are refused with their own status."""
+    _require_tool("gcc", "gcc")
+    exe = tmp_path / "infer"
+    _compile_host([ROOT / "examples" / "c_api" / "infer.c", *RUNTIME_SOURCES], exe)
+    toy, clb = tmp_path / "toy", tmp_path / "toy.clb"
+    for args in (
+        ["make-toy", "--out", str(toy), "--experts", "4", "--hidden", "8", "--ff", "16"],
+        ["convert", str(toy / "model.bin"), "--out", str(clb)],
+    ):
+        made = _run([sys.executable, "-m", "colibri", *args], timeout=120)
+        assert made.returncode == 0, made.stderr
+    result = _run([str(exe), str(clb)], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    data = bytearray(clb.read_bytes())
+    data[-7] ^= 0x10  # inside the last expert's b2
+    bad = tmp_path / "flipped.clb"
+    bad.write_bytes(bytes(data))
+    result = _run([str(exe), str(bad)], timeout=60)
+    assert result.returncode == 1
+    assert "fails its CRC-32 check" in result.stderr
+
+    weights = bytearray((toy / "model.bin").read_bytes())
+    weights[12 + 4 * 5 : 12 + 4 * 6] = struct.pack("<f", math.nan)  # expert 0, W1[0][5]
+    (toy / "model.bin").write_bytes(bytes(weights))
+    result = _run([str(exe), str(toy / "model.bin")], timeout=60)
+    assert result.returncode == 1
+    assert "NaN or Inf" in result.stderr

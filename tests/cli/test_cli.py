@@ -117,6 +117,17 @@ def test_convert_then_generate_gives_same_c(cli: Cli, tmp_path: Path) -> None:
     a = (tmp_path / "a" / "colibri_weights.c").read_text().split("*/", 1)[1]
     b = (tmp_path / "b" / "colibri_weights.c").read_text().split("*/", 1)[1]
     assert a == b
+    blob = "colibri_weights.bin"
+    assert (tmp_path / "a" / blob).read_bytes() == (tmp_path / "b" / blob).read_bytes()
+
+
+def test_console_script_entry_point_runs() -> None:
+    """The `colibri` command that pip installs (the README's quick start) resolves and runs."""
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "colibri"]
+    main = ep.load()
+    assert main(["boards"]) == 0
 
 
 def test_generate_refuses_foreign_directory(cli: Cli, tmp_path: Path) -> None:

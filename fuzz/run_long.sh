@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Long fuzzing runs of the colibri_init harnesses, one harness at a time (one core each).
+#
+#   fuzz/run_long.sh [--runs N] [--seconds S] [--out DIR] [fuzz_container|fuzz_seed ...]
+#
+#   --runs N     executions per harness (default 10000000, the issue's goal)
+#   --seconds S  stop a harness after S seconds even if N is not reached (default: no limit)
+#   --out DIR    binaries, corpus, crash artifacts and logs (default build/fuzz)
+#
+# Builds the harnesses with fuzz/build.sh (clang, -fsanitize=fuzzer,address,undefined), makes
+# the seed corpus with fuzz/make_corpus.py (Colibri CLI; PYTHON, default .venv/bin/python) on
+# first use and keeps what libFuzzer adds to it, then prints per harness: executions, exec/s,
+# crashes (artifacts written) and the largest allocation colibri_init made. Exit status 1 when
+# any harness crashed, leaked, hit a sanitizer report or the allocation limit (fuzz_common.h).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNS=10000000
+SECONDS_LIMIT=0
+OUT="$ROOT/build/fuzz"
+HARNESSES=()
+while (($# > 0)); do
+    case "$1" in
+    --runs) RUNS="$2"; shift 2 ;;
+    --seconds) SECONDS_LIMIT="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    fuzz_container | fuzz_seed) HARNESSES+=("$1"); shift ;;
+    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "run_long.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+((${#HARNESSES[@]} > 0)) || HARNESSES=(fuzz_container fuzz_seed)
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+
+"$ROOT/fuzz/build.sh" "$OUT/bin" >/dev/null
+if [[ ! -d "$OUT/corpus/container" || ! -d "$OUT/corpus/seed" ]]; then
+    "$PYTHON" "$ROOT/fuzz/make_corpus.py" "$OUT/corpus" --python "$PYTHON" >/dev/null
+fi
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=0"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+status=0
+for harness in "${HARNESSES[@]}"; do
+    case "$harness" in
+    fuzz_container) corpus="$OUT/corpus/container" dict="$ROOT/fuzz/container.dict" ;;
+    fuzz_seed) corpus="$OUT/corpus/seed" dict="$ROOT/fuzz/seed.dict" ;;
+    esac
+    artifacts="$OUT/artifacts/$harness"
+    log="$OUT/$harness.log"
+    mkdir -p "$artifacts"
+    before=$(find "$artifacts" -type f | wc -l)
+    echo "==> $harness: up to $RUNS executions$( ((SECONDS_LIMIT > 0)) && echo ", at most ${SECONDS_LIMIT} s")"
+    rc=0
+    "$OUT/bin/$harness" -runs="$RUNS" -max_total_time="$SECONDS_LIMIT" -dict="$dict" \
+        -max_len=8192 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=64 \
+        -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" >"$log" 2>&1 || rc=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n1)
+    largest=$(grep -o 'largest runtime allocation.*' "$log" | tail -n1 || true)
+    crashes=$(($(find "$artifacts" -type f | wc -l) - before))
+    echo "    executions: ${execs:-?}  exec/s: ${rate:-?}  crashes: $crashes  exit: $rc"
+    echo "    ${largest:-largest runtime allocation: not reported}"
+    echo "    corpus: $(find "$corpus" -type f | wc -l) inputs; log: $log"
+    if ((rc != 0 || crashes > 0)); then
+        status=1
+        grep -E 'ERROR|runtime error|colibri fuzz: allocation|SUMMARY' "$log" | head -n 5 | sed 's/^/    /'
+    fi
+done
+exit "$status"
