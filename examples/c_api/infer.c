@@ -3,8 +3,8 @@
  * @brief Colibri C API example: load a model file (seed flat layout or Colibri container),
  *        route one token through the MoE layer and print what happened.
  *
- * Build (from the repository root; see README.md):
- *   gcc -std=c11 -O2 -Iruntime_c/include examples/c_api/infer.c <runtime_c/src sources> -lm
+ * Build against the installed runtime (`scons install`; see README.md):
+ *   cc -std=c11 -O2 infer.c $(pkg-config --cflags --libs colibri) -o infer
  * Run:
  *   ./infer path/to/toy_moe.bin
  */
