@@ -8,8 +8,9 @@ anything runs, and the firmware refuses it again (exit status 4) rather than ove
 
 ``--prompt TEXT`` is tokenized with, in order: ``--tokenizer FILE``, the ``tokenizer.json`` of the
 checkpoint the model was generated from (``manifest["model"]["source"]``), or, for a
-vocabulary of >= 256 ids, one token per UTF-8 byte (:func:`byte_tokens`). The tokenizer (a Hugging
-Face byte-level BPE, :mod:`colibri.tokenizer`) also decodes the generated ids for printing.
+vocabulary of >= 256 ids, one token per UTF-8 byte (:func:`byte_tokens`). The tokenizer (any
+Hugging Face tokenizer.json, read by the ``tokenizers`` library: :mod:`colibri.frontends.tokenizer`)
+also decodes the generated ids for printing.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def byte_tokens(text: str, vocab: int) -> list[int]:
             f"--prompt needs a tokenizer: without --tokenizer FILE or a tokenizer.json in the "
             f"checkpoint directory, the text is encoded one token per UTF-8 byte, which needs a "
             f"vocabulary of >= 256 ids; this model has {vocab}: pass --prompt-ids instead, or "
-            f"--tokenizer with the checkpoint's tokenizer.json (Hugging Face byte-level BPE)"
+            f"--tokenizer with the checkpoint's tokenizer.json (Hugging Face)"
         )
     try:
         ids = list(text.encode("utf-8"))
@@ -213,8 +214,9 @@ def checkpoint_tokenizer(manifest: dict[str, Any]) -> Path | None:
 
 
 def resolve_tokenizer(manifest: dict[str, Any], explicit: str | None) -> Tokenizer | None:
-    """--tokenizer FILE, else the checkpoint's tokenizer.json, else None; ConfigError when the
-    tokenizer is unsupported or has ids outside the model's vocabulary."""
+    """--tokenizer FILE, else the checkpoint's tokenizer.json, else None; ConfigError /
+    ModelFormatError when the file is missing, corrupt or unsupported or has ids outside the
+    model's vocabulary."""
     from ..frontends.tokenizer import load_tokenizer
 
     path = Path(explicit) if explicit is not None else checkpoint_tokenizer(manifest)
