@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class ColibriError(Exception):
     """Base class of every error Colibri reports to a user (the CLI prints the message only)."""
@@ -49,3 +52,39 @@ class QemuError(ColibriError):
 
 class OutputExistsError(ColibriError):
     """The output directory exists and is not a previous Colibri output."""
+
+
+class OutputError(ColibriError):
+    """An output cannot be written: its parent is a file, it is not writable, the disk is full."""
+
+
+def output_error(
+    path: str | os.PathLike[str], exc: OSError, needed: int | None = None
+) -> OutputError:
+    """An OSError raised while writing `path` as an OutputError naming the path, the cause and
+    the fix (outputs are written to a temporary file first, so the previous one is intact)."""
+    code = exc.errno
+    keep = "; the previous output, if any, is unchanged"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        need = f" ({needed} bytes needed)" if needed else ""
+        return OutputError(
+            f"{path}: no space left on device{need}; free some space or choose another output "
+            f"path{keep}"
+        )
+    if code in (errno.EACCES, errno.EPERM):
+        return OutputError(
+            f"{path}: permission denied ({exc.filename or path} is not writable); choose an "
+            f"output path in a directory you can write to{keep}"
+        )
+    if code == errno.EROFS:
+        return OutputError(
+            f"{path}: read-only file system; choose an output path on a writable one{keep}"
+        )
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return OutputError(
+            f"{path}: a component of the path is a file, not a directory; choose an output path "
+            f"whose parent is a directory"
+        )
+    if code == errno.EISDIR:
+        return OutputError(f"{path}: is a directory; pass a file path")
+    return OutputError(f"{path}: cannot write: {exc.strerror or exc}{keep}")

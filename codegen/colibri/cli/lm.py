@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError
+from ..frontends.load import save_npy
+from ..options import MAX_CONTEXT_LIMIT
 from ..targets.lmrun import (
     SamplingOptions,
     byte_text,
@@ -20,6 +22,13 @@ from ..targets.lmrun import (
     parse_ids,
     resolve_tokenizer,
     run_lm,
+)
+from .argtypes import (
+    MAX_SAMPLING_TOP_K,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    float_range,
+    int_range,
 )
 
 if TYPE_CHECKING:
@@ -39,21 +48,43 @@ def add_run_arguments(s: Any) -> None:
     s.add_argument(
         "--tokenizer",
         metavar="FILE",
-        help="transformer: a Hugging Face tokenizer.json (byte-level BPE: GPT-2, Qwen2, Llama 3, "
-        "OLMoE) for --prompt and the printed text (default: the checkpoint's tokenizer.json)",
+        help="transformer: a Hugging Face tokenizer.json (byte-level BPE, SentencePiece-style "
+        "BPE, Unigram, ...) for --prompt and the printed text (default: the checkpoint's "
+        "tokenizer.json)",
     )
     s.add_argument(
-        "--max-new-tokens", type=int, default=32, help="transformer: tokens to generate (32)"
+        "--max-new-tokens",
+        type=int_range(0, MAX_CONTEXT_LIMIT, "tokens"),
+        default=32,
+        help="transformer: tokens to generate (0..1048576, default 32)",
     )
     s.add_argument(
         "--logits", metavar="L.npy", help="transformer: write the logits [T, vocab] of the prompt"
     )
     s.add_argument(
-        "--temperature", type=float, default=0.0, help="transformer: 0 = greedy (default)"
+        "--temperature",
+        type=float_range(0.0, MAX_TEMPERATURE),
+        default=0.0,
+        help="transformer: 0 = greedy (default; 0..10000)",
     )
-    s.add_argument("--top-k", type=int, default=0, help="transformer: sample from the k best")
-    s.add_argument("--top-p", type=float, default=1.0, help="transformer: nucleus threshold")
-    s.add_argument("--seed", type=int, default=0, help="transformer: sampler seed (default 0)")
+    s.add_argument(
+        "--top-k",
+        type=int_range(0, MAX_SAMPLING_TOP_K),
+        default=0,
+        help="transformer: sample from the k best (0 = all, default; at most the vocabulary)",
+    )
+    s.add_argument(
+        "--top-p",
+        type=float_range(0.0, 1.0, lo_open=True),
+        default=1.0,
+        help="transformer: nucleus threshold (> 0 and <= 1, default 1)",
+    )
+    s.add_argument(
+        "--seed",
+        type=int_range(0, MAX_SEED),
+        default=0,
+        help="transformer: sampler seed (0..2**64-1, default 0)",
+    )
 
 
 def cmd_run_lm(a: Any) -> int:
@@ -105,9 +136,9 @@ def cmd_run_lm(a: Any) -> int:
     elif a.prompt is not None:
         print(byte_text(out.tokens))
     if a.output:
-        np.save(a.output, out.tokens.astype(np.int32))
+        save_npy(a.output, out.tokens.astype(np.int32))
     if a.logits and out.logits is not None:
-        np.save(a.logits, out.logits)
+        save_npy(a.logits, out.logits)
     if a.count_instructions:
         steps = a.max_new_tokens - 1
         per = "n/a" if result.instructions is None or steps < 1 else result.instructions // steps

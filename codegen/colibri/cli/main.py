@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -13,9 +14,29 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..errors import ColibriError, ConfigError, InputError
-from ..frontends.hf import is_hf_checkpoint
-from ..frontends.load import load_npy
+from ..errors import ColibriError, ConfigError, InputError, OutputError
+from ..frontends.hf import check_architectures, is_hf_checkpoint
+from ..frontends.load import load_npy, save_npy, save_npz
+from ..ir.moe import MAX_TOP_K
+from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
+from ..plan.model import MAX_LRU_SLOTS
+from .argtypes import (
+    MAX_CHECK_TOKENS,
+    MAX_LAYER,
+    MAX_RAM_BUDGET,
+    MAX_SEED,
+    MAX_TIMEOUT,
+    MAX_TOKENS,
+    MAX_TOY_BYTES,
+    MAX_TOY_DIM,
+    MAX_TOY_EXPERTS,
+    ColibriArgumentParser,
+    float_range,
+    int_range,
+)
+
+#: --layer of every command: a decoder layer index (checked against the model when it is read).
+LAYER = int_range(0, MAX_LAYER, "decoder layer index")
 
 # -- commands ----------------------------------------------------------------------------------
 
@@ -24,6 +45,16 @@ def cmd_make_toy(a: argparse.Namespace) -> int:
     from ..frontends.seed import write_seed
     from ..frontends.toy import make_toy
 
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out}: is a file; make-toy --out takes a directory")
+    floats = a.experts * (3 * a.hidden * a.ff + a.hidden + a.ff) + a.experts * (a.hidden + 1)
+    if 4 * floats > MAX_TOY_BYTES:
+        raise ConfigError(
+            f"make-toy: --experts {a.experts} --hidden {a.hidden} --ff {a.ff} make "
+            f"~{4 * floats} bytes of weights; a toy model is at most {MAX_TOY_BYTES} bytes "
+            f"(1 GiB): choose smaller sizes"
+        )
     layer = make_toy(
         experts=a.experts,
         hidden=a.hidden,
@@ -34,14 +65,20 @@ def cmd_make_toy(a: argparse.Namespace) -> int:
         norm_topk_prob=a.norm_topk,
         router_bias=a.router_bias,
     )
-    out = Path(a.out)
-    if layer.config.gated:
-        from ..frontends.container import write_container
+    created = not out.exists()
+    try:
+        if layer.config.gated:
+            from ..frontends.container import container_bytes, write_files_atomic
 
-        path = write_container(layer, out / "model.clb")
-        (out / "config.json").write_text(json.dumps(layer.config.to_json(), indent=2) + "\n")
-    else:
-        path = write_seed(layer, out)
+            path = out / "model.clb"
+            text = json.dumps(layer.config.to_json(), indent=2) + "\n"
+            write_files_atomic({path: container_bytes(layer), out / "config.json": text.encode()})
+        else:
+            path = write_seed(layer, out)
+    except BaseException:
+        if created:  # nothing left behind, not even the directory
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     c = layer.config
     print(
         f"wrote {path} ({c.n_experts} experts, d_model {c.d_model}, d_ff {c.d_ff}, "
@@ -104,6 +141,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from .pipeline import generate, load
 
     board = load_board(a.board)
+    check_architectures(a.model)
     whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
     _check_generate_options(a, whole)
     model = load(a.model, a.config, a.layer)
@@ -208,10 +246,24 @@ def run_model(
     return out, result
 
 
+def _check_output_files(*paths: str | None) -> None:
+    """Refuse, before any work, output files that cannot be written where asked: a directory,
+    or a path under a file."""
+    from ..frontends.container import check_output_parent
+
+    for p in paths:
+        if p is None:
+            continue
+        if Path(p).is_dir():
+            raise OutputError(f"{p}: is a directory; pass a file path")
+        check_output_parent(p, create=False)
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     from ..emit.output import is_transformer_dir
     from ..targets.build import check_generated
 
+    _check_output_files(a.output, a.routing, a.logits)
     if is_transformer_dir(check_generated(Path(a.dir).resolve())):
         from .lm import cmd_run_lm
 
@@ -223,9 +275,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         )
     x = load_npy(a.input)
     out, result = run_model(a.dir, a.board, x, a.count_instructions, a.timeout, a.verbose)
-    np.save(a.output, out.output)
+    save_npy(a.output, out.output)
     if a.routing:
-        np.savez(a.routing, expert_ids=out.expert_ids, gates=out.gates)
+        save_npz(a.routing, expert_ids=out.expert_ids, gates=out.gates)
     guest = (result.stdout or "").strip()
     if guest:
         print(guest)
@@ -241,12 +293,13 @@ def cmd_reference(a: argparse.Namespace) -> int:
     from ..frontends.load import check_input, load_model
     from ..reference.moe import moe_forward
 
+    _check_output_files(a.output, a.routing)
     layer = load_model(a.model, a.config, a.layer)
     x = check_input(load_npy(a.input), layer.config.d_model, a.input)
     y, r = moe_forward(layer, x)
-    np.save(a.output, y.astype(np.float32))
+    save_npy(a.output, y.astype(np.float32))
     if a.routing:
-        np.savez(a.routing, expert_ids=r.expert_ids, gates=r.gates.astype(np.float32))
+        save_npz(a.routing, expert_ids=r.expert_ids, gates=r.gates.astype(np.float32))
     print(f"wrote {a.output}: reference output {list(y.shape)}")
     return 0
 
@@ -340,6 +393,14 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0 if failures == 0 else 1
 
 
+def cmd_verify(a: argparse.Namespace) -> int:
+    from .verify import verify_model
+
+    verify_model(a.model, a.config, say=lambda line: print(line, flush=True))
+    print("ok")
+    return 0
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from ..frontends.export import EXPORT_TOLERANCE
     from .export import export
@@ -361,7 +422,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ColibriArgumentParser(
         prog="colibri",
         description="Colibri: compile a Mixture-of-Experts model into C for a board.",
     )
@@ -370,14 +431,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("make-toy", help="write a random toy model in the seed layout")
     s.add_argument("--out", required=True, help="output directory")
-    s.add_argument("--experts", type=int, default=2)
-    s.add_argument("--hidden", type=int, default=8, help="d_model")
-    s.add_argument("--ff", type=int, default=16, help="d_ff")
-    s.add_argument("--top-k", type=int, default=1)
+    s.add_argument(
+        "--experts", type=int_range(1, MAX_TOY_EXPERTS), default=2, help="experts (1..1024)"
+    )
+    toy_dim = int_range(1, MAX_TOY_DIM)
+    s.add_argument("--hidden", type=toy_dim, default=8, help="d_model (1..65536)")
+    s.add_argument("--ff", type=toy_dim, default=16, help="d_ff (1..65536)")
+    s.add_argument(
+        "--top-k", type=int_range(1, MAX_TOP_K), default=1, help="experts per token (1..64)"
+    )
     s.add_argument(
         "--activation", default="gelu", help="gelu (default), gelu_tanh, silu, relu or swiglu"
     )
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int_range(0, MAX_SEED), default=0, help="0..2**64-1")
     s.add_argument("--norm-topk", action="store_true", help="renormalise the k gates")
     s.add_argument("--router-bias", action="store_true")
     s.set_defaults(func=cmd_make_toy)
@@ -388,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output .clb file")
     s.add_argument(
         "--layer",
-        type=int,
+        type=LAYER,
         help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
     )
     s.set_defaults(func=cmd_convert)
@@ -401,9 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="C name of the model (default: the output directory's name)")
     s.add_argument(
         "--max-tokens",
-        type=int,
+        type=int_range(1, MAX_TOKENS, "tokens per chunk"),
         default=32,
-        help="tokens per chunk the static buffers hold (default 32)",
+        help="tokens per chunk the static buffers hold (1..1048576, default 32)",
     )
     s.add_argument("--force", action="store_true", help="replace a non-Colibri --out directory")
     s.add_argument(
@@ -451,24 +517,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="expert residency (the seeds' cache_policy; lru/none copy experts from flash "
         "into static RAM slots on use)",
     )
-    s.add_argument("--cache-slots", type=int, default=2, help="LRU slots (lru_cache_size)")
+    s.add_argument(
+        "--cache-slots",
+        type=int_range(1, MAX_LRU_SLOTS, "LRU slots"),
+        default=2,
+        help="LRU slots (lru_cache_size, 1..256, default 2)",
+    )
     s.add_argument(
         "--ram-budget",
-        type=int,
+        type=int_range(0, MAX_RAM_BUDGET, "bytes"),
         metavar="BYTES",
-        help="RAM for pinning the hottest experts (with --calib; default 0: all in flash)",
+        help="RAM for pinning the hottest experts (with --calib; 0..2**32-1, default 0: all "
+        "in flash)",
     )
     s.add_argument(
         "--layer",
-        type=int,
+        type=LAYER,
         help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
     )
     s.add_argument(
         "--max-context",
-        type=int,
+        type=int_range(1, MAX_CONTEXT, "positions"),
         metavar="N",
         help="Hugging Face checkpoint without --layer (whole transformer): positions the KV "
-        "cache holds, prompt + generated tokens (default 64)",
+        "cache holds, prompt + generated tokens (1..1048576, default 64)",
     )
     s.set_defaults(func=cmd_generate)
 
@@ -492,7 +564,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report guest instructions of the forward pass (QEMU boards)",
     )
-    s.add_argument("--timeout", type=float, help="seconds (default: the board's)")
+    s.add_argument(
+        "--timeout",
+        type=float_range(0.0, MAX_TIMEOUT, "seconds", lo_open=True),
+        help="seconds (> 0 and <= 604800; default: the board's)",
+    )
     s.add_argument("-v", "--verbose", action="store_true")
     from .lm import add_run_arguments
 
@@ -507,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--routing")
     s.add_argument(
         "--layer",
-        type=int,
+        type=LAYER,
         help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
     )
     s.set_defaults(func=cmd_reference)
@@ -518,13 +594,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("source", help="state_dict file (torch.save) or Hugging Face checkpoint dir")
     s.add_argument("--out", required=True, help="output .clb file")
-    s.add_argument("--layer", type=int, help="checkpoint directory: the decoder layer to export")
+    s.add_argument("--layer", type=LAYER, help="checkpoint directory: the decoder layer to export")
     s.add_argument("--config", help="state_dict: the model's Hugging Face config.json")
     s.add_argument(
-        "--check-tokens", type=int, default=8, help="tokens in the check vs PyTorch (default 8)"
+        "--check-tokens",
+        type=int_range(1, MAX_CHECK_TOKENS, "tokens"),
+        default=8,
+        help="tokens in the check vs PyTorch (1..65536, default 8)",
     )
-    s.add_argument("--seed", type=int, default=0, help="seed of the check batch")
+    s.add_argument("--seed", type=int_range(0, MAX_SEED), default=0, help="seed of the check batch")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser(
+        "verify",
+        help="check a model file completely (header, checksums, shapes, NaN/Inf): ok or the "
+        "first problem",
+    )
+    s.add_argument(
+        "model", help="container, seed layout (file or directory), .npz or HF checkpoint dir"
+    )
+    s.add_argument("--config", help="config.json (default: beside the model)")
+    s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("boards", help="list boards, their memory and toolchain status")
     s.add_argument("--json", action="store_true")
@@ -548,9 +638,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc: int = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
         return rc
+    except BrokenPipeError:
+        # `colibri size ... | head`: the reader has gone; stop quietly like other CLI tools
+        # (128 + SIGPIPE), and point stdout at /dev/null so the exit flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except ColibriError as exc:
         print(f"colibri: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"colibri: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(
+            "colibri: error: out of memory; the model or an option (a size, --max-tokens, "
+            "--max-context) asks for more memory than this machine has",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("colibri: interrupted", file=sys.stderr)

@@ -14,13 +14,15 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from .. import __version__
-from ..errors import OutputExistsError
+from ..errors import OutputExistsError, output_error
+from ..frontends.container import check_output_parent, dir_mode
 from ..paths import resource_dir
 from ..plan.memory import ArenaPlan
 
@@ -36,6 +38,11 @@ GENERATED_FILES: dict[str, tuple[str, ...]] = {
     ),
 }
 KIND = "transformer"
+#: The weights blob of each kind (bytes, linked by the generated *_weights.c with .incbin).
+WEIGHTS_BLOB: dict[str, str] = {
+    "layer": "colibri_weights.bin",
+    "transformer": "transformer_weights.bin",
+}
 
 
 def manifest_kind(manifest: dict[str, Any]) -> str:
@@ -55,15 +62,25 @@ def environment() -> jinja2.Environment:
     return env
 
 
+def as_bytes(content: str | bytes) -> bytes:
+    """A generated file's content as written: text in UTF-8, blobs as they are."""
+    return content.encode("utf-8") if isinstance(content, str) else content
+
+
 def is_transformer_dir(manifest: dict[str, Any]) -> bool:
     """Whether a generated directory's manifest describes a whole transformer."""
     return manifest.get("kind") == KIND
 
 
 def write_output(
-    out_dir: str | os.PathLike[str], files: dict[str, str], manifest: dict, force: bool = False
+    out_dir: str | os.PathLike[str],
+    files: Mapping[str, str | bytes],
+    manifest: dict,
+    force: bool = False,
 ) -> Path:
-    """Write files + manifest into out_dir atomically (temp dir, then rename)."""
+    """Write files + manifest into out_dir atomically (temp dir, then rename). The directory
+    gets the normal mode (0777 & ~umask); a full disk or an unwritable or file parent is an
+    OutputError naming the path, and a previous output stays as it was."""
     out = Path(out_dir).resolve()
     if out.exists():
         if not out.is_dir():
@@ -73,23 +90,32 @@ def write_output(
                 f"{out}: directory exists, is not empty and holds no Colibri manifest.json; "
                 f"choose another --out or pass --force to replace it"
             )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    check_output_parent(out)
+    contents = {f: as_bytes(t) for f, t in files.items()}
+    contents[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    needed = sum(len(b) for b in contents.values())
     try:
-        for fname, text in files.items():
-            (tmp / fname).write_text(text, encoding="utf-8")
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    except OSError as exc:
+        raise output_error(out, exc, needed) from None
+    old: Path | None = None
+    try:
+        os.chmod(tmp, dir_mode())
+        for fname, data in contents.items():
+            (tmp / fname).write_bytes(data)
         if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-            old.rmdir()
+            old = tmp.with_name(tmp.name.replace(".tmp-", ".old-", 1))
             out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
+        tmp.rename(out)
+    except BaseException as exc:
+        if old is not None and old.exists() and not out.exists():
+            old.rename(out)  # put the previous output back
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise output_error(out, exc, needed) from None
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return out
 
 
@@ -124,7 +150,7 @@ def new_manifest(
     plan: ArenaPlan,
     max_tokens: int,
     weight_bytes: int,
-    files: dict[str, str],
+    files: Mapping[str, str | bytes],
     **memory: Any,
 ) -> dict[str, Any]:
     """The manifest every kind shares: generator, kind, model (source, sha256, config, ...),
@@ -145,5 +171,5 @@ def new_manifest(
             "weight_bytes": weight_bytes,
             **memory,
         },
-        "files": {f: hashlib.sha256(t.encode()).hexdigest() for f, t in sorted(files.items())},
+        "files": {f: hashlib.sha256(as_bytes(t)).hexdigest() for f, t in sorted(files.items())},
     }

@@ -1,19 +1,25 @@
-"""The Colibri container (.clb): read and write. Byte layout: docs/format.md."""
+"""The Colibri container (.clb): read and write. Byte layout: docs/format.md.
+
+Also the atomic file writer every output file goes through (:func:`write_file_atomic`: normal
+modes, a full disk or an unwritable path reported as an OutputError, the old file intact)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
 import tempfile
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from .. import __version__
-from ..errors import ModelFormatError, ShapeError
+from ..errors import ModelFormatError, OutputError, ShapeError, output_error
 from ..ir.moe import Expert, MoEConfig, MoELayer, validate_sharing_map
 
 MAGIC = b"CLBRMOE\0"
@@ -74,10 +80,14 @@ def _layer_tensors(layer: MoELayer) -> tuple[list[tuple[str, np.ndarray, int]], 
 
 def write_container(layer: MoELayer, path: str | os.PathLike[str]) -> Path:
     """Write `layer` as a Colibri container, atomically (temporary file, then rename)."""
+    return write_file_atomic(path, container_bytes(layer))
+
+
+def container_bytes(layer: MoELayer) -> bytearray:
+    """The Colibri container image of `layer`."""
     layer.validate()
     layer.require_no_shared_expert("the Colibri container format")
     c = layer.config
-    path = Path(path)
     tensors, _ = _layer_tensors(layer)
     meta = json.dumps(
         {"config": c.to_json(), "producer": f"colibri {__version__}"}, sort_keys=True
@@ -131,16 +141,114 @@ def write_container(layer: MoELayer, path: str | os.PathLike[str]) -> Path:
     buf[meta_offset : meta_offset + len(meta)] = meta
     for off, data in blobs:
         buf[off : off + len(data)] = data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    return buf
+
+
+# -- atomic output files (every file Colibri writes: .clb, .npy, the seed layout) -------------
+
+
+@functools.cache
+def umask() -> int:
+    """The process umask, read once: from /proc/self/status (no change to the process), else
+    by setting and restoring it."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    """The mode of a new output file: 0666 & ~umask, as open() would give it."""
+    return 0o666 & ~umask()
+
+
+def dir_mode() -> int:
+    """The mode of a new output directory: 0777 & ~umask, as mkdir would give it."""
+    return 0o777 & ~umask()
+
+
+def check_output_parent(path: str | os.PathLike[str], create: bool = True) -> Path:
+    """Create (with `create`) the parent directories of an output `path`, or raise OutputError
+    when a component of it is a file or cannot be created; returns the absolute path."""
+    path = Path(path).resolve()
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(
+            f"{path}: {ancestor} is a file, not a directory; choose an output path whose "
+            f"parent is a directory"
+        )
+    if not create:
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_error(path, exc) from None
     return path
+
+
+def write_file_atomic(
+    path: str | os.PathLike[str],
+    data: bytes | bytearray | Callable[[BinaryIO], None],
+    needed: int | None = None,
+) -> Path:
+    """Write `data` (bytes, or a function writing to a binary file, `needed` bytes if known) to
+    `path` atomically: a temporary sibling with the normal mode (0666 & ~umask), flushed to
+    disk, then renamed over `path`. Any failure (a full disk, no permission, the parent a file)
+    is an OutputError naming the path and leaves a previous `path` intact. Returns `path`."""
+    return write_files_atomic({path: data}, needed)[0]
+
+
+def write_files_atomic(
+    files: Mapping[str | os.PathLike[str], bytes | bytearray | Callable[[BinaryIO], None]],
+    needed: int | None = None,
+) -> list[Path]:
+    """:func:`write_file_atomic` for several files that belong together (a model and its
+    config): every one is written to a temporary first and renamed into place only when all
+    are written, so a failure leaves all previous files as they were."""
+    total = sum(len(d) for d in files.values() if isinstance(d, (bytes, bytearray)))
+    total += needed or 0
+    temps: list[tuple[str, Path, Path]] = []  # temporary, absolute destination, as given
+    try:
+        for path, data in files.items():
+            target = Path(path)
+            full = check_output_parent(target)
+            if full.is_dir():
+                raise OutputError(
+                    f"{target}: is a directory; pass a file path (e.g. {target / 'model.clb'})"
+                )
+            try:
+                fd, tmp = tempfile.mkstemp(dir=full.parent, prefix=f".{full.name}.", suffix=".tmp")
+            except OSError as exc:
+                raise output_error(target, exc, total or None) from None
+            temps.append((tmp, full, target))
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    os.fchmod(f.fileno(), file_mode())
+                    if isinstance(data, (bytes, bytearray)):
+                        f.write(data)
+                    else:
+                        data(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise output_error(target, exc, total or None) from None
+        for tmp, full, target in temps:
+            try:
+                os.replace(tmp, full)
+            except OSError as exc:
+                raise output_error(target, exc) from None
+    except BaseException:
+        for tmp, _, _ in temps:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return [target for _, _, target in temps]
 
 
 def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEntry], dict]:
@@ -193,14 +301,16 @@ def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEn
         entries.append(TensorEntry(name, dtype, shape, off, nb, expert, crc))
     try:
         meta = json.loads(data[meta_off : meta_off + meta_bytes].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelFormatError(f"{source}: metadata is not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise ModelFormatError(f"{source}: metadata is not a JSON object; the file is corrupt")
     return (e, k, d, f, act, flags), entries, meta
 
 
 def read_container(path: str | os.PathLike[str]) -> MoELayer:
     """Read a container into the IR (tensors copied out of the file)."""
-    from ..ir.moe import ACTIVATIONS, FLAG_GATED, FLAG_NORM_TOPK
+    from ..ir.moe import ACTIVATIONS, FLAG_GATED, FLAG_NORM_TOPK, MAX_TOP_K
 
     path = Path(path)
     data = path.read_bytes()
@@ -208,7 +318,18 @@ def read_container(path: str | os.PathLike[str]) -> MoELayer:
     (e, k, d, f, act, flags), entries, meta = read_table(data, source)
     if act >= len(ACTIVATIONS):
         raise ModelFormatError(f"{source}: unknown activation code {act}")
-    vocab = meta.get("config", {}).get("vocab_size")
+    if min(e, d, f) < 1 or not 1 <= k <= min(e, MAX_TOP_K):
+        raise ModelFormatError(
+            f"{source}: header says n_experts={e}, k={k}, d_model={d}, d_ff={f}; each must be "
+            f">= 1 and k <= n_experts (at most {MAX_TOP_K}): the file is corrupt"
+        )
+    meta_config = meta.get("config")
+    vocab = meta_config.get("vocab_size") if isinstance(meta_config, dict) else None
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
+        raise ModelFormatError(
+            f"{source}: metadata config.vocab_size {vocab!r} is not an integer >= 1; the file "
+            f"is corrupt"
+        )
     config = MoEConfig(
         n_experts=e,
         top_k=k,
@@ -233,6 +354,11 @@ def read_container(path: str | os.PathLike[str]) -> MoELayer:
         return arr.reshape(t.shape).copy()
 
     share = get("expert_sharing_map", required=False)
+    if share is None and e > len(entries):  # every expert needs its own tensors
+        raise ModelFormatError(
+            f"{source}: header says {e} experts but the file has {len(entries)} tensors and no "
+            f"expert_sharing_map: the file is corrupt"
+        )
     storage = [int(v) for v in share] if share is not None else list(range(e))
     validate_sharing_map(storage, e, source)
     experts: dict[int, Expert] = {}

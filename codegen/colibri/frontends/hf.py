@@ -35,6 +35,8 @@ INDEX_FILE = "model.safetensors.index.json"
 
 #: safetensors dtype -> (numpy dtype of the raw data, bytes per element).
 SAFETENSORS_DTYPES: dict[str, str] = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
+#: More decoder layers than this is not a real config.json (the largest models have ~100).
+MAX_LAYERS = 1 << 16
 #: A header larger than this is not a real safetensors file (the reference reader's limit).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -73,7 +75,7 @@ class SafetensorsFile:
             raw = f.read(n)
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ModelFormatError(f"{self.path}: header is not valid JSON ({exc})") from exc
         if not isinstance(header, dict):
             raise ModelFormatError(f"{self.path}: header is not a JSON object")
@@ -83,13 +85,25 @@ class SafetensorsFile:
         self.tensors: dict[str, TensorInfo] = {}
         for name, entry in header.items():
             self.tensors[name] = self._check_entry(name, entry, data_start, data_size)
+        self._check_no_overlap()
+
+    def _check_no_overlap(self) -> None:
+        """Two tensors may not share bytes (a crafted header could alias them)."""
+        spans = sorted((t.begin, t.end, n) for n, t in self.tensors.items() if t.end > t.begin)
+        for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+            if begin_b < end_a:
+                raise ModelFormatError(
+                    f"{self.path}: tensors '{a}' and '{b}' overlap ('{b}' starts at file byte "
+                    f"{begin_b}, before '{a}' ends at {end_a}); each tensor needs its own bytes: "
+                    f"the header is corrupt"
+                )
 
     def _check_entry(self, name: str, entry: Any, data_start: int, data_size: int) -> TensorInfo:
         where = f"{self.path}: tensor '{name}'"
         if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
             raise ModelFormatError(f"{where}: header entry needs dtype, shape and data_offsets")
         dtype = entry["dtype"]
-        if dtype not in SAFETENSORS_DTYPES:
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
             raise ModelFormatError(
                 f"{where}: dtype {dtype!r} is not supported; supported: "
                 f"{', '.join(SAFETENSORS_DTYPES)}"
@@ -211,9 +225,33 @@ def is_hf_checkpoint(path: str | os.PathLike[str]) -> bool:
         return False
     try:
         data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return False
     return isinstance(data, dict) and "architectures" in data
+
+
+def check_architectures(path: str | os.PathLike[str]) -> None:
+    """Refuse a directory that holds a Hugging Face checkpoint's weights (model.safetensors or
+    its index) beside a config.json without "architectures": a ConfigError naming the field
+    and the supported values, instead of treating the directory as something else."""
+    p = Path(path)
+    cfg = p / CONFIG_NAME
+    if not p.is_dir() or not cfg.is_file() or is_hf_checkpoint(p):
+        return
+    if not ((p / SINGLE_FILE).is_file() or (p / INDEX_FILE).is_file()):
+        return
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ConfigError(
+            f"{cfg}: not valid JSON ({exc}); a Hugging Face checkpoint's config.json is a JSON "
+            f'object naming its "architectures"'
+        ) from exc
+    what = "is not a JSON object" if not isinstance(data, dict) else 'has no field "architectures"'
+    raise ConfigError(
+        f"{cfg}: {what}; a Hugging Face checkpoint names its model class there, e.g. "
+        f'"architectures": ["MixtralForCausalLM"]; supported: {supported_architectures()}'
+    )
 
 
 def config_int(cfg: dict[str, Any], key: str, source: str, minimum: int = 1) -> int:
@@ -240,7 +278,7 @@ class HFConfig:
                 f"{source}: field 'architectures' must be a non-empty list; supported: "
                 f"{supported_architectures()}"
             )
-        known = [a for a in archs if a in ARCHITECTURES]
+        known = [a for a in archs if isinstance(a, str) and a in ARCHITECTURES]
         if not known:
             raise ConfigError(
                 f"{source}: architecture {', '.join(map(str, archs))} is not supported; "
@@ -255,7 +293,7 @@ class HFConfig:
             raise ConfigError(f"{path}: config file not found")
         try:
             cfg = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
         return cls(cfg, str(path))
 
@@ -264,14 +302,30 @@ class HFConfig:
 
     @property
     def n_layers(self) -> int:
-        return self.get_int("num_hidden_layers")
+        n = self.get_int("num_hidden_layers")
+        if n > MAX_LAYERS:
+            raise ConfigError(
+                f"{self.config_source}: field 'num_hidden_layers' = {n} is over {MAX_LAYERS}; "
+                f"the config is corrupt"
+            )
+        return n
 
     def is_moe_layer(self, i: int) -> bool:
         """Qwen2-MoE: dense MLP in mlp_only_layers and where (i+1) % decoder_sparse_step != 0."""
         if self.arch.name != "Qwen2MoeForCausalLM":
             return True
         only = self.config.get("mlp_only_layers") or []
+        if not isinstance(only, list):
+            raise ConfigError(
+                f"{self.config_source}: field 'mlp_only_layers' must be a list of layer "
+                f"indices, got {only!r}"
+            )
         step = self.config.get("decoder_sparse_step", 1) or 1
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ConfigError(
+                f"{self.config_source}: field 'decoder_sparse_step' must be an integer >= 1, "
+                f"got {step!r}"
+            )
         return i not in only and self.get_int(self.arch.n_experts_key) > 0 and (i + 1) % step == 0
 
     def check_silu(self) -> None:
@@ -323,7 +377,7 @@ class HFCheckpoint(HFConfig):
             raise ConfigError(f"{self.path}: no config.json; not a Hugging Face checkpoint")
         try:
             cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ConfigError(f"{cfg_path}: not valid JSON ({exc})") from exc
         super().__init__(cfg, str(cfg_path))
         self._files: dict[str, SafetensorsFile] = {}
@@ -348,7 +402,13 @@ class HFCheckpoint(HFConfig):
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
             weight_map = data["weight_map"]
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (
+            UnicodeDecodeError,
+            json.JSONDecodeError,
+            RecursionError,
+            KeyError,
+            TypeError,
+        ) as exc:
             raise ModelFormatError(f"{index}: not a safetensors index ({exc})") from exc
         if not isinstance(weight_map, dict):
             raise ModelFormatError(f"{index}: 'weight_map' must map tensor names to files")
@@ -374,6 +434,10 @@ class HFCheckpoint(HFConfig):
 
     def names(self) -> list[str]:
         return sorted(self._where)
+
+    def shard_files(self) -> list[str]:
+        """The safetensors files holding the tensors (names relative to the directory)."""
+        return sorted(set(self._where.values()))
 
     def has(self, name: str) -> bool:
         return name in self._where

@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError, InputError, ModelFormatError
 from ..ir.moe import MoELayer
 from .container import MAGIC as CONTAINER_MAGIC
-from .container import read_container
-from .hf import HFCheckpoint, is_hf_checkpoint, load_hf_moe_layer
+from .container import read_container, write_file_atomic
+from .hf import HFCheckpoint, check_architectures, is_hf_checkpoint, load_hf_moe_layer
 from .seed import SEED_MAGIC, read_npz, read_seed_dir, read_seed_file
 
 
@@ -34,6 +35,7 @@ def load_model(
     cfg = Path(config) if config is not None else None
     if not p.exists():
         raise ModelFormatError(f"{p}: no such file or directory")
+    check_architectures(p)
     if p.is_dir() and is_hf_checkpoint(p):
         return _load_hf_block(p, layer)
     if layer is not None:
@@ -96,6 +98,26 @@ def load_npy(path: str | Path, what: str = "input file", expected: str = "") -> 
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{p}: expected a single array (.npy), got an archive{hint}")
     return arr
+
+
+def save_npy(path: str | os.PathLike[str], arr: np.ndarray) -> Path:
+    """Write one array as .npy atomically (".npy" appended when missing, as np.save does); a
+    full disk or an unwritable path is an OutputError and a previous file stays intact."""
+    p = Path(path)
+    if p.suffix != ".npy":
+        p = p.with_name(p.name + ".npy")
+    arr = np.asanyarray(arr)
+    return write_file_atomic(p, lambda f: np.save(f, arr, allow_pickle=False), arr.nbytes + 128)
+
+
+def save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> Path:
+    """Write arrays as an .npz archive atomically (".npz" appended when missing)."""
+    p = Path(path)
+    if p.suffix != ".npz":
+        p = p.with_name(p.name + ".npz")
+    needed = sum(np.asanyarray(a).nbytes for a in arrays.values()) + 256 * len(arrays)
+    members: dict[str, Any] = dict(arrays)  # numpy's stubs type **kwds as savez's own options
+    return write_file_atomic(p, lambda f: np.savez(f, **members), needed)
 
 
 def check_input(x: np.ndarray, d_model: int, source: str = "input") -> np.ndarray:

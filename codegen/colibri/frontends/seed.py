@@ -8,9 +8,11 @@ The seed flat layout (file + config.json + router.bin), its directory variant
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from ..errors import ConfigError, ModelFormatError
 from ..ir.moe import Expert, MoEConfig, MoELayer, parse_config
+from .container import write_files_atomic
 
 SEED_MAGIC = 0x434F4C49
 SEED_VERSION = 1
@@ -34,7 +37,7 @@ def load_config(path: str | os.PathLike[str]) -> MoEConfig:
         )
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
     return parse_config(cfg, str(path))
 
@@ -152,21 +155,60 @@ def read_seed_dir(path: Path, config_path: Path | None = None) -> MoELayer:
     return MoELayer(c, router_w, router_b, experts, source=str(path)).validate()
 
 
+#: What numpy and zipfile raise on a corrupt archive member.
+_NPZ_ERRORS = (
+    OSError,
+    ValueError,
+    EOFError,
+    KeyError,
+    TypeError,
+    OverflowError,
+    NotImplementedError,
+    RuntimeError,
+    struct.error,
+    zlib.error,
+    zipfile.BadZipFile,
+)
+
+
+def _read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an .npz, each member's header checked against its stored size before the
+    array is read (a header cannot make numpy allocate more than the archive holds)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                need = math.prod(shape) * dtype.itemsize
+                if dtype.hasobject or need > info.file_size:
+                    raise ModelFormatError(
+                        f"{path}: member {info.filename} says {dtype} {list(shape)} "
+                        f"({need} bytes) but holds {info.file_size} bytes; the .npz is corrupt"
+                    )
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except _NPZ_ERRORS as exc:
+        raise ModelFormatError(
+            f"{path}: not a readable .npz file ({type(exc).__name__}: {exc})"
+        ) from None
+
+
 def read_npz(path: Path, config_path: Path | None = None) -> MoELayer:
     """numpy .npz with router_weight, w1, w2 (+ router_bias, b1, b2, w3, config)."""
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ModelFormatError(f"{path}: not a readable .npz file ({exc})") from exc
-    with npz:
-        arrays = {k: npz[k] for k in npz.files}
+    arrays = _read_npz_arrays(path)
     cfg: Any
     if config_path is not None or "config" not in arrays:
         c = load_config(config_path or path.parent / "config.json")
     else:
         try:
             cfg = json.loads(str(arrays["config"]))
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ConfigError(f"{path}: array 'config' is not JSON text ({exc})") from exc
         c = parse_config(cfg, f"{path}:config")
     for required in ("router_weight", "w1", "w2"):
@@ -187,6 +229,12 @@ def read_npz(path: Path, config_path: Path | None = None) -> MoELayer:
     assert w1 is not None and w2 is not None
     n = c.n_experts
     for name, arr in (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2), ("w3", w3)):
+        want = 3 if name.startswith("w") else 2
+        if arr is not None and arr.ndim != want:
+            raise ModelFormatError(
+                f"{path}: array '{name}' has {arr.ndim} dimensions {list(arr.shape)}, expected "
+                f"{want} ([n_experts, ...])"
+            )
         if arr is not None and arr.shape[0] != n:
             raise ModelFormatError(
                 f"{path}: array '{name}' has {arr.shape[0]} experts, config says n_experts={n}"
@@ -212,17 +260,20 @@ def write_seed(layer: MoELayer, out_dir: str | os.PathLike[str], name: str = "mo
     if c.gated:
         raise ConfigError("the seed layout cannot hold gated (swiglu) experts; use the container")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     parts = [SEED_HEADER.pack(SEED_MAGIC, SEED_VERSION, c.n_experts)]
     for e in layer.experts:
         b1 = e.b1 if e.b1 is not None else np.zeros(c.d_ff, np.float32)
         b2 = e.b2 if e.b2 is not None else np.zeros(c.d_model, np.float32)
         for arr in (e.w1, b1, e.w2, b2):
             parts.append(np.ascontiguousarray(arr, "<f4").tobytes())
-    (out / name).write_bytes(b"".join(parts))
     router = [np.ascontiguousarray(layer.router_w, "<f4").tobytes()]
     if layer.router_b is not None:
         router.append(np.ascontiguousarray(layer.router_b, "<f4").tobytes())
-    (out / "router.bin").write_bytes(b"".join(router))
-    (out / "config.json").write_text(json.dumps(c.to_json(), indent=2) + "\n")
+    write_files_atomic(
+        {
+            out / name: b"".join(parts),
+            out / "router.bin": b"".join(router),
+            out / "config.json": (json.dumps(c.to_json(), indent=2) + "\n").encode(),
+        }
+    )
     return out / name

@@ -19,6 +19,10 @@ from ..ir.transformer import MoETransformer
 from ..options import GenerateOptions
 from ..quant.formats import weight_bytes_for
 
+#: The largest static arena: sizes are 32-bit on MCU boards, and x86-64's default code model
+#: cannot address a static object of 2 GiB or more.
+MAX_ARENA_BYTES = (1 << 31) - 1
+
 
 def check_budget(
     manifest: dict,
@@ -33,13 +37,19 @@ def check_budget(
     the linked ELF (`colibri size`); this check exists so nobody waits for a build to learn
     that 3 MB of weights do not fit 1 MB of flash.
     """
+    mem = manifest["memory"]
+    weights = int(mem["weight_bytes"])
+    arena = int(mem["arena_size"])
+    if arena > MAX_ARENA_BYTES:
+        raise BudgetExceeded(
+            f"the model does not fit board {board.name}: a static arena of {arena} bytes is "
+            f"over {MAX_ARENA_BYTES} (2 GiB - 1), the largest object 32-bit sizes and the C "
+            f"compilers' default code model allow; reduce --max-tokens (now {mem['max_tokens']})"
+        )
     flash = board.memory.get("flash")
     ram = board.memory.get("ram")
     if flash is None or ram is None:
         return
-    mem = manifest["memory"]
-    weights = int(mem["weight_bytes"])
-    arena = int(mem["arena_size"])
     flash_need = weights + runtime_flash_estimate
     ram_need = arena + board.stack_size + runtime_ram_estimate
     problems = []
@@ -65,11 +75,15 @@ def check_budget(
             f"{biggest}; reduce --max-tokens (now {mem['max_tokens']})"
         )
     if problems:
+        fixes = []
+        if flash_need > flash.size:
+            fixes.append("smaller or quantised weights (--quant) for the flash")
+        if ram_need > ram.size:
+            fixes.append("fewer tokens per chunk (--max-tokens) for the RAM")
         raise BudgetExceeded(
             f"the model does not fit board {board.name}:\n  "
             + "\n  ".join(problems)
-            + "\n  Fix: a smaller model, fewer tokens per chunk (--max-tokens), or a board with "
-            "more memory (colibri boards)"
+            + f"\n  Fix: {', '.join(fixes)}, or a board with more memory (colibri boards)"
         )
 
 
@@ -126,10 +140,13 @@ def check_transformer_budget(model: MoETransformer, manifest: dict[str, Any], bo
         check_budget(manifest, board)
     except BudgetExceeded as exc:
         kv = manifest["memory"]["kv_cache_bytes"]
+        kv_line = ""
+        if "RAM:" in str(exc):  # the KV cache only matters when the RAM overflowed
+            kv_line = (
+                f"\n  KV cache: {kv} bytes for --max-context {manifest['memory']['max_context']}"
+            )
         raise BudgetExceeded(
-            f"{_for_transformers(str(exc))}\n  "
-            f"KV cache: {kv} bytes for --max-context {manifest['memory']['max_context']}"
-            + _quant_hint(model, manifest, board, str(exc))
+            _for_transformers(str(exc)) + kv_line + _quant_hint(model, manifest, board, str(exc))
         ) from None
 
 
@@ -150,8 +167,10 @@ def _quant_suggestion(layer: MoELayer, manifest: dict, board: Any, message: str)
 
 def _for_transformers(message: str) -> str:
     """check_budget's advice in a whole transformer's terms (no token chunks: a context)."""
-    return message.replace("reduce --max-tokens (now 1)", "reduce --max-context").replace(
-        "fewer tokens per chunk (--max-tokens)", "a shorter --max-context (KV cache)"
+    return (
+        message.replace("reduce --max-tokens (now 1)", "reduce --max-context")
+        .replace("fewer tokens per chunk (--max-tokens)", "a shorter --max-context (KV cache)")
+        .replace("smaller or quantised weights (--quant)", "--quant / --dense-quant")
     )
 
 

@@ -1,0 +1,79 @@
+"""Command-line values checked when they are parsed: every numeric option has a range.
+
+Each numeric option of every command takes one of the argparse ``type`` functions below, so a
+bad value (``--max-tokens 0``, ``--top-p 2``, ``--timeout nan``) is refused before anything is
+read or written, with one line naming the option, the value and the range.
+:class:`ColibriArgumentParser` prints argparse's own errors (unknown option, missing argument)
+as that same one line, ``colibri: error: ...``, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+#: Ranges of the numeric options (inclusive). README "Using it" documents them.
+MAX_TOKENS = 1 << 20  # generate --max-tokens: tokens per chunk
+MAX_RAM_BUDGET = (1 << 32) - 1  # generate --ram-budget: a 32-bit address space
+MAX_LAYER = (1 << 16) - 1  # --layer: checked against num_hidden_layers when the model is read
+MAX_TOY_EXPERTS = 1024
+MAX_TOY_DIM = 1 << 16  # make-toy --hidden / --ff
+MAX_TOY_BYTES = 1 << 30  # make-toy: the weights of all experts together
+MAX_SEED = (1 << 64) - 1
+MAX_CHECK_TOKENS = 1 << 16  # export --check-tokens
+MAX_TIMEOUT = 7 * 24 * 3600.0  # run --timeout: seconds
+MAX_TEMPERATURE = 1e4
+MAX_SAMPLING_TOP_K = 1 << 24  # run --top-k (also checked against the vocabulary)
+
+
+class ColibriArgumentParser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors: ``colibri: error: <what>`` and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"colibri: error: {message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+def int_range(lo: int, hi: int, unit: str = "") -> Callable[[str], int]:
+    """An argparse type: a decimal integer in [lo, hi]; `unit` is said in the message."""
+    what = f" {unit}" if unit else ""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not an integer; allowed: {lo}..{hi}{what}"
+            ) from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: {lo}..{hi}{what}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_range(
+    lo: float, hi: float, unit: str = "", lo_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a finite number in [lo, hi] (or (lo, hi] when lo_open)."""
+    what = f" {unit}" if unit else ""
+    allowed = f"{'>' if lo_open else '>='} {lo:g} and <= {hi:g}{what}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number; allowed: {allowed}"
+            ) from None
+        low_ok = value > lo if lo_open else value >= lo
+        if not math.isfinite(value) or not low_ok or value > hi:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; allowed: {allowed}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
