@@ -4,7 +4,7 @@
  *
  * One definition per format. Every format stores a weight matrix output-channel-major
  * (w[out][in], the transpose of the fp32 seed layout) so each output is a dot product over
- * contiguous memory. codegen/quantize.py mirrors each format as a numpy dtype; a test reads
+ * contiguous memory. colibri/quant/formats.py mirrors each format as a numpy dtype; a test reads
  * the sizes and offsets below back from a compiled object so the two cannot drift.
  *
  *  - fp16: IEEE binary16 bits (uint16_t), converted exactly to fp32, computed in fp32.
@@ -43,7 +43,7 @@ extern "C" {
 /** Largest |q| of int8 weights and activations (symmetric: -127..127). */
 #define COLIBRI_Q8_MAX 127
 
-/** Weight storage schemes (codegen/quantize.py SCHEMES, same order). */
+/** Weight storage schemes (colibri/quant/formats.py SCHEMES, same order). */
 typedef enum {
     COLIBRI_QUANT_F32 = 0,
     COLIBRI_QUANT_F16 = 1,

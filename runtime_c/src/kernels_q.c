@@ -2,7 +2,7 @@
  * @file kernels_q.c
  * @brief Kernels of the quantised formats (colibri_quant.h): fp16 / int8 / int4 weights against
  *        fp32 or per-token int8 activations. The order of every float operation is the one
- *        documented in colibri_quant.h; codegen/quantize.py mirrors it.
+ *        documented in colibri_quant.h; colibri/reference/kernels.py mirrors it.
  *
  * The integer dot products have per-ISA paths chosen by the compiler's ACLE feature macros
  * (as CMSIS-NN does): Helium / MVE (Cortex-M55: VMLADAVA, 16 MACs), Neon (Cortex-A: VMULL +

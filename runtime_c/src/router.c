@@ -127,7 +127,7 @@ int colibri_router_weights_ok(const colibri_model_t *model)
 }
 
 /* x . Wg[e] accumulated in fp32 in index order; quantised weights are dequantised to fp32
- * first (fp16 exactly; int8 as (float)q * scale[e]), which codegen/reference.py mirrors. */
+ * first (fp16 exactly; int8 as (float)q * scale[e]), which colibri/reference/moe.py mirrors. */
 static float router_dot(const colibri_model_t *model, int32_t e, const float *x, size_t d)
 {
     float acc = 0.0f;

@@ -47,7 +47,7 @@ def load(
 
 def render(
     model: Model, options: GenerateOptions, calib: np.ndarray | None = None
-) -> tuple[dict[str, str], dict[str, Any]]:
+) -> tuple[dict[str, str | bytes], dict[str, Any]]:
     """Every stage from the IR to the emitted files and manifest (not yet budget-checked)."""
     board = load_board(options.board)
     if isinstance(model, MoETransformer):

@@ -1,12 +1,13 @@
 """Emit the C sources of a lone MoE layer (kind "layer") from the Jinja2 templates.
 
-Output: colibri_model.h, colibri_model.c, colibri_weights.h, colibri_weights.c and the
-manifest. Experts are stored in their scheme (:mod:`colibri.quant.formats`: fp32 in the seed
-layout, fp16 / int8 / int4 output-channel-major in the formats of colibri_quant.h), 16-byte
-aligned, one expert's tensors together, identical experts once, in the order and placement of
-the plan (hot experts pinned in RAM and stored first). The manifest carries the analysis
-(accuracy report), the layout savings and a per-expert table when there is something to report.
-Deterministic: the same model and options give byte-identical files.
+Output: colibri_model.h, colibri_model.c, colibri_weights.h, colibri_weights.c (``.incbin``
+directives), colibri_weights.bin (every weight's bytes) and the manifest. Experts are stored in
+their scheme (:mod:`colibri.quant.formats`: fp32 in the seed layout, fp16 / int8 / int4
+output-channel-major in the formats of colibri_quant.h), 16-byte aligned, one expert's tensors
+together, identical experts once, in the order and placement of the plan (hot experts pinned in
+RAM and stored first). The manifest carries the analysis (accuracy report), the layout savings
+and a per-expert table when there is something to report. Deterministic: the same model and
+options give byte-identical files.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES
 from ..quant.model import LayerQuant
 from ..reference.accuracy import Analysis
-from .cnames import c_float_array, c_ident, c_int_array
+from .cnames import c_ident, c_int_array
 from .experts import ffn_kernel, kernel_params
-from .output import banner_context, new_manifest, render_files
-from .weights import WeightTable, router_wq_literal
+from .output import WEIGHTS_BLOB, banner_context, new_manifest, render_files
+from .weights import WeightTable, blob_context
 
 
 def render_layer(
@@ -33,7 +34,7 @@ def render_layer(
     analysis: Analysis,
     plan: LayerPlan,
     options: GenerateOptions,
-) -> tuple[dict[str, str], dict[str, Any]]:
+) -> tuple[dict[str, str | bytes], dict[str, Any]]:
     """The emit stage of a lone MoE layer: every generated file and the manifest, from the
     quantised weights, the analysis and the plan; returns ({filename: text}, manifest)."""
     layer.validate()
@@ -52,17 +53,31 @@ def render_layer(
 
     stored: list[dict[str, Any]] = []
     weights = WeightTable(name)
+    what = f"router [{c.n_experts}][{c.d_model}]"
+    if qrouter.scheme == "fp32":
+        weights.add("router_w", layer.router_w, what)
+    else:
+        weights.add_codes("router_wq", np.asarray(qrouter.data), f"{what}, {qrouter.scheme}")
+        if qrouter.scale is not None:
+            weights.add("router_scale", qrouter.scale, f"router scales [{c.n_experts}]")
+    if layer.router_b is not None:
+        weights.add("router_b", layer.router_b, f"router bias [{c.n_experts}]")
     for idx in [p.index for p in placements]:  # hot experts first
         qe = qexperts[idx]
         pl = by_index[idx]
         const = "" if pl.placement == "ram" else "const "
+        pinned = ", pinned in RAM" if pl.placement == "ram" else ""
+        users = [i for i, s in enumerate(storage) if s == idx and i != idx]
+        shared = f" (also used by experts {', '.join(map(str, users))})" if users else ""
         tensors = []
         arg = {"w1": "NULL", "b1": "NULL", "w2": "NULL", "b2": "NULL", "w3": "NULL"}
         # The same pointers taken from the loader's weights (a cache slot under LRU/NONE).
         warg = dict(arg)
         part_bytes = {"w1": "0u", "b1": "0u", "w2": "0u", "b2": "0u", "w3": "0u"}
         for tname, t in qe.tensors():
-            entry = weights.add_stored(f"e{idx}_{tname}", t, f"expert {idx} {tname}", const)
+            entry = weights.add_stored(
+                f"e{idx}_{tname}", t, f"expert {idx} {tname}, {qe.scheme}{pinned}{shared}", const
+            )
             sym = entry["symbol"]
             tensors.append(entry)
             arg[tname] = entry["ref"]
@@ -110,12 +125,8 @@ def render_layer(
         "flags": layer.flags,
         "act_name": "silu" if c.gated else c.activation,
         "router_bias": layer.router_b is not None,
-        "router_w": c_float_array(layer.router_w) if qrouter.scheme == "fp32" else "",
         "router_scheme": qrouter.scheme,
         "router_scheme_code": ROUTER_SCHEME_CODES[qrouter.scheme],
-        "router_wq": router_wq_literal(qrouter),
-        "router_scale": c_float_array(qrouter.scale) if qrouter.scale is not None else "",
-        "router_b": c_float_array(layer.router_b) if layer.router_b is not None else "",
         "stored": sorted(stored, key=lambda s: int(s["index"])),
         "stored_layout": stored,
         "stored_by_index": {s["index"]: s for s in stored},
@@ -127,6 +138,7 @@ def render_layer(
         "weight_bytes": weight_bytes,
         "quantised": quantised,
         "typedefs": [weights.typedefs[k] for k in sorted(weights.typedefs)],
+        **blob_context(weights, "colibri_weights.h", WEIGHTS_BLOB["layer"]),
         "ffn_kinds": ffn_kinds,
         "variants": variants,
         "act_q": act_q,
@@ -136,7 +148,8 @@ def render_layer(
         "bias": bias,
         "pinned_ram": pinned_ram,
     }
-    files = render_files("layer", ctx)
+    files: dict[str, str | bytes] = {**render_files("layer", ctx)}
+    files[WEIGHTS_BLOB["layer"]] = weights.blob()
     manifest = new_manifest(
         "layer",
         {

@@ -34,10 +34,10 @@ from ..plan.memory import TransformerPlan, max_top_k
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
-from .cnames import c_float, c_float_array, c_ident
+from .cnames import c_float, c_ident
 from .experts import ffn_kernel
-from .output import KIND, banner_context, new_manifest, render_files
-from .weights import WeightTable
+from .output import KIND, WEIGHTS_BLOB, banner_context, new_manifest, render_files
+from .weights import WeightTable, blob_context
 
 
 def check_supported(model: MoETransformer) -> None:
@@ -79,7 +79,7 @@ def render_transformer(
     plan: TransformerPlan,
     board: str,
     name: str,
-) -> tuple[dict[str, str], dict[str, Any]]:
+) -> tuple[dict[str, str | bytes], dict[str, Any]]:
     """The emit stage of a whole transformer: every generated file and the manifest, from the
     quantised weights (None: all fp32) and the plan; returns ({filename: text}, manifest)."""
     check_supported(model)
@@ -218,8 +218,11 @@ def render_transformer(
             lm_head = w.add_stored("lm_head", dq.dense["lm_head"], f"{what}, {dense}")
     cos, sin = rope_tables(c, np.arange(max_context))
     half = c.head_dim // 2
-    rope_bytes = 2 * max_context * half * 4
-    weight_bytes = w.nbytes + rope_bytes
+    what = f"RoPE {{}} table [{max_context}][{half}] (theta {c.rope_theta}), from float64"
+    w.add("rope_cos", cos[:, :half], what.format("cos"))
+    w.add("rope_sin", sin[:, :half], what.format("sin"))
+    rope_bytes = w.parts["RoPE tables"]
+    weight_bytes = w.nbytes
     mhash = transformer_hash(model)
     options: dict[str, Any] = {"board": board, "name": name, "max_context": max_context}
     if q is not None:  # only when asked, so fp32 outputs stay byte-identical
@@ -239,10 +242,9 @@ def render_transformer(
         "plan": plan,
         "max_context": max_context,
         "half": half,
-        "rope_cos": c_float_array(cos[:, :half]),
-        "rope_sin": c_float_array(sin[:, :half]),
         "weights": w.arrays,
         "qweights": w.qarrays,
+        **blob_context(w, "transformer_weights.h", WEIGHTS_BLOB[KIND]),
         "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
         "ffn_kinds": [kinds[k] for k in sorted(kinds)],
         "act_q": plan.region_size("act_q"),
@@ -260,7 +262,8 @@ def render_transformer(
         "dense_ffn_layers": [entry for entry in layers if entry["dense_ffn"]],
         "architecture": c.architecture,
     }
-    files = render_files(KIND, ctx)
+    files: dict[str, str | bytes] = {**render_files(KIND, ctx)}
+    files[WEIGHTS_BLOB[KIND]] = w.blob()
     kv = plan.region("kv_cache").size
     manifest = new_manifest(
         KIND,
@@ -279,7 +282,7 @@ def render_transformer(
         kv_cache_bytes=kv,
         activation_bytes=plan.arena_size - kv,
         max_context=max_context,
-        weight_parts={**w.parts, "RoPE tables": rope_bytes},
+        weight_parts=w.parts,
     )
     if q is not None:
         fp32_bytes = sum(int(a.nbytes) for _, a in all_tensors(model)) + rope_bytes

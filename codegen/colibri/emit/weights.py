@@ -1,9 +1,14 @@
-"""The one weights writer: every stored tensor of a generated model as C.
+"""The one weights writer: every stored tensor of a generated model, as bytes and declarations.
 
-:func:`tensor_entry` gives the declaration, initialiser, typedef and reference of one tensor in
-its scheme (fp32 arrays, fp16 bits, int8 per output channel with its scale struct, int4 blocks of
-``colibri_block_q4_32``); :class:`WeightTable` collects a model's tensors, each named once
-(:class:`~colibri.emit.cnames.NameTable`), and counts their bytes per part of the model.
+Weights are never written as C text. :func:`tensor_bytes` gives a tensor's bytes in the layout
+the kernels read (fp32 arrays, fp16 bits, the int8 per-output-channel struct with its padding,
+int4 ``colibri_block_q4_32`` blocks; little-endian, as every supported core is) and
+:func:`tensor_entry` its C declaration, typedef and reference. :class:`WeightTable` names each
+tensor once (:class:`~colibri.emit.cnames.NameTable`), lays the bytes out back to back in one
+blob (16-byte aligned, in the order added) and counts them per part of the model; the
+generated ``*_weights.c`` holds only assembler ``.incbin`` directives that give each symbol its
+slice of the ``*_weights.bin`` blob (``templates/common/weights.c.j2``), so compiling a model
+costs the same whatever its weights.
 """
 
 from __future__ import annotations
@@ -14,54 +19,39 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..quant.formats import QuantRouter, QuantTensor, q8_channel_dtype
-from .cnames import NameTable, c_float_array
+from ..quant.formats import QuantTensor, q8_channel_dtype
+from .cnames import NameTable
+
+#: Alignment of every tensor in the blob (the arrays were _Alignas(16) as C text).
+BLOB_ALIGN = 16
 
 
-def c_hex_array(values: np.ndarray, digits: int, per_line: int = 12, indent: str = "    ") -> str:
-    """Unsigned integers as 0x literals with a u suffix, `per_line` to a line."""
-    flat = np.asarray(values).ravel().tolist()
-    fmt = f"0x{{:0{digits}x}}u"
-    lines = []
-    for i in range(0, len(flat), per_line):
-        lines.append(indent + ", ".join(fmt.format(int(v)) for v in flat[i : i + per_line]) + ",")
-    return "\n".join(lines)
+def tensor_bytes(t: QuantTensor | np.ndarray) -> bytes:
+    """The bytes of one stored tensor exactly as the C code reads it."""
+    if isinstance(t, np.ndarray):
+        return np.ascontiguousarray(t, dtype="<f4").tobytes()
+    if t.scheme == "fp32":
+        return np.ascontiguousarray(t.data.T, dtype="<f4").tobytes()  # the seed layout
+    if t.scheme == "fp16":
+        return np.ascontiguousarray(t.data, dtype="<u2").tobytes()
+    if t.scheme == "int8":
+        assert t.scale is not None
+        rec = np.zeros(1, dtype=q8_channel_dtype(t.n_out, t.n_in))
+        rec["scale"][0] = t.scale
+        rec["q"][0] = np.asarray(t.data, dtype=np.int8).ravel()
+        return rec.tobytes()
+    return np.ascontiguousarray(t.data).tobytes()  # int4: BLOCK_Q4_DTYPE records, 18 bytes
 
 
-def c_q4_blocks(blocks: np.ndarray) -> str:
-    """colibri_block_q4_32 initialisers, one block per line."""
-    lines = []
-    for d, qs in zip(blocks["d"].ravel().tolist(), blocks["qs"].reshape(-1, 16).tolist()):
-        nib = ", ".join(f"0x{v:02x}" for v in qs)
-        lines.append(f"    {{0x{d:04x}u, {{{nib}}}}},")
-    return "\n".join(lines)
-
-
-def router_wq_literal(r: QuantRouter) -> str:
-    """Initialiser body of the quantised router weights (fp16 bits or int8)."""
-    if r.scheme == "fp16":
-        return c_hex_array(r.data, 4)
-    if r.scheme == "int8":
-        vals = np.asarray(r.data, dtype=np.int8).ravel().tolist()
-        return "\n".join(
-            "    " + ", ".join(str(v) for v in vals[i : i + 20]) + ","
-            for i in range(0, len(vals), 20)
-        )
-    return ""
-
-
-def tensor_entry(
-    sym: str, tname: str, t: QuantTensor | np.ndarray, name: str, const: str
-) -> dict[str, Any]:
-    """decl / init / typedef of one weight tensor in the generated C."""
+def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -> dict[str, Any]:
+    """C declaration, typedef, reference and pointer type of one weight tensor."""
     if isinstance(t, np.ndarray) or t.scheme == "fp32":
-        arr = t if isinstance(t, np.ndarray) else t.data.T  # fp32 keeps the seed layout
+        size = int(t.size) if isinstance(t, np.ndarray) else t.n_out * t.n_in
         return {
             "symbol": sym,
-            "decl": f"{const}float {sym}[{int(arr.size)}]",
-            "init": "{\n" + c_float_array(arr) + "\n}",
-            "size": int(arr.size),
-            "nbytes": int(arr.nbytes),
+            "decl": f"{const}float {sym}[{size}]",
+            "size": size,
+            "nbytes": 4 * size,
             "typedef": None,
             "ref": sym,
             "ptype": "const float *",
@@ -71,7 +61,6 @@ def tensor_entry(
         return {
             "symbol": sym,
             "decl": f"{const}uint16_t {sym}[{t.n_out * t.n_in}]",
-            "init": "{\n" + c_hex_array(t.data, 4) + "\n}",
             "nbytes": t.nbytes,
             "typedef": None,
             "ref": sym,
@@ -79,7 +68,6 @@ def tensor_entry(
             "quantised": True,
         }
     if t.scheme == "int8":
-        assert t.scale is not None
         tname_c = f"{name}_q8_{t.n_out}x{t.n_in}_t"
         size = q8_channel_dtype(t.n_out, t.n_in).itemsize
         typedef = (
@@ -87,33 +75,18 @@ def tensor_entry(
             f"}} {tname_c};\n_Static_assert(sizeof({tname_c}) == {size}, "
             f'"{tname_c} differs from colibri/quant/formats.py q8_channel_dtype");'
         )
-        q = np.asarray(t.data, dtype=np.int8).ravel().tolist()
-        qlines = [
-            "        " + ", ".join(str(v) for v in q[i : i + 20]) + ","
-            for i in range(0, len(q), 20)
-        ]
-        init = (
-            "{\n    .scale = {\n"
-            + c_float_array(t.scale, indent="        ")
-            + "\n    },\n    .q = {\n"
-            + "\n".join(qlines)
-            + "\n    },\n}"
-        )
         return {
             "symbol": sym,
             "decl": f"{const}{tname_c} {sym}",
-            "init": init,
             "nbytes": size,
             "typedef": (tname_c, typedef),
             "ref": f"&{sym}",
             "ptype": f"const {tname_c} *",
             "quantised": True,
         }
-    nblk = t.data.size
     return {
         "symbol": sym,
-        "decl": f"{const}colibri_block_q4_32 {sym}[{nblk}]",
-        "init": "{\n" + c_q4_blocks(t.data) + "\n}",
+        "decl": f"{const}colibri_block_q4_32 {sym}[{t.data.size}]",
         "nbytes": t.nbytes,
         "typedef": None,
         "ref": sym,
@@ -129,7 +102,8 @@ _PARTS = (
     (r"lm_head", "LM head"),
     (r"l\d+_(wq|wk|wv|wo|bq|bk|bv|bo)", "attention"),
     (r"(l\d+_)?e\d+_\w+", "routed experts"),
-    (r"l\d+_router", "routers"),
+    (r"(l\d+_)?router_?\w*", "routers"),
+    (r"rope_(cos|sin)", "RoPE tables"),
     (r"l\d+_(shared|mlp)_\w+", "shared experts / dense MLPs"),
 )
 
@@ -148,6 +122,39 @@ class WeightTable:
         self.qarrays: list[dict[str, Any]] = []
         self.typedefs: dict[str, str] = {}
         self.parts: dict[str, int] = {}
+        #: Every tensor in blob order: symbol, offset, size, section, what.
+        self.blob_entries: list[dict[str, Any]] = []
+        self._blob: list[bytes] = []
+        self._blob_size = 0
+
+    def _place(self, sym: str, data: bytes, what: str, const: bool = True) -> None:
+        """Append a tensor's bytes to the blob at the next 16-byte boundary."""
+        pad = -self._blob_size % BLOB_ALIGN
+        if pad:
+            self._blob.append(bytes(pad))
+            self._blob_size += pad
+        self.blob_entries.append(
+            {
+                "symbol": sym,
+                "offset": self._blob_size,
+                "size": len(data),
+                "section": (".rodata." if const else ".data.") + sym,
+                "flags": "a" if const else "aw",
+                "what": what,
+            }
+        )
+        self._blob.append(data)
+        self._blob_size += len(data)
+
+    def blob(self) -> bytes:
+        """The weights file: every tensor's bytes at its offset."""
+        return b"".join(self._blob)
+
+    def _new_symbol(self, key: str) -> str:
+        if key in self.keys:
+            raise ConfigError(f"generated weight '{key}' would be emitted twice")
+        self.keys.add(key)
+        return self.names.add(key, f"{self.name}_{key}")
 
     def _count(self, key: str, nbytes: int) -> None:
         """Bytes per part of the model (the budget error's largest consumers)."""
@@ -160,14 +167,19 @@ class WeightTable:
         return sum(self.parts.values())
 
     def add(self, key: str, arr: np.ndarray, what: str) -> str:
-        if key in self.keys:
-            raise ConfigError(f"generated weight '{key}' would be emitted twice")
-        self.keys.add(key)
-        sym = self.names.add(key, f"{self.name}_{key}")
-        a = np.ascontiguousarray(arr, dtype=np.float32)
-        self.arrays.append(
-            {"symbol": sym, "size": int(a.size), "init": c_float_array(a), "what": what}
-        )
+        """An fp32 array (listed in ``arrays``: symbol, size); returns its symbol."""
+        sym = self._new_symbol(key)
+        a = np.ascontiguousarray(arr, dtype="<f4")
+        self.arrays.append({"symbol": sym, "size": int(a.size), "what": what})
+        self._place(sym, a.tobytes(), what)
+        self._count(key, int(a.nbytes))
+        return sym
+
+    def add_codes(self, key: str, arr: np.ndarray, what: str) -> str:
+        """Integer codes (fp16 bits, int8) declared by the template; returns the symbol."""
+        sym = self._new_symbol(key)
+        a = np.ascontiguousarray(arr)
+        self._place(sym, a.astype(a.dtype.newbyteorder("<")).tobytes(), what)
         self._count(key, int(a.nbytes))
         return sym
 
@@ -179,14 +191,23 @@ class WeightTable:
     ) -> dict[str, Any]:
         """A tensor in its stored scheme (:func:`tensor_entry`: its decl, init, typedef and
         reference); const "" places it in RAM (pinned experts)."""
-        if key in self.keys:
-            raise ConfigError(f"generated weight '{key}' would be emitted twice")
-        self.keys.add(key)
-        sym = self.names.add(key, f"{self.name}_{key}")
-        entry = tensor_entry(sym, key, t, self.name, const)
+        sym = self._new_symbol(key)
+        entry = tensor_entry(sym, t, self.name, const)
+        self._place(sym, tensor_bytes(t), what, const == "const ")
         if entry["typedef"] is not None:
             self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
         entry["what"] = what
         self.qarrays.append(entry)
         self._count(key, int(entry["nbytes"]))
         return entry
+
+
+def blob_context(weights: WeightTable, header: str, blob_name: str) -> dict[str, Any]:
+    """What templates/common/weights.c.j2 needs to link the table's blob."""
+    return {
+        "weights_header": header,
+        "blob_name": blob_name,
+        "blob_entries": weights.blob_entries,
+        "blob_size": sum(e["size"] for e in weights.blob_entries[-1:])
+        + (weights.blob_entries[-1]["offset"] if weights.blob_entries else 0),
+    }

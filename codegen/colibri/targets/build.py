@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,9 +58,16 @@ def scons(args: list[str], verbose: bool = False) -> subprocess.CompletedProcess
     return proc
 
 
+#: Lines of a failed build worth showing: the compiler's and linker's own diagnostics (cc1's
+#: "virtual memory exhausted" has no "error" in it) and the SConstruct's colibri messages.
+_DIAGNOSTIC = re.compile(
+    r"error|fatal|exhausted|out of memory|killed|undefined reference|colibri", re.IGNORECASE
+)
+
+
 def _fail(proc: subprocess.CompletedProcess[str], what: str) -> None:
     out = (proc.stdout + proc.stderr).strip().splitlines()
-    errors = [line for line in out if "error" in line.lower() or "colibri" in line.lower()]
+    errors = [line for line in out if _DIAGNOSTIC.search(line)]
     tail = "\n".join((errors or out)[-25:])
     overflow = [line for line in out if "overflow" in line.lower()]
     if overflow:
