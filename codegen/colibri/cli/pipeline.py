@@ -18,7 +18,7 @@ import numpy as np
 
 from ..boards import load_board
 from ..emit.layer import render_layer
-from ..emit.output import write_output
+from ..emit.output import FileContent, write_output
 from ..emit.transformer import check_supported, render_transformer
 from ..frontends.hf import is_hf_checkpoint
 from ..frontends.hf_model import load_transformer
@@ -47,7 +47,7 @@ def load(
 
 def render(
     model: Model, options: GenerateOptions, calib: np.ndarray | None = None
-) -> tuple[dict[str, str | bytes], dict[str, Any]]:
+) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """Every stage from the IR to the emitted files and manifest (not yet budget-checked)."""
     board = load_board(options.board)
     if isinstance(model, MoETransformer):

@@ -24,7 +24,7 @@ from ..quant.model import LayerQuant
 from ..reference.accuracy import Analysis
 from .cnames import c_ident, c_int_array
 from .experts import ffn_kernel, kernel_params
-from .output import WEIGHTS_BLOB, banner_context, new_manifest, render_files
+from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
 
@@ -34,7 +34,7 @@ def render_layer(
     analysis: Analysis,
     plan: LayerPlan,
     options: GenerateOptions,
-) -> tuple[dict[str, str | bytes], dict[str, Any]]:
+) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a lone MoE layer: every generated file and the manifest, from the
     quantised weights, the analysis and the plan; returns ({filename: text}, manifest)."""
     layer.validate()
@@ -148,7 +148,7 @@ def render_layer(
         "bias": bias,
         "pinned_ram": pinned_ram,
     }
-    files: dict[str, str | bytes] = {**render_files("layer", ctx)}
+    files: dict[str, FileContent] = {**render_files("layer", ctx)}
     files[WEIGHTS_BLOB["layer"]] = weights.blob()
     manifest = new_manifest(
         "layer",

@@ -62,9 +62,41 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def as_bytes(content: str | bytes) -> bytes:
-    """A generated file's content as written: text in UTF-8, blobs as they are."""
+class BinaryFile:
+    """A generated binary file kept as the buffers it is made of (the weights blob: views of
+    the model's arrays and the quantised tensors' bytes), never joined in memory."""
+
+    def __init__(self, chunks: list[bytes | memoryview]) -> None:
+        self.chunks = chunks
+        self.size = sum(memoryview(c).nbytes for c in chunks)
+
+    def sha256(self) -> str:
+        h = hashlib.sha256()
+        for c in self.chunks:
+            h.update(c)
+        return h.hexdigest()
+
+    def write(self, path: Path) -> None:
+        with open(path, "wb") as f:
+            f.writelines(self.chunks)
+
+
+#: What a generated file holds: C text, or bytes.
+FileContent = str | bytes | BinaryFile
+
+
+def as_binary(content: FileContent) -> bytes | BinaryFile:
+    """A generated file's content as written: text in UTF-8, bytes as they are."""
     return content.encode("utf-8") if isinstance(content, str) else content
+
+
+def content_size(content: bytes | BinaryFile) -> int:
+    return content.size if isinstance(content, BinaryFile) else len(content)
+
+
+def content_sha256(content: FileContent) -> str:
+    data = as_binary(content)
+    return data.sha256() if isinstance(data, BinaryFile) else hashlib.sha256(data).hexdigest()
 
 
 def is_transformer_dir(manifest: dict[str, Any]) -> bool:
@@ -74,7 +106,7 @@ def is_transformer_dir(manifest: dict[str, Any]) -> bool:
 
 def write_output(
     out_dir: str | os.PathLike[str],
-    files: Mapping[str, str | bytes],
+    files: Mapping[str, FileContent],
     manifest: dict,
     force: bool = False,
 ) -> Path:
@@ -91,9 +123,9 @@ def write_output(
                 f"choose another --out or pass --force to replace it"
             )
     check_output_parent(out)
-    contents = {f: as_bytes(t) for f, t in files.items()}
+    contents = {f: as_binary(t) for f, t in files.items()}
     contents[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    needed = sum(len(b) for b in contents.values())
+    needed = sum(content_size(b) for b in contents.values())
     try:
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     except OSError as exc:
@@ -102,7 +134,10 @@ def write_output(
     try:
         os.chmod(tmp, dir_mode())
         for fname, data in contents.items():
-            (tmp / fname).write_bytes(data)
+            if isinstance(data, BinaryFile):
+                data.write(tmp / fname)
+            else:
+                (tmp / fname).write_bytes(data)
         if out.exists():
             old = tmp.with_name(tmp.name.replace(".tmp-", ".old-", 1))
             out.rename(old)
@@ -150,7 +185,7 @@ def new_manifest(
     plan: ArenaPlan,
     max_tokens: int,
     weight_bytes: int,
-    files: Mapping[str, str | bytes],
+    files: Mapping[str, FileContent],
     **memory: Any,
 ) -> dict[str, Any]:
     """The manifest every kind shares: generator, kind, model (source, sha256, config, ...),
@@ -171,5 +206,5 @@ def new_manifest(
             "weight_bytes": weight_bytes,
             **memory,
         },
-        "files": {f: hashlib.sha256(as_bytes(t)).hexdigest() for f, t in sorted(files.items())},
+        "files": {f: content_sha256(t) for f, t in sorted(files.items())},
     }

@@ -36,7 +36,7 @@ from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
 from .cnames import c_float, c_ident
 from .experts import ffn_kernel
-from .output import KIND, WEIGHTS_BLOB, banner_context, new_manifest, render_files
+from .output import KIND, WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
 
@@ -79,7 +79,7 @@ def render_transformer(
     plan: TransformerPlan,
     board: str,
     name: str,
-) -> tuple[dict[str, str | bytes], dict[str, Any]]:
+) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a whole transformer: every generated file and the manifest, from the
     quantised weights (None: all fp32) and the plan; returns ({filename: text}, manifest)."""
     check_supported(model)
@@ -262,7 +262,7 @@ def render_transformer(
         "dense_ffn_layers": [entry for entry in layers if entry["dense_ffn"]],
         "architecture": c.architecture,
     }
-    files: dict[str, str | bytes] = {**render_files(KIND, ctx)}
+    files: dict[str, FileContent] = {**render_files(KIND, ctx)}
     files[WEIGHTS_BLOB[KIND]] = w.blob()
     kv = plan.region("kv_cache").size
     manifest = new_manifest(

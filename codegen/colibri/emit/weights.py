@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..quant.formats import QuantTensor, q8_channel_dtype
 from .cnames import NameTable
+from .output import BinaryFile
 
 #: Alignment of every tensor in the blob (the arrays were _Alignas(16) as C text).
 BLOB_ALIGN = 16
@@ -124,10 +125,10 @@ class WeightTable:
         self.parts: dict[str, int] = {}
         #: Every tensor in blob order: symbol, offset, size, section, what.
         self.blob_entries: list[dict[str, Any]] = []
-        self._blob: list[bytes] = []
+        self._blob: list[bytes | memoryview] = []
         self._blob_size = 0
 
-    def _place(self, sym: str, data: bytes, what: str, const: bool = True) -> None:
+    def _place(self, sym: str, data: bytes | memoryview, what: str, const: bool = True) -> None:
         """Append a tensor's bytes to the blob at the next 16-byte boundary."""
         pad = -self._blob_size % BLOB_ALIGN
         if pad:
@@ -137,18 +138,19 @@ class WeightTable:
             {
                 "symbol": sym,
                 "offset": self._blob_size,
-                "size": len(data),
+                "size": memoryview(data).nbytes,
                 "section": (".rodata." if const else ".data.") + sym,
                 "flags": "a" if const else "aw",
                 "what": what,
             }
         )
         self._blob.append(data)
-        self._blob_size += len(data)
+        self._blob_size += memoryview(data).nbytes
 
-    def blob(self) -> bytes:
-        """The weights file: every tensor's bytes at its offset."""
-        return b"".join(self._blob)
+    def blob(self) -> BinaryFile:
+        """The weights file: every tensor's bytes at its offset (views of the model's fp32
+        arrays, not copies: a model's weights are in memory once while it is generated)."""
+        return BinaryFile(list(self._blob))
 
     def _new_symbol(self, key: str) -> str:
         if key in self.keys:
@@ -169,9 +171,9 @@ class WeightTable:
     def add(self, key: str, arr: np.ndarray, what: str) -> str:
         """An fp32 array (listed in ``arrays``: symbol, size); returns its symbol."""
         sym = self._new_symbol(key)
-        a = np.ascontiguousarray(arr, dtype="<f4")
+        a = np.ascontiguousarray(arr, dtype="<f4")  # a view when it already is
         self.arrays.append({"symbol": sym, "size": int(a.size), "what": what})
-        self._place(sym, a.tobytes(), what)
+        self._place(sym, a.data.cast("B"), what)
         self._count(key, int(a.nbytes))
         return sym
 
