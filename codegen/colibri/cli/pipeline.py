@@ -52,7 +52,7 @@ def render(
     board = load_board(options.board)
     if isinstance(model, MoETransformer):
         check_supported(model)
-        max_context = options.max_context or DEFAULT_MAX_CONTEXT
+        max_context = DEFAULT_MAX_CONTEXT if options.max_context is None else options.max_context
         q = quantize_transformer_as_asked(
             model, options.quant, options.act, options.dense_quant, options.router_quant
         )

@@ -160,11 +160,14 @@ class Runtime:
         self._lib = lib
         self._share = (ctypes.c_int32 * len(sharing_map))(*sharing_map) if sharing_map else None
         cfg = _Config(
-            str(model_path).encode(),
-            CACHE_POLICIES[cache_policy],
-            lru_cache_size,
-            1,
-            ctypes.cast(self._share, ctypes.POINTER(ctypes.c_int32)) if self._share else None,
+            model_path=str(model_path).encode(),
+            cache_policy=CACHE_POLICIES[cache_policy],
+            lru_cache_size=lru_cache_size,
+            num_threads=1,
+            load_flags=0,  # verify checksums and NaN / Inf
+            expert_sharing_map=(
+                ctypes.cast(self._share, ctypes.POINTER(ctypes.c_int32)) if self._share else None
+            ),
         )
         handle = ctypes.c_void_p()
         st = lib.colibri_init(ctypes.byref(cfg), ctypes.byref(handle))
