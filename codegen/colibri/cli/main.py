@@ -616,6 +616,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="config.json (default: beside the model)")
     s.set_defaults(func=cmd_verify)
 
+    from .inspect import add_parser as add_inspect_parser
+
+    add_inspect_parser(sub)
+
     s = sub.add_parser("boards", help="list boards, their memory and toolchain status")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_boards)

@@ -445,6 +445,10 @@ class HFCheckpoint(HFConfig):
     def shape(self, name: str) -> tuple[int, ...]:
         return self._open(self._where[name]).tensors[name].shape
 
+    def dtype(self, name: str) -> str:
+        """The safetensors dtype of tensor `name` as stored (F32, F16, BF16, F64)."""
+        return self._open(self._where[name]).tensors[name].dtype
+
     def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Tensor `name` as float32; with `shape`, a mismatch is a ShapeError naming both."""
         if name not in self._where:

@@ -406,20 +406,26 @@ def quantize_router(w: np.ndarray, scheme: str) -> QuantRouter:
     return QuantRouter("fp32", w)
 
 
+def expert_matrix_bytes(d_model: int, d_ff: int, gated: bool, scheme: str) -> int:
+    """Stored bytes of one expert's matrices (w1, w3 when gated, w2; no biases) in `scheme`."""
+    n_in_d = 2 if gated else 1  # matrices [d_ff, d_model] (w1, w3)
+    if scheme == "int4":
+        return (n_in_d * d_ff * q4_blocks(d_model) + d_model * q4_blocks(d_ff)) * (
+            BLOCK_Q4_DTYPE.itemsize
+        )
+    width = {"fp32": 4, "fp16": 2, "int8": 1}[check_scheme(scheme)]
+    if scheme == "int8":
+        return (
+            n_in_d * q8_channel_dtype(d_ff, d_model).itemsize
+            + q8_channel_dtype(d_model, d_ff).itemsize
+        )
+    return (n_in_d + 1) * d_model * d_ff * width
+
+
 def weight_bytes_for(layer: MoELayer, scheme: str) -> int:
     """Const weight bytes of the layer if every stored expert used `scheme` (router fp32)."""
     c = layer.config
-    n_in_d = 2 if c.gated else 1  # matrices [d_ff, d_model] (w1, w3)
-    if scheme == "int4":
-        mats = (n_in_d * c.d_ff * q4_blocks(c.d_model) + c.d_model * q4_blocks(c.d_ff)) * (
-            BLOCK_Q4_DTYPE.itemsize
-        )
-    else:
-        width = {"fp32": 4, "fp16": 2, "int8": 1}[check_scheme(scheme)]
-        mats = (n_in_d + 1) * c.d_model * c.d_ff * width
-        if scheme == "int8":
-            mats = n_in_d * q8_channel_dtype(c.d_ff, c.d_model).itemsize
-            mats += q8_channel_dtype(c.d_model, c.d_ff).itemsize
+    mats = expert_matrix_bytes(c.d_model, c.d_ff, c.gated, scheme)
     bias = 4 * (c.d_ff + c.d_model) if layer.experts[0].b1 is not None else 0
     router = 4 * c.n_experts * c.d_model + (4 * c.n_experts if layer.router_b is not None else 0)
     return router + len(set(layer.storage_map())) * (mats + bias)
