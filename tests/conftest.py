@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,6 +30,27 @@ def require_board(name: str, run: bool = True) -> None:
     if IN_CI and name not in NOT_INSTALLABLE:
         pytest.fail(f"CI=true and {why}: scripts/setup.sh should have installed it")
     pytest.skip(why)
+
+
+def require_tool(name: str, package: str) -> str:
+    """The path of program `name`; skips (locally) or fails (CI, where scripts/setup.sh
+    installs Debian's `package`) when it is missing."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} not found; install it with: apt-get install {package}"
+        if IN_CI:
+            pytest.fail(f"{message} (CI=true: scripts/setup.sh installs it)")
+        pytest.skip(message)
+    return path
+
+
+def run_ok(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run a command; a non-zero exit fails the test with its output."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc
 
 
 def run_cli(

@@ -354,3 +354,28 @@ MODEL_CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     ("olmoe", {"num_key_value_heads": 1, "tie_word_embeddings": True, "num_experts_per_tok": 1}),
 ]
+
+
+def mixtral_tensors_1layer() -> dict[str, Any]:
+    """The tensors of a 1-layer Mixtral (d_model 8, d_ff 16, 2 experts, vocab 16, 2 heads /
+    1 kv head) as float32 numpy arrays, seeded: a checkpoint written without torch."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    p = "model.layers.0."
+    shapes = {
+        "model.embed_tokens.weight": (16, 8),
+        "model.norm.weight": (8,),
+        "lm_head.weight": (16, 8),
+        f"{p}input_layernorm.weight": (8,),
+        f"{p}post_attention_layernorm.weight": (8,),
+        f"{p}self_attn.q_proj.weight": (8, 8),
+        f"{p}self_attn.k_proj.weight": (4, 8),
+        f"{p}self_attn.v_proj.weight": (4, 8),
+        f"{p}self_attn.o_proj.weight": (8, 8),
+        f"{p}block_sparse_moe.gate.weight": (2, 8),
+    }
+    for e in range(2):
+        for name, shape in (("w1", (16, 8)), ("w3", (16, 8)), ("w2", (8, 16))):
+            shapes[f"{p}block_sparse_moe.experts.{e}.{name}.weight"] = shape
+    return {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}

@@ -1,7 +1,8 @@
 /**
  * @file test_router.c
- * @brief Router tests: top-k order and ties, online softmax vs a two-pass softmax, the
- *        log-sum-exp in route_temp, NaN/Inf and top-k validation, the model router.
+ * @brief Router tests: top-k order and ties, the blocked softmax vs a two-pass softmax in
+ *        double, the log-sum-exp in route_temp, rows of several blocks, NaN/Inf and top-k
+ *        validation, the model router.
  */
 #include "colibri.h"
 #include "test_harness.h"
@@ -138,6 +139,64 @@ static void test_large(void)
     check_tokens(logits, T, E, COLIBRI_MAX_TOP_K);
 }
 
+/* Rows longer than the router's block of 64 logits: the max rising in a later block (the sum
+ * is rescaled), ties across a block boundary, and colibri_route (logits computed block by block
+ * on the stack) returning the same bits as colibri_route_gate. */
+static void test_blocks(void)
+{
+    enum { T = 4, E = 150, D = 3, K = 5 };
+    static float logits[T * E], wg[E * D], x[T * D];
+    rng_seed(1234);
+    for (int i = 0; i < T * E; i++) {
+        logits[i] = rng_float(-4.0f, 4.0f);
+    }
+    for (int e = 0; e < E; e++) {
+        logits[e] = -4.0f + 0.05f * (float)e; /* token 0: every block raises the max */
+        logits[E + e] = (e == 63 || e == 64 || e == 128) ? 5.0f : logits[E + e];
+    }
+    check_tokens(logits, T, E, K);
+    check_tokens(logits, T, E, 1);
+    int32_t ids[K];
+    float gates[K];
+    CHECK_STATUS(COLIBRI_OK, colibri_route_gate(logits + E, 1, E, K, ids, gates, NULL));
+    CHECK_INT(63, ids[0]);
+    CHECK_INT(64, ids[1]);
+    CHECK_INT(128, ids[2]);
+    logits[2 * E + 140] = NAN; /* in the last block */
+    CHECK_STATUS(COLIBRI_ERR_NAN, colibri_route_gate(logits + 2 * E, 1, E, K, ids, gates, NULL));
+
+    for (int i = 0; i < E * D; i++) {
+        wg[i] = rng_float(-1.0f, 1.0f);
+    }
+    for (int i = 0; i < T * D; i++) {
+        x[i] = rng_float(-1.0f, 1.0f);
+    }
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) {
+            float acc = 0.0f;
+            for (int i = 0; i < D; i++) {
+                acc += x[t * D + i] * wg[e * D + i];
+            }
+            logits[t * E + e] = acc;
+        }
+    }
+    colibri_model_t m;
+    memset(&m, 0, sizeof(m));
+    m.n_experts = E;
+    m.d_model = D;
+    m.d_ff = 4;
+    m.top_k = K;
+    m.router_w = wg;
+    int32_t ids_a[T * K], ids_b[T * K];
+    float gates_a[T * K], gates_b[T * K], temp_a[T], temp_b[T];
+    CHECK_STATUS(COLIBRI_OK, colibri_route_gate(logits, T, E, K, ids_a, gates_a, temp_a));
+    CHECK_STATUS(COLIBRI_OK, colibri_route(&m, x, T, K, ids_b, gates_b, temp_b));
+    int same_ids = memcmp(ids_a, ids_b, sizeof(ids_a)) == 0;
+    CHECK(same_ids);
+    CHECK_FLOATS_EQ(gates_a, gates_b, T * K);
+    CHECK_FLOATS_EQ(temp_a, temp_b, T);
+}
+
 static void test_errors(void)
 {
     float logits[4] = {0.1f, 0.2f, 0.3f, 0.4f};
@@ -245,6 +304,7 @@ int main(void)
     test_ties();
     test_k_extremes();
     test_large();
+    test_blocks();
     test_errors();
     test_model_router(0u);
     test_model_router(COLIBRI_FLAG_ROUTER_BIAS);

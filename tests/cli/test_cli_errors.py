@@ -31,6 +31,7 @@ from colibri.frontends.load import save_npy
 from colibri.frontends.seed import write_seed
 from colibri.frontends.toy import make_toy
 from colibri.plan.budget import MAX_ARENA_BYTES, check_budget, check_transformer_budget
+from hf_tiny import mixtral_tensors_1layer
 
 Cli = Callable[..., CompletedProcess[str]]
 
@@ -493,24 +494,8 @@ def test_verify_reports_the_first_problem(cli: Cli, toy: Path, tmp_path: Path) -
 
 
 def test_verify_hf_checkpoint(cli: Cli, tmp_path: Path) -> None:
-    rng = np.random.default_rng(0)
     p = "model.layers.0."
-    shapes = {
-        "model.embed_tokens.weight": (16, 8),
-        "model.norm.weight": (8,),
-        "lm_head.weight": (16, 8),
-        f"{p}input_layernorm.weight": (8,),
-        f"{p}post_attention_layernorm.weight": (8,),
-        f"{p}self_attn.q_proj.weight": (8, 8),
-        f"{p}self_attn.k_proj.weight": (4, 8),
-        f"{p}self_attn.v_proj.weight": (4, 8),
-        f"{p}self_attn.o_proj.weight": (8, 8),
-        f"{p}block_sparse_moe.gate.weight": (2, 8),
-    }
-    for e in range(2):
-        for name, shape in (("w1", (16, 8)), ("w3", (16, 8)), ("w2", (8, 16))):
-            shapes[f"{p}block_sparse_moe.experts.{e}.{name}.weight"] = shape
-    tensors = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
+    tensors = mixtral_tensors_1layer()
     config = {
         "architectures": ["MixtralForCausalLM"],
         "hidden_size": 8,

@@ -34,10 +34,9 @@ from colibri.frontends.hf import SafetensorsFile, write_safetensors
 from colibri.frontends.load import load_model
 from colibri.frontends.seed import load_config, write_seed
 from colibri.frontends.toy import make_toy
-
-hypothesis = pytest.importorskip("hypothesis", reason="pip install -e '.[test]' (hypothesis)")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hf_tiny import mixtral_tensors_1layer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SETTINGS = settings(
     # COLIBRI_FUZZ_EXAMPLES=20000 for a long run; the default keeps the file under a minute
@@ -229,27 +228,6 @@ HF_CONFIG: dict[str, Any] = {
 }
 
 
-def _hf_tensors() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    p = "model.layers.0."
-    shapes = {
-        "model.embed_tokens.weight": (16, 8),
-        "model.norm.weight": (8,),
-        "lm_head.weight": (16, 8),
-        f"{p}input_layernorm.weight": (8,),
-        f"{p}post_attention_layernorm.weight": (8,),
-        f"{p}self_attn.q_proj.weight": (8, 8),
-        f"{p}self_attn.k_proj.weight": (4, 8),
-        f"{p}self_attn.v_proj.weight": (4, 8),
-        f"{p}self_attn.o_proj.weight": (8, 8),
-        f"{p}block_sparse_moe.gate.weight": (2, 8),
-    }
-    for e in range(2):
-        for name, shape in (("w1", (16, 8)), ("w3", (16, 8)), ("w2", (8, 16))):
-            shapes[f"{p}block_sparse_moe.experts.{e}.{name}.weight"] = shape
-    return {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
-
-
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("bases")
@@ -265,7 +243,7 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "config": np.array(json.dumps(layer.config.to_json())),
     }
     np.savez(root / "m.npz", **npz_arrays)
-    write_safetensors(_hf_tensors(), root / "model.safetensors")
+    write_safetensors(mixtral_tensors_1layer(), root / "model.safetensors")
     st_raw = (root / "model.safetensors").read_bytes()
     (n,) = struct.unpack_from("<Q", st_raw)
     return {

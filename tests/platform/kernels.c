@@ -4,23 +4,29 @@
  *        Neon, SIMD32 or portable path, whichever the board's flags select) against the plain
  *        loops below, for every length 0..140, unaligned pointers and extreme values; then the
  *        int4 block dot product for full and partial blocks. Prints one line and returns 0 when
- *        every result is identical. The bench markers time one of four loops, chosen by the
+ *        every result is identical. The bench markers time one of six loops, chosen by the
  *        first byte of input.bin: 0 the runtime's int8 dot (128 values, 8 times), 1 the plain
  *        loop, 2 the runtime's int4 block dot (4 blocks, 8 times), 3 its portable loop
- *        (tests/targets/test_platforms.py prints the instruction counts side by side).
+ *        (tests/targets/test_platforms.py prints the instruction counts side by side), 4 the
+ *        runtime's activation quantiser on KT_QUANT values, 5 the roundf-and-divide loop it
+ *        replaced (the same values; outside the checks, the two differ at exact ties).
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
 #include "colibri_quant.h"
 
+#include <math.h>
 #include <stdint.h>
 
 #define KT_MAX 160
 #define KT_BLOCKS 4
+#define KT_QUANT 640
 
 static int8_t kt_a[KT_MAX + 4];
 static int8_t kt_b[KT_MAX + 4];
 static colibri_block_q4_32 kt_blk[KT_BLOCKS];
+static float kt_x[KT_QUANT];
+static int8_t kt_xq[KT_QUANT];
 static uint32_t kt_state = 0x9E3779B9u;
 
 static uint32_t kt_next(void)
@@ -63,6 +69,30 @@ __attribute__((noinline)) static int32_t kt_dot_q4_block(const colibri_block_q4_
         acc += lo * (int32_t)x[j] + hi * (int32_t)x[j + 16];
     }
     return acc;
+}
+
+/** @brief The activation quantiser before issue 11: roundf(x / sx) per element (bench mode 5). */
+__attribute__((noinline)) static float kt_quantize_roundf(const float *x, int8_t *xq, int32_t n)
+{
+    float amax = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        amax = (a > amax) ? a : amax;
+    }
+    if (amax == 0.0f) {
+        for (int32_t i = 0; i < n; i++) {
+            xq[i] = 0;
+        }
+        return 0.0f;
+    }
+    const float sx = amax / (float)COLIBRI_Q8_MAX;
+    for (int32_t i = 0; i < n; i++) {
+        float v = roundf(x[i] / sx);
+        v = (v > (float)COLIBRI_Q8_MAX) ? (float)COLIBRI_Q8_MAX : v;
+        v = (v < -(float)COLIBRI_Q8_MAX) ? -(float)COLIBRI_Q8_MAX : v;
+        xq[i] = (int8_t)v;
+    }
+    return sx;
 }
 
 int main(int argc, char **argv)
@@ -117,9 +147,18 @@ int main(int argc, char **argv)
         }
         (void)clb_platform_close(fd);
     }
+    for (int32_t i = 0; i < KT_QUANT; i++) {
+        kt_x[i] = (float)(int32_t)kt_next() * (4.0f / 2147483648.0f);
+    }
     volatile int32_t sink = 0;
+    volatile float fsink = 0.0f;
     const int32_t n_bench = 128;
     clb_platform_bench_begin();
+    if (mode == 4u) {
+        fsink += colibri_quantize_row_q8(kt_x, kt_xq, KT_QUANT);
+    } else if (mode == 5u) {
+        fsink += kt_quantize_roundf(kt_x, kt_xq, KT_QUANT);
+    }
     for (int32_t rep = 0; rep < 8; rep++) {
         if (mode == 0u) {
             sink += colibri_dot_q8(kt_a, kt_b, n_bench);
@@ -137,6 +176,7 @@ int main(int argc, char **argv)
     }
     clb_platform_bench_end();
     (void)sink;
+    (void)fsink;
 
     char line[96];
     char *p = clb_append(line, "colibri kernels: ");

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, require_tool
 
 SRC_DIR = ROOT / "runtime_c" / "src"
 INCLUDE_DIR = ROOT / "runtime_c" / "include"
@@ -36,20 +36,6 @@ HOST_FLAGS = [
 CORTEX_M4_FLAGS = ["-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard", "-mfpu=fpv4-sp-d16"]
 HEAP_SYMBOLS = {"malloc", "free", "calloc", "realloc"}
 SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed$", re.MULTILINE)
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
-def _require_tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} not found; install it with: apt-get install {package}"
-        if _in_ci():
-            pytest.fail(f"{message} (CI=true: toolchains the setup installs must not be skipped)")
-        pytest.skip(message)
-    return path
 
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -88,7 +74,7 @@ def test_runtime_sources_present() -> None:
 
 @pytest.mark.parametrize("test_source", C_TESTS, ids=lambda p: p.stem)
 def test_c_unit(test_source: Path, tmp_path: Path) -> None:
-    _require_tool("gcc", "gcc")
+    require_tool("gcc", "gcc")
     exe = tmp_path / test_source.stem
     _compile_host([test_source, *RUNTIME_SOURCES], exe)
     env = dict(os.environ)
@@ -126,8 +112,8 @@ def _compile_objects(cc: str, flags: list[str], out_dir: Path) -> list[Path]:
 
 
 def test_no_filesystem_build_has_no_heap(tmp_path: Path) -> None:
-    _require_tool("gcc", "gcc")
-    nm = _require_tool("nm", "binutils")
+    require_tool("gcc", "gcc")
+    nm = require_tool("nm", "binutils")
     objects = _compile_objects("gcc", [*WARN_FLAGS, "-O2", "-DCOLIBRI_NO_FILESYSTEM"], tmp_path)
     assert _heap_references(nm, objects) == {}
     defined = _run([nm, "--defined-only", *map(str, objects)]).stdout
@@ -136,14 +122,14 @@ def test_no_filesystem_build_has_no_heap(tmp_path: Path) -> None:
 
 
 def test_filesystem_build_heap_only_in_model_file(tmp_path: Path) -> None:
-    _require_tool("gcc", "gcc")
-    nm = _require_tool("nm", "binutils")
+    require_tool("gcc", "gcc")
+    nm = require_tool("nm", "binutils")
     objects = _compile_objects("gcc", [*WARN_FLAGS, "-O2"], tmp_path)
     assert set(_heap_references(nm, objects)) <= {"model_file.o"}
 
 
 def test_cortex_m4_build(tmp_path: Path) -> None:
-    cc = _require_tool("arm-none-eabi-gcc", "gcc-arm-none-eabi libnewlib-arm-none-eabi")
+    cc = require_tool("arm-none-eabi-gcc", "gcc-arm-none-eabi libnewlib-arm-none-eabi")
     flags = [*CORTEX_M4_FLAGS, *WARN_FLAGS, "-O2", "-DCOLIBRI_NO_FILESYSTEM"]
     objects = _compile_objects(cc, flags, tmp_path)
     nm = shutil.which("arm-none-eabi-nm")
@@ -152,7 +138,7 @@ def test_cortex_m4_build(tmp_path: Path) -> None:
 
 
 def test_xtensa_lx106_build(tmp_path: Path) -> None:
-    cc = _require_tool("xtensa-lx106-elf-gcc", "gcc-xtensa-lx106")
+    cc = require_tool("xtensa-lx106-elf-gcc", "gcc-xtensa-lx106")
     flags = ["-mlongcalls", *WARN_FLAGS, "-O2", "-DCOLIBRI_NO_FILESYSTEM"]
     objects = _compile_objects(cc, flags, tmp_path)
     nm = shutil.which("xtensa-lx106-elf-nm")
@@ -207,7 +193,7 @@ def _reference_layer(
 
 
 def test_infer_example_on_seed_model(tmp_path: Path) -> None:
-    _require_tool("gcc", "gcc")
+    require_tool("gcc", "gcc")
     exe = tmp_path / "infer"
     _compile_host([ROOT / "examples" / "c_api" / "infer.c", *RUNTIME_SOURCES], exe)
 
@@ -235,7 +221,7 @@ def test_infer_example_on_seed_model(tmp_path: Path) -> None:
 
 
 def test_infer_example_reports_errors(tmp_path: Path) -> None:
-    _require_tool("gcc", "gcc")
+    require_tool("gcc", "gcc")
     exe = tmp_path / "infer"
     _compile_host([ROOT / "examples" / "c_api" / "infer.c", *RUNTIME_SOURCES], exe)
     bogus = tmp_path / "bogus.bin"
@@ -248,7 +234,7 @@ def test_infer_example_reports_errors(tmp_path: Path) -> None:
 def test_infer_example_checks_cli_containers(tmp_path: Path) -> None:
     """Containers written by `colibri convert` pass the C runtime's CRC-32 check; a flipped
     bit in a blob and a NaN weight in a seed-layout file are refused with their own status."""
-    _require_tool("gcc", "gcc")
+    require_tool("gcc", "gcc")
     exe = tmp_path / "infer"
     _compile_host([ROOT / "examples" / "c_api" / "infer.c", *RUNTIME_SOURCES], exe)
     toy, clb = tmp_path / "toy", tmp_path / "toy.clb"

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IN_CI, ROOT, run_cli
+from conftest import ROOT, require_tool, run_cli, run_ok
 
 INFER = ROOT / "examples" / "c_api" / "infer.c"
 #: The input token infer.c uses when d_model is 8.
@@ -38,32 +37,14 @@ target_link_libraries(infer PRIVATE colibri::colibri)
 """
 
 
-def _tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} not found; install it with: apt-get install {package}"
-        if IN_CI:
-            pytest.fail(f"{message} (CI=true: scripts/setup.sh installs it)")
-        pytest.skip(message)
-    return path
-
-
-def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    )
-    return proc
-
-
 def _scons(*args: str) -> subprocess.CompletedProcess[str]:
-    return _run([sys.executable, "-m", "SCons", "-Q", "-C", str(ROOT), *args])
+    return run_ok([sys.executable, "-m", "SCons", "-Q", "-C", str(ROOT), *args])
 
 
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prefix with `scons install board=host` done into it."""
-    _tool("gcc", "gcc")
+    require_tool("gcc", "gcc")
     work = tmp_path_factory.mktemp("install")
     _scons("board=host", f"build_dir={work / 'build'}", "install", f"prefix={work / 'prefix'}")
     return work / "prefix"
@@ -92,7 +73,7 @@ def toy_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarra
 
 def _check_infer(exe: Path, toy: tuple[Path, np.ndarray, int, float]) -> None:
     model, y_ref, expert, gate = toy
-    out = _run([str(exe), str(model)], timeout=60).stdout
+    out = run_ok([str(exe), str(model)], timeout=60).stdout
     output_line = re.search(r"^Output:(.*)$", out, re.MULTILINE)
     chosen = re.search(r"^Expert chosen: (-?\d+), Gate weight: ([0-9.]+)$", out, re.MULTILINE)
     assert output_line and chosen, out
@@ -118,7 +99,9 @@ def test_install_layout(prefix: Path) -> None:
 
 
 def test_install_refuses_bare_metal_board(tmp_path: Path) -> None:
-    _tool("arm-none-eabi-gcc", "gcc-arm-none-eabi libnewlib-arm-none-eabi")  # board must load
+    require_tool(
+        "arm-none-eabi-gcc", "gcc-arm-none-eabi libnewlib-arm-none-eabi"
+    )  # board must load
     proc = subprocess.run(
         [sys.executable, "-m", "SCons", "-Q", "-C", str(ROOT), "board=cortex-m3"]
         + [f"build_dir={tmp_path / 'build'}", "install", f"prefix={tmp_path / 'prefix'}"],
@@ -133,20 +116,20 @@ def test_install_refuses_bare_metal_board(tmp_path: Path) -> None:
 def test_find_package_builds_infer(
     prefix: Path, toy_model: tuple[Path, np.ndarray, int, float], tmp_path: Path
 ) -> None:
-    cmake = _tool("cmake", "cmake")
+    cmake = require_tool("cmake", "cmake")
     project = tmp_path / "consumer"
     project.mkdir()
     (project / "CMakeLists.txt").write_text(CMAKE_PROJECT.format(infer=INFER.as_posix()))
     build = tmp_path / "build"
-    _run([cmake, "-S", str(project), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}"])
-    _run([cmake, "--build", str(build)])
+    run_ok([cmake, "-S", str(project), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}"])
+    run_ok([cmake, "--build", str(build)])
     cache = (build / "CMakeCache.txt").read_text()
     assert f"colibri_DIR:PATH={prefix}/lib/cmake/colibri" in cache
     _check_infer(build / "infer", toy_model)
 
 
 def test_find_package_rejects_newer_version(prefix: Path, tmp_path: Path) -> None:
-    cmake = _tool("cmake", "cmake")
+    cmake = require_tool("cmake", "cmake")
     project = tmp_path / "consumer"
     project.mkdir()
     text = CMAKE_PROJECT.format(infer=INFER.as_posix()).replace("colibri 0.1", "colibri 0.2")
@@ -163,10 +146,10 @@ def test_find_package_rejects_newer_version(prefix: Path, tmp_path: Path) -> Non
 def test_pkg_config_builds_infer(
     prefix: Path, toy_model: tuple[Path, np.ndarray, int, float], tmp_path: Path
 ) -> None:
-    pkg_config = _tool("pkg-config", "pkg-config")
+    pkg_config = require_tool("pkg-config", "pkg-config")
     env = dict(os.environ, PKG_CONFIG_PATH=str(prefix / "lib" / "pkgconfig"))
-    flags = _run([pkg_config, "--cflags", "--libs", "colibri"], env=env).stdout.split()
+    flags = run_ok([pkg_config, "--cflags", "--libs", "colibri"], env=env).stdout.split()
     assert f"-I{prefix}/include" in flags and "-lcolibri" in flags
     exe = tmp_path / "infer"
-    _run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", str(INFER), "-o", str(exe), *flags])
+    run_ok(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", str(INFER), "-o", str(exe), *flags])
     _check_infer(exe, toy_model)

@@ -11,13 +11,12 @@ example is cross-compiled with xtensa-lx106-elf-gcc (another Xtensa core) and th
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IN_CI, ROOT, run_cli
+from conftest import ROOT, require_tool, run_cli, run_ok
 
 ZEPHYR_DIR = ROOT / "zephyr"
 IDF_DIR = ROOT / "esp-idf" / "colibri"
@@ -33,24 +32,6 @@ DEMO_PATTERN = [1.0, 0.5, 0.2, 0.8, 0.1, 0.9, 0.4, 0.6]
 
 CACHE_SYMBOLS = {"COLIBRI_CACHE_PINNED", "COLIBRI_CACHE_LRU", "COLIBRI_CACHE_NONE"}
 KCONFIG_SYMBOLS = CACHE_SYMBOLS | {"COLIBRI_LRU_SLOTS", "COLIBRI_ARENA_SECTION"}
-
-
-def _tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} not found; install it with: apt-get install {package}"
-        if IN_CI:
-            pytest.fail(f"{message} (CI=true: scripts/setup.sh installs it)")
-        pytest.skip(message)
-    return path
-
-
-def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    )
-    return proc
 
 
 def _load_yaml(path: Path) -> dict[str, object]:
@@ -197,7 +178,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _cmake_check(model: Path, policy: str, slots: int | None = None) -> subprocess.CompletedProcess:
-    cmake = _tool("cmake", "cmake")
+    cmake = require_tool("cmake", "cmake")
     script = (
         f'include("{(ROOT / "packaging" / "colibri_model.cmake").as_posix()}")\n'
         f'colibri_model_sources("{model.as_posix()}" srcs CACHE {policy}'
@@ -254,10 +235,10 @@ CROSS = {
 @pytest.mark.parametrize("case", sorted(CROSS))
 def test_example_cross_compiles(case: str, models: dict[str, Path], tmp_path: Path) -> None:
     main_c, (cc_name, package), board, stubs, flags = CROSS[case]
-    cc = _tool(cc_name, package)
+    cc = require_tool(cc_name, package)
     model = models[board]
     for source in [main_c, *sorted(model.glob("*.c"))]:
-        _run(
+        run_ok(
             [cc, *WARN, *flags, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}"]
             + [f"-I{model}", f"-Wa,-I{model}", "-c", str(source)]
             + ["-o", str(tmp_path / (source.stem + ".o"))]
@@ -296,16 +277,16 @@ def _parse_rows(out: str, label: str) -> np.ndarray:
 def test_example_runs_on_host(
     main_c: Path, stubs: str, host_c: str, variant: str, models: dict[str, Path], tmp_path: Path
 ) -> None:
-    cc = _tool("gcc", "gcc")
+    cc = require_tool("gcc", "gcc")
     model = models[variant]
     exe = tmp_path / "app"
-    _run(
+    run_ok(
         [cc, *WARN, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}", f"-I{model}"]
         + [f"-Wa,-I{model}"]
         + [str(main_c), str(STUBS / host_c), *map(str, sorted(model.glob("*.c")))]
         + [*map(str, RUNTIME_SOURCES), "-lm", "-o", str(exe)]
     )
-    out = _run([str(exe)], timeout=60).stdout
+    out = run_ok([str(exe)], timeout=60).stdout
     assert "done" in out, out
     y_ref, ids_ref, gates_ref = _reference(models, tmp_path)
     np.testing.assert_array_equal(_parse_rows(out, "experts"), ids_ref)
