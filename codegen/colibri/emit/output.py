@@ -70,6 +70,15 @@ class BinaryFile:
         self.chunks = chunks
         self.size = sum(memoryview(c).nbytes for c in chunks)
 
+    def tobytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the bytes are (determinism checks compare rendered files)."""
+        if not isinstance(other, BinaryFile):
+            return NotImplemented
+        return self.size == other.size and self.tobytes() == other.tobytes()
+
     def sha256(self) -> str:
         h = hashlib.sha256()
         for c in self.chunks:
