@@ -24,8 +24,9 @@
  *  - q8 x q8:       isum = sum_i q(o,i) * xq[i] (int32)              ; y = ((float)isum * s[o]) *
  * sx
  *  - q4 x q8:       acc = 0; for each block b: acc += (float)isum_b * d_b ; y = acc * sx
- * where the row quantiser is amax = max|x|, sx = amax / 127, xq = roundf(x / sx)
- * (half away from zero; all zero when amax == 0).
+ * where the row quantiser is amax = max|x|, sx = amax / 127, inv = 127 / amax (one division per
+ * row), xq = round(x * inv) half away from zero, in 16.16 fixed point without libm (all zero,
+ * sx 0, when amax is NaN or below 2^-120).
  */
 #ifndef COLIBRI_QUANT_H
 #define COLIBRI_QUANT_H

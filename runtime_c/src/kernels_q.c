@@ -126,25 +126,39 @@ void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *
 
 float colibri_quantize_row_q8(const float *x, int8_t *xq, int32_t n)
 {
-    float amax = 0.0f;
+    /* max |x| on the bits: for non-negative floats the integer order is the float order (a NaN
+     * is above every number, so a row holding one quantises to zero below) */
+    uint32_t abits = 0;
     for (int32_t i = 0; i < n; i++) {
-        const float a = fabsf(x[i]);
-        amax = (a > amax) ? a : amax;
+        uint32_t b;
+        memcpy(&b, &x[i], sizeof b);
+        b &= 0x7FFFFFFFu;
+        abits = (b > abits) ? b : abits;
     }
-    if (amax == 0.0f) {
+    float amax;
+    memcpy(&amax, &abits, sizeof amax);
+    if (!(amax >= 0x1p-120f)) { /* all zero, NaN, or so small that 127 / amax would overflow */
         for (int32_t i = 0; i < n; i++) {
             xq[i] = 0;
         }
         return 0.0f;
     }
-    const float sx = amax / (float)COLIBRI_Q8_MAX;
+    /* One division per row. |v| <= 127 * (1 + 2^-23) < 127.5, so the clamp below changes no
+     * rounded value; it also keeps the conversion defined when x holds an infinity. */
+    const float inv = (float)COLIBRI_Q8_MAX / amax;
     for (int32_t i = 0; i < n; i++) {
-        float v = roundf(x[i] / sx);
-        v = (v > (float)COLIBRI_Q8_MAX) ? (float)COLIBRI_Q8_MAX : v;
-        v = (v < -(float)COLIBRI_Q8_MAX) ? -(float)COLIBRI_Q8_MAX : v;
-        xq[i] = (int8_t)v;
+        const float v = x[i] * inv;
+        uint32_t vb;
+        memcpy(&vb, &v, sizeof vb);
+        const int32_t neg = -(int32_t)(vb >> 31); /* -1 when v's sign bit is set, else 0 */
+        float a = fabsf(v);
+        a = (a < (float)COLIBRI_Q8_MAX) ? a : (float)COLIBRI_Q8_MAX;
+        /* round half away from zero in fixed point: a * 2^16 is exact and truncating it keeps
+         * the bits that decide floor(a + 0.5) */
+        const int32_t q = ((int32_t)(a * 65536.0f) + 32768) >> 16;
+        xq[i] = (int8_t)((q ^ neg) - neg);
     }
-    return sx;
+    return amax / (float)COLIBRI_Q8_MAX;
 }
 
 #if defined(COLIBRI_HAVE_SIMD32)

@@ -1,9 +1,12 @@
 /**
  * @file router.c
- * @brief Top-k routing with an online softmax: one pass over the experts per token keeps a
- *        running max M, a running sum S (rescaled when M grows) and the k best logits in the
- *        caller's output row (insertion into a sorted k-array). No allocation; memory does not
- *        depend on the number of experts.
+ * @brief Top-k routing with a softmax over every expert, in blocks of ROUTE_BLOCK logits: per
+ *        block, an insertion top-k in the caller's output row that skips four logits at a time
+ *        when none of them can enter it, then the block's softmax sum exp(l - M) with the max M
+ *        known (the best kept logit), rescaled when a later block raises M. exp is a short
+ *        polynomial (route_exp, no libm call), four lanes at a time (SSE2 / Neon / Helium
+ *        vectors on boards that have them). No allocation; memory does not depend on the number
+ *        of experts.
  */
 #include "colibri.h"
 #include "colibri_internal.h"
@@ -11,11 +14,128 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
-/** Per-token routing state: the online softmax and the k-sized sorted selection. */
+/* Logits per block. colibri_route computes this many on the stack at a time and
+ * colibri_route_gate walks its rows in the same blocks, so both return the same bits; a row of
+ * at most ROUTE_BLOCK experts is a plain two-pass softmax. */
+#define ROUTE_BLOCK 64
+
+#if defined(__GNUC__) && (defined(__SSE2__) || defined(__aarch64__) ||                             \
+                          (defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)))
+/* Four fp32 lanes (GCC / clang vector extensions): the same IEEE operations as the scalar
+ * route_exp, so both give the same bits. */
+#define ROUTE_SIMD 1
+typedef float route_v4f __attribute__((vector_size(16)));
+typedef int32_t route_v4i __attribute__((vector_size(16)));
+typedef uint32_t route_v4u __attribute__((vector_size(16)));
+#endif
+
+/* exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in two steps (Cody-Waite), exp(r)
+ * by the Cephes expf polynomial (about 1 ulp). x below ROUTE_EXP_MIN gives 0 (the true value is
+ * below 1.7e-38, invisible next to the softmax sum, which is at least 1). */
+#define ROUTE_EXP_MIN (-87.0f)
+#define ROUTE_LOG2E 1.44269504088896341f
+#define ROUTE_ROUND 12582912.0f /* 1.5 * 2^23: t = y + ROUND holds round(y) in its low bits */
+#define ROUTE_ROUND_BITS 0x4B400000u
+#define ROUTE_LN2_HI 0.693359375f
+#define ROUTE_LN2_LO (-2.12194440e-4f)
+#define ROUTE_P0 1.9875691500e-4f
+#define ROUTE_P1 1.3981999507e-3f
+#define ROUTE_P2 8.3334519073e-3f
+#define ROUTE_P3 4.1665795894e-2f
+#define ROUTE_P4 1.6666665459e-1f
+#define ROUTE_P5 5.0000001201e-1f
+
+static inline float route_exp(float x)
+{
+    if (x < ROUTE_EXP_MIN) {
+        return 0.0f;
+    }
+    const float t = x * ROUTE_LOG2E + ROUTE_ROUND;
+    const float n = t - ROUTE_ROUND;
+    const float r = (x - n * ROUTE_LN2_HI) - n * ROUTE_LN2_LO;
+    const float z = r * r;
+    float p = ROUTE_P0;
+    p = p * r + ROUTE_P1;
+    p = p * r + ROUTE_P2;
+    p = p * r + ROUTE_P3;
+    p = p * r + ROUTE_P4;
+    p = p * r + ROUTE_P5;
+    const float y = (p * z + r) + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits + (127u - ROUTE_ROUND_BITS)) << 23; /* 2^n, n >= -126 */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+#if defined(ROUTE_SIMD)
+/* route_exp on four lanes. */
+static inline route_v4f route_exp4(route_v4f x)
+{
+    const route_v4i below = x < ROUTE_EXP_MIN;
+    const route_v4f t = x * ROUTE_LOG2E + ROUTE_ROUND;
+    const route_v4f n = t - ROUTE_ROUND;
+    const route_v4f r = (x - n * ROUTE_LN2_HI) - n * ROUTE_LN2_LO;
+    const route_v4f z = r * r;
+    route_v4f p = r * ROUTE_P0 + ROUTE_P1;
+    p = p * r + ROUTE_P2;
+    p = p * r + ROUTE_P3;
+    p = p * r + ROUTE_P4;
+    p = p * r + ROUTE_P5;
+    const route_v4f y = (p * z + r) + 1.0f;
+    const route_v4u bits = ((route_v4u)t + (127u - ROUTE_ROUND_BITS)) << 23;
+    const route_v4i e = (route_v4i)(y * (route_v4f)bits);
+    return (route_v4f)(e & ~below);
+}
+#endif
+
+/*
+ * Sum of exp(l[i] - m) over a block, in four lanes (lane i % 4, i ascending) added as
+ * (s0 + s1) + (s2 + s3). *finite is cleared when some l[i] is NaN or infinite.
+ */
+static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
+{
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float chk = 0.0f; /* NaN iff some l[i] * 0 is: l[i] NaN or infinite */
+    int32_t i = 0;
+#if defined(ROUTE_SIMD)
+    route_v4f vs = {0.0f, 0.0f, 0.0f, 0.0f};
+    route_v4f vc = vs;
+    for (; i + 4 <= n; i += 4) {
+        route_v4f v;
+        memcpy(&v, l + i, sizeof v);
+        vc += v * 0.0f;
+        vs += route_exp4(v - m);
+    }
+    for (int32_t j = 0; j < 4; j++) {
+        s[j] = vs[j];
+        chk += vc[j];
+    }
+#else
+    for (; i + 4 <= n; i += 4) {
+        chk += ((l[i] * 0.0f + l[i + 1] * 0.0f) + l[i + 2] * 0.0f) + l[i + 3] * 0.0f;
+        s[0] += route_exp(l[i] - m);
+        s[1] += route_exp(l[i + 1] - m);
+        s[2] += route_exp(l[i + 2] - m);
+        s[3] += route_exp(l[i + 3] - m);
+    }
+#endif
+    for (; i < n; i++) {
+        chk += l[i] * 0.0f;
+        s[i & 3] += route_exp(l[i] - m);
+    }
+    *finite = (chk == 0.0f);
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+/** Per-token routing state: the softmax so far and the k-sized sorted selection. */
 typedef struct {
-    float max;      /* running max M */
-    float sum;      /* running sum S of expf(l - M) */
+    float max;      /* M: the best logit so far (vals[0]) */
+    float sum;      /* S: sum of exp(l - M) over the experts so far */
     int32_t n_kept; /* entries of ids/vals filled so far (<= k) */
     int32_t k;
     int32_t *ids; /* caller's expert_ids row */
@@ -32,29 +152,12 @@ static void route_begin(route_state *st, int32_t k, int32_t *ids, float *vals)
     st->vals = vals;
 }
 
-/* Experts arrive in ascending index order, so a later expert with an equal logit never
- * overtakes an earlier one: ties resolve to the lower index. */
-static void route_push(route_state *st, int32_t expert, float logit)
+/* Put the logit of an expert at pos (a free slot, or k - 1 when it beats the k-th kept) and
+ * move it up past every strictly smaller one. Experts arrive in ascending index order, so a
+ * later expert with an equal logit never overtakes an earlier one: ties resolve to the lower
+ * index. */
+static inline void route_insert(const route_state *st, int32_t pos, int32_t expert, float logit)
 {
-    if (expert == 0) {
-        st->max = logit;
-        st->sum = 1.0f;
-    } else if (logit > st->max) {
-        st->sum = st->sum * expf(st->max - logit) + 1.0f;
-        st->max = logit;
-    } else {
-        st->sum += expf(logit - st->max);
-    }
-
-    int32_t pos;
-    if (st->n_kept < st->k) {
-        pos = st->n_kept;
-        st->n_kept++;
-    } else if (logit > st->vals[st->k - 1]) {
-        pos = st->k - 1;
-    } else {
-        return;
-    }
     while (pos > 0 && st->vals[pos - 1] < logit) {
         st->vals[pos] = st->vals[pos - 1];
         st->ids[pos] = st->ids[pos - 1];
@@ -64,11 +167,61 @@ static void route_push(route_state *st, int32_t expert, float logit)
     st->ids[pos] = expert;
 }
 
+/* Top-k over the logits l[0..n) of experts e0.. . Once k are kept, a logit enters only when it
+ * is strictly above the k-th (thr); four logits whose max is not above thr are skipped at once
+ * (the max only gates the skip: each logit is still tested alone, in index order). */
+static void route_select(route_state *st, const float *l, int32_t e0, int32_t n)
+{
+    const int32_t k = st->k;
+    int32_t i = 0;
+    for (; i < n && st->n_kept < k; i++) {
+        route_insert(st, st->n_kept, e0 + i, l[i]);
+        st->n_kept++;
+    }
+    if (i == n) {
+        return;
+    }
+    float thr = st->vals[k - 1];
+    for (; i + 4 <= n; i += 4) {
+        const float a = (l[i] > l[i + 1]) ? l[i] : l[i + 1];
+        const float b = (l[i + 2] > l[i + 3]) ? l[i + 2] : l[i + 3];
+        if (((a > b) ? a : b) > thr) {
+            for (int32_t j = i; j < i + 4; j++) {
+                if (l[j] > thr) {
+                    route_insert(st, k - 1, e0 + j, l[j]);
+                    thr = st->vals[k - 1];
+                }
+            }
+        }
+    }
+    for (; i < n; i++) {
+        if (l[i] > thr) {
+            route_insert(st, k - 1, e0 + i, l[i]);
+            thr = st->vals[k - 1];
+        }
+    }
+}
+
+/* One block of logits l[0..n) of experts e0..: the selection, then S rescaled to the new max
+ * and the block's exp(l - M) added. Returns 0 when a logit is NaN or infinite. */
+static int route_block(route_state *st, const float *l, int32_t e0, int32_t n)
+{
+    route_select(st, l, e0, n);
+    const float m = st->vals[0];
+    if (st->sum > 0.0f && m > st->max) {
+        st->sum *= route_exp(st->max - m);
+    }
+    st->max = m;
+    int finite;
+    st->sum += route_exp_sum(l, n, m, &finite);
+    return finite;
+}
+
 /* Turn the kept logits into softmax probabilities; returns the log-sum-exp. */
 static float route_finish(const route_state *st)
 {
     for (int32_t j = 0; j < st->k; j++) {
-        st->vals[j] = expf(st->vals[j] - st->max) / st->sum;
+        st->vals[j] = route_exp(st->vals[j] - st->max) / st->sum;
     }
     return st->max + logf(st->sum);
 }
@@ -98,11 +251,11 @@ colibri_status colibri_route_gate(const float *gate_logits, int32_t batch_seq_le
         route_state rs;
         route_begin(&rs, top_k, expert_ids + (size_t)t * (size_t)top_k,
                     gates + (size_t)t * (size_t)top_k);
-        for (int32_t e = 0; e < num_experts; e++) {
-            if (!isfinite(row[e])) {
+        for (int32_t e0 = 0; e0 < num_experts; e0 += ROUTE_BLOCK) {
+            const int32_t n = (num_experts - e0 < ROUTE_BLOCK) ? num_experts - e0 : ROUTE_BLOCK;
+            if (!route_block(&rs, row + e0, e0, n)) {
                 return COLIBRI_ERR_NAN;
             }
-            route_push(&rs, e, row[e]);
         }
         float lse = route_finish(&rs);
         if (route_temp != NULL) {
@@ -178,13 +331,16 @@ colibri_status colibri_route(const colibri_model_t *model, const float *input,
         float *g = gates + (size_t)t * (size_t)top_k;
         route_state rs;
         route_begin(&rs, top_k, ids, g);
-        for (int32_t e = 0; e < n_exp; e++) {
-            const float acc = router_dot(model, e, x, d);
-            float logit = (bias != NULL) ? acc + bias[e] : acc;
-            if (!isfinite(logit)) {
+        for (int32_t e0 = 0; e0 < n_exp; e0 += ROUTE_BLOCK) {
+            const int32_t n = (n_exp - e0 < ROUTE_BLOCK) ? n_exp - e0 : ROUTE_BLOCK;
+            float logits[ROUTE_BLOCK];
+            for (int32_t j = 0; j < n; j++) {
+                const float acc = router_dot(model, e0 + j, x, d);
+                logits[j] = (bias != NULL) ? acc + bias[e0 + j] : acc;
+            }
+            if (!route_block(&rs, logits, e0, n)) {
                 return COLIBRI_ERR_NAN;
             }
-            route_push(&rs, e, logit);
         }
         float lse = route_finish(&rs);
         if (route_temp != NULL) {

@@ -1,9 +1,9 @@
 """The numpy mirror of the quantised C kernels (kernels_q.c and the generated FFN kernels).
 
 The mirror repeats the C kernels' arithmetic *in the same fp32 order* (there is no FMA on any
-board: -ffp-contract=off), so integer accumulators and matvec outputs are bit-identical; C's
-``roundf`` (half away from zero) is :func:`colibri.quant.formats.round_half_away`, not
-``np.round`` (half to even). Weight formats are :mod:`colibri.quant.formats`.
+board: -ffp-contract=off), so integer accumulators and matvec outputs are bit-identical; the
+activation quantiser's round half away from zero (16.16 fixed point in C, no libm) is repeated
+in integers, not ``np.round`` (half to even). Weight formats are :mod:`colibri.quant.formats`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from ..quant.formats import (
     QuantTensor,
     f16_to_f32,
     int4_values,
-    round_half_away,
 )
 from .moe import activation, expert_ffn, route
 
@@ -60,14 +59,26 @@ def matvec_q4_f32(blocks: np.ndarray, x: np.ndarray, n_in: int) -> np.ndarray:
 
 
 def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """colibri_quantize_row_q8 on every row: (xq int8 [T, n], sx float32 [T])."""
+    """colibri_quantize_row_q8 on every row: (xq int8 [T, n], sx float32 [T]).
+
+    In float32 as the C does: inv = 127 / amax once per row, v = x * inv, q = round half away
+    from zero of min(|v|, 127) in 16.16 fixed point ((int(|v| * 2^16) + 2^15) >> 16), with the
+    sign bit of v; a row whose amax is NaN or below 2^-120 (127 / amax would overflow) is all
+    zero, sx 0.
+    """
     x = np.asarray(x, dtype=np.float32)
     amax = np.max(np.abs(x), axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
-    sx = (amax / np.float32(Q8_MAX)).astype(np.float32)
-    safe = np.where(sx == 0, np.float32(1), sx).astype(np.float32)
-    v = round_half_away((x / safe[:, None]).astype(np.float32))
-    v = np.where(sx[:, None] == 0, 0, np.clip(v, -Q8_MAX, Q8_MAX))
-    return v.astype(np.int8), sx
+    amax = amax.astype(np.float32)
+    zero = ~(amax >= np.float32(2.0**-120))
+    sx = np.where(zero, np.float32(0), amax / np.float32(Q8_MAX)).astype(np.float32)
+    inv = (np.float32(Q8_MAX) / np.where(zero, np.float32(1), amax)).astype(np.float32)
+    v = (x * inv[:, None]).astype(np.float32)
+    a = np.abs(v)
+    a = np.where(a < np.float32(Q8_MAX), a, np.float32(Q8_MAX)).astype(np.float32)
+    q = ((a * np.float32(65536)).astype(np.int32) + 32768) >> 16
+    q = np.where(np.signbit(v), -q, q)
+    q = np.where(zero[:, None], 0, q)
+    return q.astype(np.int8), sx
 
 
 def dot_q8(q: np.ndarray, xq: np.ndarray) -> np.ndarray:
