@@ -356,6 +356,21 @@ MODEL_CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+#: config.json of the checkpoint mixtral_tensors_1layer() fills.
+MIXTRAL_1LAYER_CONFIG: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_local_experts": 2,
+    "num_experts_per_tok": 1,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 16,
+    "rms_norm_eps": 1e-5,
+}
+
+
 def mixtral_tensors_1layer() -> dict[str, Any]:
     """The tensors of a 1-layer Mixtral (d_model 8, d_ff 16, 2 experts, vocab 16, 2 heads /
     1 kv head) as float32 numpy arrays, seeded: a checkpoint written without torch."""

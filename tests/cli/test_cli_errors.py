@@ -31,7 +31,7 @@ from colibri.frontends.load import save_npy
 from colibri.frontends.seed import write_seed
 from colibri.frontends.toy import make_toy
 from colibri.plan.budget import MAX_ARENA_BYTES, check_budget, check_transformer_budget
-from hf_tiny import mixtral_tensors_1layer
+from hf_tiny import MIXTRAL_1LAYER_CONFIG, mixtral_tensors_1layer
 
 Cli = Callable[..., CompletedProcess[str]]
 
@@ -496,18 +496,7 @@ def test_verify_reports_the_first_problem(cli: Cli, toy: Path, tmp_path: Path) -
 def test_verify_hf_checkpoint(cli: Cli, tmp_path: Path) -> None:
     p = "model.layers.0."
     tensors = mixtral_tensors_1layer()
-    config = {
-        "architectures": ["MixtralForCausalLM"],
-        "hidden_size": 8,
-        "intermediate_size": 16,
-        "num_local_experts": 2,
-        "num_experts_per_tok": 1,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "vocab_size": 16,
-        "rms_norm_eps": 1e-5,
-    }
+    config = dict(MIXTRAL_1LAYER_CONFIG)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps(config))

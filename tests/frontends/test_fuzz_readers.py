@@ -34,7 +34,7 @@ from colibri.frontends.hf import SafetensorsFile, write_safetensors
 from colibri.frontends.load import load_model
 from colibri.frontends.seed import load_config, write_seed
 from colibri.frontends.toy import make_toy
-from hf_tiny import mixtral_tensors_1layer
+from hf_tiny import MIXTRAL_1LAYER_CONFIG, mixtral_tensors_1layer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -201,16 +201,7 @@ TOKENIZER: dict[str, Any] = {
 }
 
 HF_CONFIG: dict[str, Any] = {
-    "architectures": ["MixtralForCausalLM"],
-    "hidden_size": 8,
-    "intermediate_size": 16,
-    "num_local_experts": 2,
-    "num_experts_per_tok": 1,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "vocab_size": 16,
-    "rms_norm_eps": 1e-5,
+    **MIXTRAL_1LAYER_CONFIG,
     "rope_theta": 10000.0,
     "hidden_act": "silu",
     "tie_word_embeddings": False,
