@@ -12,8 +12,17 @@
  *  - int4: colibri_block_q4_32 blocks of 32 weights along the input dimension, one fp16 scale
  *          per block (the 4.5-bit-per-weight layout of ggml's q4_0): w = d * (nibble - 8).
  *
- * Activations are fp32 (the *_f32 kernels) or int8 quantised per token at run time
- * (colibri_quantize_row_q8 + the *_q8 kernels, integer dot products with int32 accumulators).
+ * The kernels assume nothing of how scales and codes were chosen (docs/format.md section 6): an
+ * int4 d may be negative (so a block's largest weight can use the -8 level) or 0, an int8 scale
+ * any finite value; colibri generate picks them by a reconstruction-error search, and with
+ * --calib by the expert's routed tokens (weighted search, a w3 / w2 channel fold, and error
+ * compensation that may store codes other than the nearest ones).
+ *
+ * Activations are fp32 (the *_f32 kernels) or int8 quantised at run time in blocks of
+ * COLIBRI_QK8 = 32 values along the row, one fp32 scale per block (colibri_quantize_row_q8 + the
+ * *_q8 kernels, integer dot products with int32 accumulators per block). A per-block scale keeps
+ * one large activation from flattening the rest of the row to a few levels (llama.cpp's q8_0
+ * activations make the same choice); the int4 weight blocks line up with the activation blocks.
  *
  * Arithmetic order is part of the contract (the numpy reference mirrors it bit for bit; every
  * board compiles with -ffp-contract=off, so there is no fused multiply-add):
@@ -21,12 +30,12 @@
  *                                                                     ; y = acc * s[o] (q8)
  *  - q4 x f32:      acc = 0; for each block b: { bs = 0; for j: bs += (float)(q-8) * x[i] ;
  *                                                acc += bs * d_b }     ; y = acc
- *  - q8 x q8:       isum = sum_i q(o,i) * xq[i] (int32)              ; y = ((float)isum * s[o]) *
- * sx
- *  - q4 x q8:       acc = 0; for each block b: acc += (float)isum_b * d_b ; y = acc * sx
- * where the row quantiser is amax = max|x|, sx = amax / 127, inv = 127 / amax (one division per
- * row), xq = round(x * inv) half away from zero, in 16.16 fixed point without libm (all zero,
- * sx 0, when amax is NaN or below 2^-120).
+ *  - q8 x q8:       acc = 0; for each block b: acc += (float)isum_b * sx[b] ; y = acc * s[o]
+ *  - q4 x q8:       acc = 0; for each block b: acc += (float)isum_b * (d_b * sx[b]) ; y = acc
+ * where isum_b = sum over the block's i of q(o,i) * xq[i] (int32), and the row quantiser, per
+ * block b of 32 values (the last may be shorter), is amax = max|x|, sx[b] = amax / 127,
+ * inv = 127 / amax (one division per block), xq = round(x * inv) half away from zero, in 16.16
+ * fixed point without libm (all zero, sx[b] 0, when amax is NaN or below 2^-120).
  */
 #ifndef COLIBRI_QUANT_H
 #define COLIBRI_QUANT_H
@@ -40,6 +49,12 @@ extern "C" {
 
 /** Weights per int4 block. */
 #define COLIBRI_QK4 32
+
+/** Activations per scale of the int8 activation quantiser (equal to COLIBRI_QK4). */
+#define COLIBRI_QK8 32
+
+/** Scales of a quantised activation row of n values (the last block may be partial). */
+#define COLIBRI_Q8_BLOCKS(n) (((size_t)(n) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)
 
 /** Largest |q| of int8 weights and activations (symmetric: -127..127). */
 #define COLIBRI_Q8_MAX 127
@@ -60,6 +75,7 @@ typedef struct {
 } colibri_block_q4_32;
 
 _Static_assert(sizeof(colibri_block_q4_32) == 18, "colibri_block_q4_32 must be 18 bytes");
+_Static_assert(COLIBRI_QK8 == COLIBRI_QK4, "activation blocks line up with int4 weight blocks");
 _Static_assert(offsetof(colibri_block_q4_32, qs) == 2, "colibri_block_q4_32.qs at offset 2");
 
 /** Blocks of one row of n_in inputs (the last block is zero-padded). */
@@ -81,10 +97,11 @@ void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *
                            int32_t n_in);
 
 /**
- * @brief Quantise one row of activations to int8 (symmetric, per token).
- * @return the scale sx (x ~ sx * xq); 0 when every x is 0.
+ * @brief Quantise one row of n activations to int8, symmetric, one scale per block of
+ *        COLIBRI_QK8 values: x[i] ~ sx[i / COLIBRI_QK8] * xq[i]; a block of zeros has scale 0.
+ * @param sx COLIBRI_Q8_BLOCKS(n) scales out
  */
-float colibri_quantize_row_q8(const float *x, int8_t *xq, int32_t n);
+void colibri_quantize_row_q8(const float *x, int8_t *xq, float *sx, int32_t n);
 
 /** @brief Integer dot product of two int8 vectors, int32 accumulator. */
 int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n);
@@ -92,12 +109,12 @@ int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n);
 /** @brief Integer dot product of one int4 block (n <= 32 weights used) with int8 xq[n]. */
 int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int32_t n);
 
-/** @brief y[o] = ((float)dot(q[o], xq) * scale[o]) * sx. */
-void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, float sx, float *y,
-                          int32_t n_out, int32_t n_in);
+/** @brief y[o] = (sum_b (float)dot(q[o]_b, xq_b) * sx[b]) * scale[o], blocks of COLIBRI_QK8. */
+void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t n_out, int32_t n_in);
 
-/** @brief y[o] = (sum_b (float)dot(block_b, xq_b) * d_b) * sx. */
-void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, float sx, float *y,
+/** @brief y[o] = sum_b (float)dot(block_b, xq_b) * (d_b * sx[b]). */
+void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t n_out, int32_t n_in);
 
 #ifdef __cplusplus

@@ -124,10 +124,11 @@ void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *
     }
 }
 
-float colibri_quantize_row_q8(const float *x, int8_t *xq, int32_t n)
+/* One block of n <= COLIBRI_QK8 values: codes into xq, returns the block's scale. */
+static float quantize_block_q8(const float *x, int8_t *xq, int32_t n)
 {
     /* max |x| on the bits: for non-negative floats the integer order is the float order (a NaN
-     * is above every number, so a row holding one quantises to zero below) */
+     * is above every number, so a block holding one quantises to zero below) */
     uint32_t abits = 0;
     for (int32_t i = 0; i < n; i++) {
         uint32_t b;
@@ -143,7 +144,7 @@ float colibri_quantize_row_q8(const float *x, int8_t *xq, int32_t n)
         }
         return 0.0f;
     }
-    /* One division per row. |v| <= 127 * (1 + 2^-23) < 127.5, so the clamp below changes no
+    /* One division per block. |v| <= 127 * (1 + 2^-23) < 127.5, so the clamp below changes no
      * rounded value; it also keeps the conversion defined when x holds an infinity. */
     const float inv = (float)COLIBRI_Q8_MAX / amax;
     for (int32_t i = 0; i < n; i++) {
@@ -159,6 +160,14 @@ float colibri_quantize_row_q8(const float *x, int8_t *xq, int32_t n)
         xq[i] = (int8_t)((q ^ neg) - neg);
     }
     return amax / (float)COLIBRI_Q8_MAX;
+}
+
+void colibri_quantize_row_q8(const float *x, int8_t *xq, float *sx, int32_t n)
+{
+    for (int32_t i0 = 0, b = 0; i0 < n; i0 += COLIBRI_QK8, b++) {
+        const int32_t m = (n - i0 < COLIBRI_QK8) ? n - i0 : COLIBRI_QK8;
+        sx[b] = quantize_block_q8(x + i0, xq + i0, m);
+    }
 }
 
 #if defined(COLIBRI_HAVE_SIMD32)
@@ -187,7 +196,10 @@ static inline int32_t colibri_dot4_simd32(uint32_t wa, uint32_t wb, int32_t acc)
 }
 #endif
 
-int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n)
+/* The integer dot product, inlined where n is a constant (full blocks of COLIBRI_QK8), so the
+ * compiler drops the loops that cannot run. */
+static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *a, const int8_t *b,
+                                                            int32_t n)
 {
     int32_t acc = 0;
     int32_t i = 0;
@@ -247,6 +259,27 @@ int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n)
     return acc;
 }
 
+int32_t colibri_dot_q8(const int8_t *a, const int8_t *b, int32_t n)
+{
+    return dot_q8(a, b, n);
+}
+
+/* One full block of COLIBRI_QK8 int8 products. On the 32-bit SIMD cores it is unrolled whole
+ * (16 SXTB16 pairs, 16 SMLADs, no loop counter), which pays for the block's scale multiply. */
+static inline __attribute__((always_inline)) int32_t dot_q8_block(const int8_t *a, const int8_t *b)
+{
+#if defined(COLIBRI_HAVE_SIMD32) && !defined(COLIBRI_DOT_MVE)
+    int32_t acc = 0;
+#pragma GCC unroll 8
+    for (int32_t j = 0; j < COLIBRI_QK8; j += 4) {
+        acc = colibri_dot4_simd32(colibri_load4(a + j), colibri_load4(b + j), acc);
+    }
+    return acc;
+#else
+    return dot_q8(a, b, COLIBRI_QK8);
+#endif
+}
+
 int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int32_t n)
 {
     int32_t acc = 0;
@@ -279,16 +312,28 @@ int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int3
     return acc;
 }
 
-void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, float sx, float *y,
-                          int32_t n_out, int32_t n_in)
+void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t n_out, int32_t n_in)
 {
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t tail = n_in - full * COLIBRI_QK8;
     for (int32_t o = 0; o < n_out; o++) {
-        const int32_t isum = colibri_dot_q8(q + (size_t)o * (size_t)n_in, xq, n_in);
-        y[o] = ((float)isum * scale[o]) * sx;
+        const int8_t *row = q + (size_t)o * (size_t)n_in;
+        float acc = 0.0f;
+        int32_t b = 0;
+        for (; b < full; b++) {
+            const size_t i0 = (size_t)b * COLIBRI_QK8;
+            acc += (float)dot_q8_block(row + i0, xq + i0) * sx[b];
+        }
+        if (tail > 0) {
+            const size_t i0 = (size_t)b * COLIBRI_QK8;
+            acc += (float)dot_q8(row + i0, xq + i0, tail) * sx[b];
+        }
+        y[o] = acc * scale[o];
     }
 }
 
-void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, float sx, float *y,
+void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t n_out, int32_t n_in)
 {
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
@@ -298,8 +343,9 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, float 
         for (size_t b = 0; b < nb; b++) {
             const int32_t i0 = (int32_t)(b * COLIBRI_QK4);
             const int32_t n = (n_in - i0 < COLIBRI_QK4) ? n_in - i0 : COLIBRI_QK4;
-            acc += (float)colibri_dot_q4_q8(&row[b], xq + i0, n) * colibri_f16_to_f32(row[b].d);
+            const float d = colibri_f16_to_f32(row[b].d);
+            acc += (float)colibri_dot_q4_q8(&row[b], xq + i0, n) * (d * sx[b]);
         }
-        y[o] = acc * sx;
+        y[o] = acc;
     }
 }

@@ -23,9 +23,11 @@ from colibri.quant.formats import (
     BLOCK_Q4_DTYPE,
     LAYER_TOLERANCE,
     QK4,
+    QK8,
     SCHEMES,
     f16_to_f32,
     make_plan,
+    q8_blocks,
     quantize_fp16,
     quantize_int4_blocks,
     quantize_int8_per_channel,
@@ -33,6 +35,8 @@ from colibri.quant.formats import (
     quantize_matrix,
     round_half_away,
 )
+from colibri.quant.model import quantize_moe_layer
+from colibri.reference.calibration import layer_calibration
 from colibri.reference.kernels import (
     dot_q4_q8,
     dot_q8,
@@ -126,7 +130,7 @@ def kq(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))
     lib.colibri_f16_to_f32.restype = ctypes.c_float
     lib.colibri_f16_to_f32.argtypes = [ctypes.c_uint16]
-    lib.colibri_quantize_row_q8.restype = ctypes.c_float
+    lib.colibri_quantize_row_q8.restype = None
     lib.colibri_dot_q8.restype = ctypes.c_int32
     lib.colibri_dot_q4_q8.restype = ctypes.c_int32
     return lib
@@ -164,10 +168,17 @@ def test_integer_accumulators_bit_exact(kq: ctypes.CDLL, shape: tuple[int, int])
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     x = (rng.standard_normal((1, n_in)) * 3).astype(np.float32)
     x[0, 0] = 0.0
+    x[0, 32:64] = 0.0  # a block of zeros: scale 0
+    x[0, min(70, n_in - 1)] = 40.0  # one outlier: only its own block's scale grows
     xq = np.zeros(n_in, np.int8)
-    sx = kq.colibri_quantize_row_q8(_p(x), _p(xq), n_in)
+    sx = np.full(q8_blocks(n_in), np.nan, np.float32)
+    kq.colibri_quantize_row_q8(_p(x), _p(xq), _p(sx), n_in)
     ref_xq, ref_sx = quantize_rows_q8(x)
-    assert np.array_equal(xq, ref_xq[0]) and np.float32(sx) == ref_sx[0]
+    assert np.array_equal(xq, ref_xq[0])
+    _same_bits(sx, ref_sx[0], "block scales")
+    for b in range(q8_blocks(n_in)):  # every block's largest |x| maps to +-127 (or is zero)
+        blk = np.abs(xq[b * QK8 : (b + 1) * QK8].astype(np.int32))
+        assert blk.max() == (127 if sx[b] > 0 else 0), (b, blk.max(), sx[b])
     q, _ = quantize_int8_per_channel(w)
     acc8 = [kq.colibri_dot_q8(_p(q[o]), _p(xq), n_in) for o in range(n_out)]
     assert acc8 == dot_q8(q, ref_xq)[0].tolist()
@@ -185,8 +196,9 @@ def test_integer_accumulators_bit_exact(kq: ctypes.CDLL, shape: tuple[int, int])
 def test_zero_row_quantises_to_zero(kq: ctypes.CDLL) -> None:
     x = np.zeros((1, 7), np.float32)
     xq = np.ones(7, np.int8)
-    assert kq.colibri_quantize_row_q8(_p(x), _p(xq), 7) == 0.0
-    assert not xq.any() and not quantize_rows_q8(x)[0].any()
+    sx = np.ones(1, np.float32)
+    kq.colibri_quantize_row_q8(_p(x), _p(xq), _p(sx), 7)
+    assert sx[0] == 0.0 and not xq.any() and not quantize_rows_q8(x)[0].any()
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -197,7 +209,7 @@ def test_matvec_outputs_bit_exact(kq: ctypes.CDLL, shape: tuple[int, int]) -> No
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     y = np.zeros(n_out, np.float32)
     xq, sx = quantize_rows_q8(x)
-    c_sx = ctypes.c_float(float(sx[0]))
+    c_sx = _p(np.ascontiguousarray(sx[0]))
 
     w16 = np.ascontiguousarray(quantize_fp16(w))
     kq.colibri_matvec_f16_f32(_p(w16), _p(x), _p(y), n_out, n_in)
@@ -340,7 +352,8 @@ def test_sharing_map_saves_75_percent(tmp_path: Path) -> None:
     assert lay["unique_experts"] == 2 and lay["sharing_saved_percent"] == 75.0
     assert [e["bytes"] > 0 for e in man["experts"]] == [i in (0, 4) for i in range(8)]
     out, _ = run_model(tmp_path / "s", "host", x)
-    ref, ids = quant_moe_forward(layer, quantize_layer(layer, make_plan(8, "int8")), x)
+    stored = quantize_moe_layer(layer, "int8", calib=layer_calibration(layer, x)).experts
+    ref, ids = quant_moe_forward(layer, stored, x)  # calib=x calibrates the stored experts
     assert compare(out.output, ref, LAYER_TOLERANCE[("int8", "int8")]) is None
     text = (tmp_path / "s" / "colibri_weights.c").read_text()
     assert "s_e0_w1" in text and "s_e1_w1" not in text and "(also used by experts 1, 2, 3)" in text

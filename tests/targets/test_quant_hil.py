@@ -61,7 +61,9 @@ def test_heat_placement_is_bit_identical_and_pins_hot_experts(board: str, tmp_pa
     outputs = []
     for tag, kw in (("plain", {}), ("hot", {"ram_budget": 8000})):
         opts = GenerateOptions(board=board, name=tag, quant="int8", **kw)  # type: ignore[arg-type]
-        _, man = generate(layer, tmp_path / tag, opts, calib=calib if kw else None)
+        # the same calibration for both: it also chooses the int8 scales (issue 15), so only
+        # the placement differs between the two builds
+        _, man = generate(layer, tmp_path / tag, opts, calib=calib)
         out, _ = run_model(tmp_path / tag, board, x)
         outputs.append(out.output)
     assert np.array_equal(outputs[0], outputs[1]), "placement changed the numbers"

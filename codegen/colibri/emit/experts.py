@@ -1,9 +1,9 @@
 """The expert kernels: one description of a quantised expert's FFN kernel for every model kind.
 
 A quantised expert runs a generated FFN kernel with its dimensions fixed (colibri_quant.h
-matvecs, activations quantised per token to int8 in the arena's ``act_q`` row when its mode is
-int8). Whether the expert sits in a lone MoE layer or in layer 17 of a transformer, the kernel
-is described by :func:`ffn_kernel` and written by the one macro ``ffn_kernel`` of
+matvecs, activations quantised to int8 per block of 32 in the arena's ``act_q`` row when its
+mode is int8). Whether the expert sits in a lone MoE layer or in layer 17 of a transformer, the
+kernel is described by :func:`ffn_kernel` and written by the one macro ``ffn_kernel`` of
 ``templates/common/experts.j2``; only what differs is a parameter: a lone layer's kernel takes
 bias pointers and its dimensions from the header's macros, a transformer's SwiGLU experts have
 no biases and one kernel per d_ff.

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
+from ..plan.memory import act_q_codes_offset
 from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES
 from ..quant.model import LayerQuant
@@ -142,6 +143,7 @@ def render_layer(
         "ffn_kinds": ffn_kinds,
         "variants": variants,
         "act_q": act_q,
+        "act_q_codes": act_q_codes_offset(max(c.d_model, c.d_ff)),
         "cache": options.cache,
         "n_slots": n_slots,
         "slot_floats": slot_floats,

@@ -12,7 +12,7 @@ tables of ``max_context`` positions. Deterministic.
 With ``--quant fp16|int8|int4`` every MoE layer's routed experts are stored in that scheme
 (colibri.quant.formats, output-channel-major) and run by generated per-expert kernels
 (``<name>_l<L>_expert_<J>``, weights baked in) on the colibri_quant.h matvecs, activations
-quantised per token to int8 in an ``act_q`` arena row (``--act fp32`` keeps them float). The
+quantised to int8 per block of 32 in an ``act_q`` arena row (``--act fp32`` keeps them float). The
 numpy mirror is :func:`colibri.reference.transformer.forward` with the same
 :func:`~colibri.quant.model.quantize_transformer`. ``--dense-quant fp16|int8`` stores every
 other matrix in that scheme too (attention q/k/v/o, the shared expert / dense MLPs through the
@@ -30,7 +30,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ir.transformer import MoETransformer, all_tensors, transformer_hash
-from ..plan.memory import TransformerPlan, max_top_k
+from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
+from ..plan.model import transformer_act_q
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
@@ -248,6 +249,7 @@ def render_transformer(
         "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
         "ffn_kinds": [kinds[k] for k in sorted(kinds)],
         "act_q": plan.region_size("act_q"),
+        "act_q_codes": act_q_codes_offset(transformer_act_q(model, q)),
         "weight_bytes": weight_bytes,
         "layers": layers,
         "moes": moes,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..ir.moe import MoEConfig
 from ..ir.transformer import MoETransformer
+from ..quant.formats import q8_blocks
 
 ALIGN = 16
 
@@ -101,6 +102,22 @@ class MemoryPlan(ArenaPlan):
     max_tokens: int = 0
 
 
+def act_q_codes_offset(n: int) -> int:
+    """Offset of the int8 codes in the quantised activation row of n values: the row holds its
+    fp32 block scales first (COLIBRI_Q8_BLOCKS(n) of them, so they stay 4-byte aligned), then
+    the n codes."""
+    return 4 * q8_blocks(n)
+
+
+def act_q_bytes(n: int) -> int:
+    """Bytes of the quantised activation row of n values (scales, then codes)."""
+    return act_q_codes_offset(n) + n
+
+
+def _act_q_what(n: int) -> str:
+    return f"float[{q8_blocks(n)}] block scales + int8[{n}] quantised activation row"
+
+
 def plan_memory(
     c: MoEConfig,
     max_tokens: int,
@@ -113,8 +130,8 @@ def plan_memory(
 
     slots: expert cache slots of an LRU/NONE static model (they must follow the workspace,
     where colibri_init_static carves them), each of slot_floats floats (0: the fp32 expert
-    size, COLIBRI_EXPERT_FLOATS); act_q: an int8 row buffer for the per-token
-    quantised activations of integer kernels (max(d_model, d_ff) bytes)."""
+    size, COLIBRI_EXPERT_FLOATS); act_q: the quantised activation row of integer
+    kernels (max(d_model, d_ff) values: :func:`act_q_bytes`)."""
     t, d, k = max_tokens, c.d_model, c.top_k
     items = [
         ("input", 4 * t * d, f"float[{t}][{d}] token chunk"),
@@ -138,7 +155,7 @@ def plan_memory(
         )
     if act_q:
         n = max(c.d_model, c.d_ff)
-        items.append(("act_q", n, f"int8[{n}] per-token quantised activations"))
+        items.append(("act_q", act_q_bytes(n), _act_q_what(n)))
     return MemoryPlan(regions=lay_out(items), max_tokens=max_tokens)
 
 
@@ -198,7 +215,7 @@ class TransformerPlan(ArenaPlan):
 
 def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) -> TransformerPlan:
     """Lay out the arena of a transformer with a KV cache of max_context positions; act_q > 0
-    adds the int8 row of the quantised experts' per-token activations (that many bytes)."""
+    adds the quantised activation row of that many values (:func:`act_q_bytes`)."""
     c = model.config
     d, hq, hkv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     k = max_top_k(model)
@@ -228,11 +245,7 @@ def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) ->
             sample_workspace_bytes(c.vocab_size),
             "sampler workspace (COLIBRI_SAMPLE_WORKSPACE_BYTES)",
         ),
-        *(
-            [("act_q", act_q, f"int8[{act_q}] quantised activation row (int8 experts)")]
-            if act_q
-            else []
-        ),
+        *([("act_q", act_q_bytes(act_q), _act_q_what(act_q))] if act_q else []),
         (
             "kv_cache",
             kv_cache_bytes(model, max_context),

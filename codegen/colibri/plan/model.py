@@ -96,7 +96,7 @@ def plan_layer(
 
 
 def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
-    """Bytes of the int8 row that quantised matrices with int8 activations need: the widest
+    """Values of the int8 row that quantised matrices with int8 activations need: the widest
     input they quantise (expert / FFN inputs and hidden rows, attention inputs); 0 for none."""
     if q is None:
         return 0

@@ -10,7 +10,8 @@ Schemes (one per expert, chosen per model and overridable per expert):
 
 Quantised tensors are stored output-channel-major (``w.T`` of the seed layout) so every
 output is a dot product over contiguous memory. Activations stay fp32 (``act="fp32"``) or are
-quantised per token to int8 at run time (``act="int8"``, integer dot products).
+quantised to int8 at run time, one scale per block of QK8 = 32 values (``act="int8"``, integer
+dot products per block).
 
 The formats are defined once in C (runtime_c/include/colibri_quant.h) and mirrored here as
 numpy dtypes (:data:`BLOCK_Q4_DTYPE`); tests/test_quant.py reads the C sizes and offsets
@@ -37,6 +38,7 @@ ACT_MODES: tuple[str, ...] = ("fp32", "int8")
 DEFAULT_ACT: dict[str, str] = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int8"}
 
 QK4 = 32  # COLIBRI_QK4
+QK8 = 32  # COLIBRI_QK8: activations per scale of the int8 activation quantiser
 Q8_MAX = 127  # COLIBRI_Q8_MAX
 FP16_MAX = 65504.0
 
@@ -134,6 +136,11 @@ def dequantize_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 # -- int4, blocks of 32 along the input --------------------------------------------------------
+
+
+def q8_blocks(n: int) -> int:
+    """COLIBRI_Q8_BLOCKS: scales of a quantised activation row of n values."""
+    return (n + QK8 - 1) // QK8
 
 
 def q4_blocks(n_in: int) -> int:

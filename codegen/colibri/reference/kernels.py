@@ -16,11 +16,13 @@ from ..ir.moe import MoELayer
 from ..quant.formats import (
     Q8_MAX,
     QK4,
+    QK8,
     QuantExpert,
     QuantRouter,
     QuantTensor,
     f16_to_f32,
     int4_values,
+    q8_blocks,
 )
 from .moe import activation, expert_ffn, route
 
@@ -59,26 +61,43 @@ def matvec_q4_f32(blocks: np.ndarray, x: np.ndarray, n_in: int) -> np.ndarray:
 
 
 def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """colibri_quantize_row_q8 on every row: (xq int8 [T, n], sx float32 [T]).
+    """colibri_quantize_row_q8 on every row: (xq int8 [T, n], sx float32 [T, blocks]).
 
-    In float32 as the C does: inv = 127 / amax once per row, v = x * inv, q = round half away
+    One scale per block of QK8 = 32 values along the row (the last block may be shorter). In
+    float32 as the C does: inv = 127 / amax once per block, v = x * inv, q = round half away
     from zero of min(|v|, 127) in 16.16 fixed point ((int(|v| * 2^16) + 2^15) >> 16), with the
-    sign bit of v; a row whose amax is NaN or below 2^-120 (127 / amax would overflow) is all
-    zero, sx 0.
+    sign bit of v; a block whose amax is NaN or below 2^-120 (127 / amax would overflow) is all
+    zero, scale 0.
     """
     x = np.asarray(x, dtype=np.float32)
-    amax = np.max(np.abs(x), axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
-    amax = amax.astype(np.float32)
+    t, n = x.shape
+    nb = q8_blocks(n)
+    padded = np.zeros((t, nb * QK8), dtype=np.float32)
+    padded[:, :n] = x
+    blocks = padded.reshape(t, nb, QK8)
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.abs(blocks), axis=2).astype(np.float32)  # NaN propagates, as in C
     zero = ~(amax >= np.float32(2.0**-120))
     sx = np.where(zero, np.float32(0), amax / np.float32(Q8_MAX)).astype(np.float32)
     inv = (np.float32(Q8_MAX) / np.where(zero, np.float32(1), amax)).astype(np.float32)
-    v = (x * inv[:, None]).astype(np.float32)
+    v = (blocks * inv[:, :, None]).astype(np.float32)
     a = np.abs(v)
-    a = np.where(a < np.float32(Q8_MAX), a, np.float32(Q8_MAX)).astype(np.float32)
-    q = ((a * np.float32(65536)).astype(np.int32) + 32768) >> 16
+    with np.errstate(invalid="ignore"):
+        a = np.where(a < np.float32(Q8_MAX), a, np.float32(Q8_MAX)).astype(np.float32)
+        q = ((a * np.float32(65536)).astype(np.int32) + 32768) >> 16
     q = np.where(np.signbit(v), -q, q)
-    q = np.where(zero[:, None], 0, q)
-    return q.astype(np.int8), sx
+    q = np.where(zero[:, :, None], 0, q)
+    return q.reshape(t, nb * QK8)[:, :n].astype(np.int8), sx
+
+
+def _block_dots(vals: np.ndarray, xq: np.ndarray, n_in: int) -> np.ndarray:
+    """Integer sums per block of QK8 inputs of vals [out, in] and xq [T, in]: int32 [T, out, nb]."""
+    nb = q8_blocks(n_in)
+    out = np.zeros((xq.shape[0], vals.shape[0], nb), dtype=np.int32)
+    for b in range(nb):
+        lo, hi = b * QK8, min(n_in, (b + 1) * QK8)
+        out[:, :, b] = xq[:, lo:hi].astype(np.int32) @ vals[:, lo:hi].astype(np.int32).T
+    return out
 
 
 def dot_q8(q: np.ndarray, xq: np.ndarray) -> np.ndarray:
@@ -88,29 +107,27 @@ def dot_q8(q: np.ndarray, xq: np.ndarray) -> np.ndarray:
 
 def dot_q4_q8(blocks: np.ndarray, xq: np.ndarray, n_in: int) -> np.ndarray:
     """Integer accumulators of colibri_dot_q4_q8 per block: int32 [T, out, nb]."""
-    vals = int4_values(blocks, n_in).astype(np.int32)
-    nb = blocks.shape[1]
-    out = np.zeros((xq.shape[0], blocks.shape[0], nb), dtype=np.int32)
-    for b in range(nb):
-        lo, hi = b * QK4, min(n_in, (b + 1) * QK4)
-        out[:, :, b] = xq[:, lo:hi].astype(np.int32) @ vals[:, lo:hi].T
-    return out
+    return _block_dots(int4_values(blocks, n_in), xq, n_in)
 
 
 def matvec_q8_q8(q: np.ndarray, scale: np.ndarray, xq: np.ndarray, sx: np.ndarray) -> np.ndarray:
-    """colibri_matvec_q8_q8: ((float)isum * scale[o]) * sx."""
-    isum = dot_q8(q, xq).astype(np.float32)
-    return ((isum * scale[None, :]).astype(np.float32) * sx[:, None]).astype(np.float32)
+    """colibri_matvec_q8_q8: acc += (float)isum_b * sx[b] over the blocks; y = acc * scale[o]."""
+    isum = _block_dots(q, xq, q.shape[1]).astype(np.float32)
+    acc = np.zeros(isum.shape[:2], dtype=np.float32)
+    for b in range(isum.shape[2]):
+        acc += isum[:, :, b] * sx[:, b, None]
+    return (acc * scale[None, :]).astype(np.float32)
 
 
 def matvec_q4_q8(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) -> np.ndarray:
-    """colibri_matvec_q4_q8: (sum_b (float)isum_b * d_b) * sx, blocks in order."""
+    """colibri_matvec_q4_q8: acc += (float)isum_b * (d_b * sx[b]) over the blocks in order."""
     isum = dot_q4_q8(blocks, xq, n_in).astype(np.float32)
     d = f16_to_f32(blocks["d"])
     acc = np.zeros(isum.shape[:2], dtype=np.float32)
     for b in range(blocks.shape[1]):
-        acc += isum[:, :, b] * d[None, :, b]
-    return (acc * sx[:, None]).astype(np.float32)
+        ds = (d[None, :, b] * sx[:, b, None]).astype(np.float32)
+        acc += isum[:, :, b] * ds
+    return acc
 
 
 def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
