@@ -1,8 +1,10 @@
 """What `colibri generate` is asked for: one options object that every stage reads.
 
-A lone MoE layer uses ``max_tokens`` (tokens per chunk), the cache options, ``calib`` and
-``ram_budget``; a whole transformer uses ``max_context`` and ``dense_quant``. ``quant``, ``act``
-and ``router_quant`` apply to both. :meth:`GenerateOptions.as_dict` is what the manifest records.
+A lone MoE layer uses ``max_tokens`` (tokens per chunk), the cache options and ``ram_budget``;
+a whole transformer uses ``max_context`` and ``dense_quant``. ``quant``, ``act``,
+``router_quant``, ``scale_search`` and ``calib`` (a layer: [T, d_model] activations; a
+transformer: token ids or text) apply to both. :meth:`GenerateOptions.as_dict` is what the
+manifest records.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class GenerateOptions:
     #: of every matrix besides the routed experts and routers.
     max_context: int | None = None
     dense_quant: str = "fp32"
+    #: How int8 / int4 scales are chosen: "mse" (search, the default) or "none" (plain).
+    scale_search: str = "mse"
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,6 +61,7 @@ class GenerateOptions:
             "router_quant": (self.router_quant, "fp32"),
             "max_context": (self.max_context, None),
             "dense_quant": (self.dense_quant, "fp32"),
+            "scale_search": (self.scale_search, "mse"),
         }
         for key, (value, default) in extra.items():
             if value != default:

@@ -16,6 +16,7 @@ from colibri.frontends.toy import make_toy
 from colibri.options import GenerateOptions
 from colibri.quant.formats import BLOCK_Q4_DTYPE, QuantTensor, q8_channel_dtype
 from colibri.quant.model import quantize_moe_layer
+from colibri.reference.calibration import layer_calibration
 from conftest import ROOT, require_board
 from elftools.elf.elffile import ELFFile
 
@@ -85,7 +86,8 @@ def test_blob_symbols_hold_the_quantised_tensors(board: str, tmp_path: Path) -> 
     assert len(blob) >= manifest["memory"]["weight_bytes"]
     syms = _compile(board, gen, tmp_path)
 
-    q = quantize_moe_layer(layer, "int8", "1=int4,2=fp16,3=fp32", None, "int8")
+    stats = layer_calibration(layer, calib)  # calib calibrates the stored experts
+    q = quantize_moe_layer(layer, "int8", "1=int4,2=fp16,3=fp32", None, "int8", calib=stats)
     placement = {e["expert"]: e["placement"] for e in manifest["experts"]}
     assert "ram" in placement.values() and "flash" in placement.values()
     checked = 0

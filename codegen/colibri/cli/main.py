@@ -107,15 +107,15 @@ def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
         others = {
             "--expert-quant": a.expert_quant is not None,
             "--cache": a.cache != "pinned",
-            "--calib": a.calib is not None,
             "--ram-budget": a.ram_budget is not None,
         }
         given = [opt for opt, on in others.items() if on]
         if given:
             raise ConfigError(
                 f"{', '.join(given)}: single MoE layer options (pass --layer N); a whole "
-                f"transformer takes --quant and --act for its routed experts, --router-quant "
-                f"for its routers and --dense-quant for its other matrices"
+                f"transformer takes --quant, --act and --calib (token ids or text) for its routed "
+                f"experts, --router-quant for its routers and --dense-quant for its other "
+                f"matrices"
             )
         return
     whole_only = [
@@ -159,10 +159,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
         router_quant=a.router_quant,
         max_context=a.max_context,
         dense_quant=a.dense_quant,
+        scale_search=a.scale_search,
     )
     out, manifest = generate(model, a.out, opts, force=a.force)
     if isinstance(model, MoETransformer):
         _print_transformer_summary(out, board.name, model, manifest)
+        if "accuracy" in manifest:
+            from ..reference.accuracy import format_accuracy
+
+            print(format_accuracy(manifest["accuracy"]))
         return 0
     from ..plan.placement import format_placement_report
     from ..reference.accuracy import format_accuracy
@@ -506,9 +511,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--calib",
-        metavar="X.npy",
-        help="[T, d_model] calibration tokens for the accuracy report and routing heat "
-        "(default: 64 seeded random tokens, no heat-based placement)",
+        metavar="FILE",
+        help="calibration data: int8 / int4 experts are chosen by their error on the tokens "
+        "routed to them (activation-aware scales), and the accuracy report and routing heat use "
+        "it. A single MoE layer: [T, d_model] float32 .npy (default: 64 seeded random tokens "
+        "for the report, no calibration); a whole transformer: token ids (integer .npy, 1-D or "
+        "[N, T]) or a UTF-8 text file (tokenized with the checkpoint's tokenizer.json)",
+    )
+    s.add_argument(
+        "--scale-search",
+        choices=("mse", "none"),
+        default="mse",
+        help="int8 / int4 scales: mse (default) searches each int4 block's / int8 channel's "
+        "scale for the least reconstruction error; none: the plain max|w| / 7 (int4) and "
+        "max|w| / 127 (int8)",
     )
     s.add_argument(
         "--cache",

@@ -1,11 +1,14 @@
 """`colibri generate` as one pipeline: its stages in order, data flowing one way.
 
-    load -> IR -> quantise -> analyse -> plan (memory, placement) -> emit -> budget -> write
+    load -> IR -> [calibrate] -> quantise -> analyse -> plan (memory, placement) -> emit ->
+    budget -> write
 
 Each stage is a pure function of the previous stages' results (:mod:`colibri.frontends`,
 :mod:`colibri.quant`, :mod:`colibri.reference`, :mod:`colibri.plan`, :mod:`colibri.emit`); the
 budget check reads the byte counts the emitter recorded, before anything is written, and the
-output directory appears atomically or not at all.
+output directory appears atomically or not at all. With --calib the reference stage first
+collects each expert's calibration statistics (:mod:`colibri.reference.calibration`), which the
+quantisation stage uses.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..boards import load_board
 from ..emit.layer import render_layer
 from ..emit.output import FileContent, write_output
 from ..emit.transformer import check_supported, render_transformer
+from ..errors import ConfigError
 from ..frontends.hf import is_hf_checkpoint
 from ..frontends.hf_model import load_transformer
 from ..frontends.load import load_model
@@ -28,8 +32,10 @@ from ..ir.transformer import MoETransformer
 from ..options import DEFAULT_MAX_CONTEXT, GenerateOptions
 from ..plan.budget import check_layer_budget, check_transformer_budget
 from ..plan.model import plan_layer, plan_whole_transformer
-from ..quant.model import quantize_moe_layer, quantize_transformer_as_asked
-from ..reference.accuracy import analyse_layer
+from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
+from ..quant.model import TransformerQuant, quantize_moe_layer, quantize_transformer_as_asked
+from ..reference.accuracy import analyse_layer, load_calib, transformer_accuracy
+from ..reference.calibration import layer_calibration, load_calib_ids, transformer_calibration
 
 #: What `generate` compiles: one MoE layer, or a whole decoder.
 Model = MoELayer | MoETransformer
@@ -45,6 +51,34 @@ def load(
     return load_model(path, config, layer)
 
 
+def quantise_transformer(
+    model: MoETransformer, options: GenerateOptions, calib: np.ndarray | None = None
+) -> tuple[TransformerQuant | None, dict[int, LayerCalib] | None]:
+    """The calibrate + quantise stages of a whole transformer as `generate` runs them: the
+    quantised weights (None: all fp32) and the calibration statistics (None without --calib).
+    benchmarks/accuracy_table.py runs the numpy mirror on exactly this."""
+    max_context = DEFAULT_MAX_CONTEXT if options.max_context is None else options.max_context
+    source = calib if calib is not None else options.calib
+    tstats: dict[int, LayerCalib] | None = None
+    if source is not None:
+        if options.quant not in CALIBRATED_SCHEMES:
+            raise ConfigError(
+                f"--calib calibrates the routed experts' int8 / int4 scales, but --quant is "
+                f"{options.quant}: pass --quant int8 or --quant int4 (or drop --calib)"
+            )
+        tstats = transformer_calibration(model, load_calib_ids(source, model, max_context))
+    q = quantize_transformer_as_asked(
+        model,
+        options.quant,
+        options.act,
+        options.dense_quant,
+        options.router_quant,
+        options.scale_search,
+        tstats,
+    )
+    return q, tstats
+
+
 def render(
     model: Model, options: GenerateOptions, calib: np.ndarray | None = None
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
@@ -53,15 +87,29 @@ def render(
     if isinstance(model, MoETransformer):
         check_supported(model)
         max_context = DEFAULT_MAX_CONTEXT if options.max_context is None else options.max_context
-        q = quantize_transformer_as_asked(
-            model, options.quant, options.act, options.dense_quant, options.router_quant
-        )
+        q, tstats = quantise_transformer(model, options, calib)
         tplan = plan_whole_transformer(model, q, max_context)
-        return render_transformer(model, q, tplan, board.name, options.name)
+        files, manifest = render_transformer(model, q, tplan, board.name, options.name)
+        if q is not None and options.scale_search != "mse":
+            manifest["options"]["scale_search"] = options.scale_search
+        if q is not None and tstats is not None:
+            manifest["options"]["calib"] = str(options.calib or "(array)")
+            manifest["accuracy"] = transformer_accuracy(model, q, tstats)
+        return files, manifest
+    stats = None
+    if calib is not None or options.calib is not None:
+        calib = load_calib(options, calib, model.config.d_model)
+        stats = layer_calibration(model, calib)
     lq = quantize_moe_layer(
-        model, options.quant, options.expert_quant, options.act, options.router_quant
+        model,
+        options.quant,
+        options.expert_quant,
+        options.act,
+        options.router_quant,
+        options.scale_search,
+        stats,
     )
-    analysis = analyse_layer(model, lq, options, calib)
+    analysis = analyse_layer(model, lq, options, calib, stats)
     lplan = plan_layer(model, lq, analysis, board, options)
     return render_layer(model, lq, analysis, lplan, options)
 

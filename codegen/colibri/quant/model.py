@@ -8,6 +8,11 @@ scheme (``--quant``, per expert ``--expert-quant``, activations ``--act``) and t
 matrix: attention q/k/v/o, Qwen's shared expert and dense MLPs, the token embedding and the LM
 head (one table when tied); routers on request. Norms, biases and the shared expert's gate stay
 fp32. :func:`colibri.reference.transformer.forward` runs the result through the kernels' mirror.
+
+int8 / int4 scales come from the scale search (``--scale-search mse``, the default; ``none``:
+the plain method), and with calibration statistics (``--calib``, per MoE layer a
+:class:`~colibri.quant.calib.LayerCalib`) every routed expert that calibration hit is chosen by
+its measured output error (:func:`colibri.quant.calib.quantize_expert_calibrated`).
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
+from .calib import LayerCalib, quantize_expert_calibrated
 from .formats import (
+    DEFAULT_SCALE_SEARCH,
     QuantExpert,
     QuantPlan,
     QuantRouter,
     QuantTensor,
     check_router_scheme,
+    check_scale_search,
     check_scheme,
     make_plan,
     quantize_expert,
@@ -49,17 +57,46 @@ class LayerQuant:
         )
 
 
+def quantize_experts(
+    layer: MoELayer,
+    plan: QuantPlan,
+    search: str = DEFAULT_SCALE_SEARCH,
+    calib: LayerCalib | None = None,
+) -> dict[int, QuantExpert]:
+    """Every stored expert of the layer in its plan's scheme (keyed by the storing expert's
+    index), calibrated by `calib` when given (experts it never hit as without)."""
+    check_scale_search(search)
+    if calib is None:
+        return quantize_layer(layer, plan, search)
+    out: dict[int, QuantExpert] = {}
+    for idx in sorted(set(layer.storage_map())):
+        out[idx] = quantize_expert_calibrated(
+            layer.experts[idx],
+            plan.schemes[idx],
+            plan.acts[idx],
+            calib.experts.get(idx),
+            calib.run,
+            layer.config.gated,
+            f"expert.{idx}",
+            search,
+        )
+    return out
+
+
 def quantize_moe_layer(
     layer: MoELayer,
     quant: str = "fp32",
     expert_quant: str | None = None,
     act: str | None = None,
     router: str = "fp32",
+    search: str = DEFAULT_SCALE_SEARCH,
+    calib: LayerCalib | None = None,
 ) -> LayerQuant:
     """Quantise a lone MoE layer as `colibri generate --quant --expert-quant --act
-    --router-quant` asks."""
+    --router-quant --scale-search [--calib]` asks."""
     plan = make_plan(layer.config.n_experts, quant, expert_quant, act)
-    return LayerQuant(plan, quantize_layer(layer, plan), quantize_router(layer.router_w, router))
+    experts = quantize_experts(layer, plan, search, calib)
+    return LayerQuant(plan, experts, quantize_router(layer.router_w, router))
 
 
 #: Schemes of --dense-quant (int4 blocks of 32 are for the routed experts: --quant int4).
@@ -110,10 +147,14 @@ def quantize_transformer(
     act: str | None = None,
     dense: str = "fp32",
     router: str = "fp32",
+    search: str = DEFAULT_SCALE_SEARCH,
+    calib: dict[int, LayerCalib] | None = None,
 ) -> TransformerQuant:
-    """Quantise the routed experts of every MoE layer (colibri.quant.formats) and, with
-    dense fp16 / int8, every other matrix; act is the activation mode of int8/int4 matrices
-    (default int8: integer dot products; fp16 has no integer kernel and keeps fp32)."""
+    """Quantise the routed experts of every MoE layer (colibri.quant.formats; calibrated per
+    layer by calib[layer index] when given) and, with dense fp16 / int8, every other matrix;
+    act is the activation mode of int8/int4 matrices (default int8: integer dot products; fp16
+    has no integer kernel and keeps fp32); search is the int8 / int4 scale search."""
+    check_scale_search(search)
     plan_act = ""
     experts: dict[int, dict[int, QuantExpert]] = {}
     for i, layer in enumerate(model.layers):
@@ -121,7 +162,8 @@ def quantize_transformer(
             continue
         plan = make_plan(layer.moe.config.n_experts, scheme, None, act)
         plan_act = plan.acts[0]
-        experts[i] = quantize_layer(layer.moe, plan)
+        lcal = calib.get(i) if calib is not None else None
+        experts[i] = quantize_experts(layer.moe, plan, search, lcal)
     if not plan_act:
         plan_act = make_plan(1, scheme, None, act).acts[0]
     q = TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
@@ -134,16 +176,16 @@ def quantize_transformer(
     if q.dense_scheme == "fp32":
         return q
     q.dense_act = make_plan(1, q.dense_scheme, None, act).acts[0]
-    q.dense["embed"] = quantize_matrix(model.embed, q.dense_scheme, "embed")
+    q.dense["embed"] = quantize_matrix(model.embed, q.dense_scheme, "embed", search)
     if not model.config.tie_word_embeddings:
-        q.dense["lm_head"] = quantize_matrix(model.lm_head, q.dense_scheme, "lm_head")
+        q.dense["lm_head"] = quantize_matrix(model.lm_head, q.dense_scheme, "lm_head", search)
     for i, layer in enumerate(model.layers):
         for n in ATTENTION_PROJECTIONS:
             w = getattr(layer.attention, n)
-            q.dense[f"l{i}.{n}"] = quantize_matrix(w.T, q.dense_scheme, f"l{i}.{n}")
+            q.dense[f"l{i}.{n}"] = quantize_matrix(w.T, q.dense_scheme, f"l{i}.{n}", search)
         ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
         if ffn is not None:
-            q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn")
+            q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn", search)
     return q
 
 
@@ -153,6 +195,8 @@ def quantize_transformer_as_asked(
     act: str | None = None,
     dense: str = "fp32",
     router: str = "fp32",
+    search: str = DEFAULT_SCALE_SEARCH,
+    calib: dict[int, LayerCalib] | None = None,
 ) -> TransformerQuant | None:
     """The quantisation stage of a whole transformer: None when everything stays fp32 (the
     generated C then holds no quantisation code), else :func:`quantize_transformer`; --act
@@ -161,7 +205,7 @@ def quantize_transformer_as_asked(
     dense = check_dense_scheme(dense)
     q: TransformerQuant | None = None
     if quant != "fp32" or dense != "fp32" or router != "fp32":
-        q = quantize_transformer(model, quant, act, dense, router)
+        q = quantize_transformer(model, quant, act, dense, router, search, calib)
     if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
         raise ConfigError(
             "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"

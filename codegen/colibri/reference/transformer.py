@@ -195,10 +195,12 @@ def forward(
     token_ids: list[int] | np.ndarray,
     cache: KVCache | None = None,
     quant: TransformerQuant | str | None = None,
+    capture: Callable[[int, np.ndarray], None] | None = None,
 ) -> np.ndarray:
     """Logits [T, vocab] (float64) of `token_ids`, which follow the cache's positions. With
     `quant` (a :class:`TransformerQuant`, or a scheme name quantised on the fly) the routed
-    experts run through the quantised kernels' mirror."""
+    experts run through the quantised kernels' mirror. `capture(layer index, rows)` sees the
+    fp32 input rows [T, d_model] of every MoE block (calibration statistics)."""
     c = model.config
     q = _as_quant(model, quant)
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
@@ -225,7 +227,10 @@ def forward(
         if layer.moe is not None:
             qe = q.experts[i] if q is not None else None
             router = q.routers.get(i) if q is not None else None
-            y = _moe_block(layer.moe, h.astype(np.float32), qe, dense_ffn, router)
+            h32 = h.astype(np.float32)
+            if capture is not None:
+                capture(i, h32)
+            y = _moe_block(layer.moe, h32, qe, dense_ffn, router)
         elif dense_ffn is not None:
             y = quant_expert_ffn(dense_ffn, "silu", True, h).astype(np.float64)
         else:

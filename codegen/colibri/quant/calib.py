@@ -1,0 +1,182 @@
+"""Calibrated quantisation of routed experts (issue 15, point 3): what --calib changes.
+
+The statistics come from the reference stage (:mod:`colibri.reference.calibration`: the fp32
+model run over the calibration tokens, each expert seeing only the tokens its router sends it)
+as plain arrays (:class:`ExpertCalib`), with a function that runs a quantised expert as the
+generated C does (:data:`ExpertRunner`, the kernels' numpy mirror), so this stage imports no
+later one. For every stored int8 / int4 expert that calibration hit, candidates are measured on
+its own calibration tokens and the one whose output is closest to the fp32 expert's kept:
+
+- the plain method and the uncalibrated scale search (so calibration never does worse there);
+- the scale search weighted by the expert's input second moments E[x^2] (w1, w3) and hidden
+  ones E[h^2] (w2), combined with, for gated (SwiGLU) experts, an activation-aware fold of the
+  hidden channels (AWQ-style): h_j = silu(w1 x)_j * (w3 x)_j, so dividing w3's output j by s_j
+  and multiplying w2's input j by s_j leaves the expert unchanged in real arithmetic while the
+  channels that carry large activations get finer steps in w2 (and smaller values in the int8
+  activation row). s_j = E[|h_j|]^alpha, normalised to geometric mean 1 and bounded by
+  FOLD_LIMIT, alpha from FOLD_ALPHAS (0 = no fold);
+- error compensation (:mod:`colibri.quant.gptq`, GPTQ's idea): each matrix quantised column by
+  column, the rounding error of each column spread over the columns not yet rounded through
+  the inverse of the expert's own H = X^T X (w1 / w3: its routed inputs; w2: its hidden
+  activations on them), for experts with at least GPTQ_MIN_ROWS calibration rows. On the
+  trained test model (tests/data/trained_moe, 3,072 held-out positions) this took int4 experts
+  from 93.3 % to 95.2 % next-token top-1 agreement with fp32.
+
+The fold lives in the stored weights only; the kernels are unchanged. Experts never hit in
+calibration, and fp32 / fp16 experts, are quantised as without calibration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..ir.moe import Expert
+from .formats import (
+    DEFAULT_SCALE_SEARCH,
+    QuantExpert,
+    check_scale_search,
+    divide_rows,
+    quantize_expert,
+    quantize_matrix,
+)
+from .gptq import gptq_matrix, hessian
+
+#: The quantised expert on rows x [n, d_model] -> [n, d_model], as the generated C computes it.
+ExpertRunner = Callable[[QuantExpert, np.ndarray], np.ndarray]
+
+#: Exponents of the fold's channel scales s_j = E[|h_j|]^alpha tried per expert (0: no fold).
+FOLD_ALPHAS: tuple[float, ...] = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+#: Bound of the fold's scales after normalisation: 1 / FOLD_LIMIT <= s_j <= FOLD_LIMIT.
+FOLD_LIMIT = 64.0
+#: Calibration rows an expert needs before the error-compensated candidate (colibri.quant.gptq)
+#: is tried: with fewer, H = X^T X is mostly damping and the compensation fits the sample.
+GPTQ_MIN_ROWS = 32
+#: Schemes calibration applies to (fp32 / fp16 have no scales to choose).
+CALIBRATED_SCHEMES = ("int8", "int4")
+
+
+@dataclass
+class ExpertCalib:
+    """Calibration statistics of one stored expert, over the tokens routed to it: `hits`
+    tokens; mean x^2 of its input [d_model] and mean h^2 and |h| of its hidden activation
+    [d_ff] (float64); a deterministic sample of those tokens' inputs `rows` [n, d_model]
+    (float32), the fp32 expert's output on them `target` [n, d_model] and its hidden
+    activation on them `hidden_rows` [n, d_ff] (float64; None: not collected, then the
+    error-compensated candidate is not tried)."""
+
+    hits: int
+    x2: np.ndarray
+    h2: np.ndarray
+    habs: np.ndarray
+    rows: np.ndarray
+    target: np.ndarray
+    hidden_rows: np.ndarray | None = None
+
+
+@dataclass
+class LayerCalib:
+    """Calibration of one MoE layer: calibration tokens seen, statistics by stored expert index
+    (experts never hit have hits 0), the runner of its quantised experts and a sample of the
+    layer's own calibration inputs [n, d_model] (float32, for the layer's accuracy report)."""
+
+    tokens: int
+    experts: dict[int, ExpertCalib]
+    run: ExpertRunner
+    inputs: np.ndarray
+
+
+def output_error(qe: QuantExpert, stats: ExpertCalib, run: ExpertRunner) -> float:
+    """sum ||run(qe, rows) - target||^2 over the expert's calibration rows (float64)."""
+    y = np.asarray(run(qe, stats.rows), dtype=np.float64)
+    return float(np.sum((y - stats.target) ** 2))
+
+
+def fold_scales(habs: np.ndarray, alpha: float) -> np.ndarray | None:
+    """s_j = E[|h_j|]^alpha normalised to geometric mean 1 (over the channels that were ever
+    non-zero), clipped to [1 / FOLD_LIMIT, FOLD_LIMIT]; None when there is nothing to scale."""
+    habs = np.asarray(habs, dtype=np.float64)
+    live = np.isfinite(habs) & (habs > 0)
+    if alpha == 0 or not live.any():
+        return None
+    floor = float(habs[live].max()) * 1e-6
+    logs = alpha * np.log(np.maximum(np.where(live, habs, floor), floor))
+    logs -= float(np.mean(logs[live]))
+    s = np.exp(np.clip(logs, -np.log(FOLD_LIMIT), np.log(FOLD_LIMIT)))
+    return s.astype(np.float32)
+
+
+def fold_expert(e: Expert, s: np.ndarray) -> Expert:
+    """The gated expert with hidden channel j divided by s_j > 0: w3[:, j] / s_j and w2[j, :] *
+    s_j (fp32). silu(x w1 + b1)_j * (x w3)_j / s_j * s_j w2[j] is the same function in real
+    arithmetic; in fp32 the weights move by their rounding only."""
+    if e.w3 is None:
+        raise ConfigError("fold_expert: the fold needs a gated (SwiGLU) expert with w3")
+    s = np.asarray(s, dtype=np.float32)
+    return replace(e, w2=(e.w2 * s[:, None]).astype(np.float32), w3=(e.w3 / s).astype(np.float32))
+
+
+def quantize_expert_calibrated(
+    e: Expert,
+    scheme: str,
+    act: str | None,
+    stats: ExpertCalib | None,
+    run: ExpertRunner,
+    gated: bool,
+    name: str = "",
+    search: str = DEFAULT_SCALE_SEARCH,
+) -> QuantExpert:
+    """The expert in `scheme` chosen by its output error on its calibration rows (module
+    docstring); without hits (or for fp32 / fp16) the uncalibrated :func:`quantize_expert`.
+    The result's ``calibration`` says what was chosen: method ("plain", "search" or
+    "calibrated"), the fold's alpha and the measured errors."""
+    check_scale_search(search)
+    if stats is None or stats.hits == 0 or scheme not in CALIBRATED_SCHEMES:
+        return quantize_expert(e, scheme, act, name, search)
+    plain = quantize_expert(e, scheme, act, name, "none")
+    candidates: list[tuple[str, float, QuantExpert]] = [("plain", 0.0, plain)]
+    if search != "none":
+        candidates.append(("search", 0.0, quantize_expert(e, scheme, act, name, search)))
+    x_imp = stats.x2 if search != "none" else None
+    base = quantize_expert(e, scheme, act, name, search, x_imp, None)
+    alphas = FOLD_ALPHAS if gated and e.w3 is not None else (0.0,)
+    for alpha in alphas:
+        s = fold_scales(stats.habs, alpha)
+        if s is None:
+            if alpha == 0 and x_imp is not None:
+                w2 = quantize_matrix(e.w2.T, scheme, f"{name}.w2", search, stats.h2)
+                candidates.append(("calibrated", 0.0, replace(base, w2=w2)))
+            continue
+        assert base.w3 is not None
+        w3 = divide_rows(base.w3, s)
+        if w3 is None:
+            continue
+        h_imp = stats.h2 / s.astype(np.float64) ** 2 if search != "none" else None
+        w2 = quantize_matrix(fold_expert(e, s).w2.T, scheme, f"{name}.w2", search, h_imp)
+        candidates.append(("calibrated", alpha, replace(base, w2=w2, w3=w3)))
+    rows_ok = stats.hidden_rows is not None and stats.rows.shape[0] >= GPTQ_MIN_ROWS
+    if rows_ok and search != "none":  # its scales come from the search
+        assert stats.hidden_rows is not None
+        hx = hessian(stats.rows)
+        hh = hessian(stats.hidden_rows)
+        compensated = replace(
+            base,
+            w1=gptq_matrix(e.w1.T, scheme, hx),
+            w3=gptq_matrix(e.w3.T, scheme, hx) if e.w3 is not None else None,
+            w2=gptq_matrix(e.w2.T, scheme, hh),
+        )
+        candidates.append(("compensated", 0.0, compensated))
+    errors = [output_error(qe, stats, run) for _, _, qe in candidates]
+    best = int(np.argmin(errors))  # the first of equals: plain, then search, then small alpha
+    method, alpha, qe = candidates[best]
+    qe.calibration = {
+        "method": method,
+        "alpha": alpha,
+        "error": errors[best],
+        "plain_error": errors[0],
+        "target_energy": float(np.sum(stats.target**2)),
+    }
+    return qe
