@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -42,6 +43,31 @@ def require_tool(name: str, package: str) -> str:
             pytest.fail(f"{message} (CI=true: scripts/setup.sh installs it)")
         pytest.skip(message)
     return path
+
+
+#: Flags of the host build of the quantised kernels loaded with ctypes (bit-exact tests).
+KERNEL_CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off"]
+
+
+def host_kernels(out_dir: Path) -> ctypes.CDLL:
+    """runtime_c/src/kernels_q.c built for the host as a shared library in out_dir and loaded
+    (skips without a host C compiler); return types of the non-void kernels set."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no host C compiler")
+    so = out_dir / "libkq.so"
+    subprocess.run(
+        [cc, *KERNEL_CFLAGS, "-shared", "-fPIC", "-I", str(ROOT / "runtime_c" / "include")]
+        + [str(ROOT / "runtime_c" / "src" / "kernels_q.c"), "-o", str(so), "-lm"],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(so))
+    lib.colibri_f16_to_f32.restype = ctypes.c_float
+    lib.colibri_f16_to_f32.argtypes = [ctypes.c_uint16]
+    lib.colibri_quantize_row_q8.restype = None
+    lib.colibri_dot_q8.restype = ctypes.c_int32
+    lib.colibri_dot_q4_q8.restype = ctypes.c_int32
+    return lib
 
 
 def run_ok(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:

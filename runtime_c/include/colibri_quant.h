@@ -70,7 +70,7 @@ typedef enum {
 /** 32 int4 weights with one fp16 scale: 18 bytes, 4.5 bits per weight. Nibble j (j < 16) of
  *  the block is the low half of qs[j]; nibble j + 16 is the high half of qs[j]. */
 typedef struct {
-    uint16_t d;                  /**< scale, IEEE binary16 bits */
+    uint16_t d; /**< scale, IEEE binary16 bits: any finite value, negative included */
     uint8_t qs[COLIBRI_QK4 / 2]; /**< nibbles, value = nibble - 8 */
 } colibri_block_q4_32;
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import shutil
 import subprocess
 import zlib
 from pathlib import Path
@@ -49,9 +48,8 @@ from colibri.reference.kernels import (
     quantize_rows_q8,
 )
 from colibri.reference.moe import compare, moe_forward
-from conftest import ROOT, require_board, run_cli
+from conftest import ROOT, host_kernels, require_board, run_cli
 
-CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off"]
 SHAPES = [(1, 1), (3, 32), (5, 33), (17, 64), (8, 100), (40, 36)]
 
 
@@ -118,22 +116,7 @@ def test_int8_and_int4_codes() -> None:
 
 @pytest.fixture(scope="module")
 def kq(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no host C compiler")
-    so = tmp_path_factory.mktemp("kq") / "libkq.so"
-    subprocess.run(
-        [cc, *CFLAGS, "-shared", "-fPIC", "-I", str(ROOT / "runtime_c" / "include")]
-        + [str(ROOT / "runtime_c" / "src" / "kernels_q.c"), "-o", str(so), "-lm"],
-        check=True,
-    )
-    lib = ctypes.CDLL(str(so))
-    lib.colibri_f16_to_f32.restype = ctypes.c_float
-    lib.colibri_f16_to_f32.argtypes = [ctypes.c_uint16]
-    lib.colibri_quantize_row_q8.restype = None
-    lib.colibri_dot_q8.restype = ctypes.c_int32
-    lib.colibri_dot_q4_q8.restype = ctypes.c_int32
-    return lib
+    return host_kernels(tmp_path_factory.mktemp("kq"))
 
 
 def _p(a: np.ndarray) -> ctypes.c_void_p:

@@ -6,8 +6,6 @@ method still there (--scale-search none)."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 import time
 
 import numpy as np
@@ -30,9 +28,8 @@ from colibri.quant.formats import (
 )
 from colibri.quant.model import quantize_moe_layer
 from colibri.reference.kernels import matvec_q4_f32
-from conftest import ROOT
+from conftest import host_kernels
 
-CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off"]
 SHAPES = [(1, 1), (3, 32), (5, 33), (17, 64), (8, 100), (40, 36), (64, 256)]
 
 
@@ -185,16 +182,7 @@ def test_quantize_layer_search_option() -> None:
 
 @pytest.fixture(scope="module")
 def kq(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no host C compiler")
-    so = tmp_path_factory.mktemp("kq_search") / "libkq.so"
-    subprocess.run(
-        [cc, *CFLAGS, "-shared", "-fPIC", "-I", str(ROOT / "runtime_c" / "include")]
-        + [str(ROOT / "runtime_c" / "src" / "kernels_q.c"), "-o", str(so), "-lm"],
-        check=True,
-    )
-    return ctypes.CDLL(str(so))
+    return host_kernels(tmp_path_factory.mktemp("kq_search"))
 
 
 def _p(a: np.ndarray) -> ctypes.c_void_p:

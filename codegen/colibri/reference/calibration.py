@@ -24,12 +24,12 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..frontends.load import load_npy
 from ..frontends.tokenizer import load_tokenizer
-from ..ir.moe import Expert, MoELayer
+from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..quant.calib import ExpertCalib, ExpertRunner, LayerCalib
 from ..quant.formats import QuantExpert
 from .kernels import quant_expert_ffn
-from .moe import activation, ffn, route
+from .moe import ffn, hidden, route
 from .transformer import forward
 
 #: Inputs kept per expert for choosing and reporting its calibrated weights (a deterministic
@@ -69,19 +69,6 @@ class _Sample:
         if allr.shape[0] > self.limit:
             allr = allr[np.linspace(0, allr.shape[0] - 1, self.limit).round().astype(np.int64)]
         return np.ascontiguousarray(allr, dtype=np.float32)
-
-
-def hidden(ex: Expert, layer: MoELayer, x: np.ndarray) -> np.ndarray:
-    """An expert's hidden activation on rows x (float64 [n, d_ff]): act(x w1 + b1), times x w3
-    when gated."""
-    x64 = np.asarray(x, dtype=np.float64)
-    h = x64 @ ex.w1.astype(np.float64)
-    if ex.b1 is not None:
-        h = h + ex.b1
-    if layer.config.gated:
-        assert ex.w3 is not None
-        return np.asarray(activation("silu", h) * (x64 @ ex.w3.astype(np.float64)))
-    return np.asarray(activation(layer.config.activation, h))
 
 
 def expert_runner(layer: MoELayer) -> ExpertRunner:

@@ -96,7 +96,9 @@ def _block_dots(vals: np.ndarray, xq: np.ndarray, n_in: int) -> np.ndarray:
     out = np.zeros((xq.shape[0], vals.shape[0], nb), dtype=np.int32)
     for b in range(nb):
         lo, hi = b * QK8, min(n_in, (b + 1) * QK8)
-        out[:, :, b] = xq[:, lo:hi].astype(np.int32) @ vals[:, lo:hi].astype(np.int32).T
+        # in float64: every partial sum is an integer below 2^53, so exact (and BLAS-fast)
+        prod = xq[:, lo:hi].astype(np.float64) @ vals[:, lo:hi].astype(np.float64).T
+        out[:, :, b] = prod.astype(np.int32)
     return out
 
 

@@ -95,18 +95,22 @@ def expert_ffn(layer: MoELayer, e: int, x: np.ndarray) -> np.ndarray:
     return ffn(layer.experts[e], layer, x)
 
 
-def ffn(ex: Expert, layer: MoELayer, x: np.ndarray) -> np.ndarray:
-    """An expert's FFN (routed or shared) with the layer's activation on rows x, float64."""
+def hidden(ex: Expert, layer: MoELayer, x: np.ndarray) -> np.ndarray:
+    """An expert's hidden activation on rows x (float64 [n, d_ff]): act(x w1 + b1), times x w3
+    when gated."""
     x64 = np.asarray(x, dtype=np.float64)
     h = x64 @ ex.w1.astype(np.float64)
     if ex.b1 is not None:
         h = h + ex.b1
     if layer.config.gated:
         assert ex.w3 is not None
-        h = activation("silu", h) * (x64 @ ex.w3.astype(np.float64))
-    else:
-        h = activation(layer.config.activation, h)
-    y = h @ ex.w2.astype(np.float64)
+        return np.asarray(activation("silu", h) * (x64 @ ex.w3.astype(np.float64)))
+    return np.asarray(activation(layer.config.activation, h))
+
+
+def ffn(ex: Expert, layer: MoELayer, x: np.ndarray) -> np.ndarray:
+    """An expert's FFN (routed or shared) with the layer's activation on rows x, float64."""
+    y = hidden(ex, layer, x) @ ex.w2.astype(np.float64)
     if ex.b2 is not None:
         y = y + ex.b2
     return np.asarray(y, dtype=np.float64)
