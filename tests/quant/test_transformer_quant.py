@@ -281,6 +281,35 @@ def test_c_quantised_matches_mirror(tmp_path: Path, arch: str, quant: str, dense
     assert worst <= C_VS_MIRROR_TOLERANCE
 
 
+def test_reference_cli_gives_the_c_logits_and_tokens(tmp_path: Path) -> None:
+    """`colibri reference CKPT --prompt-ids --logits --max-new-tokens` with generate's flags
+    (here int4 experts, int8 dense, --calib) is what `colibri run` of the generated C prints."""
+    case = next(i for i, (a, _) in enumerate(MODEL_CASES) if a == "mixtral")
+    model, lang, _ = _trained(case)
+    ckpt = save_model(model, tmp_path / "ckpt")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, lang.sample(np.random.default_rng(77), 8, 24).astype(np.int64))
+    prompt = ",".join(str(int(t)) for t in _lang_prompts(case, lang)[0][:12])
+    flags = ["--quant", "int4", "--dense-quant", "int8", "--calib", str(calib)]
+    flags += ["--max-context", "32"]
+    ref = run_cli(
+        "reference", str(ckpt), "--prompt-ids", prompt, "--logits", str(tmp_path / "r.npy"),
+        "--max-new-tokens", "8", *flags,
+    )  # fmt: skip
+    run_cli("generate", str(ckpt), "--out", str(tmp_path / "gen"), *flags)
+    c = run_cli(
+        "run", str(tmp_path / "gen"), "--prompt-ids", prompt, "--logits", str(tmp_path / "c.npy"),
+        "--max-new-tokens", "8",
+    )  # fmt: skip
+    want, got = np.load(tmp_path / "r.npy"), np.load(tmp_path / "c.npy")
+    assert want.shape == got.shape == (12, model.config.vocab_size)
+    assert np.abs(want - got).max() / np.abs(want).max() <= C_VS_MIRROR_TOLERANCE
+    new = ref.stdout.split("generated ids: ")[1].split()[0]
+    assert new.replace(",", " ") in c.stdout.replace(",", " "), (new, c.stdout)
+    bad = run_cli("reference", str(ckpt), "--prompt-ids", prompt, check=False)
+    assert bad.returncode != 0 and "--logits L.npy and/or --max-new-tokens" in bad.stderr
+
+
 # -- the numpy mirror --------------------------------------------------------------------------
 
 

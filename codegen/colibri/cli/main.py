@@ -17,7 +17,7 @@ from .. import __version__
 from ..errors import ColibriError, ConfigError, InputError, OutputError
 from ..frontends.hf import check_architectures, is_hf_checkpoint
 from ..frontends.load import load_npy, save_npy, save_npz
-from ..ir.moe import MAX_TOP_K
+from ..ir.moe import MAX_TOP_K, MoELayer
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
 from ..plan.model import MAX_LRU_SLOTS
 from .argtypes import (
@@ -294,18 +294,102 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reference(a: argparse.Namespace) -> int:
-    from ..frontends.load import check_input, load_model
-    from ..reference.moe import moe_forward
+def _reference_options(a: argparse.Namespace) -> Any:
+    from ..options import GenerateOptions
 
+    return GenerateOptions(
+        name="reference",
+        quant=a.quant,
+        expert_quant=a.expert_quant,
+        act=a.act,
+        calib=a.calib,
+        router_quant=a.router_quant,
+        max_context=a.max_context,
+        dense_quant=a.dense_quant,
+        scale_search=a.scale_search,
+    )
+
+
+def cmd_reference(a: argparse.Namespace) -> int:
+    """The numpy reference of what `generate` would store with the same flags: a layer's
+    output on --input rows, or a whole transformer's logits on --prompt-ids (and its greedy
+    continuation), so a user can check their build (`colibri run`) against it."""
+    from ..frontends.load import check_input
+    from .pipeline import load
+
+    whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
+    if whole:
+        if a.input or a.output or a.routing:
+            raise ConfigError(
+                f"{a.model} is a whole transformer: pass --prompt-ids 1,5,9 with --logits L.npy "
+                f"and/or --max-new-tokens N (--input / --output are for single MoE layers: add "
+                f"--layer N for one layer's block)"
+            )
+        if a.prompt_ids is None or (a.logits is None and not a.max_new_tokens):
+            raise ConfigError(
+                "colibri reference CKPT needs --prompt-ids 1,5,9 and --logits L.npy and/or "
+                "--max-new-tokens N"
+            )
+        _check_output_files(a.logits)
+        return _reference_transformer(a, load(a.model, a.config, a.layer))
+    if a.input is None or a.output is None or a.prompt_ids or a.logits:
+        raise ConfigError(
+            "a single MoE layer takes --input X.npy --output Y.npy (--prompt-ids / --logits are "
+            "for whole transformers: a Hugging Face checkpoint without --layer)"
+        )
     _check_output_files(a.output, a.routing)
-    layer = load_model(a.model, a.config, a.layer)
+    layer = load(a.model, a.config, a.layer)
+    assert isinstance(layer, MoELayer)
     x = check_input(load_npy(a.input), layer.config.d_model, a.input)
-    y, r = moe_forward(layer, x)
+    opts = _reference_options(a)
+    if opts.quant == "fp32" and opts.expert_quant is None and opts.router_quant == "fp32":
+        from ..reference.moe import moe_forward
+
+        y, r = moe_forward(layer, x)
+        ids, gates = r.expert_ids, r.gates
+    else:
+        from ..reference.kernels import quant_moe_forward
+        from ..reference.moe import route
+        from .pipeline import quantise_layer
+
+        lq = quantise_layer(layer, opts)[0]
+        y, ids = quant_moe_forward(layer, lq.experts, x, lq.router)
+        gates = route(layer, x).gates  # routing weights are reported for the fp32 router
     save_npy(a.output, y.astype(np.float32))
     if a.routing:
-        save_npz(a.routing, expert_ids=r.expert_ids, gates=r.gates.astype(np.float32))
+        save_npz(a.routing, expert_ids=ids, gates=np.asarray(gates, np.float32))
     print(f"wrote {a.output}: reference output {list(y.shape)}")
+    return 0
+
+
+def _reference_transformer(a: argparse.Namespace, model: Any) -> int:
+    from ..options import DEFAULT_MAX_CONTEXT
+    from ..reference.transformer import KVCache, forward
+    from ..targets.lmrun import parse_ids
+    from .pipeline import quantise_transformer
+
+    opts = _reference_options(a)
+    prompt = parse_ids(a.prompt_ids)
+    max_context = DEFAULT_MAX_CONTEXT if opts.max_context is None else opts.max_context
+    if len(prompt) + a.max_new_tokens > max_context:
+        raise InputError(
+            f"{len(prompt)} prompt + {a.max_new_tokens} new tokens exceed --max-context "
+            f"{max_context} (the generated C refuses the same request): raise --max-context"
+        )
+    q, _ = quantise_transformer(model, opts)
+    cache = KVCache()
+    logits = forward(model, prompt, cache, quant=q)
+    if a.logits:
+        save_npy(a.logits, logits.astype(np.float32))
+        print(f"wrote {a.logits}: reference logits {list(logits.shape)}")
+    new: list[int] = []
+    last = logits[-1]
+    for i in range(a.max_new_tokens):  # greedy: the lowest id of equal logits, as the C
+        new.append(int(np.argmax(last)))
+        if i + 1 < a.max_new_tokens:
+            last = forward(model, [new[-1]], cache, quant=q)[-1]
+    if a.max_new_tokens:
+        print("generated ids: " + ",".join(str(t) for t in new))
     return 0
 
 
@@ -426,6 +510,66 @@ def cmd_export(a: argparse.Namespace) -> int:
 # -- parser ------------------------------------------------------------------------------------
 
 
+def add_quant_args(s: argparse.ArgumentParser) -> None:
+    """The quantisation flags of `generate`, which `reference` takes too (the same stages)."""
+    s.add_argument(
+        "--quant",
+        default="fp32",
+        choices=("fp32", "fp16", "int8", "int4"),
+        help="expert weight scheme (default fp32; the router stays fp32)",
+    )
+    s.add_argument(
+        "--expert-quant",
+        metavar="I=SCHEME,...",
+        help="per-expert override, e.g. 3=int4,7=fp32",
+    )
+    s.add_argument(
+        "--router-quant",
+        choices=("fp32", "fp16", "int8"),
+        default="fp32",
+        help="router weights (default fp32; quantising them can flip routing: see the "
+        "accuracy report's routing agreement)",
+    )
+    s.add_argument(
+        "--act",
+        choices=("fp32", "int8"),
+        help="activations of int8/int4 matrices: int8 with one scale per block of 32 (integer "
+        "dot products, the default) or fp32",
+    )
+    s.add_argument(
+        "--dense-quant",
+        choices=("fp32", "fp16", "int8"),
+        default="fp32",
+        help="whole transformers: scheme of every matrix besides the routed experts (attention, "
+        "shared expert, dense MLPs, embedding, LM head; default fp32; norms and routers stay "
+        "fp32)",
+    )
+    s.add_argument(
+        "--calib",
+        metavar="FILE",
+        help="calibration data: int8 / int4 experts are chosen by their error on the tokens "
+        "routed to them (activation-aware scales), and the accuracy report and routing heat use "
+        "it. A single MoE layer: [T, d_model] float32 .npy (default: 64 seeded random tokens "
+        "for the report, no calibration); a whole transformer: token ids (integer .npy, 1-D or "
+        "[N, T]) or a UTF-8 text file (tokenized with the checkpoint's tokenizer.json)",
+    )
+    s.add_argument(
+        "--scale-search",
+        choices=("mse", "none"),
+        default="mse",
+        help="int8 / int4 scales: mse (default) searches each int4 block's / int8 channel's "
+        "scale for the least reconstruction error; none: the plain max|w| / 7 (int4) and "
+        "max|w| / 127 (int8)",
+    )
+    s.add_argument(
+        "--max-context",
+        type=int_range(1, MAX_CONTEXT, "positions"),
+        metavar="N",
+        help="Hugging Face checkpoint without --layer (whole transformer): positions the KV "
+        "cache holds, prompt + generated tokens (1..1048576, default 64)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ColibriArgumentParser(
         prog="colibri",
@@ -477,55 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per chunk the static buffers hold (1..1048576, default 32)",
     )
     s.add_argument("--force", action="store_true", help="replace a non-Colibri --out directory")
-    s.add_argument(
-        "--quant",
-        default="fp32",
-        choices=("fp32", "fp16", "int8", "int4"),
-        help="expert weight scheme (default fp32; the router stays fp32)",
-    )
-    s.add_argument(
-        "--expert-quant",
-        metavar="I=SCHEME,...",
-        help="per-expert override, e.g. 3=int4,7=fp32",
-    )
-    s.add_argument(
-        "--router-quant",
-        choices=("fp32", "fp16", "int8"),
-        default="fp32",
-        help="router weights (default fp32; quantising them can flip routing: see the "
-        "accuracy report's routing agreement)",
-    )
-    s.add_argument(
-        "--act",
-        choices=("fp32", "int8"),
-        help="activations of int8/int4 matrices: int8 per token (integer dot products, the "
-        "default) or fp32",
-    )
-    s.add_argument(
-        "--dense-quant",
-        choices=("fp32", "fp16", "int8"),
-        default="fp32",
-        help="whole transformers: scheme of every matrix besides the routed experts (attention, "
-        "shared expert, dense MLPs, embedding, LM head; default fp32; norms and routers stay "
-        "fp32)",
-    )
-    s.add_argument(
-        "--calib",
-        metavar="FILE",
-        help="calibration data: int8 / int4 experts are chosen by their error on the tokens "
-        "routed to them (activation-aware scales), and the accuracy report and routing heat use "
-        "it. A single MoE layer: [T, d_model] float32 .npy (default: 64 seeded random tokens "
-        "for the report, no calibration); a whole transformer: token ids (integer .npy, 1-D or "
-        "[N, T]) or a UTF-8 text file (tokenized with the checkpoint's tokenizer.json)",
-    )
-    s.add_argument(
-        "--scale-search",
-        choices=("mse", "none"),
-        default="mse",
-        help="int8 / int4 scales: mse (default) searches each int4 block's / int8 channel's "
-        "scale for the least reconstruction error; none: the plain max|w| / 7 (int4) and "
-        "max|w| / 127 (int8)",
-    )
+    add_quant_args(s)
     s.add_argument(
         "--cache",
         default="pinned",
@@ -550,13 +646,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--layer",
         type=LAYER,
         help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
-    )
-    s.add_argument(
-        "--max-context",
-        type=int_range(1, MAX_CONTEXT, "positions"),
-        metavar="N",
-        help="Hugging Face checkpoint without --layer (whole transformer): positions the KV "
-        "cache holds, prompt + generated tokens (1..1048576, default 64)",
     )
     s.set_defaults(func=cmd_generate)
 
@@ -591,12 +680,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(s)
     s.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("reference", help="run the numpy reference on an input")
+    s = sub.add_parser(
+        "reference",
+        help="run the numpy reference (the generated C's mirror, with the same quantisation "
+        "flags as generate) on an input or a prompt",
+    )
     s.add_argument("model")
     s.add_argument("--config")
-    s.add_argument("--input", required=True)
-    s.add_argument("--output", required=True)
+    s.add_argument("--input", help="single MoE layer: input rows [T, d_model] .npy")
+    s.add_argument("--output", help="single MoE layer: write the output [T, d_model] .npy")
     s.add_argument("--routing")
+    s.add_argument("--prompt-ids", metavar="1,5,9", help="whole transformer: prompt token ids")
+    s.add_argument(
+        "--logits", metavar="L.npy", help="whole transformer: write the logits [T, vocab]"
+    )
+    s.add_argument(
+        "--max-new-tokens",
+        type=int_range(0, MAX_CONTEXT, "tokens"),
+        default=0,
+        metavar="N",
+        help="whole transformer: greedy tokens to generate after the prompt (printed)",
+    )
+    add_quant_args(s)
     s.add_argument(
         "--layer",
         type=LAYER,

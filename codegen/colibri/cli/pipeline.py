@@ -33,7 +33,12 @@ from ..options import DEFAULT_MAX_CONTEXT, GenerateOptions
 from ..plan.budget import check_layer_budget, check_transformer_budget
 from ..plan.model import plan_layer, plan_whole_transformer
 from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
-from ..quant.model import TransformerQuant, quantize_moe_layer, quantize_transformer_as_asked
+from ..quant.model import (
+    LayerQuant,
+    TransformerQuant,
+    quantize_moe_layer,
+    quantize_transformer_as_asked,
+)
 from ..reference.accuracy import analyse_layer, load_calib, transformer_accuracy
 from ..reference.calibration import layer_calibration, load_calib_ids, transformer_calibration
 
@@ -79,6 +84,28 @@ def quantise_transformer(
     return q, tstats
 
 
+def quantise_layer(
+    layer: MoELayer, options: GenerateOptions, calib: np.ndarray | None = None
+) -> tuple[LayerQuant, LayerCalib | None, np.ndarray | None]:
+    """The calibrate + quantise stages of a lone MoE layer as `generate` runs them: the
+    quantised layer, the calibration statistics and the calibration rows (None without
+    --calib)."""
+    stats = None
+    if calib is not None or options.calib is not None:
+        calib = load_calib(options, calib, layer.config.d_model)
+        stats = layer_calibration(layer, calib)
+    lq = quantize_moe_layer(
+        layer,
+        options.quant,
+        options.expert_quant,
+        options.act,
+        options.router_quant,
+        options.scale_search,
+        stats,
+    )
+    return lq, stats, calib
+
+
 def render(
     model: Model, options: GenerateOptions, calib: np.ndarray | None = None
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
@@ -96,19 +123,7 @@ def render(
             manifest["options"]["calib"] = str(options.calib or "(array)")
             manifest["accuracy"] = transformer_accuracy(model, q, tstats)
         return files, manifest
-    stats = None
-    if calib is not None or options.calib is not None:
-        calib = load_calib(options, calib, model.config.d_model)
-        stats = layer_calibration(model, calib)
-    lq = quantize_moe_layer(
-        model,
-        options.quant,
-        options.expert_quant,
-        options.act,
-        options.router_quant,
-        options.scale_search,
-        stats,
-    )
+    lq, stats, calib = quantise_layer(model, options, calib)
     analysis = analyse_layer(model, lq, options, calib, stats)
     lplan = plan_layer(model, lq, analysis, board, options)
     return render_layer(model, lq, analysis, lplan, options)
