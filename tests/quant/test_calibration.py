@@ -455,3 +455,22 @@ def test_transformer_report_per_architecture(arch: str, tmp_path: Path) -> None:
     for m in acc["layers"]:
         assert m["rel_rms_error"] < 0.05 and m["routing_agreement"] == 1.0, m
         assert all(e["stored"] <= e["plain"] for e in m["experts"] if e["hits"])
+
+
+def test_large_experts_are_measured_on_a_spread_subset_of_rows() -> None:
+    """Choosing among a dozen candidates stays bounded at any size: an expert of 3 x 1024 x
+    2816 weights is measured on EVAL_MACS / weights rows spread over its sample, a small one
+    on every row."""
+    from colibri.quant.calib import EVAL_MACS, EVAL_MIN_ROWS, eval_rows
+    from colibri.quant.formats import QuantExpert, QuantTensor
+
+    def expert(d: int, f: int) -> QuantExpert:
+        def t(o: int, i: int) -> QuantTensor:
+            return QuantTensor("int8", o, i, np.zeros((o, i), np.int8), np.ones(o, np.float32))
+
+        return QuantExpert("int8", "int8", t(f, d), t(d, f), t(f, d), None, None)
+
+    assert np.array_equal(eval_rows(expert(64, 128), 512), np.arange(512))
+    big = eval_rows(expert(1024, 2816), 512)
+    assert len(big) == max(EVAL_MIN_ROWS, EVAL_MACS // (3 * 1024 * 2816))
+    assert big[0] == 0 and big[-1] == 511 and np.all(np.diff(big) > 0)

@@ -52,6 +52,10 @@ ExpertRunner = Callable[[QuantExpert, np.ndarray], np.ndarray]
 FOLD_ALPHAS: tuple[float, ...] = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 #: Bound of the fold's scales after normalisation: 1 / FOLD_LIMIT <= s_j <= FOLD_LIMIT.
 FOLD_LIMIT = 64.0
+#: Multiply-adds one candidate's measurement may cost, and the fewest rows it uses (experts of
+#: the test models, < 10^5 weights, are measured on every row).
+EVAL_MACS = 2 * 10**8
+EVAL_MIN_ROWS = 64
 #: Calibration rows an expert needs before the error-compensated candidate (colibri.quant.gptq)
 #: is tried: with fewer, H = X^T X is mostly damping and the compensation fits the sample.
 GPTQ_MIN_ROWS = 32
@@ -89,10 +93,28 @@ class LayerCalib:
     inputs: np.ndarray
 
 
+def eval_rows(qe: QuantExpert, n_rows: int) -> np.ndarray:
+    """Indices of the calibration rows a candidate is measured on: all of them, or for a large
+    expert an evenly spread EVAL_MACS / (weights) of them (at least EVAL_MIN_ROWS), so that
+    choosing among a dozen candidates stays seconds per expert at any size."""
+    weights = sum(t.n_out * t.n_in for t in (qe.w1, qe.w2, qe.w3) if t is not None)
+    keep = max(EVAL_MIN_ROWS, EVAL_MACS // max(1, weights))
+    if n_rows <= keep:
+        return np.arange(n_rows)
+    return np.unique(np.linspace(0, n_rows - 1, keep).round().astype(np.int64))
+
+
 def output_error(qe: QuantExpert, stats: ExpertCalib, run: ExpertRunner) -> float:
-    """sum ||run(qe, rows) - target||^2 over the expert's calibration rows (float64)."""
-    y = np.asarray(run(qe, stats.rows), dtype=np.float64)
-    return float(np.sum((y - stats.target) ** 2))
+    """sum ||run(qe, rows) - target||^2 over the expert's calibration rows (float64; a spread
+    subset of them for large experts: :func:`eval_rows`)."""
+    idx = eval_rows(qe, stats.rows.shape[0])
+    y = np.asarray(run(qe, stats.rows[idx]), dtype=np.float64)
+    return float(np.sum((y - stats.target[idx]) ** 2))
+
+
+def target_energy(qe: QuantExpert, stats: ExpertCalib) -> float:
+    """sum ||target||^2 over the rows :func:`output_error` measures (its relative scale)."""
+    return float(np.sum(stats.target[eval_rows(qe, stats.rows.shape[0])] ** 2))
 
 
 def fold_scales(habs: np.ndarray, alpha: float) -> np.ndarray | None:
@@ -177,6 +199,6 @@ def quantize_expert_calibrated(
         "alpha": alpha,
         "error": errors[best],
         "plain_error": errors[0],
-        "target_energy": float(np.sum(stats.target**2)),
+        "target_energy": target_energy(qe, stats),
     }
     return qe

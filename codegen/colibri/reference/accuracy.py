@@ -29,7 +29,7 @@ from ..frontends.load import check_input, load_npy
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..options import DEFAULT_CALIB_SEED, DEFAULT_CALIB_TOKENS, GenerateOptions
-from ..quant.calib import ExpertCalib, LayerCalib, output_error
+from ..quant.calib import ExpertCalib, LayerCalib, output_error, target_energy
 from ..quant.formats import QuantExpert, QuantRouter, quantize_expert
 from ..quant.model import LayerQuant, TransformerQuant
 from .calibration import layer_calibration
@@ -100,7 +100,7 @@ def expert_report(
 def _errors(
     layer: MoELayer, idx: int, qe: QuantExpert, st: ExpertCalib, calib: LayerCalib
 ) -> dict[str, float]:
-    energy = float(np.sum(st.target**2))
+    energy = target_energy(qe, st)
     plain = quantize_expert(layer.experts[idx], qe.scheme, qe.act, f"expert.{idx}", "none")
     return {
         "plain": _rel(output_error(plain, st, calib.run), energy),
