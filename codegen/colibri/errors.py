@@ -46,6 +46,10 @@ class HeapUseError(BuildError):
     """Firmware references malloc/free/calloc/realloc."""
 
 
+class StackUsageError(BuildError):
+    """The firmware's stack cannot be bounded: a dynamic frame, recursion, an unresolved call."""
+
+
 class QemuError(ColibriError):
     """The guest program faulted, timed out or exited non-zero."""
 

@@ -69,6 +69,16 @@ def _fail(proc: subprocess.CompletedProcess[str], what: str) -> None:
     out = (proc.stdout + proc.stderr).strip().splitlines()
     errors = [line for line in out if _DIAGNOSTIC.search(line)]
     tail = "\n".join((errors or out)[-25:])
+    stack = [line for line in out if line.startswith("colibri: stack ")]
+    if stack:  # the SConstruct's stack check (colibri/targets/stack.py)
+        from ..errors import StackUsageError
+
+        message = stack[-1][len("colibri: ") :]
+        if message.startswith("stack budget exceeded"):
+            from ..errors import BudgetExceeded
+
+            raise BudgetExceeded(f"{what}: {message}")
+        raise StackUsageError(f"{what}: {message}")
     overflow = [line for line in out if "overflow" in line.lower()]
     if overflow:
         from ..errors import BudgetExceeded
@@ -92,17 +102,34 @@ def build_library(board_name: str, build_dir: Path | None = None, verbose: bool 
     return bdir / "libcolibri.a"
 
 
-def build_model(gen_dir: str | os.PathLike[str], board_name: str, verbose: bool = False) -> Path:
-    """Build the runner of a generated model for a board; returns the ELF / executable."""
+def build_model(
+    gen_dir: str | os.PathLike[str],
+    board_name: str,
+    verbose: bool = False,
+    *,
+    stack_size: int | None = None,
+    stack_check: bool = True,
+    build_dir: Path | None = None,
+) -> Path:
+    """Build the runner of a generated model for a board; returns the ELF / executable.
+
+    Bare metal: ``stack_size`` overrides the board file's stack_size; ``stack_check=False``
+    keeps the worst-case stack report but does not fail on it (to exercise the run-time guard).
+    ``build_dir`` replaces the default ``<gen_dir>/build/<board>``."""
     gdir = Path(gen_dir).resolve()
     check_generated(gdir)
     board = load_board(board_name)
     require_toolchain(board)
-    bdir = build_dir_for(gdir, board)
-    proc = scons([f"board={board.name}", f"model={gdir}", f"build_dir={bdir}"], verbose)
+    bdir = build_dir.resolve() if build_dir else build_dir_for(gdir, board)
+    args = [f"board={board.name}", f"model={gdir}", f"build_dir={bdir}"]
+    if stack_size is not None:
+        args.append(f"stack_size={stack_size}")
+    if not stack_check:
+        args.append("stack_check=0")
+    proc = scons(args, verbose)
     if proc.returncode != 0:
         _fail(proc, f"building {gdir.name} for {board.name}")
-    exe = runner_path(gdir, board)
+    exe = bdir / model_name(gdir) / runner_path(gdir, board).name
     if not exe.is_file():
         raise BuildError(f"build finished but {exe} was not produced")
     return exe

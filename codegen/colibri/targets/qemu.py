@@ -31,8 +31,14 @@ BENCH_END = "clb_platform_bench_end"
 FAULT_EXIT_CODE = 99
 #: Lines printed by the platforms' fault handlers (arm_semihost, xtensa_sim) before exit 99.
 _FAULT_RE = re.compile(
-    r"colibri: (\w+Fault|XtensaException|NMI|SVCall|PendSV|SysTick|interrupt)\b[^\n]*"
+    r"colibri: (\w+Fault|MemManage|XtensaException|NMI|SVCall|PendSV|SysTick|interrupt)\b"
+    r"[^\n]*"
 )
+#: Printed by the arm_semihost start-up's stack guard (MPU region, MSPLIM or canary) before exit 98.
+STACK_OVERFLOW_EXIT_CODE = 98
+_STACK_RE = re.compile(r"colibri: stack overflow: [^\n]*")
+#: Printed at a normal bare-metal exit: the measured stack high-water mark.
+_HIGH_WATER_RE = re.compile(r"stack high-water: (\d+) of (\d+) bytes")
 _TAIL_LINES = 20
 
 
@@ -44,6 +50,12 @@ class RunResult:
     stdout: str
     stderr: str
     instructions: int | None = None
+
+    @property
+    def stack_high_water(self) -> int | None:
+        """Stack bytes the guest used (painted-stack high-water mark), if it reported it."""
+        match = _HIGH_WATER_RE.search(self.stdout)
+        return int(match.group(1)) if match else None
 
 
 def _tail(stdout: str, stderr: str) -> str:
@@ -238,6 +250,10 @@ def run_elf(
             f"{what} timed out after {timeout:g} s (hung guest, or a fault with no handler on "
             f"this board); command: {' '.join(cmd)}\n{_tail(out, err)}"
         )
+    overflow = _STACK_RE.search(out + err)
+    if code == STACK_OVERFLOW_EXIT_CODE or overflow is not None:
+        detail = overflow.group(0) if overflow else f"exit code {STACK_OVERFLOW_EXIT_CODE}"
+        raise QemuError(f"{what}: guest stack overflow ({detail})\n{_tail(out, err)}")
     fault = _FAULT_RE.search(out + err)
     if code == FAULT_EXIT_CODE or fault is not None:
         kind = fault.group(1) if fault else "fault"

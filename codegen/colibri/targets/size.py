@@ -7,6 +7,10 @@ file-backed allocated sections as flash and writable ones as RAM.
 
 Breakdowns: by section; by runtime module (symbols defined by each object of libcolibri.a);
 by expert (the generated `<name>_e<j>_*` weight arrays and the `<name>_expert_<j>` kernel).
+
+Bare metal: the worst-case stack per entry point and the deepest path, from the report the build
+writes beside the ELF (``<elf>.stack.json``, colibri/targets/stack.py), against the board's
+stack_size.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class SizeReport:
     model: dict[str, int] = field(default_factory=dict)
     #: Regions of a generated transformer's arena (KV cache included), from its manifest.
     arena: list[dict[str, Any]] = field(default_factory=list)
+    #: Worst-case stack (bare metal): colibri.targets.stack.StackReport.as_dict().
+    stack: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +62,7 @@ class SizeReport:
             "experts": {str(k): v for k, v in sorted(self.experts.items())},
             "model": self.model,
             **({"arena": self.arena} if self.arena else {}),
+            **({"stack": self.stack} if self.stack else {}),
         }
 
 
@@ -209,6 +216,11 @@ def size_report(target: str | Path, board_name: str) -> SizeReport:
     path = Path(target).resolve()
     elf, lib, name = locate(path, board)
     rep = analyse(elf, board, lib, name)
+    if board.is_baremetal:
+        from .stack import load_report
+
+        stack = load_report(elf)
+        rep.stack = stack.as_dict() if stack else None
     if path.is_dir():
         from .build import check_generated
 
@@ -233,6 +245,10 @@ def format_report(rep: SizeReport) -> str:
 
     lines.append(f"  flash: {usage(rep.flash_used, rep.flash_size)}")
     lines.append(f"  RAM:   {usage(rep.ram_used, rep.ram_size)}")
+    if rep.stack:
+        from .stack import StackReport, format_stack
+
+        lines.extend(format_stack(StackReport.from_dict(rep.stack)))
     lines.append("")
     widths = [22, 10, 6, 6]
     lines.append(_fmt_row(["section", "bytes", "flash", "RAM"], widths))
@@ -286,6 +302,14 @@ def check_elf_budget(rep: SizeReport) -> None:
         problems.append(
             f"RAM {rep.ram_used} > {rep.ram_size} ({rep.ram_used - rep.ram_size} bytes over)"
         )
+    if rep.stack and rep.stack.get("entry"):
+        worst, size = int(rep.stack["worst"]), int(rep.stack["stack_size"])
+        if worst > size:
+            path = " -> ".join(f"{n} ({b})" for n, b in rep.stack["entry"]["path"])
+            problems.append(
+                f"stack worst case {worst} > stack_size {size} ({worst - size} bytes over; "
+                f"deepest path: {path})"
+            )
     if problems:
         big = sorted(rep.sections, key=lambda s: -s["size"])[:3]
         raise BudgetExceeded(

@@ -78,10 +78,13 @@ __attribute__((noinline, noipa)) void clb_platform_bench_begin(void)
     clb_platform_bench_state = 1;
 }
 
+/* The end marker also checks the stack guard (after each forward pass); instruction counts stop
+ * on entering it, so the check is not counted. */
 __attribute__((noinline, noipa)) void clb_platform_bench_end(void)
 {
     clb_platform_bench_state = 2;
     __asm__ volatile("" ::: "memory");
+    clb_stack_guard_check();
 }
 
 _Noreturn void clb_platform_exit(int32_t code)

@@ -1,8 +1,24 @@
 /**
  * @file startup.c
  * @brief Cortex-M start-up for QEMU's MPS2/MPS3 machines: vector table, reset handler (FPU,
- *        .data copy, .bss zeroing, main) and fault handlers that report the faulting PC through
- *        semihosting and exit with code 99 instead of letting QEMU lock up.
+ *        stack painting and guard, .data copy, .bss zeroing, main) and fault handlers that report
+ *        the faulting PC through semihosting and exit with code 99 instead of letting QEMU lock
+ *        up.
+ *
+ * Stack guard: the reset handler paints the stack and the guard below it
+ * (templates/linker/cortex_m.ld.j2) with CLB_STACK_PAINT; at a normal exit the high-water mark
+ * is printed ("stack high-water: N of M bytes"). Three mechanisms report an overflow as
+ * "colibri: stack overflow: ..." with exit code 98:
+ * - ARMv7-M (Cortex-M3/M4/M7) with an MPU: the guard (512 bytes, 64-byte aligned) is made
+ *   no-access, execute-never MPU memory (two regions with subregions; default memory map
+ *   elsewhere, MemManage enabled), so the first store into it faults: a frame smaller than the
+ *   guard cannot step over it.
+ * - v8-M mainline (Cortex-M33/M55): MSPLIM = __stack_limit; the first push below the stack
+ *   faults (UsageFault STKOF).
+ * - Everywhere (the only guard when MPU_TYPE reports no MPU regions): the painted guard is
+ *   checked by clb_stack_guard_check() after each forward pass and at exit.
+ * The fault handler never runs on the overflowed stack: it disables the MPU, lifts MSPLIM and
+ * moves SP back to the top of the stack before calling C (the program ends anyway).
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -12,20 +28,136 @@
 
 /* Symbols of templates/linker/cortex_m.ld.j2. */
 extern uint32_t __data_start[], __data_end[], __data_load[], __bss_start[], __bss_end[];
-extern uint32_t _estack[];
+extern uint32_t _estack[], __stack_limit[], __stack_guard[];
 
 int main(int argc, char **argv);
 
 void clb_reset_handler(void);
-void clb_fault_report(const uint32_t *frame, uint32_t exc_return);
+void clb_fault_report(uint32_t sp, uint32_t exc_return, uint32_t pc, uint32_t lr);
 
 #define CLB_SCB_CPACR (*(volatile uint32_t *)0xE000ED88u)
 #define CLB_SCB_CFSR (*(volatile uint32_t *)0xE000ED28u)
 #define CLB_SCB_HFSR (*(volatile uint32_t *)0xE000ED2Cu)
+#define CLB_SCB_SHCSR (*(volatile uint32_t *)0xE000ED24u)
+#define CLB_SCB_MMFAR (*(volatile uint32_t *)0xE000ED34u)
+#define CLB_SCB_SHCSR_MEMFAULTENA (1u << 16)
+#define CLB_SCB_CFSR_MMARVALID (1u << 7)
+#define CLB_SCB_CFSR_STKOF (1u << 20)
+/* PMSAv7 MPU (ARMv7-M ARM, B3.5). */
+#define CLB_MPU_TYPE (*(volatile uint32_t *)0xE000ED90u)
+#define CLB_MPU_CTRL (*(volatile uint32_t *)0xE000ED94u)
+#define CLB_MPU_RNR (*(volatile uint32_t *)0xE000ED98u)
+#define CLB_MPU_RBAR (*(volatile uint32_t *)0xE000ED9Cu)
+#define CLB_MPU_RASR (*(volatile uint32_t *)0xE000EDA0u)
+#define CLB_MPU_CTRL_ENABLE (1u << 0)
+#define CLB_MPU_CTRL_PRIVDEFENA (1u << 2)
+#define CLB_MPU_RASR_XN (1u << 28) /* AP (bits 26:24) = 000: no access, privileged or not */
+#define CLB_MPU_RASR_ENABLE (1u << 0)
 #define CLB_FAULT_EXIT_CODE 99
+#define CLB_STACK_PAINT 0xC0C1B1A5u
+
+#if defined(__ARM_ARCH_8M_MAIN__) || defined(__ARM_ARCH_8_1M_MAIN__)
+#define CLB_HAS_MSPLIM 1
+#else
+#define CLB_HAS_MSPLIM 0
+#endif
+#if defined(__ARM_ARCH_7M__) || defined(__ARM_ARCH_7EM__)
+#define CLB_HAS_PMSAV7 1
+#else
+#define CLB_HAS_PMSAV7 0
+#endif
+
+/* Nonzero once the MPU guards the region below the stack (the painted guard is then unreadable
+ * and needs no check: nothing can write it without faulting). */
+static uint32_t clb_mpu_guard_on;
 
 static char clb_prog_name[] = "colibri";
 static char *clb_argv[] = {clb_prog_name, 0};
+
+static uint32_t clb_stack_size(void)
+{
+    return (uint32_t)((uintptr_t)_estack - (uintptr_t)__stack_limit);
+}
+
+/** @brief Bytes from the lowest word at or above `from` that lost its paint up to the top. */
+static uint32_t clb_stack_used(const uint32_t *from)
+{
+    const uint32_t *p = from;
+    while (p < _estack && *p == CLB_STACK_PAINT) {
+        ++p;
+    }
+    return (uint32_t)((uintptr_t)_estack - (uintptr_t)p);
+}
+
+/** @brief Print "colibri: stack overflow: ..." (used = bytes known to be used, 0 if unknown). */
+static _Noreturn void clb_stack_overflow(uint32_t used, const char *how)
+{
+    char msg[200];
+    char *p = clb_append(msg, "colibri: stack overflow: ");
+    if (used != 0u) {
+        p = clb_append_u32(p, used);
+        p = clb_append(p, " bytes used of ");
+    } else {
+        p = clb_append(p, "more than ");
+    }
+    p = clb_append_u32(p, clb_stack_size());
+    p = clb_append(p, used != 0u ? " (at least; " : " bytes used (");
+    p = clb_append(p, how);
+    p = clb_append(p, "); raise stack_size in the board file\n");
+    *p = '\0';
+    clb_platform_puts(msg);
+    clb_platform_exit(CLB_STACK_OVERFLOW_EXIT_CODE);
+}
+
+void clb_stack_guard_check(void)
+{
+    if (clb_mpu_guard_on != 0u) {
+        return;
+    }
+    for (const uint32_t *p = __stack_guard; p < __stack_limit; ++p) {
+        if (*p != CLB_STACK_PAINT) {
+            clb_stack_overflow(clb_stack_used(__stack_guard),
+                               "the guard below the stack was overwritten");
+        }
+    }
+}
+
+/** @brief ARMv7-M: make the guard below the stack no-access, execute-never MPU memory and enable
+ *         the MPU with the default memory map elsewhere and MemManage faults. The guard (size G a
+ *         power of two >= 256, base aligned to G/8: the linker script sees to both) is covered
+ *         by regions 0 and 1 of size G, aligned to G, with the subregions (G/8 each) outside the
+ *         guard disabled; so the linker pads at most G/8 - 8 bytes, not G - 8. Nothing happens
+ *         without an MPU (MPU_TYPE.DREGION < 2) or with a guard the MPU cannot cover. */
+static void clb_stack_guard_mpu(void)
+{
+#if CLB_HAS_PMSAV7
+    const uint32_t guard = (uint32_t)(uintptr_t)__stack_guard;
+    const uint32_t size = (uint32_t)((uintptr_t)__stack_limit - (uintptr_t)__stack_guard);
+    const uint32_t sub = size / 8u;
+    if (((CLB_MPU_TYPE >> 8) & 0xFFu) < 2u || size < 256u || (size & (size - 1u)) != 0u ||
+        (guard & (sub - 1u)) != 0u) {
+        return;
+    }
+    uint32_t log2 = 0u;
+    while ((1u << log2) < size) {
+        ++log2;
+    }
+    const uint32_t base = guard & ~(size - 1u);
+    const uint32_t below = (1u << ((guard - base) / sub)) - 1u; /* subregions below the guard */
+    const uint32_t rasr = CLB_MPU_RASR_XN | ((log2 - 1u) << 1) | CLB_MPU_RASR_ENABLE;
+    CLB_MPU_CTRL = 0u;
+    CLB_MPU_RNR = 0u;
+    CLB_MPU_RBAR = base;
+    CLB_MPU_RASR = rasr | (below << 8); /* SRD: a set bit disables that subregion */
+    CLB_MPU_RNR = 1u;
+    CLB_MPU_RBAR = base + size;
+    CLB_MPU_RASR = below != 0u ? rasr | ((~below & 0xFFu) << 8) : 0u;
+    CLB_SCB_SHCSR |= CLB_SCB_SHCSR_MEMFAULTENA;
+    CLB_MPU_CTRL = CLB_MPU_CTRL_PRIVDEFENA | CLB_MPU_CTRL_ENABLE;
+    __asm__ volatile("dsb\n\tisb" ::: "memory");
+    clb_mpu_guard_on = 1u;
+#endif
+}
 
 void clb_reset_handler(void)
 {
@@ -34,13 +166,33 @@ void clb_reset_handler(void)
     CLB_SCB_CPACR |= 0xFu << 20;
     __asm__ volatile("dsb\n\tisb" ::: "memory");
 #endif
+    /* Paint from the guard up to the current stack pointer (this frame is above it). */
+    uint32_t *sp;
+    __asm__ volatile("mov %0, sp" : "=r"(sp));
+    for (uint32_t *p = __stack_guard; p < sp;) {
+        *p++ = CLB_STACK_PAINT;
+    }
+#if CLB_HAS_MSPLIM
+    __asm__ volatile("msr msplim, %0" ::"r"(__stack_limit) : "memory");
+#endif
     for (uint32_t *src = __data_load, *dst = __data_start; dst < __data_end;) {
         *dst++ = *src++;
     }
     for (uint32_t *dst = __bss_start; dst < __bss_end;) {
         *dst++ = 0u;
     }
-    clb_platform_exit((int32_t)main(1, clb_argv));
+    clb_stack_guard_mpu(); /* after .bss: it sets clb_mpu_guard_on */
+    const int32_t code = (int32_t)main(1, clb_argv);
+    clb_stack_guard_check();
+    char msg[64];
+    char *p = clb_append(msg, "stack high-water: ");
+    p = clb_append_u32(p, clb_stack_used(__stack_limit));
+    p = clb_append(p, " of ");
+    p = clb_append_u32(p, clb_stack_size());
+    p = clb_append(p, " bytes\n");
+    *p = '\0';
+    clb_platform_puts(msg);
+    clb_platform_exit(code);
 }
 
 /* Exception names by number (IPSR). */
@@ -50,25 +202,61 @@ static const char *const clb_exception_names[16] = {
     [14] = "PendSV",    [15] = "SysTick",
 };
 
-/** @brief Print "colibri: <Fault> pc=... lr=... cfsr=... hfsr=..." and exit with 99. */
-__attribute__((used)) void clb_fault_report(const uint32_t *frame, uint32_t exc_return)
+/** @brief Report a fault as a stack overflow when it is one: MSPLIM hit (v8-M), a store into
+ *         the MPU guard, or an exception frame below the stack. */
+static void clb_fault_stack_check(uint32_t sp, uint32_t cfsr, uint32_t pc)
+{
+    if ((cfsr & CLB_SCB_CFSR_STKOF) != 0u) {
+        clb_stack_overflow(0u, "MSPLIM stack limit hit");
+    }
+    const uint32_t guard = (uint32_t)(uintptr_t)__stack_guard;
+    const uint32_t limit = (uint32_t)(uintptr_t)__stack_limit;
+    const uint32_t addr = CLB_SCB_MMFAR;
+    const int in_guard = (cfsr & CLB_SCB_CFSR_MMARVALID) != 0u && addr >= guard && addr < limit;
+    if (!in_guard && sp >= limit) {
+        return;
+    }
+    char how[120];
+    char *p = clb_append(how, clb_mpu_guard_on != 0u ? "MPU guard below the stack hit"
+                                                     : "exception frame below the stack");
+    if (in_guard) {
+        p = clb_append(p, " at ");
+        p = clb_append_hex(p, addr);
+    }
+    p = clb_append(p, ", sp=");
+    p = clb_append_hex(p, sp);
+    if (sp >= limit || sp + 32u <= guard) { /* else the frame was not stacked (guarded) */
+        p = clb_append(p, " pc=");
+        p = clb_append_hex(p, pc);
+    }
+    *p = '\0';
+    clb_stack_overflow(0u, how);
+}
+
+/** @brief Print "colibri: <Fault> pc=... lr=... cfsr=... hfsr=..." and exit with 99 (98 and
+ *         "colibri: stack overflow: ..." for a stack overflow). Runs on a fresh stack: sp is
+ *         where the exception frame was pushed, pc and lr were read from it. */
+__attribute__((used)) void clb_fault_report(uint32_t sp, uint32_t exc_return, uint32_t pc,
+                                            uint32_t lr)
 {
     uint32_t ipsr;
     __asm__ volatile("mrs %0, ipsr" : "=r"(ipsr));
     ipsr &= 0x1FFu;
+    const uint32_t cfsr = CLB_SCB_CFSR;
+    clb_fault_stack_check(sp, cfsr, pc);
     const char *name =
         (ipsr < 16u && clb_exception_names[ipsr] != 0) ? clb_exception_names[ipsr] : "interrupt";
     char msg[160];
     char *p = clb_append(msg, "colibri: ");
     p = clb_append(p, name);
     p = clb_append(p, " pc=");
-    p = clb_append_hex(p, frame[6]);
+    p = clb_append_hex(p, pc);
     p = clb_append(p, " lr=");
-    p = clb_append_hex(p, frame[5]);
+    p = clb_append_hex(p, lr);
     p = clb_append(p, " exc=");
     p = clb_append_hex(p, ipsr);
     p = clb_append(p, " cfsr=");
-    p = clb_append_hex(p, CLB_SCB_CFSR);
+    p = clb_append_hex(p, cfsr);
     p = clb_append(p, " hfsr=");
     p = clb_append_hex(p, CLB_SCB_HFSR);
     p = clb_append(p, " exc_return=");
@@ -79,14 +267,33 @@ __attribute__((used)) void clb_fault_report(const uint32_t *frame, uint32_t exc_
     clb_platform_exit(CLB_FAULT_EXIT_CODE);
 }
 
-/* Every exception lands here: pick the stack the frame was pushed on, then report. */
+/* Every exception lands here. The stack it was taken on may have overflowed (its frame may sit
+ * in the MPU guard), so before any C: lift MSPLIM (v8-M), disable the MPU (v7-M), read pc and lr
+ * from the exception frame, and move SP back to the top of the stack. */
 __attribute__((naked)) static void clb_fault_handler(void)
 {
+#if CLB_HAS_MSPLIM
+    __asm__ volatile("movs r0, #0\n\t"
+                     "msr msplim, r0\n\t");
+#endif
+#if CLB_HAS_PMSAV7
+    __asm__ volatile("movw r0, #0xED94\n\t" /* MPU_CTRL = 0 */
+                     "movt r0, #0xE000\n\t"
+                     "movs r1, #0\n\t"
+                     "str r1, [r0]\n\t"
+                     "dsb\n\t"
+                     "isb\n\t");
+#endif
     __asm__ volatile("tst lr, #4\n\t"
                      "ite eq\n\t"
                      "mrseq r0, msp\n\t"
                      "mrsne r0, psp\n\t"
                      "mov r1, lr\n\t"
+                     "ldr r2, [r0, #24]\n\t" /* stacked pc */
+                     "ldr r3, [r0, #20]\n\t" /* stacked lr */
+                     "movw r12, #:lower16:_estack\n\t"
+                     "movt r12, #:upper16:_estack\n\t"
+                     "mov sp, r12\n\t"
                      "b clb_fault_report\n\t");
 }
 

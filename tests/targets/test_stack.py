@@ -1,0 +1,166 @@
+"""Worst-case stack on the Cortex-M boards: the static bound (call graph + -fstack-usage) is
+reported and covers the measured high-water mark, a budget below it fails the build naming the
+deepest path, and a too-small stack forced past the check is caught at run time (MSPLIM on the
+v8-M cortex-m55, a no-access MPU region below the stack on the ARMv7-M boards) with a clear
+error and a non-zero exit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from colibri.boards import list_boards, load_board
+from colibri.cli.pipeline import generate
+from colibri.errors import BudgetExceeded, QemuError
+from colibri.frontends.toy import make_toy
+from colibri.options import GenerateOptions
+from conftest import require_board
+
+#: Bare-metal boards whose runner platform carries the stack guard (arm_semihost start-up).
+GUARDED = [b.name for b in list_boards() if b.is_baremetal and b.platform == "arm_semihost"]
+
+
+def _toy(board: str, where: Path) -> tuple[Path, np.ndarray]:
+    layer = make_toy(experts=2, hidden=8, ff=16, top_k=1, activation="gelu", seed=0)
+    generate(layer, where, GenerateOptions(board=board, name="toy", max_tokens=8))
+    x = np.random.default_rng(42).standard_normal((5, 8)).astype(np.float32)
+    return where, x
+
+
+def _run(board: str, elf: Path, x: np.ndarray, work: Path) -> object:
+    from colibri.targets.qemu import run_elf
+    from colibri.targets.runio import write_input
+
+    work.mkdir(parents=True, exist_ok=True)
+    write_input(work / "input.bin", x)
+    return run_elf(load_board(board), elf, cwd=work, timeout=30)
+
+
+@pytest.mark.parametrize("board", GUARDED)
+def test_stack_bound_reported_and_covers_high_water(board: str, tmp_path: Path) -> None:
+    require_board(board)
+    from colibri.targets.build import build_model
+    from colibri.targets.size import format_report, size_report
+
+    gen, x = _toy(board, tmp_path / "toy")
+    elf = build_model(gen, board)
+    rep = size_report(gen, board)
+    assert rep.stack is not None, "the build wrote no stack report"
+    stack = rep.stack
+    assert stack["problems"] == []
+    assert stack["stack_size"] == load_board(board).stack_size
+    names = [n for n, _ in stack["entry"]["path"]]
+    assert names[:2] == ["clb_reset_handler", "main"], names
+    api = {e["name"]: e["bound"] for e in stack["api"]}
+    assert {"colibri_forward", "colibri_sparse_forward"} <= set(api)
+    assert 0 < api["colibri_forward"] < stack["worst"] <= stack["stack_size"]
+    # the dispatch table resolved to the generated kernels
+    assert any(t.startswith("toy_expert_") for t in stack["indirect_targets"])
+    text = format_report(rep)
+    assert f"stack: worst case {stack['worst']} / {stack['stack_size']} bytes" in text
+    assert "deepest path: clb_reset_handler" in text
+
+    result = _run(board, elf, x, tmp_path / "run")
+    measured = result.stack_high_water  # type: ignore[attr-defined]
+    assert measured is not None, result.stdout  # type: ignore[attr-defined]
+    assert 0 < measured <= stack["worst"], (measured, stack["worst"])
+
+
+@pytest.mark.parametrize("board", GUARDED)
+def test_stack_budget_below_bound_fails_build(board: str, tmp_path: Path) -> None:
+    require_board(board, run=False)
+    from colibri.targets.build import build_model
+
+    gen, _ = _toy(board, tmp_path / "toy")
+    with pytest.raises(
+        BudgetExceeded,
+        match=r"stack budget exceeded on .*: worst case \d+ bytes > stack_size 256 .*"
+        r"deepest path: clb_reset_handler \(\d+\) -> main \(\d+\) -> ",
+    ):
+        build_model(gen, board, stack_size=256, build_dir=tmp_path / "b")
+
+
+#: Stack sizes forced past the build-time check: all below the toy runner's worst case (~800
+#: bytes), among them 512 and 128, which the painted 16-byte guard alone missed on cortex-m4 (a
+#: frame stepped over it: exit 0, or a lockup).
+SMALL_STACKS = (128, 256, 384, 512, 640, 768)
+
+
+@pytest.mark.parametrize("board", GUARDED)
+def test_too_small_stack_is_caught_at_run_time(board: str, tmp_path: Path) -> None:
+    """stack_check=0 lets too small stacks through the build; every run is reported by the
+    run-time guard (MSPLIM on v8-M, the MPU region below the stack on ARMv7-M) with a clear
+    error and a non-zero exit: never exit 0, a lockup or a timeout. At the static bound itself
+    the run passes. One build per board: each stack size only relinks."""
+    require_board(board)
+    from colibri.targets.build import build_model
+    from colibri.targets.stack import load_report
+
+    gen, x = _toy(board, tmp_path / "toy")
+    bdir = tmp_path / "b"
+    how = "MSPLIM stack limit hit" if board == "cortex-m55" else r"MPU guard below the stack hit"
+    missed = []
+    worst = 0
+    for size in SMALL_STACKS:
+        elf = build_model(gen, board, stack_size=size, stack_check=False, build_dir=bdir)
+        rep = load_report(elf)
+        assert rep is not None and rep.stack_size == size
+        worst = rep.worst
+        assert size < worst, (size, worst)
+        if board != "cortex-m55":
+            assert rep.guard == 512, rep.guard
+            assert rep.largest_frame is not None and rep.largest_frame[1] < rep.guard - 8
+        try:
+            result = _run(board, elf, x, tmp_path / f"run{size}")
+        except QemuError as exc:
+            if not re.search(rf"guest stack overflow \(colibri: stack overflow: .*{how}", str(exc)):
+                missed.append(f"{size}: {str(exc).splitlines()[0]}")
+        else:
+            missed.append(f"{size}: exit 0 ({result.stdout.strip()[-80:]!r})")  # type: ignore[attr-defined]
+    assert not missed, "stack overflows not reported clearly:\n" + "\n".join(missed)
+
+    # the static bound is enough: a stack of exactly the worst case runs clean
+    size = (worst + 7) // 8 * 8
+    elf = build_model(gen, board, stack_size=size, build_dir=bdir)
+    result = _run(board, elf, x, tmp_path / "run_bound")
+    assert result.stack_high_water is not None  # type: ignore[attr-defined]
+    assert result.stack_high_water <= size  # type: ignore[attr-defined]
+
+
+def test_dynamic_frame_and_recursion_fail(tmp_path: Path) -> None:
+    """A VLA (dynamic frame) and a recursive function are refused, each named."""
+    require_board("cortex-m4", run=False)
+    import subprocess
+
+    from colibri.boards import render_linker_script
+    from colibri.errors import StackUsageError
+    from colibri.targets.stack import analyse_stack, check_stack_budget
+
+    board = load_board("cortex-m4")
+    src = tmp_path / "bad.c"
+    src.write_text(
+        "int use(int *p);\n"
+        "int vla(int n) { int a[n]; return use(a); }\n"
+        "int fact(int n) { return n < 2 ? 1 : n * fact(n - 1) + use(&n); }\n"
+        "int use(int *p) { return *p; }\n"
+        "void clb_reset_handler(void) { volatile int r = vla(3) + fact(4); (void)r; "
+        "for (;;) {} }\n"
+    )
+    script = render_linker_script(board, tmp_path / "m4.ld")
+    elf = tmp_path / "bad.elf"
+    flags = [*board.compile_flags(), "-fstack-usage", "-fno-optimize-sibling-calls", "-fno-inline"]
+    obj = tmp_path / "bad.o"
+    subprocess.run([board.compiler, *flags, "-c", "-o", str(obj), str(src)], check=True)
+    subprocess.run(
+        [board.compiler, *board.link_flags(), "-nostdlib", "-T", str(script)]
+        + ["-o", str(elf), str(obj), "-lgcc"],
+        check=True,
+    )
+    rep = analyse_stack(elf, board, [tmp_path / "bad.su"])
+    with pytest.raises(StackUsageError) as info:
+        check_stack_budget(rep)
+    message = str(info.value)
+    assert "function vla has a dynamic stack frame" in message, message
+    assert "recursion: fact -> fact" in message, message
