@@ -8,6 +8,40 @@
  *
  * Memory: on the MCU path (COLIBRI_NO_FILESYSTEM defined) the runtime never allocates; the
  * generated model provides a static arena. The POSIX build (model files, mmap) is marked.
+ *
+ * Thread safety
+ * -------------
+ * A handle (colibri_model_t) is NOT safe to use from two threads at once: a forward pass
+ * writes the handle's workspace (arena), its expert cache slots, LRU clock and counters. The
+ * runtime has no locks, no global mutable state and no thread-local state, so:
+ *   - Different handles may be used concurrently without any synchronisation.
+ *   - To run N threads on one model, give each thread its own handle made with
+ *     colibri_init_shared (POSIX, allocates only the new handle's workspace and cache slots)
+ *     or colibri_init_shared_static (caller's arena, no allocation). The handles share the
+ *     read-only weights (the mmap'ed file, the router, the weight table, the sharing map, or
+ *     the generated const data) and give bit-identical outputs to the handle they came from;
+ *     each has its own workspace, cache slots and colibri_stats_t. Generated kernels keep
+ *     all their scratch in the workspace of the handle that calls them (the int8 activation
+ *     row of quantised kernels included: colibri_model_t.kernel_scratch_bytes), so every
+ *     generated lone layer can be shared, whatever its weight and activation schemes. A
+ *     generated whole transformer (transformer_model.c) has one static KV cache and arena:
+ *     one thread.
+ *   - Calls that only read a handle's immutable part may run concurrently with each other and
+ *     with a forward pass on that handle: colibri_route, colibri_workspace_size,
+ *     colibri_arena_size, and colibri_init_shared / colibri_init_shared_static with it as
+ *     base. Everything else that takes a handle (colibri_forward, colibri_sparse_forward,
+ *     colibri_load_expert, colibri_get_stats, colibri_reset_stats, colibri_cleanup) needs
+ *     exclusive use of that handle: one thread at a time, or the caller's own lock.
+ *   - Handles made by colibri_init / colibri_init_shared hold a reference on the shared
+ *     weights (atomic count): clean them up in any order, from any thread (each one once).
+ *     colibri_init_shared_static takes no reference: its base must outlive it.
+ *   - Functions without a handle (colibri_route_gate, colibri_strerror, colibri_expert_ffn_f32
+ *     with a const model, colibri_transformer.h, colibri_quant.h) keep no state and are
+ *     reentrant when their output buffers are not shared.
+ *   - colibri_config_t.num_threads is reserved: a value > 1 runs single-threaded and does not
+ *     make a handle shareable.
+ * tests/runtime/test_threads.py runs 4 threads (one handle each, shared weights) under
+ * ThreadSanitizer (scons board=host sanitize=thread) and checks the outputs bit for bit.
  */
 #ifndef COLIBRI_H
 #define COLIBRI_H
@@ -86,8 +120,8 @@ typedef struct {
     const char *model_path;            /**< Colibri container or seed flat file (POSIX) */
     colibri_cache_policy cache_policy; /**< NONE / LRU / PINNED */
     int32_t lru_cache_size;            /**< number of LRU slots (LRU only, >= 1) */
-    int32_t num_threads;               /**< reserved; 0 or 1 = single-threaded */
-    uint32_t load_flags;               /**< COLIBRI_LOAD_* bits; 0 = verify everything */
+    int32_t num_threads; /**< reserved (>= 0, runs single-threaded; see Thread safety) */
+    uint32_t load_flags; /**< COLIBRI_LOAD_* bits; 0 = verify everything */
     const int32_t *expert_sharing_map; /**< NULL or [num_experts]: expert i uses j's weights */
 } colibri_config_t;
 
@@ -110,7 +144,8 @@ typedef struct {
 /**
  * @brief Expert kernel: y[n][d_model] = FFN(x[n][d_model]) for n tokens.
  * @param w       the expert's weights (NULL for generated kernels with weights baked in)
- * @param scratch at least n * d_ff * (gated ? 2 : 1) floats
+ * @param scratch at least n * d_ff * (gated ? 2 : 1) floats, then the model's
+ *                kernel_scratch_bytes (the workspace's hidden region; 4-byte aligned)
  */
 typedef void (*colibri_expert_kernel_fn)(const colibri_expert_weights_t *w, const float *x,
                                          float *y, int32_t n, float *scratch);
@@ -168,7 +203,8 @@ typedef struct colibri_model {
     /** Backing storage (POSIX builds): mapping of the model file and owned allocations. */
     void *map_base;
     size_t map_size;
-    void *owned; /**< single allocation holding the arrays above (POSIX), freed by cleanup */
+    void *owned; /**< allocation holding this descriptor, arena and slots (POSIX), freed by
+                      cleanup; the weight tables live in `shared` */
     int is_static;
     /** Effective sharing map used by the loader (set by init: the config's map, else share;
      *  NULL = identity). Private. */
@@ -183,6 +219,15 @@ typedef struct colibri_model {
     int32_t router_scheme;
     const void *router_wq;
     const float *router_scale;
+    /** Reference-counted weights shared by the handles of one model file (colibri_init,
+     *  colibri_init_shared); NULL for static models. Private. */
+    void *shared;
+    /** Bytes the expert kernels use in their scratch after the n hidden rows (generated
+     *  kernels with int8 activations: the quantised row, COLIBRI_Q8_ROW_BYTES(max(d_model,
+     *  d_ff)) of colibri_quant.h). Part of every handle's workspace (colibri_workspace_size
+     *  adds COLIBRI_ALIGN16 of it), so handles sharing the kernels never share this buffer.
+     *  0 for model files and fp32 kernels; set by generated code before colibri_init_static. */
+    size_t kernel_scratch_bytes;
 } colibri_model_t;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -198,8 +243,9 @@ typedef struct colibri_model {
  * 64-aligned, in table order without overlapping, dtype and shape as the header says), the
  * sharing map; then, unless config->load_flags skips them, each container tensor's CRC-32
  * (COLIBRI_ERR_CHECKSUM) and the fp32 weights for NaN / Inf (COLIBRI_ERR_NONFINITE; the seed
- * layout has no checksums). Only then is the model allocated, in one block whose size is
- * bounded by the file: the arena holds up to 256 token rows per chunk, fewer when that would
+ * layout has no checksums). Only then is the model allocated, in two blocks whose sizes are
+ * bounded by the file (the weight tables handles share, and this handle's descriptor, arena
+ * and slots): the arena holds up to 256 token rows per chunk, fewer when that would
  * exceed max(file size, COLIBRI_FILE_ARENA_MIN) bytes (same results), and LRU slots are capped
  * at the number of experts that own weights. Details and costs: docs/format.md.
  * @return COLIBRI_OK and *out_model set, or a negative status (*out_model = NULL).
@@ -212,10 +258,53 @@ colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **ou
  *        plus COLIBRI_SLOT_BYTES for LRU/NONE (slots live at the end of the arena); the
  *        arena must be 8-byte aligned. A config sharing map overrides model->share.
  *        model must have n_experts, d_model, d_ff, top_k, activation, flags, router_w/b,
- *        stored, share and kernels filled in. config may be NULL (PINNED, no sharing).
+ *        stored, share, kernels and kernel_scratch_bytes (0 unless the kernels need it) filled
+ *        in. config may be NULL (PINNED, no sharing).
  */
 colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_t *config,
                                    void *arena, size_t arena_size, int32_t max_tokens);
+
+/**
+ * @brief Another handle on base's model, for another thread (POSIX; see Thread safety). It
+ *        shares base's read-only weights and allocates only its own descriptor, workspace and
+ *        cache slots (one block of colibri_arena_size(base, config, base's chunk) bytes plus
+ *        the descriptor), so N threads cost N workspaces, not N copies of the model. Outputs
+ *        are bit-identical to base's. The weights stay mapped until the last handle sharing
+ *        them is cleaned up: release base and its siblings in any order. Safe to call while
+ *        another thread runs a forward pass on base.
+ * @param base   a handle from colibri_init, colibri_init_shared or colibri_init_static
+ * @param config NULL = base's cache policy and slot count. Otherwise cache_policy,
+ *               lru_cache_size and num_threads apply to the new handle (LRU slots are capped at
+ *               the experts that own weights, as colibri_init does); model_path and load_flags
+ *               are ignored (the weights were loaded and checked with base), and a non-NULL
+ *               expert_sharing_map must equal the map base uses (COLIBRI_ERR_ARG otherwise).
+ * @return COLIBRI_OK and *out_model set (free with colibri_cleanup), or a negative status
+ *         (*out_model = NULL). COLIBRI_ERR_UNSUPPORTED on COLIBRI_NO_FILESYSTEM builds.
+ */
+colibri_status colibri_init_shared(const colibri_model_t *base, const colibri_config_t *config,
+                                   colibri_model_t **out_model);
+
+/**
+ * @brief colibri_init_shared without allocation (MCU path, or a host that owns its memory):
+ *        model becomes a handle on base's weights with arena as its workspace and cache slots.
+ *        arena must hold colibri_arena_size(base, config, max_tokens) bytes, 8-byte aligned
+ *        (generated code: <NAME>_WORKSPACE_BYTES + <NAME>_SLOTS_BYTES for the same cache and
+ *        <NAME>_MAX_TOKENS). config as colibri_init_shared (slots not capped). No reference is
+ *        taken: base (and, for a file model, its weights) must outlive model; colibri_cleanup
+ *        on model is a no-op. Any max_tokens >= 1 gives the same outputs (chunking only).
+ */
+colibri_status colibri_init_shared_static(colibri_model_t *model, const colibri_model_t *base,
+                                          const colibri_config_t *config, void *arena,
+                                          size_t arena_size, int32_t max_tokens);
+
+/**
+ * @brief Arena bytes colibri_init_shared_static (or colibri_init_static with model's weights)
+ *        needs for chunks of max_tokens tokens: the workspace plus the cache slots of config's
+ *        policy (NULL config: model's own policy and slot count). 0 when the arguments are
+ *        invalid or the size does not fit in size_t.
+ */
+size_t colibri_arena_size(const colibri_model_t *model, const colibri_config_t *config,
+                          int32_t max_tokens);
 
 /** @brief Release a model (unmaps / frees what colibri_init took). Safe on NULL. */
 void colibri_cleanup(colibri_model_t *model);
@@ -272,7 +361,10 @@ colibri_status colibri_reset_stats(colibri_model_t *model);
  * Workspace bytes of colibri_sparse_forward for chunks of T tokens (E experts, top-k K,
  * d_model D, d_ff F, GATED 0/1): grouping counters, token permutation, gathered inputs,
  * expert outputs and the hidden activations. A compile-time constant for generated code;
- * colibri/plan/memory.py computes the same number and a test checks that they agree.
+ * colibri/plan/memory.py computes the same number and a test checks that they agree. A model
+ * whose kernels need scratch after the hidden rows (colibri_model_t.kernel_scratch_bytes KS)
+ * has COLIBRI_WORKSPACE_BYTES(...) + COLIBRI_ALIGN16(KS) (colibri_workspace_size), the extra
+ * bytes following the hidden region at the end of the workspace.
  */
 #define COLIBRI_WORKSPACE_BYTES(E, K, D, F, GATED, T)                                              \
     (COLIBRI_ALIGN16(4u * (2u * (size_t)(E) + 2u)) +                                               \
@@ -299,7 +391,8 @@ colibri_status colibri_reset_stats(colibri_model_t *model);
             COLIBRI_ALIGN16(4u * (size_t)(N)) + COLIBRI_ALIGN16(4u * (size_t)(N) * (size_t)(EF))))
 
 /** @brief Bytes of workspace colibri_sparse_forward needs for chunks of max_tokens tokens
- *         (COLIBRI_WORKSPACE_BYTES for the model's dims and default top-k). */
+ *         (COLIBRI_WORKSPACE_BYTES for the model's dims and default top-k, plus
+ *         COLIBRI_ALIGN16(model->kernel_scratch_bytes)); 0 if it does not fit in size_t. */
 size_t colibri_workspace_size(const colibri_model_t *model, int32_t max_tokens);
 
 /**

@@ -58,6 +58,21 @@ colibri_status colibri_check_dims(const colibri_model_t *model);
 /** @brief Validate stored weights: every canonical expert has the tensors its flags need. */
 colibri_status colibri_check_stored(const colibri_model_t *model);
 
+/**
+ * @brief Cache policy and slot count of a new handle on base's weights (colibri_init_shared*):
+ *        base's own when config is NULL, else config's, validated against base.
+ */
+colibri_status colibri_shared_policy(const colibri_model_t *base, const colibri_config_t *config,
+                                     colibri_cache_policy *policy, int32_t *n_slots);
+
+/**
+ * @brief Make model a handle on base's read-only weights with arena as its workspace and slots
+ *        (copies only the fields init made immutable; no allocation). model->is_static = 1.
+ */
+colibri_status colibri_shared_attach(colibri_model_t *model, const colibri_model_t *base,
+                                     colibri_cache_policy policy, int32_t n_slots, void *arena,
+                                     size_t arena_size, int32_t max_tokens);
+
 #ifndef COLIBRI_NO_FILESYSTEM
 /** @brief Release what colibri_init took (munmap + free). Defined in model_file.c. */
 void colibri_file_release(colibri_model_t *model);

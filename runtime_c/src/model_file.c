@@ -2,9 +2,10 @@
  * @file model_file.c
  * @brief colibri_init for POSIX hosts: mmap a model file (Colibri container or the seed flat
  *        layout with config.json and router.bin beside it), validate it completely, and build
- *        the model in one allocation (descriptor, weight table, sharing map, arena, cache
- *        slots). The only file of the runtime that allocates; compiled out entirely with
- *        COLIBRI_NO_FILESYSTEM.
+ *        the model in two allocations: the weights block (reference count, weight table,
+ *        sharing map, seed router) shared by every handle on the file (colibri_init_shared),
+ *        and the handle block (descriptor, arena, cache slots). The only file of the runtime
+ *        that allocates; compiled out entirely with COLIBRI_NO_FILESYSTEM.
  */
 #ifndef COLIBRI_NO_FILESYSTEM
 
@@ -15,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -429,11 +431,23 @@ static colibri_status read_config(const char *model_path, seed_config *cfg)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Model block: one allocation for the descriptor and everything it points to.                 */
+/* Model blocks: the weights block (shared by every handle on the file) and the handle block.   */
+
+/*
+ * Head of the weights block: what the handles of one model file share (colibri.h, Thread
+ * safety). refs counts the handles (colibri_init's and colibri_init_shared's); the last one to
+ * be cleaned up unmaps the file and frees the block. The weight table, sharing map and the
+ * seed layout's router follow it in the same allocation and are read-only after init.
+ */
+typedef struct {
+    atomic_size_t refs;
+    void *map;
+    size_t map_size;
+} file_shared;
 
 typedef struct {
-    size_t stored, share, router, arena, slots, total;
-} block_layout;
+    size_t stored, share, router, total;
+} weights_layout;
 
 static int add_ok(size_t *acc, size_t n)
 {
@@ -462,7 +476,30 @@ static int32_t file_max_tokens(const colibri_model_t *dims, size_t file_bytes)
     return ws == 0 ? 0 : t;
 }
 
-/* Allocate and pre-fill the block for dims in `dims` (router_floats = floats to copy in).
+/* The handle block: the descriptor, then arena_bytes of workspace and cache slots (from
+ * *arena_off). NULL on overflow or when out of memory. */
+static unsigned char *handle_block_alloc(size_t arena_bytes, size_t *arena_off)
+{
+    size_t acc = 0;
+    if (add_ok(&acc, sizeof(colibri_model_t)) != 0) {
+        return NULL;
+    }
+    *arena_off = acc;
+    if (add_ok(&acc, arena_bytes) != 0) {
+        return NULL;
+    }
+    return (unsigned char *)malloc(acc);
+}
+
+/* Free both blocks of a model that failed to load (no other handle can share it yet). */
+static void blocks_free(colibri_model_t *m)
+{
+    void *weights = m->shared;
+    free(m->owned); /* the descriptor lives inside this block */
+    free(weights);
+}
+
+/* Allocate and pre-fill both blocks for dims in `dims` (router_floats = floats to copy in).
  * Callers have validated the file first: every size here is bounded by the file's size. */
 static colibri_status block_alloc(const colibri_model_t *dims, size_t router_floats,
                                   int32_t n_slots, size_t file_bytes, colibri_model_t **out,
@@ -472,9 +509,10 @@ static colibri_status block_alloc(const colibri_model_t *dims, size_t router_flo
     const int32_t max_tokens = file_max_tokens(dims, file_bytes);
     const size_t ws = max_tokens > 0 ? colibri_workspace_size(dims, max_tokens) : 0;
     const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_expert_floats(dims));
-    block_layout lay;
+    weights_layout lay;
     size_t acc = 0;
-    if (ws == 0 || slots == SIZE_MAX || add_ok(&acc, sizeof(colibri_model_t)) != 0) {
+    if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws ||
+        add_ok(&acc, sizeof(file_shared)) != 0) {
         return COLIBRI_ERR_NOMEM;
     }
     lay.stored = acc;
@@ -489,39 +527,40 @@ static colibri_status block_alloc(const colibri_model_t *dims, size_t router_flo
     if (router_floats > SIZE_MAX / 4u || add_ok(&acc, router_floats * 4u) != 0) {
         return COLIBRI_ERR_NOMEM;
     }
-    lay.arena = acc;
-    if (add_ok(&acc, ws) != 0) {
-        return COLIBRI_ERR_NOMEM;
-    }
-    lay.slots = acc;
-    if (add_ok(&acc, slots) != 0) {
-        return COLIBRI_ERR_NOMEM;
-    }
     lay.total = acc;
 
-    unsigned char *block = (unsigned char *)malloc(lay.total);
-    if (block == NULL) {
+    size_t arena_off = 0;
+    unsigned char *block = handle_block_alloc(ws + slots, &arena_off);
+    unsigned char *weights = (block != NULL) ? (unsigned char *)malloc(lay.total) : NULL;
+    if (weights == NULL) {
+        free(block);
         return COLIBRI_ERR_NOMEM;
     }
-    memset(block, 0, lay.arena); /* descriptor and tables; arena/slots need no clearing */
+    memset(weights, 0, lay.router); /* record and tables; the router is read in */
+    file_shared *shared = (file_shared *)(void *)weights;
+    atomic_init(&shared->refs, 1u);
+    shared->map = NULL;
+    shared->map_size = 0;
+
     colibri_model_t *m = (colibri_model_t *)(void *)block;
     *m = *dims;
-    m->stored = (colibri_expert_weights_t *)(void *)(block + lay.stored);
-    m->share = (int32_t *)(void *)(block + lay.share);
-    float *router = (router_floats > 0) ? (float *)(void *)(block + lay.router) : NULL;
+    m->stored = (colibri_expert_weights_t *)(void *)(weights + lay.stored);
+    m->share = (int32_t *)(void *)(weights + lay.share);
+    float *router = (router_floats > 0) ? (float *)(void *)(weights + lay.router) : NULL;
     m->router_w = router;
     if (router_out != NULL) {
         *router_out = router;
     }
     m->kernels = NULL;
-    m->arena = block + lay.arena;
+    m->arena = block + arena_off;
     m->arena_size = ws;
     m->max_tokens = max_tokens;
     m->owned = block;
+    m->shared = shared;
     m->is_static = 0;
     m->share_eff = NULL;
-    m->slot_mem = (float *)(void *)(block + lay.slots); /* carved by colibri_loader_setup */
-    m->n_slots = n_slots;                               /* the slots the block holds */
+    m->slot_mem = (float *)(void *)(block + arena_off + ws); /* carved by colibri_loader_setup */
+    m->n_slots = n_slots;                                    /* the slots the block holds */
     *out = m;
     return COLIBRI_OK;
 }
@@ -608,12 +647,12 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
     }
     if (read_full(rfd, router, (size_t)rsize) != 0) {
         close(rfd);
-        free(m->owned);
+        blocks_free(m);
         return COLIBRI_ERR_IO;
     }
     close(rfd);
     if (check_finite && !f32_all_finite((const unsigned char *)router, rsize / 4u)) {
-        free(m->owned);
+        blocks_free(m);
         return COLIBRI_ERR_NONFINITE;
     }
     m->router_b = router_bias ? router + (size_t)(e * d) : NULL;
@@ -1018,7 +1057,7 @@ static colibri_status load_container(const colibri_config_t *config, int32_t n_s
         st = COLIBRI_ERR_FORMAT; /* an expert owning its weights lacks a tensor */
     }
     if (st != COLIBRI_OK) {
-        free(m->owned);
+        blocks_free(m);
         return st;
     }
     *out = m;
@@ -1086,13 +1125,16 @@ colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **ou
             memcpy(m->share, config->expert_sharing_map, (size_t)m->n_experts * 4u);
             m->share_eff = m->share;
         } else {
-            free(m->owned);
+            blocks_free(m);
         }
     }
     if (st != COLIBRI_OK) {
         munmap(map, size);
         return st;
     }
+    file_shared *shared = (file_shared *)m->shared;
+    shared->map = map;
+    shared->map_size = size;
     m->map_base = map;
     m->map_size = size;
     colibri_loader_setup(m, config->cache_policy, m->n_slots /* capped by the loaders */,
@@ -1101,15 +1143,80 @@ colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **ou
     return COLIBRI_OK;
 }
 
+/* Experts that own weights (their own sharing-map entry, weights present): the most LRU slots
+ * a handle on base can use. */
+static int32_t weight_owners(const colibri_model_t *base)
+{
+    int32_t owners = 0;
+    for (int32_t i = 0; i < base->n_experts; i++) {
+        const int32_t used = (base->share_eff != NULL) ? base->share_eff[i] : i;
+        owners += (used == i && base->stored != NULL && base->stored[i].w1 != NULL) ? 1 : 0;
+    }
+    return owners;
+}
+
+colibri_status colibri_init_shared(const colibri_model_t *base, const colibri_config_t *config,
+                                   colibri_model_t **out_model)
+{
+    if (out_model != NULL) {
+        *out_model = NULL;
+    }
+    if (base == NULL || out_model == NULL) {
+        return COLIBRI_ERR_ARG;
+    }
+    colibri_cache_policy policy;
+    int32_t n_slots;
+    colibri_status st = colibri_shared_policy(base, config, &policy, &n_slots);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    const int32_t owners = weight_owners(base);
+    if (n_slots > owners && owners > 0) {
+        n_slots = owners; /* as colibri_init: more LRU slots would never be used */
+    }
+    const size_t ws = colibri_workspace_size(base, base->max_tokens);
+    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(base));
+    if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    size_t arena_off = 0;
+    unsigned char *block = handle_block_alloc(ws + slots, &arena_off);
+    if (block == NULL) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    colibri_model_t *m = (colibri_model_t *)(void *)block;
+    st = colibri_shared_attach(m, base, policy, n_slots, block + arena_off, ws + slots,
+                               base->max_tokens);
+    if (st != COLIBRI_OK) {
+        free(block);
+        return st;
+    }
+    file_shared *shared = (file_shared *)base->shared;
+    if (shared != NULL) {
+        /* base's own reference keeps the count >= 1 during this call: relaxed suffices */
+        atomic_fetch_add_explicit(&shared->refs, 1u, memory_order_relaxed);
+        m->map_base = shared->map;
+        m->map_size = shared->map_size;
+    }
+    m->shared = shared;
+    m->owned = block;
+    m->is_static = 0;
+    *out_model = m;
+    return COLIBRI_OK;
+}
+
 void colibri_file_release(colibri_model_t *model)
 {
-    void *map = model->map_base;
-    size_t size = model->map_size;
-    void *owned = model->owned;
-    if (map != NULL) {
-        munmap(map, size);
+    file_shared *shared = (file_shared *)model->shared;
+    free(model->owned); /* the descriptor lives inside this block */
+    /* acq_rel: every handle's use of the weights happens before the last one frees them */
+    if (shared != NULL &&
+        atomic_fetch_sub_explicit(&shared->refs, 1u, memory_order_acq_rel) == 1u) {
+        if (shared->map != NULL) {
+            munmap(shared->map, shared->map_size);
+        }
+        free(shared); /* the head of the weights block */
     }
-    free(owned); /* the descriptor lives inside this block */
 }
 
 #else

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 colibri_status colibri_check_dims(const colibri_model_t *model)
 {
@@ -115,6 +116,118 @@ colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_
     return COLIBRI_OK;
 }
 
+colibri_status colibri_shared_policy(const colibri_model_t *base, const colibri_config_t *config,
+                                     colibri_cache_policy *policy, int32_t *n_slots)
+{
+    if (base == NULL || base->arena == NULL || base->max_tokens <= 0) {
+        return COLIBRI_ERR_ARG; /* not an initialised handle */
+    }
+    if (config == NULL) {
+        *policy = base->cache_policy;
+        *n_slots = base->n_slots;
+        return COLIBRI_OK;
+    }
+    const int32_t slots = colibri_slot_count(config);
+    if (slots < 0 || config->num_threads < 0) {
+        return COLIBRI_ERR_ARG;
+    }
+    if (config->expert_sharing_map != NULL) {
+        /* the map is part of the model: a handle on the same weights cannot change it */
+        for (int32_t i = 0; i < base->n_experts; i++) {
+            const int32_t used = (base->share_eff != NULL) ? base->share_eff[i] : i;
+            if (config->expert_sharing_map[i] != used) {
+                return COLIBRI_ERR_ARG;
+            }
+        }
+    }
+    if (base->stored == NULL && slots > 0) {
+        return COLIBRI_ERR_ARG; /* weights baked into kernels: nothing to copy into a slot */
+    }
+    *policy = config->cache_policy;
+    *n_slots = slots;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_shared_attach(colibri_model_t *model, const colibri_model_t *base,
+                                     colibri_cache_policy policy, int32_t n_slots, void *arena,
+                                     size_t arena_size, int32_t max_tokens)
+{
+    if (model == NULL || model == base || arena == NULL || max_tokens <= 0 ||
+        ((uintptr_t)arena % 8u) != 0u) {
+        return COLIBRI_ERR_ARG;
+    }
+    if (max_tokens > INT32_MAX / base->top_k) { /* perm indices stay in int32_t */
+        return COLIBRI_ERR_NOMEM;
+    }
+    const size_t ws = colibri_workspace_size(base, max_tokens);
+    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(base));
+    if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws || arena_size < ws + slots) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    /* Field by field, only what init made read-only: base's counters, clock and slot arrays
+     * may be changing under a forward pass in another thread. */
+    memset(model, 0, sizeof(*model));
+    model->n_experts = base->n_experts;
+    model->d_model = base->d_model;
+    model->d_ff = base->d_ff;
+    model->top_k = base->top_k;
+    model->activation = base->activation;
+    model->flags = base->flags;
+    model->router_w = base->router_w;
+    model->router_b = base->router_b;
+    model->stored = base->stored;
+    model->share = base->share;
+    model->kernels = base->kernels;
+    model->kernel_scratch_bytes = base->kernel_scratch_bytes; /* in this handle's workspace */
+    model->share_eff = base->share_eff;
+    model->slot_floats = base->slot_floats;
+    model->router_scheme = base->router_scheme;
+    model->router_wq = base->router_wq;
+    model->router_scale = base->router_scale;
+    model->arena = arena;
+    model->arena_size = arena_size;
+    model->max_tokens = max_tokens;
+    model->is_static = 1; /* owns nothing; colibri_init_shared takes ownership afterwards */
+    colibri_loader_setup(model, policy, n_slots, (unsigned char *)arena + ws);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_init_shared_static(colibri_model_t *model, const colibri_model_t *base,
+                                          const colibri_config_t *config, void *arena,
+                                          size_t arena_size, int32_t max_tokens)
+{
+    colibri_cache_policy policy;
+    int32_t n_slots;
+    if (model == NULL) {
+        return COLIBRI_ERR_ARG;
+    }
+    colibri_status st = colibri_shared_policy(base, config, &policy, &n_slots);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    return colibri_shared_attach(model, base, policy, n_slots, arena, arena_size, max_tokens);
+}
+
+size_t colibri_arena_size(const colibri_model_t *model, const colibri_config_t *config,
+                          int32_t max_tokens)
+{
+    int32_t n_slots;
+    if (model == NULL) {
+        return 0;
+    }
+    if (config != NULL) {
+        n_slots = colibri_slot_count(config);
+    } else {
+        n_slots = (model->arena != NULL) ? model->n_slots : 0;
+    }
+    const size_t ws = colibri_workspace_size(model, max_tokens);
+    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(model));
+    if (n_slots < 0 || ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws) {
+        return 0;
+    }
+    return ws + slots;
+}
+
 void colibri_cleanup(colibri_model_t *model)
 {
     if (model == NULL || model->is_static) {
@@ -128,6 +241,17 @@ void colibri_cleanup(colibri_model_t *model)
 #ifdef COLIBRI_NO_FILESYSTEM
 colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **out_model)
 {
+    (void)config;
+    if (out_model != NULL) {
+        *out_model = NULL;
+    }
+    return COLIBRI_ERR_UNSUPPORTED;
+}
+
+colibri_status colibri_init_shared(const colibri_model_t *base, const colibri_config_t *config,
+                                   colibri_model_t **out_model)
+{
+    (void)base;
     (void)config;
     if (out_model != NULL) {
         *out_model = NULL;

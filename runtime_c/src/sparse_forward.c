@@ -3,7 +3,9 @@
  * @brief Sparse MoE forward: counting-sort the (token, slot) pairs of a chunk by expert id,
  *        run each active expert once over its gathered mini-batch, scatter-add gate * y back
  *        into the token rows. All scratch lives in the model's arena, laid out exactly as
- *        COLIBRI_WORKSPACE_BYTES describes. colibri_forward chains router and sparse forward.
+ *        COLIBRI_WORKSPACE_BYTES describes, then the kernels' kernel_scratch_bytes (reached
+ *        through the hidden region they get as scratch). colibri_forward chains router and
+ *        sparse forward.
  */
 #include "colibri.h"
 #include "colibri_internal.h"
@@ -17,9 +19,15 @@ size_t colibri_workspace_size(const colibri_model_t *model, int32_t max_tokens)
     if (model == NULL) {
         return 0;
     }
-    return colibri_workspace_bytes_checked(model->n_experts, model->top_k, model->d_model,
-                                           model->d_ff, (model->flags & COLIBRI_FLAG_GATED) != 0,
-                                           max_tokens);
+    const size_t ws =
+        colibri_workspace_bytes_checked(model->n_experts, model->top_k, model->d_model, model->d_ff,
+                                        (model->flags & COLIBRI_FLAG_GATED) != 0, max_tokens);
+    /* the kernels' own scratch follows the hidden rows, at the end of the workspace */
+    const size_t ks = model->kernel_scratch_bytes;
+    if (ws == 0 || ks > SIZE_MAX - 15u || COLIBRI_ALIGN16(ks) > SIZE_MAX - ws) {
+        return 0;
+    }
+    return ws + COLIBRI_ALIGN16(ks);
 }
 
 /** The arena carved into the buffers of COLIBRI_WORKSPACE_BYTES (same order and rounding). */
@@ -29,7 +37,7 @@ typedef struct {
     int32_t *perm;    /* [max_tokens * model top_k] pair index (t_local * k + slot) */
     float *x_gathered;
     float *y_expert;
-    float *hidden;
+    float *hidden; /* the kernels' scratch: hidden rows, then kernel_scratch_bytes */
 } workspace_view;
 
 static workspace_view workspace_carve(const colibri_model_t *model)

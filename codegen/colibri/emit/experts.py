@@ -1,12 +1,15 @@
 """The expert kernels: one description of a quantised expert's FFN kernel for every model kind.
 
 A quantised expert runs a generated FFN kernel with its dimensions fixed (colibri_quant.h
-matvecs, activations quantised to int8 per block of 32 in the arena's ``act_q`` row when its
-mode is int8). Whether the expert sits in a lone MoE layer or in layer 17 of a transformer, the
+matvecs, activations quantised to int8 per block of 32 into an ``act_q`` row when its mode is
+int8). Whether the expert sits in a lone MoE layer or in layer 17 of a transformer, the
 kernel is described by :func:`ffn_kernel` and written by the one macro ``ffn_kernel`` of
 ``templates/common/experts.j2``; only what differs is a parameter: a lone layer's kernel takes
-bias pointers and its dimensions from the header's macros, a transformer's SwiGLU experts have
-no biases and one kernel per d_ff.
+bias pointers and its dimensions from the header's macros and keeps its ``act_q`` row in its
+scratch after the hidden rows (the calling handle's workspace, so handles sharing the kernels
+never share the row: colibri_model_t.kernel_scratch_bytes); a transformer's SwiGLU experts have
+no biases, one kernel per d_ff, and use the ``act_q`` region of the transformer's one static
+arena (a generated transformer is a single instance).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ def ffn_kernel(
             "f": f"{prefix}_D_FF",
             "f_stride": f"{prefix}_D_FF",
             "d_ff": d_ff,
+            "act_q_in_scratch": True,
         }
     return {
         "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
@@ -79,4 +83,5 @@ def ffn_kernel(
         "f": str(d_ff),
         "f_stride": f"{d_ff}u",
         "d_ff": d_ff,
+        "act_q_in_scratch": False,
     }

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
-from ..plan.memory import act_q_codes_offset
+from ..plan.memory import act_q_codes_offset, kernel_scratch_bytes
 from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES
 from ..quant.model import LayerQuant
@@ -144,6 +144,9 @@ def render_layer(
         "variants": variants,
         "act_q": act_q,
         "act_q_codes": act_q_codes_offset(max(c.d_model, c.d_ff)),
+        # int8-activation kernels quantise rows into their scratch (the calling handle's
+        # workspace), after the hidden rows: colibri_model_t.kernel_scratch_bytes
+        "kernel_scratch": kernel_scratch_bytes(c, act_q),
         "cache": options.cache,
         "n_slots": n_slots,
         "slot_floats": slot_floats,

@@ -7,7 +7,9 @@ MoE layer and :func:`plan_transformer` those of a whole decoder.
 A lone layer's arena holds the runner's I/O chunk (input, output, routing results, the router's
 route_temp) followed by the runtime's sparse-forward workspace, whose size is the C macro
 COLIBRI_WORKSPACE_BYTES (colibri.h) — :func:`workspace_bytes` computes the same number, and
-a test compiles the macro to check they agree.
+a test compiles the macro to check they agree — plus the expert kernels' own scratch
+(colibri_model_t.kernel_scratch_bytes: the int8 activation row of quantised kernels,
+:func:`kernel_scratch_bytes`), so every handle on the model has its own.
 """
 
 from __future__ import annotations
@@ -118,6 +120,13 @@ def _act_q_what(n: int) -> str:
     return f"float[{q8_blocks(n)}] block scales + int8[{n}] quantised activation row"
 
 
+def kernel_scratch_bytes(c: MoEConfig, act_q: bool) -> int:
+    """colibri_model_t.kernel_scratch_bytes of a lone layer's generated kernels: the quantised
+    activation row (COLIBRI_Q8_ROW_BYTES(max(d_model, d_ff)) of colibri_quant.h) that kernels
+    with int8 activations keep in their scratch after the hidden rows; 0 without them."""
+    return act_q_bytes(max(c.d_model, c.d_ff)) if act_q else 0
+
+
 def plan_memory(
     c: MoEConfig,
     max_tokens: int,
@@ -130,20 +139,22 @@ def plan_memory(
 
     slots: expert cache slots of an LRU/NONE static model (they must follow the workspace,
     where colibri_init_static carves them), each of slot_floats floats (0: the fp32 expert
-    size, COLIBRI_EXPERT_FLOATS); act_q: the quantised activation row of integer
-    kernels (max(d_model, d_ff) values: :func:`act_q_bytes`)."""
+    size, COLIBRI_EXPERT_FLOATS); act_q: the kernels quantise activations to int8, so the
+    workspace also holds their quantised row after the hidden rows (:func:`kernel_scratch_bytes`,
+    per handle: the workspace is what colibri_init_shared_static needs)."""
     t, d, k = max_tokens, c.d_model, c.top_k
+    ks = kernel_scratch_bytes(c, act_q)
+    what = "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)"
+    if ks:
+        n = max(d, c.d_ff)
+        what += f" + the kernels' int8 activation row ({ks} bytes: {_act_q_what(n)})"
     items = [
         ("input", 4 * t * d, f"float[{t}][{d}] token chunk"),
         ("output", 4 * t * d, f"float[{t}][{d}] layer output"),
         ("expert_ids", 4 * t * k, f"int32[{t}][{k}] routing"),
         ("gates", 4 * t * k, f"float[{t}][{k}] gate weights"),
         ("route_temp", 4 * t, f"float[{t}] router workspace (per-token log-sum-exp)"),
-        (
-            "workspace",
-            workspace_bytes(c.n_experts, k, d, c.d_ff, c.gated, t),
-            "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)",
-        ),
+        ("workspace", workspace_bytes(c.n_experts, k, d, c.d_ff, c.gated, t) + align16(ks), what),
     ]
     if slots:
         items.append(
@@ -153,9 +164,6 @@ def plan_memory(
                 f"{slots} expert cache slot(s) (COLIBRI_SLOT_BYTES)",
             )
         )
-    if act_q:
-        n = max(c.d_model, c.d_ff)
-        items.append(("act_q", act_q_bytes(n), _act_q_what(n)))
     return MemoryPlan(regions=lay_out(items), max_tokens=max_tokens)
 
 
