@@ -1,12 +1,23 @@
 """The documented sanitizer switch, `scons board=host sanitize=address,undefined`: the C unit
-tests linked against the sanitized libcolibri.a, and one end-to-end host model (a seed-layout
-toy from the CLI, generated for the host, built by SCons with ASan + UBSan) run clean and
-match the numpy reference. Any sanitizer report fails the run (halt_on_error, UBSan without
-recovery)."""
+tests linked against the sanitized libcolibri.a, and end-to-end host models built by SCons with
+ASan + UBSan, run clean and checked against `colibri reference` with the same flags:
+
+- a single MoE layer (a seed-layout toy from the CLI) in every scheme: fp32, fp16, int8 and
+  int4 (int8 activations) and int8 with fp32 activations, within the layer tolerances of
+  colibri.quant.formats.LAYER_TOLERANCE, with the same routing;
+- the whole trained transformer tests/data/trained_moe (a Hugging Face Mixtral), fp32, int8,
+  int4 and int8 + int8 dense matrices, teacher-forced on held-out tokens: the logits of every
+  prompt position (the quantised ones equal to the numpy mirror bit for bit, fp32 within
+  LOGIT_TOLERANCE) and the greedy tokens after the prompt.
+
+Any sanitizer report fails the run (halt_on_error, UBSan without recovery). The sanitized
+libcolibri.a is built once (module fixture) and every model is built into the same build_dir,
+so SCons compiles only each model's own sources and runner."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -15,7 +26,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from colibri.quant.formats import LAYER_TOLERANCE
+from colibri.reference.transformer import LOGIT_TOLERANCE
+from colibri.targets.lmrun import SamplingOptions, read_lm_output, write_lm_input
+from conftest import ROOT, require_tool
 
 SANITIZE = "address,undefined"
 SAN_FLAGS = [
@@ -30,7 +44,12 @@ SAN_ENV = {
 }
 RUNNER_IN_MAGIC = 0x49424C43  # "CLBI", runtime_c/runner/main.c
 RUNNER_OUT_MAGIC = 0x4F424C43  # "CLBO"
-TOLERANCE = 2e-5  # of max |y| (README: FP32_TOLERANCE)
+#: The whole transformer: the committed trained checkpoint, a prompt of held-out tokens (from
+#: heldout.txt, which the model never saw), greedy tokens after it and the KV cache size.
+CHECKPOINT = ROOT / "tests" / "data" / "trained_moe"
+PROMPT_TOKENS = 24
+MAX_NEW_TOKENS = 4
+MAX_CONTEXT = 64
 
 
 def _scons() -> list[str]:
@@ -45,9 +64,10 @@ def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _colibri(*args: str) -> None:
+def _colibri(*args: str) -> str:
     result = _run([sys.executable, "-m", "colibri", *args], timeout=120)
     assert result.returncode == 0, f"colibri {' '.join(args)}:\n{result.stderr}"
+    return result.stdout
 
 
 def _assert_clean(result: subprocess.CompletedProcess[str]) -> None:
@@ -59,8 +79,8 @@ def _assert_clean(result: subprocess.CompletedProcess[str]) -> None:
 
 @pytest.fixture(scope="module")
 def sanitized_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not found; install it with: apt-get install gcc")
+    """The sanitized libcolibri.a, in the build_dir every model of this module is built into."""
+    require_tool("gcc", "gcc")
     out = tmp_path_factory.mktemp("build_asan")
     result = _run(
         [*_scons(), "-Q", f"-C{ROOT}", "board=host", f"sanitize={SANITIZE}", f"build_dir={out}"],
@@ -78,9 +98,9 @@ def test_sanitize_rejected_for_other_boards() -> None:
 
 
 def test_sanitize_rejects_unknown_sanitizer() -> None:
-    result = _run([*_scons(), "-Q", "board=host", "sanitize=address,thread"], timeout=120)
+    result = _run([*_scons(), "-Q", "board=host", "sanitize=address,memory"], timeout=120)
     assert result.returncode != 0
-    assert "unknown sanitizer(s) thread" in result.stdout + result.stderr
+    assert "unknown sanitizer(s) memory" in result.stdout + result.stderr
 
 
 def test_library_is_instrumented(sanitized_build: Path) -> None:
@@ -118,6 +138,27 @@ def test_c_unit_tests_sanitized(test_source: Path, sanitized_build: Path, tmp_pa
     assert " 0 failed" in result.stdout, result.stdout
 
 
+def _build_model(gen: Path, build: Path) -> Path:
+    """SCons with the switch (`colibri build` passes no build variables), into the shared
+    build_dir: libcolibri.a is up to date, only the model and its runner are compiled."""
+    result = _run(
+        [
+            *_scons(),
+            "-Q",
+            f"-C{ROOT}",
+            "board=host",
+            f"model={gen}",
+            f"build_dir={build}",
+            f"sanitize={SANITIZE}",
+        ],
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    runner = build / gen.name / "colibri_runner"
+    assert "__asan_init" in _run(["nm", str(runner)]).stdout
+    return runner
+
+
 def _read_runner_output(path: Path) -> tuple[np.ndarray, np.ndarray]:
     data = path.read_bytes()
     magic, tokens, d_model, top_k, chunk = struct.unpack_from("<5I", data)
@@ -134,46 +175,127 @@ def _read_runner_output(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(outputs), np.concatenate(ids)
 
 
-def test_end_to_end_host_model_sanitized(tmp_path: Path) -> None:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not found; install it with: apt-get install gcc")
-    toy, gen, build = tmp_path / "toy", tmp_path / "gen" / "toy", tmp_path / "build"
-    _colibri("make-toy", "--out", str(toy), "--experts", "6", "--hidden", "16", "--ff", "32")
-    _colibri("generate", str(toy / "model.bin"), "--board", "host", "--out", str(gen))
-    # `colibri build` passes no build variables, so SCons is called directly with the switch.
-    result = _run(
-        [
-            *_scons(),
-            "-Q",
-            f"-C{ROOT}",
-            "board=host",
-            f"model={gen}",
-            f"build_dir={build}",
-            f"sanitize={SANITIZE}",
-        ],
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    runner = build / "toy" / "colibri_runner"
-    assert "__asan_init" in _run(["nm", str(runner)]).stdout
-
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seed-layout toy layer, its input rows x.npy and the runner's input.bin."""
+    out = tmp_path_factory.mktemp("toy")
+    _colibri("make-toy", "--out", str(out), "--experts", "6", "--hidden", "16", "--ff", "32")
     rng = np.random.default_rng(14)
     x = rng.standard_normal((45, 16)).astype(np.float32)  # more tokens than one chunk
-    inp, out = tmp_path / "input.bin", tmp_path / "output.bin"
-    inp.write_bytes(struct.pack("<3I", RUNNER_IN_MAGIC, *x.shape) + x.astype("<f4").tobytes())
-    result = _run([str(runner), str(inp), str(out)], timeout=120)
-    _assert_clean(result)
-    y, _ = _read_runner_output(out)
+    np.save(out / "x.npy", x)
+    header = struct.pack("<3I", RUNNER_IN_MAGIC, *x.shape)
+    (out / "input.bin").write_bytes(header + x.astype("<f4").tobytes())
+    return out
 
-    np.save(tmp_path / "x.npy", x)
+
+#: (id, generate / reference flags, LAYER_TOLERANCE key (weights, activations)).
+LAYER_SCHEMES = [
+    ("fp32", [], ("fp32", "fp32")),
+    ("fp16", ["--quant", "fp16"], ("fp16", "fp32")),
+    ("int8", ["--quant", "int8"], ("int8", "int8")),
+    ("int8-act-fp32", ["--quant", "int8", "--act", "fp32"], ("int8", "fp32")),
+    ("int4", ["--quant", "int4"], ("int4", "int8")),
+]
+
+
+@pytest.mark.parametrize(("name", "flags", "key"), LAYER_SCHEMES, ids=[s[0] for s in LAYER_SCHEMES])
+def test_end_to_end_layer_sanitized(
+    name: str,
+    flags: list[str],
+    key: tuple[str, str],
+    toy: Path,
+    sanitized_build: Path,
+    tmp_path: Path,
+) -> None:
+    gen = tmp_path / f"toy_{name.replace('-', '_')}"
+    _colibri("generate", str(toy / "model.bin"), "--board", "host", "--out", str(gen), *flags)
+    runner = _build_model(gen, sanitized_build)
+
+    out = tmp_path / "output.bin"
+    _assert_clean(_run([str(runner), str(toy / "input.bin"), str(out)], timeout=120))
+    y, expert_ids = _read_runner_output(out)
+
+    y_ref, routing = tmp_path / "y_ref.npy", tmp_path / "routing.npz"
     _colibri(
         "reference",
         str(toy / "model.bin"),
         "--input",
-        str(tmp_path / "x.npy"),
+        str(toy / "x.npy"),
         "--output",
-        str(tmp_path / "y_ref.npy"),
+        str(y_ref),
+        "--routing",
+        str(routing),
+        *flags,
     )
-    y_ref = np.load(tmp_path / "y_ref.npy")
-    scale = float(np.max(np.abs(y_ref)))
-    np.testing.assert_allclose(y, y_ref, rtol=0, atol=TOLERANCE * scale)
+    want = np.load(y_ref)
+    np.testing.assert_array_equal(expert_ids, np.load(routing)["expert_ids"])
+    scale = float(np.max(np.abs(want)))
+    np.testing.assert_allclose(y, want, rtol=0, atol=LAYER_TOLERANCE[key] * scale)
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    """PROMPT_TOKENS held-out token ids (heldout.txt through the checkpoint's tokenizer)."""
+    from colibri.frontends.tokenizer import load_tokenizer
+
+    text = (CHECKPOINT / "heldout.txt").read_text(encoding="utf-8")
+    ids = load_tokenizer(CHECKPOINT / "tokenizer.json").encode(text[:2000])
+    assert len(ids) >= PROMPT_TOKENS
+    return [int(t) for t in ids[:PROMPT_TOKENS]]
+
+
+#: (id, generate / reference flags, max |C - reference| over the logits): the quantised C
+#: repeats the numpy mirror bit for bit; fp32 is compared with the float reference.
+TRANSFORMER_SCHEMES = [
+    ("fp32", [], LOGIT_TOLERANCE),
+    ("int8", ["--quant", "int8"], 0.0),
+    ("int4", ["--quant", "int4"], 0.0),
+    ("int8-dense-int8", ["--quant", "int8", "--dense-quant", "int8"], 0.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "flags", "tolerance"), TRANSFORMER_SCHEMES, ids=[s[0] for s in TRANSFORMER_SCHEMES]
+)
+def test_end_to_end_transformer_sanitized(
+    name: str,
+    flags: list[str],
+    tolerance: float,
+    prompt: list[int],
+    sanitized_build: Path,
+    tmp_path: Path,
+) -> None:
+    """The whole trained Mixtral, teacher-forced on held-out tokens (logits of every prompt
+    position) and then generating greedily, under ASan + UBSan."""
+    gen = tmp_path / f"lm_{name.replace('-', '_')}"
+    context = ["--max-context", str(MAX_CONTEXT)]
+    _colibri("generate", str(CHECKPOINT), "--out", str(gen), *context, *flags)
+    runner = _build_model(gen, sanitized_build)
+
+    inp, out = tmp_path / "input.bin", tmp_path / "output.bin"
+    write_lm_input(inp, prompt, MAX_NEW_TOKENS, SamplingOptions(), logits=True)
+    _assert_clean(_run([str(runner), str(inp), str(out)], timeout=120))
+    got = read_lm_output(out, MAX_NEW_TOKENS)
+    assert got.logits is not None
+
+    ref_logits = tmp_path / "r.npy"
+    stdout = _colibri(
+        "reference",
+        str(CHECKPOINT),
+        "--prompt-ids",
+        ",".join(map(str, prompt)),
+        "--logits",
+        str(ref_logits),
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS),
+        *context,
+        *flags,
+    )
+    want = np.load(ref_logits)
+    assert got.logits.shape == want.shape == (PROMPT_TOKENS, 1024)
+    assert np.all(np.isfinite(got.logits))
+    diff = float(np.max(np.abs(got.logits.astype(np.float64) - want)))
+    assert diff <= tolerance, f"{name}: max |C - reference| logit difference {diff:.3g}"
+    match = re.search(r"generated ids: ([0-9, ]+)", stdout)
+    assert match, stdout
+    assert got.tokens.tolist() == [int(t) for t in match.group(1).replace(",", " ").split()]
