@@ -43,6 +43,11 @@ class GenerateOptions:
     #: How int8 / int4 scales are chosen: "mse" (search, the default) or "none" (plain).
     scale_search: str = "mse"
 
+    @property
+    def context(self) -> int:
+        """KV-cache positions of a whole transformer: max_context, or DEFAULT_MAX_CONTEXT."""
+        return DEFAULT_MAX_CONTEXT if self.max_context is None else self.max_context
+
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "board": self.board,

@@ -56,6 +56,11 @@ extern "C" {
 /** Scales of a quantised activation row of n values (the last block may be partial). */
 #define COLIBRI_Q8_BLOCKS(n) (((size_t)(n) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)
 
+/** Bytes of a quantised activation row of n values: its COLIBRI_Q8_BLOCKS(n) fp32 block scales,
+ *  then the n int8 codes. Generated kernels with int8 activations keep one such row (n =
+ *  max(d_model, d_ff)) in their scratch: colibri.h colibri_model_t.kernel_scratch_bytes. */
+#define COLIBRI_Q8_ROW_BYTES(n) (4u * COLIBRI_Q8_BLOCKS(n) + (size_t)(n))
+
 /** Largest |q| of int8 weights and activations (symmetric: -127..127). */
 #define COLIBRI_Q8_MAX 127
 
@@ -116,6 +121,20 @@ void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq,
 /** @brief y[o] = sum_b (float)dot(block_b, xq_b) * (d_b * sx[b]). */
 void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t n_out, int32_t n_in);
+
+/*
+ * Block-scaled int8 (the dense matrices of --dense-quant int8): q int8 [n_out][n_in] as above,
+ * scale fp32 [n_out][COLIBRI_Q8_BLOCKS(n_in)], one per block of COLIBRI_QK8 inputs (the last
+ * block may be shorter): w[o][i] ~ q[o][i] * scale[o][i / COLIBRI_QK8].
+ */
+
+/** @brief y[o] = sum_b (float)dot(q[o]_b, xq_b) * (scale[o][b] * sx[b]), blocks in order. */
+void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                           float *y, int32_t n_out, int32_t n_in);
+
+/** @brief y[o] = sum_b (sum_{i in b} (float)q[o][i] * x[i]) * scale[o][b], sums in order. */
+void colibri_matvec_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                            int32_t n_out, int32_t n_in);
 
 #ifdef __cplusplus
 }

@@ -349,3 +349,48 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
         y[o] = acc;
     }
 }
+
+void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                           float *y, int32_t n_out, int32_t n_in)
+{
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t tail = n_in - full * COLIBRI_QK8;
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t o = 0; o < n_out; o++) {
+        const int8_t *row = q + (size_t)o * (size_t)n_in;
+        const float *ws = scale + (size_t)o * nb;
+        float acc = 0.0f;
+        int32_t b = 0;
+        for (; b < full; b++) {
+            const size_t i0 = (size_t)b * COLIBRI_QK8;
+            acc += (float)dot_q8_block(row + i0, xq + i0) * (ws[b] * sx[b]);
+        }
+        if (tail > 0) {
+            const size_t i0 = (size_t)b * COLIBRI_QK8;
+            acc += (float)dot_q8(row + i0, xq + i0, tail) * (ws[b] * sx[b]);
+        }
+        y[o] = acc;
+    }
+}
+
+void colibri_matvec_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                            int32_t n_out, int32_t n_in)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t o = 0; o < n_out; o++) {
+        const int8_t *row = q + (size_t)o * (size_t)n_in;
+        const float *ws = scale + (size_t)o * nb;
+        float acc = 0.0f;
+        for (size_t b = 0; b < nb; b++) {
+            const int32_t i0 = (int32_t)(b * COLIBRI_QK8);
+            const int32_t i1 =
+                (n_in - i0 < (int32_t)COLIBRI_QK8) ? n_in : i0 + (int32_t)COLIBRI_QK8;
+            float s = 0.0f;
+            for (int32_t i = i0; i < i1; i++) {
+                s += (float)row[i] * x[i];
+            }
+            acc += s * ws[b];
+        }
+        y[o] = acc;
+    }
+}

@@ -6,6 +6,7 @@
  */
 #include "colibri.h"
 #include "colibri_internal.h"
+#include "colibri_math.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -22,7 +23,7 @@ static float act_gelu_tanh(float x)
 
 static float act_silu(float x)
 {
-    return x / (1.0f + expf(-x));
+    return colibri_silu(x);
 }
 
 static float act_relu(float x)

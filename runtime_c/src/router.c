@@ -4,12 +4,13 @@
  *        block, an insertion top-k in the caller's output row that skips four logits at a time
  *        when none of them can enter it, then the block's softmax sum exp(l - M) with the max M
  *        known (the best kept logit), rescaled when a later block raises M. exp is a short
- *        polynomial (route_exp, no libm call), four lanes at a time (SSE2 / Neon / Helium
+ *        polynomial (colibri_expf, no libm call), four lanes at a time (SSE2 / Neon / Helium
  *        vectors on boards that have them). No allocation; memory does not depend on the number
  *        of experts.
  */
 #include "colibri.h"
 #include "colibri_internal.h"
+#include "colibri_math.h"
 #include "colibri_quant.h"
 
 #include <math.h>
@@ -32,62 +33,26 @@ typedef int32_t route_v4i __attribute__((vector_size(16)));
 typedef uint32_t route_v4u __attribute__((vector_size(16)));
 #endif
 
-/* exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in two steps (Cody-Waite), exp(r)
- * by the Cephes expf polynomial (about 1 ulp). x below ROUTE_EXP_MIN gives 0 (the true value is
- * below 1.7e-38, invisible next to the softmax sum, which is at least 1). */
-#define ROUTE_EXP_MIN (-87.0f)
-#define ROUTE_LOG2E 1.44269504088896341f
-#define ROUTE_ROUND 12582912.0f /* 1.5 * 2^23: t = y + ROUND holds round(y) in its low bits */
-#define ROUTE_ROUND_BITS 0x4B400000u
-#define ROUTE_LN2_HI 0.693359375f
-#define ROUTE_LN2_LO (-2.12194440e-4f)
-#define ROUTE_P0 1.9875691500e-4f
-#define ROUTE_P1 1.3981999507e-3f
-#define ROUTE_P2 8.3334519073e-3f
-#define ROUTE_P3 4.1665795894e-2f
-#define ROUTE_P4 1.6666665459e-1f
-#define ROUTE_P5 5.0000001201e-1f
-
-static inline float route_exp(float x)
-{
-    if (x < ROUTE_EXP_MIN) {
-        return 0.0f;
-    }
-    const float t = x * ROUTE_LOG2E + ROUTE_ROUND;
-    const float n = t - ROUTE_ROUND;
-    const float r = (x - n * ROUTE_LN2_HI) - n * ROUTE_LN2_LO;
-    const float z = r * r;
-    float p = ROUTE_P0;
-    p = p * r + ROUTE_P1;
-    p = p * r + ROUTE_P2;
-    p = p * r + ROUTE_P3;
-    p = p * r + ROUTE_P4;
-    p = p * r + ROUTE_P5;
-    const float y = (p * z + r) + 1.0f;
-    uint32_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    bits = (bits + (127u - ROUTE_ROUND_BITS)) << 23; /* 2^n, n >= -126 */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y * scale;
-}
+/* exp is colibri_expf (colibri_math.h): the same bits on every board and in the numpy mirror.
+ * The softmax only takes exp of l - M <= 0. */
 
 #if defined(ROUTE_SIMD)
-/* route_exp on four lanes. */
+/* colibri_expf on four lanes, for x <= 0 (where its n = 128 and +inf branches never run):
+ * the same IEEE operations in the same order, so the same bits. */
 static inline route_v4f route_exp4(route_v4f x)
 {
-    const route_v4i below = x < ROUTE_EXP_MIN;
-    const route_v4f t = x * ROUTE_LOG2E + ROUTE_ROUND;
-    const route_v4f n = t - ROUTE_ROUND;
-    const route_v4f r = (x - n * ROUTE_LN2_HI) - n * ROUTE_LN2_LO;
+    const route_v4i below = x < COLIBRI_EXP_MIN;
+    const route_v4f t = x * COLIBRI_EXP_LOG2E + COLIBRI_EXP_ROUND;
+    const route_v4f n = t - COLIBRI_EXP_ROUND;
+    const route_v4f r = (x - n * COLIBRI_EXP_LN2_HI) - n * COLIBRI_EXP_LN2_LO;
     const route_v4f z = r * r;
-    route_v4f p = r * ROUTE_P0 + ROUTE_P1;
-    p = p * r + ROUTE_P2;
-    p = p * r + ROUTE_P3;
-    p = p * r + ROUTE_P4;
-    p = p * r + ROUTE_P5;
+    route_v4f p = r * COLIBRI_EXP_P0 + COLIBRI_EXP_P1;
+    p = p * r + COLIBRI_EXP_P2;
+    p = p * r + COLIBRI_EXP_P3;
+    p = p * r + COLIBRI_EXP_P4;
+    p = p * r + COLIBRI_EXP_P5;
     const route_v4f y = (p * z + r) + 1.0f;
-    const route_v4u bits = ((route_v4u)t + (127u - ROUTE_ROUND_BITS)) << 23;
+    const route_v4u bits = ((route_v4u)t + (127u - COLIBRI_EXP_ROUND_BITS)) << 23;
     const route_v4i e = (route_v4i)(y * (route_v4f)bits);
     return (route_v4f)(e & ~below);
 }
@@ -118,15 +83,15 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
 #else
     for (; i + 4 <= n; i += 4) {
         chk += ((l[i] * 0.0f + l[i + 1] * 0.0f) + l[i + 2] * 0.0f) + l[i + 3] * 0.0f;
-        s[0] += route_exp(l[i] - m);
-        s[1] += route_exp(l[i + 1] - m);
-        s[2] += route_exp(l[i + 2] - m);
-        s[3] += route_exp(l[i + 3] - m);
+        s[0] += colibri_expf(l[i] - m);
+        s[1] += colibri_expf(l[i + 1] - m);
+        s[2] += colibri_expf(l[i + 2] - m);
+        s[3] += colibri_expf(l[i + 3] - m);
     }
 #endif
     for (; i < n; i++) {
         chk += l[i] * 0.0f;
-        s[i & 3] += route_exp(l[i] - m);
+        s[i & 3] += colibri_expf(l[i] - m);
     }
     *finite = (chk == 0.0f);
     return (s[0] + s[1]) + (s[2] + s[3]);
@@ -209,7 +174,7 @@ static int route_block(route_state *st, const float *l, int32_t e0, int32_t n)
     route_select(st, l, e0, n);
     const float m = st->vals[0];
     if (st->sum > 0.0f && m > st->max) {
-        st->sum *= route_exp(st->max - m);
+        st->sum *= colibri_expf(st->max - m);
     }
     st->max = m;
     int finite;
@@ -221,7 +186,7 @@ static int route_block(route_state *st, const float *l, int32_t e0, int32_t n)
 static float route_finish(const route_state *st)
 {
     for (int32_t j = 0; j < st->k; j++) {
-        st->vals[j] = route_exp(st->vals[j] - st->max) / st->sum;
+        st->vals[j] = colibri_expf(st->vals[j] - st->max) / st->sum;
     }
     return st->max + logf(st->sum);
 }

@@ -4,6 +4,7 @@
  *        causal GQA attention over a static KV cache, SwiGLU, and the token sampler. No heap,
  *        no static state: everything lives in caller memory.
  */
+#include "colibri_math.h"
 #include "colibri_transformer.h"
 
 #include <math.h>
@@ -97,7 +98,7 @@ colibri_status colibri_attention_f32(const colibri_attention_shape_t *shape, int
         }
         float sum = 0.0f;
         for (int32_t t = first; t <= pos; t++) {
-            scores[t] = expf(scores[t] - max);
+            scores[t] = colibri_expf(scores[t] - max);
             sum += scores[t];
         }
         float *oh = out + (size_t)h * (size_t)hd;
@@ -123,7 +124,7 @@ void colibri_swiglu_f32(const float *x, const float *w_gate, const float *w_up, 
     colibri_linear_f32(x, w_gate, NULL, g, d, f);
     colibri_linear_f32(x, w_up, NULL, u, d, f);
     for (int32_t j = 0; j < f; j++) {
-        g[j] = (g[j] / (1.0f + expf(-g[j]))) * u[j];
+        g[j] = colibri_silu(g[j]) * u[j];
     }
     colibri_linear_f32(g, w_down, NULL, y, f, d);
 }
@@ -236,7 +237,7 @@ colibri_status colibri_sample(const float *logits, int32_t n, const colibri_samp
     const float inv_t = 1.0f / sampler->temperature;
     float total = 0.0f;
     for (int32_t j = 0; j < keep; j++) {
-        prob[j] = expf((logits[idx[j]] - logits[best]) * inv_t);
+        prob[j] = colibri_expf((logits[idx[j]] - logits[best]) * inv_t);
         total += prob[j];
     }
     int32_t m = keep;

@@ -44,6 +44,8 @@ from colibri.reference.kernels import (
     matvec_q4_q8,
     matvec_q8_f32,
     matvec_q8_q8,
+    matvec_q8b_f32,
+    matvec_q8b_q8,
     quant_moe_forward,
     quantize_rows_q8,
 )
@@ -204,6 +206,15 @@ def test_matvec_outputs_bit_exact(kq: ctypes.CDLL, shape: tuple[int, int]) -> No
     kq.colibri_matvec_q8_q8(_p(q), _p(s), _p(xq), c_sx, _p(y), n_out, n_in)
     _same_bits(y, matvec_q8_q8(q, s, xq, sx)[0], "q8 x q8")
 
+    qb = quantize_matrix(w, "int8", blocks=True)  # one scale per block of 32 inputs
+    assert qb.blocked and qb.scale is not None
+    sb = np.ascontiguousarray(qb.scale)
+    assert np.abs(qb.dequantize() - w).max() <= np.abs(qb.roundtrip_bound(w)).max() + 1e-7
+    kq.colibri_matvec_q8b_f32(_p(qb.data), _p(sb), _p(x), _p(y), n_out, n_in)
+    _same_bits(y, matvec_q8b_f32(qb.data, sb, x)[0], "q8b x f32")
+    kq.colibri_matvec_q8b_q8(_p(qb.data), _p(sb), _p(xq), c_sx, _p(y), n_out, n_in)
+    _same_bits(y, matvec_q8b_q8(qb.data, sb, xq, sx)[0], "q8b x q8")
+
     blocks = np.ascontiguousarray(quantize_int4_blocks(w))
     kq.colibri_matvec_q4_f32(_p(blocks), _p(x), _p(y), n_out, n_in)
     _same_bits(y, matvec_q4_f32(blocks, x, n_in)[0], "q4 x f32")
@@ -289,8 +300,8 @@ def _quant_run(case: tuple, board: str, tmp_path: Path, tokens: int = 37) -> Non
     generate(layer, tmp_path / "q", opts)
     out, _ = run_model(tmp_path / "q", board, x)
     plan = make_plan(experts, scheme, eq, act)
-    ref, ids = quant_moe_forward(layer, quantize_layer(layer, plan), x)
-    np.testing.assert_array_equal(out.expert_ids, ids, err_msg=f"{board} {case}: routing")
+    ref, rq = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    np.testing.assert_array_equal(out.expert_ids, rq.expert_ids, err_msg=f"{board} {case}: routing")
     np.testing.assert_array_equal(out.expert_ids, moe_forward(layer, x)[1].expert_ids)
     tol = max(LAYER_TOLERANCE[(s, a)] for s, a in zip(plan.schemes, plan.acts))
     err = compare(out.output, ref, tol)
@@ -336,7 +347,7 @@ def test_sharing_map_saves_75_percent(tmp_path: Path) -> None:
     assert [e["bytes"] > 0 for e in man["experts"]] == [i in (0, 4) for i in range(8)]
     out, _ = run_model(tmp_path / "s", "host", x)
     stored = quantize_moe_layer(layer, "int8", calib=layer_calibration(layer, x)).experts
-    ref, ids = quant_moe_forward(layer, stored, x)  # calib=x calibrates the stored experts
+    ref, _ = quant_moe_forward(layer, stored, x)  # calib=x calibrates the stored experts
     assert compare(out.output, ref, LAYER_TOLERANCE[("int8", "int8")]) is None
     text = (tmp_path / "s" / "colibri_weights.c").read_text()
     assert "s_e0_w1" in text and "s_e1_w1" not in text and "(also used by experts 1, 2, 3)" in text
@@ -431,8 +442,8 @@ def test_int4_fits_and_runs_on_cortex_m4(tmp_path: Path) -> None:
     opts = GenerateOptions(board="cortex-m4", name="m4", quant="int4", max_tokens=8)
     generate(layer, tmp_path / "m4", opts)
     out, _ = run_model(tmp_path / "m4", "cortex-m4", x)
-    ref, ids = quant_moe_forward(layer, quantize_layer(layer, make_plan(16, "int4")), x)
-    np.testing.assert_array_equal(out.expert_ids, ids)
+    ref, rq = quant_moe_forward(layer, quantize_layer(layer, make_plan(16, "int4")), x)
+    np.testing.assert_array_equal(out.expert_ids, rq.expert_ids)
     assert compare(out.output, ref, LAYER_TOLERANCE[("int4", "int8")]) is None
     rep = size_report(tmp_path / "m4", "cortex-m4")
     assert rep.flash_used <= rep.flash_size and len(rep.experts) == 16

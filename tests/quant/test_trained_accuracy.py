@@ -45,7 +45,13 @@ MAX_COMMITTED_BYTES = 2_000_000
 EVAL_WINDOWS = 32
 EVAL_WINDOW = 96
 
-#: The issue's goals (top-1 agreement, perplexity ratio) per scheme, not yet asserted.
+#: The issue's goals (top-1 agreement, perplexity ratio) per scheme. They are for its size
+#: class (3.6 M parameters), which is too large to commit: `python benchmarks/train_trained_moe.py
+#: --size large` trains one (ours: held-out perplexity 48.5) and `python
+#: benchmarks/accuracy_table.py --checkpoint DIR --windows 32 --calib DIR/calib.npy` measures it;
+#: the generated C on the host, 3,072 positions: int8+d8 99.09 %, 1.00122; int4 96.42 %, 1.00204;
+#: int4+calib 97.69 %, 0.99988 (all met, C = mirror to the bit). This 0.84 M model, four times
+#: smaller (d_model 96), misses them; its floors below guard against regressions.
 GOAL = {
     "int8+d8": (0.990, 1.002),
     "int4": (0.960, 1.005),
@@ -59,21 +65,18 @@ GOAL = {
 #: Q8_0 everywhere 98.89 %, Q4_0 experts 93.03 %.
 FLOOR = {
     "int8": (0.988, 1.001),  # 99.22 %, 0.99869
-    "int8+d8": (0.978, 1.0015),  # 98.21 %, 1.00015
+    "int8+d8": (0.984, 1.0015),  # 98.73 %, 1.00049 (block-scaled dense int8; 98.21 % before)
     "int4": (0.930, 1.008),  # 93.46 %, 1.00650
-    "int4+d8": (0.925, 1.009),  # 92.84 %, 1.00745
+    "int4+d8": (0.930, 1.0065),  # 93.52 %, 1.00535
     "int4+calib": (0.948, 1.006),  # 95.15 %, 1.00457
 }
 #: fp32 C vs transformers: the same next-token choices (ties aside) and perplexity.
 FP32_TOP1 = 0.998
 FP32_RATIO_TOLERANCE = 1e-3
-#: C vs the numpy mirror of the same scheme: top-1 agreement and perplexity ratio may differ by
-#: this much. The fp32 C parts differ from the float64 mirror by ~1e-6, which now and then puts
-#: an int8 activation on the other side of a rounding boundary: measured max |C - mirror| logit
-#: 0.03 (int8 experts) to 0.11 (--dense-quant int8), same top-1 everywhere, ratios within 7e-5;
-#: a kernel / mirror mismatch moves the figures by far more.
-C_MIRROR_TOP1_GAP = 0.005
-C_MIRROR_RATIO_GAP = 1e-3
+#: C vs the numpy mirror of the same scheme: the mirror repeats every fp32 operation of the C in
+#: the C's order and the runtime's own exp (colibri/reference/f32.py), so the logits are the
+#: same to the bit at every position (before that: max |C - mirror| 0.03 to 0.11 logits).
+C_MIRROR_MAX_DIFF = 0.0
 #: The scheme also run on cortex-m7 (the whole model int8: 0.91 MB of flash) and the largest
 #: |logit| difference allowed between the board and the host: none (measured 0, see the test).
 BOARD_SCHEME = "int8+d8"
@@ -175,12 +178,10 @@ def test_scheme_accuracy_on_host(host_rows: dict[str, harness.Row], key: str) ->
     )
     assert row.c_top1 >= top1, f"{row.scheme.flags}: C top-1 {row.c_top1:.2%} < {top1:.2%}"
     assert row.c_ratio <= ratio, f"{row.scheme.flags}: C ppl ratio {row.c_ratio:.5f} > {ratio}"
-    assert abs(row.c_top1 - row.mirror_top1) <= C_MIRROR_TOP1_GAP, (
-        f"{row.scheme.flags}: C top-1 {row.c_top1:.2%} vs mirror {row.mirror_top1:.2%}"
+    assert row.c_mirror_max_diff <= C_MIRROR_MAX_DIFF, (
+        f"{row.scheme.flags}: max |C - mirror| logit {row.c_mirror_max_diff:.3g}"
     )
-    assert abs(row.c_ratio - row.mirror_ratio) <= C_MIRROR_RATIO_GAP, (
-        f"{row.scheme.flags}: C ppl ratio {row.c_ratio:.5f} vs mirror {row.mirror_ratio:.5f}"
-    )
+    assert (row.c_top1, row.c_ratio) == (row.mirror_top1, row.mirror_ratio)
 
 
 def _calib_supported() -> bool:
@@ -197,10 +198,8 @@ def test_cortex_m7_gives_the_host_figures(
     """BOARD_SCHEME built for cortex-m7 (QEMU) on the same windows gives the host's logits bit
     for bit, so the same top-1 and perplexity: the integer paths are exact on both, and the
     float parts are the same IEEE fp32 operations in the same order (-ffp-contract=off on every
-    board) with expf / sqrtf from glibc on the host and newlib on the board, both correctly
-    rounded on these inputs (their expf is the same Arm optimized-routines code). Measured max
-    |m7 - host| = 0; a toolchain whose libm differed in the last ulp would show here first, and
-    BOARD_LOGIT_TOLERANCE is where to account for it."""
+    board), sqrtf is correctly rounded everywhere, and exp is the runtime's own colibri_expf,
+    not the C library's. Measured max |m7 - host| = 0."""
     require_board("cortex-m7")
     host = _ok(host_rows[BOARD_SCHEME])
     row = _ok(

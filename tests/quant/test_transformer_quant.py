@@ -20,7 +20,7 @@ from colibri.quant.model import TransformerQuant, quantize_transformer
 from colibri.reference.transformer import KVCache, forward, generate
 from colibri.targets.lmrun import run_lm
 from colibri.targets.size import size_report
-from conftest import require_board, run_cli
+from conftest import ROOT, require_board, run_cli
 from hf_tiny import (
     ARCHS,
     MODEL_CASES,
@@ -308,6 +308,43 @@ def test_reference_cli_gives_the_c_logits_and_tokens(tmp_path: Path) -> None:
     assert new.replace(",", " ") in c.stdout.replace(",", " "), (new, c.stdout)
     bad = run_cli("reference", str(ckpt), "--prompt-ids", prompt, check=False)
     assert bad.returncode != 0 and "--logits L.npy and/or --max-new-tokens" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("board", "quant", "dense"),
+    [("host", "int8", "fp32"), ("host", "int4", "fp32"), ("host", "int8", "int8"),
+     ("cortex-m7", "int4", "fp32")],
+)  # fmt: skip
+def test_c_is_the_mirror_bit_for_bit_on_a_trained_model(
+    tmp_path: Path, board: str, quant: str, dense: str
+) -> None:
+    """Issue 14, point 7: on the Mixtral trained on real text (tests/data/trained_moe), the
+    generated C and the numpy mirror give the same greedy continuation and the same logits, to
+    the bit, at every position: the prompt's and the generated tokens' (the C re-run
+    teacher-forced over prompt + continuation)."""
+    require_board(board)
+    from colibri.frontends.tokenizer import load_tokenizer
+
+    ckpt = ROOT / "tests" / "data" / "trained_moe"
+    ours = load_hf_transformer(ckpt)
+    text = (ckpt / "heldout.txt").read_text(encoding="utf-8")
+    prompt = load_tokenizer(ckpt / "tokenizer.json").encode(text)[500:540]
+    n_new = 24
+    ctx = len(prompt) + n_new
+    gen, _ = generate_lm(ours, tmp_path / "gen", board, "lm", ctx, quant=quant, dense=dense)
+    q = quantize_transformer(ours, quant, dense=dense)
+    out, _ = run_lm(gen, board, prompt, n_new)
+    want = generate(ours, prompt, n_new, quant=q)
+    assert out.tokens.tolist() == want[len(prompt) :], "greedy continuations differ"
+    full = want[:-1]  # every position whose logits chose a token
+    out, _ = run_lm(gen, board, full, 0, want_logits=True)
+    assert out.logits is not None
+    ref = forward(ours, full, quant=q)
+    diff = np.abs(out.logits.astype(np.float64) - ref)
+    print(f"\n{board} {quant}/{dense}: {len(full)} positions, max |C - mirror| {diff.max():.3g}")
+    assert diff.max() <= C_MIRROR_TOLERANCE
+    differ = np.flatnonzero((out.logits != ref.astype(np.float32)).any(axis=1))
+    assert differ.size == 0, f"logits not bit-identical at positions {differ.tolist()}"
 
 
 # -- the numpy mirror --------------------------------------------------------------------------

@@ -43,8 +43,8 @@ def test_scheme_on_board_matches_reference(
     generate(layer, tmp_path / "q", opts)
     out, _ = run_model(tmp_path / "q", board, x)
     plan = make_plan(4, scheme, None, act)
-    ref, ids = quant_moe_forward(layer, quantize_layer(layer, plan), x)
-    np.testing.assert_array_equal(out.expert_ids, ids, err_msg=f"{board}/{scheme}")
+    ref, rq = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    np.testing.assert_array_equal(out.expert_ids, rq.expert_ids, err_msg=f"{board}/{scheme}")
     np.testing.assert_array_equal(out.expert_ids, moe_forward(layer, x)[1].expert_ids)
     err = compare(out.output, ref, LAYER_TOLERANCE[(scheme, plan.acts[0])])
     assert err is None, f"{board}/{scheme}: {err}"

@@ -37,7 +37,13 @@ from ..ir.transformer import Attention, DecoderLayer, MoETransformer, all_tensor
 from ..options import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_TOKENS, MAX_CONTEXT_LIMIT
 from ..plan.budget import check_budget
 from ..plan.memory import ArenaPlan, plan_memory, plan_transformer
-from ..quant.formats import DEFAULT_ACT, SCHEMES, expert_matrix_bytes, q8_channel_dtype
+from ..quant.formats import (
+    DEFAULT_ACT,
+    SCHEMES,
+    expert_matrix_bytes,
+    q8_blocks,
+    q8_channel_dtype,
+)
 from ..quant.formats import weight_bytes_for as layer_weight_bytes
 from .argtypes import MAX_TOKENS, int_range
 
@@ -332,20 +338,22 @@ def shape_model(ckpt: HFCheckpoint) -> MoETransformer:
     )
 
 
-def _q8_saving(n_out: int, n_in: int) -> int:
-    """Bytes an [out, in] fp32 matrix saves as the int8 per-channel struct."""
-    return 4 * n_out * n_in - q8_channel_dtype(n_out, n_in).itemsize
+def _q8_saving(n_out: int, n_in: int, blocks: bool = False) -> int:
+    """Bytes an [out, in] fp32 matrix saves as the int8 struct (per output channel, or with
+    one scale per block of 32 inputs)."""
+    n_scales = n_out * q8_blocks(n_in) if blocks else n_out
+    return 4 * n_out * n_in - q8_channel_dtype(n_out, n_in, n_scales).itemsize
 
 
 def _dense_int8_saving(model: MoETransformer) -> int:
     """Bytes --dense-quant int8 saves: embedding, LM head, attention, shared experts and dense
     MLPs as int8 structs (norms, biases, routers and the shared-expert gate stay fp32)."""
     c = model.config
-    saved = _q8_saving(c.vocab_size, c.d_model) * (1 if c.tie_word_embeddings else 2)
+    saved = _q8_saving(c.vocab_size, c.d_model, True) * (1 if c.tie_word_embeddings else 2)
     for layer in model.layers:
         a = layer.attention
         for w in (a.wq, a.wk, a.wv, a.wo):
-            saved += _q8_saving(int(w.shape[1]), int(w.shape[0]))  # stored [out, in]
+            saved += _q8_saving(int(w.shape[1]), int(w.shape[0]), True)  # stored [out, in]
         ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
         if ffn is not None:
             f = int(ffn.w1.shape[1])

@@ -137,7 +137,6 @@ def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
 def cmd_generate(a: argparse.Namespace) -> int:
     from ..boards import load_board
     from ..ir.transformer import MoETransformer
-    from ..options import GenerateOptions
     from .pipeline import generate, load
 
     board = load_board(a.board)
@@ -145,21 +144,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
     whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
     _check_generate_options(a, whole)
     model = load(a.model, a.config, a.layer)
-    opts = GenerateOptions(
+    opts = _quant_options(
+        a,
         board=board.name,
         name=a.name or Path(a.out).resolve().name,
         max_tokens=a.max_tokens,
-        quant=a.quant,
-        expert_quant=a.expert_quant,
-        act=a.act,
         cache=a.cache,
         cache_slots=a.cache_slots if a.cache == "lru" else 0,
-        calib=a.calib,
         ram_budget=a.ram_budget,
-        router_quant=a.router_quant,
-        max_context=a.max_context,
-        dense_quant=a.dense_quant,
-        scale_search=a.scale_search,
     )
     out, manifest = generate(model, a.out, opts, force=a.force)
     if isinstance(model, MoETransformer):
@@ -294,11 +286,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _reference_options(a: argparse.Namespace) -> Any:
+def _quant_options(a: argparse.Namespace, **extra: Any) -> Any:
+    """GenerateOptions from the flags add_quant_args defines (shared by generate and
+    reference, so the two always quantise alike) plus the command's own fields."""
     from ..options import GenerateOptions
 
     return GenerateOptions(
-        name="reference",
         quant=a.quant,
         expert_quant=a.expert_quant,
         act=a.act,
@@ -307,6 +300,7 @@ def _reference_options(a: argparse.Namespace) -> Any:
         max_context=a.max_context,
         dense_quant=a.dense_quant,
         scale_search=a.scale_search,
+        **extra,
     )
 
 
@@ -341,7 +335,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     layer = load(a.model, a.config, a.layer)
     assert isinstance(layer, MoELayer)
     x = check_input(load_npy(a.input), layer.config.d_model, a.input)
-    opts = _reference_options(a)
+    opts = _quant_options(a, name="reference")
     if opts.quant == "fp32" and opts.expert_quant is None and opts.router_quant == "fp32":
         from ..reference.moe import moe_forward
 
@@ -349,12 +343,11 @@ def cmd_reference(a: argparse.Namespace) -> int:
         ids, gates = r.expert_ids, r.gates
     else:
         from ..reference.kernels import quant_moe_forward
-        from ..reference.moe import route
         from .pipeline import quantise_layer
 
         lq = quantise_layer(layer, opts)[0]
-        y, ids = quant_moe_forward(layer, lq.experts, x, lq.router)
-        gates = route(layer, x).gates  # routing weights are reported for the fp32 router
+        y, r = quant_moe_forward(layer, lq.experts, x, lq.router)
+        ids, gates = r.expert_ids, r.gates
     save_npy(a.output, y.astype(np.float32))
     if a.routing:
         save_npz(a.routing, expert_ids=ids, gates=np.asarray(gates, np.float32))
@@ -363,14 +356,13 @@ def cmd_reference(a: argparse.Namespace) -> int:
 
 
 def _reference_transformer(a: argparse.Namespace, model: Any) -> int:
-    from ..options import DEFAULT_MAX_CONTEXT
     from ..reference.transformer import KVCache, forward
     from ..targets.lmrun import parse_ids
     from .pipeline import quantise_transformer
 
-    opts = _reference_options(a)
+    opts = _quant_options(a, name="reference")
     prompt = parse_ids(a.prompt_ids)
-    max_context = DEFAULT_MAX_CONTEXT if opts.max_context is None else opts.max_context
+    max_context = opts.context
     if len(prompt) + a.max_new_tokens > max_context:
         raise InputError(
             f"{len(prompt)} prompt + {a.max_new_tokens} new tokens exceed --max-context "

@@ -29,7 +29,7 @@ from ..frontends.hf_model import load_transformer
 from ..frontends.load import load_model
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
-from ..options import DEFAULT_MAX_CONTEXT, GenerateOptions
+from ..options import GenerateOptions
 from ..plan.budget import check_layer_budget, check_transformer_budget
 from ..plan.model import plan_layer, plan_whole_transformer
 from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
@@ -62,7 +62,6 @@ def quantise_transformer(
     """The calibrate + quantise stages of a whole transformer as `generate` runs them: the
     quantised weights (None: all fp32) and the calibration statistics (None without --calib).
     benchmarks/accuracy_table.py runs the numpy mirror on exactly this."""
-    max_context = DEFAULT_MAX_CONTEXT if options.max_context is None else options.max_context
     source = calib if calib is not None else options.calib
     tstats: dict[int, LayerCalib] | None = None
     if source is not None:
@@ -71,7 +70,7 @@ def quantise_transformer(
                 f"--calib calibrates the routed experts' int8 / int4 scales, but --quant is "
                 f"{options.quant}: pass --quant int8 or --quant int4 (or drop --calib)"
             )
-        tstats = transformer_calibration(model, load_calib_ids(source, model, max_context))
+        tstats = transformer_calibration(model, load_calib_ids(source, model, options.context))
     q = quantize_transformer_as_asked(
         model,
         options.quant,
@@ -113,9 +112,8 @@ def render(
     board = load_board(options.board)
     if isinstance(model, MoETransformer):
         check_supported(model)
-        max_context = DEFAULT_MAX_CONTEXT if options.max_context is None else options.max_context
         q, tstats = quantise_transformer(model, options, calib)
-        tplan = plan_whole_transformer(model, q, max_context)
+        tplan = plan_whole_transformer(model, q, options.context)
         files, manifest = render_transformer(model, q, tplan, board.name, options.name)
         if q is not None and options.scale_search != "mse":
             manifest["options"]["scale_search"] = options.scale_search

@@ -37,8 +37,8 @@ def tensor_bytes(t: QuantTensor | np.ndarray) -> bytes:
         return np.ascontiguousarray(t.data, dtype="<u2").tobytes()
     if t.scheme == "int8":
         assert t.scale is not None
-        rec = np.zeros(1, dtype=q8_channel_dtype(t.n_out, t.n_in))
-        rec["scale"][0] = t.scale
+        rec = np.zeros(1, dtype=q8_channel_dtype(t.n_out, t.n_in, t.scale.size))
+        rec["scale"][0] = t.scale.reshape(-1)
         rec["q"][0] = np.asarray(t.data, dtype=np.int8).ravel()
         return rec.tobytes()
     return np.ascontiguousarray(t.data).tobytes()  # int4: BLOCK_Q4_DTYPE records, 18 bytes
@@ -69,10 +69,13 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
             "quantised": True,
         }
     if t.scheme == "int8":
-        tname_c = f"{name}_q8_{t.n_out}x{t.n_in}_t"
-        size = q8_channel_dtype(t.n_out, t.n_in).itemsize
+        assert t.scale is not None
+        # per output channel: scale[n_out]; block-scaled: scale[n_out][blocks] (flattened)
+        tname_c = f"{name}_q8{'b' if t.blocked else ''}_{t.n_out}x{t.n_in}_t"
+        size = t.nbytes
         typedef = (
-            f"typedef struct {{\n    float scale[{t.n_out}];\n    int8_t q[{t.n_out * t.n_in}];\n"
+            f"typedef struct {{\n    float scale[{t.scale.size}];\n"
+            f"    int8_t q[{t.n_out * t.n_in}];\n"
             f"}} {tname_c};\n_Static_assert(sizeof({tname_c}) == {size}, "
             f'"{tname_c} differs from colibri/quant/formats.py q8_channel_dtype");'
         )

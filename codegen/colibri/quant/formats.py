@@ -53,11 +53,13 @@ FP16_MAX = 65504.0
 BLOCK_Q4_DTYPE = np.dtype([("d", "<u2"), ("qs", "u1", (QK4 // 2,))])
 
 
-def q8_channel_dtype(n_out: int, n_in: int) -> np.dtype:
+def q8_channel_dtype(n_out: int, n_in: int, n_scales: int | None = None) -> np.dtype:
     """numpy mirror of the generated int8 tensor struct (one per shape, colibri_weights.h):
-    ``struct { float scale[n_out]; int8_t q[n_out * n_in]; }``, C padding included (the
-    generated header _Static_asserts that sizeof matches this itemsize)."""
-    return np.dtype([("scale", "<f4", (n_out,)), ("q", "i1", (n_out * n_in,))], align=True)
+    ``struct { float scale[n_scales]; int8_t q[n_out * n_in]; }``, C padding included (the
+    generated header _Static_asserts that sizeof matches this itemsize). n_scales is n_out (one
+    scale per output channel) or, for the block-scaled dense layout, n_out * ceil(n_in / 32)."""
+    n_scales = n_out if n_scales is None else n_scales
+    return np.dtype([("scale", "<f4", (n_scales,)), ("q", "i1", (n_out * n_in,))], align=True)
 
 
 #: Bits of storage per weight (scales included, int8's per-channel scale excluded).
@@ -440,13 +442,21 @@ class QuantTensor:
     n_out: int
     n_in: int
     data: np.ndarray  # fp32 [out,in] | uint16 [out,in] | int8 [out,in] | BLOCK_Q4 [out,nb]
-    scale: np.ndarray | None = None  # int8: float32 [out]
+    #: int8: float32 [out] (one scale per output channel), or [out, ceil(in / 32)] (one per
+    #: block of 32 inputs: the dense matrices of --dense-quant int8, see quantize_matrix)
+    scale: np.ndarray | None = None
+
+    @property
+    def blocked(self) -> bool:
+        """int8 with one scale per block of QK8 inputs (colibri_matvec_q8b_*)."""
+        return self.scheme == "int8" and self.scale is not None and self.scale.ndim == 2
 
     @property
     def nbytes(self) -> int:
         """Bytes as stored in the generated C (int8: the padded struct)."""
         if self.scheme == "int8":
-            return q8_channel_dtype(self.n_out, self.n_in).itemsize
+            assert self.scale is not None
+            return q8_channel_dtype(self.n_out, self.n_in, self.scale.size).itemsize
         return int(self.data.nbytes)
 
     def dequantize(self) -> np.ndarray:
@@ -457,6 +467,9 @@ class QuantTensor:
             return f16_to_f32(self.data)
         if self.scheme == "int8":
             assert self.scale is not None
+            if self.blocked:
+                per = np.repeat(self.scale, QK8, axis=1)[:, : self.n_in]
+                return (self.data.astype(np.float32) * per).astype(np.float32)
             return dequantize_int8(self.data, self.scale)
         return dequantize_int4(self.data, self.n_in)
 
@@ -472,7 +485,11 @@ class QuantTensor:
         # scale may clip) its distance to that code's value.
         if self.scheme == "int8":
             assert self.scale is not None
-            step = np.abs(self.scale.astype(np.float64))[:, None]
+            if self.blocked:
+                step = np.repeat(np.abs(self.scale.astype(np.float64)), QK8, axis=1)
+                step = step[:, : self.n_in]
+            else:
+                step = np.abs(self.scale.astype(np.float64))[:, None]
             top = Q8_MAX * step
         else:
             d = np.abs(f16_to_f32(self.data["d"]).astype(np.float64))
@@ -513,9 +530,12 @@ def quantize_matrix(
     name: str = "tensor",
     search: str = DEFAULT_SCALE_SEARCH,
     importance: np.ndarray | None = None,
+    blocks: bool = False,
 ) -> QuantTensor:
     """Quantise one [out, in] matrix; int8 / int4 scales by `search` ("mse": the scale search,
-    weighted by `importance` [in] when given; "none": the plain method)."""
+    weighted by `importance` [in] when given; "none": the plain method). blocks: int8 with one
+    scale per block of QK8 inputs instead of one per output channel (the dense matrices of
+    --dense-quant int8: attention, embedding, LM head), the codes still [out, in]."""
     w_t = np.ascontiguousarray(w_t, dtype=np.float32)
     n_out, n_in = w_t.shape
     check_scale_search(search)
@@ -523,6 +543,18 @@ def quantize_matrix(
         return QuantTensor(scheme, n_out, n_in, w_t)
     if scheme == "fp16":
         return QuantTensor(scheme, n_out, n_in, quantize_fp16(w_t, name))
+    if scheme == "int8" and blocks:
+        # One scale per block of QK8 inputs: the blocks are quantised as the rows of a
+        # [out * nb, QK8] matrix (the last block zero-padded), each by the per-row method.
+        nb = q8_blocks(n_in)
+        padded = np.zeros((n_out, nb * QK8), dtype=np.float32)
+        padded[:, :n_in] = w_t
+        if importance is not None:
+            raise ConfigError(f"{name}: block-scaled int8 takes no channel importances")
+        inner = quantize_matrix(padded.reshape(n_out * nb, QK8), "int8", name, search)
+        assert inner.scale is not None
+        q = np.ascontiguousarray(inner.data.reshape(n_out, nb * QK8)[:, :n_in])
+        return QuantTensor(scheme, n_out, n_in, q, inner.scale.reshape(n_out, nb))
     if scheme == "int8":
         if search == "none":
             q, s = quantize_int8_per_channel(w_t)
@@ -751,6 +783,4 @@ def stored_nbytes(t: QuantTensor | np.ndarray) -> int:
         return int(t.nbytes)
     if t.scheme == "fp32":
         return int(t.data.nbytes)
-    if t.scheme == "int8":
-        return int(q8_channel_dtype(t.n_out, t.n_in).itemsize)
     return int(t.nbytes)

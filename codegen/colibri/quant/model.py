@@ -176,13 +176,18 @@ def quantize_transformer(
     if q.dense_scheme == "fp32":
         return q
     q.dense_act = make_plan(1, q.dense_scheme, None, act).acts[0]
-    q.dense["embed"] = quantize_matrix(model.embed, q.dense_scheme, "embed", search)
+    # int8: one scale per block of 32 inputs (as llama.cpp's Q8_0), not per output channel:
+    # measured on the 3.6 M-parameter trained Mixtral (benchmarks/accuracy_table.py), top-1
+    # 98.73 % -> 99.12 % with the attention projections block-scaled, for 3 % more bytes.
+    blocks = q.dense_scheme == "int8"
+    dense = q.dense_scheme
+    q.dense["embed"] = quantize_matrix(model.embed, dense, "embed", search, blocks=blocks)
     if not model.config.tie_word_embeddings:
-        q.dense["lm_head"] = quantize_matrix(model.lm_head, q.dense_scheme, "lm_head", search)
+        q.dense["lm_head"] = quantize_matrix(model.lm_head, dense, "lm_head", search, blocks=blocks)
     for i, layer in enumerate(model.layers):
         for n in ATTENTION_PROJECTIONS:
             w = getattr(layer.attention, n)
-            q.dense[f"l{i}.{n}"] = quantize_matrix(w.T, q.dense_scheme, f"l{i}.{n}", search)
+            q.dense[f"l{i}.{n}"] = quantize_matrix(w.T, dense, f"l{i}.{n}", search, blocks=blocks)
         ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
         if ffn is not None:
             q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn", search)

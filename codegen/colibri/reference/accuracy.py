@@ -116,9 +116,9 @@ def layer_metrics(
     if layer.shared_expert is not None:
         layer = replace(layer, shared_expert=None, shared_gate=None)
     ref, r = moe_forward(layer, x)
-    y, ids = quant_moe_forward(layer, qexperts, x, router)
+    y, rq = quant_moe_forward(layer, qexperts, x, router)
     m = error_metrics(y, ref)
-    m["routing_agreement"] = routing_agreement(ids, r.expert_ids)
+    m["routing_agreement"] = routing_agreement(rq.expert_ids, r.expert_ids)
     return m
 
 

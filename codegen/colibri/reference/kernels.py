@@ -24,7 +24,8 @@ from ..quant.formats import (
     int4_values,
     q8_blocks,
 )
-from .moe import activation, expert_ffn, route
+from .f32 import route_gates_f32, silu_f32
+from .moe import Routing, activation, expert_ffn, route
 
 
 def _seq_dot(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -121,6 +122,29 @@ def matvec_q8_q8(q: np.ndarray, scale: np.ndarray, xq: np.ndarray, sx: np.ndarra
     return (acc * scale[None, :]).astype(np.float32)
 
 
+def matvec_q8b_q8(q: np.ndarray, scale: np.ndarray, xq: np.ndarray, sx: np.ndarray) -> np.ndarray:
+    """colibri_matvec_q8b_q8 (block-scaled int8 weights, scale [out, nb]):
+    acc += (float)isum_b * (scale[o][b] * sx[b]) over the blocks in order."""
+    isum = _block_dots(q, xq, q.shape[1]).astype(np.float32)
+    acc = np.zeros(isum.shape[:2], dtype=np.float32)
+    for b in range(isum.shape[2]):
+        ds = (scale[None, :, b] * sx[:, b, None]).astype(np.float32)
+        acc += isum[:, :, b] * ds
+    return acc
+
+
+def matvec_q8b_f32(q: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """colibri_matvec_q8b_f32: per block, s = sum_j (float)q * x in order, acc += s * scale."""
+    x = np.asarray(x, dtype=np.float32)
+    n_in = q.shape[1]
+    acc = np.zeros((x.shape[0], q.shape[0]), dtype=np.float32)
+    for b in range(scale.shape[1]):
+        lo, hi = b * QK8, min(n_in, (b + 1) * QK8)
+        bs = _seq_dot(q[:, lo:hi].astype(np.float32), x[:, lo:hi])
+        acc += bs * scale[None, :, b]
+    return acc
+
+
 def matvec_q4_q8(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) -> np.ndarray:
     """colibri_matvec_q4_q8: acc += (float)isum_b * (d_b * sx[b]) over the blocks in order."""
     isum = dot_q4_q8(blocks, xq, n_in).astype(np.float32)
@@ -141,6 +165,8 @@ def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
         xq, sx = quantize_rows_q8(x)
         if t.scheme == "int8":
             assert t.scale is not None
+            if t.blocked:
+                return matvec_q8b_q8(t.data, t.scale, xq, sx)
             return matvec_q8_q8(t.data, t.scale, xq, sx)
         if t.scheme == "int4":
             return matvec_q4_q8(t.data, xq, sx, t.n_in)
@@ -149,11 +175,17 @@ def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
         return matvec_f16_f32(t.data, x)
     if t.scheme == "int8":
         assert t.scale is not None
+        if t.blocked:
+            return matvec_q8b_f32(t.data, t.scale, x)
         return matvec_q8_f32(t.data, t.scale, x)
     return matvec_q4_f32(t.data, x, t.n_in)
 
 
 def _activation_f32(name: str, h: np.ndarray) -> np.ndarray:
+    """The generated kernels' activation: SiLU is colibri_silu, bit for bit; the others use
+    libm (erff / tanhf) in C and float64 here."""
+    if name == "silu":
+        return silu_f32(h)
     return np.asarray(activation(name, h.astype(np.float64)), dtype=np.float32)
 
 
@@ -176,27 +208,39 @@ def quant_expert_ffn(qe: QuantExpert, activation: str, gated: bool, x: np.ndarra
     return y
 
 
+def route_c(layer: MoELayer, x: np.ndarray, router: QuantRouter | None = None) -> Routing:
+    """colibri_route on fp32 rows x: the C's logits (fp32, input order; a quantised router
+    dequantised per element), top-k (ties to the lower index) and its fp32 gates
+    (:func:`colibri.reference.f32.route_gates_f32`), bit for bit."""
+    routed = layer if router is None else replace(layer, router_w=router.dequantized())
+    r = route(routed, x)
+    gates = route_gates_f32(r.logits, r.expert_ids, layer.config.norm_topk_prob)
+    return Routing(r.expert_ids, gates, r.logits)
+
+
 def quant_moe_forward(
     layer: MoELayer,
     qexperts: dict[int, QuantExpert],
     x: np.ndarray,
     router: QuantRouter | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The layer with quantised experts (and router, if given): (output float64 [T, d],
-    expert_ids), mirroring the generated C."""
+) -> tuple[np.ndarray, Routing]:
+    """The layer with quantised experts (and router, if given): (output [T, d], the routing
+    the C router chose: expert ids and fp32 gates), mirroring the generated C and
+    colibri_sparse_forward: each active expert in ascending id, ``out += gate * y`` in fp32
+    from 0. Bit-exact with quantised experts; an fp32 expert runs the float64 reference (its
+    C kernel is compared within FP32_TOLERANCE). Returned as float64 for the comparisons."""
     x = np.asarray(x, dtype=np.float32)
-    routed = layer if router is None else replace(layer, router_w=router.dequantized())
-    r = route(routed, x)
+    r = route_c(layer, x, router)
     storage = layer.storage_map()
     c = layer.config
-    out = np.zeros(x.shape, dtype=np.float64)
+    out = np.zeros(x.shape, dtype=np.float32)
     for e in np.unique(r.expert_ids):
         rows, slots = np.nonzero(r.expert_ids == e)
         owner = storage[int(e)]
         qe = qexperts[owner]
         if qe.scheme == "fp32":
-            y = expert_ffn(layer, owner, x[rows])
+            y = expert_ffn(layer, owner, x[rows]).astype(np.float32)
         else:
-            y = quant_expert_ffn(qe, c.activation, c.gated, x[rows]).astype(np.float64)
-        out[rows] += r.gates[rows, slots, None] * y
-    return out, r.expert_ids
+            y = quant_expert_ffn(qe, c.activation, c.gated, x[rows])
+        out[rows] = out[rows] + r.gates[rows, slots, None].astype(np.float32) * y
+    return out.astype(np.float64), r

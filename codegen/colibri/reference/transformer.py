@@ -7,12 +7,16 @@ C runtime's). :func:`generate` does greedy decoding or seeded temperature / top-
 sampling.
 
 Quantised models (``forward(..., quant=...)`` with a
-:class:`~colibri.quant.model.TransformerQuant`): every MoE layer's routed experts go
-through :func:`colibri.reference.kernels.quant_moe_forward`, the numpy mirror of the generated
-quantised kernels; with a dense scheme the other matrices (attention q/k/v/o, Qwen's shared
-expert and dense MLPs, the token embedding and the LM head) run through the same kernels'
-mirror (:func:`colibri.reference.kernels.matvec`) on fp32 rows. Norms, biases, the router and
-the shared expert's gate stay fp32.
+:class:`~colibri.quant.model.TransformerQuant`) run the *mirror* instead: the generated C's
+fp32 operations in the C's order (:mod:`colibri.reference.f32`), so that it gives the C's logits
+to the bit (up to the order-independent rounding of nothing: every sum is sequential) at every
+position, prompt and generated. Every MoE layer's routed experts go through
+:func:`colibri.reference.kernels.quant_moe_forward`, the mirror of the generated quantised
+kernels and of the runtime's router; with a dense scheme the other matrices (attention
+q/k/v/o, Qwen's shared expert and dense MLPs, the token embedding and the LM head) run through
+the same kernels' mirror (:func:`colibri.reference.kernels.matvec`); norms, RoPE, attention,
+the fp32 matrices and the shared expert's gate repeat runtime_c/src/transformer_ops.c and the
+generated transformer_model.c.
 """
 
 from __future__ import annotations
@@ -23,42 +27,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..ir.moe import Expert, MoELayer
-from ..ir.transformer import Attention, MoETransformer, TransformerConfig
-from ..quant.formats import QuantExpert, QuantRouter
+from ..ir.moe import Expert
+from ..ir.transformer import Attention, DecoderLayer, MoETransformer, TransformerConfig
+from ..quant.formats import QuantExpert
 from ..quant.model import TransformerQuant, quantize_transformer
+from . import f32
 from .kernels import matvec, quant_expert_ffn, quant_moe_forward
-from .moe import ffn, moe_forward
+from .moe import moe_forward
 
 #: Logits of the float64 reference vs transformers' float32 model on the tiny test models:
 #: measured max |diff| is <= 4e-6 (fp32 accumulation over 1-4 layers); 1e-4 absolute leaves
 #: headroom while a wrong rotation, head grouping or gate moves logits by O(0.1).
 LOGIT_TOLERANCE = 1e-4
-
-
-def _moe_block(
-    layer: MoELayer,
-    h: np.ndarray,
-    qexperts: dict[int, QuantExpert] | None,
-    shared_q: QuantExpert | None = None,
-    router: QuantRouter | None = None,
-) -> np.ndarray:
-    """The MoE block on fp32 rows h: fp32 reference, or the quantised mirror of the routed
-    experts plus the shared expert (fp32, or shared_q's scheme)."""
-    if qexperts is None:
-        y, _ = moe_forward(layer, h)
-        return y
-    y, _ = quant_moe_forward(layer, qexperts, h, router)
-    if layer.shared_expert is not None:
-        if shared_q is not None:
-            shared = quant_expert_ffn(shared_q, "silu", True, h).astype(np.float64)
-        else:
-            shared = ffn(layer.shared_expert, layer, h)
-        if layer.shared_gate is not None:
-            g = h.astype(np.float64) @ layer.shared_gate.astype(np.float64)
-            shared = shared / (1.0 + np.exp(-g))[:, None]
-        y = y + shared
-    return y
 
 
 def _as_quant(
@@ -112,27 +92,6 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     return y if b is None else y + b
 
 
-#: A linear layer of attention: (projection name, rows x [T, in], weight [in, out], bias).
-Linear = Callable[[str, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
-
-
-def _float_linear(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    return _linear(x, w, b)
-
-
-def _dense_linear(q: TransformerQuant, layer: int) -> Linear:
-    """Attention projections of `layer` through the quantised kernels' mirror: fp32 rows in,
-    fp32 matvec (+ fp32 bias, as the generated C adds it), float64 out."""
-
-    def run(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-        y = matvec(q.dense[f"l{layer}.{name}"], x.astype(np.float32), q.dense_act)
-        if b is not None:
-            y = (y + b.astype(np.float32)[None, :]).astype(np.float32)
-        return y.astype(np.float64)
-
-    return run
-
-
 def attention_forward(
     c: TransformerConfig,
     att: Attention,
@@ -140,13 +99,12 @@ def attention_forward(
     cache: KVCache,
     layer: int,
     start: int,
-    linear: Linear = _float_linear,
 ) -> np.ndarray:
     """Causal GQA self-attention of rows h [T, d] at positions start.., updating the cache."""
     t = h.shape[0]
-    q = linear("wq", h, att.wq, att.bq)
-    k = linear("wk", h, att.wk, att.bk)
-    v = linear("wv", h, att.wv, att.bv)
+    q = _linear(h, att.wq, att.bq)
+    k = _linear(h, att.wk, att.bk)
+    v = _linear(h, att.wv, att.bv)
     if att.q_norm is not None and att.k_norm is not None:
         q = rms_norm(q, att.q_norm, c.rms_norm_eps)
         k = rms_norm(k, att.k_norm, c.rms_norm_eps)
@@ -181,7 +139,7 @@ def attention_forward(
         p = np.exp(scores)
         p /= p.sum(axis=1, keepdims=True)
         out[:, head] = p @ values[kv]
-    return linear("wo", out.reshape(t, c.n_heads * hd), att.wo, att.bo)
+    return _linear(out.reshape(t, c.n_heads * hd), att.wo, att.bo)
 
 
 def _swiglu(ex: Expert, x: np.ndarray) -> np.ndarray:
@@ -212,35 +170,139 @@ def forward(
             f"token id {int(bad[0])} is outside the vocabulary (0..{c.vocab_size - 1})"
         )
     cache = KVCache() if cache is None else cache
+    if q is not None:
+        return mirror_forward(model, ids, cache, q, capture).astype(np.float64)
     start = cache.length
-    dq = q if q is not None and q.dense_scheme != "fp32" else None
-    if dq is not None:  # rows dequantised in fp32, as the generated C does
-        x = dq.dense["embed"].dequantize()[ids].astype(np.float64)
-    else:
-        x = model.embed[ids].astype(np.float64)
+    x = model.embed[ids].astype(np.float64)
     for i, layer in enumerate(model.layers):
         h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-        linear = _dense_linear(dq, i) if dq is not None else _float_linear
-        x = x + attention_forward(c, layer.attention, h, cache, i, start, linear)
+        x = x + attention_forward(c, layer.attention, h, cache, i, start)
         h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-        dense_ffn = dq.dense_ffn.get(i) if dq is not None else None
         if layer.moe is not None:
-            qe = q.experts[i] if q is not None else None
-            router = q.routers.get(i) if q is not None else None
             h32 = h.astype(np.float32)
             if capture is not None:
                 capture(i, h32)
-            y = _moe_block(layer.moe, h32, qe, dense_ffn, router)
-        elif dense_ffn is not None:
-            y = quant_expert_ffn(dense_ffn, "silu", True, h).astype(np.float64)
+            y, _ = moe_forward(layer.moe, h32)
         else:
             assert layer.mlp is not None
             y = _swiglu(layer.mlp, h)
         x = x + y
     x = rms_norm(x, model.final_norm, c.rms_norm_eps)
-    if dq is not None:
-        return matvec(dq.lm_head(), x.astype(np.float32), dq.dense_act).astype(np.float64)
     return np.asarray(x @ model.lm_head.astype(np.float64).T)
+
+
+# -- the quantised mirror ----------------------------------------------------------------------
+
+
+def _mirror_linear(
+    dq: TransformerQuant | None, key: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None
+) -> np.ndarray:
+    """The generated `lin` macro: colibri_linear_f32 on the fp32 weight w [in, out], or the
+    dense scheme's kernel on q.dense[key] then `y[o] += b[o]`."""
+    if dq is None:
+        return f32.linear_f32(x, w.T, b)
+    y = matvec(dq.dense[key], x, dq.dense_act)
+    return y if b is None else (y + b.astype(np.float32)[None, :]).astype(np.float32)
+
+
+def _mirror_attention(
+    c: TransformerConfig,
+    att: Attention,
+    dq: TransformerQuant | None,
+    layer: int,
+    h: np.ndarray,
+    cache: KVCache,
+    start: int,
+) -> np.ndarray:
+    """The generated <name>_attention at positions start.. (rows h [T, d]), caching k / v."""
+    t = h.shape[0]
+    q = _mirror_linear(dq, f"l{layer}.wq", h, att.wq, att.bq)
+    k = _mirror_linear(dq, f"l{layer}.wk", h, att.wk, att.bk)
+    v = _mirror_linear(dq, f"l{layer}.wv", h, att.wv, att.bv)
+    if att.q_norm is not None and att.k_norm is not None:
+        q = f32.rmsnorm_f32(q, att.q_norm, c.rms_norm_eps)
+        k = f32.rmsnorm_f32(k, att.k_norm, c.rms_norm_eps)
+    if c.clip_qkv is not None:
+        lim = np.float32(c.clip_qkv)
+        q, k, v = (np.clip(a, -lim, lim).astype(np.float32) for a in (q, k, v))
+    hd = c.head_dim
+    positions = np.arange(start, start + t)
+    cos, sin = rope_tables(c, positions)  # the generated tables: float64 rounded to fp32
+    cos32 = cos[:, : hd // 2].astype(np.float32)
+    sin32 = sin[:, : hd // 2].astype(np.float32)
+    q = f32.rope_f32(q.reshape(t, c.n_heads, hd).transpose(1, 0, 2), cos32, sin32)
+    k = f32.rope_f32(k.reshape(t, c.n_kv_heads, hd).transpose(1, 0, 2), cos32, sin32)
+    v = v.reshape(t, c.n_kv_heads, hd).transpose(1, 0, 2).astype(np.float32)
+    if layer < len(cache.keys):
+        cache.keys[layer] = np.concatenate([cache.keys[layer], k], axis=1)
+        cache.values[layer] = np.concatenate([cache.values[layer], v], axis=1)
+    else:
+        cache.keys.append(k)
+        cache.values.append(v)
+    out = f32.attention_f32(q, cache.keys[layer], cache.values[layer], positions, c.sliding_window)
+    return _mirror_linear(dq, f"l{layer}.wo", out, att.wo, att.bo)
+
+
+def _mirror_dense_ffn(ex: Expert | None, qe: QuantExpert | None, h: np.ndarray) -> np.ndarray:
+    """A shared expert or dense MLP: the dense scheme's generated kernel, or
+    colibri_swiglu_f32 on the fp32 weights."""
+    if qe is not None:
+        return quant_expert_ffn(qe, "silu", True, h)
+    assert ex is not None and ex.w3 is not None
+    return f32.swiglu_f32(h, ex.w1.T, ex.w3.T, ex.w2.T)
+
+
+def _mirror_ffn(
+    layer: DecoderLayer, q: TransformerQuant, index: int, h: np.ndarray, x: np.ndarray
+) -> np.ndarray:
+    """The generated <name>_ffn: x + the MoE block (+ gated shared expert) or dense MLP."""
+    dq = q if q.dense_scheme != "fp32" else None
+    dense_ffn = dq.dense_ffn.get(index) if dq is not None else None
+    moe = layer.moe
+    if moe is None:
+        y = _mirror_dense_ffn(layer.mlp, dense_ffn, h)
+        return (x + y).astype(np.float32)
+    proj, _ = quant_moe_forward(moe, q.experts[index], h, q.routers.get(index))
+    proj = proj.astype(np.float32)
+    if moe.shared_expert is None:
+        return (x + proj).astype(np.float32)
+    shared = _mirror_dense_ffn(moe.shared_expert, dense_ffn, h)
+    scale = np.ones((h.shape[0], 1), dtype=np.float32)
+    if moe.shared_gate is not None:
+        g = f32.seq_dot(moe.shared_gate.reshape(1, -1), h)
+        scale = (np.float32(1.0) / (np.float32(1.0) + f32.exp_f32(-g))).astype(np.float32)
+    return (x + (proj + scale * shared)).astype(np.float32)
+
+
+def mirror_forward(
+    model: MoETransformer,
+    ids: np.ndarray,
+    cache: KVCache,
+    q: TransformerQuant,
+    capture: Callable[[int, np.ndarray], None] | None = None,
+) -> np.ndarray:
+    """fp32 logits [T, vocab] of the generated C of `model` quantised as `q`, bit for bit:
+    <name>_lm_step of templates/transformer/transformer_model.c.j2 on every token of ids (a
+    prompt is the same as one token at a time: every operation is per position)."""
+    c = model.config
+    eps = c.rms_norm_eps
+    start = cache.length
+    dq = q if q.dense_scheme != "fp32" else None
+    if dq is not None:  # rows dequantised in fp32, as the generated C does
+        x = dq.dense["embed"].dequantize()[ids].astype(np.float32)
+    else:
+        x = model.embed[ids].astype(np.float32)
+    for i, layer in enumerate(model.layers):
+        h = f32.rmsnorm_f32(x, layer.input_norm, eps)
+        x = (x + _mirror_attention(c, layer.attention, dq, i, h, cache, start)).astype(np.float32)
+        h = f32.rmsnorm_f32(x, layer.post_norm, eps)
+        if capture is not None and layer.moe is not None:
+            capture(i, h)
+        x = _mirror_ffn(layer, q, i, h, x)
+    h = f32.rmsnorm_f32(x, model.final_norm, eps)
+    if dq is not None:
+        return matvec(dq.lm_head(), h, dq.dense_act)
+    return f32.linear_f32(h, model.lm_head, None)
 
 
 # -- sampling ----------------------------------------------------------------------------------
