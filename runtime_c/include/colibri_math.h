@@ -29,8 +29,8 @@ extern "C" {
 #define COLIBRI_EXP_MIN (-87.0f)
 #define COLIBRI_EXP_MAX 88.7228394f
 #define COLIBRI_EXP_LOG2E 1.44269504088896341f
-#define COLIBRI_EXP_ROUND 12582912.0f /* 1.5 * 2^23: t = y + ROUND holds round(y) in its low bits  \
-                                       */
+/* 1.5 * 2^23: t = y + ROUND holds round(y) in its low bits */
+#define COLIBRI_EXP_ROUND 12582912.0f
 #define COLIBRI_EXP_ROUND_BITS 0x4B400000u
 #define COLIBRI_EXP_LN2_HI 0.693359375f
 #define COLIBRI_EXP_LN2_LO (-2.12194440e-4f)
