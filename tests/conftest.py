@@ -70,6 +70,30 @@ def host_kernels(out_dir: Path) -> ctypes.CDLL:
     return lib
 
 
+def scons_cmd() -> list[str]:
+    """SCons from the virtualenv running the tests (its `scons` script, else `-m SCons`)."""
+    scons = Path(sys.executable).with_name("scons")
+    return [str(scons)] if scons.exists() else [sys.executable, "-m", "SCons"]
+
+
+def run_in_root(
+    cmd: list[str], env: dict[str, str], **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    """Run cmd in the repository root with env added to the environment; never raises on a
+    non-zero exit (the sanitizer tests read the output)."""
+    return subprocess.run(  # type: ignore[call-overload]
+        cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, **env), check=False,
+        **kwargs,
+    )  # fmt: skip
+
+
+def run_colibri(env: dict[str, str], *args: str) -> str:
+    """`python -m colibri ARGS` through run_in_root; a non-zero exit fails the test."""
+    result = run_in_root([sys.executable, "-m", "colibri", *args], env, timeout=120)
+    assert result.returncode == 0, f"colibri {' '.join(args)}:\n{result.stderr}"
+    return result.stdout
+
+
 def run_ok(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run a command; a non-zero exit fails the test with its output."""
     proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]

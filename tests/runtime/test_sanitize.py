@@ -16,12 +16,10 @@ so SCons compiles only each model's own sources and runner."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +27,7 @@ import pytest
 from colibri.quant.formats import LAYER_TOLERANCE
 from colibri.reference.transformer import LOGIT_TOLERANCE
 from colibri.targets.lmrun import SamplingOptions, read_lm_output, write_lm_input
-from conftest import ROOT, require_tool
+from conftest import ROOT, require_tool, run_colibri, run_in_root, scons_cmd
 
 SANITIZE = "address,undefined"
 SAN_FLAGS = [
@@ -53,21 +51,15 @@ MAX_CONTEXT = 64
 
 
 def _scons() -> list[str]:
-    scons = Path(sys.executable).with_name("scons")
-    return [str(scons)] if scons.exists() else [sys.executable, "-m", "SCons"]
+    return scons_cmd()
 
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, **SAN_ENV)
-    return subprocess.run(  # type: ignore[call-overload]
-        cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False, **kwargs
-    )
+    return run_in_root(cmd, SAN_ENV, **kwargs)
 
 
 def _colibri(*args: str) -> str:
-    result = _run([sys.executable, "-m", "colibri", *args], timeout=120)
-    assert result.returncode == 0, f"colibri {' '.join(args)}:\n{result.stderr}"
-    return result.stdout
+    return run_colibri(SAN_ENV, *args)
 
 
 def _assert_clean(result: subprocess.CompletedProcess[str]) -> None:

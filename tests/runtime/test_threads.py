@@ -7,14 +7,12 @@ clean run means something. TSAN_OPTIONS=halt_on_error=1: any race fails the prog
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, ROOT, require_tool
+from conftest import IN_CI, ROOT, require_tool, run_colibri, run_in_root, scons_cmd
 
 TEST_SOURCE = ROOT / "tests" / "c" / "threads" / "test_threads.c"
 TSAN_FLAGS = ["-fsanitize=thread", "-fno-omit-frame-pointer", "-g", "-O1", "-pthread"]
@@ -25,20 +23,15 @@ RACE = "WARNING: ThreadSanitizer: data race"
 
 
 def _scons() -> list[str]:
-    scons = Path(sys.executable).with_name("scons")
-    return [str(scons)] if scons.exists() else [sys.executable, "-m", "SCons"]
+    return scons_cmd()
 
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, **TSAN_ENV)
-    return subprocess.run(  # type: ignore[call-overload]
-        cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False, **kwargs
-    )
+    return run_in_root(cmd, TSAN_ENV, **kwargs)
 
 
-def _colibri(*args: str) -> None:
-    result = _run([sys.executable, "-m", "colibri", *args], timeout=120)
-    assert result.returncode == 0, f"colibri {' '.join(args)}:\n{result.stderr}"
+def _colibri(*args: str) -> str:
+    return run_colibri(TSAN_ENV, *args)
 
 
 def _require_tsan(tmp: Path) -> None:

@@ -65,6 +65,17 @@ class KVCache:
     def length(self) -> int:
         return int(self.keys[0].shape[1]) if self.keys else 0
 
+    def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add the keys / values [n_kv, T, head_dim] of new positions to `layer`'s cache (the
+        first call per layer creates it); return the layer's whole keys and values."""
+        if layer < len(self.keys):
+            self.keys[layer] = np.concatenate([self.keys[layer], k], axis=1)
+            self.values[layer] = np.concatenate([self.values[layer], v], axis=1)
+        else:
+            self.keys.append(k)
+            self.values.append(v)
+        return self.keys[layer], self.values[layer]
+
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """``weight * x / sqrt(mean(x^2) + eps)`` over the last axis, float64."""
@@ -117,13 +128,7 @@ def attention_forward(
     positions = np.arange(start, start + t)
     cos, sin = rope_tables(c, positions)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if layer < len(cache.keys):
-        cache.keys[layer] = np.concatenate([cache.keys[layer], k], axis=1)
-        cache.values[layer] = np.concatenate([cache.values[layer], v], axis=1)
-    else:
-        cache.keys.append(k)
-        cache.values.append(v)
-    keys, values = cache.keys[layer], cache.values[layer]
+    keys, values = cache.append(layer, k, v)
     total = keys.shape[1]
     key_pos = np.arange(total)
     allowed = key_pos[None, :] <= positions[:, None]
@@ -233,13 +238,8 @@ def _mirror_attention(
     q = f32.rope_f32(q.reshape(t, c.n_heads, hd).transpose(1, 0, 2), cos32, sin32)
     k = f32.rope_f32(k.reshape(t, c.n_kv_heads, hd).transpose(1, 0, 2), cos32, sin32)
     v = v.reshape(t, c.n_kv_heads, hd).transpose(1, 0, 2).astype(np.float32)
-    if layer < len(cache.keys):
-        cache.keys[layer] = np.concatenate([cache.keys[layer], k], axis=1)
-        cache.values[layer] = np.concatenate([cache.values[layer], v], axis=1)
-    else:
-        cache.keys.append(k)
-        cache.values.append(v)
-    out = f32.attention_f32(q, cache.keys[layer], cache.values[layer], positions, c.sliding_window)
+    keys, values = cache.append(layer, k, v)
+    out = f32.attention_f32(q, keys, values, positions, c.sliding_window)
     return _mirror_linear(dq, f"l{layer}.wo", out, att.wo, att.bo)
 
 
