@@ -24,28 +24,18 @@ from ..quant.formats import (
     int4_values,
     q8_blocks,
 )
-from .f32 import route_gates_f32, silu_f32
+from .f32 import route_gates_f32, seq_dot, silu_f32
 from .moe import Routing, activation, expert_ffn, route
-
-
-def _seq_dot(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """acc = 0; for i: acc += w[:, i] * x[:, i], fp32 sequential: [T, out]."""
-    w = np.asarray(w, dtype=np.float32)
-    x = np.asarray(x, dtype=np.float32)
-    acc = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
-    for i in range(w.shape[1]):
-        acc += x[:, i : i + 1] * w[None, :, i]
-    return acc
 
 
 def matvec_f16_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """colibri_matvec_f16_f32 on rows x [T, in]: [T, out]."""
-    return _seq_dot(f16_to_f32(w), x)
+    return seq_dot(f16_to_f32(w), x)
 
 
 def matvec_q8_f32(q: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
     """colibri_matvec_q8_f32."""
-    return (_seq_dot(q.astype(np.float32), x) * scale[None, :]).astype(np.float32)
+    return (seq_dot(q.astype(np.float32), x) * scale[None, :]).astype(np.float32)
 
 
 def matvec_q4_f32(blocks: np.ndarray, x: np.ndarray, n_in: int) -> np.ndarray:
@@ -56,7 +46,7 @@ def matvec_q4_f32(blocks: np.ndarray, x: np.ndarray, n_in: int) -> np.ndarray:
     acc = np.zeros((x.shape[0], blocks.shape[0]), dtype=np.float32)
     for b in range(blocks.shape[1]):
         lo, hi = b * QK4, min(n_in, (b + 1) * QK4)
-        bs = _seq_dot(vals[:, lo:hi], x[:, lo:hi])
+        bs = seq_dot(vals[:, lo:hi], x[:, lo:hi])
         acc += bs * d[None, :, b]
     return acc
 
@@ -140,7 +130,7 @@ def matvec_q8b_f32(q: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarra
     acc = np.zeros((x.shape[0], q.shape[0]), dtype=np.float32)
     for b in range(scale.shape[1]):
         lo, hi = b * QK8, min(n_in, (b + 1) * QK8)
-        bs = _seq_dot(q[:, lo:hi].astype(np.float32), x[:, lo:hi])
+        bs = seq_dot(q[:, lo:hi].astype(np.float32), x[:, lo:hi])
         acc += bs * scale[None, :, b]
     return acc
 
@@ -160,7 +150,7 @@ def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
     """The C kernel of t's scheme on rows x [T, in] (fp32 out [T, out]), activations
     quantised per row first when act == 'int8'."""
     if t.scheme == "fp32":
-        return _seq_dot(t.data, x)
+        return seq_dot(t.data, x)
     if act == "int8":
         xq, sx = quantize_rows_q8(x)
         if t.scheme == "int8":

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..ir.moe import Expert, MoELayer
+from .f32 import linear_f32
 
 #: Tolerance of every fp32 comparison (C vs this reference), relative to the largest |output|:
 #: ``max|c - ref| <= FP32_TOLERANCE * max(max|ref|, 1e-6)``. fp32 has a unit roundoff of
@@ -36,15 +37,9 @@ class Routing:
 
 
 def router_logits_f32(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    """Router logits with the C runtime's fp32 accumulation order (bit-exact)."""
-    x = np.asarray(x, dtype=np.float32)
-    w = np.asarray(w, dtype=np.float32)
-    acc = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
-    for i in range(x.shape[1]):
-        acc += x[:, i : i + 1] * w[None, :, i]
-    if b is not None:
-        acc = acc + np.asarray(b, dtype=np.float32)[None, :]
-    return acc
+    """Router logits with the C runtime's fp32 accumulation order (bit-exact): w [E, d] is the
+    C layout, so this is colibri_linear_f32's order (reference.f32.linear_f32)."""
+    return linear_f32(x, w, b)
 
 
 def top_k(logits: np.ndarray, k: int) -> np.ndarray:
