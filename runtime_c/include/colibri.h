@@ -68,7 +68,8 @@ typedef enum {
     COLIBRI_ERR_MAGIC = -3,        /**< not a Colibri model file (bad magic) */
     COLIBRI_ERR_VERSION = -4,      /**< unsupported format version */
     COLIBRI_ERR_TRUNCATED = -5,    /**< file shorter than its header / config says */
-    COLIBRI_ERR_SIZE = -6,         /**< file size inconsistent with the config */
+    COLIBRI_ERR_SIZE = -6,         /**< file size inconsistent with the config, or too small
+                                        for the runtime's tables for it */
     COLIBRI_ERR_CONFIG = -7,       /**< config.json missing or a field missing/invalid */
     COLIBRI_ERR_TOPK = -8,         /**< top_k <= 0, > num_experts or > COLIBRI_MAX_TOP_K */
     COLIBRI_ERR_DIM = -9,          /**< d_model passed to forward differs from the model's */
@@ -162,9 +163,6 @@ typedef struct {
  *  allocation; the tensors must also fit in the file). */
 #define COLIBRI_FILE_MAX_DIM (1 << 24)
 
-/** Arena bytes colibri_init may use for a model file even when the file is smaller. */
-#define COLIBRI_FILE_ARENA_MIN (64u * 1024u)
-
 /** Maximum number of LRU slots. */
 #define COLIBRI_MAX_LRU_SLOTS 256
 
@@ -228,6 +226,10 @@ typedef struct colibri_model {
      *  adds COLIBRI_ALIGN16 of it), so handles sharing the kernels never share this buffer.
      *  0 for model files and fp32 kernels; set by generated code before colibri_init_static. */
     size_t kernel_scratch_bytes;
+    /** colibri_init's separate allocations of this handle's arena and cache slot copies (freed
+     *  by cleanup); NULL otherwise. Private. */
+    void *owned_arena;
+    void *owned_slots;
 } colibri_model_t;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -243,11 +245,13 @@ typedef struct colibri_model {
  * 64-aligned, in table order without overlapping, dtype and shape as the header says), the
  * sharing map; then, unless config->load_flags skips them, each container tensor's CRC-32
  * (COLIBRI_ERR_CHECKSUM) and the fp32 weights for NaN / Inf (COLIBRI_ERR_NONFINITE; the seed
- * layout has no checksums). Only then is the model allocated, in two blocks whose sizes are
- * bounded by the file (the weight tables handles share, and this handle's descriptor, arena
- * and slots): the arena holds up to 256 token rows per chunk, fewer when that would
- * exceed max(file size, COLIBRI_FILE_ARENA_MIN) bytes (same results), and LRU slots are capped
- * at the number of experts that own weights. Details and costs: docs/format.md.
+ * layout has no checksums). Only then is the model allocated, in at most three blocks, none
+ * larger than the model's files (the container, or model.bin + router.bin + config.json): the
+ * weight tables handles share; this handle's descriptor and arena, which holds up to 256
+ * token rows per chunk, fewer when more would not fit (same results); its LRU / NONE cache
+ * slots, capped at the number of experts that own weights. A model too small for that (its
+ * tables outweigh its weights: d_model 1 and the like) gets COLIBRI_ERR_SIZE. Details and
+ * costs: docs/format.md.
  * @return COLIBRI_OK and *out_model set, or a negative status (*out_model = NULL).
  */
 colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **out_model);

@@ -41,6 +41,10 @@ int32_t colibri_slot_count(const colibri_config_t *config);
 /** @brief COLIBRI_SLOT_BYTES computed without overflow; SIZE_MAX when it does not fit. */
 size_t colibri_slot_bytes_checked(int32_t n_slots, size_t expert_floats);
 
+/** @brief The slot bookkeeping at the start of COLIBRI_SLOT_BYTES (stamps, weight tables,
+ *         expert ids: COLIBRI_SLOT_BYTES(n, 0)); SIZE_MAX on overflow. */
+size_t colibri_slot_book_bytes(int32_t n_slots);
+
 /** @brief A sharing map is valid when every entry is in range and map[map[i]] == map[i]. */
 colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts);
 
@@ -51,6 +55,13 @@ colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts);
  */
 void colibri_loader_setup(colibri_model_t *model, colibri_cache_policy policy, int32_t n_slots,
                           void *slot_area);
+
+/**
+ * @brief colibri_loader_setup with the slot bookkeeping (colibri_slot_book_bytes, 8-aligned)
+ *        and the slots' weight copies (n_slots * capacity floats, 8-aligned) in two areas.
+ */
+void colibri_loader_setup_split(colibri_model_t *model, colibri_cache_policy policy,
+                                int32_t n_slots, void *book_area, float *slot_mem);
 
 /** @brief Check that the dims / flags / activation of a model descriptor are usable. */
 colibri_status colibri_check_dims(const colibri_model_t *model);
@@ -76,6 +87,20 @@ colibri_status colibri_shared_attach(colibri_model_t *model, const colibri_model
 #ifndef COLIBRI_NO_FILESYSTEM
 /** @brief Release what colibri_init took (munmap + free). Defined in model_file.c. */
 void colibri_file_release(colibri_model_t *model);
+
+/** zlib's CRC-32 tables (slicing-by-8), for the container readers. */
+typedef struct {
+    uint32_t t[8][256];
+} colibri_crc32_tables;
+
+/** @brief Fill the CRC-32 tables. Defined in model_file.c (as the two below). */
+void colibri_crc32_tables_init(colibri_crc32_tables *ct);
+
+/** @brief zlib's CRC-32 of n bytes. */
+uint32_t colibri_crc32(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n);
+
+/** @brief 1 when all n little-endian fp32 values at p (4-aligned) are finite. */
+int colibri_f32_all_finite(const unsigned char *p, uint64_t n);
 #endif
 
 #endif /* COLIBRI_INTERNAL_H */

@@ -62,7 +62,7 @@ static size_t align16_sat(size_t n)
     return (n > SIZE_MAX - 15u) ? SIZE_MAX : COLIBRI_ALIGN16(n);
 }
 
-size_t colibri_slot_bytes_checked(int32_t n_slots, size_t expert_floats)
+size_t colibri_slot_book_bytes(int32_t n_slots)
 {
     if (n_slots <= 0) {
         return 0;
@@ -70,9 +70,17 @@ size_t colibri_slot_bytes_checked(int32_t n_slots, size_t expert_floats)
     size_t n = (size_t)n_slots;
     size_t total = align16_sat(mul_sat(8u, n));
     total = add_sat(total, align16_sat(mul_sat(n, sizeof(colibri_expert_weights_t))));
-    total = add_sat(total, align16_sat(mul_sat(4u, n)));
-    total = add_sat(total, align16_sat(mul_sat(mul_sat(4u, n), expert_floats)));
-    return total;
+    return add_sat(total, align16_sat(mul_sat(4u, n)));
+}
+
+size_t colibri_slot_bytes_checked(int32_t n_slots, size_t expert_floats)
+{
+    if (n_slots <= 0) {
+        return 0;
+    }
+    const size_t n = (size_t)n_slots;
+    return add_sat(colibri_slot_book_bytes(n_slots),
+                   align16_sat(mul_sat(mul_sat(4u, n), expert_floats)));
 }
 
 size_t colibri_workspace_bytes_checked(int32_t n_experts, int32_t top_k, int32_t d_model,
@@ -103,8 +111,8 @@ colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts)
     return COLIBRI_OK;
 }
 
-void colibri_loader_setup(colibri_model_t *model, colibri_cache_policy policy, int32_t n_slots,
-                          void *slot_area)
+void colibri_loader_setup_split(colibri_model_t *model, colibri_cache_policy policy,
+                                int32_t n_slots, void *book_area, float *slot_mem)
 {
     model->cache_policy = policy;
     model->n_slots = n_slots;
@@ -119,20 +127,27 @@ void colibri_loader_setup(colibri_model_t *model, colibri_cache_policy policy, i
     }
     /* Same order and rounding as COLIBRI_SLOT_BYTES. */
     const size_t n = (size_t)n_slots;
-    unsigned char *p = (unsigned char *)slot_area;
+    unsigned char *p = (unsigned char *)book_area;
     model->slot_stamp = (uint64_t *)(void *)p;
     p += COLIBRI_ALIGN16(8u * n);
     model->slot_weights = (colibri_expert_weights_t *)(void *)p;
     p += COLIBRI_ALIGN16(n * sizeof(colibri_expert_weights_t));
     model->slot_expert = (int32_t *)(void *)p;
-    p += COLIBRI_ALIGN16(4u * n);
-    model->slot_mem = (float *)(void *)p;
+    model->slot_mem = slot_mem;
 
     for (size_t s = 0; s < n; s++) {
         memset(&model->slot_weights[s], 0, sizeof(model->slot_weights[s]));
         model->slot_expert[s] = -1;
         model->slot_stamp[s] = 0;
     }
+}
+
+void colibri_loader_setup(colibri_model_t *model, colibri_cache_policy policy, int32_t n_slots,
+                          void *slot_area)
+{
+    unsigned char *mem = (unsigned char *)slot_area + colibri_slot_book_bytes(n_slots);
+    colibri_loader_setup_split(model, policy, n_slots, slot_area,
+                               n_slots > 0 ? (float *)(void *)mem : NULL);
 }
 
 /*

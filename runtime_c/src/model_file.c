@@ -33,6 +33,7 @@
 #define CLB_DTYPE_I32 4u
 #define CLB_MAX_EXPERTS 65535u
 #define CONFIG_MAX_BYTES (1u << 20)
+#define SIBLING_PATH_MAX 4096 /* config.json / router.bin paths (PATH_MAX on Linux) */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Small helpers                                                                               */
@@ -55,18 +56,19 @@ static int host_is_little_endian(void)
     return first == 1;
 }
 
-/* "dir/of/model" + name, malloc'd; NULL when out of memory. */
-static char *sibling_path(const char *model_path, const char *name)
+/* "dir/of/model" + name into out[cap] (on the caller's stack: a path's length is not the
+ * file's to choose, so it is never allocated); -1 when it does not fit. */
+static int sibling_path(const char *model_path, const char *name, char *out, size_t cap)
 {
     const char *slash = strrchr(model_path, '/');
     size_t dir_len = (slash != NULL) ? (size_t)(slash - model_path) + 1u : 0u;
     size_t name_len = strlen(name);
-    char *out = (char *)malloc(dir_len + name_len + 1u);
-    if (out != NULL) {
-        memcpy(out, model_path, dir_len);
-        memcpy(out + dir_len, name, name_len + 1u);
+    if (dir_len >= cap || name_len >= cap - dir_len) {
+        return -1;
     }
-    return out;
+    memcpy(out, model_path, dir_len);
+    memcpy(out + dir_len, name, name_len + 1u);
+    return 0;
 }
 
 /* Read exactly n bytes from fd. */
@@ -91,9 +93,7 @@ static int read_full(int fd, void *dst, size_t n)
 /* Integrity checks that read every weight byte (skippable for trusted files: load_flags)      */
 
 /* zlib's CRC-32 (reflected polynomial 0xEDB88320), slicing-by-8: eight 256-entry tables. */
-typedef struct {
-    uint32_t t[8][256];
-} crc32_tables;
+typedef colibri_crc32_tables crc32_tables;
 
 static void crc32_tables_init(crc32_tables *ct)
 {
@@ -149,6 +149,21 @@ static int f32_all_finite(const unsigned char *p, uint64_t n)
         n -= m;
     }
     return 1;
+}
+
+void colibri_crc32_tables_init(colibri_crc32_tables *ct)
+{
+    crc32_tables_init(ct);
+}
+
+uint32_t colibri_crc32(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n)
+{
+    return crc32_of(ct, p, n);
+}
+
+int colibri_f32_all_finite(const unsigned char *p, uint64_t n)
+{
+    return f32_all_finite(p, n);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -401,14 +416,14 @@ static colibri_status parse_config_json(const char *text, size_t n, seed_config 
     return COLIBRI_OK;
 }
 
-static colibri_status read_config(const char *model_path, seed_config *cfg)
+/* config.json beside model_path into cfg; *bytes = its size (part of the model's files). */
+static colibri_status read_config(const char *model_path, seed_config *cfg, size_t *bytes)
 {
-    char *path = sibling_path(model_path, "config.json");
-    if (path == NULL) {
-        return COLIBRI_ERR_NOMEM;
+    char path[SIBLING_PATH_MAX];
+    if (sibling_path(model_path, "config.json", path, sizeof(path)) != 0) {
+        return COLIBRI_ERR_CONFIG;
     }
     int fd = open(path, O_RDONLY);
-    free(path);
     if (fd < 0) {
         return COLIBRI_ERR_CONFIG;
     }
@@ -416,6 +431,7 @@ static colibri_status read_config(const char *model_path, seed_config *cfg)
     struct stat sb;
     if (fstat(fd, &sb) == 0 && sb.st_size > 0 && sb.st_size <= (off_t)CONFIG_MAX_BYTES) {
         size_t n = (size_t)sb.st_size;
+        *bytes = n;
         char *text = (char *)malloc(n);
         if (text == NULL) {
             st = COLIBRI_ERR_NOMEM;
@@ -461,19 +477,18 @@ static int add_ok(size_t *acc, size_t n)
 
 /*
  * Token rows per chunk for a file model: COLIBRI_FILE_MAX_TOKENS, halved while the workspace
- * exceeds max(file_bytes, COLIBRI_FILE_ARENA_MIN), so the arena stays proportional to the file
- * (chunking gives identical results). 0 when the dims are unusable.
+ * exceeds budget, so the arena stays proportional to the model's files (chunking gives
+ * identical results). 0 when even one row does not fit (or the dims are unusable).
  */
-static int32_t file_max_tokens(const colibri_model_t *dims, size_t file_bytes)
+static int32_t file_max_tokens(const colibri_model_t *dims, size_t budget)
 {
-    const size_t budget = file_bytes > COLIBRI_FILE_ARENA_MIN ? file_bytes : COLIBRI_FILE_ARENA_MIN;
     int32_t t = COLIBRI_FILE_MAX_TOKENS;
     size_t ws = colibri_workspace_size(dims, t);
     while (ws != 0 && ws > budget && t > 1) {
         t /= 2;
         ws = colibri_workspace_size(dims, t);
     }
-    return ws == 0 ? 0 : t;
+    return (ws == 0 || ws > budget) ? 0 : t;
 }
 
 /* The handle block: the descriptor, then arena_bytes of workspace and cache slots (from
@@ -491,28 +506,36 @@ static unsigned char *handle_block_alloc(size_t arena_bytes, size_t *arena_off)
     return (unsigned char *)malloc(acc);
 }
 
-/* Free both blocks of a model that failed to load (no other handle can share it yet). */
+/* Free the blocks of a model that failed to load (no other handle can share it yet). */
 static void blocks_free(colibri_model_t *m)
 {
     void *weights = m->shared;
+    free(m->owned_slots);
+    free(m->owned_arena);
     free(m->owned); /* the descriptor lives inside this block */
     free(weights);
 }
 
-/* Allocate and pre-fill both blocks for dims in `dims` (router_floats = floats to copy in).
- * Callers have validated the file first: every size here is bounded by the file's size. */
+/*
+ * Allocate and pre-fill the blocks for dims in `dims` (router_floats = floats to copy in) and
+ * set up the loader for `policy` with up to n_slots slots. Callers have validated the files
+ * first, and file_bytes is the size of all of the model's files: no block may be larger (a
+ * fuzzed header cannot buy memory its file does not hold). The blocks: the weights block
+ * (tables every handle shares, the seed layout's router), the handle block (descriptor and
+ * slot bookkeeping), the arena (fewer token rows per chunk when more would not fit: same
+ * results) and the slots' weight copies (no more than the experts in the file). Tiny experts
+ * whose bookkeeping outweighs them get fewer slots (same results); a model whose tables
+ * outweigh its weights (d_model 1 and the like, never a real model) gets COLIBRI_ERR_SIZE.
+ */
 static colibri_status block_alloc(const colibri_model_t *dims, size_t router_floats,
-                                  int32_t n_slots, size_t file_bytes, colibri_model_t **out,
-                                  float **router_out)
+                                  colibri_cache_policy policy, int32_t n_slots, size_t file_bytes,
+                                  colibri_model_t **out, float **router_out)
 {
     const size_t e = (size_t)dims->n_experts;
-    const int32_t max_tokens = file_max_tokens(dims, file_bytes);
-    const size_t ws = max_tokens > 0 ? colibri_workspace_size(dims, max_tokens) : 0;
-    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_expert_floats(dims));
+    const size_t desc = COLIBRI_ALIGN16(sizeof(colibri_model_t));
     weights_layout lay;
     size_t acc = 0;
-    if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws ||
-        add_ok(&acc, sizeof(file_shared)) != 0) {
+    if (add_ok(&acc, sizeof(file_shared)) != 0) {
         return COLIBRI_ERR_NOMEM;
     }
     lay.stored = acc;
@@ -528,11 +551,27 @@ static colibri_status block_alloc(const colibri_model_t *dims, size_t router_flo
         return COLIBRI_ERR_NOMEM;
     }
     lay.total = acc;
+    const int32_t wanted = n_slots;
+    while (n_slots > 0 && colibri_slot_book_bytes(n_slots) > file_bytes - desc) {
+        n_slots--; /* desc <= file_bytes: checked below before it matters */
+    }
+    const size_t book = colibri_slot_book_bytes(n_slots);
+    const size_t copies = colibri_slot_bytes_checked(n_slots, colibri_expert_floats(dims)) - book;
+    const int32_t max_tokens = file_max_tokens(dims, file_bytes);
+    if (lay.total > file_bytes || desc > file_bytes || (wanted > 0 && n_slots == 0) ||
+        copies > file_bytes || max_tokens == 0) {
+        return COLIBRI_ERR_SIZE;
+    }
+    const size_t ws = colibri_workspace_size(dims, max_tokens);
 
-    size_t arena_off = 0;
-    unsigned char *block = handle_block_alloc(ws + slots, &arena_off);
+    size_t book_off = 0;
+    unsigned char *block = handle_block_alloc(book, &book_off);
     unsigned char *weights = (block != NULL) ? (unsigned char *)malloc(lay.total) : NULL;
-    if (weights == NULL) {
+    void *arena = (weights != NULL) ? malloc(ws) : NULL;
+    void *slot_copies = (arena != NULL && copies > 0) ? malloc(copies) : NULL;
+    if (arena == NULL || (copies > 0 && slot_copies == NULL)) {
+        free(arena);
+        free(weights);
         free(block);
         return COLIBRI_ERR_NOMEM;
     }
@@ -552,15 +591,16 @@ static colibri_status block_alloc(const colibri_model_t *dims, size_t router_flo
         *router_out = router;
     }
     m->kernels = NULL;
-    m->arena = block + arena_off;
+    m->arena = arena;
     m->arena_size = ws;
     m->max_tokens = max_tokens;
     m->owned = block;
+    m->owned_arena = arena;
+    m->owned_slots = slot_copies;
     m->shared = shared;
     m->is_static = 0;
     m->share_eff = NULL;
-    m->slot_mem = (float *)(void *)(block + arena_off + ws); /* carved by colibri_loader_setup */
-    m->n_slots = n_slots;                                    /* the slots the block holds */
+    colibri_loader_setup_split(m, policy, n_slots, block + book_off, (float *)slot_copies);
     *out = m;
     return COLIBRI_OK;
 }
@@ -575,7 +615,8 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
         return COLIBRI_ERR_VERSION;
     }
     seed_config cfg;
-    colibri_status st = read_config(config->model_path, &cfg);
+    size_t config_bytes = 0;
+    colibri_status st = read_config(config->model_path, &cfg, &config_bytes);
     if (st != COLIBRI_OK) {
         return st;
     }
@@ -602,12 +643,11 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
         return COLIBRI_ERR_NONFINITE;
     }
 
-    char *rpath = sibling_path(config->model_path, "router.bin");
-    if (rpath == NULL) {
-        return COLIBRI_ERR_NOMEM;
+    char rpath[SIBLING_PATH_MAX];
+    if (sibling_path(config->model_path, "router.bin", rpath, sizeof(rpath)) != 0) {
+        return COLIBRI_ERR_IO;
     }
     int rfd = open(rpath, O_RDONLY);
-    free(rpath);
     if (rfd < 0) {
         return COLIBRI_ERR_IO;
     }
@@ -640,7 +680,10 @@ static colibri_status load_seed(const colibri_config_t *config, int32_t n_slots,
     float *router = NULL;
     /* every expert owns weights here: more LRU slots than experts would never be used */
     const int32_t slots = n_slots < dims.n_experts ? n_slots : dims.n_experts;
-    st = block_alloc(&dims, (size_t)(rsize / 4u), slots, size, &m, &router);
+    /* the model's files: weights, router and config (each checked against the config) */
+    const uint64_t files = (uint64_t)size + rsize + (uint64_t)config_bytes; /* < 2^44 */
+    st = block_alloc(&dims, (size_t)(rsize / 4u), config->cache_policy, slots,
+                     files > (uint64_t)SIZE_MAX ? SIZE_MAX : (size_t)files, &m, &router);
     if (st != COLIBRI_OK) {
         close(rfd);
         return st;
@@ -1026,7 +1069,7 @@ static colibri_status load_container(const colibri_config_t *config, int32_t n_s
     dims.activation = (colibri_activation)h.act;
     dims.flags = h.flags;
     colibri_model_t *m = NULL;
-    st = block_alloc(&dims, 0, slots, size, &m, NULL);
+    st = block_alloc(&dims, 0, config->cache_policy, slots, size, &m, NULL);
     if (st != COLIBRI_OK) {
         return st;
     }
@@ -1137,8 +1180,6 @@ colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **ou
     shared->map_size = size;
     m->map_base = map;
     m->map_size = size;
-    colibri_loader_setup(m, config->cache_policy, m->n_slots /* capped by the loaders */,
-                         (void *)m->slot_mem /* start of the slot area */);
     *out_model = m;
     return COLIBRI_OK;
 }
@@ -1199,7 +1240,9 @@ colibri_status colibri_init_shared(const colibri_model_t *base, const colibri_co
         m->map_size = shared->map_size;
     }
     m->shared = shared;
-    m->owned = block;
+    m->owned = block; /* this handle's arena and slots are part of it */
+    m->owned_arena = NULL;
+    m->owned_slots = NULL;
     m->is_static = 0;
     *out_model = m;
     return COLIBRI_OK;
@@ -1208,6 +1251,8 @@ colibri_status colibri_init_shared(const colibri_model_t *base, const colibri_co
 void colibri_file_release(colibri_model_t *model)
 {
     file_shared *shared = (file_shared *)model->shared;
+    free(model->owned_slots);
+    free(model->owned_arena);
     free(model->owned); /* the descriptor lives inside this block */
     /* acq_rel: every handle's use of the weights happens before the last one frees them */
     if (shared != NULL &&

@@ -1295,6 +1295,51 @@ static void test_hostile_seed(void)
     tm_free(&tm);
 }
 
+/*
+ * No block colibri_init allocates is larger than the model's files (issue 14): a real-sized
+ * toy keeps all its LRU slots and the usual chunk; tiny experts whose slot bookkeeping
+ * outweighs them get fewer slots with the same outputs; a model whose tables outweigh its
+ * weights (d_model = d_ff = 1) is refused with COLIBRI_ERR_SIZE.
+ */
+static void test_blocks_bounded_by_files(void)
+{
+    test_model tm;
+    tm_make(&tm, 5, 2, 6, 7, COLIBRI_ACT_GELU, COLIBRI_FLAG_EXPERT_BIAS, 33);
+    write_config(k_config);
+    write_seed(&tm, 0x434F4C49u, 1, 5, 0, 0);
+    colibri_model_t *fm = NULL;
+    CHECK_STATUS(COLIBRI_OK, init_file(COLIBRI_CACHE_LRU, 5, NULL, &fm));
+    if (fm != NULL) {
+        CHECK_INT(5, fm->n_slots);
+        CHECK(fm->max_tokens >= 16);
+        colibri_cleanup(fm);
+    }
+    tm_free(&tm);
+
+    tm_make(&tm, 2, 1, 4, 4, COLIBRI_ACT_RELU, COLIBRI_FLAG_EXPERT_BIAS, 34);
+    write_config("{\"n_experts\": 2, \"k\": 1, \"hidden_size\": 4, \"intermediate_size\": 4, "
+                 "\"activation\": \"relu\"}");
+    write_seed(&tm, 0x434F4C49u, 1, 2, 0, 0);
+    CHECK_STATUS(COLIBRI_OK, init_file(COLIBRI_CACHE_LRU, 2, NULL, &fm));
+    if (fm != NULL) {
+        CHECK(fm->n_slots >= 1 && fm->n_slots <= 2);
+        colibri_cleanup(fm);
+    }
+    check_file_matches(&tm, NULL, COLIBRI_CACHE_LRU, 2);
+    tm_free(&tm);
+
+    tm_make(&tm, 8, 2, 1, 1, COLIBRI_ACT_RELU, COLIBRI_FLAG_EXPERT_BIAS, 35);
+    write_config("{\"n_experts\": 8, \"k\": 2, \"hidden_size\": 1, \"intermediate_size\": 1, "
+                 "\"activation\": \"relu\"}");
+    write_seed(&tm, 0x434F4C49u, 1, 8, 0, 0);
+    CHECK_STATUS(COLIBRI_ERR_SIZE, init_file(COLIBRI_CACHE_PINNED, 0, NULL, &fm));
+    CHECK(fm == NULL);
+    tm_free(&tm);
+    remove_file("model.bin");
+    remove_file("router.bin");
+    remove_file("config.json");
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof(g_dir), "%s", "/tmp/colibri_rt_XXXXXX");
@@ -1312,6 +1357,7 @@ int main(void)
     test_container_files();
     test_hostile_container();
     test_hostile_seed();
+    test_blocks_bounded_by_files();
     rmdir(g_dir);
     return test_summary();
 }
