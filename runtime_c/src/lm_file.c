@@ -1,0 +1,1069 @@
+/**
+ * @file lm_file.c
+ * @brief Whole models from a version-2 Colibri container (colibri_lm.h): mmap, validate
+ *        everything before allocating, one allocation for the tables and the arena, and a
+ *        token step that repeats templates/transformer/transformer_model.c.j2 operation for
+ *        operation (same kernels, same order), so its logits equal the generated C's bit for
+ *        bit. Byte layout: docs/format.md section 1b. Compiled out with COLIBRI_NO_FILESYSTEM:
+ *        MCUs run the generated C.
+ */
+#ifndef COLIBRI_NO_FILESYSTEM
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "colibri_lm.h"
+
+#include "colibri.h"
+#include "colibri_internal.h"
+#include "colibri_math.h"
+#include "colibri_quant.h"
+#include "colibri_transformer.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LM_HEADER_BYTES 128u
+#define LM_ENTRY_BYTES 96u
+#define LM_ALIGN 64u
+#define LM_NAME_BYTES 48u
+#define LM_VERSION 2u
+#define LM_KIND_DECODER 1u
+#define LM_MAX_DIM (1u << 24)
+#define LM_MAX_EXPERTS 65535u
+#define LM_DESC_FIELDS 10u
+#define LM_EXPERT_COLUMNS 3u
+#define LM_FLAG_TIED 0x1u
+#define LM_FLAG_QK_NORM 0x2u
+#define LM_FLAG_CLIP 0x4u
+#define LM_FLAGS_KNOWN 0x7u
+
+/* Table dtypes. */
+enum { DT_F32 = 0, DT_F16 = 1, DT_I8 = 2, DT_Q4 = 3, DT_I32 = 4 };
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parsed file                                                                                 */
+
+typedef struct {
+    uint32_t version, alignment, kind, n_tensors, meta_bytes, n_layers;
+    uint64_t table_offset, meta_offset, data_offset, file_size;
+    uint32_t vocab, d_model, n_heads, n_kv_heads, head_dim, max_context, flags;
+    float eps, clip;
+    uint32_t window;
+    uint32_t dense_scheme, dense_act;
+} lm_header;
+
+typedef struct {
+    const char *name;
+    uint32_t dtype, ndim;
+    uint32_t shape[4];
+    uint64_t offset, nbytes;
+    uint32_t crc;
+} lm_entry;
+
+/** A stored matrix [n_out][n_in] in a colibri_quant_scheme. */
+typedef struct {
+    int32_t scheme;
+    int32_t blocked; /* int8: one scale per block of 32 inputs (colibri_matvec_q8b_*) */
+    int32_t n_out, n_in;
+    const void *w;
+    const float *scale;
+} lm_mat;
+
+typedef struct {
+    int32_t owner, scheme, act;
+    colibri_expert_weights_t fw; /* fp32 experts: the MoE IR layout, colibri_expert_ffn_f32 */
+    lm_mat w[3];                 /* quantised experts: w1, w2, w3 */
+} lm_expert;
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    lm_mat wq, wk, wv, wo;
+    const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+    int32_t is_moe, top_k;
+    colibri_model_t moe; /* dims, flags and router for colibri_route / colibri_expert_ffn_f32 */
+    lm_expert *experts;
+    int32_t ffn_d_ff, ffn_scheme, ffn_act;
+    lm_mat ffn[3]; /* w1 gate [f][d], w2 down [d][f], w3 up [f][d] */
+    const float *shared_gate;
+} lm_layer;
+
+struct colibri_lm {
+    void *map;
+    size_t map_size;
+    lm_header h;
+    int32_t max_context, hq, hkv, max_ff, act_n;
+    lm_mat embed, lm_head;
+    const float *final_norm, *rope_cos, *rope_sin;
+    lm_layer *layers;
+    /* the arena */
+    float *x, *hbuf, *q, *k, *v, *att, *proj, *shared, *scores, *ffn_scratch, *y_expert;
+    float *gates, *route_temp, *logits, *kv, *sxq;
+    int32_t *ids;
+    int8_t *xq;
+    void *sample_ws;
+    size_t arena_bytes;
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+
+static uint32_t rd_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static uint64_t rd_u64(const unsigned char *p)
+{
+    return (uint64_t)rd_u32(p) | ((uint64_t)rd_u32(p + 4) << 32);
+}
+
+static float rd_f32(const unsigned char *p)
+{
+    const uint32_t b = rd_u32(p);
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* a * b saturating at UINT64_MAX. */
+static uint64_t mul64(uint64_t a, uint64_t b)
+{
+    return (a != 0u && b > UINT64_MAX / a) ? UINT64_MAX : a * b;
+}
+
+static uint64_t add64(uint64_t a, uint64_t b)
+{
+    return (b > UINT64_MAX - a) ? UINT64_MAX : a + b;
+}
+
+static uint64_t al16(uint64_t n)
+{
+    return (n > UINT64_MAX - 15u) ? UINT64_MAX : ((n + 15u) & ~(uint64_t)15u);
+}
+
+static int in_range(uint32_t v, uint32_t lo, uint32_t hi)
+{
+    return v >= lo && v <= hi;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Header and table                                                                            */
+
+static colibri_status header_read(const unsigned char *b, size_t size, lm_header *h)
+{
+    if (size < LM_HEADER_BYTES) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if (memcmp(b, "CLBRMOE\0", 8) != 0) {
+        return COLIBRI_ERR_MAGIC;
+    }
+    h->version = rd_u32(b + 8);
+    if (h->version != LM_VERSION) {
+        return COLIBRI_ERR_VERSION; /* version 1: one MoE block, colibri_init */
+    }
+    h->alignment = rd_u32(b + 12);
+    h->kind = rd_u32(b + 16);
+    h->n_tensors = rd_u32(b + 20);
+    h->meta_bytes = rd_u32(b + 24);
+    h->n_layers = rd_u32(b + 28);
+    h->table_offset = rd_u64(b + 32);
+    h->meta_offset = rd_u64(b + 40);
+    h->data_offset = rd_u64(b + 48);
+    h->file_size = rd_u64(b + 56);
+    h->vocab = rd_u32(b + 64);
+    h->d_model = rd_u32(b + 68);
+    h->n_heads = rd_u32(b + 72);
+    h->n_kv_heads = rd_u32(b + 76);
+    h->head_dim = rd_u32(b + 80);
+    h->max_context = rd_u32(b + 84);
+    h->flags = rd_u32(b + 88);
+    h->eps = rd_f32(b + 92);
+    h->clip = rd_f32(b + 96);
+    h->window = rd_u32(b + 100);
+    h->dense_scheme = rd_u32(b + 112);
+    h->dense_act = rd_u32(b + 116);
+    if (h->file_size > (uint64_t)size) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if (h->file_size != (uint64_t)size) {
+        return COLIBRI_ERR_SIZE;
+    }
+    if (h->alignment != LM_ALIGN || h->kind != LM_KIND_DECODER) {
+        return COLIBRI_ERR_FORMAT;
+    }
+    if (!in_range(h->n_layers, 1u, COLIBRI_LM_MAX_LAYERS) || !in_range(h->vocab, 1u, LM_MAX_DIM) ||
+        !in_range(h->d_model, 1u, LM_MAX_DIM) || !in_range(h->n_heads, 1u, COLIBRI_LM_MAX_HEADS) ||
+        !in_range(h->n_kv_heads, 1u, h->n_heads) || h->n_heads % h->n_kv_heads != 0u ||
+        !in_range(h->head_dim, 2u, 65536u) || h->head_dim % 2u != 0u ||
+        (uint64_t)h->n_heads * h->head_dim > LM_MAX_DIM ||
+        !in_range(h->max_context, 1u, LM_MAX_DIM) || (h->flags & ~LM_FLAGS_KNOWN) != 0u ||
+        !(h->eps > 0.0f) || !isfinite(h->eps) || !(h->clip >= 0.0f) || !isfinite(h->clip) ||
+        ((h->flags & LM_FLAG_CLIP) != 0u) != (h->clip > 0.0f) || h->window > (uint32_t)INT32_MAX ||
+        h->dense_scheme > (uint32_t)COLIBRI_QUANT_Q8 || h->dense_act > 1u ||
+        (h->dense_act == 1u && h->dense_scheme != (uint32_t)COLIBRI_QUANT_Q8)) {
+        return COLIBRI_ERR_CONFIG;
+    }
+    if (h->n_layers > h->n_tensors) {
+        return COLIBRI_ERR_FORMAT; /* every layer has at least its descriptor tensor */
+    }
+    if (h->table_offset != LM_HEADER_BYTES ||
+        h->meta_offset != LM_HEADER_BYTES + (uint64_t)LM_ENTRY_BYTES * h->n_tensors ||
+        h->data_offset % LM_ALIGN != 0u || h->n_tensors == 0u) {
+        return COLIBRI_ERR_FORMAT;
+    }
+    if (h->meta_offset > h->file_size || h->data_offset > h->file_size) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if (h->meta_offset + h->meta_bytes > h->data_offset) {
+        return COLIBRI_ERR_FORMAT;
+    }
+    /* The data must at least hold the embedding (one byte a weight) and the RoPE tables the
+     * header implies (all values bounded above, so no product overflows 64 bits). */
+    const uint64_t need =
+        (uint64_t)h->vocab * h->d_model + 2u * 4u * (uint64_t)h->max_context * (h->head_dim / 2u);
+    if (need > h->file_size - h->data_offset) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    return COLIBRI_OK;
+}
+
+/* Bytes a tensor of this dtype and shape holds; UINT64_MAX when unknown or absurd. */
+static uint64_t entry_bytes(uint32_t dtype, uint32_t ndim, const uint32_t *shape)
+{
+    if (dtype == DT_Q4) {
+        if (ndim != 2u) {
+            return UINT64_MAX;
+        }
+        const uint64_t nb = ((uint64_t)shape[1] + 31u) / 32u;
+        return mul64(mul64(shape[0], nb), 18u);
+    }
+    uint64_t n = (dtype == DT_F32 || dtype == DT_I32) ? 4u : (dtype == DT_F16) ? 2u : 1u;
+    if (dtype > DT_I32) {
+        return UINT64_MAX;
+    }
+    for (uint32_t i = 0; i < ndim; i++) {
+        n = mul64(n, shape[i]);
+    }
+    return n;
+}
+
+static colibri_status table_read(const unsigned char *base, const lm_header *h, lm_entry *out)
+{
+    uint64_t end = h->data_offset;
+    for (uint32_t i = 0; i < h->n_tensors; i++) {
+        const unsigned char *p = base + LM_HEADER_BYTES + (size_t)i * LM_ENTRY_BYTES;
+        lm_entry *e = &out[i];
+        if (memchr(p, 0, LM_NAME_BYTES) == NULL || p[0] == 0) {
+            return COLIBRI_ERR_FORMAT;
+        }
+        e->name = (const char *)p;
+        e->dtype = rd_u32(p + 48);
+        e->ndim = rd_u32(p + 52);
+        for (int d = 0; d < 4; d++) {
+            e->shape[d] = rd_u32(p + 56 + 4 * d);
+        }
+        e->offset = rd_u64(p + 72);
+        e->nbytes = rd_u64(p + 80);
+        e->crc = rd_u32(p + 92);
+        if (!in_range(e->ndim, 1u, 4u) || e->dtype > DT_I32) {
+            return COLIBRI_ERR_FORMAT;
+        }
+        if (e->offset > h->file_size || e->nbytes > h->file_size - e->offset) {
+            return COLIBRI_ERR_TRUNCATED;
+        }
+        if (e->offset % LM_ALIGN != 0u || e->offset < end) {
+            return COLIBRI_ERR_FORMAT;
+        }
+        if (entry_bytes(e->dtype, e->ndim, e->shape) != e->nbytes) {
+            return COLIBRI_ERR_SIZE;
+        }
+        end = e->offset + e->nbytes;
+    }
+    return COLIBRI_OK;
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const lm_entry *)a)->name, ((const lm_entry *)b)->name);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensor lookup (entries sorted by name)                                                      */
+
+typedef struct {
+    const unsigned char *base;
+    const lm_entry *sorted;
+    uint32_t n;
+    char name[96];
+} lm_ctx;
+
+static const lm_entry *find(const lm_ctx *c, const char *name)
+{
+    lm_entry key;
+    memset(&key, 0, sizeof key);
+    key.name = name;
+    return (const lm_entry *)bsearch(&key, c->sorted, c->n, sizeof(lm_entry), cmp_entry);
+}
+
+/* The tensor c->name: dtype and shape exact (d1 = 0: 1-D). NULL and COLIBRI_OK when absent
+ * and optional. */
+static colibri_status need(const lm_ctx *c, int required, uint32_t dtype, uint32_t d0, uint32_t d1,
+                           const void **out)
+{
+    *out = NULL;
+    const lm_entry *e = find(c, c->name);
+    if (e == NULL) {
+        return required ? COLIBRI_ERR_FORMAT : COLIBRI_OK;
+    }
+    if (e->dtype != dtype) {
+        return COLIBRI_ERR_UNSUPPORTED;
+    }
+    const uint32_t ndim = d1 == 0u ? 1u : 2u;
+    if (e->ndim != ndim || e->shape[0] != d0 || (ndim == 2u && e->shape[1] != d1)) {
+        return COLIBRI_ERR_SIZE;
+    }
+    *out = c->base + e->offset;
+    return COLIBRI_OK;
+}
+
+static colibri_status need_f32(lm_ctx *c, int required, uint32_t d0, uint32_t d1, const float **out,
+                               const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static colibri_status need_f32(lm_ctx *c, int required, uint32_t d0, uint32_t d1, const float **out,
+                               const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->name, sizeof c->name, fmt, ap);
+    va_end(ap);
+    const void *p = NULL;
+    const colibri_status st = need(c, required, DT_F32, d0, d1, &p);
+    *out = (const float *)p;
+    return st;
+}
+
+/* A matrix [n_out][n_in] in `scheme` named by c->name (+ ".scale" for int8). */
+static colibri_status need_mat(lm_ctx *c, int32_t scheme, int blocked, uint32_t n_out,
+                               uint32_t n_in, lm_mat *m)
+{
+    static const uint32_t dtypes[4] = {DT_F32, DT_F16, DT_I8, DT_Q4};
+    m->scheme = scheme;
+    m->blocked = blocked;
+    m->n_out = (int32_t)n_out;
+    m->n_in = (int32_t)n_in;
+    m->scale = NULL;
+    colibri_status st = need(c, 1, dtypes[scheme], n_out, n_in, &m->w);
+    if (st != COLIBRI_OK || scheme != COLIBRI_QUANT_Q8) {
+        return st;
+    }
+    const size_t len = strlen(c->name);
+    if (len + 7u > sizeof c->name) {
+        return COLIBRI_ERR_FORMAT;
+    }
+    memcpy(c->name + len, ".scale", 7u);
+    const void *s = NULL;
+    st = need(c, 1, DT_F32, n_out, blocked ? (uint32_t)COLIBRI_Q8_BLOCKS(n_in) : 0u, &s);
+    m->scale = (const float *)s;
+    return st;
+}
+
+static void set_name(lm_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void set_name(lm_ctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->name, sizeof c->name, fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layer descriptors (read before the allocation: they size it)                               */
+
+typedef struct {
+    int32_t v[LM_DESC_FIELDS]; /* is_moe, n_experts, top_k, d_ff, moe_flags, router_scheme,
+                                  ffn_d_ff, ffn_scheme, ffn_act, has_shared_gate */
+} lm_desc;
+
+static colibri_status read_desc(lm_ctx *c, const lm_header *h, uint32_t l, lm_desc *d)
+{
+    const void *p = NULL;
+    set_name(c, "layer.%u.desc", (unsigned)l);
+    colibri_status st = need(c, 1, DT_I32, LM_DESC_FIELDS, 0u, &p);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    for (uint32_t i = 0; i < LM_DESC_FIELDS; i++) {
+        d->v[i] = (int32_t)rd_u32((const unsigned char *)p + 4u * i);
+    }
+    const int32_t *v = d->v;
+    const int32_t max_dim = (int32_t)LM_MAX_DIM;
+    if (v[0] != 0 && v[0] != 1) {
+        return COLIBRI_ERR_CONFIG;
+    }
+    if (v[0] == 1) {
+        if (v[1] < 1 || v[1] > (int32_t)LM_MAX_EXPERTS || v[2] < 1 || v[2] > v[1] ||
+            v[2] > COLIBRI_MAX_TOP_K || v[3] < 1 || v[3] > max_dim ||
+            (v[4] & ~(int32_t)(COLIBRI_FLAG_NORM_TOPK | COLIBRI_FLAG_GATED)) != 0 ||
+            (v[4] & (int32_t)COLIBRI_FLAG_GATED) == 0 || v[5] < 0 || v[5] > 2) {
+            return COLIBRI_ERR_CONFIG;
+        }
+        /* the expert table is in the file: it bounds the expert descriptors allocated below */
+        set_name(c, "layer.%u.experts", (unsigned)l);
+        st = need(c, 1, DT_I32, (uint32_t)v[1], LM_EXPERT_COLUMNS, &p);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    } else if (v[6] < 1) {
+        return COLIBRI_ERR_CONFIG; /* a dense layer needs its MLP */
+    }
+    if (v[6] < 0 || v[6] > max_dim ||
+        (v[6] > 0 && (v[7] != (int32_t)h->dense_scheme || v[8] != (int32_t)h->dense_act)) ||
+        v[9] < 0 || v[9] > 1 || (v[9] == 1 && (v[0] != 1 || v[6] == 0))) {
+        return COLIBRI_ERR_CONFIG;
+    }
+    return COLIBRI_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Building the model                                                                          */
+
+static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const lm_desc *d,
+                                 lm_expert *experts)
+{
+    const lm_header *h = &lm->h;
+    lm_layer *ly = &lm->layers[l];
+    const uint32_t dm = h->d_model;
+    const uint32_t hq = (uint32_t)lm->hq;
+    const uint32_t hkv = (uint32_t)lm->hkv;
+    const int32_t ds = (int32_t)h->dense_scheme;
+    const int blocked = ds == COLIBRI_QUANT_Q8;
+    colibri_status st;
+    memset(ly, 0, sizeof *ly);
+#define LM_TRY(expr)                                                                               \
+    do {                                                                                           \
+        st = (expr);                                                                               \
+        if (st != COLIBRI_OK) {                                                                    \
+            return st;                                                                             \
+        }                                                                                          \
+    } while (0)
+    LM_TRY(need_f32(c, 1, dm, 0u, &ly->input_norm, "layer.%u.input_norm", (unsigned)l));
+    LM_TRY(need_f32(c, 1, dm, 0u, &ly->post_norm, "layer.%u.post_norm", (unsigned)l));
+    set_name(c, "layer.%u.attn.q", (unsigned)l);
+    LM_TRY(need_mat(c, ds, blocked, hq, dm, &ly->wq));
+    set_name(c, "layer.%u.attn.k", (unsigned)l);
+    LM_TRY(need_mat(c, ds, blocked, hkv, dm, &ly->wk));
+    set_name(c, "layer.%u.attn.v", (unsigned)l);
+    LM_TRY(need_mat(c, ds, blocked, hkv, dm, &ly->wv));
+    set_name(c, "layer.%u.attn.o", (unsigned)l);
+    LM_TRY(need_mat(c, ds, blocked, dm, hq, &ly->wo));
+    LM_TRY(need_f32(c, 0, hq, 0u, &ly->bq, "layer.%u.attn.q_bias", (unsigned)l));
+    LM_TRY(need_f32(c, 0, hkv, 0u, &ly->bk, "layer.%u.attn.k_bias", (unsigned)l));
+    LM_TRY(need_f32(c, 0, hkv, 0u, &ly->bv, "layer.%u.attn.v_bias", (unsigned)l));
+    LM_TRY(need_f32(c, 0, dm, 0u, &ly->bo, "layer.%u.attn.o_bias", (unsigned)l));
+    const int qk = (h->flags & LM_FLAG_QK_NORM) != 0u;
+    LM_TRY(need_f32(c, qk, hq, 0u, &ly->q_norm, "layer.%u.attn.q_norm", (unsigned)l));
+    LM_TRY(need_f32(c, qk, hkv, 0u, &ly->k_norm, "layer.%u.attn.k_norm", (unsigned)l));
+    if (!qk) {
+        ly->q_norm = NULL;
+        ly->k_norm = NULL;
+    }
+    ly->is_moe = d->v[0];
+    ly->ffn_d_ff = d->v[6];
+    ly->ffn_scheme = d->v[7];
+    ly->ffn_act = d->v[8];
+    if (ly->is_moe) {
+        const uint32_t ne = (uint32_t)d->v[1];
+        const uint32_t f = (uint32_t)d->v[3];
+        colibri_model_t *m = &ly->moe;
+        m->n_experts = (int32_t)ne;
+        m->d_model = (int32_t)dm;
+        m->d_ff = (int32_t)f;
+        m->top_k = d->v[2];
+        m->activation = COLIBRI_ACT_SILU;
+        m->flags = (uint32_t)d->v[4];
+        m->router_scheme = d->v[5];
+        m->cache_policy = COLIBRI_CACHE_PINNED;
+        m->is_static = 1;
+        ly->top_k = d->v[2];
+        lm_mat r;
+        set_name(c, "layer.%u.router", (unsigned)l);
+        LM_TRY(need_mat(c, d->v[5], 0, ne, dm, &r));
+        if (d->v[5] == 0) {
+            m->router_w = (const float *)r.w;
+        } else {
+            m->router_wq = r.w;
+            m->router_scale = r.scale;
+        }
+        const void *tab = NULL;
+        set_name(c, "layer.%u.experts", (unsigned)l);
+        LM_TRY(need(c, 1, DT_I32, ne, LM_EXPERT_COLUMNS, &tab));
+        const unsigned char *t = (const unsigned char *)tab;
+        for (uint32_t j = 0; j < ne; j++) {
+            lm_expert *e = &experts[j];
+            memset(e, 0, sizeof *e);
+            e->owner = (int32_t)rd_u32(t + 12u * j);
+            e->scheme = (int32_t)rd_u32(t + 12u * j + 4u);
+            e->act = (int32_t)rd_u32(t + 12u * j + 8u);
+            if (e->owner < 0 || (uint32_t)e->owner >= ne || e->scheme < 0 || e->scheme > 3 ||
+                e->act < 0 || e->act > 1 || (e->act == 1 && e->scheme < COLIBRI_QUANT_Q8)) {
+                return COLIBRI_ERR_EXPERT;
+            }
+        }
+        for (uint32_t j = 0; j < ne; j++) {
+            lm_expert *e = &experts[j];
+            if ((uint32_t)experts[e->owner].owner != (uint32_t)e->owner) {
+                return COLIBRI_ERR_EXPERT;
+            }
+            if ((uint32_t)e->owner != j) {
+                continue;
+            }
+            if (e->scheme == COLIBRI_QUANT_F32) { /* the MoE IR layout [in][out] */
+                LM_TRY(need_f32(c, 1, dm, f, &e->fw.w1, "layer.%u.expert.%u.w1", (unsigned)l,
+                                (unsigned)j));
+                LM_TRY(need_f32(c, 1, f, dm, &e->fw.w2, "layer.%u.expert.%u.w2", (unsigned)l,
+                                (unsigned)j));
+                LM_TRY(need_f32(c, 1, dm, f, &e->fw.w3, "layer.%u.expert.%u.w3", (unsigned)l,
+                                (unsigned)j));
+                continue;
+            }
+            set_name(c, "layer.%u.expert.%u.w1", (unsigned)l, (unsigned)j);
+            LM_TRY(need_mat(c, e->scheme, 0, f, dm, &e->w[0]));
+            set_name(c, "layer.%u.expert.%u.w2", (unsigned)l, (unsigned)j);
+            LM_TRY(need_mat(c, e->scheme, 0, dm, f, &e->w[1]));
+            set_name(c, "layer.%u.expert.%u.w3", (unsigned)l, (unsigned)j);
+            LM_TRY(need_mat(c, e->scheme, 0, f, dm, &e->w[2]));
+        }
+        ly->experts = experts;
+        if (d->v[9] == 1) {
+            LM_TRY(need_f32(c, 1, dm, 0u, &ly->shared_gate, "layer.%u.shared_gate", (unsigned)l));
+        }
+    }
+    if (ly->ffn_d_ff > 0) {
+        const uint32_t f = (uint32_t)ly->ffn_d_ff;
+        set_name(c, "layer.%u.ffn.w1", (unsigned)l);
+        LM_TRY(need_mat(c, ly->ffn_scheme, 0, f, dm, &ly->ffn[0]));
+        set_name(c, "layer.%u.ffn.w2", (unsigned)l);
+        LM_TRY(need_mat(c, ly->ffn_scheme, 0, dm, f, &ly->ffn[1]));
+        set_name(c, "layer.%u.ffn.w3", (unsigned)l);
+        LM_TRY(need_mat(c, ly->ffn_scheme, 0, f, dm, &ly->ffn[2]));
+    }
+#undef LM_TRY
+    return COLIBRI_OK;
+}
+
+static colibri_status integrity(const unsigned char *base, const lm_entry *entries, uint32_t n,
+                                uint32_t load_flags)
+{
+    const int check_crc = (load_flags & COLIBRI_LOAD_SKIP_CHECKSUM) == 0u;
+    const int check_finite = (load_flags & COLIBRI_LOAD_SKIP_FINITE) == 0u;
+    if (!check_crc && !check_finite) {
+        return COLIBRI_OK;
+    }
+    colibri_crc32_tables tables; /* 8 KiB on the stack, as colibri_init */
+    if (check_crc) {
+        colibri_crc32_tables_init(&tables);
+    }
+    colibri_status st = COLIBRI_OK;
+    for (uint32_t i = 0; i < n && st == COLIBRI_OK; i++) {
+        const unsigned char *blob = base + entries[i].offset;
+        if (check_crc && colibri_crc32(&tables, blob, entries[i].nbytes) != entries[i].crc) {
+            st = COLIBRI_ERR_CHECKSUM;
+        } else if (check_finite && entries[i].dtype == DT_F32 &&
+                   !colibri_f32_all_finite(blob, entries[i].nbytes / 4u)) {
+            st = COLIBRI_ERR_NONFINITE;
+        }
+    }
+    return st;
+}
+
+/* Bytes of the arena for the model's dims at max_context positions, carving it when lm has a
+ * block (lm->x == NULL on the sizing pass: only the size is returned). UINT64_MAX: too big. */
+static uint64_t arena_layout(colibri_lm_t *lm, unsigned char *arena)
+{
+    const lm_header *h = &lm->h;
+    const uint64_t d = h->d_model;
+    const uint64_t ctx = (uint64_t)lm->max_context;
+    const uint64_t ff = (uint64_t)lm->max_ff;
+    const uint64_t nact = (uint64_t)lm->act_n;
+    uint64_t off = 0;
+    unsigned char *p = arena;
+#define LM_REGION(field, type, bytes)                                                              \
+    do {                                                                                           \
+        if (arena != NULL) {                                                                       \
+            lm->field = (type *)(void *)(p + off);                                                 \
+        }                                                                                          \
+        off = add64(off, al16(bytes));                                                             \
+    } while (0)
+    LM_REGION(x, float, 4u * d);
+    LM_REGION(hbuf, float, 4u * d);
+    LM_REGION(q, float, 4u * (uint64_t)lm->hq);
+    LM_REGION(k, float, 4u * (uint64_t)lm->hkv);
+    LM_REGION(v, float, 4u * (uint64_t)lm->hkv);
+    LM_REGION(att, float, 4u * (uint64_t)lm->hq);
+    LM_REGION(proj, float, 4u * d);
+    LM_REGION(shared, float, 4u * d);
+    LM_REGION(y_expert, float, 4u * d);
+    LM_REGION(scores, float, 4u * ctx);
+    LM_REGION(ffn_scratch, float, 8u * ff);
+    LM_REGION(ids, int32_t, 4u * COLIBRI_MAX_TOP_K);
+    LM_REGION(gates, float, 4u * COLIBRI_MAX_TOP_K);
+    LM_REGION(route_temp, float, 16u);
+    LM_REGION(sxq, float, 4u * COLIBRI_Q8_BLOCKS(nact));
+    LM_REGION(xq, int8_t, nact);
+    LM_REGION(logits, float, 4u * (uint64_t)h->vocab);
+    LM_REGION(sample_ws, void, 2u * al16(4u * (uint64_t)h->vocab));
+    LM_REGION(kv, float,
+              mul64(mul64(mul64(8u, h->n_layers), (uint64_t)lm->hkv), ctx)); /* K and V */
+#undef LM_REGION
+    return off;
+}
+
+colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t **out)
+{
+    if (out == NULL) {
+        return COLIBRI_ERR_ARG;
+    }
+    *out = NULL;
+    if (config == NULL || config->model_path == NULL || config->max_context < 0) {
+        return COLIBRI_ERR_ARG;
+    }
+    const int fd = open(config->model_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return COLIBRI_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0 ||
+        (uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return COLIBRI_ERR_IO;
+    }
+    const size_t size = (size_t)sb.st_size;
+    if (size < LM_HEADER_BYTES) {
+        close(fd);
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        return COLIBRI_ERR_IO;
+    }
+    const unsigned char *base = (const unsigned char *)map;
+    colibri_lm_t tmp;
+    memset(&tmp, 0, sizeof tmp);
+    lm_entry *entries = NULL;
+    unsigned char *block = NULL;
+    lm_desc *descs = NULL;
+    colibri_status st = header_read(base, size, &tmp.h);
+    if (st != COLIBRI_OK) {
+        goto fail;
+    }
+    const lm_header *h = &tmp.h;
+    if (config->max_context > (int32_t)h->max_context) {
+        st = COLIBRI_ERR_ARG; /* the RoPE tables end at the file's max_context */
+        goto fail;
+    }
+    /* Entries and descriptors are bounded by the file (96 and 40 bytes of it each). */
+    entries = (lm_entry *)malloc((size_t)h->n_tensors * sizeof *entries);
+    descs = (lm_desc *)malloc((size_t)h->n_layers * sizeof *descs);
+    if (entries == NULL || descs == NULL) {
+        st = COLIBRI_ERR_NOMEM;
+        goto fail;
+    }
+    st = table_read(base, h, entries);
+    if (st != COLIBRI_OK) {
+        goto fail;
+    }
+    qsort(entries, h->n_tensors, sizeof *entries, cmp_entry);
+    for (uint32_t i = 1; i < h->n_tensors; i++) {
+        if (strcmp(entries[i - 1].name, entries[i].name) == 0) {
+            st = COLIBRI_ERR_FORMAT; /* duplicated tensor */
+            goto fail;
+        }
+    }
+    lm_ctx c = {base, entries, h->n_tensors, {0}};
+    tmp.hq = (int32_t)(h->n_heads * h->head_dim);
+    tmp.hkv = (int32_t)(h->n_kv_heads * h->head_dim);
+    tmp.max_context = config->max_context > 0 ? config->max_context : (int32_t)h->max_context;
+    uint64_t n_experts = 0;
+    int32_t max_ff = 1;
+    for (uint32_t l = 0; l < h->n_layers; l++) {
+        st = read_desc(&c, h, l, &descs[l]);
+        if (st != COLIBRI_OK) {
+            goto fail;
+        }
+        if (descs[l].v[0] == 1) {
+            n_experts += (uint64_t)descs[l].v[1];
+            max_ff = descs[l].v[3] > max_ff ? descs[l].v[3] : max_ff;
+        }
+        max_ff = descs[l].v[6] > max_ff ? descs[l].v[6] : max_ff;
+    }
+    tmp.max_ff = max_ff;
+    int32_t act_n = (int32_t)h->d_model > tmp.hq ? (int32_t)h->d_model : tmp.hq;
+    tmp.act_n = act_n > max_ff ? act_n : max_ff;
+    /* One block: descriptor, layers, experts, arena (16-aligned regions). */
+    const uint64_t head = al16(sizeof(colibri_lm_t));
+    const uint64_t layers_bytes = al16(mul64(h->n_layers, sizeof(lm_layer)));
+    const uint64_t experts_bytes = al16(mul64(n_experts, sizeof(lm_expert)));
+    const uint64_t arena = arena_layout(&tmp, NULL);
+    const uint64_t total = add64(add64(add64(head, layers_bytes), experts_bytes), arena);
+    if (total >= (uint64_t)SIZE_MAX || arena == UINT64_MAX) {
+        st = COLIBRI_ERR_NOMEM;
+        goto fail;
+    }
+    block = (unsigned char *)malloc((size_t)total); /* 16-aligned regions: malloc's alignment */
+    if (block == NULL) {
+        st = COLIBRI_ERR_NOMEM;
+        goto fail;
+    }
+    colibri_lm_t *lm = (colibri_lm_t *)(void *)block;
+    *lm = tmp;
+    lm->map = map;
+    lm->map_size = size;
+    lm->layers = (lm_layer *)(void *)(block + head);
+    lm_expert *experts = (lm_expert *)(void *)(block + head + layers_bytes);
+    lm->arena_bytes = (size_t)arena;
+    arena_layout(lm, block + head + layers_bytes + experts_bytes);
+    /* Global tensors. */
+    const int32_t ds = (int32_t)h->dense_scheme;
+    set_name(&c, "embed");
+    st = need_mat(&c, ds, ds == COLIBRI_QUANT_Q8, h->vocab, h->d_model, &lm->embed);
+    if (st == COLIBRI_OK && (h->flags & LM_FLAG_TIED) == 0u) {
+        set_name(&c, "lm_head");
+        st = need_mat(&c, ds, ds == COLIBRI_QUANT_Q8, h->vocab, h->d_model, &lm->lm_head);
+    } else {
+        lm->lm_head = lm->embed;
+    }
+    if (st == COLIBRI_OK) {
+        st = need_f32(&c, 1, h->d_model, 0u, &lm->final_norm, "final_norm");
+    }
+    if (st == COLIBRI_OK) {
+        st = need_f32(&c, 1, h->max_context, h->head_dim / 2u, &lm->rope_cos, "rope.cos");
+    }
+    if (st == COLIBRI_OK) {
+        st = need_f32(&c, 1, h->max_context, h->head_dim / 2u, &lm->rope_sin, "rope.sin");
+    }
+    for (uint32_t l = 0; l < h->n_layers && st == COLIBRI_OK; l++) {
+        st = bind_layer(&c, lm, l, &descs[l], experts);
+        if (descs[l].v[0] == 1) {
+            experts += descs[l].v[1];
+        }
+    }
+    if (st == COLIBRI_OK) {
+        st = integrity(base, entries, h->n_tensors, config->load_flags);
+    }
+    if (st != COLIBRI_OK) {
+        goto fail;
+    }
+    free(entries);
+    free(descs);
+    *out = lm;
+    return COLIBRI_OK;
+fail:
+    free(block);
+    free(entries);
+    free(descs);
+    munmap(map, size);
+    return st;
+}
+
+void colibri_lm_free(colibri_lm_t *lm)
+{
+    if (lm == NULL) {
+        return;
+    }
+    munmap(lm->map, lm->map_size);
+    free(lm);
+}
+
+colibri_status colibri_lm_info(const colibri_lm_t *lm, colibri_lm_info_t *info)
+{
+    if (lm == NULL || info == NULL) {
+        return COLIBRI_ERR_ARG;
+    }
+    info->vocab_size = (int32_t)lm->h.vocab;
+    info->d_model = (int32_t)lm->h.d_model;
+    info->n_layers = (int32_t)lm->h.n_layers;
+    info->max_context = lm->max_context;
+    info->arena_bytes = lm->arena_bytes;
+    info->weight_bytes = lm->map_size;
+    return COLIBRI_OK;
+}
+
+void *colibri_lm_sampler_workspace(colibri_lm_t *lm)
+{
+    return lm != NULL ? lm->sample_ws : NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The token step: transformer_model.c.j2, operation for operation                            */
+
+/* y = W x (+ b): the generated <name>_linear (or colibri_linear_f32 for fp32 models). */
+static void lm_linear(colibri_lm_t *lm, const lm_mat *m, const float *b, const float *x, float *y)
+{
+    const int32_t n_in = m->n_in;
+    const int32_t n_out = m->n_out;
+    if (m->scheme == COLIBRI_QUANT_F32) {
+        colibri_linear_f32(x, (const float *)m->w, b, y, n_in, n_out);
+        return;
+    }
+    if (m->scheme == COLIBRI_QUANT_Q8) {
+        if (lm->h.dense_act == 1u) {
+            colibri_quantize_row_q8(x, lm->xq, lm->sxq, n_in);
+            colibri_matvec_q8b_q8((const int8_t *)m->w, m->scale, lm->xq, lm->sxq, y, n_out, n_in);
+        } else {
+            colibri_matvec_q8b_f32((const int8_t *)m->w, m->scale, x, y, n_out, n_in);
+        }
+    } else {
+        colibri_matvec_f16_f32((const uint16_t *)m->w, x, y, n_out, n_in);
+    }
+    if (b != NULL) {
+        for (int32_t o = 0; o < n_out; ++o) {
+            y[o] += b[o];
+        }
+    }
+}
+
+/* One matvec of a quantised FFN (templates/common/experts.j2 mv). */
+static void lm_mv(colibri_lm_t *lm, const lm_mat *m, int32_t act, const float *x, float *y)
+{
+    switch (m->scheme) {
+    case COLIBRI_QUANT_F16:
+        colibri_matvec_f16_f32((const uint16_t *)m->w, x, y, m->n_out, m->n_in);
+        break;
+    case COLIBRI_QUANT_Q8:
+        if (act == 1) {
+            colibri_matvec_q8_q8((const int8_t *)m->w, m->scale, lm->xq, lm->sxq, y, m->n_out,
+                                 m->n_in);
+        } else {
+            colibri_matvec_q8_f32((const int8_t *)m->w, m->scale, x, y, m->n_out, m->n_in);
+        }
+        break;
+    case COLIBRI_QUANT_Q4:
+        if (act == 1) {
+            colibri_matvec_q4_q8((const colibri_block_q4_32 *)m->w, lm->xq, lm->sxq, y, m->n_out,
+                                 m->n_in);
+        } else {
+            colibri_matvec_q4_f32((const colibri_block_q4_32 *)m->w, x, y, m->n_out, m->n_in);
+        }
+        break;
+    default:
+        colibri_linear_f32(x, (const float *)m->w, NULL, y, m->n_in, m->n_out);
+        break;
+    }
+}
+
+/* SwiGLU of one token with quantised (or fp16) w1 / w2 / w3 [out][in]: the generated
+ * <name>_ffn_<scheme>_<act>_f<d_ff> kernel with n = 1. */
+static void lm_ffn_q(colibri_lm_t *lm, const lm_mat *w, int32_t act, const float *x, float *y)
+{
+    const int32_t d = w[0].n_in;
+    const int32_t f = w[0].n_out;
+    float *hh = lm->ffn_scratch;
+    float *g = hh + f;
+    if (act == 1) {
+        colibri_quantize_row_q8(x, lm->xq, lm->sxq, d);
+    }
+    lm_mv(lm, &w[0], act, x, hh);
+    lm_mv(lm, &w[2], act, x, g);
+    for (int32_t j = 0; j < f; ++j) {
+        hh[j] = colibri_silu(hh[j]) * g[j];
+    }
+    if (act == 1) {
+        colibri_quantize_row_q8(hh, lm->xq, lm->sxq, f);
+    }
+    lm_mv(lm, &w[1], act, hh, y);
+}
+
+/* Dense MLP / shared expert: colibri_swiglu_f32 on fp32 weights, else the FFN kernel. */
+static void lm_dense_ffn(colibri_lm_t *lm, const lm_layer *ly, const float *x, float *y)
+{
+    if (ly->ffn_scheme == COLIBRI_QUANT_F32) {
+        colibri_swiglu_f32(x, (const float *)ly->ffn[0].w, (const float *)ly->ffn[2].w,
+                           (const float *)ly->ffn[1].w, y, (int32_t)lm->h.d_model, ly->ffn_d_ff,
+                           lm->ffn_scratch);
+    } else {
+        lm_ffn_q(lm, ly->ffn, ly->ffn_act, x, y);
+    }
+}
+
+static colibri_status lm_attention(colibri_lm_t *lm, const lm_layer *ly, int32_t l, int32_t pos)
+{
+    const lm_header *h = &lm->h;
+    const colibri_attention_shape_t shape = {
+        .n_heads = (int32_t)h->n_heads,
+        .n_kv_heads = (int32_t)h->n_kv_heads,
+        .head_dim = (int32_t)h->head_dim,
+        .max_context = lm->max_context,
+        .window = (int32_t)h->window,
+    };
+    const size_t kv_floats = (size_t)lm->hkv * (size_t)lm->max_context;
+    float *kc = lm->kv + (size_t)l * 2u * kv_floats;
+    lm_linear(lm, &ly->wq, ly->bq, lm->hbuf, lm->q);
+    lm_linear(lm, &ly->wk, ly->bk, lm->hbuf, lm->k);
+    lm_linear(lm, &ly->wv, ly->bv, lm->hbuf, lm->v);
+    if (ly->q_norm != NULL) {
+        colibri_rmsnorm_f32(lm->q, ly->q_norm, lm->q, lm->hq, h->eps);
+        colibri_rmsnorm_f32(lm->k, ly->k_norm, lm->k, lm->hkv, h->eps);
+    }
+    if ((h->flags & LM_FLAG_CLIP) != 0u) {
+        colibri_clip_f32(lm->q, lm->hq, h->clip);
+        colibri_clip_f32(lm->k, lm->hkv, h->clip);
+        colibri_clip_f32(lm->v, lm->hkv, h->clip);
+    }
+    const size_t half = h->head_dim / 2u;
+    const float *cs = lm->rope_cos + (size_t)pos * half;
+    const float *sn = lm->rope_sin + (size_t)pos * half;
+    colibri_rope_f32(lm->q, (int32_t)h->n_heads, (int32_t)h->head_dim, cs, sn);
+    colibri_rope_f32(lm->k, (int32_t)h->n_kv_heads, (int32_t)h->head_dim, cs, sn);
+    const colibri_status st = colibri_attention_f32(&shape, pos, lm->q, lm->k, lm->v, kc,
+                                                    kc + kv_floats, lm->scores, lm->att);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    lm_linear(lm, &ly->wo, ly->bo, lm->att, lm->proj);
+    return COLIBRI_OK;
+}
+
+/* The MoE block for one token: colibri_route, then colibri_sparse_forward's order (experts
+ * in ascending id, out = 0 + sum g * y). */
+static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const float *x, float *out)
+{
+    const int32_t k = ly->top_k;
+    const int32_t d = (int32_t)lm->h.d_model;
+    colibri_status st = colibri_route(&ly->moe, x, 1, k, lm->ids, lm->gates, lm->route_temp);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    for (int32_t i = 1; i < k; ++i) { /* insertion sort by expert id, gates along */
+        const int32_t id = lm->ids[i];
+        const float g = lm->gates[i];
+        int32_t j = i - 1;
+        for (; j >= 0 && lm->ids[j] > id; --j) {
+            lm->ids[j + 1] = lm->ids[j];
+            lm->gates[j + 1] = lm->gates[j];
+        }
+        lm->ids[j + 1] = id;
+        lm->gates[j + 1] = g;
+    }
+    for (int32_t o = 0; o < d; ++o) {
+        out[o] = 0.0f;
+    }
+    for (int32_t i = 0; i < k; ++i) {
+        if (lm->ids[i] < 0 || lm->ids[i] >= ly->moe.n_experts) {
+            return COLIBRI_ERR_EXPERT;
+        }
+        const lm_expert *e = &ly->experts[ly->experts[lm->ids[i]].owner];
+        if (e->scheme == COLIBRI_QUANT_F32) {
+            colibri_expert_ffn_f32(&ly->moe, &e->fw, x, lm->y_expert, 1, lm->ffn_scratch);
+        } else {
+            lm_ffn_q(lm, e->w, e->act, x, lm->y_expert);
+        }
+        const float g = lm->gates[i];
+        for (int32_t o = 0; o < d; ++o) {
+            out[o] += g * lm->y_expert[o];
+        }
+    }
+    return COLIBRI_OK;
+}
+
+static colibri_status lm_ffn(colibri_lm_t *lm, lm_layer *ly)
+{
+    const int32_t d = (int32_t)lm->h.d_model;
+    float *x = lm->x;
+    float *proj = lm->proj;
+    if (!ly->is_moe) {
+        lm_dense_ffn(lm, ly, lm->hbuf, proj);
+        for (int32_t i = 0; i < d; ++i) {
+            x[i] += proj[i];
+        }
+        return COLIBRI_OK;
+    }
+    const colibri_status st = lm_moe(lm, ly, lm->hbuf, proj);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    if (ly->ffn_d_ff == 0) {
+        for (int32_t i = 0; i < d; ++i) {
+            x[i] += proj[i];
+        }
+        return COLIBRI_OK;
+    }
+    lm_dense_ffn(lm, ly, lm->hbuf, lm->shared);
+    float scale = 1.0f;
+    if (ly->shared_gate != NULL) {
+        float g = 0.0f;
+        for (int32_t i = 0; i < d; ++i) {
+            g += lm->hbuf[i] * ly->shared_gate[i];
+        }
+        scale = 1.0f / (1.0f + colibri_expf(-g));
+    }
+    for (int32_t i = 0; i < d; ++i) {
+        x[i] += proj[i] + scale * lm->shared[i];
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
+                                  const float **logits)
+{
+    if (lm == NULL || logits == NULL || token < 0 || token >= (int32_t)lm->h.vocab) {
+        return COLIBRI_ERR_ARG;
+    }
+    if (pos < 0 || pos >= lm->max_context) {
+        return COLIBRI_ERR_NOMEM; /* context overflow: the KV cache has no row for pos */
+    }
+    const lm_header *h = &lm->h;
+    const int32_t d = (int32_t)h->d_model;
+    float *x = lm->x;
+    const lm_mat *em = &lm->embed;
+    if (em->scheme == COLIBRI_QUANT_Q8) {
+        const int8_t *row = (const int8_t *)em->w + (size_t)token * (size_t)d;
+        const float *rs = em->scale + (size_t)token * COLIBRI_Q8_BLOCKS(d);
+        for (int32_t i = 0; i < d; ++i) {
+            x[i] = (float)row[i] * rs[i / COLIBRI_QK8];
+        }
+    } else if (em->scheme == COLIBRI_QUANT_F16) {
+        const uint16_t *row = (const uint16_t *)em->w + (size_t)token * (size_t)d;
+        for (int32_t i = 0; i < d; ++i) {
+            x[i] = colibri_f16_to_f32(row[i]);
+        }
+    } else {
+        const float *row = (const float *)em->w + (size_t)token * (size_t)d;
+        for (int32_t i = 0; i < d; ++i) {
+            x[i] = row[i];
+        }
+    }
+    for (int32_t l = 0; l < (int32_t)h->n_layers; ++l) {
+        lm_layer *ly = &lm->layers[l];
+        colibri_rmsnorm_f32(x, ly->input_norm, lm->hbuf, d, h->eps);
+        colibri_status st = lm_attention(lm, ly, l, pos);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+        for (int32_t i = 0; i < d; ++i) {
+            x[i] += lm->proj[i];
+        }
+        colibri_rmsnorm_f32(x, ly->post_norm, lm->hbuf, d, h->eps);
+        st = lm_ffn(lm, ly);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
+    colibri_rmsnorm_f32(x, lm->final_norm, lm->hbuf, d, h->eps);
+    lm_linear(lm, &lm->lm_head, NULL, lm->hbuf, lm->logits);
+    *logits = lm->logits;
+    return COLIBRI_OK;
+}
+
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int colibri_lm_file_unused;
+#endif /* COLIBRI_NO_FILESYSTEM */
