@@ -10,7 +10,9 @@ stages; tests/test_stages.py checks it):
 
 The modules at this level are read by every stage: ``errors`` (the ColibriError family),
 ``paths`` (where boards, templates and the runtime live), ``boards`` (boards/*.toml, also read
-by the SConstruct) and ``options`` (what `colibri generate` was asked for).
+by the SConstruct), ``options`` (what `colibri generate` was asked for), ``progress`` (the
+progress lines of long steps, silent unless the command line asks) and ``hostmem`` (the memory
+this machine has, checked before a long step).
 """
 
 from __future__ import annotations

@@ -219,8 +219,13 @@ def test_unsupported_activation(mixtral_dir: Path) -> None:
 
 
 def test_missing_tensor(mixtral_dir: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
     name = "model.layers.1.block_sparse_moe.experts.2.w3.weight"
-    _rewrite_header(mixtral_dir / "model.safetensors", lambda h: h.pop(name))
+    path = mixtral_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    del tensors[name]  # its bytes too: the data section has no holes (the package refuses them)
+    save_file(tensors, str(path))
     load_hf_moe_layer(mixtral_dir, 0)
     with pytest.raises(ModelFormatError, match=f"tensor '{name}' is missing"):
         load_hf_moe_layer(mixtral_dir, 1)
@@ -231,6 +236,28 @@ def test_header_lies_about_shape(mixtral_dir: Path) -> None:
     _rewrite_header(mixtral_dir / "model.safetensors", lambda h: h[name].update(shape=[4, 17]))
     with pytest.raises(ModelFormatError, match=f"'{name}'.*needs 272.*inconsistent"):
         HFCheckpoint(mixtral_dir)
+
+
+def test_hole_in_data_section(mixtral_dir: Path) -> None:
+    """A header entry dropped but its bytes left: the safetensors package refuses the hole,
+    as a one-line ModelFormatError."""
+    name = "model.layers.1.block_sparse_moe.experts.2.w3.weight"
+    _rewrite_header(mixtral_dir / "model.safetensors", lambda h: h.pop(name))
+    with pytest.raises(ModelFormatError, match="not a valid safetensors file.*invalid offset"):
+        HFCheckpoint(mixtral_dir)
+
+
+def test_bf16_is_read_through_the_raw_bits(tmp_path: Path) -> None:
+    """numpy has no bfloat16: those tensors bypass the package's numpy reader."""
+    values = np.array([[1.0, -2.5], [0.0078125, 2.0**100]], np.float32)
+    bits = (values.view(np.uint32) >> 16).astype("<u2")
+    header = {"w": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path = tmp_path / "bf16.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bits.tobytes())
+    got = SafetensorsFile(path).read("w")
+    assert got.dtype == np.float32 and np.array_equal(got, values)
 
 
 def test_header_offsets_outside_file(mixtral_dir: Path) -> None:

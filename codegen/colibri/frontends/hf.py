@@ -1,11 +1,11 @@
 """Hugging Face checkpoints: safetensors reader, architecture table, one MoE block -> MoELayer.
 
 A checkpoint directory holds ``config.json`` (with ``"architectures"``) and either
-``model.safetensors`` or shards listed by ``model.safetensors.index.json``. Tensors are read by
-our own safetensors parser (8-byte little-endian header length, JSON header, raw data): numpy
-has no bfloat16, so bf16 is read as uint16 and shifted into the high half of a float32, and
-every header entry is checked against the file before any data is read. Pickle files
-(``pytorch_model.bin``) are never opened.
+``model.safetensors`` or shards listed by ``model.safetensors.index.json``. Every header entry
+is checked against the file first (:class:`SafetensorsFile`: one-line errors naming the tensor);
+the ``safetensors`` package then memory-maps the file and reads the tensors, except bf16, which
+its numpy reader cannot express: those are read as uint16 and shifted into the high half of a
+float32. Pickle files (``pytorch_model.bin``) are never opened.
 
 Supported architectures (:data:`ARCHITECTURES`): Mixtral (top-k gates always renormalised),
 Qwen2-MoE (``norm_topk_prob``, a shared expert with a sigmoid gate, dense layers from
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from ..errors import ConfigError, ModelFormatError, ShapeError
 from ..ir.moe import Expert, MoEConfig, MoELayer
@@ -86,6 +88,10 @@ class SafetensorsFile:
         for name, entry in header.items():
             self.tensors[name] = self._check_entry(name, entry, data_start, data_size)
         self._check_no_overlap()
+        try:  # the package's own checks too (e.g. no gap between tensors); it maps the file
+            self._file = safe_open(str(self.path), framework="numpy")
+        except SafetensorError as exc:
+            raise ModelFormatError(f"{self.path}: not a valid safetensors file ({exc})") from exc
 
     def _check_no_overlap(self) -> None:
         """Two tensors may not share bytes (a crafted header could alias them)."""
@@ -138,36 +144,23 @@ class SafetensorsFile:
     def read(self, name: str) -> np.ndarray:
         """The tensor as a float32 array (fp16/bf16/fp64 converted)."""
         info = self.tensors[name]
-        with open(self.path, "rb") as f:
-            f.seek(info.begin)
-            raw = f.read(info.end - info.begin)
-        if len(raw) != info.end - info.begin:
-            raise ModelFormatError(f"{self.path}: tensor '{name}' is truncated")
-        arr = np.frombuffer(raw, dtype=SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
-        if info.dtype == "BF16":
-            return (arr.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return arr.astype(np.float32)
+        if info.dtype == "BF16":  # numpy has no bfloat16: the bits are float32's high half
+            n = (info.end - info.begin) // 2
+            bits = np.fromfile(self.path, dtype="<u2", count=n, offset=info.begin)
+            if bits.size != n:
+                raise ModelFormatError(f"{self.path}: tensor '{name}' is truncated")
+            return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(info.shape)
+        try:
+            arr = self._file.get_tensor(name)
+        except SafetensorError as exc:
+            raise ModelFormatError(f"{self.path}: tensor '{name}': {exc}") from exc
+        return np.asarray(arr, dtype=np.float32)
 
 
 def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike[str]) -> Path:
-    """Write float32 arrays as a safetensors file (used by tests and tools; no torch needed)."""
-    header: dict[str, Any] = {}
-    blobs = []
-    off = 0
-    for name, arr in tensors.items():
-        data = np.ascontiguousarray(arr, dtype="<f4").tobytes()
-        header[name] = {
-            "dtype": "F32",
-            "shape": list(arr.shape),
-            "data_offsets": [off, off + len(data)],
-        }
-        blobs.append(data)
-        off += len(data)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    path = Path(path)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
-    return path
+    """Write arrays as float32 tensors of a safetensors file (tests and tools; no torch)."""
+    save_file({k: np.array(v, dtype="<f4", order="C") for k, v in tensors.items()}, str(path))
+    return Path(path)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,16 @@ Reads the checkpoint's config.json (every field checked) and its safetensors thr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..hostmem import check_memory
 from ..ir.moe import Expert, MoELayer
 from ..ir.transformer import Attention, DecoderLayer, MoETransformer, TransformerConfig
+from ..progress import SILENT, Progress
 from .hf import HFCheckpoint, load_hf_moe_layer
 
 #: rope theta when config.json names none (the transformers defaults per architecture).
@@ -133,10 +136,34 @@ def _attention(ckpt: HFCheckpoint, c: TransformerConfig, i: int) -> Attention:
     return att
 
 
-def load_hf_transformer(path: str | os.PathLike[str] | HFCheckpoint) -> MoETransformer:
-    """A whole Hugging Face MoE causal LM (Mixtral, Qwen2-MoE, OLMoE) as a MoETransformer."""
+def load_hf_transformer(
+    path: str | os.PathLike[str] | HFCheckpoint, progress: Progress = SILENT
+) -> MoETransformer:
+    """A whole Hugging Face MoE causal LM (Mixtral, Qwen2-MoE, OLMoE) as a MoETransformer
+    (`progress`: a line counting the layers)."""
     ckpt = path if isinstance(path, HFCheckpoint) else HFCheckpoint(path)
     c = load_hf_config(ckpt)
+    check_fits_memory(ckpt)
+    with progress.stage("load", c.n_layers + 1) as st:
+        return _read_layers(ckpt, c, lambda i: st.update(i, f"layer {i}/{c.n_layers}"))
+
+
+def check_fits_memory(ckpt: HFCheckpoint) -> None:
+    """Refuse, before reading a weight, a checkpoint whose fp32 weights (what the loader holds,
+    whatever the file's dtype) exceed the machine's available memory (colibri.hostmem)."""
+    params = sum(int(np.prod(ckpt.shape(name), dtype=np.int64)) for name in ckpt.names())
+    check_memory(
+        4 * params,
+        f"{ckpt.path}: loading",
+        f"its {params:,} weights as fp32",
+        "run it on a machine with more memory, or free some (quantising does not lower this: "
+        "the loader holds the fp32 weights)",
+    )
+
+
+def _read_layers(
+    ckpt: HFCheckpoint, c: TransformerConfig, tick: Callable[[int], None]
+) -> MoETransformer:
     d = c.d_model
     layers = []
     for i in range(c.n_layers):
@@ -161,6 +188,7 @@ def load_hf_transformer(path: str | os.PathLike[str] | HFCheckpoint) -> MoETrans
                 mlp=mlp,
             )
         )
+        tick(i + 1)
     embed = ckpt.tensor("model.embed_tokens.weight", (c.vocab_size, d))
     if c.tie_word_embeddings:
         lm_head = embed
@@ -176,6 +204,6 @@ def load_hf_transformer(path: str | os.PathLike[str] | HFCheckpoint) -> MoETrans
     )
 
 
-def load_transformer(path: str | os.PathLike[str]) -> MoETransformer:
+def load_transformer(path: str | os.PathLike[str], progress: Progress = SILENT) -> MoETransformer:
     """A whole model from a checkpoint directory (only Hugging Face checkpoints for now)."""
-    return load_hf_transformer(Path(path))
+    return load_hf_transformer(Path(path), progress)

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError, ModelFormatError, ShapeError
 from ..ir.moe import Expert, MoELayer
+from ..progress import Tick
 
 #: Weight schemes, in colibri_quant_scheme order.
 SCHEMES: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
@@ -687,15 +688,22 @@ def make_plan(
 
 
 def quantize_layer(
-    layer: MoELayer, plan: QuantPlan, search: str = DEFAULT_SCALE_SEARCH
+    layer: MoELayer,
+    plan: QuantPlan,
+    search: str = DEFAULT_SCALE_SEARCH,
+    tick: Tick | None = None,
 ) -> dict[int, QuantExpert]:
     """Quantised form of every stored expert (keyed by the storing expert's index). A stored
-    expert used by several experts takes the scheme of its own index."""
+    expert used by several experts takes the scheme of its own index. `tick(done, total)`
+    follows the experts (colibri.progress)."""
     out: dict[int, QuantExpert] = {}
-    for idx in sorted(set(layer.storage_map())):
+    stored = sorted(set(layer.storage_map()))
+    for n, idx in enumerate(stored, start=1):
         out[idx] = quantize_expert(
             layer.experts[idx], plan.schemes[idx], plan.acts[idx], f"expert.{idx}", search
         )
+        if tick is not None:
+            tick(n, len(stored))
     return out
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
+from ..progress import SILENT, Progress, Stage, Tick
 from .calib import LayerCalib, quantize_expert_calibrated
 from .formats import (
     DEFAULT_SCALE_SEARCH,
@@ -62,14 +63,17 @@ def quantize_experts(
     plan: QuantPlan,
     search: str = DEFAULT_SCALE_SEARCH,
     calib: LayerCalib | None = None,
+    tick: Tick | None = None,
 ) -> dict[int, QuantExpert]:
     """Every stored expert of the layer in its plan's scheme (keyed by the storing expert's
-    index), calibrated by `calib` when given (experts it never hit as without)."""
+    index), calibrated by `calib` when given (experts it never hit as without); `tick(done,
+    total)` follows the experts."""
     check_scale_search(search)
     if calib is None:
-        return quantize_layer(layer, plan, search)
+        return quantize_layer(layer, plan, search, tick)
     out: dict[int, QuantExpert] = {}
-    for idx in sorted(set(layer.storage_map())):
+    stored = sorted(set(layer.storage_map()))
+    for n, idx in enumerate(stored, start=1):
         out[idx] = quantize_expert_calibrated(
             layer.experts[idx],
             plan.schemes[idx],
@@ -80,6 +84,8 @@ def quantize_experts(
             f"expert.{idx}",
             search,
         )
+        if tick is not None:
+            tick(n, len(stored))
     return out
 
 
@@ -91,11 +97,15 @@ def quantize_moe_layer(
     router: str = "fp32",
     search: str = DEFAULT_SCALE_SEARCH,
     calib: LayerCalib | None = None,
+    progress: Progress = SILENT,
 ) -> LayerQuant:
     """Quantise a lone MoE layer as `colibri generate --quant --expert-quant --act
-    --router-quant --scale-search [--calib]` asks."""
+    --router-quant --scale-search [--calib]` asks (`progress`: a line counting the experts)."""
     plan = make_plan(layer.config.n_experts, quant, expert_quant, act)
-    experts = quantize_experts(layer, plan, search, calib)
+    with progress.stage("quantise", len(set(layer.storage_map()))) as st:
+        experts = quantize_experts(
+            layer, plan, search, calib, lambda k, n: st.update(k, f"expert {k}/{n}")
+        )
     return LayerQuant(plan, experts, quantize_router(layer.router_w, router))
 
 
@@ -149,21 +159,51 @@ def quantize_transformer(
     router: str = "fp32",
     search: str = DEFAULT_SCALE_SEARCH,
     calib: dict[int, LayerCalib] | None = None,
+    progress: Progress = SILENT,
 ) -> TransformerQuant:
     """Quantise the routed experts of every MoE layer (colibri.quant.formats; calibrated per
     layer by calib[layer index] when given) and, with dense fp16 / int8, every other matrix;
     act is the activation mode of int8/int4 matrices (default int8: integer dot products; fp16
-    has no integer kernel and keeps fp32); search is the int8 / int4 scale search."""
+    has no integer kernel and keeps fp32); search is the int8 / int4 scale search. `progress`
+    shows one line counting the layers and their experts."""
+    with progress.stage("quantise", _quant_steps(model, dense)) as st:
+        return _quantize_transformer(model, scheme, act, dense, router, search, calib, st)
+
+
+def _quant_steps(model: MoETransformer, dense: str) -> int:
+    """Steps of the quantise line: each MoE layer's experts, and with --dense-quant each
+    layer's other matrices and the embedding / LM head."""
+    moe = sum(layer.moe is not None for layer in model.layers)
+    return moe + (len(model.layers) + 1 if dense != "fp32" else 0)
+
+
+def _quantize_transformer(
+    model: MoETransformer,
+    scheme: str,
+    act: str | None,
+    dense: str,
+    router: str,
+    search: str,
+    calib: dict[int, LayerCalib] | None,
+    st: Stage,
+) -> TransformerQuant:
     check_scale_search(search)
     plan_act = ""
     experts: dict[int, dict[int, QuantExpert]] = {}
+    n_layers = len(model.layers)
+    step = 0
     for i, layer in enumerate(model.layers):
         if layer.moe is None:
             continue
         plan = make_plan(layer.moe.config.n_experts, scheme, None, act)
         plan_act = plan.acts[0]
         lcal = calib.get(i) if calib is not None else None
-        experts[i] = quantize_experts(layer.moe, plan, search, lcal)
+
+        def tick(k: int, n: int, i: int = i, step: int = step) -> None:
+            st.update(step + k / n, f"layer {i + 1}/{n_layers}  expert {k}/{n}")
+
+        experts[i] = quantize_experts(layer.moe, plan, search, lcal, tick)
+        step += 1
     if not plan_act:
         plan_act = make_plan(1, scheme, None, act).acts[0]
     q = TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
@@ -184,6 +224,8 @@ def quantize_transformer(
     q.dense["embed"] = quantize_matrix(model.embed, dense, "embed", search, blocks=blocks)
     if not model.config.tie_word_embeddings:
         q.dense["lm_head"] = quantize_matrix(model.lm_head, dense, "lm_head", search, blocks=blocks)
+    step += 1
+    st.update(step, "embedding / LM head")
     for i, layer in enumerate(model.layers):
         for n in ATTENTION_PROJECTIONS:
             w = getattr(layer.attention, n)
@@ -191,6 +233,8 @@ def quantize_transformer(
         ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
         if ffn is not None:
             q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn", search)
+        step += 1
+        st.update(step, f"layer {i + 1}/{n_layers}  dense")
     return q
 
 
@@ -202,6 +246,7 @@ def quantize_transformer_as_asked(
     router: str = "fp32",
     search: str = DEFAULT_SCALE_SEARCH,
     calib: dict[int, LayerCalib] | None = None,
+    progress: Progress = SILENT,
 ) -> TransformerQuant | None:
     """The quantisation stage of a whole transformer: None when everything stays fp32 (the
     generated C then holds no quantisation code), else :func:`quantize_transformer`; --act
@@ -210,7 +255,7 @@ def quantize_transformer_as_asked(
     dense = check_dense_scheme(dense)
     q: TransformerQuant | None = None
     if quant != "fp32" or dense != "fp32" or router != "fp32":
-        q = quantize_transformer(model, quant, act, dense, router, search, calib)
+        q = quantize_transformer(model, quant, act, dense, router, search, calib, progress)
     if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
         raise ConfigError(
             "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"

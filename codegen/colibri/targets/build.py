@@ -7,12 +7,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from ..boards import Board, load_board
 from ..emit.output import MANIFEST
 from ..errors import BuildError, ColibriError, ToolchainNotFound
 from ..paths import resource_dir
+from ..progress import SILENT, Progress
 
 
 def require_toolchain(board: Board) -> None:
@@ -48,14 +50,50 @@ def check_generated(gen_dir: Path) -> dict:
     return data
 
 
-def scons(args: list[str], verbose: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run SCons on the project's SConstruct with the given arguments."""
+def scons(
+    args: list[str], verbose: bool = False, progress: Progress = SILENT
+) -> subprocess.CompletedProcess[str]:
+    """Run SCons on the project's SConstruct with the given arguments (`progress`: a "build"
+    line counting its steps)."""
     cmd = [sys.executable, "-m", "SCons", "-Q", "-C", str(resource_dir()), *args]
     env = dict(os.environ)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if progress.visible and not verbose:
+        proc = _scons_counted(cmd, env, progress)
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if verbose:
         sys.stderr.write(proc.stdout + proc.stderr)
     return proc
+
+
+#: A build step as the SConstruct prints it: "CC      [host] path/to/file.o".
+_STEP = re.compile(r"^([A-Z]+)\s+\[[^]]*\]\s+(\S+)")
+
+
+def _scons_counted(
+    cmd: list[str], env: dict[str, str], progress: Progress
+) -> subprocess.CompletedProcess[str]:
+    """SCons with its output read as it comes, each build step counted on the progress line
+    (stderr is drained by a thread, so neither pipe can fill up)."""
+    err: list[str] = []
+    out: list[str] = []
+    with progress.stage("build") as st:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        drain = threading.Thread(target=lambda f=proc.stderr: err.extend(f), daemon=True)
+        drain.start()
+        steps = 0
+        for line in proc.stdout:
+            out.append(line)
+            m = _STEP.match(line)
+            if m:
+                steps += 1
+                st.update(steps, f"step {steps}: {m.group(1)} {Path(m.group(2)).name}")
+        drain.join()
+        proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
 
 
 #: Lines of a failed build worth showing: the compiler's and linker's own diagnostics (cc1's
@@ -91,12 +129,17 @@ def _fail(proc: subprocess.CompletedProcess[str], what: str) -> None:
     raise BuildError(f"{what} failed (scons exit {proc.returncode}):\n{tail}")
 
 
-def build_library(board_name: str, build_dir: Path | None = None, verbose: bool = False) -> Path:
+def build_library(
+    board_name: str,
+    build_dir: Path | None = None,
+    verbose: bool = False,
+    progress: Progress = SILENT,
+) -> Path:
     """Build libcolibri.a for a board; returns its path."""
     board = load_board(board_name)
     require_toolchain(board)
     bdir = (build_dir or resource_dir() / "build" / board.name).resolve()
-    proc = scons([f"board={board.name}", f"build_dir={bdir}"], verbose)
+    proc = scons([f"board={board.name}", f"build_dir={bdir}"], verbose, progress)
     if proc.returncode != 0:
         _fail(proc, f"building libcolibri.a for {board.name}")
     return bdir / "libcolibri.a"
@@ -110,6 +153,7 @@ def build_model(
     stack_size: int | None = None,
     stack_check: bool = True,
     build_dir: Path | None = None,
+    progress: Progress = SILENT,
 ) -> Path:
     """Build the runner of a generated model for a board; returns the ELF / executable.
 
@@ -126,7 +170,7 @@ def build_model(
         args.append(f"stack_size={stack_size}")
     if not stack_check:
         args.append("stack_check=0")
-    proc = scons(args, verbose)
+    proc = scons(args, verbose, progress)
     if proc.returncode != 0:
         _fail(proc, f"building {gdir.name} for {board.name}")
     exe = bdir / model_name(gdir) / runner_path(gdir, board).name
