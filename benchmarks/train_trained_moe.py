@@ -18,12 +18,16 @@ Outputs in --out (default tests/data/trained_moe):
   calib.npy                       [CALIB_WINDOWS, CALIB_WINDOW] held-in token ids (int32):
                                   CALIB_WINDOWS sequences for --calib
   train_log.json                  sizes, training time, losses, held-out perplexity
+  train_log.png                   the training loss curve (benchmarks/plots.py; skipped with a
+                                  note without matplotlib); --plot-only redraws it from
+                                  --out/train_log.json without training
 
 The held-out perplexity reported is transformers' fp32 model on EVAL_WINDOWS evenly spaced
 windows of EVAL_WINDOW tokens of heldout.txt (colibri.reference.lm_metrics), the windows
 benchmarks/accuracy_table.py and tests/quant/test_trained_accuracy.py use.
 
     python benchmarks/train_trained_moe.py [--out DIR] [--size small|large] [--steps 480]
+                                           [--plot-only]
 
 The figures depend on the Python version (its pydoc topics), torch's CPU kernels and the thread
 count; the committed files were made with CPython 3.11.7, torch 2.13.0 (CPU), transformers
@@ -47,6 +51,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "codegen"))
 
 from colibri.reference.lm_metrics import perplexity, token_windows  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from plots import line_plot  # noqa: E402
 
 DEFAULT_OUT = ROOT / "tests" / "data" / "trained_moe"
 SEED = 0
@@ -184,6 +191,31 @@ def heldout_perplexity(model: Any, ids: np.ndarray) -> float:
     return perplexity(list(logits), windows)
 
 
+def loss_steps(n_losses: int, steps: int, every: int = 50) -> list[int]:
+    """The training steps of the logged losses: every `every` steps from 0, and the last."""
+    xs = list(range(0, steps, every))
+    if (steps - 1) % every:
+        xs.append(steps - 1)
+    return xs if len(xs) == n_losses else [every * i for i in range(n_losses)]
+
+
+def plot_train_log(json_path: Path) -> Path | None:
+    """train_log.png beside train_log.json: the loss curve, with the held-out perplexity."""
+    log = json.loads(json_path.read_text())
+    losses = [float(v) for v in log["losses_every_50_steps"]]
+    return line_plot(
+        json_path,
+        loss_steps(len(losses), int(log["steps"])),
+        {"training loss": losses},
+        title=(
+            f"{log.get('size', 'small')} MoE, {log.get('parameters', '?')} parameters: held-out "
+            f"perplexity {log.get('heldout_perplexity', '?')}"
+        ),
+        xlabel="step",
+        ylabel="cross-entropy loss (nats)",
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -192,7 +224,13 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
+    ap.add_argument("--plot-only", action="store_true", help="redraw --out/train_log.png only")
     args = ap.parse_args()
+    if args.plot_only:
+        png = plot_train_log(args.out / "train_log.json")
+        if png is not None:
+            print(f"wrote {png}")
+        return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -243,6 +281,7 @@ def main() -> int:
         "eval": f"{EVAL_WINDOWS} windows x {EVAL_WINDOW} tokens",
     }
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    plot_train_log(out / "train_log.json")
     total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     print(f"{n_params} parameters; wrote {out} ({total} bytes)")
     return 0

@@ -33,6 +33,7 @@ APT_PACKAGES=(
     clang libclang-rt-14-dev
     cmake pkg-config
     xz-utils
+    chromium-headless-shell
 )
 
 install_packages() {

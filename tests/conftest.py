@@ -133,3 +133,34 @@ def toy_dir(tmp_path: Path) -> Path:
 
     write_seed(make_toy(), tmp_path / "toy")
     return tmp_path / "toy"
+
+
+#: Headless Chromium builds that can dump a page's DOM (Debian: chromium-headless-shell).
+CHROMIUM_NAMES = ("chromium-headless-shell", "chromium", "chromium-browser")
+
+
+def dump_dom(page: Path) -> str:
+    """The DOM headless Chromium builds from an HTML file (--dump-dom, after parsing and any
+    script); skips (locally) or fails (CI) when no Chromium is installed."""
+    exe = next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+    if exe is None:
+        message = (
+            "headless Chromium not found; install it with: apt-get install chromium-headless-shell"
+        )
+        if IN_CI:
+            pytest.fail(f"{message} (CI=true: scripts/setup.sh installs it)")
+        pytest.skip(message)
+    cmd = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--dump-dom",
+        page.resolve().as_uri(),
+    ]
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="chromium-home-") as home:  # its profile, not ~'s
+        proc = run_ok(cmd, timeout=120, env=dict(os.environ, HOME=home))
+    assert "</html>" in proc.stdout, f"{exe} dumped no page:\n{proc.stderr[-2000:]}"
+    return proc.stdout

@@ -1,9 +1,9 @@
 """The package's shape is its data flow: one folder per stage, imports only point backwards.
 
 Stages in order (README "Design"): the core modules at the package root (errors, paths, boards,
-options), then ir -> frontends -> quant -> reference -> plan -> emit -> targets -> cli. Every
-import of a colibri module, at module level or inside a function, must name a module of the same
-or an earlier stage, and the import graph has no cycle.
+options), then ir -> frontends -> quant -> reference -> plan -> emit -> targets -> report -> cli.
+Every import of a colibri module, at module level or inside a function, must name a module of the
+same or an earlier stage, and the import graph has no cycle.
 """
 
 from __future__ import annotations
@@ -14,7 +14,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "codegen" / "colibri"
-STAGES = ("core", "ir", "frontends", "quant", "reference", "plan", "emit", "targets", "cli")
+STAGES = (
+    "core",
+    "ir",
+    "frontends",
+    "quant",
+    "reference",
+    "plan",
+    "emit",
+    "targets",
+    "report",
+    "cli",
+)
 MAX_MODULES_PER_FOLDER = 8
 
 

@@ -6,7 +6,9 @@ RAM region (.data, .bss, the arena, the stack). Hosted boards (no memory regions
 file-backed allocated sections as flash and writable ones as RAM.
 
 Breakdowns: by section; by runtime module (symbols defined by each object of libcolibri.a);
-by expert (the generated `<name>_e<j>_*` weight arrays and the `<name>_expert_<j>` kernel).
+by expert (the generated `<name>_e<j>_*` weight arrays and the `<name>_expert_<j>` kernel); and
+the same owners per section (``SizeReport.owners``, what the treemap of `colibri size --html`
+nests inside each section).
 
 Bare metal: the worst-case stack per entry point and the deepest path, from the report the build
 writes beside the ELF (``<elf>.stack.json``, colibri/targets/stack.py), against the board's
@@ -46,6 +48,9 @@ class SizeReport:
     arena: list[dict[str, Any]] = field(default_factory=list)
     #: Worst-case stack (bare metal): colibri.targets.stack.StackReport.as_dict().
     stack: dict[str, Any] | None = None
+    #: Bytes of each owner per section: {"section", "group" (runtime / expert / model), "name"
+    #: (runtime module, "expert <j>", model symbol), "bytes"}; not in as_dict() (the JSON).
+    owners: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -163,6 +168,11 @@ def analyse(
             )
         symtab = elf.get_section_by_name(".symtab")
         if isinstance(symtab, SymbolTableSection):
+            counted = {s["name"] for s in rep.sections}
+            section_of = {
+                i: sec.name for i, sec in enumerate(elf.iter_sections()) if sec.name in counted
+            }
+            placed: dict[tuple[str, str, str], int] = defaultdict(int)
             owners = runtime_symbols(lib) if lib and lib.is_file() else {}
             modules: dict[str, dict[str, int]] = defaultdict(lambda: {"code": 0, "data": 0})
             experts: dict[int, dict[str, int]] = defaultdict(lambda: {"weights": 0, "code": 0})
@@ -180,14 +190,26 @@ def analyse(
                     continue
                 seen.add(key)
                 size = int(sym["st_size"])
+                owner: tuple[str, str] | None = None
                 if sym.name in owners:
                     modules[owners[sym.name]]["code" if kind == "STT_FUNC" else "data"] += size
+                    owner = ("runtime", owners[sym.name])
                 elif m := w_re.match(sym.name):
                     experts[int(m.group(1))]["weights"] += size
+                    owner = ("expert", f"expert {int(m.group(1))}")
                 elif m := k_re.match(sym.name):
                     experts[int(m.group(1))]["code"] += size
+                    owner = ("expert", f"expert {int(m.group(1))}")
                 elif model_name and sym.name.startswith(model_name + "_"):
                     model[sym.name[len(model_name) + 1 :]] += size
+                    owner = ("model", sym.name[len(model_name) + 1 :])
+                shndx = sym["st_shndx"]
+                if owner and isinstance(shndx, int) and shndx in section_of:
+                    placed[(section_of[shndx], owner[0], owner[1])] += size
+            rep.owners = [
+                {"section": sec, "group": group, "name": name, "bytes": nbytes}
+                for (sec, group, name), nbytes in sorted(placed.items())
+            ]
             rep.modules = dict(sorted(modules.items()))
             rep.experts = dict(sorted(experts.items()))
             rep.model = dict(sorted(model.items()))
