@@ -6,7 +6,7 @@ SCons builds it with the C runtime (libcolibri.a) for a board; QEMU runs every t
 One folder per stage, in the order data flows (a module imports only its own or earlier
 stages; tests/test_stages.py checks it):
 
-    ir -> frontends -> quant -> reference -> plan -> emit -> targets -> cli
+    ir -> frontends -> quant -> reference -> plan -> emit -> targets -> report -> cli
 
 The modules at this level are read by every stage: ``errors`` (the ColibriError family),
 ``paths`` (where boards, templates and the runtime live), ``boards`` (boards/*.toml, also read

@@ -1,4 +1,4 @@
-"""Stage 8, the driver: the `colibri` command line and the pipelines it runs.
+"""Stage 9, the driver: the `colibri` command line and the pipelines it runs.
 
 ``pipeline`` is `colibri generate` as its stages in order (load -> IR -> quantise -> analyse ->
 plan -> emit -> budget -> write), ``export`` is `colibri export` (read a PyTorch block, write

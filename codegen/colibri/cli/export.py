@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..frontends.container import read_container, write_container
 from ..frontends.export import DEFAULT_CHECK_TOKENS, ExportCheckFailed, read_block
 from ..ir.moe import MoELayer
+from ..progress import SILENT, Progress
 from ..reference.accuracy import check_against_torch
 
 
@@ -35,17 +36,72 @@ def export(
     config: str | os.PathLike[str] | None = None,
     tokens: int = DEFAULT_CHECK_TOKENS,
     seed: int = 0,
+    progress: Progress = SILENT,
 ) -> ExportResult:
-    """Export one MoE block to a Colibri container and check it against PyTorch."""
+    """Export one MoE block to a Colibri container and check it against PyTorch (`progress`:
+    a line per stage)."""
     if tokens < 1:
         raise ConfigError(f"--check-tokens must be >= 1, got {tokens}")
-    layer, cfg, state = read_block(source, layer_index, config)
-    path = write_container(layer, out)
-    written = read_container(path)
-    written.source = str(path)
+    with progress.stage("load"):
+        layer, cfg, state = read_block(source, layer_index, config)
+    with progress.stage("write"):
+        path = write_container(layer, out)
     try:
-        diff, scale = check_against_torch(written, cfg, state, tokens, seed)
+        with progress.stage("check"):
+            written = read_container(path)
+            written.source = str(path)
+            diff, scale = check_against_torch(written, cfg, state, tokens, seed)
     except ExportCheckFailed:
         path.unlink(missing_ok=True)
         raise
     return ExportResult(path, layer, diff, scale, tokens)
+
+
+@dataclass
+class WholeExportResult:
+    path: Path
+    layers: int
+    max_abs_diff: float
+    tokens: int
+
+
+def export_whole(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    tokens: int = DEFAULT_CHECK_TOKENS,
+    seed: int = 0,
+    progress: Progress = SILENT,
+) -> WholeExportResult:
+    """Export a whole Hugging Face checkpoint (no --layer) as a container version 2 (fp32) and
+    check it: the C runtime's colibri_lm_forward on the written file (Python binding) against
+    the float64 numpy reference, a seeded prompt of min(tokens, 64) ids, within
+    LOGIT_TOLERANCE; a file that does not match is removed."""
+    import numpy as np
+
+    from ..emit.lmfile import write_lm_container
+    from ..frontends.hf_model import load_transformer
+    from ..reference.transformer import LOGIT_TOLERANCE, forward
+    from ..targets.binding import LM
+
+    if tokens < 1:
+        raise ConfigError(f"--check-tokens must be >= 1, got {tokens}")
+    n = min(tokens, 64)
+    with progress.stage("load"):
+        model = load_transformer(source)
+    with progress.stage("write"):
+        path = write_lm_container(model, None, out, max(n, 64))
+    try:
+        with progress.stage("check"):
+            ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, n).tolist()
+            with LM(path) as lm:
+                got = lm.logits(ids)
+            diff = float(np.abs(got - forward(model, ids)).max())
+            if not diff <= LOGIT_TOLERANCE:
+                raise ExportCheckFailed(
+                    f"{path}: the C runtime's logits on the written file differ from the numpy "
+                    f"reference by {diff:.3g} > {LOGIT_TOLERANCE}; the file was removed"
+                )
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return WholeExportResult(path, model.config.n_layers, diff, n)

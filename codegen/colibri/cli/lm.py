@@ -1,4 +1,5 @@
-"""`colibri run` on a generated transformer: its options, tokens in, ids and text out.
+"""`colibri run` on a generated transformer or a whole-model container (.clb version 2): its
+options, tokens in, ids and text out.
 
 The runner's file protocol and the tokenizer lookup are :mod:`colibri.targets.lmrun`.
 """
@@ -14,14 +15,18 @@ import numpy as np
 from ..errors import InputError
 from ..frontends.load import save_npy
 from ..options import MAX_CONTEXT_LIMIT
+from ..progress import progress_for
 from ..targets.lmrun import (
     SamplingOptions,
     byte_text,
     byte_tokens,
     format_ids,
+    is_container_file,
+    lm_file_manifest,
     parse_ids,
     resolve_tokenizer,
     run_lm,
+    run_lm_file,
 )
 from .argtypes import (
     MAX_SAMPLING_TOP_K,
@@ -87,26 +92,52 @@ def add_run_arguments(s: Any) -> None:
     )
 
 
+def _embedded_tokenizer(path: str, manifest: dict[str, Any]) -> Tokenizer | None:
+    """The tokenizer.json a whole-model container carries (`convert` stores the checkpoint's),
+    or None."""
+    import tempfile
+
+    from ..emit.lmfile import read_lm_tokenizer
+    from ..frontends.tokenizer import load_tokenizer
+
+    data = read_lm_tokenizer(path)
+    if data is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="colibri-tok-") as tmp:
+        file = Path(tmp) / "tokenizer.json"
+        file.write_bytes(data)
+        tok = load_tokenizer(file)
+    tok.source = f"{path} (embedded tokenizer.json)"
+    tok.check_vocab(int(manifest["model"]["config"]["vocab_size"]), "the model file")
+    return tok
+
+
 def cmd_run_lm(a: Any) -> int:
     """Generate from a prompt; prints the new ids space-separated on one line, then (with
     --prompt or --tokenizer) their text."""
     if getattr(a, "input", None) is not None or getattr(a, "routing", None) is not None:
         raise InputError(
-            f"{a.dir} is a generated transformer: --input / --routing are for single MoE "
+            f"{a.dir} is a whole transformer: --input / --routing are for single MoE "
             f"layers; pass --prompt-ids 1,5,9 (or --prompt TEXT) instead"
         )
     if (a.prompt_ids is None) == (a.prompt is None):
         raise InputError(
-            f"{a.dir} is a generated transformer: pass either --prompt-ids 1,5,9 or --prompt "
+            f"{a.dir} is a whole transformer: pass either --prompt-ids 1,5,9 or --prompt "
             f"TEXT (and optionally --max-new-tokens N); --input is for single MoE layers"
         )
     tok: Tokenizer | None = None
     explicit = getattr(a, "tokenizer", None)
+    model_file = is_container_file(a.dir)  # a whole-model container (.clb version 2)
+    if model_file:
+        manifest = lm_file_manifest(a.dir)
     if a.prompt is not None or explicit is not None:
         from ..targets.build import check_generated
 
-        manifest = check_generated(Path(a.dir).resolve())
-        tok = resolve_tokenizer(manifest, explicit)
+        if not model_file:
+            manifest = check_generated(Path(a.dir).resolve())
+        tok = _embedded_tokenizer(a.dir, manifest) if model_file and explicit is None else None
+        if tok is None:
+            tok = resolve_tokenizer(manifest, explicit)
         if tok is not None and a.verbose:
             print(f"colibri: tokenizer {tok.source}", file=sys.stderr)
     if a.prompt is not None:
@@ -119,7 +150,11 @@ def cmd_run_lm(a: Any) -> int:
     else:
         prompt = parse_ids(a.prompt_ids)
     sampling = SamplingOptions(a.temperature, a.top_k, a.top_p, a.seed)
-    out, result = run_lm(
+    # the build of a generated directory shows its progress (a container's runner is prebuilt)
+    extra: dict[str, Any] = {}
+    if not model_file:
+        extra["progress"] = progress_for(sys.stderr, getattr(a, "quiet", False))
+    out, result = (run_lm_file if model_file else run_lm)(
         a.dir,
         a.board,
         prompt,
@@ -129,6 +164,7 @@ def cmd_run_lm(a: Any) -> int:
         count_instructions=a.count_instructions,
         timeout=a.timeout,
         verbose=a.verbose,
+        **extra,
     )
     print(format_ids(out.tokens))
     if tok is not None:

@@ -38,6 +38,27 @@ from .argtypes import (
 #: --layer of every command: a decoder layer index (checked against the model when it is read).
 LAYER = int_range(0, MAX_LAYER, "decoder layer index")
 
+
+def add_quiet(s: argparse.ArgumentParser) -> None:
+    """--quiet of the commands with long steps (colibri.progress)."""
+    s.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines on stderr (shown only on a terminal, for a model of 4 MB or "
+        "more or a step that takes over a second)",
+    )
+
+
+def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
+    """The command's progress reporter (colibri.progress): silent unless stderr is a terminal
+    and --quiet was not given; every stage shows for a model file (or checkpoint directory) of
+    PROGRESS_MIN_BYTES or more."""
+    from ..progress import model_bytes, progress_for
+
+    return progress_for(sys.stderr, a.quiet, model_bytes(model) if model else 0)
+
+
 # -- commands ----------------------------------------------------------------------------------
 
 
@@ -87,12 +108,69 @@ def cmd_make_toy(a: argparse.Namespace) -> int:
     return 0
 
 
+def _convert_whole(a: argparse.Namespace) -> int:
+    """`colibri convert CKPT --out F.clb` of a whole Hugging Face checkpoint: the container
+    version 2 holds exactly what `generate` with the same flags stores (colibri.emit.lmfile)."""
+    from ..emit.lmfile import write_lm_container
+    from ..emit.transformer import check_supported
+    from ..frontends.hf_model import load_transformer
+    from .pipeline import quantise_transformer
+
+    if a.expert_quant is not None:
+        raise ConfigError(
+            "--expert-quant: a single MoE layer option (pass --layer N); a whole transformer "
+            "takes --quant, --act, --calib, --router-quant and --dense-quant"
+        )
+    progress = _progress(a, a.model)
+    model = load_transformer(a.model, progress)
+    check_supported(model)
+    opts = _quant_options(a)
+    q, _ = quantise_transformer(model, opts, progress=progress)
+    with progress.stage("write"):
+        tok = Path(a.model) / "tokenizer.json"
+    tok_bytes = tok.read_bytes() if tok.is_file() else None
+    path = write_lm_container(model, q, a.out, opts.context, tok_bytes)
+    c = model.config
+    scheme = "fp32" if q is None else f"experts {q.scheme}, dense {q.dense_scheme}"
+    print(
+        f"wrote {path}: {path.stat().st_size} bytes, whole {c.architecture} ({c.n_layers} "
+        f"layers, vocab {c.vocab_size}, {scheme}), RoPE tables for {opts.context} positions"
+        f"{', tokenizer.json' if tok_bytes is not None else ''}; run it with `colibri run "
+        f"{a.out} --prompt-ids 1,5,9`"
+    )
+    return 0
+
+
 def cmd_convert(a: argparse.Namespace) -> int:
     from ..frontends.container import write_container
     from ..frontends.load import load_model
 
-    layer = load_model(a.model, a.config, a.layer)
-    path = write_container(layer, a.out)
+    if a.layer is None and a.config is None and is_hf_checkpoint(a.model):
+        return _convert_whole(a)
+    asked = [
+        flag
+        for flag, on in (
+            ("--quant", a.quant != "fp32"),
+            ("--expert-quant", a.expert_quant is not None),
+            ("--router-quant", a.router_quant != "fp32"),
+            ("--act", a.act is not None),
+            ("--dense-quant", a.dense_quant != "fp32"),
+            ("--calib", a.calib is not None),
+            ("--max-context", a.max_context is not None),
+        )
+        if on
+    ]
+    if asked:
+        raise ConfigError(
+            f"{', '.join(asked)}: a single-block container (version 1) stores fp32 weights; "
+            f"quantised containers are whole models (a Hugging Face checkpoint without --layer), "
+            f"or generate C (`colibri generate ... --quant`)"
+        )
+    progress = _progress(a, a.model)
+    with progress.stage("load"):
+        layer = load_model(a.model, a.config, a.layer)
+    with progress.stage("write"):
+        path = write_container(layer, a.out)
     stored = len(set(layer.storage_map()))
     print(
         f"wrote {path}: {path.stat().st_size} bytes, {layer.config.n_experts} experts "
@@ -143,7 +221,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     check_architectures(a.model)
     whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
     _check_generate_options(a, whole)
-    model = load(a.model, a.config, a.layer)
+    progress = _progress(a, a.model)
+    model = load(a.model, a.config, a.layer, progress)
     opts = _quant_options(
         a,
         board=board.name,
@@ -153,13 +232,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
         cache_slots=a.cache_slots if a.cache == "lru" else 0,
         ram_budget=a.ram_budget,
     )
-    out, manifest = generate(model, a.out, opts, force=a.force)
+    out, manifest = generate(model, a.out, opts, force=a.force, progress=progress)
     if isinstance(model, MoETransformer):
         _print_transformer_summary(out, board.name, model, manifest)
         if "accuracy" in manifest:
             from ..reference.accuracy import format_accuracy
 
             print(format_accuracy(manifest["accuracy"]))
+        _print_routing(manifest)
         return 0
     from ..plan.placement import format_placement_report
     from ..reference.accuracy import format_accuracy
@@ -175,7 +255,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if "accuracy" in manifest:
         print(format_placement_report(manifest))
         print(format_accuracy(manifest["accuracy"]))
+    _print_routing(manifest)
     return 0
+
+
+def _print_routing(manifest: dict[str, Any]) -> None:
+    """The routing imbalance per MoE layer of `generate --calib` (report.routing)."""
+    if "routing" in manifest:
+        from ..report.routing import format_routing
+
+        print(format_routing(manifest["routing"]))
 
 
 def _print_transformer_summary(out: Path, board: str, model: Any, manifest: dict[str, Any]) -> None:
@@ -207,7 +296,7 @@ def _print_transformer_summary(out: Path, board: str, model: Any, manifest: dict
 def cmd_build(a: argparse.Namespace) -> int:
     from ..targets.build import build_model
 
-    exe = build_model(a.dir, a.board, verbose=a.verbose)
+    exe = build_model(a.dir, a.board, verbose=a.verbose, progress=_progress(a))
     print(f"built {exe}")
     return 0
 
@@ -219,10 +308,13 @@ def run_model(
     count_instructions: bool = False,
     timeout: float | None = None,
     verbose: bool = False,
+    progress: Any = None,
 ) -> tuple[Any, Any]:
-    """Build (incrementally) and run a generated model on a board; returns (RunOutput, result)."""
+    """Build (incrementally) and run a generated model on a board; returns (RunOutput, result)
+    (`progress`: a colibri.progress reporter for the build and run steps)."""
     from ..boards import load_board
     from ..frontends.load import check_input
+    from ..progress import SILENT
     from ..targets.build import build_model, check_generated
     from ..targets.qemu import run_elf
     from ..targets.runio import read_output, write_input
@@ -232,13 +324,15 @@ def run_model(
     d_model = int(manifest["model"]["config"]["hidden_size"])
     x = check_input(x, d_model)
     board = load_board(board_name)
-    exe = build_model(gdir, board.name, verbose=verbose)
+    progress = progress or SILENT
+    exe = build_model(gdir, board.name, verbose=verbose, progress=progress)
     with tempfile.TemporaryDirectory(prefix="colibri-run-") as tmp:
         work = Path(tmp)
         write_input(work / "input.bin", x)
-        result = run_elf(
-            board, exe, cwd=work, timeout=timeout, count_instructions=count_instructions
-        )
+        with progress.stage("run"):
+            result = run_elf(
+                board, exe, cwd=work, timeout=timeout, count_instructions=count_instructions
+            )
         out = read_output(work / "output.bin")
     return out, result
 
@@ -261,7 +355,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     from ..targets.build import check_generated
 
     _check_output_files(a.output, a.routing, a.logits)
-    if is_transformer_dir(check_generated(Path(a.dir).resolve())):
+    from ..targets.lmrun import is_container_file
+
+    if is_container_file(a.dir) or is_transformer_dir(check_generated(Path(a.dir).resolve())):
         from .lm import cmd_run_lm
 
         return cmd_run_lm(a)
@@ -271,7 +367,9 @@ def cmd_run(a: argparse.Namespace) -> int:
             f"--output Y.npy (--prompt-ids is for generated transformers)"
         )
     x = load_npy(a.input)
-    out, result = run_model(a.dir, a.board, x, a.count_instructions, a.timeout, a.verbose)
+    out, result = run_model(
+        a.dir, a.board, x, a.count_instructions, a.timeout, a.verbose, _progress(a)
+    )
     save_npy(a.output, out.output)
     if a.routing:
         save_npz(a.routing, expert_ids=out.expert_ids, gates=out.gates)
@@ -325,14 +423,16 @@ def cmd_reference(a: argparse.Namespace) -> int:
                 "--max-new-tokens N"
             )
         _check_output_files(a.logits)
-        return _reference_transformer(a, load(a.model, a.config, a.layer))
+        progress = _progress(a, a.model)
+        return _reference_transformer(a, load(a.model, a.config, a.layer, progress), progress)
     if a.input is None or a.output is None or a.prompt_ids or a.logits:
         raise ConfigError(
             "a single MoE layer takes --input X.npy --output Y.npy (--prompt-ids / --logits are "
             "for whole transformers: a Hugging Face checkpoint without --layer)"
         )
     _check_output_files(a.output, a.routing)
-    layer = load(a.model, a.config, a.layer)
+    progress = _progress(a, a.model)
+    layer = load(a.model, a.config, a.layer, progress)
     assert isinstance(layer, MoELayer)
     x = check_input(load_npy(a.input), layer.config.d_model, a.input)
     opts = _quant_options(a, name="reference")
@@ -345,7 +445,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
         from ..reference.kernels import quant_moe_forward
         from .pipeline import quantise_layer
 
-        lq = quantise_layer(layer, opts)[0]
+        lq = quantise_layer(layer, opts, progress=progress)[0]
         y, r = quant_moe_forward(layer, lq.experts, x, lq.router)
         ids, gates = r.expert_ids, r.gates
     save_npy(a.output, y.astype(np.float32))
@@ -355,7 +455,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     return 0
 
 
-def _reference_transformer(a: argparse.Namespace, model: Any) -> int:
+def _reference_transformer(a: argparse.Namespace, model: Any, progress: Any) -> int:
     from ..reference.transformer import KVCache, forward
     from ..targets.lmrun import parse_ids
     from .pipeline import quantise_transformer
@@ -368,18 +468,21 @@ def _reference_transformer(a: argparse.Namespace, model: Any) -> int:
             f"{len(prompt)} prompt + {a.max_new_tokens} new tokens exceed --max-context "
             f"{max_context} (the generated C refuses the same request): raise --max-context"
         )
-    q, _ = quantise_transformer(model, opts)
+    q, _ = quantise_transformer(model, opts, progress=progress)
     cache = KVCache()
-    logits = forward(model, prompt, cache, quant=q)
+    new: list[int] = []
+    with progress.stage("forward", 1 + a.max_new_tokens) as st:
+        logits = forward(model, prompt, cache, quant=q)
+        st.update(1, f"prompt ({len(prompt)} tokens)")
+        last = logits[-1]
+        for i in range(a.max_new_tokens):  # greedy: the lowest id of equal logits, as the C
+            new.append(int(np.argmax(last)))
+            if i + 1 < a.max_new_tokens:
+                last = forward(model, [new[-1]], cache, quant=q)[-1]
+            st.update(2 + i, f"token {i + 1}/{a.max_new_tokens}")
     if a.logits:
         save_npy(a.logits, logits.astype(np.float32))
         print(f"wrote {a.logits}: reference logits {list(logits.shape)}")
-    new: list[int] = []
-    last = logits[-1]
-    for i in range(a.max_new_tokens):  # greedy: the lowest id of equal logits, as the C
-        new.append(int(np.argmax(last)))
-        if i + 1 < a.max_new_tokens:
-            last = forward(model, [new[-1]], cache, quant=q)[-1]
     if a.max_new_tokens:
         print("generated ids: " + ",".join(str(t) for t in new))
     return 0
@@ -420,6 +523,14 @@ def cmd_size(a: argparse.Namespace) -> int:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
         print(format_report(rep))
+    if a.html or a.svg:  # written before the budget check: most useful when it does not fit
+        from ..report.html import write_report
+        from ..report.sizes import size_html, size_svg
+
+        for path, text in ((a.html, size_html), (a.svg, size_svg)):
+            if path:
+                out = write_report(path, text(rep))
+                print(f"wrote {out}", file=sys.stderr if a.json else sys.stdout)
     check_elf_budget(rep)
     return 0
 
@@ -431,6 +542,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from ..frontends.toy import make_toy
     from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
 
+    progress = _progress(a)
     work = Path(a.workdir).resolve()
     if work.exists():
         shutil.rmtree(work)
@@ -448,9 +560,13 @@ def cmd_demo(a: argparse.Namespace) -> int:
         from .pipeline import generate
 
         gen = work / f"gen-{board}"
-        generate(layer, gen, GenerateOptions(board=board, name="demo", max_tokens=8))
-        print(f"\n== {step}. generate + build + run on {board}: {gen}")
-        out, result = run_model(gen, board, x, count_instructions=board != "host")
+        generate(
+            layer, gen, GenerateOptions(board=board, name="demo", max_tokens=8), progress=progress
+        )
+        print(f"\n== {step}. generate + build + run on {board}: {gen}", flush=True)
+        out, result = run_model(
+            gen, board, x, count_instructions=board != "host", progress=progress
+        )
         for t in range(x.shape[0]):
             ids = " ".join(str(v) for v in out.expert_ids[t])
             gates = " ".join(f"{v:.4f}" for v in out.gates[t])
@@ -486,7 +602,18 @@ def cmd_export(a: argparse.Namespace) -> int:
     from ..frontends.export import EXPORT_TOLERANCE
     from .export import export
 
-    res = export(a.source, a.out, a.layer, a.config, a.check_tokens, a.seed)
+    progress = _progress(a, a.source)
+    if a.layer is None and a.config is None and is_hf_checkpoint(a.source):
+        from .export import export_whole
+
+        whole = export_whole(a.source, a.out, a.check_tokens, a.seed, progress)
+        print(
+            f"wrote {whole.path}: whole model, {whole.layers} layers (container version 2, fp32); "
+            f"check of the C runtime on the file vs the numpy reference ({whole.tokens} tokens): "
+            f"max |logit diff| {whole.max_abs_diff:.3g} OK"
+        )
+        return 0
+    res = export(a.source, a.out, a.layer, a.config, a.check_tokens, a.seed, progress)
     c = res.layer.config
     print(
         f"wrote {res.path}: {c.n_experts} experts, d_model {c.d_model}, d_ff {c.d_ff}, "
@@ -596,8 +723,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--layer",
         type=LAYER,
-        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
+        help="Hugging Face checkpoint: the decoder layer whose MoE block to use (without it, "
+        "a checkpoint is converted whole: container version 2, with generate's quantisation "
+        "flags below)",
     )
+    add_quant_args(s)
+    add_quiet(s)
     s.set_defaults(func=cmd_convert)
 
     s = sub.add_parser("generate", help="emit C specialised to a model for a board")
@@ -639,12 +770,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=LAYER,
         help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
     )
+    add_quiet(s)
     s.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("build", help="build a generated model for a board (SCons)")
     s.add_argument("dir")
     s.add_argument("--board", default="host")
     s.add_argument("-v", "--verbose", action="store_true")
+    add_quiet(s)
     s.set_defaults(func=cmd_build)
 
     s = sub.add_parser("run", help="build and run a generated model on a board")
@@ -670,6 +803,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .lm import add_run_arguments
 
     add_run_arguments(s)
+    add_quiet(s)
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser(
@@ -699,6 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=LAYER,
         help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
     )
+    add_quiet(s)
     s.set_defaults(func=cmd_reference)
 
     s = sub.add_parser(
@@ -716,6 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens in the check vs PyTorch (1..65536, default 8)",
     )
     s.add_argument("--seed", type=int_range(0, MAX_SEED), default=0, help="seed of the check batch")
+    add_quiet(s)
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser(
@@ -741,11 +877,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="firmware ELF, or a generated directory (built if needed)")
     s.add_argument("--board", default="host")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML page: budget bars and treemaps of flash and RAM "
+        "by section, runtime module and expert, and the report's tables",
+    )
+    s.add_argument("--svg", metavar="FILE", help="also write the bars and treemaps as an SVG")
     s.set_defaults(func=cmd_size)
 
     s = sub.add_parser("demo", help="toy model on the host and a Cortex-M board, with sizes")
     s.add_argument("--board", default="cortex-m4")
     s.add_argument("--workdir", default="build/demo")
+    add_quiet(s)
     s.set_defaults(func=cmd_demo)
     return p
 

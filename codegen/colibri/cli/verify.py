@@ -57,6 +57,45 @@ def _verify_hf(path: Path, say: Callable[[str], None]) -> None:
     )
 
 
+def _is_whole_model(p: Path) -> bool:
+    from ..emit.lmfile import is_lm_container
+
+    return is_lm_container(p)
+
+
+def _verify_lm_file(p: Path, say: Callable[[str], None]) -> None:
+    """A whole-model container (version 2): the Python reader's checks, NaN / Inf, then the C
+    runtime's colibri_lm_init (every tensor the model uses, with its dtype and shape)."""
+    import numpy as np
+
+    from ..emit.lmfile import read_lm_container
+    from ..errors import ToolchainNotFound
+    from ..targets.binding import LM, RuntimeStatusError
+
+    c = read_lm_container(p)
+    h = c.header
+    say(f"{p}: Colibri container version 2 (whole model), {h['file_size']} bytes")
+    say(
+        f"header: {h['n_layers']} layers, d_model {h['d_model']}, vocab {h['vocab_size']}, "
+        f"max_context {h['max_context']}; tensor table: {len(c.tensors)} entries inside the file, "
+        f"64-byte aligned, in order, sizes match shapes, CRC-32 of each"
+    )
+    for name, arr in c.tensors.items():
+        if arr.dtype == np.float32 and not np.isfinite(arr).all():
+            raise ModelFormatError(f"{p}: tensor '{name}' holds NaN or Inf")
+    say("weights: no fp32 value NaN or Inf")
+    try:
+        with LM(p) as lm:
+            say(
+                f"runtime: colibri_lm_init accepts it (every tensor present with its dtype and "
+                f"shape); {lm.arena_bytes} bytes of arena for {lm.max_context} positions"
+            )
+    except ToolchainNotFound as exc:
+        say(f"runtime check skipped: {exc}")
+    except RuntimeStatusError as exc:
+        raise ModelFormatError(str(exc)) from None
+
+
 def verify_model(
     path: str | os.PathLike[str],
     config: str | os.PathLike[str] | None = None,
@@ -76,6 +115,9 @@ def verify_model(
     if p.is_file():
         with open(p, "rb") as f:
             head = f.read(8)
+    if head.startswith(CONTAINER_MAGIC[:7]) and _is_whole_model(p):
+        _verify_lm_file(p, say)
+        return
     if head.startswith(CONTAINER_MAGIC[:7]):
         data = p.read_bytes()
         say(f"{p}: Colibri container, {len(data)} bytes")

@@ -36,6 +36,8 @@ _HEADER = struct.Struct("<8s10I4QI44x")
 # entry: name, dtype, ndim, shape[4], offset, nbytes, expert, crc32
 _ENTRY = struct.Struct("<48sII4IQQII")
 assert _HEADER.size == HEADER_SIZE and _ENTRY.size == ENTRY_SIZE
+#: The tensor-table entry, shared by version 2 (whole models, colibri.emit.lmfile).
+ENTRY = _ENTRY
 
 DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"),
@@ -263,6 +265,11 @@ def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEn
         raise ModelFormatError(f"{source}: bad magic {h[0]!r}, expected {MAGIC!r}")
     version, align, e, k, d, f, act, flags, n_t, meta_bytes = h[1:11]
     table_off, meta_off, data_off, file_size, _vocab = h[11:16]
+    if version == 2:
+        raise ModelFormatError(
+            f"{source}: a whole-model container (version 2), not a single MoE block: run it "
+            f"with `colibri run {source} --prompt-ids 1,5,9` (or colibri.targets.binding.LM)"
+        )
     if version != VERSION:
         raise ModelFormatError(
             f"{source}: container version {version} is not supported (this Colibri reads "

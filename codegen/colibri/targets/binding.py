@@ -1,5 +1,7 @@
 """Python binding of the C runtime (ctypes + numpy), for services and for tests of the
-runtime's file-loading path (colibri_init on a container or a seed-layout file, mmap'ed).
+runtime's file-loading paths: :class:`Runtime` (colibri_init on a container or a seed-layout
+file, mmap'ed: one MoE block) and :class:`LM` (colibri_lm_init on a whole-model container,
+version 2: token steps, logits and greedy generation, no per-model build).
 
 The shared library is built from runtime_c/src with the host's C compiler on first use and
 cached under the tools directory, keyed by a hash of the sources.
@@ -58,6 +60,29 @@ class _ModelHead(ctypes.Structure):
         ("d_model", ctypes.c_int32),
         ("d_ff", ctypes.c_int32),
         ("top_k", ctypes.c_int32),
+    ]
+
+
+class _LMConfig(ctypes.Structure):
+    """colibri_lm_config_t (colibri_lm.h)."""
+
+    _fields_ = [
+        ("model_path", ctypes.c_char_p),
+        ("max_context", ctypes.c_int32),
+        ("load_flags", ctypes.c_uint32),
+    ]
+
+
+class _LMInfo(ctypes.Structure):
+    """colibri_lm_info_t (colibri_lm.h)."""
+
+    _fields_ = [
+        ("vocab_size", ctypes.c_int32),
+        ("d_model", ctypes.c_int32),
+        ("n_layers", ctypes.c_int32),
+        ("max_context", ctypes.c_int32),
+        ("arena_bytes", ctypes.c_size_t),
+        ("weight_bytes", ctypes.c_size_t),
     ]
 
 
@@ -138,6 +163,19 @@ def library() -> ctypes.CDLL:
         lib.colibri_forward.restype = ctypes.c_int
         lib.colibri_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Stats)]
         lib.colibri_get_stats.restype = ctypes.c_int
+        lib.colibri_lm_init.argtypes = [ctypes.POINTER(_LMConfig), ctypes.POINTER(ctypes.c_void_p)]
+        lib.colibri_lm_init.restype = ctypes.c_int
+        lib.colibri_lm_forward.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
+        ]
+        lib.colibri_lm_forward.restype = ctypes.c_int
+        lib.colibri_lm_info.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMInfo)]
+        lib.colibri_lm_info.restype = ctypes.c_int
+        lib.colibri_lm_free.argtypes = [ctypes.c_void_p]
+        lib.colibri_lm_free.restype = None
         _LIB = lib
     return _LIB
 
@@ -220,6 +258,73 @@ class Runtime:
             self._handle = None
 
     def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LM:
+    """A whole model from a version-2 container (colibri_lm.h): the same logits as the
+    generated C of the same model and quantisation, bit for bit, with no per-model build."""
+
+    def __init__(
+        self, model_path: str | os.PathLike[str], max_context: int = 0, verify: bool = True
+    ) -> None:
+        lib = library()
+        self._lib = lib
+        cfg = _LMConfig(
+            model_path=str(model_path).encode(),
+            max_context=max_context,
+            load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
+        )
+        handle = ctypes.c_void_p()
+        st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
+        if st != 0:
+            raise RuntimeStatusError(st, f"{model_path}: colibri_lm_init: {strerror(st)} ({st})")
+        self._handle: ctypes.c_void_p | None = handle
+        info = _LMInfo()
+        lib.colibri_lm_info(handle, ctypes.byref(info))
+        self.vocab_size, self.d_model = info.vocab_size, info.d_model
+        self.n_layers, self.max_context = info.n_layers, info.max_context
+        self.arena_bytes = int(info.arena_bytes)
+
+    def forward(self, token: int, pos: int) -> np.ndarray:
+        """The next-token logits [vocab] (a copy) after `token` at position `pos`."""
+        if self._handle is None:
+            raise InputError("model was closed")
+        out = ctypes.POINTER(ctypes.c_float)()
+        st = self._lib.colibri_lm_forward(self._handle, token, pos, ctypes.byref(out))
+        if st != 0:
+            raise RuntimeStatusError(st, f"colibri_lm_forward: {strerror(st)} ({st})")
+        return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """Logits [T, vocab] of every position of `ids`, from position 0."""
+        return np.stack([self.forward(int(t), p) for p, t in enumerate(ids)])
+
+    def generate(self, prompt: list[int], max_new: int) -> tuple[np.ndarray, list[int]]:
+        """(prompt logits [T, vocab], max_new greedy ids: argmax, ties to the lower id)."""
+        logits = self.logits(prompt)
+        row, out = logits[-1], []
+        for i in range(max_new):
+            out.append(int(np.argmax(row)))
+            if i + 1 < max_new:
+                row = self.forward(out[-1], len(prompt) + i)
+        return logits, out
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.colibri_lm_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> LM:
         return self
 
     def __exit__(self, *exc: object) -> None:

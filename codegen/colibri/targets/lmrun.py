@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ColibriError, InputError
+from ..progress import SILENT, Progress
 
 if TYPE_CHECKING:
     from ..frontends.tokenizer import Tokenizer
@@ -76,7 +77,12 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def check_request(manifest: dict[str, Any], prompt: list[int], max_new: int) -> None:
+def check_request(
+    manifest: dict[str, Any],
+    prompt: list[int],
+    max_new: int,
+    regenerate: str = "regenerate with a larger --max-context",
+) -> None:
     """Ids in the vocabulary and prompt + new tokens within the KV cache (else InputError)."""
     cfg = manifest["model"]["config"]
     vocab = int(cfg["vocab_size"])
@@ -91,8 +97,8 @@ def check_request(manifest: dict[str, Any], prompt: list[int], max_new: int) -> 
     if len(prompt) + max_new > ctx:
         raise InputError(
             f"context overflow: {len(prompt)} prompt + {max_new} new tokens = "
-            f"{len(prompt) + max_new} positions, but the model was generated with --max-context "
-            f"{ctx}; pass fewer tokens or regenerate with a larger --max-context"
+            f"{len(prompt) + max_new} positions, but the model was made with --max-context "
+            f"{ctx}; pass fewer tokens or {regenerate}"
         )
 
 
@@ -143,6 +149,7 @@ def run_lm(
     count_instructions: bool = False,
     timeout: float | None = None,
     verbose: bool = False,
+    progress: Progress = SILENT,
 ) -> tuple[LMOutput, Any]:
     """Build (incrementally) and run a generated transformer; returns (LMOutput, RunResult)."""
     from ..boards import load_board
@@ -161,13 +168,117 @@ def run_lm(
     sampling.check(int(manifest["model"]["config"]["vocab_size"]))
     check_request(manifest, prompt, max_new)
     board = load_board(board_name)
-    exe = build_model(gdir, board.name, verbose=verbose)
+    exe = build_model(gdir, board.name, verbose=verbose, progress=progress)
     with tempfile.TemporaryDirectory(prefix="colibri-lm-") as tmp:
         work = Path(tmp)
         write_lm_input(work / "input.bin", prompt, max_new, sampling, want_logits)
-        result = run_elf(
-            board, exe, cwd=work, timeout=timeout, count_instructions=count_instructions
+        with progress.stage("run"):
+            result = run_elf(
+                board, exe, cwd=work, timeout=timeout, count_instructions=count_instructions
+            )
+        out = read_lm_output(work / "output.bin", max_new)
+    return out, result
+
+
+#: Exit status of the model-file runner when colibri_lm_init refuses the file: 10 + -status.
+EXIT_RUNTIME_ERROR = 10
+
+
+def is_container_file(path: str | Path) -> bool:
+    """Whether `path` is a file that starts like a Colibri container (any version)."""
+    from ..frontends.container import MAGIC
+
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as f:
+            return f.read(8) == MAGIC
+    except OSError:
+        return False
+
+
+def lm_file_manifest(path: str | Path) -> dict[str, Any]:
+    """What `colibri run` needs of a whole-model container, in a generated manifest's shape:
+    model.source / config.vocab_size (tokenizer lookup) and memory.max_context."""
+    from ..emit.lmfile import read_lm_header
+
+    h, meta = read_lm_header(path)
+    return {
+        "kind": "transformer-file",
+        "model": {
+            "source": str(meta.get("source") or ""),
+            "config": {"vocab_size": int(h["vocab_size"])},
+        },
+        "memory": {"max_context": int(h["max_context"])},
+    }
+
+
+def lmfile_runner(board_name: str, verbose: bool = False) -> Path:
+    """The model-file runner of a board (runtime_c/runner/lmfile_main.c), built once by SCons
+    (incrementally afterwards) under the build directory's lmfile-<board>/; no per-model build."""
+    from ..boards import load_board
+    from ..paths import resource_dir
+    from .build import _fail, require_toolchain, scons
+
+    board = load_board(board_name)
+    if board.is_baremetal or not board.has_mmap:
+        raise InputError(
+            f"board {board.name} has no file system: a .clb model file runs on the host and "
+            f"Linux boards; for an MCU generate C (`colibri generate CKPT --board {board.name}`)"
         )
+    require_toolchain(board)
+    bdir = (resource_dir() / "build" / f"lmfile-{board.name}").resolve()
+    proc = scons([f"board={board.name}", f"build_dir={bdir}", "lmfile=1"], verbose)
+    if proc.returncode != 0:
+        _fail(proc, f"building the model-file runner for {board.name}")
+    return bdir / "lmfile" / "colibri_lmfile"
+
+
+def run_lm_file(
+    model_file: str | Path,
+    board_name: str,
+    prompt: list[int],
+    max_new: int,
+    sampling: SamplingOptions | None = None,
+    want_logits: bool = False,
+    count_instructions: bool = False,
+    timeout: float | None = None,
+    verbose: bool = False,
+) -> tuple[LMOutput, Any]:
+    """Run a whole-model container (.clb version 2) on a board with the prebuilt model-file
+    runner; returns (LMOutput, RunResult). A file the runtime refuses is a ModelFormatError
+    with the runtime's one-line reason."""
+    from ..boards import load_board
+    from ..errors import ModelFormatError
+    from .qemu import run_elf
+
+    path = Path(model_file).resolve()
+    manifest = lm_file_manifest(path)
+    sampling = sampling or SamplingOptions()
+    sampling.check(int(manifest["model"]["config"]["vocab_size"]))
+    check_request(manifest, prompt, max_new, regenerate="re-convert with a larger --max-context")
+    board = load_board(board_name)
+    exe = lmfile_runner(board.name, verbose=verbose)
+    with tempfile.TemporaryDirectory(prefix="colibri-lmfile-") as tmp:
+        work = Path(tmp)
+        (work / "model.clb").symlink_to(path)
+        write_lm_input(work / "input.bin", prompt, max_new, sampling, want_logits)
+        result = run_elf(
+            board,
+            exe,
+            cwd=work,
+            timeout=timeout,
+            count_instructions=count_instructions,
+            check=False,
+        )
+        if result.returncode >= EXIT_RUNTIME_ERROR:
+            lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
+            why = lines[-1][len("colibri: ") :] if lines else f"exit code {result.returncode}"
+            raise ModelFormatError(f"{path}: {why}")
+        if result.returncode != 0:
+            said = (result.stdout or "").strip().splitlines()
+            raise InputError(f"{path}: {said[-1] if said else result.returncode}")
         out = read_lm_output(work / "output.bin", max_new)
     return out, result
 

@@ -1,0 +1,512 @@
+"""A whole transformer in one Colibri container, version 2 (`colibri convert CKPT --out F.clb`).
+
+The file holds exactly the weights the generated C of the same model and quantisation flags
+holds (:func:`colibri.quant.model.quantize_transformer`, the same scale search), in the layouts
+the runtime's kernels read, plus the RoPE tables of ``max_context`` positions computed in
+float64 as :mod:`colibri.emit.transformer` does, so the runtime's file entry point
+(``colibri_lm_init`` / ``colibri_lm_forward``, runtime_c/src/lm_file.c) gives the generated C's
+logits bit for bit, without compiling anything per model. Byte layout: docs/format.md section 1b.
+
+:func:`lm_container_bytes` builds the image, :func:`write_lm_container` writes it atomically and
+:func:`read_lm_container` reads one back (every header field, the tensor table and every CRC-32
+checked), for tests and tools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import ConfigError, ModelFormatError
+from ..frontends.container import (
+    ALIGN,
+    DTYPE_CODES,
+    ENTRY,
+    ENTRY_SIZE,
+    HEADER_SIZE,
+    MAGIC,
+    NAME_SIZE,
+    NO_EXPERT,
+    write_file_atomic,
+)
+from ..ir.transformer import MoETransformer
+from ..quant.formats import BLOCK_Q4_DTYPE, QuantExpert, QuantTensor, q4_blocks
+from ..quant.model import TransformerQuant
+from ..reference.transformer import rope_tables
+
+VERSION = 2
+#: The tensor holding the checkpoint's tokenizer.json (int8 bytes; the runtime skips it).
+TOKENIZER_TENSOR = "tokenizer.json"
+#: Header `kind` of a whole decoder-only transformer.
+KIND_DECODER = 1
+#: Table dtype of int4 blocks of 32 (colibri_block_q4_32, 18 bytes; the shape is [out, in]).
+DTYPE_Q4 = 3
+#: Weight schemes of the file's descriptors (colibri_quant_scheme order).
+SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3}
+ACT_CODES = {"fp32": 0, "int8": 1}
+#: Header flags.
+FLAG_TIED = 0x1
+FLAG_QK_NORM = 0x2
+FLAG_CLIP_QKV = 0x4
+FLAGS_KNOWN = FLAG_TIED | FLAG_QK_NORM | FLAG_CLIP_QKV
+#: Entries of a layer descriptor (`layer.{i}.desc`, int32).
+LAYER_DESC = (
+    "is_moe",
+    "n_experts",
+    "top_k",
+    "d_ff",
+    "moe_flags",
+    "router_scheme",
+    "ffn_d_ff",
+    "ffn_scheme",
+    "ffn_act",
+    "has_shared_gate",
+)
+#: Columns of a layer's expert table (`layer.{i}.experts`, int32 [E, 3]).
+EXPERT_COLUMNS = ("owner", "scheme", "act")
+
+# header v2: magic, version, alignment, kind, n_tensors, meta_bytes, n_layers, table_offset,
+#            meta_offset, data_offset, file_size, vocab, d_model, n_heads, n_kv_heads, head_dim,
+#            max_context, flags, rms_norm_eps, clip_qkv, sliding_window, rope_theta,
+#            dense_scheme, dense_act, reserved
+_HEADER2 = struct.Struct("<8s6I4Q7I2fIdII8x")
+assert _HEADER2.size == HEADER_SIZE
+
+
+@dataclass
+class LMContainer:
+    """A version-2 container read back: header fields, and every tensor by name (numpy arrays
+    of the stored dtype; int4 blocks as BLOCK_Q4_DTYPE [out, blocks])."""
+
+    header: dict[str, int | float]
+    tensors: dict[str, np.ndarray]
+    meta: dict
+
+
+def _matrix(
+    tensors: list[tuple[str, np.ndarray, int, tuple[int, ...]]],
+    name: str,
+    t: QuantTensor,
+    expert: int = NO_EXPERT,
+) -> None:
+    """A stored matrix [out, in]: its codes / values under `name`, int8 scales in `name.scale`."""
+    shape = (t.n_out, t.n_in)
+    tensors.append((name, np.ascontiguousarray(t.data), expert, shape))
+    if t.scheme == "int8":
+        assert t.scale is not None
+        tensors.append((f"{name}.scale", np.ascontiguousarray(t.scale, "<f4"), expert, ()))
+
+
+def _f32(
+    name: str, arr: np.ndarray, expert: int = NO_EXPERT
+) -> tuple[str, np.ndarray, int, tuple[int, ...]]:
+    return (name, np.ascontiguousarray(arr, "<f4"), expert, ())
+
+
+def _ffn(
+    tensors: list[tuple[str, np.ndarray, int, tuple[int, ...]]],
+    prefix: str,
+    qe: QuantExpert,
+    expert: int = NO_EXPERT,
+) -> None:
+    for tname, t in qe.tensors():
+        assert isinstance(t, QuantTensor)
+        _matrix(tensors, f"{prefix}.{tname}", t, expert)
+
+
+def _fp32_ffn_out_major(e: object) -> QuantExpert:
+    """An fp32 SwiGLU MLP as [out, in] matrices (colibri_swiglu_f32's layout)."""
+    w1, w2, w3 = (np.asarray(getattr(e, n), np.float32) for n in ("w1", "w2", "w3"))
+    return QuantExpert(
+        "fp32",
+        "fp32",
+        QuantTensor("fp32", w1.shape[1], w1.shape[0], np.ascontiguousarray(w1.T)),
+        QuantTensor("fp32", w2.shape[1], w2.shape[0], np.ascontiguousarray(w2.T)),
+        QuantTensor("fp32", w3.shape[1], w3.shape[0], np.ascontiguousarray(w3.T)),
+        None,
+        None,
+    )
+
+
+def _dense(
+    model: MoETransformer, q: TransformerQuant | None, key: str, w_t: np.ndarray
+) -> QuantTensor:
+    """A dense matrix [out, in] as stored: q.dense[key] under --dense-quant, else fp32."""
+    if q is not None and q.dense_scheme != "fp32":
+        return q.dense[key]
+    w_t = np.ascontiguousarray(w_t, np.float32)
+    return QuantTensor("fp32", w_t.shape[0], w_t.shape[1], w_t)
+
+
+def model_tensors(
+    model: MoETransformer,
+    q: TransformerQuant | None,
+    max_context: int,
+    tokenizer: bytes | None = None,
+) -> list[tuple[str, np.ndarray, int, tuple[int, ...]]]:
+    """(name, array, expert index, logical shape or ()) of every tensor, in file order."""
+    from .transformer import check_supported
+
+    check_supported(model)
+    c = model.config
+    dense = q.dense_scheme if q is not None else "fp32"
+    out: list[tuple[str, np.ndarray, int, tuple[int, ...]]] = []
+    _matrix(out, "embed", _dense(model, q, "embed", model.embed))
+    if not c.tie_word_embeddings:
+        _matrix(out, "lm_head", _dense(model, q, "lm_head", model.lm_head))
+    out.append(_f32("final_norm", model.final_norm))
+    cos, sin = rope_tables(c, np.arange(max_context))
+    half = c.head_dim // 2
+    out.append(_f32("rope.cos", cos[:, :half].astype(np.float32)))
+    out.append(_f32("rope.sin", sin[:, :half].astype(np.float32)))
+    for i, layer in enumerate(model.layers):
+        p = f"layer.{i}"
+        a = layer.attention
+        desc = dict.fromkeys(LAYER_DESC, 0)
+        out.append(_f32(f"{p}.input_norm", layer.input_norm))
+        out.append(_f32(f"{p}.post_norm", layer.post_norm))
+        for n, short in (("wq", "q"), ("wk", "k"), ("wv", "v"), ("wo", "o")):
+            _matrix(out, f"{p}.attn.{short}", _dense(model, q, f"l{i}.{n}", getattr(a, n).T))
+        for n in ("bq", "bk", "bv", "bo"):
+            v = getattr(a, n)
+            if v is not None:
+                out.append(_f32(f"{p}.attn.{n[1]}_bias", v))
+        if a.q_norm is not None and a.k_norm is not None:
+            out.append(_f32(f"{p}.attn.q_norm", a.q_norm))
+            out.append(_f32(f"{p}.attn.k_norm", a.k_norm))
+        ffn = layer.mlp
+        if layer.moe is not None:
+            m = layer.moe
+            mc = m.config
+            desc.update(is_moe=1, n_experts=mc.n_experts, top_k=mc.top_k, d_ff=mc.d_ff)
+            desc["moe_flags"] = m.flags
+            qr = q.routers.get(i) if q is not None else None
+            if qr is None or qr.scheme == "fp32":
+                out.append(_f32(f"{p}.router", m.router_w))
+            else:
+                desc["router_scheme"] = SCHEME_CODES[qr.scheme]
+                rq = QuantTensor(qr.scheme, mc.n_experts, mc.d_model, qr.data, qr.scale)
+                _matrix(out, f"{p}.router", rq)
+            storage = m.storage_map()
+            eq = q.experts.get(i) if q is not None else None  # per expert: mixes too
+            table = np.zeros((mc.n_experts, len(EXPERT_COLUMNS)), "<i4")
+            for j in range(mc.n_experts):
+                owner = storage[j]
+                qe = eq[owner] if eq is not None else None
+                table[j] = (
+                    owner,
+                    SCHEME_CODES[qe.scheme] if qe is not None else 0,
+                    ACT_CODES[qe.act] if qe is not None else 0,
+                )
+            out.append((f"{p}.experts", table, NO_EXPERT, ()))
+            for j in sorted(set(storage)):
+                if eq is not None and eq[j].scheme != "fp32":
+                    _ffn(out, f"{p}.expert.{j}", eq[j], j)
+                else:  # fp32: the MoE IR layout colibri_expert_ffn_f32 reads ([in][out])
+                    e = m.experts[j]
+                    for tname, arr in e.tensors():
+                        out.append(_f32(f"{p}.expert.{j}.{tname}", arr, j))
+            ffn = m.shared_expert
+            if m.shared_gate is not None:
+                desc["has_shared_gate"] = 1
+                out.append(_f32(f"{p}.shared_gate", m.shared_gate))
+        if ffn is not None:
+            qf = q.dense_ffn[i] if q is not None and dense != "fp32" else _fp32_ffn_out_major(ffn)
+            desc.update(ffn_d_ff=int(ffn.w1.shape[1]), ffn_scheme=SCHEME_CODES[qf.scheme])
+            desc["ffn_act"] = ACT_CODES[qf.act]
+            _ffn(out, f"{p}.ffn", qf)
+        out.append((f"{p}.desc", np.asarray([desc[k] for k in LAYER_DESC], "<i4"), NO_EXPERT, ()))
+    if tokenizer is not None:  # the checkpoint's tokenizer.json, for `colibri run --prompt`
+        out.append((TOKENIZER_TENSOR, np.frombuffer(tokenizer, np.int8), NO_EXPERT, ()))
+    return out
+
+
+def _dtype_code(arr: np.ndarray) -> int:
+    if arr.dtype == BLOCK_Q4_DTYPE:
+        return DTYPE_Q4
+    dt = np.dtype(arr.dtype).newbyteorder("<")
+    if dt == np.dtype("<u2"):
+        return DTYPE_CODES[np.dtype("<f2")]  # fp16 bits
+    return DTYPE_CODES[dt]
+
+
+def lm_container_bytes(
+    model: MoETransformer,
+    q: TransformerQuant | None,
+    max_context: int,
+    tokenizer: bytes | None = None,
+) -> bytearray:
+    """The version-2 container image of a whole transformer with its quantisation (None: all
+    fp32) and RoPE tables for `max_context` positions."""
+    if not 1 <= max_context <= 1 << 24:
+        raise ConfigError(f"--max-context {max_context}: must be 1..16777216")
+    c = model.config
+    tensors = model_tensors(model, q, max_context, tokenizer)
+    meta = json.dumps(
+        {
+            "kind": "transformer",
+            "config": dict(sorted(c.__dict__.items())),
+            "quantization": _quant_meta(q),
+            "source": str(model.source),
+            "producer": f"colibri {__version__}",
+        },
+        sort_keys=True,
+    ).encode()
+    table_offset = HEADER_SIZE
+    meta_offset = table_offset + ENTRY_SIZE * len(tensors)
+    data_offset = _align(meta_offset + len(meta))
+    entries: list[bytes] = []
+    blobs: list[tuple[int, bytes]] = []
+    cursor = data_offset
+    for name, arr, expert, logical in tensors:
+        if len(name.encode()) >= NAME_SIZE:
+            raise ConfigError(f"tensor name {name!r} is longer than {NAME_SIZE - 1} bytes")
+        data = arr.tobytes()
+        shape = list(logical or arr.shape)
+        entries.append(
+            ENTRY.pack(
+                name.encode().ljust(NAME_SIZE, b"\0"),
+                _dtype_code(arr),
+                len(shape),
+                *(shape + [0] * (4 - len(shape))),
+                cursor,
+                len(data),
+                expert,
+                zlib.crc32(data),
+            )
+        )
+        blobs.append((cursor, data))
+        cursor = _align(cursor + len(data))
+    file_size = blobs[-1][0] + len(blobs[-1][1])
+    flags = (FLAG_TIED if c.tie_word_embeddings else 0) | (FLAG_QK_NORM if c.qk_norm else 0)
+    flags |= FLAG_CLIP_QKV if c.clip_qkv is not None else 0
+    header = _HEADER2.pack(
+        MAGIC,
+        VERSION,
+        ALIGN,
+        KIND_DECODER,
+        len(tensors),
+        len(meta),
+        c.n_layers,
+        table_offset,
+        meta_offset,
+        data_offset,
+        file_size,
+        c.vocab_size,
+        c.d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim,
+        max_context,
+        flags,
+        float(c.rms_norm_eps),
+        float(c.clip_qkv or 0.0),
+        c.sliding_window or 0,
+        float(c.rope_theta),
+        SCHEME_CODES[q.dense_scheme if q is not None else "fp32"],
+        ACT_CODES[q.dense_act if q is not None else "fp32"],
+    )
+    buf = bytearray(file_size)
+    buf[0:HEADER_SIZE] = header
+    buf[table_offset:meta_offset] = b"".join(entries)
+    buf[meta_offset : meta_offset + len(meta)] = meta
+    for off, data in blobs:
+        buf[off : off + len(data)] = data
+    return buf
+
+
+def _quant_meta(q: TransformerQuant | None) -> dict[str, str]:
+    if q is None:
+        return {"scheme": "fp32", "act": "fp32", "dense_scheme": "fp32", "router_scheme": "fp32"}
+    return {
+        "scheme": q.scheme,
+        "act": q.act,
+        "dense_scheme": q.dense_scheme,
+        "dense_act": q.dense_act,
+        "router_scheme": q.router_scheme,
+    }
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def write_lm_container(
+    model: MoETransformer,
+    q: TransformerQuant | None,
+    path: str | os.PathLike[str],
+    max_context: int,
+    tokenizer: bytes | None = None,
+) -> Path:
+    """Write the version-2 container of `model` atomically (with `tokenizer`, the bytes of a
+    tokenizer.json, as the tensor ``tokenizer.json``); returns the path."""
+    return write_file_atomic(path, lm_container_bytes(model, q, max_context, tokenizer))
+
+
+def read_lm_tokenizer(path: str | os.PathLike[str]) -> bytes | None:
+    """The tokenizer.json bytes a version-2 container holds (CRC-32 checked), or None."""
+    source = str(path)
+    h, _ = read_lm_header(path)
+    with open(path, "rb") as f:
+        table = f.read(ENTRY_SIZE * int(h["n_tensors"]) + HEADER_SIZE)[HEADER_SIZE:]
+        for i in range(len(table) // ENTRY_SIZE):
+            fields = ENTRY.unpack_from(table, i * ENTRY_SIZE)
+            if fields[0].rstrip(b"\0") != TOKENIZER_TENSOR.encode():
+                continue
+            off, nb, crc = fields[7], fields[8], fields[10]
+            f.seek(off)
+            data = f.read(nb)
+            if len(data) != nb or zlib.crc32(data) != crc:
+                raise ModelFormatError(f"{source}: the embedded tokenizer.json is corrupt")
+            return data
+    return None
+
+
+HEADER_FIELDS = (
+    "magic",
+    "version",
+    "alignment",
+    "kind",
+    "n_tensors",
+    "meta_bytes",
+    "n_layers",
+    "table_offset",
+    "meta_offset",
+    "data_offset",
+    "file_size",
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "max_context",
+    "flags",
+    "rms_norm_eps",
+    "clip_qkv",
+    "sliding_window",
+    "rope_theta",
+    "dense_scheme",
+    "dense_act",
+)
+
+_ITEM_DTYPES: dict[int, np.dtype] = {
+    0: np.dtype("<f4"),
+    1: np.dtype("<u2"),
+    2: np.dtype("i1"),
+    4: np.dtype("<i4"),
+}
+
+
+def is_lm_container(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a file starting with a version-2 container header."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        head = f.read(12)
+    return len(head) == 12 and head[:8] == MAGIC and struct.unpack_from("<I", head, 8)[0] == 2
+
+
+def read_lm_header(path: str | os.PathLike[str]) -> tuple[dict[str, int | float], dict]:
+    """The header fields and metadata of a version-2 container, without reading its tensors
+    (the runtime validates those); ModelFormatError when it is not one."""
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+            if len(head) < HEADER_SIZE:
+                raise ModelFormatError(
+                    f"{source}: truncated: {len(head)} bytes, the container header is {HEADER_SIZE}"
+                )
+            h = dict(zip(HEADER_FIELDS, _HEADER2.unpack_from(head, 0)))
+            if h["magic"] != MAGIC:
+                raise ModelFormatError(f"{source}: not a Colibri container (bad magic)")
+            if h["version"] != VERSION or h["kind"] != KIND_DECODER:
+                raise ModelFormatError(
+                    f"{source}: container version {h['version']} is a single MoE block, not a "
+                    f"whole model: generate C from it (`colibri generate {source} --out DIR`) "
+                    f"and run DIR, or convert a Hugging Face checkpoint without --layer"
+                )
+            f.seek(int(h["meta_offset"]))
+            raw = f.read(min(int(h["meta_bytes"]), 1 << 24))
+    except OSError as exc:
+        raise ModelFormatError(f"{source}: cannot read ({exc.strerror})") from None
+    try:
+        meta = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        meta = {}
+    return h, meta if isinstance(meta, dict) else {}
+
+
+def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
+    """Read a version-2 container back: header, tensors (CRC-32 checked), metadata; a
+    ModelFormatError names what is wrong."""
+    source = str(path)
+    data = Path(path).read_bytes()
+    if len(data) < HEADER_SIZE:
+        raise ModelFormatError(f"{source}: truncated: {len(data)} bytes, the header is 128")
+    h = dict(zip(HEADER_FIELDS, _HEADER2.unpack_from(data, 0)))
+    if h["magic"] != MAGIC:
+        raise ModelFormatError(f"{source}: not a Colibri container (bad magic)")
+    if h["version"] != VERSION or h["kind"] != KIND_DECODER:
+        raise ModelFormatError(
+            f"{source}: container version {h['version']} kind {h['kind']}: not a whole-model "
+            f"(version 2) container"
+        )
+    if h["file_size"] != len(data):
+        raise ModelFormatError(
+            f"{source}: the header says {h['file_size']} bytes, the file has {len(data)}: "
+            f"truncated or corrupt"
+        )
+    n = int(h["n_tensors"])
+    if (
+        h["meta_offset"] != HEADER_SIZE + ENTRY_SIZE * n
+        or h["meta_offset"] + h["meta_bytes"] > h["data_offset"]
+        or h["data_offset"] % ALIGN
+        or h["data_offset"] > len(data)
+    ):
+        raise ModelFormatError(f"{source}: inconsistent header offsets")
+    tensors: dict[str, np.ndarray] = {}
+    end = int(h["data_offset"])
+    for i in range(n):
+        name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _expert, crc = ENTRY.unpack_from(
+            data, HEADER_SIZE + i * ENTRY_SIZE
+        )
+        name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+        shape = (s0, s1, s2, s3)[:ndim]
+        if off % ALIGN or off < end or off + nb > len(data) or not 1 <= ndim <= 4:
+            raise ModelFormatError(f"{source}: tensor '{name}' is misplaced or truncated")
+        end = off + nb
+        if zlib.crc32(data[off : off + nb]) != crc:
+            raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
+        if name in tensors:
+            raise ModelFormatError(f"{source}: tensor '{name}' appears twice")
+        if dtype == DTYPE_Q4:
+            if ndim != 2:
+                raise ModelFormatError(f"{source}: int4 tensor '{name}' is not 2-D")
+            blocks = (shape[0], q4_blocks(shape[1]))
+            count = blocks[0] * blocks[1]
+            if count * BLOCK_Q4_DTYPE.itemsize != nb:
+                raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
+            arr = np.frombuffer(data, BLOCK_Q4_DTYPE, count, off).reshape(blocks)
+        elif dtype in _ITEM_DTYPES:
+            count = int(np.prod(shape))
+            if count * _ITEM_DTYPES[dtype].itemsize != nb:
+                raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
+            arr = np.frombuffer(data, _ITEM_DTYPES[dtype], count, off).reshape(shape)
+        else:
+            raise ModelFormatError(f"{source}: tensor '{name}' has unknown dtype {dtype}")
+        tensors[name] = arr.copy()
+    mo = int(h["meta_offset"])
+    try:
+        meta = json.loads(data[mo : mo + int(h["meta_bytes"])].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFormatError(f"{source}: metadata is not valid JSON ({exc})") from exc
+    return LMContainer(h, tensors, meta)
