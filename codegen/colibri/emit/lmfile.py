@@ -32,8 +32,9 @@ from ..frontends.container import (
     ENTRY_SIZE,
     HEADER_SIZE,
     MAGIC,
-    NAME_SIZE,
     NO_EXPERT,
+    TableEntry,
+    container_image,
     write_file_atomic,
 )
 from ..ir.transformer import MoETransformer
@@ -259,67 +260,42 @@ def lm_container_bytes(
         },
         sort_keys=True,
     ).encode()
-    table_offset = HEADER_SIZE
-    meta_offset = table_offset + ENTRY_SIZE * len(tensors)
-    data_offset = _align(meta_offset + len(meta))
-    entries: list[bytes] = []
-    blobs: list[tuple[int, bytes]] = []
-    cursor = data_offset
-    for name, arr, expert, logical in tensors:
-        if len(name.encode()) >= NAME_SIZE:
-            raise ConfigError(f"tensor name {name!r} is longer than {NAME_SIZE - 1} bytes")
-        data = arr.tobytes()
-        shape = list(logical or arr.shape)
-        entries.append(
-            ENTRY.pack(
-                name.encode().ljust(NAME_SIZE, b"\0"),
-                _dtype_code(arr),
-                len(shape),
-                *(shape + [0] * (4 - len(shape))),
-                cursor,
-                len(data),
-                expert,
-                zlib.crc32(data),
-            )
-        )
-        blobs.append((cursor, data))
-        cursor = _align(cursor + len(data))
-    file_size = blobs[-1][0] + len(blobs[-1][1])
     flags = (FLAG_TIED if c.tie_word_embeddings else 0) | (FLAG_QK_NORM if c.qk_norm else 0)
     flags |= FLAG_CLIP_QKV if c.clip_qkv is not None else 0
-    header = _HEADER2.pack(
-        MAGIC,
-        VERSION,
-        ALIGN,
-        KIND_DECODER,
-        len(tensors),
-        len(meta),
-        c.n_layers,
-        table_offset,
-        meta_offset,
-        data_offset,
-        file_size,
-        c.vocab_size,
-        c.d_model,
-        c.n_heads,
-        c.n_kv_heads,
-        c.head_dim,
-        max_context,
-        flags,
-        float(c.rms_norm_eps),
-        float(c.clip_qkv or 0.0),
-        c.sliding_window or 0,
-        float(c.rope_theta),
-        SCHEME_CODES[q.dense_scheme if q is not None else "fp32"],
-        ACT_CODES[q.dense_act if q is not None else "fp32"],
-    )
-    buf = bytearray(file_size)
-    buf[0:HEADER_SIZE] = header
-    buf[table_offset:meta_offset] = b"".join(entries)
-    buf[meta_offset : meta_offset + len(meta)] = meta
-    for off, data in blobs:
-        buf[off : off + len(data)] = data
-    return buf
+
+    def header(table_offset: int, meta_offset: int, data_offset: int, file_size: int) -> bytes:
+        return _HEADER2.pack(
+            MAGIC,
+            VERSION,
+            ALIGN,
+            KIND_DECODER,
+            len(tensors),
+            len(meta),
+            c.n_layers,
+            table_offset,
+            meta_offset,
+            data_offset,
+            file_size,
+            c.vocab_size,
+            c.d_model,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            max_context,
+            flags,
+            float(c.rms_norm_eps),
+            float(c.clip_qkv or 0.0),
+            c.sliding_window or 0,
+            float(c.rope_theta),
+            SCHEME_CODES[q.dense_scheme if q is not None else "fp32"],
+            ACT_CODES[q.dense_act if q is not None else "fp32"],
+        )
+
+    blobs = [
+        TableEntry(name, arr.tobytes(), _dtype_code(arr), tuple(logical or arr.shape), expert)
+        for name, arr, expert, logical in tensors
+    ]
+    return container_image(blobs, meta, header)
 
 
 def _quant_meta(q: TransformerQuant | None) -> dict[str, str]:

@@ -94,51 +94,86 @@ def container_bytes(layer: MoELayer) -> bytearray:
     meta = json.dumps(
         {"config": c.to_json(), "producer": f"colibri {__version__}"}, sort_keys=True
     ).encode()
+
+    def header(table_offset: int, meta_offset: int, data_offset: int, file_size: int) -> bytes:
+        return _HEADER.pack(
+            MAGIC,
+            VERSION,
+            ALIGN,
+            c.n_experts,
+            c.top_k,
+            c.d_model,
+            c.d_ff,
+            c.activation_code,
+            layer.flags,
+            len(tensors),
+            len(meta),
+            table_offset,
+            meta_offset,
+            data_offset,
+            file_size,
+            c.vocab_size or 0,
+        )
+
+    blobs = [
+        TableEntry(
+            name,
+            np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes(),
+            DTYPE_CODES[np.dtype(arr.dtype).newbyteorder("<")],
+            tuple(arr.shape),
+            expert,
+        )
+        for name, arr, expert in tensors
+    ]
+    return container_image(blobs, meta, header)
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One tensor of a container image: its name, bytes, dtype code, logical shape (up to 4
+    dims) and expert index (NO_EXPERT for the others)."""
+
+    name: str
+    data: bytes
+    dtype: int
+    shape: tuple[int, ...]
+    expert: int
+
+
+def container_image(
+    tensors: list[TableEntry], meta: bytes, header: Callable[[int, int, int, int], bytes]
+) -> bytearray:
+    """A container image (either version): the 128-byte header that `header(table_offset,
+    meta_offset, data_offset, file_size)` packs, the tensor table with each blob's CRC-32, the
+    metadata, then every blob at a multiple of ALIGN in table order."""
     table_offset = HEADER_SIZE
     meta_offset = table_offset + ENTRY_SIZE * len(tensors)
     data_offset = _align(meta_offset + len(meta))
     entries: list[bytes] = []
     blobs: list[tuple[int, bytes]] = []
     cursor = data_offset
-    for name, arr, expert in tensors:
-        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-        code = DTYPE_CODES[np.dtype(arr.dtype).newbyteorder("<")]
-        shape = list(arr.shape) + [0] * (4 - arr.ndim)
+    for t in tensors:
+        name = t.name.encode()
+        if len(name) >= NAME_SIZE:
+            raise ShapeError(f"tensor name {t.name!r} is longer than {NAME_SIZE - 1} bytes")
+        shape = list(t.shape) + [0] * (4 - len(t.shape))
         entries.append(
             _ENTRY.pack(
-                name.encode().ljust(NAME_SIZE, b"\0"),
-                code,
-                arr.ndim,
+                name.ljust(NAME_SIZE, b"\0"),
+                t.dtype,
+                len(t.shape),
                 *shape,
                 cursor,
-                len(data),
-                expert,
-                zlib.crc32(data),
+                len(t.data),
+                t.expert,
+                zlib.crc32(t.data),
             )
         )
-        blobs.append((cursor, data))
-        cursor = _align(cursor + len(data))
+        blobs.append((cursor, t.data))
+        cursor = _align(cursor + len(t.data))
     file_size = blobs[-1][0] + len(blobs[-1][1])
-    header = _HEADER.pack(
-        MAGIC,
-        VERSION,
-        ALIGN,
-        c.n_experts,
-        c.top_k,
-        c.d_model,
-        c.d_ff,
-        c.activation_code,
-        layer.flags,
-        len(tensors),
-        len(meta),
-        table_offset,
-        meta_offset,
-        data_offset,
-        file_size,
-        c.vocab_size or 0,
-    )
     buf = bytearray(file_size)
-    buf[0:HEADER_SIZE] = header
+    buf[0:HEADER_SIZE] = header(table_offset, meta_offset, data_offset, file_size)
     buf[table_offset:meta_offset] = b"".join(entries)
     buf[meta_offset : meta_offset + len(meta)] = meta
     for off, data in blobs:

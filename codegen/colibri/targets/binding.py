@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -184,7 +185,38 @@ def strerror(status: int) -> str:
     return library().colibri_strerror(status).decode()
 
 
-class Runtime:
+_H = TypeVar("_H", bound="_Handle")
+
+
+class _Handle:
+    """A C object that this Python object owns: closed once, by close(), a with block's end or
+    garbage collection; subclasses name the C function that frees it."""
+
+    _handle: ctypes.c_void_p | None = None
+    _lib: ctypes.CDLL
+
+    def _free(self, handle: ctypes.c_void_p) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._free(self._handle)
+            self._handle = None
+
+    def __enter__(self: _H) -> _H:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Runtime(_Handle):
     """A model loaded by the C runtime from a file (mmap, zero-copy)."""
 
     def __init__(
@@ -211,7 +243,7 @@ class Runtime:
         st = lib.colibri_init(ctypes.byref(cfg), ctypes.byref(handle))
         if st != 0:
             raise RuntimeStatusError(st, f"{model_path}: colibri_init: {strerror(st)} ({st})")
-        self._handle: ctypes.c_void_p | None = handle
+        self._handle = handle
         head = ctypes.cast(handle, ctypes.POINTER(_ModelHead)).contents
         self.n_experts, self.d_model = head.n_experts, head.d_model
         self.d_ff, self.top_k = head.d_ff, head.top_k
@@ -252,25 +284,11 @@ class Runtime:
             raise RuntimeStatusError(st, f"colibri_get_stats: {strerror(st)}")
         return {"loads": s.loads, "hits": s.hits, "misses": s.misses, "evictions": s.evictions}
 
-    def close(self) -> None:
-        if self._handle is not None:
-            self._lib.colibri_cleanup(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> Runtime:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self, handle: ctypes.c_void_p) -> None:
+        self._lib.colibri_cleanup(handle)
 
 
-class LM:
+class LM(_Handle):
     """A whole model from a version-2 container (colibri_lm.h): the same logits as the
     generated C of the same model and quantisation, bit for bit, with no per-model build."""
 
@@ -288,7 +306,7 @@ class LM:
         st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
         if st != 0:
             raise RuntimeStatusError(st, f"{model_path}: colibri_lm_init: {strerror(st)} ({st})")
-        self._handle: ctypes.c_void_p | None = handle
+        self._handle = handle
         info = _LMInfo()
         lib.colibri_lm_info(handle, ctypes.byref(info))
         self.vocab_size, self.d_model = info.vocab_size, info.d_model
@@ -319,19 +337,5 @@ class LM:
                 row = self.forward(out[-1], len(prompt) + i)
         return logits, out
 
-    def close(self) -> None:
-        if self._handle is not None:
-            self._lib.colibri_lm_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> LM:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self, handle: ctypes.c_void_p) -> None:
+        self._lib.colibri_lm_free(handle)
