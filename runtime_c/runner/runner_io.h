@@ -1,6 +1,6 @@
 /**
  * @file runner_io.h
- * @brief Console and whole-file I/O helpers shared by the runners (main.c, lm_main.c):
+ * @brief Console and whole-file I/O helpers shared by the runners (main.c, lm_runner.h):
  *        no heap, no printf, only colibri_platform.h services.
  */
 #ifndef COLIBRI_RUNNER_IO_H
