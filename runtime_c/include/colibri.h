@@ -79,7 +79,8 @@ typedef enum {
     COLIBRI_ERR_UNSUPPORTED = -13, /**< dtype / feature not supported by this build */
     COLIBRI_ERR_FORMAT = -14,      /**< container malformed: tensor missing/duplicated/misplaced */
     COLIBRI_ERR_CHECKSUM = -15,    /**< a container tensor fails its CRC-32 (corrupt file) */
-    COLIBRI_ERR_NONFINITE = -16    /**< NaN or Inf in the model's fp32 weights (refused at load) */
+    COLIBRI_ERR_NONFINITE = -16,   /**< NaN or Inf in the model's fp32 weights (refused at load) */
+    COLIBRI_ERR_BUDGET = -17       /**< expert RAM budget below top_k experts of a layer */
 } colibri_status;
 
 /** Expert weight residency policy (the seeds' cache_policy). */

@@ -38,7 +38,43 @@ typedef struct {
     const char *model_path; /**< version-2 container (.clb) */
     int32_t max_context;    /**< KV cache positions; 0 = the file's (its RoPE table rows) */
     uint32_t load_flags;    /**< COLIBRI_LOAD_SKIP_CHECKSUM / _SKIP_FINITE; 0 = verify all */
+    /**
+     * Bytes of routed-expert weights that may be resident (0 = all: every expert is read in
+     * place from the mapping). With a budget the experts stay in the file: the handle keeps
+     * budget / colibri_lm_stats_t.slot_bytes expert slots (at most one per expert), fills a
+     * slot with pread() on a miss and evicts the least recently used one. The file's pages
+     * of the routed experts are dropped from the mapping after the load-time checks
+     * (madvise MADV_DONTNEED), so they do not count in the process's resident set; dense
+     * weights, routers and shared experts stay mapped. COLIBRI_ERR_BUDGET when the slots
+     * cannot hold top_k experts of a layer. Logits are bit-identical to budget 0.
+     */
+    uint64_t expert_ram_budget;
+    uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH; 0 = prefetch on (with a budget) */
 } colibri_lm_config_t;
+
+/**
+ * Expert prefetch off. By default, with a budget, after each layer's attention the next
+ * layer's router is applied to the current hidden state and, for its top_k experts that are
+ * not resident, posix_fadvise(POSIX_FADV_WILLNEED) asks the kernel to read their bytes ahead
+ * while this layer's experts compute, so the coming misses read from the page cache. It
+ * touches neither the slots nor their LRU order (hit rates are the same with and without)
+ * and never changes an output.
+ */
+#define COLIBRI_LM_NO_PREFETCH 0x1u
+
+/** Expert-slot counters (colibri_lm_get_stats); all 0 but expert_bytes without a budget. */
+typedef struct {
+    uint64_t loads;         /**< routed-expert uses (hits + misses) */
+    uint64_t hits;          /**< uses whose expert was in a slot */
+    uint64_t misses;        /**< uses that read the expert from the file into a slot */
+    uint64_t evictions;     /**< misses that replaced another expert */
+    uint64_t prefetches;    /**< experts predicted, not resident, read ahead */
+    uint64_t prefetch_hits; /**< prefetched experts then used by the layer */
+    uint64_t bytes_read;    /**< bytes pread() from the file into slots */
+    uint64_t expert_bytes;  /**< stored bytes of all routed experts in the file */
+    uint64_t slot_bytes;    /**< bytes of one slot (the largest expert, parts 64-aligned) */
+    uint32_t n_slots;       /**< expert slots (0: no budget) */
+} colibri_lm_stats_t;
 
 /** What a loaded model is (colibri_lm_info). */
 typedef struct {
@@ -75,6 +111,9 @@ colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
 
 /** @brief Dimensions and sizes of a loaded model. */
 colibri_status colibri_lm_info(const colibri_lm_t *lm, colibri_lm_info_t *info);
+
+/** @brief Expert-slot counters since colibri_lm_init (see colibri_lm_stats_t). */
+colibri_status colibri_lm_get_stats(const colibri_lm_t *lm, colibri_lm_stats_t *stats);
 
 /** @brief The handle's sampler workspace (COLIBRI_SAMPLE_WORKSPACE_BYTES(vocab) bytes). */
 void *colibri_lm_sampler_workspace(colibri_lm_t *lm);

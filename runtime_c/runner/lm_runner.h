@@ -13,7 +13,9 @@
  * The prompt and the generated tokens must fit the KV cache (n_prompt + max_new <= its
  * positions), else nothing runs (exit 4, "context overflow"). Exit status: 0 ok, 2 bad input
  * file, 3 I/O error, 4 context overflow, 10 + (-colibri_status) for a runtime error. The bench
- * markers bracket each decode step (one generated token after the prompt).
+ * markers bracket each decode step (one generated token after the prompt). The model-file
+ * runner's own arguments (KV cache positions, expert RAM budget and flags, its "expert slots"
+ * line) are lmfile_main.c's.
  *
  * Include it after defining, in the runner:
  *   LM_STEP(id, pos, logits)  a colibri_status expression: token id at pos, *logits set

@@ -7,7 +7,12 @@
  * Paths argv[1..3], else "model.clb", "input.bin", "output.bin" in the working directory; the
  * request and output files, exit statuses and bench markers are lm_runner.h's (a model file
  * the runtime refuses: 10 + (-colibri_status), printed on one line). An optional argv[4] sets
- * the KV cache positions (default: the file's).
+ * the KV cache positions (default: the file's; 0 = the file's). An optional argv[5] is the
+ * expert RAM budget in bytes (colibri_lm_config_t.expert_ram_budget; 0 = every expert
+ * resident) and argv[6] its expert_flags (1 = no prefetch); with a budget the runner prints,
+ * after the generation, one line:
+ *   colibri: expert slots: S x B bytes, loads L hits H misses M evictions E prefetches P
+ *   prefetch hits Q bytes read R
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,8 +20,46 @@
 
 #include "colibri.h"
 #include "colibri_lm.h"
+#include "colibri_platform.h"
 
 static colibri_lm_t *g_lm; /* the model the steps run on */
+
+/* Append "<label><v>" to a line at p (decimal, no printf). */
+static char *put_u64(char *p, const char *label, uint64_t v)
+{
+    const size_t n = strlen(label);
+    memcpy(p, label, n);
+    p += n;
+    char tmp[21];
+    int k = 0;
+    do {
+        tmp[k++] = (char)('0' + (int)(v % 10u));
+        v /= 10u;
+    } while (v != 0u);
+    while (k > 0) {
+        *p++ = tmp[--k];
+    }
+    *p = '\0';
+    return p;
+}
+
+static void print_stats(void)
+{
+    colibri_lm_stats_t s;
+    colibri_lm_get_stats(g_lm, &s);
+    char line[400];
+    char *p = put_u64(line, "colibri: expert slots: ", s.n_slots);
+    p = put_u64(p, " x ", s.slot_bytes);
+    p = put_u64(p, " bytes, loads ", s.loads);
+    p = put_u64(p, " hits ", s.hits);
+    p = put_u64(p, " misses ", s.misses);
+    p = put_u64(p, " evictions ", s.evictions);
+    p = put_u64(p, " prefetches ", s.prefetches);
+    p = put_u64(p, " prefetch hits ", s.prefetch_hits);
+    p = put_u64(p, " bytes read ", s.bytes_read);
+    memcpy(p, "\n", 2u);
+    clb_platform_puts(line);
+}
 
 #define LM_STEP(id, pos, logits) colibri_lm_forward(g_lm, (id), (pos), (logits))
 #define LM_SAMPLE_WORKSPACE colibri_lm_sampler_workspace(g_lm)
@@ -31,6 +74,12 @@ int main(int argc, char **argv)
     if (argc > 4) {
         config.max_context = (int32_t)strtol(argv[4], NULL, 10);
     }
+    if (argc > 5) {
+        config.expert_ram_budget = (uint64_t)strtoull(argv[5], NULL, 10);
+    }
+    if (argc > 6) {
+        config.expert_flags = (uint32_t)strtoul(argv[6], NULL, 10);
+    }
     const colibri_status st = colibri_lm_init(&config, &g_lm);
     if (st != COLIBRI_OK) {
         return lm_fail("loading the model file", st);
@@ -42,6 +91,9 @@ int main(int argc, char **argv)
                             info.vocab_size, (uint32_t)info.max_context, &generated);
     if (rc == 0) {
         say("model file: ", generated, " tokens generated");
+        if (config.expert_ram_budget > 0u) {
+            print_stats();
+        }
     }
     colibri_lm_free(g_lm);
     return rc;

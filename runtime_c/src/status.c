@@ -25,6 +25,7 @@ static const char *const k_messages[] = {
     [-COLIBRI_ERR_FORMAT] = "malformed container: tensor missing, duplicated or misplaced",
     [-COLIBRI_ERR_CHECKSUM] = "model file is corrupt: a tensor fails its CRC-32 check",
     [-COLIBRI_ERR_NONFINITE] = "model weights contain NaN or Inf",
+    [-COLIBRI_ERR_BUDGET] = "expert RAM budget too small: it must hold top_k experts of a layer",
 };
 
 #define K_N_MESSAGES ((int)(sizeof(k_messages) / sizeof(k_messages[0])))

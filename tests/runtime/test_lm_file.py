@@ -438,9 +438,9 @@ def test_model_file_runner_under_asan_and_ubsan(good_file: Path, tmp_path: Path)
     env = {"ASAN_OPTIONS": "halt_on_error=1:detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1"}
     write_lm_input(tmp_path / "in.bin", PROMPT[:3], 3, SamplingOptions(), True)
 
-    def run(path: Path) -> subprocess.CompletedProcess[str]:
+    def run(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         args = [str(exe), str(path), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")]
-        r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
+        r = subprocess.run(args + list(extra), capture_output=True, text=True, env=env, timeout=60)
         assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-3000:]
         assert r.returncode >= 0, r.stderr[-3000:]
         return r
@@ -452,6 +452,12 @@ def test_model_file_runner_under_asan_and_ubsan(good_file: Path, tmp_path: Path)
     assert out.logits is not None
     _assert_bit_identical(out.logits, want, "sanitized runner vs binding")
     assert out.tokens.tolist() == ids
+    # experts beyond RAM: two slots (top_k) filled with pread, prefetch on and off
+    for flags in ("0", "1"):
+        assert run(good_file, "0", "2500", flags).returncode == 0
+        got = read_lm_output(tmp_path / "out.bin", 3)
+        assert got.logits is not None
+        _assert_bit_identical(got.logits, want, "sanitized runner with a RAM budget")
     good = good_file.read_bytes()
     rng = np.random.default_rng(11)
     bad = tmp_path / "bad.clb"
@@ -464,5 +470,5 @@ def test_model_file_runner_under_asan_and_ubsan(good_file: Path, tmp_path: Path)
         if i % 5 == 0:
             d = d[: int(rng.integers(0, len(d)))]
         bad.write_bytes(bytes(d))
-        codes.add(run(bad).returncode)
+        codes.add(run(bad, *(("0", "100000") if i % 3 == 0 else ())).returncode)
     assert len(codes) > 3, codes

@@ -56,6 +56,31 @@ def int_range(lo: int, hi: int, unit: str = "") -> Callable[[str], int]:
     return parse
 
 
+#: Suffixes of byte_size (binary multiples).
+_BYTE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_size(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a byte count in [lo, hi], decimal with an optional K / M / G / T
+    suffix (binary: 64M = 64 * 2**20; KiB, MB and the like read the same)."""
+
+    def parse(text: str) -> int:
+        t = text.strip().upper().removesuffix("B").removesuffix("I")
+        num, suffix = (t[:-1], t[-1]) if t and t[-1] in "KMGT" else (t, "")
+        try:
+            value = int(num, 10) * _BYTE_SUFFIXES[suffix]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a byte count such as 65536, 512K or 64M"
+            ) from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; allowed: {lo}..{hi} bytes")
+        return value
+
+    parse.__name__ = "byte count"
+    return parse
+
+
 def float_range(
     lo: float, hi: float, unit: str = "", lo_open: bool = False
 ) -> Callable[[str], float]:

@@ -20,6 +20,7 @@ from ..targets.lmrun import (
     SamplingOptions,
     byte_text,
     byte_tokens,
+    format_expert_stats,
     format_ids,
     is_container_file,
     lm_file_manifest,
@@ -32,6 +33,7 @@ from .argtypes import (
     MAX_SAMPLING_TOP_K,
     MAX_SEED,
     MAX_TEMPERATURE,
+    byte_size,
     float_range,
     int_range,
 )
@@ -89,6 +91,20 @@ def add_run_arguments(s: Any) -> None:
         type=int_range(0, MAX_SEED),
         default=0,
         help="transformer: sampler seed (0..2**64-1, default 0)",
+    )
+    s.add_argument(
+        "--ram-budget",
+        type=byte_size(0, MAX_SEED),
+        default=0,
+        metavar="BYTES",
+        help="model file (.clb): bytes of routed experts kept in RAM (e.g. 64M); the others "
+        "stay in the file and pass through LRU slots, the same outputs; prints the slot "
+        "counters (default 0: every expert resident)",
+    )
+    s.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="model file with --ram-budget: no read-ahead of the next layer's predicted experts",
     )
 
 
@@ -152,8 +168,17 @@ def cmd_run_lm(a: Any) -> int:
     sampling = SamplingOptions(a.temperature, a.top_k, a.top_p, a.seed)
     # the build of a generated directory shows its progress (a container's runner is prebuilt)
     extra: dict[str, Any] = {}
+    ram_budget = int(getattr(a, "ram_budget", 0) or 0)
     if not model_file:
+        if ram_budget:
+            raise InputError(
+                f"--ram-budget is for model files (`colibri convert CKPT --out model.clb`); "
+                f"{a.dir} is generated C, whose expert placement is fixed at generation"
+            )
         extra["progress"] = progress_for(sys.stderr, getattr(a, "quiet", False))
+    else:
+        extra["ram_budget"] = ram_budget
+        extra["prefetch"] = not getattr(a, "no_prefetch", False)
     out, result = (run_lm_file if model_file else run_lm)(
         a.dir,
         a.board,
@@ -167,6 +192,8 @@ def cmd_run_lm(a: Any) -> int:
         **extra,
     )
     print(format_ids(out.tokens))
+    if out.expert_stats is not None:
+        print(format_expert_stats(out.expert_stats), file=sys.stderr)
     if tok is not None:
         print(tok.decode(out.tokens.tolist()))
     elif a.prompt is not None:

@@ -71,6 +71,31 @@ class _LMConfig(ctypes.Structure):
         ("model_path", ctypes.c_char_p),
         ("max_context", ctypes.c_int32),
         ("load_flags", ctypes.c_uint32),
+        ("expert_ram_budget", ctypes.c_uint64),  # 0 = every expert read in place
+        ("expert_flags", ctypes.c_uint32),  # COLIBRI_LM_NO_PREFETCH = 1
+    ]
+
+
+#: colibri_lm_stats_t field names, in order (colibri_lm.h).
+LM_STATS_FIELDS = (
+    "loads",
+    "hits",
+    "misses",
+    "evictions",
+    "prefetches",
+    "prefetch_hits",
+    "bytes_read",
+    "expert_bytes",
+    "slot_bytes",
+)
+
+
+class _LMStats(ctypes.Structure):
+    """colibri_lm_stats_t (colibri_lm.h)."""
+
+    _fields_ = [
+        *((name, ctypes.c_uint64) for name in LM_STATS_FIELDS),
+        ("n_slots", ctypes.c_uint32),
     ]
 
 
@@ -175,6 +200,8 @@ def library() -> ctypes.CDLL:
         lib.colibri_lm_forward.restype = ctypes.c_int
         lib.colibri_lm_info.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMInfo)]
         lib.colibri_lm_info.restype = ctypes.c_int
+        lib.colibri_lm_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMStats)]
+        lib.colibri_lm_get_stats.restype = ctypes.c_int
         lib.colibri_lm_free.argtypes = [ctypes.c_void_p]
         lib.colibri_lm_free.restype = None
         _LIB = lib
@@ -290,17 +317,30 @@ class Runtime(_Handle):
 
 class LM(_Handle):
     """A whole model from a version-2 container (colibri_lm.h): the same logits as the
-    generated C of the same model and quantisation, bit for bit, with no per-model build."""
+    generated C of the same model and quantisation, bit for bit, with no per-model build.
+
+    ``ram_budget`` > 0 keeps at most that many bytes of routed experts resident (slots filled
+    from the file, LRU, next-layer prefetch unless ``prefetch=False``): the same logits;
+    :meth:`stats` counts hits, misses and bytes read."""
 
     def __init__(
-        self, model_path: str | os.PathLike[str], max_context: int = 0, verify: bool = True
+        self,
+        model_path: str | os.PathLike[str],
+        max_context: int = 0,
+        verify: bool = True,
+        ram_budget: int = 0,
+        prefetch: bool = True,
     ) -> None:
         lib = library()
         self._lib = lib
+        if not 0 <= ram_budget < 2**64:
+            raise InputError(f"ram_budget must be between 0 and 2**64 - 1, got {ram_budget}")
         cfg = _LMConfig(
             model_path=str(model_path).encode(),
             max_context=max_context,
             load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
+            expert_ram_budget=ram_budget,
+            expert_flags=0 if prefetch else 1,
         )
         handle = ctypes.c_void_p()
         st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
@@ -336,6 +376,17 @@ class LM(_Handle):
             if i + 1 < max_new:
                 row = self.forward(out[-1], len(prompt) + i)
         return logits, out
+
+    def stats(self) -> dict[str, int]:
+        """Expert-slot counters (colibri_lm_stats_t): loads, hits, misses, evictions,
+        prefetches, prefetch_hits, bytes_read, expert_bytes, slot_bytes, n_slots."""
+        if self._handle is None:
+            raise InputError("model was closed")
+        s = _LMStats()
+        st = self._lib.colibri_lm_get_stats(self._handle, ctypes.byref(s))
+        if st != 0:
+            raise RuntimeStatusError(st, f"colibri_lm_get_stats: {strerror(st)}")
+        return {name: int(getattr(s, name)) for name in (*LM_STATS_FIELDS, "n_slots")}
 
     def _free(self, handle: ctypes.c_void_p) -> None:
         self._lib.colibri_lm_free(handle)

@@ -15,6 +15,7 @@ also decodes the generated ids for printing.
 
 from __future__ import annotations
 
+import re
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class SamplingOptions:
 class LMOutput:
     tokens: np.ndarray  # [max_new] int32, the generated ids
     logits: np.ndarray | None  # [n_prompt, vocab] float32 when asked
+    #: the model-file runner's expert-slot counters with a RAM budget (colibri_lm_stats_t)
+    expert_stats: dict[str, int] | None = None
 
 
 def parse_ids(text: str) -> list[int]:
@@ -182,6 +185,32 @@ def run_lm(
 
 #: Exit status of the model-file runner when colibri_lm_init refuses the file: 10 + -status.
 EXIT_RUNTIME_ERROR = 10
+#: ... when the expert RAM budget holds fewer than top_k experts (COLIBRI_ERR_BUDGET, -17).
+EXIT_BUDGET = EXIT_RUNTIME_ERROR + 17
+#: The runner's expert-slot line (runtime_c/runner/lmfile_main.c) with a RAM budget.
+_STATS_RE = re.compile(
+    r"expert slots: (?P<n_slots>\d+) x (?P<slot_bytes>\d+) bytes, loads (?P<loads>\d+) "
+    r"hits (?P<hits>\d+) misses (?P<misses>\d+) evictions (?P<evictions>\d+) "
+    r"prefetches (?P<prefetches>\d+) prefetch hits (?P<prefetch_hits>\d+) "
+    r"bytes read (?P<bytes_read>\d+)"
+)
+
+
+def parse_expert_stats(stdout: str) -> dict[str, int] | None:
+    """The counters of the runner's "expert slots: ..." line, or None without one."""
+    m = _STATS_RE.search(stdout)
+    return {k: int(v) for k, v in m.groupdict().items()} if m else None
+
+
+def format_expert_stats(s: dict[str, int]) -> str:
+    """One line: slots, hit rate, prefetch hits, bytes read."""
+    rate = s["hits"] / s["loads"] if s["loads"] else 0.0
+    return (
+        f"colibri: expert slots: {s['n_slots']} x {s['slot_bytes']} bytes; {s['loads']} loads, "
+        f"{s['hits']} hits ({rate:.1%}), {s['misses']} misses, {s['evictions']} evictions, "
+        f"{s['prefetches']} prefetches, {s['prefetch_hits']} prefetch hits, "
+        f"{s['bytes_read']} bytes read"
+    )
 
 
 def is_container_file(path: str | Path) -> bool:
@@ -245,10 +274,14 @@ def run_lm_file(
     count_instructions: bool = False,
     timeout: float | None = None,
     verbose: bool = False,
+    ram_budget: int = 0,
+    prefetch: bool = True,
 ) -> tuple[LMOutput, Any]:
     """Run a whole-model container (.clb version 2) on a board with the prebuilt model-file
     runner; returns (LMOutput, RunResult). A file the runtime refuses is a ModelFormatError
-    with the runtime's one-line reason."""
+    with the runtime's one-line reason. ``ram_budget`` > 0: at most that many bytes of routed
+    experts resident (colibri_lm_config_t.expert_ram_budget; the same outputs), the counters
+    in LMOutput.expert_stats; a budget below top_k experts is an InputError."""
     from ..boards import load_board
     from ..errors import ModelFormatError
     from .qemu import run_elf
@@ -259,6 +292,9 @@ def run_lm_file(
     sampling.check(int(manifest["model"]["config"]["vocab_size"]))
     check_request(manifest, prompt, max_new, regenerate="re-convert with a larger --max-context")
     board = load_board(board_name)
+    if not 0 <= ram_budget < 2**64:
+        raise InputError(f"--ram-budget must be between 0 and 2**64 - 1, got {ram_budget}")
+    flags = "0" if prefetch else "1"  # COLIBRI_LM_NO_PREFETCH
     exe = lmfile_runner(board.name, verbose=verbose)
     with tempfile.TemporaryDirectory(prefix="colibri-lmfile-") as tmp:
         work = Path(tmp)
@@ -271,7 +307,13 @@ def run_lm_file(
             timeout=timeout,
             count_instructions=count_instructions,
             check=False,
+            args=("model.clb", "input.bin", "output.bin", "0", str(ram_budget), flags),
         )
+        if result.returncode == EXIT_BUDGET:
+            raise InputError(
+                f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
+                f"of a layer; pass a larger budget (or 0: every expert resident)"
+            )
         if result.returncode >= EXIT_RUNTIME_ERROR:
             lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
             why = lines[-1][len("colibri: ") :] if lines else f"exit code {result.returncode}"
@@ -280,6 +322,8 @@ def run_lm_file(
             said = (result.stdout or "").strip().splitlines()
             raise InputError(f"{path}: {said[-1] if said else result.returncode}")
         out = read_lm_output(work / "output.bin", max_new)
+    if ram_budget > 0:
+        out.expert_stats = parse_expert_stats(result.stdout or "")
     return out, result
 
 

@@ -206,8 +206,10 @@ def run_elf(
     *,
     check: bool = True,
     expected_returncode: int = 0,
+    args: tuple[str, ...] = (),
 ) -> RunResult:
-    """Run ``elf`` for ``board`` in ``cwd`` (where the guest's relative file paths point).
+    """Run ``elf`` for ``board`` in ``cwd`` (where the guest's relative file paths point);
+    ``args`` are the program's arguments (host and Linux boards).
 
     Faults, timeouts and emulator failures always raise QemuError; with ``check`` a return code
     other than ``expected_returncode`` does too.
@@ -232,6 +234,7 @@ def run_elf(
         else:
             extra = _plugin_args(elf, tmp / "icount.txt") if count_instructions else []
             cmd = qemu_command(board, elf, extra)
+        cmd = [*cmd, *args]
         env = None
         if count_instructions and board.kind != "baremetal":
             # Resolve dynamic symbols at start-up, not lazily inside the measured region.
