@@ -46,31 +46,41 @@ typedef struct {
      * of the routed experts are dropped from the mapping after the load-time checks
      * (madvise MADV_DONTNEED), so they do not count in the process's resident set; dense
      * weights, routers and shared experts stay mapped. COLIBRI_ERR_BUDGET when the slots
-     * cannot hold top_k experts of a layer. Logits are bit-identical to budget 0.
+     * cannot hold top_k experts of a layer. Logits are bit-identical to budget 0. Unless
+     * COLIBRI_LM_NO_PREFETCH, the next layer's predicted experts are loaded into slots ahead.
      */
     uint64_t expert_ram_budget;
     uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH; 0 = prefetch on (with a budget) */
 } colibri_lm_config_t;
 
 /**
- * Expert prefetch off. By default, with a budget, after each layer's attention the next
- * layer's router is applied to the current hidden state and, for its top_k experts that are
- * not resident, posix_fadvise(POSIX_FADV_WILLNEED) asks the kernel to read their bytes ahead
- * while this layer's experts compute, so the coming misses read from the page cache. It
- * touches neither the slots nor their LRU order (hit rates are the same with and without)
- * and never changes an output.
+ * Expert prefetch off: no prediction at all. By default, with a budget, once a layer's top_k
+ * experts are in their slots (before they compute) the next layer's router is applied to the
+ * current hidden state, and those of its predicted top_k experts that are not resident are
+ * read into slots right away (prefetch loads, pread like a miss). A prefetch never evicts a
+ * slot of the current layer's experts nor of another predicted one (no slot left: the rest is
+ * not prefetched). Outputs never change; the next layer's uses of correctly predicted experts
+ * become hits instead of misses.
  */
 #define COLIBRI_LM_NO_PREFETCH 0x1u
 
-/** Expert-slot counters (colibri_lm_get_stats); all 0 but expert_bytes without a budget. */
+/**
+ * Expert-slot counters (colibri_lm_get_stats); all 0 but expert_bytes without a budget.
+ * loads = hits + misses (the layers' uses; the hit rate is hits / loads, prefetched experts
+ * included); a slot is filled by each miss and each prefetch, so bytes_read = the sum of the
+ * filled experts' stored bytes and evictions = misses + prefetches - n_slots once the slots are
+ * full (they fill first); prefetch_hits <= min(prefetches, hits), and prefetch_hits /
+ * prefetches is the prediction's accuracy. With COLIBRI_LM_NO_PREFETCH prefetches =
+ * prefetch_hits = 0.
+ */
 typedef struct {
     uint64_t loads;         /**< routed-expert uses (hits + misses) */
-    uint64_t hits;          /**< uses whose expert was in a slot */
+    uint64_t hits;          /**< uses whose expert was in a slot (prefetched or not) */
     uint64_t misses;        /**< uses that read the expert from the file into a slot */
-    uint64_t evictions;     /**< misses that replaced another expert */
-    uint64_t prefetches;    /**< experts predicted, not resident, read ahead */
-    uint64_t prefetch_hits; /**< prefetched experts then used by the layer */
-    uint64_t bytes_read;    /**< bytes pread() from the file into slots */
+    uint64_t evictions;     /**< slot fills (misses and prefetches) that replaced an expert */
+    uint64_t prefetches;    /**< predicted experts, not resident, read into a slot ahead */
+    uint64_t prefetch_hits; /**< prefetched experts used by the layer they were predicted for */
+    uint64_t bytes_read;    /**< bytes pread() from the file into slots (misses + prefetches) */
     uint64_t expert_bytes;  /**< stored bytes of all routed experts in the file */
     uint64_t slot_bytes;    /**< bytes of one slot (the largest expert, parts 64-aligned) */
     uint32_t n_slots;       /**< expert slots (0: no budget) */

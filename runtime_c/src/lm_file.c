@@ -101,21 +101,25 @@ typedef struct {
 /** An expert slot (expert_ram_budget > 0): a copy of one expert's stored bytes. */
 typedef struct {
     int32_t expert; /* model-wide expert index, -1 when free */
-    uint64_t used;  /* use clock of its last use (LRU) */
+    int32_t ahead;  /* filled by the prefetch, not yet used by the layer it was predicted for */
+    uint64_t used;  /* use clock of its last use or fill (LRU) */
+    uint64_t pin;   /* == lm_cache.epoch: the prefetch may not evict it */
     lm_expert e;    /* the expert's descriptor, pointers into data */
     unsigned char *data;
 } lm_slot;
 
 /** The routed-expert cache of a handle with a budget (one allocation each, host only). */
 typedef struct {
-    int fd;       /* the model file, for pread / posix_fadvise */
+    int fd;       /* the model file, for pread */
     int prefetch; /* COLIBRI_LM_NO_PREFETCH clear */
     uint32_t n_slots;
     lm_slot *slots;
-    unsigned char *data;  /* n_slots * stats.slot_bytes, 64-aligned */
-    int32_t *resident;    /* [n_experts]: slot or -1 */
-    unsigned char *ahead; /* [n_experts]: read ahead for the coming layer */
-    uint64_t clock;
+    unsigned char *data;                 /* n_slots * stats.slot_bytes, 64-aligned */
+    int32_t *resident;                   /* [n_experts]: slot or -1 */
+    uint64_t clock;                      /* LRU use clock */
+    uint64_t epoch;                      /* prefetch round (lm_slot.pin) */
+    int32_t pred_ids[COLIBRI_MAX_TOP_K]; /* the next layer's predicted experts */
+    float pred_gates[COLIBRI_MAX_TOP_K];
 } lm_cache;
 
 struct colibri_lm {
@@ -752,7 +756,6 @@ static void cache_free(lm_cache *c)
     free(c->slots);
     free(c->data);
     free(c->resident);
-    free(c->ahead);
     free(c);
 }
 
@@ -806,8 +809,7 @@ static colibri_status cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     void *data = NULL;
     c->slots = (lm_slot *)calloc((size_t)n_slots, sizeof *c->slots);
     c->resident = (int32_t *)malloc((size_t)lm->n_experts * sizeof *c->resident);
-    c->ahead = (unsigned char *)calloc((size_t)lm->n_experts, 1u);
-    if (c->slots == NULL || c->resident == NULL || c->ahead == NULL ||
+    if (c->slots == NULL || c->resident == NULL ||
         posix_memalign(&data, LM_SLOT_ALIGN, (size_t)(n_slots * slot)) != 0) {
         cache_free(c);
         return COLIBRI_ERR_NOMEM;
@@ -860,50 +862,19 @@ static int pread_all(int fd, unsigned char *dst, uint64_t len, uint64_t off)
     return 0;
 }
 
-/* The expert a layer routes to as `id`: in place in the mapping (no budget), else its slot,
- * filled from the file on a miss (the least recently used slot evicted). */
-static colibri_status expert_get(colibri_lm_t *lm, const lm_layer *ly, int32_t id,
-                                 const lm_expert **out)
+/* Read expert e of layer ly (model-wide index g) from the file into slot s, evicting what it
+ * held; bytes_read and evictions counted. */
+static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e, int32_t g,
+                                uint32_t s)
 {
-    const int32_t owner = ly->experts[id].owner;
-    const lm_expert *e = &ly->experts[owner];
     lm_cache *c = lm->cache;
-    if (c == NULL) {
-        *out = e;
-        return COLIBRI_OK;
-    }
-    const int32_t g = ly->first_expert + owner;
-    colibri_lm_stats_t *st = &lm->stats;
-    c->clock++;
-    st->loads++;
-    if (c->ahead[g]) {
-        st->prefetch_hits++;
-        c->ahead[g] = 0;
-    }
-    if (c->resident[g] >= 0) {
-        lm_slot *sl = &c->slots[c->resident[g]];
-        st->hits++;
-        sl->used = c->clock;
-        *out = &sl->e;
-        return COLIBRI_OK;
-    }
-    st->misses++;
-    uint32_t best = 0;
-    for (uint32_t s = 0; s < c->n_slots; s++) {
-        if (c->slots[s].expert < 0) {
-            best = s;
-            break;
-        }
-        if (c->slots[s].used < c->slots[best].used) {
-            best = s;
-        }
-    }
-    lm_slot *sl = &c->slots[best];
+    lm_slot *sl = &c->slots[s];
     if (sl->expert >= 0) {
-        st->evictions++;
+        lm->stats.evictions++;
         c->resident[sl->expert] = -1;
         sl->expert = -1;
     }
+    sl->ahead = 0;
     lm_part p[LM_PARTS];
     unsigned char *dst[LM_PARTS];
     const int n = expert_parts(ly, e, p);
@@ -914,50 +885,130 @@ static colibri_status expert_get(colibri_lm_t *lm, const lm_layer *ly, int32_t i
         if (pread_all(c->fd, dst[i], p[i].len, (uint64_t)(p[i].src - base)) != 0) {
             return COLIBRI_ERR_IO;
         }
-        st->bytes_read += p[i].len;
+        lm->stats.bytes_read += p[i].len;
         off += al_slot(p[i].len);
     }
     sl->e = *e;
     expert_rebase(&sl->e, dst);
     sl->expert = g;
     sl->used = c->clock;
-    c->resident[g] = (int32_t)best;
-    *out = &sl->e;
+    c->resident[g] = (int32_t)s;
     return COLIBRI_OK;
 }
 
-/* Before layer `next`: its router on the current hidden state (lm->hbuf) predicts its experts;
- * those not resident are read ahead by the kernel (posix_fadvise WILLNEED) while this layer
- * computes. Only the page cache is touched, not the slots nor their LRU order (marking the
- * predicted resident experts used lowered the hit rate on a random 8-expert Mixtral, 19.5 %
- * against 22.9 %), and no output: lm->ids / gates / route_temp are recomputed by the layer. */
-static void lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
+/* The least recently used slot (a free one first) whose pin is not `pin` (0: any); n_slots
+ * when there is none. */
+static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
+{
+    uint32_t best = c->n_slots;
+    for (uint32_t s = 0; s < c->n_slots; s++) {
+        const lm_slot *sl = &c->slots[s];
+        if (pin != 0u && sl->pin == pin) {
+            continue;
+        }
+        if (sl->expert < 0) {
+            return s;
+        }
+        if (best == c->n_slots || sl->used < c->slots[best].used) {
+            best = s;
+        }
+    }
+    return best;
+}
+
+/* A use of the expert a layer routes to as `id` (budget only): a hit when it is in a slot
+ * (a prefetch hit when the prefetch put it there for this layer), else a miss that reads it
+ * from the file into the least recently used slot. */
+static colibri_status expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
+{
+    const int32_t owner = ly->experts[id].owner;
+    const int32_t g = ly->first_expert + owner;
+    lm_cache *c = lm->cache;
+    colibri_lm_stats_t *st = &lm->stats;
+    c->clock++;
+    st->loads++;
+    if (c->resident[g] >= 0) {
+        lm_slot *sl = &c->slots[c->resident[g]];
+        st->hits++;
+        if (sl->ahead) {
+            st->prefetch_hits++;
+            sl->ahead = 0;
+        }
+        sl->used = c->clock;
+        return COLIBRI_OK;
+    }
+    st->misses++;
+    return slot_fill(lm, ly, &ly->experts[owner], g, slot_victim(c, 0u));
+}
+
+/* The expert a layer routes to as `id`: in place in the mapping (no budget), else its slot
+ * (expert_use made it resident). */
+static const lm_expert *expert_at(const colibri_lm_t *lm, const lm_layer *ly, int32_t id)
+{
+    const int32_t owner = ly->experts[id].owner;
+    if (lm->cache == NULL) {
+        return &ly->experts[owner];
+    }
+    const int32_t s = lm->cache->resident[ly->first_expert + owner];
+    return s >= 0 ? &lm->cache->slots[s].e : NULL;
+}
+
+/* After layer ly made its top_k experts resident, before they compute: the next layer's
+ * router on the current hidden state (lm->hbuf) predicts its experts, and those not resident
+ * are read into slots now (prefetch loads), so that the next layer finds them there. A
+ * prefetch never evicts a slot of this layer's experts nor of another predicted expert (they
+ * are pinned for this round); when no other slot is left the rest is not prefetched. The
+ * predicted experts already resident are left in their LRU place. No output or status
+ * changes: the prediction has its own ids / gates, a slot's bytes are the file's, and a failed
+ * read ends the round. */
+static void lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
 {
     lm_cache *c = lm->cache;
-    if (c == NULL || !c->prefetch || !next->is_moe ||
-        colibri_route(&next->moe, lm->hbuf, 1, next->top_k, lm->ids, lm->gates, lm->route_temp) !=
-            COLIBRI_OK) {
+    if (c == NULL || !c->prefetch || !next->is_moe) {
         return;
     }
-    const unsigned char *base = (const unsigned char *)lm->map;
-    for (int32_t i = 0; i < next->top_k; i++) {
-        const int32_t id = lm->ids[i];
+    const int32_t k = next->top_k;
+    if (k > COLIBRI_MAX_TOP_K || colibri_route(&next->moe, lm->hbuf, 1, k, c->pred_ids,
+                                               c->pred_gates, lm->route_temp) != COLIBRI_OK) {
+        return;
+    }
+    const uint64_t pin = ++c->epoch;
+    for (int32_t i = 0; ly->is_moe && i < ly->top_k; i++) {
+        c->slots[c->resident[ly->first_expert + ly->experts[lm->ids[i]].owner]].pin = pin;
+    }
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t id = c->pred_ids[i];
         if (id < 0 || id >= next->moe.n_experts) {
+            c->pred_ids[i] = -1;
+            continue;
+        }
+        const int32_t r = c->resident[next->first_expert + next->experts[id].owner];
+        if (r >= 0) {
+            c->slots[r].pin = pin;
+            c->pred_ids[i] = -1; /* resident: nothing to read */
+        }
+    }
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t id = c->pred_ids[i];
+        if (id < 0) {
             continue;
         }
         const int32_t owner = next->experts[id].owner;
         const int32_t g = next->first_expert + owner;
-        if (c->resident[g] >= 0 || c->ahead[g]) {
-            continue;
+        if (c->resident[g] >= 0) {
+            continue; /* two ids of one stored expert */
         }
-        c->ahead[g] = 1;
+        const uint32_t s = slot_victim(c, pin);
+        if (s == c->n_slots) {
+            break; /* every slot is pinned */
+        }
+        c->clock++;
+        if (slot_fill(lm, next, &next->experts[owner], g, s) != COLIBRI_OK) {
+            break; /* the slot is left free; a use of the expert reads it (and reports) */
+        }
         lm->stats.prefetches++;
-        lm_part p[LM_PARTS];
-        const int n = expert_parts(next, &next->experts[owner], p);
-        for (int j = 0; j < n; j++) {
-            (void)posix_fadvise(c->fd, (off_t)(p[j].src - base), (off_t)p[j].len,
-                                POSIX_FADV_WILLNEED);
-        }
+        c->slots[s].ahead = 1;
+        c->slots[s].pin = pin;
     }
 }
 
@@ -1290,7 +1341,8 @@ static colibri_status lm_attention(colibri_lm_t *lm, const lm_layer *ly, int32_t
 
 /* The MoE block for one token: colibri_route, then colibri_sparse_forward's order (experts
  * in ascending id, out = 0 + sum g * y). */
-static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const float *x, float *out)
+static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next, const float *x,
+                             float *out)
 {
     const int32_t k = ly->top_k;
     const int32_t d = (int32_t)lm->h.d_model;
@@ -1309,17 +1361,31 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const float *x, flo
         lm->ids[j + 1] = id;
         lm->gates[j + 1] = g;
     }
-    for (int32_t o = 0; o < d; ++o) {
-        out[o] = 0.0f;
-    }
     for (int32_t i = 0; i < k; ++i) {
         if (lm->ids[i] < 0 || lm->ids[i] >= ly->moe.n_experts) {
             return COLIBRI_ERR_EXPERT;
         }
-        const lm_expert *e = NULL;
-        st = expert_get(lm, ly, lm->ids[i], &e);
-        if (st != COLIBRI_OK) {
-            return st;
+    }
+    if (lm->cache != NULL) {
+        /* all top_k resident first (n_slots >= top_k and LRU: none evicts another of them),
+         * then the next layer's prefetch, which leaves them in place */
+        for (int32_t i = 0; i < k; ++i) {
+            st = expert_use(lm, ly, lm->ids[i]);
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+        }
+        if (next != NULL) {
+            lm_prefetch(lm, ly, next);
+        }
+    }
+    for (int32_t o = 0; o < d; ++o) {
+        out[o] = 0.0f;
+    }
+    for (int32_t i = 0; i < k; ++i) {
+        const lm_expert *e = expert_at(lm, ly, lm->ids[i]);
+        if (e == NULL) {
+            return COLIBRI_ERR_EXPERT; /* not reached: expert_use made it resident */
         }
         if (e->scheme == COLIBRI_QUANT_F32) {
             colibri_expert_ffn_f32(&ly->moe, &e->fw, x, lm->y_expert, 1, lm->ffn_scratch);
@@ -1331,25 +1397,35 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const float *x, flo
             out[o] += g * lm->y_expert[o];
         }
     }
-    if (lm->cache != NULL) { /* read-aheads not used by this layer count no more */
-        memset(lm->cache->ahead + ly->first_expert, 0, (size_t)ly->moe.n_experts);
+    if (lm->cache != NULL) { /* prefetches not used by this layer count no more */
+        const lm_cache *c = lm->cache;
+        for (uint32_t s = 0; s < c->n_slots; s++) {
+            lm_slot *sl = &c->slots[s];
+            if (sl->ahead && sl->expert >= ly->first_expert &&
+                sl->expert < ly->first_expert + ly->moe.n_experts) {
+                sl->ahead = 0;
+            }
+        }
     }
     return COLIBRI_OK;
 }
 
-static colibri_status lm_ffn(colibri_lm_t *lm, lm_layer *ly)
+static colibri_status lm_ffn(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next)
 {
     const int32_t d = (int32_t)lm->h.d_model;
     float *x = lm->x;
     float *proj = lm->proj;
     if (!ly->is_moe) {
+        if (next != NULL) {
+            lm_prefetch(lm, ly, next);
+        }
         lm_dense_ffn(lm, ly, lm->hbuf, proj);
         for (int32_t i = 0; i < d; ++i) {
             x[i] += proj[i];
         }
         return COLIBRI_OK;
     }
-    const colibri_status st = lm_moe(lm, ly, lm->hbuf, proj);
+    const colibri_status st = lm_moe(lm, ly, next, lm->hbuf, proj);
     if (st != COLIBRI_OK) {
         return st;
     }
@@ -1415,10 +1491,7 @@ colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
             x[i] += lm->proj[i];
         }
         colibri_rmsnorm_f32(x, ly->post_norm, lm->hbuf, d, h->eps);
-        if (l + 1 < (int32_t)h->n_layers) {
-            lm_prefetch(lm, &lm->layers[l + 1]);
-        }
-        st = lm_ffn(lm, ly);
+        st = lm_ffn(lm, ly, l + 1 < (int32_t)h->n_layers ? &lm->layers[l + 1] : NULL);
         if (st != COLIBRI_OK) {
             return st;
         }

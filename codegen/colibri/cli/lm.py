@@ -104,7 +104,7 @@ def add_run_arguments(s: Any) -> None:
     s.add_argument(
         "--no-prefetch",
         action="store_true",
-        help="model file with --ram-budget: no read-ahead of the next layer's predicted experts",
+        help="model file with --ram-budget: no prefetch of the next layer's predicted experts",
     )
 
 
