@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate, render
-from colibri.errors import BudgetExceeded
+from colibri.errors import BudgetExceeded, ShapeError
 from colibri.frontends.toy import make_toy
 from colibri.options import GenerateOptions
 from colibri.quant.formats import (
@@ -32,6 +32,8 @@ from colibri.quant.formats import (
     quantize_int8_per_channel,
     quantize_layer,
     quantize_matrix,
+    r4_order,
+    r4_restore,
     round_half_away,
 )
 from colibri.quant.model import quantize_moe_layer
@@ -269,6 +271,32 @@ def test_block_layout_read_back_from_object(board: str, tmp_path: Path) -> None:
         fields["qs"][0].itemsize,
     ]
     assert blocks_size == 3 * BLOCK_Q4_DTYPE.itemsize
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (5, 32), (7, 48), (8, 128), (13, 64)])
+def test_r4_layout_order_and_inverse(shape: tuple[int, int]) -> None:
+    """Layout r4 (colibri_qinline.h): per group of 4 rows and chunk of 16 inputs, the chunk of
+    row 0, 1, 2, 3; the last n_out % 4 rows row-major; r4_restore undoes it."""
+    n_out, n_in = shape
+    codes = np.arange(n_out * n_in, dtype=np.int64).reshape(n_out, n_in)
+    stored = r4_order(codes)
+    assert stored.shape == (n_out * n_in,)
+    for g in range(n_out // 4):
+        for c in range(n_in // 16):
+            for r in range(4):
+                at = g * 4 * n_in + c * 64 + r * 16
+                np.testing.assert_array_equal(
+                    stored[at : at + 16], codes[4 * g + r, 16 * c : 16 * c + 16]
+                )
+    tail = n_out // 4 * 4 * n_in
+    np.testing.assert_array_equal(stored[tail:], codes[n_out // 4 * 4 :].ravel())
+    np.testing.assert_array_equal(r4_restore(stored, n_out, n_in), codes)
+
+
+@pytest.mark.parametrize("shape", [(3, 16), (4, 20), (8, 8)])
+def test_r4_layout_refuses_shapes_it_cannot_hold(shape: tuple[int, int]) -> None:
+    with pytest.raises(ShapeError, match="layout r4"):
+        r4_order(np.zeros(shape, np.int8))
 
 
 # -- generated C vs the quantised reference (host) ---------------------------------------------

@@ -47,9 +47,8 @@ def _build(board: Board, selftest: str, build_dir: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    name = {"1": "hello", "fault": "fault", "heap": "heap", "spin": "spin", "kernels": "kernels"}[
-        selftest
-    ]
+    names = {"1": "hello", "fault": "fault", "heap": "heap", "spin": "spin"}
+    name = names.get(selftest, selftest)  # kernels, qkernels: their own names
     elf = build_dir / "selftest" / f"{name}{board.elf_suffix}"
     assert elf.is_file(), f"scons succeeded but {elf} is missing"
     return elf
@@ -203,6 +202,41 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
         print(f"\n{name}: {what}: runtime {f} / plain C {p} instructions = {p / f:.2f}x")
         if what in ISA_PATHS.get(name, ()):
             assert f < p, f"{name}: the runtime's {what} is not faster than the plain loop"
+
+
+QKERNELS_LINE = re.compile(r"colibri qkernels: (\d+) checks, (\d+) failed")
+#: Boards where colibri_qinline.h has its own paths (elsewhere it calls the library).
+QINLINE_FAST = ("cortex-m4", "cortex-m7", "cortex-m55")
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_qinline_kernels_equal_the_library(name: str, build_root: Path, tmp_path: Path) -> None:
+    """colibri_qinline.h (what generated expert kernels call): the R4 int8 matvec and the
+    activation quantiser give the library's bits on every board (tests/platform/qkernels.c:
+    282 shapes and value kinds). Where they have their own paths, both take fewer instructions
+    than the library's (QEMU counts, deterministic), printed per MAC and per value."""
+    require_board(name)
+    board = load_board(name)
+    elf = _build(board, "qkernels", build_root / name)
+    counting = name in QINLINE_FAST and _can_count(board)
+    counts: dict[int, int | None] = {}
+    for mode in range(4) if counting else (0xFF,):
+        (tmp_path / "input.bin").write_bytes(bytes([mode]))
+        result = run_elf(board, elf, tmp_path, count_instructions=counting)
+        found = QKERNELS_LINE.search(result.stdout)
+        assert found, f"no result line:\n{result.stdout}{result.stderr}"
+        assert int(found.group(1)) == 282 and found.group(2) == "0", found.group(0)
+        counts[mode] = result.instructions
+    if not counting:
+        return
+    macs, values = 2 * 128 * 256, 128 + 256  # qkernels.c QK_D, QK_FF
+    lib_mv, r4_mv, lib_q, qi_q = (counts[m] for m in range(4))
+    assert None not in (lib_mv, r4_mv, lib_q, qi_q)
+    print(
+        f"\n{name}: int8 matvec {lib_mv / macs:.3f} -> {r4_mv / macs:.3f} instructions/MAC (R4), "
+        f"quantiser {lib_q / values:.1f} -> {qi_q / values:.1f} instructions/value"
+    )
+    assert r4_mv < lib_mv and qi_q < lib_q
 
 
 def test_qemu_failure_is_reported(tmp_path: Path) -> None:

@@ -50,6 +50,33 @@ def test_scheme_on_board_matches_reference(
     assert err is None, f"{board}/{scheme}: {err}"
 
 
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])  # exact on every board (no libm)
+@pytest.mark.parametrize("board", ["cortex-m4", "cortex-m7", "cortex-m55"])
+def test_r4_experts_equal_the_host_bit_for_bit(board: str, activation: str, tmp_path: Path) -> None:
+    """int8 experts whose shapes allow layout r4 (d_model 32, d_ff 48: whole chunks of 16) are
+    stored four rows interleaved on the DSP / Helium cores and run by colibri_qinline.h's
+    kernels: the manifest records the layouts, the outputs equal the host's (row-major weights,
+    one row at a time) bit for bit, and both match the quantised reference."""
+    require_board(board)
+    require_board("host")
+    layer = make_toy(4, 32, 48, 2, activation, seed=8, router_bias=True)
+    x = np.random.default_rng(3).standard_normal((19, 32)).astype(np.float32)
+    outs = {}
+    for b in ("host", board):
+        opts = GenerateOptions(board=b, name="r", max_tokens=8, quant="int8")
+        gen, manifest = generate(layer, tmp_path / b, opts)
+        layout = "r4" if b == board else "rows"
+        assert manifest["weight_layouts"] == {
+            "r_ffn_int8_int8": {"w1": layout, "w3": layout, "w2": layout}
+        }
+        outs[b], _ = run_model(gen, b, x)
+    np.testing.assert_array_equal(outs[board].expert_ids, outs["host"].expert_ids)
+    np.testing.assert_array_equal(outs[board].output, outs["host"].output)
+    plan = make_plan(4, "int8", None, None)
+    ref, _ = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    assert compare(outs[board].output, ref, LAYER_TOLERANCE[("int8", "int8")]) is None
+
+
 @pytest.mark.parametrize("board", ["host", "cortex-m4"])
 def test_heat_placement_is_bit_identical_and_pins_hot_experts(board: str, tmp_path: Path) -> None:
     require_board(board)

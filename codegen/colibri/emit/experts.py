@@ -14,10 +14,30 @@ arena (a generated transformer is a single instance).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+
+from ..quant.formats import QuantTensor, r4_fits
 
 #: Parts of an expert in the order of the kernels' parameters.
 PARTS = ("w1", "b1", "w2", "b2", "w3")
+#: Board ISAs (boards/*.toml ``isa``) whose int8 x int8 expert kernels read layout r4
+#: (colibri_qinline.h): the Cortex-M4 / M7 DSP extension and Helium.
+R4_ISAS = ("armv7em_dsp", "mve")
+
+
+def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[str, str]:
+    """Stored layout of each weight part of an expert kind on a core: r4 where the core's
+    kernel reads four rows at once (int8 weights, int8 activations) and the shape allows."""
+    fast = isa in R4_ISAS and scheme == "int8" and act == "int8"
+    up = "r4" if fast and r4_fits(d_ff, d_model) else "rows"
+    down = "r4" if fast and r4_fits(d_model, d_ff) else "rows"
+    return {"w1": up, "w3": up, "w2": down}
+
+
+def with_layout(t: QuantTensor, part: str, kernel: dict[str, Any]) -> QuantTensor:
+    """`t` (weight part `part` of an expert run by `kernel`) in the layout the kernel reads."""
+    return replace(t, layout=kernel["layouts"].get(part, "rows"))
 
 
 def weight_types(name: str, scheme: str, d_model: int, d_ff: int) -> tuple[str, str]:
@@ -48,9 +68,12 @@ def ffn_kernel(
     d_ff: int,
     gated: bool,
     lone_layer: bool,
+    isa: str = "",
 ) -> dict[str, Any]:
     """What the ``ffn_kernel`` macro needs to write the kernel of one kind of quantised expert
-    (scheme, activation mode, d_ff) of model `name` (macro prefix `prefix`)."""
+    (scheme, activation mode, d_ff) of model `name` (macro prefix `prefix`) on a core (`isa`:
+    the weight layouts its kernel reads, :func:`layouts`)."""
+    lay = layouts(isa, scheme, act, d_model, d_ff)
     if lone_layer:  # the lone layer's header has <P>_D_FF; biases are optional at run time
         return {
             "fn": f"{name}_ffn_{scheme}_{act}",
@@ -67,6 +90,7 @@ def ffn_kernel(
             "f_stride": f"{prefix}_D_FF",
             "d_ff": d_ff,
             "act_q_in_scratch": True,
+            "layouts": lay,
         }
     return {
         "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
@@ -84,4 +108,5 @@ def ffn_kernel(
         "f_stride": f"{d_ff}u",
         "d_ff": d_ff,
         "act_q_in_scratch": False,
+        "layouts": lay,
     }

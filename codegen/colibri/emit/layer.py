@@ -16,15 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from ..boards import load_board
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
 from ..plan.memory import act_q_codes_offset, kernel_scratch_bytes
 from ..plan.model import LayerPlan
-from ..quant.formats import ROUTER_SCHEME_CODES
+from ..quant.formats import ROUTER_SCHEME_CODES, QuantTensor
 from ..quant.model import LayerQuant
 from ..reference.accuracy import Analysis
 from .cnames import c_ident, c_int_array
-from .experts import ffn_kernel, kernel_params
+from .experts import ffn_kernel, kernel_params, with_layout
 from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -54,6 +55,17 @@ def render_layer(
 
     stored: list[dict[str, Any]] = []
     weights = WeightTable(name)
+    isa = load_board(options.board).isa
+    kinds: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def kernel(scheme: str, act: str) -> dict[str, Any]:
+        """The FFN kernel of a quantised expert kind (and the layouts it reads)."""
+        if (scheme, act) not in kinds:
+            kinds[scheme, act] = ffn_kernel(
+                name, prefix, scheme, act, c.d_model, c.d_ff, c.gated, lone_layer=True, isa=isa
+            )
+        return kinds[scheme, act]
+
     what = f"router [{c.n_experts}][{c.d_model}]"
     if qrouter.scheme == "fp32":
         weights.add("router_w", layer.router_w, what)
@@ -76,6 +88,8 @@ def render_layer(
         warg = dict(arg)
         part_bytes = {"w1": "0u", "b1": "0u", "w2": "0u", "b2": "0u", "w3": "0u"}
         for tname, t in qe.tensors():
+            if isinstance(t, QuantTensor) and qe.scheme != "fp32":
+                t = with_layout(t, tname, kernel(qe.scheme, qe.act))
             entry = weights.add_stored(
                 f"e{idx}_{tname}", t, f"expert {idx} {tname}, {qe.scheme}{pinned}{shared}", const
             )
@@ -103,12 +117,7 @@ def render_layer(
                 "ffn": f"{name}_ffn" if qe.scheme == "fp32" else f"{name}_ffn_{qe.scheme}_{qe.act}",
             }
         )
-    ffn_kinds = [
-        ffn_kernel(name, prefix, scheme, act, c.d_model, c.d_ff, c.gated, lone_layer=True)
-        for scheme, act in sorted(
-            {(s["scheme"], s["act"]) for s in stored if s["scheme"] != "fp32"}
-        )
-    ]
+    ffn_kinds = [kinds[k] for k in sorted(kinds)]
     variants = sorted({(s["ffn"], s["kernel"]) for s in stored if s["kernel"] != "default"})
     weight_bytes = qrouter.nbytes + sum(int(s["nbytes"]) for s in stored)
     if layer.router_b is not None:
@@ -171,6 +180,8 @@ def render_layer(
         files,
     )
     manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in sorted(stored, key=_by_index)]
+    if ffn_kinds:  # how each quantised kernel's weights are stored (quant/formats.py LAYOUTS)
+        manifest["weight_layouts"] = {k["fn"]: k["layouts"] for k in ffn_kinds}
     if report:
         manifest["quantization"] = {
             "schemes": qplan.scheme_counts(),

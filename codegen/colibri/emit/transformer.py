@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..boards import load_board
 from ..errors import ConfigError
 from ..ir.transformer import MoETransformer, all_tensors, transformer_hash
 from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
@@ -36,7 +37,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
 from .cnames import c_float, c_ident
-from .experts import ffn_kernel
+from .experts import ffn_kernel, with_layout
 from .output import KIND, WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -109,10 +110,14 @@ def render_transformer(
         dense_types[n] = e["ptype"]
         return str(e["ref"])
 
-    def kind(scheme: str, kact: str, d_ff: int) -> str:
-        k = ffn_kernel(name, name.upper(), scheme, kact, c.d_model, d_ff, True, lone_layer=False)
+    isa = load_board(board).isa
+
+    def kind(scheme: str, kact: str, d_ff: int) -> dict[str, Any]:
+        k = ffn_kernel(
+            name, name.upper(), scheme, kact, c.d_model, d_ff, True, lone_layer=False, isa=isa
+        )
         kinds[k["fn"]] = k
-        return str(k["fn"])
+        return k
 
     layers: list[dict[str, Any]] = []
     moes: list[dict[str, Any]] = []
@@ -161,12 +166,13 @@ def render_transformer(
                 shape = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
                 for idx, qe in sorted(eq.experts[i].items()):
                     args = {}
+                    k = kind(qe.scheme, qe.act, mc.d_ff)
                     for tname, t in qe.tensors():
                         assert isinstance(t, QuantTensor)
                         what = f"expert {idx} {shape[tname]}, {qe.scheme}"
+                        t = with_layout(t, tname, k)
                         args[tname] = w.add_stored(f"l{i}_e{idx}_{tname}", t, what)["ref"]
-                    fn = kind(qe.scheme, qe.act, mc.d_ff)
-                    stored_q.append({"index": idx, "ffn": fn, "args": args})
+                    stored_q.append({"index": idx, "ffn": k["fn"], "args": args})
                 storage = m.storage_map()
                 kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
             entry["moe"] = len(moes)
@@ -195,11 +201,13 @@ def render_transformer(
             d_ff = int(ffn.w1.shape[1])
             names = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
             args = {}
+            k = kind(qf.scheme, qf.act, d_ff)
             for tname, t in qf.tensors():
                 assert isinstance(t, QuantTensor)
                 key = f"l{i}_{prefix}_{tname}"
+                t = with_layout(t, tname, k)
                 args[tname] = w.add_stored(key, t, f"SwiGLU {names[tname]}, {dense}")["ref"]
-            entry["dense_ffn"] = {"ffn": kind(qf.scheme, qf.act, d_ff), "args": args}
+            entry["dense_ffn"] = {"ffn": k["fn"], "args": args}
             entry["ffn_d_ff"] = d_ff
         elif ffn is not None:
             assert ffn.w3 is not None
@@ -286,6 +294,8 @@ def render_transformer(
         max_context=max_context,
         weight_parts=w.parts,
     )
+    if kinds:  # how each quantised kernel's weights are stored (quant/formats.py LAYOUTS)
+        manifest["weight_layouts"] = {fn: kinds[fn]["layouts"] for fn in sorted(kinds)}
     if q is not None:
         fp32_bytes = sum(int(a.nbytes) for _, a in all_tensors(model)) + rope_bytes
         others = "attention, shared experts, dense MLPs, embedding and LM head"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..quant.formats import QuantTensor, q8_channel_dtype
+from ..quant.formats import QuantTensor, q8_channel_dtype, r4_order
 from .cnames import NameTable
 from .output import BinaryFile
 
@@ -39,7 +39,8 @@ def tensor_bytes(t: QuantTensor | np.ndarray) -> bytes:
         assert t.scale is not None
         rec = np.zeros(1, dtype=q8_channel_dtype(t.n_out, t.n_in, t.scale.size))
         rec["scale"][0] = t.scale.reshape(-1)
-        rec["q"][0] = np.asarray(t.data, dtype=np.int8).ravel()
+        codes = np.asarray(t.data, dtype=np.int8)
+        rec["q"][0] = r4_order(codes) if t.layout == "r4" else codes.ravel()
         return rec.tobytes()
     return np.ascontiguousarray(t.data).tobytes()  # int4: BLOCK_Q4_DTYPE records, 18 bytes
 

@@ -15,7 +15,9 @@ max|w| / 7 per block, max|w| / 127 per channel); the codes are always the neares
 stored scale.
 
 Quantised tensors are stored output-channel-major (``w.T`` of the seed layout) so every
-output is a dot product over contiguous memory. Activations stay fp32 (``act="fp32"``) or are
+output is a dot product over contiguous memory; an int8 matrix whose kernel reads several rows
+at once may be stored in layout ``r4`` instead (:func:`r4_order`, chosen per core by the
+emitter and recorded in the manifest). Activations stay fp32 (``act="fp32"``) or are
 quantised to int8 at run time, one scale per block of QK8 = 32 values (``act="int8"``, integer
 dot products per block).
 
@@ -432,12 +434,48 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
     return float(np.sum(diff**2))
 
 
+# -- stored layouts ----------------------------------------------------------------------------
+
+#: Output rows per group and inputs per chunk of layout ``r4`` (colibri_qinline.h R4).
+R4_ROWS = 4
+R4_CHUNK = 16
+#: Stored layouts of a matrix: ``rows`` (output-channel-major) or ``r4``.
+LAYOUTS = ("rows", "r4")
+
+
+def r4_fits(n_out: int, n_in: int) -> bool:
+    """Whether an [n_out, n_in] matrix can be stored in layout r4 (whole chunks, one group)."""
+    return n_out >= R4_ROWS and n_in % R4_CHUNK == 0
+
+
+def r4_order(codes: np.ndarray) -> np.ndarray:
+    """The codes [n_out, n_in] in layout r4, as the flat array of stored bytes: groups of
+    R4_ROWS rows; in a group, for each chunk of R4_CHUNK inputs, that chunk of row 0, 1, 2, 3;
+    the n_out % R4_ROWS rows after the last group row-major."""
+    n_out, n_in = codes.shape
+    if not r4_fits(n_out, n_in):
+        raise ShapeError(f"layout r4 needs n_out >= {R4_ROWS} and n_in % {R4_CHUNK} == 0")
+    g = n_out // R4_ROWS * R4_ROWS
+    head = codes[:g].reshape(g // R4_ROWS, R4_ROWS, n_in // R4_CHUNK, R4_CHUNK)
+    return np.concatenate([head.transpose(0, 2, 1, 3).ravel(), codes[g:].ravel()])
+
+
+def r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The inverse of :func:`r4_order`: stored bytes back to codes [n_out, n_in]."""
+    g = n_out // R4_ROWS * R4_ROWS
+    flat = np.asarray(stored).ravel()
+    head = flat[: g * n_in].reshape(g // R4_ROWS, n_in // R4_CHUNK, R4_ROWS, R4_CHUNK)
+    rows = head.transpose(0, 2, 1, 3).reshape(g, n_in)
+    return np.concatenate([rows, flat[g * n_in :].reshape(n_out - g, n_in)])
+
+
 # -- quantised tensors and experts --------------------------------------------------------------
 
 
 @dataclass
 class QuantTensor:
-    """One weight matrix in a scheme, output-channel-major ``[n_out, n_in]``."""
+    """One weight matrix in a scheme, output-channel-major ``[n_out, n_in]`` (``data`` always;
+    ``layout`` says how the generated C stores it: :data:`LAYOUTS`)."""
 
     scheme: str
     n_out: int
@@ -446,6 +484,7 @@ class QuantTensor:
     #: int8: float32 [out] (one scale per output channel), or [out, ceil(in / 32)] (one per
     #: block of 32 inputs: the dense matrices of --dense-quant int8, see quantize_matrix)
     scale: np.ndarray | None = None
+    layout: str = "rows"
 
     @property
     def blocked(self) -> bool:

@@ -1,0 +1,421 @@
+/**
+ * @file colibri_qinline.h
+ * @brief Shape-specialised kernels for generated code (issue 11): static and always inlined, so
+ *        a generated expert kernel that calls them with its dimensions as constants gets a body
+ *        specialised to its shape (loop bounds and tails resolved at compile time, no call per
+ *        row or per block).
+ *
+ * Each returns exactly what its colibri_quant.h namesake returns, bit for bit: integer block
+ * sums do not depend on their order, and the float operations are the documented ones in the
+ * documented order. What changes is how the work is shared:
+ *  - colibri_qi_quantize_row: branch-free rounding in fixed point, four lanes on Helium;
+ *  - colibri_qi_q8_q8_r4: int8 x int8 on a matrix stored in layout R4 (below), four output rows
+ *    per pass, so each activation word is loaded and unpacked once for four rows and each row's
+ *    weights stream from one pointer: on the Cortex-M4 / M7 one LDRD, four SXTB16 and four SMLAD
+ *    per row and 8 inputs; on Helium one 16-byte load and one VMLADAVA per row and 16 inputs.
+ * On other cores they call the library (whose Neon / SSE paths are there); the emitter
+ * (colibri/emit/experts.py R4_ISAS) stores R4 only for the cores that have a fast path.
+ */
+#ifndef COLIBRI_QINLINE_H
+#define COLIBRI_QINLINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "colibri_quant.h"
+
+#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1)
+#include <arm_mve.h>
+#define COLIBRI_QI_MVE 1
+#elif defined(__ARM_FEATURE_SIMD32) && !defined(__ARM_NEON)
+#include <arm_acle.h>
+#define COLIBRI_QI_SIMD32 1
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COLIBRI_QI_INLINE static inline __attribute__((always_inline))
+
+#if defined(COLIBRI_QI_SIMD32)
+/** Four int8 codes as one word; may alias the int8 arrays it reads. */
+typedef uint32_t __attribute__((may_alias, aligned(4))) colibri_qi_word;
+#endif
+
+/** a + b * c with the product rounded before the addition (VMLA is not fused: one
+ *  instruction for the two that -ffp-contract=off leaves), as the library's acc += b * c. */
+COLIBRI_QI_INLINE float colibri_qi_mla(float a, float b, float c)
+{
+#if (defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)) && defined(__ARM_FP) && (__ARM_FP & 4)
+    __asm__("vmla.f32 %0, %1, %2" : "+t"(a) : "t"(b), "t"(c));
+    return a;
+#else
+    return a + b * c;
+#endif
+}
+
+/** Blocks whose max |x| is below this take the library's quantiser (see below). */
+#define COLIBRI_QI_TINY_BITS 0x0D800000u /* 2^-100 */
+
+/**
+ * @brief colibri_quantize_row_q8, bit for bit, faster on the M-profile cores. A block with a
+ *        finite max |x| of at least 2^-100 is quantised as t = (int32_t)(v * 2^16) (exact
+ *        fixed point, truncated), code = (t + 2^15 + (t >> 31)) >>
+ *        16, which is round(v) half away from zero without a branch or fabs, |v| <= 127 *
+ *        (1 + 2^-23) needing no clamp; Helium does four lanes at a time. Helium's float
+ *        operations flush subnormals to zero: with max |x| >= 2^-100 a subnormal x or v
+ *        quantises to 0 either way. Other blocks (zeros, tiny, NaN, infinity, the last partial
+ *        block) go through the library.
+ */
+COLIBRI_QI_INLINE void colibri_qi_quantize_row(const float *x, int8_t *xq, float *sx, int32_t n)
+{
+#if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
+    int32_t i0 = 0;
+    int32_t b = 0;
+    for (; i0 + COLIBRI_QK8 <= n; i0 += COLIBRI_QK8, b++) {
+        const float *xb = x + i0;
+        uint32_t abits = 0;
+#if defined(COLIBRI_QI_MVE)
+        uint32x4_t m = vdupq_n_u32(0);
+        for (int32_t j = 0; j < COLIBRI_QK8; j += 4) {
+            const uint32x4_t bits = vreinterpretq_u32_f32(vld1q_f32(xb + j));
+            m = vmaxq_u32(m, vandq_u32(bits, vdupq_n_u32(0x7FFFFFFFu)));
+        }
+        abits = vmaxvq_u32(0u, m);
+#else
+#pragma GCC unroll 32
+        for (int32_t j = 0; j < COLIBRI_QK8; j++) {
+            uint32_t bits;
+            memcpy(&bits, &xb[j], sizeof bits);
+            bits &= 0x7FFFFFFFu;
+            abits = (bits > abits) ? bits : abits;
+        }
+#endif
+        if (abits < COLIBRI_QI_TINY_BITS || abits >= 0x7F800000u) {
+            colibri_quantize_row_q8(xb, xq + i0, sx + b, COLIBRI_QK8);
+            continue;
+        }
+        float amax;
+        memcpy(&amax, &abits, sizeof amax);
+        /* x * (inv * 2^16) == (x * inv) * 2^16 exactly: scaling by a power of two commutes
+         * with rounding (a product below 2^-126 gives t = 0 either way) */
+        const float inv16 = ((float)COLIBRI_Q8_MAX / amax) * 65536.0f;
+        sx[b] = amax / (float)COLIBRI_Q8_MAX;
+#if defined(COLIBRI_QI_MVE)
+        for (int32_t j = 0; j < COLIBRI_QK8; j += 4) {
+            const int32x4_t t = vcvtq_s32_f32(vmulq_n_f32(vld1q_f32(xb + j), inv16));
+            const int32x4_t r = vaddq_s32(vaddq_n_s32(t, 32768), vshrq_n_s32(t, 31));
+            vstrbq_s32(xq + i0 + j, vshrq_n_s32(r, 16));
+        }
+#else
+#pragma GCC unroll 32
+        for (int32_t j = 0; j < COLIBRI_QK8; j++) {
+            const int32_t t = (int32_t)(xb[j] * inv16);
+            xq[i0 + j] = (int8_t)((t + 32768 + (t >> 31)) >> 16);
+        }
+#endif
+    }
+    if (i0 < n) {
+        colibri_quantize_row_q8(x + i0, xq + i0, sx + b, n - i0);
+    }
+#else
+    colibri_quantize_row_q8(x, xq, sx, n);
+#endif
+}
+
+/*
+ * Layout R4 (colibri/quant/formats.py r4_order): an int8 matrix [n_out][n_in] with n_in a
+ * multiple of COLIBRI_R4_CHUNK is stored in groups of COLIBRI_R4_ROWS output rows; inside a
+ * group, for each chunk of 16 inputs, the 16 codes of row 0, then of row 1, 2 and 3 (64 bytes).
+ * The n_out % 4 rows after the last group stay row-major. One pointer walks a group's weights
+ * in the order the kernel reads them: one 64-bit load per row and 8 inputs on the M4, one
+ * 16-byte vector per row and chunk on Helium.
+ */
+#define COLIBRI_R4_ROWS 4
+#define COLIBRI_R4_CHUNK 16
+
+/** Integer dot products of the 4 rows of an R4 group with one full block of 32 codes:
+ *  wg = the group's first byte + block * 128, x = the block's activation codes. */
+COLIBRI_QI_INLINE void colibri_qi_r4_block(const int8_t *wg, const int8_t *x, int32_t s[4])
+{
+#if defined(COLIBRI_QI_MVE)
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int32_t c = 0; c < 2; c++) {
+        const int8x16_t xv = vld1q_s8(x + 16 * c);
+        const int8_t *w = wg + 64 * c;
+        s0 = vmladavaq_s8(s0, vld1q_s8(w), xv);
+        s1 = vmladavaq_s8(s1, vld1q_s8(w + 16), xv);
+        s2 = vmladavaq_s8(s2, vld1q_s8(w + 32), xv);
+        s3 = vmladavaq_s8(s3, vld1q_s8(w + 48), xv);
+    }
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+    s[3] = s3;
+#elif defined(COLIBRI_QI_SIMD32)
+    /* Written out: GCC's allocation of the intrinsics spilled. 13 registers: 4 sums, the two
+     * base pointers, the 4 unpacked activation pairs and 3 for the weights. Per 8 inputs: one
+     * LDRD and 4 SXTB16 for the activations, then per row one LDRD, 4 SXTB16 and 4 SMLAD. */
+    int32_t s0, s1, s2, s3; /* the first step's SMUAD starts them */
+    uint32_t xa, xb, x1, x3, wa, wb, t;
+    __asm__("ldrd %[xa], %[xb], [%[x], #0]\n"
+            "sxtb16 %[x1], %[xa], ror #8\n"
+            "sxtb16 %[xa], %[xa]\n"
+            "sxtb16 %[x3], %[xb], ror #8\n"
+            "sxtb16 %[xb], %[xb]\n"
+            "ldrd %[wa], %[wb], [%[w], #0]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smuad %[s0], %[t], %[xa]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s0], %[wa], %[x1], %[s0]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s0], %[t], %[xb], %[s0]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s0], %[wb], %[x3], %[s0]\n"
+            "ldrd %[wa], %[wb], [%[w], #16]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smuad %[s1], %[t], %[xa]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s1], %[wa], %[x1], %[s1]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s1], %[t], %[xb], %[s1]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s1], %[wb], %[x3], %[s1]\n"
+            "ldrd %[wa], %[wb], [%[w], #32]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smuad %[s2], %[t], %[xa]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s2], %[wa], %[x1], %[s2]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s2], %[t], %[xb], %[s2]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s2], %[wb], %[x3], %[s2]\n"
+            "ldrd %[wa], %[wb], [%[w], #48]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smuad %[s3], %[t], %[xa]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s3], %[wa], %[x1], %[s3]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s3], %[t], %[xb], %[s3]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s3], %[wb], %[x3], %[s3]\n"
+            "ldrd %[xa], %[xb], [%[x], #8]\n"
+            "sxtb16 %[x1], %[xa], ror #8\n"
+            "sxtb16 %[xa], %[xa]\n"
+            "sxtb16 %[x3], %[xb], ror #8\n"
+            "sxtb16 %[xb], %[xb]\n"
+            "ldrd %[wa], %[wb], [%[w], #8]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s0], %[t], %[xa], %[s0]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s0], %[wa], %[x1], %[s0]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s0], %[t], %[xb], %[s0]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s0], %[wb], %[x3], %[s0]\n"
+            "ldrd %[wa], %[wb], [%[w], #24]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s1], %[t], %[xa], %[s1]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s1], %[wa], %[x1], %[s1]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s1], %[t], %[xb], %[s1]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s1], %[wb], %[x3], %[s1]\n"
+            "ldrd %[wa], %[wb], [%[w], #40]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s2], %[t], %[xa], %[s2]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s2], %[wa], %[x1], %[s2]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s2], %[t], %[xb], %[s2]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s2], %[wb], %[x3], %[s2]\n"
+            "ldrd %[wa], %[wb], [%[w], #56]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s3], %[t], %[xa], %[s3]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s3], %[wa], %[x1], %[s3]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s3], %[t], %[xb], %[s3]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s3], %[wb], %[x3], %[s3]\n"
+            "ldrd %[xa], %[xb], [%[x], #16]\n"
+            "sxtb16 %[x1], %[xa], ror #8\n"
+            "sxtb16 %[xa], %[xa]\n"
+            "sxtb16 %[x3], %[xb], ror #8\n"
+            "sxtb16 %[xb], %[xb]\n"
+            "ldrd %[wa], %[wb], [%[w], #64]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s0], %[t], %[xa], %[s0]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s0], %[wa], %[x1], %[s0]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s0], %[t], %[xb], %[s0]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s0], %[wb], %[x3], %[s0]\n"
+            "ldrd %[wa], %[wb], [%[w], #80]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s1], %[t], %[xa], %[s1]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s1], %[wa], %[x1], %[s1]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s1], %[t], %[xb], %[s1]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s1], %[wb], %[x3], %[s1]\n"
+            "ldrd %[wa], %[wb], [%[w], #96]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s2], %[t], %[xa], %[s2]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s2], %[wa], %[x1], %[s2]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s2], %[t], %[xb], %[s2]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s2], %[wb], %[x3], %[s2]\n"
+            "ldrd %[wa], %[wb], [%[w], #112]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s3], %[t], %[xa], %[s3]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s3], %[wa], %[x1], %[s3]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s3], %[t], %[xb], %[s3]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s3], %[wb], %[x3], %[s3]\n"
+            "ldrd %[xa], %[xb], [%[x], #24]\n"
+            "sxtb16 %[x1], %[xa], ror #8\n"
+            "sxtb16 %[xa], %[xa]\n"
+            "sxtb16 %[x3], %[xb], ror #8\n"
+            "sxtb16 %[xb], %[xb]\n"
+            "ldrd %[wa], %[wb], [%[w], #72]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s0], %[t], %[xa], %[s0]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s0], %[wa], %[x1], %[s0]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s0], %[t], %[xb], %[s0]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s0], %[wb], %[x3], %[s0]\n"
+            "ldrd %[wa], %[wb], [%[w], #88]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s1], %[t], %[xa], %[s1]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s1], %[wa], %[x1], %[s1]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s1], %[t], %[xb], %[s1]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s1], %[wb], %[x3], %[s1]\n"
+            "ldrd %[wa], %[wb], [%[w], #104]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s2], %[t], %[xa], %[s2]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s2], %[wa], %[x1], %[s2]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s2], %[t], %[xb], %[s2]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s2], %[wb], %[x3], %[s2]\n"
+            "ldrd %[wa], %[wb], [%[w], #120]\n"
+            "sxtb16 %[t], %[wa]\n"
+            "smlad %[s3], %[t], %[xa], %[s3]\n"
+            "sxtb16 %[wa], %[wa], ror #8\n"
+            "smlad %[s3], %[wa], %[x1], %[s3]\n"
+            "sxtb16 %[t], %[wb]\n"
+            "smlad %[s3], %[t], %[xb], %[s3]\n"
+            "sxtb16 %[wb], %[wb], ror #8\n"
+            "smlad %[s3], %[wb], %[x3], %[s3]\n"
+            : [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3), [xa] "=&r"(xa),
+              [xb] "=&r"(xb), [x1] "=&r"(x1), [x3] "=&r"(x3), [wa] "=&r"(wa), [wb] "=&r"(wb),
+              [t] "=&r"(t)
+            : [w] "r"(wg), [x] "r"(x), "m"(*(const int8_t(*)[128])wg),
+              "m"(*(const int8_t(*)[32])x));
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+    s[3] = s3;
+#else
+    for (int32_t r = 0; r < 4; r++) {
+        int32_t acc = 0;
+        for (int32_t i = 0; i < 32; i++) {
+            acc += (int32_t)wg[64 * (i / 16) + 16 * r + (i % 16)] * (int32_t)x[i];
+        }
+        s[r] = acc;
+    }
+#endif
+}
+
+/**
+ * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
+ *        stored in layout R4, bit for bit; n_in must be a multiple of COLIBRI_R4_CHUNK.
+ *        Compile-time n_out / n_in at the call site resolve every loop bound and tail.
+ */
+COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, const int8_t *xq,
+                                           const float *sx, float *y, int32_t n_out, int32_t n_in,
+                                           int blocked)
+{
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t half = (n_in % COLIBRI_QK8) != 0; /* a last block of 16 inputs */
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t groups = n_out / COLIBRI_R4_ROWS;
+    for (int32_t g = 0; g < groups; g++) {
+        const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
+        const int32_t o = g * COLIBRI_R4_ROWS;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        const float *s0p = scale + (size_t)o * nb; /* blocked: row o's block scales */
+        for (int32_t b = 0; b < full; b++) {
+            int32_t s[4];
+            colibri_qi_r4_block(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8, s);
+            const float xs = sx[b];
+            if (blocked) {
+                a0 = colibri_qi_mla(a0, (float)s[0], s0p[b] * xs);
+                a1 = colibri_qi_mla(a1, (float)s[1], s0p[nb + (size_t)b] * xs);
+                a2 = colibri_qi_mla(a2, (float)s[2], s0p[2u * nb + (size_t)b] * xs);
+                a3 = colibri_qi_mla(a3, (float)s[3], s0p[3u * nb + (size_t)b] * xs);
+            } else {
+                a0 = colibri_qi_mla(a0, (float)s[0], xs);
+                a1 = colibri_qi_mla(a1, (float)s[1], xs);
+                a2 = colibri_qi_mla(a2, (float)s[2], xs);
+                a3 = colibri_qi_mla(a3, (float)s[3], xs);
+            }
+        }
+        if (half) {
+            const int8_t *w = wg + (size_t)full * 128u;
+            const int8_t *x = xq + (size_t)full * COLIBRI_QK8;
+            const float xs = sx[full];
+            const float f0 = blocked ? s0p[full] * xs : xs;
+            const float f1 = blocked ? s0p[nb + (size_t)full] * xs : xs;
+            const float f2 = blocked ? s0p[2u * nb + (size_t)full] * xs : xs;
+            const float f3 = blocked ? s0p[3u * nb + (size_t)full] * xs : xs;
+            a0 += (float)colibri_dot_q8(w, x, 16) * f0;
+            a1 += (float)colibri_dot_q8(w + 16, x, 16) * f1;
+            a2 += (float)colibri_dot_q8(w + 32, x, 16) * f2;
+            a3 += (float)colibri_dot_q8(w + 48, x, 16) * f3;
+        }
+        if (blocked) {
+            y[o] = a0;
+            y[o + 1] = a1;
+            y[o + 2] = a2;
+            y[o + 3] = a3;
+        } else {
+            y[o] = a0 * scale[o];
+            y[o + 1] = a1 * scale[o + 1];
+            y[o + 2] = a2 * scale[o + 2];
+            y[o + 3] = a3 * scale[o + 3];
+        }
+    }
+    const int32_t o = groups * COLIBRI_R4_ROWS;
+    if (o < n_out) { /* the last 1..3 rows, row-major */
+        const int8_t *rest = q + (size_t)o * (size_t)n_in;
+        if (blocked) {
+            colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o, n_in);
+        } else {
+            colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);
+        }
+    }
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLIBRI_QINLINE_H */

@@ -1,0 +1,232 @@
+/**
+ * @file qkernels.c
+ * @brief Self-test of the shape-specialised kernels of colibri_qinline.h (what generated expert
+ *        kernels call) against the runtime's kernels_q.c on a board: every output must have the
+ *        same bits.
+ *         - colibri_qi_q8_q8_r4 (per-channel and block scales) on matrices stored in layout R4,
+ *           for row counts with and without a tail of 1..3 rows and inputs with and without a
+ *           last half block, random and extreme codes;
+ *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
+ *           huge blocks, NaN and infinity, and rows ending in a partial block.
+ *        Prints one line and returns 0 when all match. The bench markers time, by the first
+ *        byte of input.bin: 0 the library's colibri_matvec_q8_q8 on one expert's pair of
+ *        matrices (w1 [QK_FF][QK_D], then w2 [QK_D][QK_FF]), 1 colibri_qi_q8_q8_r4 on the same,
+ *        2 the library's colibri_quantize_row_q8 on QK_D + QK_FF values, 3 colibri_qi_quantize_row
+ *        on them (tests/targets/test_platforms.py turns the counts into instructions per MAC).
+ */
+#include "colibri_fmt.h"
+#include "colibri_platform.h"
+#include "colibri_qinline.h"
+#include "colibri_quant.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define QK_D 128
+#define QK_FF 256
+#define QK_MAXN (QK_FF * QK_D)
+#define QK_ROW (QK_D + QK_FF)
+
+static int8_t qk_w[QK_MAXN] __attribute__((aligned(4)));
+static int8_t qk_r4[32 * 256] __attribute__((aligned(4)));
+static float qk_scale[QK_FF * COLIBRI_Q8_BLOCKS(QK_FF)];
+static int8_t qk_xq[QK_ROW] __attribute__((aligned(4)));
+static int8_t qk_xq2[QK_ROW] __attribute__((aligned(4)));
+static float qk_x[QK_ROW];
+static float qk_sx[COLIBRI_Q8_BLOCKS(QK_ROW)];
+static float qk_sx2[COLIBRI_Q8_BLOCKS(QK_ROW)];
+static float qk_y0[QK_FF];
+static float qk_y1[QK_FF];
+static uint32_t qk_state = 0x2545F491u;
+
+static uint32_t qk_next(void)
+{
+    qk_state ^= qk_state << 13;
+    qk_state ^= qk_state >> 17;
+    qk_state ^= qk_state << 5;
+    return qk_state;
+}
+
+static float qk_unit(void)
+{
+    return (float)(int32_t)qk_next() * (1.0f / 2147483648.0f);
+}
+
+static float qk_bits(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+static void qk_fill(int extremes)
+{
+    for (int32_t i = 0; i < QK_MAXN; i++) {
+        const int32_t v =
+            extremes ? ((i % 3 == 0) ? 127 : -127) : (int32_t)(qk_next() % 255u) - 127;
+        qk_w[i] = (int8_t)v;
+    }
+    for (int32_t i = 0; i < QK_ROW; i++) {
+        qk_xq[i] = extremes ? (int8_t)-127 : (int8_t)((int32_t)(qk_next() % 255u) - 127);
+    }
+    for (size_t i = 0; i < sizeof qk_scale / sizeof qk_scale[0]; i++) {
+        qk_scale[i] = qk_unit() * 0.01f;
+    }
+    for (size_t i = 0; i < sizeof qk_sx / sizeof qk_sx[0]; i++) {
+        qk_sx[i] = qk_unit() * 0.05f;
+    }
+}
+
+/* Row-major [n_out][n_in] codes into layout R4 (colibri_qinline.h), n_in % 16 == 0. */
+static void qk_to_r4(const int8_t *src, int8_t *dst, int32_t n_out, int32_t n_in)
+{
+    const int32_t groups = n_out / COLIBRI_R4_ROWS;
+    int8_t *d = dst;
+    for (int32_t g = 0; g < groups; g++) {
+        for (int32_t c = 0; c < n_in / COLIBRI_R4_CHUNK; c++) {
+            for (int32_t r = 0; r < COLIBRI_R4_ROWS; r++) {
+                const int8_t *row = src + (size_t)(g * COLIBRI_R4_ROWS + r) * (size_t)n_in;
+                memcpy(d, row + (size_t)c * COLIBRI_R4_CHUNK, COLIBRI_R4_CHUNK);
+                d += COLIBRI_R4_CHUNK;
+            }
+        }
+    }
+    const size_t rest = (size_t)groups * COLIBRI_R4_ROWS * (size_t)n_in;
+    memcpy(dst + rest, src + rest, (size_t)(n_out % COLIBRI_R4_ROWS) * (size_t)n_in);
+}
+
+/* One shape: the R4 kernel against the library's row-major one, both scale layouts. */
+static uint32_t qk_check_r4(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint32_t failed = 0;
+    qk_to_r4(qk_w, qk_r4, n_out, n_in);
+    for (int blocked = 0; blocked < 2; blocked++) {
+        if (blocked) {
+            colibri_matvec_q8b_q8(qk_w, qk_scale, qk_xq, qk_sx, qk_y0, n_out, n_in);
+        } else {
+            colibri_matvec_q8_q8(qk_w, qk_scale, qk_xq, qk_sx, qk_y0, n_out, n_in);
+        }
+        colibri_qi_q8_q8_r4(qk_r4, qk_scale, qk_xq, qk_sx, qk_y1, n_out, n_in, blocked);
+        *checks += 1u;
+        failed += memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
+    }
+    return failed;
+}
+
+/* One row of n values: the inline quantiser against the library's. */
+static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
+{
+    colibri_quantize_row_q8(qk_x, qk_xq, qk_sx, n);
+    colibri_qi_quantize_row(qk_x, qk_xq2, qk_sx2, n);
+    *checks += 1u;
+    return memcmp(qk_xq, qk_xq2, (size_t)n) != 0 ||
+           memcmp(qk_sx, qk_sx2, COLIBRI_Q8_BLOCKS(n) * sizeof(float)) != 0;
+}
+
+static uint32_t qk_quant_cases(uint32_t *checks)
+{
+    uint32_t failed = 0;
+    for (int32_t kind = 0; kind < 10; kind++) {
+        for (int32_t i = 0; i < QK_ROW; i++) {
+            float v = qk_unit() * 8.0f;
+            if (kind == 1) { /* exact halves of the 127 / amax grid: v * 127 / 127 */
+                v = ((float)(int32_t)(qk_next() % 255u) - 127.0f + 0.5f) * (1.0f / 127.0f);
+            } else if (kind == 2) {
+                v = (i % 5 == 0) ? 0.0f : -0.0f;
+            } else if (kind == 3) { /* subnormals beside normal values */
+                v = (i % 2) ? qk_bits(qk_next() & 0x807FFFFFu) : qk_unit() * 1e-30f;
+            } else if (kind == 4) { /* tiny blocks: max |x| around 2^-100 and below */
+                v = qk_unit() * qk_bits(0x0D800000u + (qk_next() % 3u) * 0x00800000u - 0x00800000u);
+            } else if (kind == 5) {
+                v = qk_unit() * 3.0e38f;
+            } else if (kind == 6 && i % 37 == 0) {
+                v = qk_bits(0x7FC00000u); /* NaN */
+            } else if (kind == 7 && i % 41 == 0) {
+                v = (i % 2) ? qk_bits(0x7F800000u) : qk_bits(0xFF800000u); /* +-inf */
+            } else if (kind == 8) { /* one dominant value per block */
+                v = (i % 32 == 7) ? 1000.0f : qk_unit();
+            }
+            qk_x[i] = v;
+        }
+        failed += qk_check_quant(QK_ROW, checks);
+        failed += qk_check_quant(QK_ROW - 5, checks); /* a partial last block */
+        failed += qk_check_quant(13, checks);
+    }
+    return failed;
+}
+
+/* The bench calls, one function each (as a generated expert kernel is): constant shapes. */
+__attribute__((noinline)) static void qk_bench_library(void)
+{
+    colibri_matvec_q8_q8(qk_w, qk_scale, qk_xq, qk_sx, qk_y0, QK_FF, QK_D);
+    colibri_matvec_q8_q8(qk_w, qk_scale, qk_xq, qk_sx, qk_y1, QK_D, QK_FF);
+}
+
+__attribute__((noinline)) static void qk_bench_r4(void)
+{
+    colibri_qi_q8_q8_r4(qk_w, qk_scale, qk_xq, qk_sx, qk_y0, QK_FF, QK_D, 0);
+    colibri_qi_q8_q8_r4(qk_w, qk_scale, qk_xq, qk_sx, qk_y1, QK_D, QK_FF, 0);
+}
+
+__attribute__((noinline)) static void qk_bench_quant(int inline_kernel)
+{
+    if (inline_kernel) {
+        colibri_qi_quantize_row(qk_x, qk_xq, qk_sx, QK_D);
+        colibri_qi_quantize_row(qk_x + QK_D, qk_xq + QK_D, qk_sx + QK_D / 32, QK_FF);
+    } else {
+        colibri_quantize_row_q8(qk_x, qk_xq, qk_sx, QK_D);
+        colibri_quantize_row_q8(qk_x + QK_D, qk_xq + QK_D, qk_sx + QK_D / 32, QK_FF);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    clb_platform_init();
+    static const int32_t outs[] = {4, 5, 6, 7, 8, 13, 30};
+    static const int32_t ins[] = {16, 32, 48, 64, 128, 256};
+    uint32_t checks = 0;
+    uint32_t failed = 0;
+    for (int round = 0; round < 3; round++) {
+        qk_fill(round == 2);
+        for (size_t a = 0; a < sizeof outs / sizeof outs[0]; a++) {
+            for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++) {
+                failed += qk_check_r4(outs[a], ins[b], &checks);
+            }
+        }
+    }
+    failed += qk_quant_cases(&checks);
+
+    uint8_t mode = 0xFFu;
+    const int32_t fd = clb_platform_open("input.bin", CLB_PLATFORM_READ);
+    if (fd >= 0) {
+        if (clb_platform_read(fd, &mode, 1) != 1) {
+            mode = 0xFFu;
+        }
+        (void)clb_platform_close(fd);
+    }
+    qk_fill(0); /* random bytes: as valid an R4 matrix as a row-major one */
+    for (int32_t i = 0; i < QK_ROW; i++) {
+        qk_x[i] = qk_unit() * 4.0f;
+    }
+    clb_platform_bench_begin();
+    if (mode == 0u) {
+        qk_bench_library();
+    } else if (mode == 1u) {
+        qk_bench_r4();
+    } else if (mode == 2u || mode == 3u) {
+        qk_bench_quant(mode == 3u);
+    }
+    clb_platform_bench_end();
+
+    char line[96];
+    char *p = clb_append(line, "colibri qkernels: ");
+    p = clb_append_u32(p, checks);
+    p = clb_append(p, " checks, ");
+    p = clb_append_u32(p, failed);
+    p = clb_append(p, " failed\n");
+    *p = '\0';
+    clb_platform_puts(line);
+    return failed == 0u ? 0 : 1;
+}
