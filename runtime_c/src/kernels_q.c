@@ -6,10 +6,13 @@
  *
  * The integer dot products have per-ISA paths chosen by the compiler's ACLE feature macros
  * (as CMSIS-NN does): Helium / MVE (Cortex-M55: VMLADAVA, 16 MACs), Neon (Cortex-A: VMULL +
- * VPADAL, 16 MACs), SSE2 on x86-64 hosts (PMADDWD, 16 MACs), the 32-bit SIMD / DSP extension
- * (Cortex-M4 / M7, and int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), else portable C. Integer
- * sums do not depend on their order, so every path returns exactly what the portable loop returns
- * (tests/platform/kernels.c checks it on every board).
+ * VPADAL, 16 MACs; SDOT where the core has the dot-product extension, __ARM_FEATURE_DOTPROD),
+ * SSE2 on x86-64 hosts (PMADDWD, 16 MACs), the 32-bit SIMD / DSP extension (Cortex-M4 / M7, and
+ * int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), else portable C. Integer sums do not depend on
+ * their order, so every path returns exactly what the portable loop returns (tests/platform/
+ * kernels.c checks it on every board). On Neon cores kernels_neon.h adds the int4 blocks, the
+ * hardware fp16 conversion and the fp16 matvec (four rows per register on aarch64), each
+ * bit-identical to the portable C (the same float operations in the same order per row).
  */
 #include "colibri_quant.h"
 
@@ -22,7 +25,7 @@
 #include <arm_mve.h>
 #define COLIBRI_DOT_MVE 1
 #elif defined(__ARM_NEON)
-#include <arm_neon.h>
+#include "kernels_neon.h" /* int4 blocks, fp16 conversion and matvec (includes arm_neon.h) */
 #define COLIBRI_DOT_NEON 1
 #elif defined(__SSE2__)
 #include <emmintrin.h>
@@ -36,6 +39,9 @@
 
 float colibri_f16_to_f32(uint16_t h)
 {
+#if defined(COLIBRI_F16_NEON)
+    return colibri_neon_f16_to_f32(h);
+#else
     const uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
     const uint32_t em = (uint32_t)h & 0x7FFFu; /* exponent and mantissa */
     uint32_t bits;
@@ -54,11 +60,16 @@ float colibri_f16_to_f32(uint16_t h)
     bits |= sign;
     memcpy(&f, &bits, sizeof f);
     return f;
+#endif
 }
 
 void colibri_matvec_f16_f32(const uint16_t *w, const float *x, float *y, int32_t n_out,
                             int32_t n_in)
 {
+#if defined(COLIBRI_F16_NEON)
+    colibri_neon_matvec_f16_f32(w, x, y, n_out, n_in);
+    return;
+#endif
     for (int32_t o = 0; o < n_out; o++) {
         const uint16_t *row = w + (size_t)o * (size_t)n_in;
         float acc = 0.0f;
@@ -209,25 +220,26 @@ static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *a, con
     }
 #elif defined(COLIBRI_DOT_NEON)
     int32x4_t acc4 = vdupq_n_s32(0);
-    for (; i + 16 <= n; i += 16) { /* int8 x int8 products fit int16: widen, then pair-add */
+    for (; i + 16 <= n; i += 16) {
         const int8x16_t va = vld1q_s8(a + i);
         const int8x16_t vb = vld1q_s8(b + i);
+#if defined(__ARM_FEATURE_DOTPROD)
+        /* Armv8.2-A SDOT: 16 MACs into four int32 lanes */
+        acc4 = vdotq_s32(acc4, va, vb);
+#else
+        /* int8 x int8 products fit int16: widen, then pair-add */
         acc4 = vpadalq_s16(acc4, vmull_s8(vget_low_s8(va), vget_low_s8(vb)));
 #if defined(__aarch64__)
         acc4 = vpadalq_s16(acc4, vmull_high_s8(va, vb));
 #else
         acc4 = vpadalq_s16(acc4, vmull_s8(vget_high_s8(va), vget_high_s8(vb)));
 #endif
+#endif
     }
     for (; i + 8 <= n; i += 8) {
         acc4 = vpadalq_s16(acc4, vmull_s8(vld1_s8(a + i), vld1_s8(b + i)));
     }
-#if defined(__aarch64__)
-    acc = vaddvq_s32(acc4);
-#else
-    const int32x2_t pair = vadd_s32(vget_low_s32(acc4), vget_high_s32(acc4));
-    acc = vget_lane_s32(vpadd_s32(pair, pair), 0);
-#endif
+    acc = colibri_neon_hsum_s32(acc4);
 #elif defined(COLIBRI_DOT_SSE2)
     __m128i acc4 = _mm_setzero_si128();
     const __m128i zero = _mm_setzero_si128();
@@ -297,6 +309,8 @@ int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int3
             sum_x = colibri_dot4_simd32(0x01010101u, x_hi, sum_x);
         }
         return acc - 8 * sum_x;
+#elif defined(COLIBRI_DOT_NEON)
+        return colibri_neon_q4_block(blk, xq);
 #else
         for (int32_t j = 0; j < 16; j++) {
             const int32_t lo = (int32_t)(blk->qs[j] & 0x0Fu) - 8;
@@ -344,6 +358,12 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
             const int32_t i0 = (int32_t)(b * COLIBRI_QK4);
             const int32_t n = (n_in - i0 < COLIBRI_QK4) ? n_in - i0 : COLIBRI_QK4;
             const float d = colibri_f16_to_f32(row[b].d);
+#if defined(COLIBRI_DOT_NEON)
+            if (n == COLIBRI_QK4) { /* the block's integer sum, inlined */
+                acc += (float)colibri_neon_q4_block(&row[b], xq + i0) * (d * sx[b]);
+                continue;
+            }
+#endif
             acc += (float)colibri_dot_q4_q8(&row[b], xq + i0, n) * (d * sx[b]);
         }
         y[o] = acc;

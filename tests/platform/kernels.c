@@ -3,13 +3,19 @@
  * @brief Self-test of the runtime's integer dot products on a board (kernels_q.c: its Helium,
  *        Neon, SIMD32 or portable path, whichever the board's flags select) against the plain
  *        loops below, for every length 0..140, unaligned pointers and extreme values; then the
- *        int4 block dot product for full and partial blocks. Prints one line and returns 0 when
- *        every result is identical. The bench markers time one of six loops, chosen by the
- *        first byte of input.bin: 0 the runtime's int8 dot (128 values, 8 times), 1 the plain
- *        loop, 2 the runtime's int4 block dot (4 blocks, 8 times), 3 its portable loop
+ *        int4 block dot product for full and partial blocks; then, bit for bit, the fp16
+ *        conversion for every one of the 65536 bit patterns (a NaN only has to stay a NaN), the
+ *        fp16 x fp32 matvec and the int4 x int8 matvec for shapes with row and column tails
+ *        (including products and sums in the fp32 subnormal range), against the portable C of
+ *        kernels_q.c copied below. Prints one line and returns 0 when every result is
+ *        identical. The bench markers time one of ten loops, chosen by the first byte of
+ *        input.bin: 0 the runtime's int8 dot (128 values, 8 times), 1 the plain loop, 2 the
+ *        runtime's int4 block dot (4 blocks, 8 times), 3 its portable loop
  *        (tests/targets/test_platforms.py prints the instruction counts side by side), 4 the
  *        runtime's activation quantiser on KT_QUANT values (a scale per block of 32), 5 the
- *        per-row roundf-and-divide loop it replaced (the same values; outside the checks).
+ *        per-row roundf-and-divide loop it replaced (the same values; outside the checks),
+ *        6 the runtime's fp16 x fp32 matvec (KT_BO x KT_BI), 7 the portable one, 8 the runtime's
+ *        int4 x int8 matvec (KT_BO x KT_BI), 9 the portable one.
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -17,10 +23,16 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define KT_MAX 160
 #define KT_BLOCKS 4
 #define KT_QUANT 640
+/* matvec checks: up to KT_MO rows of up to KT_MI inputs; the bench shape KT_BO x KT_BI */
+#define KT_MO 9
+#define KT_MI 97
+#define KT_BO 8
+#define KT_BI 64
 
 static int8_t kt_a[KT_MAX + 4];
 static int8_t kt_b[KT_MAX + 4];
@@ -29,6 +41,11 @@ static float kt_x[KT_QUANT];
 static int8_t kt_xq[KT_QUANT];
 static float kt_sx[COLIBRI_Q8_BLOCKS(KT_QUANT)];
 static uint32_t kt_state = 0x9E3779B9u;
+static uint16_t kt_w16[KT_MO * KT_MI];
+static colibri_block_q4_32 kt_w4[KT_MO * COLIBRI_Q4_BLOCKS(KT_MI)];
+static float kt_xf[KT_MI];
+static float kt_y[KT_MO];
+static float kt_yref[KT_MO];
 
 static uint32_t kt_next(void)
 {
@@ -70,6 +87,72 @@ __attribute__((noinline)) static int32_t kt_dot_q4_block(const colibri_block_q4_
         acc += lo * (int32_t)x[j] + hi * (int32_t)x[j + 16];
     }
     return acc;
+}
+
+/** @brief The portable fp16 conversion of kernels_q.c (the reference of the hardware ones). */
+static float kt_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    const uint32_t em = (uint32_t)h & 0x7FFFu;
+    uint32_t bits;
+    float f;
+    if (em >= 0x7C00u) {
+        bits = sign | 0x7F800000u | ((em & 0x3FFu) << 13);
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    bits = em << 13;
+    memcpy(&f, &bits, sizeof f);
+    f *= 5.192296858534828e33f; /* 2^112 */
+    memcpy(&bits, &f, sizeof f);
+    bits |= sign;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/** @brief The portable fp16 x fp32 matvec (colibri_quant.h order; bench mode 7). */
+__attribute__((noinline)) static void kt_matvec_f16(const uint16_t *w, const float *x, float *y,
+                                                    int32_t n_out, int32_t n_in)
+{
+    for (int32_t o = 0; o < n_out; o++) {
+        float acc = 0.0f;
+        for (int32_t i = 0; i < n_in; i++) {
+            acc += kt_f16_to_f32(w[(size_t)o * (size_t)n_in + (size_t)i]) * x[i];
+        }
+        y[o] = acc;
+    }
+}
+
+/** @brief The portable int4 x int8 matvec (colibri_quant.h order; bench mode 9). */
+__attribute__((noinline)) static void kt_matvec_q4(const colibri_block_q4_32 *w, const int8_t *xq,
+                                                   const float *sx, float *y, int32_t n_out,
+                                                   int32_t n_in)
+{
+    const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
+    for (int32_t o = 0; o < n_out; o++) {
+        float acc = 0.0f;
+        for (int32_t b = 0; b < nb; b++) {
+            const colibri_block_q4_32 *blk = &w[o * nb + b];
+            const int32_t n = (n_in - b * 32 < 32) ? n_in - b * 32 : 32;
+            const int32_t isum =
+                (n == 32) ? kt_dot_q4_block(blk, xq + b * 32) : kt_dot_q4(blk, xq + b * 32, n);
+            acc += (float)isum * (kt_f16_to_f32(blk->d) * sx[b]);
+        }
+        y[o] = acc;
+    }
+}
+
+/** @brief A random finite fp16 (normals, subnormals and zeros of both signs). */
+static uint16_t kt_f16(void)
+{
+    uint16_t h = (uint16_t)(kt_next() >> 16);
+    return ((h & 0x7C00u) == 0x7C00u) ? (uint16_t)(h ^ 0x4000u) : h;
+}
+
+/** @brief One matvec check: 1 when y and kt_yref differ in any bit. */
+static uint32_t kt_differs(int32_t n_out)
+{
+    return memcmp(kt_y, kt_yref, (size_t)n_out * sizeof(float)) != 0 ? 1u : 0u;
 }
 
 /** @brief The activation quantiser before issue 11: roundf(x / sx) per element (bench mode 5). */
@@ -140,6 +223,48 @@ int main(int argc, char **argv)
             }
         }
     }
+    for (uint32_t h = 0; h < 65536u; h++) { /* every fp16 bit pattern */
+        const float got = colibri_f16_to_f32((uint16_t)h);
+        const float want = kt_f16_to_f32((uint16_t)h);
+        checks++;
+        if (isnan(want) ? !isnan(got) || signbit(got) != signbit(want)
+                        : memcmp(&got, &want, sizeof got) != 0) {
+            failed++;
+        }
+    }
+    static const int32_t kt_ins[] = {1, 4, 7, 8, 9, 16, 31, 32, 33, 40, 64, 65, 97};
+    for (int32_t round = 0; round < 2; round++) {
+        /* round 1: x and sx so small that many products and partial sums are fp32 subnormals */
+        const float xs = round == 0 ? 0x1p-31f : 0x1p-31f * 0x1p-115f;
+        for (int32_t i = 0; i < KT_MI; i++) {
+            kt_xf[i] = (float)(int32_t)kt_next() * xs;
+            kt_b[i] = (int8_t)(kt_next() >> 24);
+        }
+        for (int32_t i = 0; i < KT_MO * KT_MI; i++) {
+            kt_w16[i] = kt_f16();
+        }
+        for (size_t k = 0; k < sizeof kt_w4 / sizeof kt_w4[0]; k++) {
+            kt_w4[k].d = kt_f16();
+            for (int32_t j = 0; j < 16; j++) {
+                kt_w4[k].qs[j] = (uint8_t)kt_next();
+            }
+        }
+        for (int32_t b = 0; b < (int32_t)COLIBRI_Q4_BLOCKS(KT_MI); b++) {
+            kt_sx[b] = (float)(kt_next() >> 8) * (round == 0 ? 0x1p-30f : 0x1p-24f * 0x1p-100f);
+        }
+        for (int32_t n_out = 1; n_out <= KT_MO; n_out++) {
+            for (size_t k = 0; k < sizeof kt_ins / sizeof kt_ins[0]; k++) {
+                const int32_t n_in = kt_ins[k];
+                checks += 2;
+                colibri_matvec_f16_f32(kt_w16, kt_xf, kt_y, n_out, n_in);
+                kt_matvec_f16(kt_w16, kt_xf, kt_yref, n_out, n_in);
+                failed += kt_differs(n_out);
+                colibri_matvec_q4_q8(kt_w4, kt_b, kt_sx, kt_y, n_out, n_in);
+                kt_matvec_q4(kt_w4, kt_b, kt_sx, kt_yref, n_out, n_in);
+                failed += kt_differs(n_out);
+            }
+        }
+    }
     uint8_t mode = 0xFFu;
     const int32_t fd = clb_platform_open("input.bin", CLB_PLATFORM_READ);
     if (fd >= 0) {
@@ -160,6 +285,14 @@ int main(int argc, char **argv)
         fsink += kt_sx[0];
     } else if (mode == 5u) {
         fsink += kt_quantize_roundf(kt_x, kt_xq, KT_QUANT);
+    } else if (mode == 6u) {
+        colibri_matvec_f16_f32(kt_w16, kt_xf, kt_y, KT_BO, KT_BI);
+    } else if (mode == 7u) {
+        kt_matvec_f16(kt_w16, kt_xf, kt_y, KT_BO, KT_BI);
+    } else if (mode == 8u) {
+        colibri_matvec_q4_q8(kt_w4, kt_b, kt_sx, kt_y, KT_BO, KT_BI);
+    } else if (mode == 9u) {
+        kt_matvec_q4(kt_w4, kt_b, kt_sx, kt_y, KT_BO, KT_BI);
     }
     for (int32_t rep = 0; rep < 8; rep++) {
         if (mode == 0u) {
@@ -177,6 +310,7 @@ int main(int argc, char **argv)
         }
     }
     clb_platform_bench_end();
+    fsink += kt_y[0];
     (void)sink;
     (void)fsink;
 
