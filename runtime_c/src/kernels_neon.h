@@ -17,6 +17,9 @@
  *    4 rows x 8 inputs transposed with TRN1 / TRN2 after the load. Lane r does exactly the scalar
  *    loop's operations for row o + r, so the result is bit-identical to the portable kernel and
  *    to the numpy mirror (AArch64 Neon honours FPCR: IEEE subnormals, round to nearest).
+ *  - int4 x fp32 matvec, aarch64: the same four-rows-per-register scheme; the nibbles of four
+ *    rows' blocks are unpacked, transposed with ZIP1 / ZIP2 and widened to exact fp32, and lane r
+ *    sums bs += (q - 8) * x for j ascending, then acc += bs * d, as the scalar loop does.
  *    Armv7 Neon float arithmetic always flushes subnormals to zero (the "standard FPSCR value"),
  *    which would break that identity, so on Armv7 only the conversion is vectorised: blocks of a
  *    row are converted into a small fp32 buffer with Neon (exact), and the sums stay in scalar
@@ -167,6 +170,101 @@ static inline void colibri_neon_matvec_f16_f32(const uint16_t *w, const float *x
         y[o] = acc;
     }
 }
+#if defined(__aarch64__)
+/** @brief Four int8 lanes (rows 0..3 of one input j) widened and converted to fp32 (exact). */
+static inline __attribute__((always_inline)) float32x4_t colibri_neon_s16_lo_f32(int16x8_t v)
+{
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(v)));
+}
+
+static inline __attribute__((always_inline)) float32x4_t colibri_neon_s16_hi_f32(int16x8_t v)
+{
+    return vcvtq_f32_s32(vmovl_high_s16(v));
+}
+
+/** @brief bs + the products of 16 inputs x[0..15] with t = 4 x 16 int8 (4 inputs per vector,
+ *         each as 4 row lanes), inputs ascending: bs += w * x per input, multiply then add. */
+static inline __attribute__((always_inline)) float32x4_t
+colibri_neon_q4_cols16(const int8x16_t t[4], const float *x, float32x4_t bs)
+{
+    for (int32_t k = 0; k < 4; k++) {
+        const float32x4_t xv = vld1q_f32(x + 4 * k);
+        const int16x8_t w01 = vmovl_s8(vget_low_s8(t[k])); /* inputs 4k, 4k + 1 */
+        const int16x8_t w23 = vmovl_high_s8(t[k]);         /* inputs 4k + 2, 4k + 3 */
+        bs = vaddq_f32(bs, vmulq_laneq_f32(colibri_neon_s16_lo_f32(w01), xv, 0));
+        bs = vaddq_f32(bs, vmulq_laneq_f32(colibri_neon_s16_hi_f32(w01), xv, 1));
+        bs = vaddq_f32(bs, vmulq_laneq_f32(colibri_neon_s16_lo_f32(w23), xv, 2));
+        bs = vaddq_f32(bs, vmulq_laneq_f32(colibri_neon_s16_hi_f32(w23), xv, 3));
+    }
+    return bs;
+}
+
+/** @brief Transpose 4 rows of 16 int8 into t[k] = inputs 4k..4k+3, each as 4 row lanes. */
+static inline __attribute__((always_inline)) void
+colibri_neon_t4x16(int8x16_t r0, int8x16_t r1, int8x16_t r2, int8x16_t r3, int8x16_t t[4])
+{
+    const int8x16x2_t ab = vzipq_s8(r0, r1); /* a0 b0 a1 b1 ... */
+    const int8x16x2_t cd = vzipq_s8(r2, r3);
+    const int16x8x2_t lo =
+        vzipq_s16(vreinterpretq_s16_s8(ab.val[0]), vreinterpretq_s16_s8(cd.val[0]));
+    const int16x8x2_t hi =
+        vzipq_s16(vreinterpretq_s16_s8(ab.val[1]), vreinterpretq_s16_s8(cd.val[1]));
+    t[0] = vreinterpretq_s8_s16(lo.val[0]);
+    t[1] = vreinterpretq_s8_s16(lo.val[1]);
+    t[2] = vreinterpretq_s8_s16(hi.val[0]);
+    t[3] = vreinterpretq_s8_s16(hi.val[1]);
+}
+
+/** @brief Rows o..o+3 of colibri_matvec_q4_f32: lane r follows row o + r's scalar order. */
+static inline void colibri_neon_q4_f32_rows4(const colibri_block_q4_32 *w, size_t nb,
+                                             const float *x, float *y, int32_t n_in)
+{
+    const int8x16_t minus8 = vdupq_n_s8(-8);
+    const uint8x16_t m0f = vdupq_n_u8(0x0Fu);
+    const size_t full = (size_t)n_in / COLIBRI_QK4;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (size_t b = 0; b < full; b++) {
+        int8x16_t lo[4];
+        int8x16_t hi[4];
+        uint16x4_t d16 = vdup_n_u16(0);
+        for (int32_t r = 0; r < 4; r++) {
+            const colibri_block_q4_32 *blk = &w[(size_t)r * nb + b];
+            const uint8x16_t q = vld1q_u8(blk->qs);
+            lo[r] = vaddq_s8(vreinterpretq_s8_u8(vandq_u8(q, m0f)), minus8);
+            hi[r] = vaddq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), minus8);
+            d16 = vld1_lane_u16(&blk->d, d16, 0);
+            d16 = vext_u16(d16, d16, 1); /* rotate: after four loads lane r holds row r */
+        }
+        int8x16_t t[4];
+        const float *xb = x + b * COLIBRI_QK4;
+        float32x4_t bs = vdupq_n_f32(0.0f);
+        colibri_neon_t4x16(lo[0], lo[1], lo[2], lo[3], t);
+        bs = colibri_neon_q4_cols16(t, xb, bs);
+        colibri_neon_t4x16(hi[0], hi[1], hi[2], hi[3], t);
+        bs = colibri_neon_q4_cols16(t, xb + 16, bs);
+        const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(d16));
+        acc = vaddq_f32(acc, vmulq_f32(bs, d));
+    }
+    if (full * COLIBRI_QK4 == (size_t)n_in) {
+        vst1q_f32(y, acc);
+        return;
+    }
+    float a[4];
+    vst1q_f32(a, acc);
+    const int32_t i0 = (int32_t)(full * COLIBRI_QK4);
+    for (int32_t r = 0; r < 4; r++) { /* the partial last block, in the scalar order */
+        const colibri_block_q4_32 *blk = &w[(size_t)r * nb + full];
+        float bs = 0.0f;
+        for (int32_t j = 0; j < n_in - i0; j++) {
+            const uint8_t byte = blk->qs[j & 15];
+            const int32_t q = (int32_t)((j < 16) ? (byte & 0x0Fu) : (byte >> 4)) - 8;
+            bs += (float)q * x[i0 + j];
+        }
+        a[r] += bs * colibri_neon_f16_to_f32(blk->d);
+    }
+    memcpy(y, a, sizeof a);
+}
+#endif /* __aarch64__ */
 #endif /* COLIBRI_F16_NEON */
 
 #endif /* COLIBRI_KERNELS_NEON_H */

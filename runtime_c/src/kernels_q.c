@@ -123,7 +123,13 @@ void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *
                            int32_t n_in)
 {
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
-    for (int32_t o = 0; o < n_out; o++) {
+    int32_t o = 0;
+#if defined(COLIBRI_F16_NEON) && defined(__aarch64__)
+    for (; o + 4 <= n_out; o += 4) { /* four rows per register, each lane in the order below */
+        colibri_neon_q4_f32_rows4(w + (size_t)o * nb, nb, x, y + o, n_in);
+    }
+#endif
+    for (; o < n_out; o++) {
         const colibri_block_q4_32 *row = w + (size_t)o * nb;
         float acc = 0.0f;
         for (size_t b = 0; b < nb; b++) {

@@ -5,17 +5,18 @@
  *        loops below, for every length 0..140, unaligned pointers and extreme values; then the
  *        int4 block dot product for full and partial blocks; then, bit for bit, the fp16
  *        conversion for every one of the 65536 bit patterns (a NaN only has to stay a NaN), the
- *        fp16 x fp32 matvec and the int4 x int8 matvec for shapes with row and column tails
+ *        fp16 x fp32, int4 x int8 and int4 x fp32 matvecs for shapes with row and column tails
  *        (including products and sums in the fp32 subnormal range), against the portable C of
  *        kernels_q.c copied below. Prints one line and returns 0 when every result is
- *        identical. The bench markers time one of ten loops, chosen by the first byte of
+ *        identical. The bench markers time one of twelve loops, chosen by the first byte of
  *        input.bin: 0 the runtime's int8 dot (128 values, 8 times), 1 the plain loop, 2 the
  *        runtime's int4 block dot (4 blocks, 8 times), 3 its portable loop
  *        (tests/targets/test_platforms.py prints the instruction counts side by side), 4 the
  *        runtime's activation quantiser on KT_QUANT values (a scale per block of 32), 5 the
  *        per-row roundf-and-divide loop it replaced (the same values; outside the checks),
  *        6 the runtime's fp16 x fp32 matvec (KT_BO x KT_BI), 7 the portable one, 8 the runtime's
- *        int4 x int8 matvec (KT_BO x KT_BI), 9 the portable one.
+ *        int4 x int8 matvec (KT_BO x KT_BI), 9 the portable one, 10 the
+ *        runtime's int4 x fp32 matvec, 11 the portable one.
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -142,6 +143,28 @@ __attribute__((noinline)) static void kt_matvec_q4(const colibri_block_q4_32 *w,
     }
 }
 
+/** @brief The portable int4 x fp32 matvec (colibri_quant.h order). */
+__attribute__((noinline)) static void kt_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x,
+                                                       float *y, int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
+    for (int32_t o = 0; o < n_out; o++) {
+        float acc = 0.0f;
+        for (int32_t b = 0; b < nb; b++) {
+            const colibri_block_q4_32 *blk = &w[o * nb + b];
+            const int32_t n = (n_in - b * 32 < 32) ? n_in - b * 32 : 32;
+            float bs = 0.0f;
+            for (int32_t j = 0; j < n; j++) {
+                const uint32_t byte = blk->qs[j % 16];
+                const int32_t q = (int32_t)(j < 16 ? (byte & 0x0Fu) : (byte >> 4)) - 8;
+                bs += (float)q * x[b * 32 + j];
+            }
+            acc += bs * kt_f16_to_f32(blk->d);
+        }
+        y[o] = acc;
+    }
+}
+
 /** @brief A random finite fp16 (normals, subnormals and zeros of both signs). */
 static uint16_t kt_f16(void)
 {
@@ -255,12 +278,15 @@ int main(int argc, char **argv)
         for (int32_t n_out = 1; n_out <= KT_MO; n_out++) {
             for (size_t k = 0; k < sizeof kt_ins / sizeof kt_ins[0]; k++) {
                 const int32_t n_in = kt_ins[k];
-                checks += 2;
+                checks += 3;
                 colibri_matvec_f16_f32(kt_w16, kt_xf, kt_y, n_out, n_in);
                 kt_matvec_f16(kt_w16, kt_xf, kt_yref, n_out, n_in);
                 failed += kt_differs(n_out);
                 colibri_matvec_q4_q8(kt_w4, kt_b, kt_sx, kt_y, n_out, n_in);
                 kt_matvec_q4(kt_w4, kt_b, kt_sx, kt_yref, n_out, n_in);
+                failed += kt_differs(n_out);
+                colibri_matvec_q4_f32(kt_w4, kt_xf, kt_y, n_out, n_in);
+                kt_matvec_q4_f32(kt_w4, kt_xf, kt_yref, n_out, n_in);
                 failed += kt_differs(n_out);
             }
         }
@@ -293,6 +319,10 @@ int main(int argc, char **argv)
         colibri_matvec_q4_q8(kt_w4, kt_b, kt_sx, kt_y, KT_BO, KT_BI);
     } else if (mode == 9u) {
         kt_matvec_q4(kt_w4, kt_b, kt_sx, kt_y, KT_BO, KT_BI);
+    } else if (mode == 10u) {
+        colibri_matvec_q4_f32(kt_w4, kt_xf, kt_y, KT_BO, KT_BI);
+    } else if (mode == 11u) {
+        kt_matvec_q4_f32(kt_w4, kt_xf, kt_y, KT_BO, KT_BI);
     }
     for (int32_t rep = 0; rep < 8; rep++) {
         if (mode == 0u) {

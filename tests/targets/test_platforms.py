@@ -175,9 +175,10 @@ KERNEL_BENCH = {
     "int4 block dot": (2, 3),
     "fp16 matvec 8x64": (6, 7),
     "int4 x int8 matvec 8x64": (8, 9),
+    "int4 x fp32 matvec 8x64": (10, 11),
 }
-#: Self-test checks: int8 / int4 dots 4920, fp16 conversions 65536, matvecs 2 x 2 x 9 x 13.
-KERNEL_CHECKS = 4920 + 65536 + 468
+#: Self-test checks: int8 / int4 dots 4920, fp16 conversions 65536, matvecs 2 x 3 x 9 x 13.
+KERNEL_CHECKS = 4920 + 65536 + 702
 #: Where kernels_q.c has an ISA path (elsewhere the runtime runs the portable loop itself). The
 #: Neon int4 block alone is not asserted on cortex-a53: GCC vectorises the portable block loop
 #: too (within a few instructions); the gain is in the matvec, which inlines the block.
@@ -187,9 +188,9 @@ ISA_PATHS = {
     "cortex-m4": ("int8 dot", "int4 block dot"),
     "cortex-m7": ("int8 dot", "int4 block dot"),
     "cortex-m55": ("int8 dot", "int4 block dot"),
-    "cortex-a53": _NEON,
+    "cortex-a53": (*_NEON, "int4 x fp32 matvec 8x64"),
     "cortex-a7": _NEON,
-    "cortex-a76": _NEON,  # with SDOT
+    "cortex-a76": (*_NEON, "int4 x fp32 matvec 8x64"),  # with SDOT
 }
 
 
