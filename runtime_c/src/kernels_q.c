@@ -11,8 +11,9 @@
  * int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), else portable C. Integer sums do not depend on
  * their order, so every path returns exactly what the portable loop returns (tests/platform/
  * kernels.c checks it on every board). On Neon cores kernels_neon.h adds the int4 blocks, the
- * hardware fp16 conversion and the fp16 matvec (four rows per register on aarch64), each
- * bit-identical to the portable C (the same float operations in the same order per row).
+ * hardware fp16 conversion, and the fp16 and int4 x fp32 matvecs (four rows per register on
+ * aarch64), each bit-identical to the portable C (the same float operations in the same order per
+ * row); a signalling-NaN fp16 converts to a quiet NaN there (the portable code keeps its bits).
  */
 #include "colibri_quant.h"
 
