@@ -20,6 +20,8 @@
  *  - int4 x fp32 matvec, aarch64: the same four-rows-per-register scheme; the nibbles of four
  *    rows' blocks are unpacked, transposed with ZIP1 / ZIP2 and widened to exact fp32, and lane r
  *    sums bs += (q - 8) * x for j ascending, then acc += bs * d, as the scalar loop does.
+ *    Elsewhere (Armv7, and the last n_out % 4 rows on aarch64) a full int4 block's weights are
+ *    unpacked and converted to fp32 with Neon (exact) and summed in scalar order.
  *    Armv7 Neon float arithmetic always flushes subnormals to zero (the "standard FPSCR value"),
  *    which would break that identity, so on Armv7 only the conversion is vectorised: blocks of a
  *    row are converted into a small fp32 buffer with Neon (exact), and the sums stay in scalar
@@ -76,6 +78,35 @@ colibri_neon_q4_block(const colibri_block_q4_32 *blk, const int8_t *xq)
     return colibri_neon_hsum_s32(vpaddlq_s16(p));
 #endif
 #endif
+}
+
+/** @brief Four int16 lanes to exact fp32. */
+static inline __attribute__((always_inline)) float32x4_t colibri_neon_s16x4_f32(int16x4_t v)
+{
+    return vcvtq_f32_s32(vmovl_s16(v));
+}
+
+/** @brief sum_j (q_j - 8) * x[j] over one full int4 block, j ascending, in scalar arithmetic:
+ *         the 32 weights unpacked and converted to fp32 with Neon (exact), then bs += w * x. */
+static inline float colibri_neon_q4_block_f32(const colibri_block_q4_32 *blk, const float *x)
+{
+    float wf[COLIBRI_QK4];
+    const uint8x16_t q = vld1q_u8(blk->qs);
+    const int8x16_t minus8 = vdupq_n_s8(-8);
+    const int8x16_t lo = vaddq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0Fu))), minus8);
+    const int8x16_t hi = vaddq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), minus8);
+    const int16x8_t w[4] = {vmovl_s8(vget_low_s8(lo)), vmovl_s8(vget_high_s8(lo)),
+                            vmovl_s8(vget_low_s8(hi)), vmovl_s8(vget_high_s8(hi))};
+    for (int32_t k = 0; k < 4; k++) {
+        vst1q_f32(wf + 8 * k, colibri_neon_s16x4_f32(vget_low_s16(w[k])));
+        vst1q_f32(wf + 8 * k + 4, colibri_neon_s16x4_f32(vget_high_s16(w[k])));
+    }
+    float bs = 0.0f;
+#pragma GCC unroll 32
+    for (int32_t j = 0; j < COLIBRI_QK4; j++) {
+        bs += wf[j] * x[j];
+    }
+    return bs;
 }
 
 #if defined(COLIBRI_F16_NEON)

@@ -106,6 +106,9 @@ static inline float q4_block_dot_f32(const colibri_block_q4_32 *blk, const float
 {
     float bs = 0.0f;
     if (n == COLIBRI_QK4) {
+#if defined(COLIBRI_DOT_NEON)
+        return colibri_neon_q4_block_f32(blk, x);
+#endif
         for (int32_t j = 0; j < 16; j++) {
             bs += (float)((int32_t)(blk->qs[j] & 0x0Fu) - 8) * x[j];
         }

@@ -183,15 +183,15 @@ KERNEL_CHECKS = KERNEL_DOT_CHECKS + 65536 + 702
 #: Where kernels_q.c has an ISA path (elsewhere the runtime runs the portable loop itself). The
 #: Neon int4 block alone is not asserted on cortex-a53: GCC vectorises the portable block loop
 #: too (within a few instructions); the gain is in the matvec, which inlines the block.
-_NEON = ("int8 dot", "fp16 matvec 8x64", "int4 x int8 matvec 8x64")
+_NEON = ("int8 dot", "fp16 matvec 8x64", "int4 x int8 matvec 8x64", "int4 x fp32 matvec 8x64")
 ISA_PATHS = {
     "host": ("int8 dot",),
     "cortex-m4": ("int8 dot", "int4 block dot"),
     "cortex-m7": ("int8 dot", "int4 block dot"),
     "cortex-m55": ("int8 dot", "int4 block dot"),
-    "cortex-a53": (*_NEON, "int4 x fp32 matvec 8x64"),
+    "cortex-a53": _NEON,
     "cortex-a7": _NEON,
-    "cortex-a76": (*_NEON, "int4 x fp32 matvec 8x64"),  # with SDOT
+    "cortex-a76": _NEON,  # with SDOT
 }
 
 
