@@ -42,6 +42,8 @@
 #define KX_AVXVNNI __attribute__((target("avx2,f16c,avxvnni")))
 #define KX_AVX512VNNI __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KX_INLINE static inline __attribute__((always_inline))
+/* the loops over the eight rows of a group, whole (their values stay in registers) */
+#define KX_UNROLL _Pragma("GCC unroll 8")
 
 /* -- shared pieces (AVX2) -------------------------------------------------------------------- */
 
@@ -108,18 +110,21 @@ KX_INLINE KX_AVX2 void kx_store_rows(float *y, __m256 v, int32_t nr)
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
             const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
             const WTYPE *row[8];                                                                   \
-            for (int32_t r = 0; r < 8; r++) {                                                      \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
                 row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)n_in;                       \
             }                                                                                      \
             __m256 acc = _mm256_setzero_ps();                                                      \
             int32_t i = 0;                                                                         \
             for (; i + 8 <= n_in; i += 8) {                                                        \
                 __m256 c[8];                                                                       \
-                for (int32_t r = 0; r < 8; r++) {                                                  \
+                KX_UNROLL for (int32_t r = 0; r < 8; r++)                                          \
+                {                                                                                  \
                     c[r] = LOAD8(row[r] + i);                                                      \
                 }                                                                                  \
                 kx_transpose8(c);                                                                  \
-                for (int32_t j = 0; j < 8; j++) {                                                  \
+                KX_UNROLL for (int32_t j = 0; j < 8; j++)                                          \
+                {                                                                                  \
                     acc = _mm256_add_ps(acc, _mm256_mul_ps(c[j], _mm256_set1_ps(x[i + j])));       \
                 }                                                                                  \
             }                                                                                      \
@@ -150,7 +155,8 @@ KX_INLINE KX_AVX2 void kx_q8_block_avx2(const int8_t *const row[8], size_t i0, c
     const __m256i xlo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x));
     const __m256i xhi =
         _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(x + 16)));
-    for (int32_t r = 0; r < 8; r++) {
+    KX_UNROLL for (int32_t r = 0; r < 8; r++)
+    {
         const int8_t *wr = row[r] + i0;
         const __m256i wlo =
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)wr));
@@ -169,7 +175,8 @@ KX_INLINE KX_AVX2 void kx_q8_block_avx2(const int8_t *const row[8], size_t i0, c
         /* -128 * (sum of each 4 x), so that adding (w + 128) * x leaves w * x */                  \
         const __m256i corr =                                                                       \
             _mm256_sub_epi32(_mm256_setzero_si256(), DPBUSD(_mm256_setzero_si256(), k80, xv));     \
-        for (int32_t r = 0; r < 8; r++) {                                                          \
+        KX_UNROLL for (int32_t r = 0; r < 8; r++)                                                  \
+        {                                                                                          \
             const __m256i wv = _mm256_xor_si256(                                                   \
                 _mm256_loadu_si256((const __m256i *)(const void *)(row[r] + i0)), k80);            \
             p[r] = DPBUSD(corr, wv, xv);                                                           \
@@ -203,7 +210,8 @@ KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
             const int8_t *row[8];                                                                  \
             int32_t sidx[8];                                                                       \
-            for (int32_t r = 0; r < 8; r++) {                                                      \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
                 const int32_t o = o0 + (r < nr ? r : 0);                                           \
                 row[r] = q + (size_t)o * (size_t)n_in;                                             \
                 sidx[r] = (BLOCKED) ? o * nb : o;                                                  \
@@ -218,7 +226,8 @@ KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                     int8_t wpad[8][COLIBRI_QK8];                                                   \
                     const int8_t *prow[8];                                                         \
                     memset(wpad, 0, sizeof wpad);                                                  \
-                    for (int32_t r = 0; r < 8; r++) {                                              \
+                    KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
+                    {                                                                              \
                         memcpy(wpad[r], row[r] + (size_t)full * COLIBRI_QK8, (size_t)tail);        \
                         prow[r] = wpad[r];                                                         \
                     }                                                                              \
@@ -265,7 +274,8 @@ KX_INLINE KX_AVX2 void kx_q4_block_avx2(const colibri_block_q4_32 *const blk[8],
     /* -8 * (sum of each 4 x) */
     const __m256i sx4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), ones16);
     const __m256i corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sx4, 3));
-    for (int32_t r = 0; r < 8; r++) {
+    KX_UNROLL for (int32_t r = 0; r < 8; r++)
+    {
         const __m256i prod =
             _mm256_madd_epi16(_mm256_maddubs_epi16(kx_nibbles(blk[r]), xv), ones16);
         p[r] = _mm256_add_epi32(prod, corr);
@@ -279,7 +289,8 @@ KX_INLINE KX_AVX2 void kx_q4_block_avx2(const colibri_block_q4_32 *const blk[8],
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x);                   \
         const __m256i corr = _mm256_sub_epi32(                                                     \
             _mm256_setzero_si256(), DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8(8), xv));      \
-        for (int32_t r = 0; r < 8; r++) {                                                          \
+        KX_UNROLL for (int32_t r = 0; r < 8; r++)                                                  \
+        {                                                                                          \
             p[r] = DPBUSD(corr, kx_nibbles(blk[r]), xv);                                           \
         }                                                                                          \
     }
@@ -303,14 +314,16 @@ KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
             const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
             const colibri_block_q4_32 *row[8];                                                     \
-            for (int32_t r = 0; r < 8; r++) {                                                      \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
                 row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb;                         \
             }                                                                                      \
             __m256 acc = _mm256_setzero_ps();                                                      \
             __m256i p[8];                                                                          \
             for (int32_t b = 0; b < nb; b++) {                                                     \
                 const colibri_block_q4_32 *blk[8];                                                 \
-                for (int32_t r = 0; r < 8; r++) {                                                  \
+                KX_UNROLL for (int32_t r = 0; r < 8; r++)                                          \
+                {                                                                                  \
                     blk[r] = row[r] + b;                                                           \
                 }                                                                                  \
                 BLOCK(blk, (b < full) ? xq + (size_t)b *COLIBRI_QK4 : xpad, p);                    \
