@@ -6,7 +6,7 @@
  * Each level is a table of function pointers (kernels_x86.h); the public kernels of
  * kernels_q.c call the level's function when the table has one, else run their own code (the
  * base level: kernels_q.c as the board's flags compile it, SSE2 dot products on x86-64). The
- * level is chosen on the first call by any thread (__builtin_cpu_supports; the environment
+ * level is chosen on the first call by any thread (CPUID; the environment
  * variable COLIBRI_X86_LEVEL=base|avx2|avxvnni|avx512vnni caps it) and kept in a C11 atomic,
  * so it is also right when generated code calls the kernels before any init.
  *
@@ -33,12 +33,18 @@
 #include <stdint.h>
 
 #if defined(COLIBRI_X86_DISPATCH)
+#include <cpuid.h>
 #include <immintrin.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define KX_AVX2 __attribute__((target("avx2,f16c")))
+/* AVX-VNNI / AVX-512 VNNI need GCC 11 or clang 12 (target names and intrinsics); older compilers
+ * build the base and AVX2 levels only. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define KX_HAVE_VNNI 1
+#endif
 #define KX_AVXVNNI __attribute__((target("avx2,f16c,avxvnni")))
 #define KX_AVX512VNNI __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KX_INLINE static inline __attribute__((always_inline))
@@ -166,6 +172,7 @@ KX_INLINE KX_AVX2 void kx_q8_block_avx2(const int8_t *const row[8], size_t i0, c
     }
 }
 
+#if defined(KX_HAVE_VNNI)
 #define KX_Q8_BLOCK_VNNI(NAME, TARGET, DPBUSD)                                                     \
     KX_INLINE TARGET void NAME(const int8_t *const row[8], size_t i0, const int8_t *x,             \
                                __m256i p[8])                                                       \
@@ -187,6 +194,7 @@ KX_INLINE KX_AVX2 void kx_q8_block_avx2(const int8_t *const row[8], size_t i0, c
 #define KX_DPBUSD_512(a, b, c) _mm256_dpbusd_epi32(a, b, c)
 KX_Q8_BLOCK_VNNI(kx_q8_block_avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
 KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
+#endif
 
 /*
  * int8 weights, int8 activations, eight rows at a time. BLOCKED 0: colibri_matvec_q8_q8
@@ -251,10 +259,12 @@ KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 
 KX_Q8_MATVEC(kx_matvec_q8_q8_avx2, KX_AVX2, kx_q8_block_avx2, 0)
 KX_Q8_MATVEC(kx_matvec_q8b_q8_avx2, KX_AVX2, kx_q8_block_avx2, 1)
+#if defined(KX_HAVE_VNNI)
 KX_Q8_MATVEC(kx_matvec_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_block_avxvnni, 0)
 KX_Q8_MATVEC(kx_matvec_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_block_avxvnni, 1)
 KX_Q8_MATVEC(kx_matvec_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_block_avx512vnni, 0)
 KX_Q8_MATVEC(kx_matvec_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_block_avx512vnni, 1)
+#endif
 
 /* -- int4 blocks x int8 activations -------------------------------------------------------- */
 
@@ -282,6 +292,7 @@ KX_INLINE KX_AVX2 void kx_q4_block_avx2(const colibri_block_q4_32 *const blk[8],
     }
 }
 
+#if defined(KX_HAVE_VNNI)
 #define KX_Q4_BLOCK_VNNI(NAME, TARGET, DPBUSD)                                                     \
     KX_INLINE TARGET void NAME(const colibri_block_q4_32 *const blk[8], const int8_t *x,           \
                                __m256i p[8])                                                       \
@@ -297,6 +308,7 @@ KX_INLINE KX_AVX2 void kx_q4_block_avx2(const colibri_block_q4_32 *const blk[8],
 
 KX_Q4_BLOCK_VNNI(kx_q4_block_avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
 KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
+#endif
 
 /* colibri_matvec_q4_q8: acc += (float)isum_b * (d_b * sx[b]) per row, blocks in order; a
  * partial last block reads x from a zero-padded copy, so its unused nibbles add nothing. */
@@ -338,8 +350,10 @@ KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
     }
 
 KX_Q4_MATVEC(kx_matvec_q4_q8_avx2, KX_AVX2, kx_q4_block_avx2)
+#if defined(KX_HAVE_VNNI)
 KX_Q4_MATVEC(kx_matvec_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_block_avxvnni)
 KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
+#endif
 
 /* -- the levels and the choice ------------------------------------------------------------- */
 
@@ -347,12 +361,14 @@ static const colibri_x86_kernels_t kx_levels[4] = {
     [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL},
     [COLIBRI_KERNEL_AVX2] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2, kx_matvec_q8_q8_avx2,
                              kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2},
+#if defined(KX_HAVE_VNNI)
     [COLIBRI_KERNEL_AVX_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                  kx_matvec_q8_q8_avxvnni, kx_matvec_q8b_q8_avxvnni,
                                  kx_matvec_q4_q8_avxvnni},
     [COLIBRI_KERNEL_AVX512_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                     kx_matvec_q8_q8_avx512vnni, kx_matvec_q8b_q8_avx512vnni,
                                     kx_matvec_q4_q8_avx512vnni},
+#endif
 };
 
 static const char *const kx_names[4] = {"base", "avx2", "avxvnni", "avx512vnni"};
@@ -360,20 +376,60 @@ static const char *const kx_names[4] = {"base", "avx2", "avxvnni", "avx512vnni"}
 /* -1 until the first call has chosen. */
 static atomic_int kx_level = -1;
 
+/* CPU features, from CPUID and XGETBV (the OS must save the YMM / ZMM registers): read here
+ * rather than with __builtin_cpu_supports, whose feature names differ between compilers. */
+enum { KX_HAS_AVX2 = 1, KX_HAS_AVXVNNI = 2, KX_HAS_AVX512VNNI = 4 };
+
+static unsigned kx_features(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        return 0u;
+    }
+    const int osxsave = (c >> 27) & 1u;
+    const int avx = (c >> 28) & 1u;
+    const int f16c = (c >> 29) & 1u;
+    if (!osxsave || !avx || !f16c || (unsigned)__get_cpuid_max(0, NULL) < 7u) {
+        return 0u;
+    }
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0u));
+    (void)hi;
+    if ((lo & 0x6u) != 0x6u) { /* XMM and YMM state */
+        return 0u;
+    }
+    const int zmm = (lo & 0xE6u) == 0xE6u; /* and opmask, ZMM_Hi256, Hi16_ZMM */
+    __cpuid_count(7, 0, a, b, c, d);
+    unsigned features = 0u;
+    if ((b >> 5) & 1u) {
+        features |= KX_HAS_AVX2;
+    }
+    const int avx512 = zmm && ((b >> 16) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u);
+    if (avx512 && ((c >> 11) & 1u)) { /* F, BW, VL and VNNI */
+        features |= KX_HAS_AVX512VNNI;
+    }
+    __cpuid_count(7, 1, a, b, c, d);
+    if ((a >> 4) & 1u) {
+        features |= KX_HAS_AVXVNNI;
+    }
+    return features;
+}
+
 static int kx_cpu_has(int32_t level)
 {
-    __builtin_cpu_init();
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    const unsigned f = kx_features();
+    const int avx2 = (f & KX_HAS_AVX2) != 0u;
     switch (level) {
     case COLIBRI_KERNEL_BASE:
         return 1;
     case COLIBRI_KERNEL_AVX2:
         return avx2;
+#if defined(KX_HAVE_VNNI)
     case COLIBRI_KERNEL_AVX_VNNI:
-        return avx2 && __builtin_cpu_supports("avxvnni");
+        return avx2 && (f & KX_HAS_AVXVNNI) != 0u;
     case COLIBRI_KERNEL_AVX512_VNNI:
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+        return avx2 && (f & KX_HAS_AVX512VNNI) != 0u;
+#endif
     default:
         return 0;
     }
