@@ -16,6 +16,7 @@
  * row); a signalling-NaN fp16 converts to a quiet NaN there (the portable code keeps its bits).
  */
 #include "colibri_quant.h"
+#include "kernels_x86.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -67,6 +68,7 @@ float colibri_f16_to_f32(uint16_t h)
 void colibri_matvec_f16_f32(const uint16_t *w, const float *x, float *y, int32_t n_out,
                             int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_f16_f32, (w, x, y, n_out, n_in));
 #if defined(COLIBRI_F16_NEON)
     colibri_neon_matvec_f16_f32(w, x, y, n_out, n_in);
     return;
@@ -339,6 +341,7 @@ int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int3
 void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                           float *y, int32_t n_out, int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_q8_q8, (q, scale, xq, sx, y, n_out, n_in));
     const int32_t full = n_in / COLIBRI_QK8;
     const int32_t tail = n_in - full * COLIBRI_QK8;
     for (int32_t o = 0; o < n_out; o++) {
@@ -360,6 +363,7 @@ void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq,
 void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t n_out, int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_q4_q8, (w, xq, sx, y, n_out, n_in));
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
     for (int32_t o = 0; o < n_out; o++) {
         const colibri_block_q4_32 *row = w + (size_t)o * nb;
@@ -383,6 +387,7 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
 void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                            float *y, int32_t n_out, int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_q8b_q8, (q, scale, xq, sx, y, n_out, n_in));
     const int32_t full = n_in / COLIBRI_QK8;
     const int32_t tail = n_in - full * COLIBRI_QK8;
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
@@ -424,3 +429,171 @@ void colibri_matvec_q8b_f32(const int8_t *q, const float *scale, const float *x,
         y[o] = acc;
     }
 }
+
+void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out, int32_t n_in)
+{
+    COLIBRI_X86_KERNEL(matvec_f32, (w, x, y, n_out, n_in));
+    for (int32_t o = 0; o < n_out; o++) {
+        const float *row = w + (size_t)o * (size_t)n_in;
+        float acc = 0.0f;
+        for (int32_t i = 0; i < n_in; i++) {
+            acc += row[i] * x[i];
+        }
+        y[o] = acc;
+    }
+}
+
+/* -- multi-token kernels ------------------------------------------------------------------- */
+
+/* Rows per chunk of the multi-token kernels: about COLIBRI_MATMUL_CHUNK bytes of weights (a
+ * multiple of 8 rows, at least 8), which every token of the group runs over while they are in
+ * cache. Each chunk is an ordinary matvec over a subset of rows, so row t of the result is the
+ * matvec of row t bit for bit, on every kernel path. */
+#define COLIBRI_MATMUL_CHUNK 16384u
+
+static int32_t matmul_chunk_rows(size_t row_bytes, int32_t n_out)
+{
+    size_t rows = (row_bytes > 0u) ? COLIBRI_MATMUL_CHUNK / row_bytes : (size_t)n_out;
+    rows = (rows < 8u) ? 8u : rows & ~(size_t)7u;
+    return (rows >= (size_t)n_out) ? n_out : (int32_t)rows;
+}
+
+void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows((size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0,
+                                 xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                                 y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows((size_t)n_in + 4u * nb, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb,
+                                  xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
+                          int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows(nb * sizeof(colibri_block_q4_32), n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q4_q8(w + (size_t)o0 * nb, xq + (size_t)t * (size_t)n_in,
+                                 sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m,
+                                 n_in);
+        }
+    }
+}
+
+void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,
+                            int32_t n_in, int32_t n_tok)
+{
+    const int32_t step = matmul_chunk_rows(2u * (size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_f16_f32(w + (size_t)o0 * (size_t)n_in, x + (size_t)t * (size_t)n_in,
+                                   y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q8_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const int32_t step = matmul_chunk_rows((size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8_f32(q + (size_t)o0 * (size_t)n_in, scale + o0,
+                                  x + (size_t)t * (size_t)n_in,
+                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q4_f32(const colibri_block_q4_32 *w, const float *x, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows(nb * sizeof(colibri_block_q4_32), n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q4_f32(w + (size_t)o0 * nb, x + (size_t)t * (size_t)n_in,
+                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                            int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows((size_t)n_in + 4u * nb, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8b_f32(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb,
+                                   x + (size_t)t * (size_t)n_in,
+                                   y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_f32(const float *w, const float *b, const float *x, float *y, int32_t ldy,
+                        int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const int32_t step = matmul_chunk_rows(4u * (size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            float *yt = y + (size_t)t * (size_t)ldy + (size_t)o0;
+            colibri_matvec_f32(w + (size_t)o0 * (size_t)n_in, x + (size_t)t * (size_t)n_in, yt, m,
+                               n_in);
+            if (b != NULL) {
+                for (int32_t o = 0; o < m; o++) {
+                    yt[o] = yt[o] + b[o0 + o];
+                }
+            }
+        }
+    }
+}
+
+#if !defined(COLIBRI_X86_DISPATCH)
+/* One kernel path, chosen by the compiler (kernels_x86.c has the x86-64 run-time choice). */
+int32_t colibri_kernel_level(void)
+{
+    return COLIBRI_KERNEL_BASE;
+}
+
+int32_t colibri_kernel_set_level(int32_t level)
+{
+    (void)level;
+    return COLIBRI_KERNEL_BASE;
+}
+
+const char *colibri_kernel_level_name(int32_t level)
+{
+    (void)level;
+    return "base";
+}
+#endif

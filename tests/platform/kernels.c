@@ -201,6 +201,168 @@ __attribute__((noinline)) static float kt_quantize_roundf(const float *x, int8_t
     return sx;
 }
 
+/* -- matvec / matmul paths: every kernel level the CPU has (x86-64: base, AVX2, AVX-VNNI,
+ * AVX-512 VNNI; elsewhere the one compiled path) against the base level, row by row, and each
+ * multi-token kernel against the matvec of the same row. Shapes with n_in not a multiple of
+ * 8 / 32 / 64 and n_out not a multiple of 8. */
+#define KM_OUT 17
+#define KM_IN 72
+#define KM_TOK 3
+#define KM_NB ((KM_IN + 31) / 32)
+#define KM_KERNELS 8
+
+static float km_wf[KM_OUT * KM_IN];
+static uint16_t km_wh[KM_OUT * KM_IN];
+static int8_t km_wq[KM_OUT * KM_IN];
+static float km_sc[KM_OUT * KM_NB];
+static colibri_block_q4_32 km_w4[KM_OUT * KM_NB];
+static float km_x[KM_TOK * KM_IN];
+static int8_t km_xq[KM_TOK * KM_IN];
+static float km_sx[KM_TOK * KM_NB];
+static float km_ref[KM_KERNELS][KM_TOK][KM_OUT];
+static float km_y[KM_TOK * (KM_OUT + 1)];
+
+static float km_float(void)
+{
+    return (float)(int32_t)kt_next() * (2.0f / 2147483648.0f);
+}
+
+/* Kernel k on token t (matvec) into y. */
+static void km_matvec(int32_t k, int32_t t, float *y, int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = (n_in + 31) / 32;
+    const float *x = km_x + t * n_in;
+    const int8_t *xq = km_xq + t * n_in;
+    const float *sx = km_sx + t * nb;
+    switch (k) {
+    case 0:
+        colibri_matvec_f32(km_wf, x, y, n_out, n_in);
+        break;
+    case 1:
+        colibri_matvec_f16_f32(km_wh, x, y, n_out, n_in);
+        break;
+    case 2:
+        colibri_matvec_q8_f32(km_wq, km_sc, x, y, n_out, n_in);
+        break;
+    case 3:
+        colibri_matvec_q4_f32(km_w4, x, y, n_out, n_in);
+        break;
+    case 4:
+        colibri_matvec_q8b_f32(km_wq, km_sc, x, y, n_out, n_in);
+        break;
+    case 5:
+        colibri_matvec_q8_q8(km_wq, km_sc, xq, sx, y, n_out, n_in);
+        break;
+    case 6:
+        colibri_matvec_q8b_q8(km_wq, km_sc, xq, sx, y, n_out, n_in);
+        break;
+    default:
+        colibri_matvec_q4_q8(km_w4, xq, sx, y, n_out, n_in);
+        break;
+    }
+}
+
+/* Kernel k on all KM_TOK tokens (matmul, ldy = n_out + 1) into km_y. */
+static void km_matmul(int32_t k, int32_t n_out, int32_t n_in)
+{
+    const int32_t ldy = n_out + 1;
+    switch (k) {
+    case 0:
+        colibri_matmul_f32(km_wf, NULL, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    case 1:
+        colibri_matmul_f16_f32(km_wh, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    case 2:
+        colibri_matmul_q8_f32(km_wq, km_sc, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    case 3:
+        colibri_matmul_q4_f32(km_w4, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    case 4:
+        colibri_matmul_q8b_f32(km_wq, km_sc, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    case 5:
+        colibri_matmul_q8_q8(km_wq, km_sc, km_xq, km_sx, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    case 6:
+        colibri_matmul_q8b_q8(km_wq, km_sc, km_xq, km_sx, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    default:
+        colibri_matmul_q4_q8(km_w4, km_xq, km_sx, km_y, ldy, n_out, n_in, KM_TOK);
+        break;
+    }
+}
+
+static int km_same(float a, float b)
+{
+    uint32_t ua;
+    uint32_t ub;
+    memcpy(&ua, &a, sizeof ua);
+    memcpy(&ub, &b, sizeof ub);
+    return ua == ub;
+}
+
+/* Checks of one shape at every level; the level names that ran are appended to *names. */
+static void km_check_shape(int32_t n_out, int32_t n_in, int32_t extremes, uint32_t *checks,
+                           uint32_t *failed, uint32_t *levels)
+{
+    const int32_t nb = (n_in + 31) / 32;
+    for (int32_t i = 0; i < n_out * n_in; i++) {
+        km_wf[i] = km_float();
+        km_wh[i] = (uint16_t)(kt_next() & 0xBBFFu); /* finite, |w| < 1 */
+        km_wq[i] = extremes ? (int8_t)((i % 3 == 0) ? 127 : -128) : (int8_t)(kt_next() >> 24);
+    }
+    for (int32_t i = 0; i < n_out * nb; i++) {
+        km_sc[i] = km_float();
+        km_w4[i].d = (uint16_t)(kt_next() & 0xBBFFu);
+        for (int32_t j = 0; j < 16; j++) {
+            km_w4[i].qs[j] = extremes ? (uint8_t)0xF0u : (uint8_t)kt_next();
+        }
+    }
+    for (int32_t i = 0; i < KM_TOK * n_in; i++) {
+        km_x[i] = km_float();
+        km_xq[i] = extremes ? (int8_t)-128 : (int8_t)(kt_next() >> 24);
+    }
+    for (int32_t i = 0; i < KM_TOK * nb; i++) {
+        km_sx[i] = km_float();
+    }
+    (void)colibri_kernel_set_level(COLIBRI_KERNEL_BASE);
+    for (int32_t k = 0; k < KM_KERNELS; k++) {
+        for (int32_t t = 0; t < KM_TOK; t++) {
+            km_matvec(k, t, km_ref[k][t], n_out, n_in);
+        }
+    }
+    for (int32_t level = COLIBRI_KERNEL_BASE; level <= COLIBRI_KERNEL_AVX512_VNNI; level++) {
+        if (colibri_kernel_set_level(level) != level) {
+            continue;
+        }
+        *levels |= 1u << level;
+        for (int32_t k = 0; k < KM_KERNELS; k++) {
+            for (int32_t t = 0; t < KM_TOK; t++) {
+                float y[KM_OUT];
+                km_matvec(k, t, y, n_out, n_in);
+                for (int32_t o = 0; o < n_out; o++) {
+                    (*checks)++;
+                    *failed += km_same(y[o], km_ref[k][t][o]) ? 0u : 1u;
+                }
+            }
+            for (int32_t i = 0; i < KM_TOK * (KM_OUT + 1); i++) {
+                km_y[i] = -1.0f; /* the gap column (ldy > n_out) must stay untouched */
+            }
+            km_matmul(k, n_out, n_in);
+            for (int32_t t = 0; t < KM_TOK; t++) {
+                for (int32_t o = 0; o <= n_out; o++) {
+                    (*checks)++;
+                    const float want = (o < n_out) ? km_ref[k][t][o] : -1.0f;
+                    *failed += km_same(km_y[t * (n_out + 1) + o], want) ? 0u : 1u;
+                }
+            }
+        }
+    }
+    (void)colibri_kernel_set_level(COLIBRI_KERNEL_AVX512_VNNI); /* back to the best */
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -345,6 +507,34 @@ int main(int argc, char **argv)
     fsink += kt_y[0];
     (void)sink;
     (void)fsink;
+
+    /* matvec / matmul levels (a line of their own: the dot-product line above keeps its count) */
+    static const int32_t shapes[][2] = {{1, 1},   {3, 7},  {8, 8},   {9, 31}, {16, 32},
+                                        {17, 33}, {5, 64}, {12, 65}, {17, 72}};
+    uint32_t mchecks = 0;
+    uint32_t mfailed = 0;
+    uint32_t levels = 0;
+    for (uint32_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        for (int32_t extremes = 0; extremes < 2; extremes++) {
+            km_check_shape(shapes[s][0], shapes[s][1], extremes, &mchecks, &mfailed, &levels);
+        }
+    }
+    char mline[160];
+    char *m = clb_append(mline, "colibri matvec: ");
+    m = clb_append_u32(m, mchecks);
+    m = clb_append(m, " checks, ");
+    m = clb_append_u32(m, mfailed);
+    m = clb_append(m, " failed, levels");
+    for (int32_t level = 0; level < 4; level++) {
+        if (levels & (1u << level)) {
+            m = clb_append(m, " ");
+            m = clb_append(m, colibri_kernel_level_name(level));
+        }
+    }
+    m = clb_append(m, "\n");
+    *m = '\0';
+    clb_platform_puts(mline);
+    failed += mfailed;
 
     char line[96];
     char *p = clb_append(line, "colibri kernels: ");

@@ -169,6 +169,8 @@ def test_instruction_count_is_deterministic(name: str, build_root: Path, tmp_pat
 
 
 KERNEL_LINE = re.compile(r"colibri kernels: (\d+) checks, (\d+) failed")
+#: The matvec / matmul line of tests/platform/kernels.c: every kernel level the CPU has.
+MATVEC_LINE = re.compile(r"colibri matvec: (\d+) checks, (\d+) failed, levels ([a-z0-9 ]+)")
 #: Bench loops of tests/platform/kernels.c, selected by the first byte of input.bin.
 KERNEL_BENCH = {
     "int8 dot": (0, 1),
@@ -201,8 +203,9 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
     cortex-a76, SIMD32 on cortex-m4 / m7, SSE2 on the host, portable C elsewhere) equal the plain
     loops for every length 0..140, unaligned pointers and extreme values; the fp16 conversion
     (every bit pattern), the fp16 and int4 x int8 matvecs (tails, subnormals) equal the portable C
-    bit for bit; the instruction counts of both (QEMU, callgrind on the host) are printed side by
-    side."""
+    bit for bit; every matvec / matmul level the CPU has (x86-64: AVX2, AVX-VNNI, AVX-512 VNNI)
+    equals the base level bit for bit; the instruction counts of both (QEMU, callgrind on the
+    host) are printed side by side."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "kernels", build_root / name)
@@ -219,6 +222,10 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
         assert found, f"no result line:\n{result.stdout}{result.stderr}"
         checks = KERNEL_CHECKS if mode == 0 else KERNEL_DOT_CHECKS  # fp16 / matvecs: mode 0
         assert int(found.group(1)) == checks and found.group(2) == "0", found.group(0)
+        mv = MATVEC_LINE.search(result.stdout)
+        assert mv, f"no matvec line:\n{result.stdout}{result.stderr}"
+        assert int(mv.group(1)) > 0 and mv.group(2) == "0", mv.group(0)
+        assert mv.group(3).split()[0] == "base", mv.group(0)
         counts[mode] = result.instructions
     if not counting:
         return
