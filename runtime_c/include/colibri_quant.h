@@ -136,6 +136,41 @@ void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
 void colibri_matvec_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
                             int32_t n_out, int32_t n_in);
 
+/*
+ * Multi-token kernels (batched prefill): n_tok activation rows against one weight matrix, the
+ * weights read once per batch. Row t: y[t * ldy + o] == what colibri_matvec_<same>(..., row t)
+ * writes to y[o], bit for bit. Activation rows are contiguous: x + t * n_in (fp32), xq + t *
+ * n_in (codes), sx + t * COLIBRI_Q8_BLOCKS(n_in) (scales).
+ */
+
+/** @brief colibri_matvec_q8_q8 on n_tok rows. */
+void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+
+/** @brief colibri_matvec_q8b_q8 on n_tok rows. */
+void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+
+/** @brief colibri_matvec_q4_q8 on n_tok rows. */
+void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
+                          int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+
+/** @brief colibri_matvec_f16_f32 on n_tok rows. */
+void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,
+                            int32_t n_in, int32_t n_tok);
+
+/** @brief colibri_matvec_q8_f32 on n_tok rows. */
+void colibri_matmul_q8_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+
+/** @brief colibri_matvec_q4_f32 on n_tok rows. */
+void colibri_matmul_q4_f32(const colibri_block_q4_32 *w, const float *x, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok);
+
+/** @brief colibri_matvec_q8b_f32 on n_tok rows. */
+void colibri_matmul_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                            int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+
 #ifdef __cplusplus
 }
 #endif
