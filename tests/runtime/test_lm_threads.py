@@ -148,21 +148,28 @@ def test_bad_arguments(models: dict[str, MoETransformer], tmp_path: Path) -> Non
 def test_runner_threads_and_prefill(
     models: dict[str, MoETransformer], tmp_path: Path, board: str
 ) -> None:
-    """The model-file runner (--threads N: the prompt prefilled in one batch) generates the
-    binding's token-by-token greedy tokens; with prompt logits asked for, it steps tokens."""
+    """The model-file runner on the board: its token steps with one thread (prompt logits
+    asked for) are the reference; with 1-4 threads the prompt prefilled in batches gives the
+    same greedy tokens, and 2 and 4 threads the same prompt logits bit for bit (on the host:
+    the binding's too)."""
     if board != "host":
         require_board(board)
-    for scheme in ("int8-dense-int8", "fp32"):
+    for scheme in ("int8-dense-int8", "int4", "fp32"):
         clb = _container(models["qwen2_moe"], scheme, tmp_path / f"{scheme}.clb")
-        ref_logits, ref_ids = _token_loop(clb, 1)
-        for threads in (1, 3):
-            out, _ = run_lm_file(clb, board, PROMPT, N_NEW, threads=threads)
-            assert out.tokens.tolist() == ref_ids, f"{board} {scheme} {threads} threads"
-        out, _ = run_lm_file(clb, board, PROMPT, N_NEW, want_logits=True, threads=2)
-        assert out.logits is not None
+        ref, _ = run_lm_file(clb, board, PROMPT, N_NEW, want_logits=True, threads=1)
+        assert ref.logits is not None
         if board == "host":
-            _assert_same(out.logits, ref_logits, f"{board} {scheme}: runner prompt logits")
-        assert out.tokens.tolist() == ref_ids
+            ref_logits, ref_ids = _token_loop(clb, 1)
+            _assert_same(ref.logits, ref_logits, f"{scheme}: runner vs binding")
+            assert ref.tokens.tolist() == ref_ids
+        for threads in (1, 2, 3, 4):
+            out, _ = run_lm_file(clb, board, PROMPT, N_NEW, threads=threads)
+            assert out.tokens.tolist() == ref.tokens.tolist(), f"{board} {scheme} {threads}"
+        for threads in (2, 4):
+            out, _ = run_lm_file(clb, board, PROMPT, N_NEW, want_logits=True, threads=threads)
+            assert out.logits is not None
+            _assert_same(out.logits, ref.logits, f"{board} {scheme}: {threads} threads")
+            assert out.tokens.tolist() == ref.tokens.tolist()
 
 
 @pytest.mark.parametrize("sanitizer", ["thread", "address,undefined"])
