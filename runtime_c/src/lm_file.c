@@ -159,6 +159,8 @@ struct colibri_lm {
     int32_t *ids;        /* [batch][max_k] routed experts (sorted by id), gates alongside */
     int32_t *keys;       /* [batch * max_k] (expert, token, slot) keys grouping a layer's uses */
     int32_t *groups;     /* [batch * max_k + 1] start of each expert's run in keys */
+    int32_t *owner;      /* [batch * max_k] the thread that runs each run */
+    int64_t *load;       /* [n_threads] rows assigned to each thread (owner's balance) */
     int8_t *xq;          /* [batch][act_n] int8 activation rows of the dense matrices */
     lm_scratch *scratch; /* [n_threads] */
     lm_pool *pool;       /* NULL: n_threads == 1 */
@@ -697,6 +699,8 @@ static uint64_t arena_layout(colibri_lm_t *lm, unsigned char *arena)
     LM_REGION(gates, float, mul64(4u * b, kk));
     LM_REGION(keys, int32_t, mul64(4u * b, kk));
     LM_REGION(groups, int32_t, add64(mul64(4u * b, kk), 4u));
+    LM_REGION(owner, int32_t, mul64(4u * b, kk));
+    LM_REGION(load, int64_t, mul64(8u, nt));
     LM_REGION(route_temp, float, 16u);
     LM_REGION(sxq, float, mul64(4u * b, COLIBRI_Q8_BLOCKS(nact)));
     LM_REGION(xq, int8_t, mul64(b, nact));
@@ -1763,7 +1767,10 @@ static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t 
     const size_t d = (size_t)lm->h.d_model;
     const int32_t kk = lm->max_k;
     lm_scratch *sc = &lm->scratch[tid];
-    for (int32_t g = tid; g < j->n_groups; g += nt) {
+    for (int32_t g = 0; g < j->n_groups; g++) {
+        if ((nt > 1 ? lm->owner[g] : 0) != tid) {
+            continue;
+        }
         const int32_t first = lm->groups[g];
         const int32_t cnt = lm->groups[g + 1] - first;
         const int32_t id = lm->keys[first] / n;
@@ -1861,6 +1868,30 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
         }
     }
     lm->groups[ng] = nk;
+    /* Each run to a thread, largest first, to the least loaded (lowest tid on ties): fixed
+     * by the routing alone (and which thread runs an expert never changes its output). */
+    const int32_t nt = lm->pool != NULL ? lm->n_threads : 1;
+    for (int32_t t = 0; t < nt; t++) {
+        lm->load[t] = 0;
+    }
+    for (int32_t g = 0; g < ng; g++) {
+        lm->owner[g] = -1;
+    }
+    for (int32_t left = ng; left > 0; left--) {
+        int32_t best = -1;
+        for (int32_t g = 0; g < ng; g++) {
+            if (lm->owner[g] < 0 && (best < 0 || lm->groups[g + 1] - lm->groups[g] >
+                                                     lm->groups[best + 1] - lm->groups[best])) {
+                best = g;
+            }
+        }
+        int32_t to = 0;
+        for (int32_t t = 1; t < nt; t++) {
+            to = lm->load[t] < lm->load[to] ? t : to;
+        }
+        lm->owner[best] = to;
+        lm->load[to] += lm->groups[best + 1] - lm->groups[best];
+    }
     lm_moe_job j = {ly, x, n, ng};
     st = ng > 1 ? lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
     if (st != COLIBRI_OK) {
