@@ -35,6 +35,7 @@ from scale_table import make_checkpoint  # noqa: E402
 
 SCHEMES = {"fp32": {}, "int8": {"quant": "int8", "dense_quant": "int8"}, "int4": {"quant": "int4"}}
 
+
 def prompt64(vocab: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(0).integers(1, vocab, 64)]
 

@@ -195,7 +195,10 @@ def test_runner_under_sanitizers(
         [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", *flags]
         + [f"-I{rt / 'include'}", f"-I{rt / 'src'}", f"-I{rt / 'platform'}"]
         + [str(p) for p in sorted((rt / "src").glob("*.c"))]
-        + [str(rt / "runner" / "lmfile_main.c"), str(rt / "platform" / "posix" / "platform_posix.c")]
+        + [
+            str(rt / "runner" / "lmfile_main.c"),
+            str(rt / "platform" / "posix" / "platform_posix.c"),
+        ]
         + ["-lm", "-o", str(exe)],
         capture_output=True,
         text=True,
