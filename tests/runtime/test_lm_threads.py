@@ -18,7 +18,7 @@ from colibri.frontends.hf_model import load_hf_transformer
 from colibri.ir.transformer import MoETransformer
 from colibri.targets.binding import LM, RuntimeStatusError
 from colibri.targets.lmrun import run_lm_file
-from conftest import require_board
+from conftest import require_board, run_cli
 from hf_tiny import lm_options, make_model, require_torch, save_model
 
 MAX_CONTEXT = 48
@@ -170,6 +170,19 @@ def test_runner_threads_and_prefill(
             assert out.logits is not None
             _assert_same(out.logits, ref.logits, f"{board} {scheme}: {threads} threads")
             assert out.tokens.tolist() == ref.tokens.tolist()
+
+
+def test_cli_threads(models: dict[str, MoETransformer], tmp_path: Path) -> None:
+    """`colibri run model.clb --threads N` prints the binding's greedy ids; a bad count is a
+    usage error."""
+    clb = _container(models["mixtral"], "int8", tmp_path / "m.clb")
+    _, ref_ids = _token_loop(clb, 1)
+    ids = ",".join(map(str, PROMPT))
+    args = ("run", str(clb), "--prompt-ids", ids, "--max-new-tokens", str(N_NEW))
+    r = run_cli(*args, "--threads", "2")
+    assert r.stdout.splitlines()[0].split() == [str(i) for i in ref_ids]
+    bad = run_cli(*args, "--threads", "-1", check=False)
+    assert bad.returncode != 0 and "--threads" in bad.stderr
 
 
 @pytest.mark.parametrize("sanitizer", ["thread", "address,undefined"])
