@@ -16,7 +16,8 @@
  * NUL-terminated names), every tensor the model needs (dtype, exact shape and size), every
  * CRC-32 and the NaN / Inf scan of fp32 tensors (each skippable by load_flags, as colibri_init).
  * Then one allocation holds the model's tables and its arena (activations, KV cache, sampler
- * workspace). A handle is used by one thread at a time; handles are independent.
+ * workspace). A handle is used by one thread at a time; handles are independent (a handle's
+ * own pool of num_threads - 1 workers only ever runs inside its calls).
  */
 #ifndef COLIBRI_LM_H
 #define COLIBRI_LM_H
@@ -51,6 +52,20 @@ typedef struct {
      */
     uint64_t expert_ram_budget;
     uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH; 0 = prefetch on (with a budget) */
+    /**
+     * Threads (host and Linux boards): 0 or 1 = the caller's only; N > 1 = the caller plus a
+     * pool of N - 1 workers created here and joined by colibri_lm_free (blocked on a condition
+     * variable when idle). The output rows of the large matrices (attention, dense MLP, LM
+     * head) and the routed experts of a layer are split over them in a fixed partition, so
+     * logits are bit-identical for every thread count. Negative or above 256:
+     * COLIBRI_ERR_ARG; built with COLIBRI_NO_THREADS, above 1: COLIBRI_ERR_UNSUPPORTED.
+     */
+    int32_t num_threads;
+    /**
+     * Tokens colibri_lm_prefill runs through each layer together (0 = 64, at most 4096,
+     * clamped to max_context): the activations are sized for this many rows.
+     */
+    int32_t prefill_batch;
 } colibri_lm_config_t;
 
 /**
@@ -117,6 +132,19 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
  *         outside the KV cache (context overflow), else the MoE runtime's status.
  */
 colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
+                                  const float **logits);
+
+/**
+ * @brief Run n prompt tokens at positions pos0 .. pos0 + n - 1 (the KV cache keeps the past)
+ *        in chunks of prefill_batch tokens: each chunk goes through every layer as one batch
+ *        (the routed experts grouped, one multi-token product per expert and matrix), the
+ *        attention causal within the chunk. The KV cache and the logits are bit-identical to
+ *        n colibri_lm_forward calls. With an expert RAM budget it runs those n token steps.
+ * @param logits out: the next-token logits [vocab] after the last token, inside the handle
+ * @return COLIBRI_ERR_ARG for n < 1 or a token outside the vocabulary (nothing runs),
+ *         COLIBRI_ERR_NOMEM when the positions leave the KV cache, else as colibri_lm_forward.
+ */
+colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32_t n, int32_t pos0,
                                   const float **logits);
 
 /** @brief Dimensions and sizes of a loaded model. */

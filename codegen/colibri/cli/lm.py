@@ -106,6 +106,14 @@ def add_run_arguments(s: Any) -> None:
         action="store_true",
         help="model file with --ram-budget: no prefetch of the next layer's predicted experts",
     )
+    s.add_argument(
+        "--threads",
+        type=int_range(0, 256),
+        default=0,
+        metavar="N",
+        help="model file (.clb) on the host / Linux boards: split the large matrices and the "
+        "experts of a layer over N threads, the same outputs bit for bit (default 0: one)",
+    )
 
 
 def _embedded_tokenizer(path: str, manifest: dict[str, Any]) -> Tokenizer | None:
@@ -169,7 +177,13 @@ def cmd_run_lm(a: Any) -> int:
     # the build of a generated directory shows its progress (a container's runner is prebuilt)
     extra: dict[str, Any] = {}
     ram_budget = int(getattr(a, "ram_budget", 0) or 0)
+    threads = int(getattr(a, "threads", 0) or 0)
     if not model_file:
+        if threads > 1:
+            raise InputError(
+                f"--threads is for model files (`colibri convert CKPT --out model.clb`); "
+                f"{a.dir} is generated C, which runs on one thread"
+            )
         if ram_budget:
             raise InputError(
                 f"--ram-budget is for model files (`colibri convert CKPT --out model.clb`); "
@@ -179,6 +193,7 @@ def cmd_run_lm(a: Any) -> int:
     else:
         extra["ram_budget"] = ram_budget
         extra["prefetch"] = not getattr(a, "no_prefetch", False)
+        extra["threads"] = threads
     out, result = (run_lm_file if model_file else run_lm)(
         a.dir,
         a.board,

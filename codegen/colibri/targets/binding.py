@@ -73,6 +73,8 @@ class _LMConfig(ctypes.Structure):
         ("load_flags", ctypes.c_uint32),
         ("expert_ram_budget", ctypes.c_uint64),  # 0 = every expert read in place
         ("expert_flags", ctypes.c_uint32),  # COLIBRI_LM_NO_PREFETCH = 1
+        ("num_threads", ctypes.c_int32),  # 0 / 1 = the caller's thread only
+        ("prefill_batch", ctypes.c_int32),  # 0 = 64 tokens per prefill chunk
     ]
 
 
@@ -152,6 +154,7 @@ def shared_library() -> Path:
         "-o",
         str(tmp),
         "-lm",
+        "-pthread",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -198,6 +201,14 @@ def library() -> ctypes.CDLL:
             ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ]
         lib.colibri_lm_forward.restype = ctypes.c_int
+        lib.colibri_lm_prefill.argtypes = [
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_int32),
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
+        ]
+        lib.colibri_lm_prefill.restype = ctypes.c_int
         lib.colibri_lm_info.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMInfo)]
         lib.colibri_lm_info.restype = ctypes.c_int
         lib.colibri_lm_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMStats)]
@@ -321,7 +332,10 @@ class LM(_Handle):
 
     ``ram_budget`` > 0 keeps at most that many bytes of routed experts resident (slots filled
     from the file, LRU, next-layer prefetch unless ``prefetch=False``): the same logits;
-    :meth:`stats` counts hits, misses and bytes read."""
+    :meth:`stats` counts hits, misses and bytes read. ``threads`` > 1 splits the large matrices
+    and the experts of a layer over that many threads (a pool created here): the same logits
+    bit for bit. ``prefill_batch``: tokens :meth:`prefill` runs through a layer together
+    (0 = 64)."""
 
     def __init__(
         self,
@@ -330,6 +344,8 @@ class LM(_Handle):
         verify: bool = True,
         ram_budget: int = 0,
         prefetch: bool = True,
+        threads: int = 0,
+        prefill_batch: int = 0,
     ) -> None:
         lib = library()
         self._lib = lib
@@ -341,6 +357,8 @@ class LM(_Handle):
             load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
             expert_ram_budget=ram_budget,
             expert_flags=0 if prefetch else 1,
+            num_threads=threads,
+            prefill_batch=prefill_batch,
         )
         handle = ctypes.c_void_p()
         st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
@@ -361,6 +379,18 @@ class LM(_Handle):
         st = self._lib.colibri_lm_forward(self._handle, token, pos, ctypes.byref(out))
         if st != 0:
             raise RuntimeStatusError(st, f"colibri_lm_forward: {strerror(st)} ({st})")
+        return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
+
+    def prefill(self, ids: list[int], pos: int = 0) -> np.ndarray:
+        """The next-token logits [vocab] (a copy) after `ids` at positions pos, pos + 1, ...
+        run as batches (colibri_lm_prefill): those of the last forward() of a token loop."""
+        if self._handle is None:
+            raise InputError("model was closed")
+        arr = (ctypes.c_int32 * max(len(ids), 1))(*[int(t) for t in ids])
+        out = ctypes.POINTER(ctypes.c_float)()
+        st = self._lib.colibri_lm_prefill(self._handle, arr, len(ids), pos, ctypes.byref(out))
+        if st != 0:
+            raise RuntimeStatusError(st, f"colibri_lm_prefill: {strerror(st)} ({st})")
         return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
 
     def logits(self, ids: list[int]) -> np.ndarray:

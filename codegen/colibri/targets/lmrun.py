@@ -276,12 +276,15 @@ def run_lm_file(
     verbose: bool = False,
     ram_budget: int = 0,
     prefetch: bool = True,
+    threads: int = 0,
 ) -> tuple[LMOutput, Any]:
     """Run a whole-model container (.clb version 2) on a board with the prebuilt model-file
     runner; returns (LMOutput, RunResult). A file the runtime refuses is a ModelFormatError
     with the runtime's one-line reason. ``ram_budget`` > 0: at most that many bytes of routed
     experts resident (colibri_lm_config_t.expert_ram_budget; the same outputs), the counters
-    in LMOutput.expert_stats; a budget below top_k experts is an InputError."""
+    in LMOutput.expert_stats; a budget below top_k experts is an InputError. ``threads`` > 1
+    splits the work over that many threads (colibri_lm_config_t.num_threads; the same outputs).
+    Without ``want_logits`` the prompt is prefilled in batches (colibri_lm_prefill)."""
     from ..boards import load_board
     from ..errors import ModelFormatError
     from .qemu import run_elf
@@ -294,6 +297,8 @@ def run_lm_file(
     board = load_board(board_name)
     if not 0 <= ram_budget < 2**64:
         raise InputError(f"--ram-budget must be between 0 and 2**64 - 1, got {ram_budget}")
+    if not 0 <= threads <= 256:
+        raise InputError(f"--threads must be between 0 and 256, got {threads}")
     flags = "0" if prefetch else "1"  # COLIBRI_LM_NO_PREFETCH
     exe = lmfile_runner(board.name, verbose=verbose)
     with tempfile.TemporaryDirectory(prefix="colibri-lmfile-") as tmp:
@@ -307,7 +312,15 @@ def run_lm_file(
             timeout=timeout,
             count_instructions=count_instructions,
             check=False,
-            args=("model.clb", "input.bin", "output.bin", "0", str(ram_budget), flags),
+            args=(
+                "model.clb",
+                "input.bin",
+                "output.bin",
+                "0",
+                str(ram_budget),
+                flags,
+                str(threads),
+            ),
         )
         if result.returncode == EXIT_BUDGET:
             raise InputError(
