@@ -264,6 +264,55 @@ def test_bad_file_is_a_named_status(good_file: Path, tmp_path: Path, kind: str) 
     assert err.value.status == BAD_FILES[kind], str(err.value)
 
 
+#: Damage to a layer's calibration heat (layer.0.heat, f32 [n_experts]) -> colibri_status:
+#: checked whatever the load flags (the pinning ranks experts by it).
+BAD_HEAT = {
+    "heat-nan": -16,
+    "heat-inf": -16,
+    "heat-negative": -7,
+    "heat-dtype": -13,
+    "heat-shape": -6,
+}
+
+
+@pytest.fixture(scope="module")
+def heat_file(
+    models: dict[str, tuple[MoETransformer, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    model = models["olmoe"][0]
+    heat = {
+        i: np.linspace(0.0, 0.5, layer.moe.config.n_experts, dtype=np.float32)
+        for i, layer in enumerate(model.layers)
+        if layer.moe is not None
+    }
+    q, _ = quantise_transformer(model, lm_options("host", "lm", MAX_CONTEXT, **SCHEMES["int4"]))
+    path = tmp_path_factory.mktemp("heat") / "m.clb"
+    return write_lm_container(model, q, path, MAX_CONTEXT, heat=heat)
+
+
+@pytest.mark.parametrize("kind", BAD_HEAT)
+def test_bad_heat_is_a_named_status(heat_file: Path, tmp_path: Path, kind: str) -> None:
+    d = bytearray(heat_file.read_bytes())
+    e = _entries(d)["layer.0.heat"]
+    off, nb = struct.unpack_from("<QQ", d, e + 72)
+    if kind == "heat-dtype":
+        struct.pack_into("<I", d, e + 48, 4)  # int32, same bytes
+    elif kind == "heat-shape":
+        struct.pack_into("<5I", d, e + 52, 2, 2, nb // 8, 0, 0)  # [2, E / 2], same bytes
+    else:
+        value = {"heat-nan": float("nan"), "heat-inf": float("inf"), "heat-negative": -0.25}
+        struct.pack_into("<f", d, off + 4, value[kind])
+        struct.pack_into("<I", d, e + 92, zlib.crc32(bytes(d[off : off + nb])))
+    bad = tmp_path / "bad.clb"
+    bad.write_bytes(bytes(d))
+    for verify in (True, False):
+        with pytest.raises(RuntimeStatusError) as err:
+            LM(bad, verify=verify)
+        assert err.value.status == BAD_HEAT[kind], (verify, str(err.value))
+    with LM(heat_file, verify=False) as lm:  # the file as written loads, heat and all
+        assert lm.logits(PROMPT[:2]).shape[0] == 2
+
+
 def test_random_corruption_never_crashes(good_file: Path, tmp_path: Path) -> None:
     """Random bytes of the header, table and descriptors flipped: init succeeds or fails with
     a status, in this process (a crash would take pytest down)."""

@@ -187,12 +187,14 @@ def run_lm(
 EXIT_RUNTIME_ERROR = 10
 #: ... when the expert RAM budget holds fewer than top_k experts (COLIBRI_ERR_BUDGET, -17).
 EXIT_BUDGET = EXIT_RUNTIME_ERROR + 17
+#: ... for a bad argument (COLIBRI_ERR_ARG, -1): --pin N on a file without expert heat.
+EXIT_ARG = EXIT_RUNTIME_ERROR + 1
 #: The runner's expert-slot line (runtime_c/runner/lmfile_main.c) with a RAM budget.
 _STATS_RE = re.compile(
     r"expert slots: (?P<n_slots>\d+) x (?P<slot_bytes>\d+) bytes, loads (?P<loads>\d+) "
     r"hits (?P<hits>\d+) misses (?P<misses>\d+) evictions (?P<evictions>\d+) "
     r"prefetches (?P<prefetches>\d+) prefetch hits (?P<prefetch_hits>\d+) "
-    r"bytes read (?P<bytes_read>\d+)"
+    r"bytes read (?P<bytes_read>\d+) pinned (?P<n_pinned>\d+) pinned hits (?P<pinned_hits>\d+)"
 )
 
 
@@ -209,7 +211,7 @@ def format_expert_stats(s: dict[str, int]) -> str:
         f"colibri: expert slots: {s['n_slots']} x {s['slot_bytes']} bytes; {s['loads']} loads, "
         f"{s['hits']} hits ({rate:.1%}), {s['misses']} misses, {s['evictions']} evictions, "
         f"{s['prefetches']} prefetches, {s['prefetch_hits']} prefetch hits, "
-        f"{s['bytes_read']} bytes read"
+        f"{s['n_pinned']} pinned ({s['pinned_hits']} hits), {s['bytes_read']} bytes read"
     )
 
 
@@ -276,14 +278,17 @@ def run_lm_file(
     verbose: bool = False,
     ram_budget: int = 0,
     prefetch: bool = True,
+    pin: int | str = "auto",
 ) -> tuple[LMOutput, Any]:
     """Run a whole-model container (.clb version 2) on a board with the prebuilt model-file
     runner; returns (LMOutput, RunResult). A file the runtime refuses is a ModelFormatError
     with the runtime's one-line reason. ``ram_budget`` > 0: at most that many bytes of routed
     experts resident (colibri_lm_config_t.expert_ram_budget; the same outputs), the counters
-    in LMOutput.expert_stats; a budget below top_k experts is an InputError."""
+    in LMOutput.expert_stats; a budget below top_k experts is an InputError. ``pin``: the
+    hottest experts pinned in slots ("auto", 0 = none, N = up to N; binding.pin_setting)."""
     from ..boards import load_board
     from ..errors import ModelFormatError
+    from .binding import LM_NO_PREFETCH, pin_setting
     from .qemu import run_elf
 
     path = Path(model_file).resolve()
@@ -294,7 +299,8 @@ def run_lm_file(
     board = load_board(board_name)
     if not 0 <= ram_budget < 2**64:
         raise InputError(f"--ram-budget must be between 0 and 2**64 - 1, got {ram_budget}")
-    flags = "0" if prefetch else "1"  # COLIBRI_LM_NO_PREFETCH
+    pinned, no_pin = pin_setting(pin)
+    flags = (0 if prefetch else LM_NO_PREFETCH) | no_pin
     exe = lmfile_runner(board.name, verbose=verbose)
     with tempfile.TemporaryDirectory(prefix="colibri-lmfile-") as tmp:
         work = Path(tmp)
@@ -307,8 +313,27 @@ def run_lm_file(
             timeout=timeout,
             count_instructions=count_instructions,
             check=False,
-            args=("model.clb", "input.bin", "output.bin", "0", str(ram_budget), flags),
+            args=(
+                "model.clb",
+                "input.bin",
+                "output.bin",
+                "0",
+                str(ram_budget),
+                str(flags),
+                str(pinned),
+            ),
         )
+        if result.returncode == EXIT_BUDGET and pinned:
+            raise InputError(
+                f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
+                f"of a layer beside --pin {pinned} pinned ones; pass a larger budget or a "
+                f"smaller --pin (or --pin auto)"
+            )
+        if result.returncode == EXIT_ARG and pinned:
+            raise InputError(
+                f"{path}: --pin {pinned} needs the experts' calibration heat, which this file "
+                f"does not hold; re-convert with --calib IDS.npy, or pass --pin auto or 0"
+            )
         if result.returncode == EXIT_BUDGET:
             raise InputError(
                 f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
