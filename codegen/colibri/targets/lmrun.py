@@ -266,6 +266,41 @@ def lmfile_runner(board_name: str, verbose: bool = False) -> Path:
     return bdir / "lmfile" / "colibri_lmfile"
 
 
+def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> ColibriError | None:
+    """The error of a model-file runner that exited non-zero (None when it exited 0): a
+    budget / pin the runtime refused is an InputError saying which option to change, another
+    runtime status (exit 10 + -status) a ModelFormatError with the runner's last `colibri:`
+    line, any other exit (a bad request: context overflow, token ids) an InputError with its
+    last line."""
+    from ..errors import ModelFormatError
+
+    code = result.returncode
+    if code == EXIT_BUDGET and pinned:
+        return InputError(
+            f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
+            f"of a layer beside --pin {pinned} pinned ones; pass a larger budget or a "
+            f"smaller --pin (or --pin auto)"
+        )
+    if code == EXIT_ARG and pinned:
+        return InputError(
+            f"{path}: --pin {pinned} needs the experts' calibration heat, which this file "
+            f"does not hold; re-convert with --calib IDS.npy, or pass --pin auto or 0"
+        )
+    if code == EXIT_BUDGET:
+        return InputError(
+            f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
+            f"of a layer; pass a larger budget (or 0: every expert resident)"
+        )
+    if code >= EXIT_RUNTIME_ERROR:
+        lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
+        why = lines[-1][len("colibri: ") :] if lines else f"exit code {code}"
+        return ModelFormatError(f"{path}: {why}")
+    if code != 0:
+        said = (result.stdout or "").strip().splitlines()
+        return InputError(f"{path}: {said[-1] if said else code}")
+    return None
+
+
 def run_lm_file(
     model_file: str | Path,
     board_name: str,
@@ -287,7 +322,6 @@ def run_lm_file(
     in LMOutput.expert_stats; a budget below top_k experts is an InputError. ``pin``: the
     hottest experts pinned in slots ("auto", 0 = none, N = up to N; binding.pin_setting)."""
     from ..boards import load_board
-    from ..errors import ModelFormatError
     from .binding import LM_NO_PREFETCH, pin_setting
     from .qemu import run_elf
 
@@ -323,29 +357,9 @@ def run_lm_file(
                 str(pinned),
             ),
         )
-        if result.returncode == EXIT_BUDGET and pinned:
-            raise InputError(
-                f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
-                f"of a layer beside --pin {pinned} pinned ones; pass a larger budget or a "
-                f"smaller --pin (or --pin auto)"
-            )
-        if result.returncode == EXIT_ARG and pinned:
-            raise InputError(
-                f"{path}: --pin {pinned} needs the experts' calibration heat, which this file "
-                f"does not hold; re-convert with --calib IDS.npy, or pass --pin auto or 0"
-            )
-        if result.returncode == EXIT_BUDGET:
-            raise InputError(
-                f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
-                f"of a layer; pass a larger budget (or 0: every expert resident)"
-            )
-        if result.returncode >= EXIT_RUNTIME_ERROR:
-            lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
-            why = lines[-1][len("colibri: ") :] if lines else f"exit code {result.returncode}"
-            raise ModelFormatError(f"{path}: {why}")
-        if result.returncode != 0:
-            said = (result.stdout or "").strip().splitlines()
-            raise InputError(f"{path}: {said[-1] if said else result.returncode}")
+        failure = _runner_failure(result, path, ram_budget, pinned)
+        if failure is not None:
+            raise failure
         out = read_lm_output(work / "output.bin", max_new)
     if ram_budget > 0:
         out.expert_stats = parse_expert_stats(result.stdout or "")
