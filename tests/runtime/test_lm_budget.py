@@ -1,7 +1,8 @@
 """Experts beyond RAM on the model-file path (runtime_c/src/lm_file.c, issue 10 point 3): with
 an expert RAM budget the routed experts stay in the file and pass through a few slots (LRU,
-next-layer prefetch into the slots); the logits are the all-resident run's bit for bit, the
-counters add up and the prefetch raises the hit rate."""
+next-layer prefetch into the slots, the hottest experts of the file's calibration heat pinned);
+the logits are the all-resident run's bit for bit, the counters add up, the prefetch raises the
+hit rate and so does pinning at a quarter budget, and a prefetch never evicts a pinned slot."""
 
 from __future__ import annotations
 
