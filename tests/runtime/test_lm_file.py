@@ -460,7 +460,9 @@ def test_cli_prompt_uses_the_embedded_tokenizer(tmp_path: Path) -> None:
     assert text.split() == [words[i - 1] if i else "[UNK]" for i in ids], r.stdout
 
 
-def test_model_file_runner_under_asan_and_ubsan(good_file: Path, tmp_path: Path) -> None:
+def test_model_file_runner_under_asan_and_ubsan(
+    good_file: Path, heat_file: Path, tmp_path: Path
+) -> None:
     """The model-file runner built with ASan + UBSan (leaks included): the good file gives the
     binding's logits bit for bit, and 150 damaged files (random bits anywhere, truncations) end
     with an exit status, never a sanitizer report."""
@@ -507,6 +509,17 @@ def test_model_file_runner_under_asan_and_ubsan(good_file: Path, tmp_path: Path)
         got = read_lm_output(tmp_path / "out.bin", 3)
         assert got.logits is not None
         _assert_bit_identical(got.logits, want, "sanitized runner with a RAM budget")
+    # pinned hot experts (a file with heat): auto and explicit, prefetch on and off
+    with LM(heat_file) as lm:
+        want_heat, _ = lm.generate(PROMPT[:3], 3)
+        budget = str(lm.stats()["expert_bytes"])  # a slot an expert: auto pins half
+    for flags, pin in (("0", "0"), ("1", "0"), ("0", "2")):
+        r = run(heat_file, "0", budget, flags, pin)
+        assert r.returncode == 0 and " pinned 0 " not in r.stdout, r.stdout
+        got = read_lm_output(tmp_path / "out.bin", 3)
+        assert got.logits is not None
+        _assert_bit_identical(got.logits, want_heat, "sanitized runner, pinned experts")
+    assert run(heat_file, "0", budget, "0", "100000").returncode == 10 + 17  # no room
     good = good_file.read_bytes()
     rng = np.random.default_rng(11)
     bad = tmp_path / "bad.clb"
