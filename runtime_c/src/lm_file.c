@@ -104,12 +104,14 @@ typedef struct {
     int32_t ffn_d_ff, ffn_scheme, ffn_act;
     lm_mat ffn[3]; /* w1 gate [f][d], w2 down [d][f], w3 up [f][d] */
     const float *shared_gate;
+    const float *heat; /* [n_experts] calibration heat (layer.{i}.heat), NULL when absent */
 } lm_layer;
 
 /** An expert slot (expert_ram_budget > 0): a copy of one expert's stored bytes. */
 typedef struct {
     int32_t expert; /* model-wide expert index, -1 when free */
     int32_t ahead;  /* filled by the prefetch, not yet used by the layer it was predicted for */
+    int32_t pinned; /* filled at init with a hot expert: never evicted */
     uint64_t used;  /* use clock of its last use or fill (LRU) */
     uint64_t pin;   /* == lm_cache.epoch: the prefetch may not evict it */
     lm_expert e;    /* the expert's descriptor, pointers into data */
@@ -496,6 +498,21 @@ static colibri_status read_desc(lm_ctx *c, const lm_header *h, uint32_t l, lm_de
 /* ------------------------------------------------------------------------------------------ */
 /* Building the model                                                                          */
 
+/* A layer's calibration heat (optional): every value finite (_NONFINITE) and >= 0 (_CONFIG),
+ * checked whatever the load flags, since the expert pinning ranks experts by it. */
+static colibri_status heat_check(const float *heat, uint32_t n)
+{
+    for (uint32_t j = 0; heat != NULL && j < n; j++) {
+        if (!isfinite(heat[j])) {
+            return COLIBRI_ERR_NONFINITE;
+        }
+        if (heat[j] < 0.0f) {
+            return COLIBRI_ERR_CONFIG;
+        }
+    }
+    return COLIBRI_OK;
+}
+
 static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const lm_desc *d,
                                  lm_expert *experts)
 {
@@ -603,6 +620,8 @@ static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const 
             LM_TRY(need_mat(c, e->scheme, 0, f, dm, &e->w[2]));
         }
         ly->experts = experts;
+        LM_TRY(need_f32(c, 0, ne, 0u, &ly->heat, "layer.%u.heat", (unsigned)l));
+        LM_TRY(heat_check(ly->heat, ne));
         if (d->v[9] == 1) {
             LM_TRY(need_f32(c, 1, dm, 0u, &ly->shared_gate, "layer.%u.shared_gate", (unsigned)l));
         }
@@ -808,8 +827,10 @@ static void cache_free(lm_cache *c)
     free(c);
 }
 
+static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *config, int32_t max_k);
+
 /* Sizes of the routed experts (stats.expert_bytes, .slot_bytes); with a budget, the slots
- * (taking fd) and the mapping's expert pages dropped. */
+ * (taking fd), the mapping's expert pages dropped and the hottest experts pinned. */
 static colibri_status cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config, int *fd)
 {
     uint64_t total = 0, slot = 0, n_owners = 0;
@@ -889,7 +910,12 @@ static colibri_status cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     c->fd = *fd;
     *fd = -1;
     lm->cache = c;
-    return COLIBRI_OK;
+    const colibri_status st = pin_hot(lm, config, max_k);
+    if (st != COLIBRI_OK) {
+        cache_free(c); /* closes the file */
+        lm->cache = NULL;
+    }
+    return st;
 }
 
 /* pread exactly len bytes at off; 0 on success. */
@@ -945,14 +971,14 @@ static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_e
     return COLIBRI_OK;
 }
 
-/* The least recently used slot (a free one first) whose pin is not `pin` (0: any); n_slots
- * when there is none. */
+/* The least recently used slot (a free one first), never a pinned one nor one whose pin is
+ * `pin` (0: any); n_slots when there is none. */
 static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
 {
     uint32_t best = c->n_slots;
     for (uint32_t s = 0; s < c->n_slots; s++) {
         const lm_slot *sl = &c->slots[s];
-        if (pin != 0u && sl->pin == pin) {
+        if (sl->pinned || (pin != 0u && sl->pin == pin)) {
             continue;
         }
         if (sl->expert < 0) {
@@ -963,6 +989,102 @@ static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
         }
     }
     return best;
+}
+
+/* A stored expert ranked by its calibration heat (pin_hot). */
+typedef struct {
+    float heat;
+    int32_t layer, owner;
+} lm_hot;
+
+/* Hotter first; equal heat: the earlier layer, then the lower expert (a total order). */
+static int cmp_hot(const void *a, const void *b)
+{
+    const lm_hot *x = (const lm_hot *)a;
+    const lm_hot *y = (const lm_hot *)b;
+    if (x->heat != y->heat) {
+        return x->heat > y->heat ? -1 : 1;
+    }
+    if (x->layer != y->layer) {
+        return x->layer < y->layer ? -1 : 1;
+    }
+    return (x->owner > y->owner) - (x->owner < y->owner);
+}
+
+/* Pin the hottest stored experts (calibration heat > 0; a stored expert's heat is the sum over
+ * the experts that use its weights) into the first slots, read now and never evicted. How
+ * many: none with COLIBRI_LM_NO_PIN or a file without heat; config->pinned_slots 0 (auto):
+ * up to half the slots, leaving 2 max_k LRU slots (prefetch) or the sum of top_k (no prefetch);
+ * N > 0: up to N (_ARG when the file has no heat).
+ * Never more than n_slots - max_k (_BUDGET when N asks for more), so top_k experts of any layer
+ * still fit in the LRU slots. */
+static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *config, int32_t max_k)
+{
+    lm_cache *c = lm->cache;
+    const uint32_t room = c->n_slots - (uint32_t)max_k; /* cache_setup: n_slots >= max_k */
+    const uint32_t asked = (uint32_t)config->pinned_slots;
+    if ((config->expert_flags & COLIBRI_LM_NO_PIN) != 0u) {
+        return COLIBRI_OK;
+    }
+    if (asked > room) {
+        return COLIBRI_ERR_BUDGET;
+    }
+    int has_heat = 0;
+    uint32_t n_hot = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+            has_heat = 1;
+            n_hot += ly->experts[j].owner == j ? 1u : 0u;
+        }
+    }
+    if (!has_heat) {
+        return asked > 0u ? COLIBRI_ERR_ARG : COLIBRI_OK;
+    }
+    lm_hot *hot = (lm_hot *)malloc((size_t)n_hot * sizeof *hot); /* bounded by the experts */
+    if (hot == NULL) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+            if (ly->experts[j].owner != j) {
+                continue;
+            }
+            float h = 0.0f;
+            for (int32_t i = 0; i < ly->moe.n_experts; i++) {
+                h += ly->experts[i].owner == j ? ly->heat[i] : 0.0f;
+            }
+            if (h > 0.0f && isfinite(h)) {
+                hot[n++] = (lm_hot){h, (int32_t)l, j};
+            }
+        }
+    }
+    qsort(hot, n, sizeof *hot, cmp_hot);
+    /* auto: half the slots, leaving the LRU slots what their hits come from: with prefetch a
+     * layer's top_k experts and the next layer's predicted ones (2 max_k), without it one
+     * token's experts of every layer (the sum of top_k), for the next token's reuse. Fewer LRU
+     * slots lost more hits than the pinned experts gave (docs/transformer.md). */
+    uint32_t keep = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        keep += lm->layers[l].is_moe ? (uint32_t)lm->layers[l].top_k : 0u;
+    }
+    keep = c->prefetch ? 2u * (uint32_t)max_k : keep;
+    uint32_t want = c->n_slots / 2u;
+    want = c->n_slots < keep ? 0u : (want < c->n_slots - keep ? want : c->n_slots - keep);
+    want = asked > 0u ? asked : want;
+    want = want < room ? want : room;
+    want = want < n ? want : n;
+    colibri_status st = COLIBRI_OK;
+    for (uint32_t s = 0; s < want && st == COLIBRI_OK; s++) {
+        const lm_layer *ly = &lm->layers[hot[s].layer];
+        st = slot_fill(lm, ly, &ly->experts[hot[s].owner], ly->first_expert + hot[s].owner, s);
+        c->slots[s].pinned = 1;
+        lm->stats.n_pinned = s + 1u;
+    }
+    free(hot);
+    return st;
 }
 
 /* A use of the expert a layer routes to as `id` (budget only): a hit when it is in a slot
@@ -979,6 +1101,7 @@ static colibri_status expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
     if (c->resident[g] >= 0) {
         lm_slot *sl = &c->slots[c->resident[g]];
         st->hits++;
+        st->pinned_hits += sl->pinned ? 1u : 0u;
         if (sl->ahead) {
             st->prefetch_hits++;
             sl->ahead = 0;
@@ -1247,7 +1370,8 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     *out = NULL;
     if (config == NULL || config->model_path == NULL || config->max_context < 0 ||
         config->num_threads < 0 || config->num_threads > LM_MAX_THREADS ||
-        config->prefill_batch < 0 || config->prefill_batch > LM_MAX_BATCH) {
+        config->prefill_batch < 0 || config->prefill_batch > LM_MAX_BATCH ||
+        config->pinned_slots < 0) {
         return COLIBRI_ERR_ARG;
     }
 #ifdef COLIBRI_NO_THREADS

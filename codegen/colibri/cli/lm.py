@@ -36,6 +36,7 @@ from .argtypes import (
     byte_size,
     float_range,
     int_range,
+    pin_count,
 )
 
 if TYPE_CHECKING:
@@ -113,6 +114,15 @@ def add_run_arguments(s: Any) -> None:
         metavar="N",
         help="model file (.clb) on the host / Linux boards: split the large matrices and the "
         "experts of a layer over N threads, the same outputs bit for bit (default 0: one)",
+    )
+    p.add_argument(
+        "--pin",
+        type=pin_count,
+        default="auto",
+        metavar="N|auto|0",
+        help="model file with --ram-budget: slots pinned at load with the hottest experts of "
+        "the file's calibration heat (`convert --calib`), never evicted: auto (default: up to "
+        "half the slots, when the file has heat), 0 (none) or up to N",
     )
 
 
@@ -194,6 +204,12 @@ def cmd_run_lm(a: Any) -> int:
         extra["ram_budget"] = ram_budget
         extra["prefetch"] = not getattr(a, "no_prefetch", False)
         extra["threads"] = threads
+        extra["pin"] = getattr(a, "pin", "auto")
+        if extra["pin"] not in ("auto", 0) and not ram_budget:
+            raise InputError(
+                f"--pin {extra['pin']} pins experts in the slots of --ram-budget; pass "
+                f"--ram-budget BYTES too (without it every expert is resident)"
+            )
     out, result = (run_lm_file if model_file else run_lm)(
         a.dir,
         a.board,
