@@ -115,7 +115,7 @@ def add_run_arguments(s: Any) -> None:
         help="model file (.clb) on the host / Linux boards: split the large matrices and the "
         "experts of a layer over N threads, the same outputs bit for bit (default 0: one)",
     )
-    p.add_argument(
+    s.add_argument(
         "--pin",
         type=pin_count,
         default="auto",
