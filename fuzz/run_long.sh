@@ -10,8 +10,10 @@
 # Builds the harnesses with fuzz/build.sh (clang, -fsanitize=fuzzer,address,undefined), makes
 # the seed corpus with fuzz/make_corpus.py (Colibri CLI; PYTHON, default .venv/bin/python) on
 # first use and keeps what libFuzzer adds to it, then prints per harness: executions, exec/s,
-# crashes (artifacts written) and the largest allocation colibri_init made. Exit status 1 when
-# any harness crashed, leaked, hit a sanitizer report or the allocation limit (fuzz_common.h).
+# crashes (crash-, leak-, oom- and timeout- artifacts written), slow units (slow-unit-
+# artifacts: inputs slower than libFuzzer's report threshold, not failures) and the largest
+# allocation colibri_init made. Exit status 1 when any harness crashed, leaked, hit a sanitizer
+# report or the allocation limit (fuzz_common.h).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +27,7 @@ while (($# > 0)); do
     --seconds) SECONDS_LIMIT="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     fuzz_container | fuzz_seed) HARNESSES+=("$1"); shift ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "run_long.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -39,6 +41,9 @@ fi
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+# Artifacts of one kind (crash / slow) in a directory.
+failures() { find "$1" -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'oom-*' -o -name 'timeout-*' \) | wc -l; }
+slow_units() { find "$1" -type f -name 'slow-unit-*' | wc -l; }
 status=0
 for harness in "${HARNESSES[@]}"; do
     case "$harness" in
@@ -48,7 +53,8 @@ for harness in "${HARNESSES[@]}"; do
     artifacts="$OUT/artifacts/$harness"
     log="$OUT/$harness.log"
     mkdir -p "$artifacts"
-    before=$(find "$artifacts" -type f | wc -l)
+    before=$(failures "$artifacts")
+    slow_before=$(slow_units "$artifacts")
     echo "==> $harness: up to $RUNS executions$( ((SECONDS_LIMIT > 0)) && echo ", at most ${SECONDS_LIMIT} s")"
     rc=0
     "$OUT/bin/$harness" -runs="$RUNS" -max_total_time="$SECONDS_LIMIT" -dict="$dict" \
@@ -57,8 +63,9 @@ for harness in "${HARNESSES[@]}"; do
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n1)
     largest=$(grep -o 'largest runtime allocation.*' "$log" | tail -n1 || true)
-    crashes=$(($(find "$artifacts" -type f | wc -l) - before))
-    echo "    executions: ${execs:-?}  exec/s: ${rate:-?}  crashes: $crashes  exit: $rc"
+    crashes=$(($(failures "$artifacts") - before))
+    slow=$(($(slow_units "$artifacts") - slow_before))
+    echo "    executions: ${execs:-?}  exec/s: ${rate:-?}  crashes: $crashes  slow units: $slow  exit: $rc"
     echo "    ${largest:-largest runtime allocation: not reported}"
     echo "    corpus: $(find "$corpus" -type f | wc -l) inputs; log: $log"
     if ((rc != 0 || crashes > 0)); then

@@ -55,6 +55,7 @@ _REQUIRED: dict[str, _TypeSpec] = {
 }
 _OPTIONAL: dict[str, _TypeSpec] = {
     "isa": str,
+    "variant_of": str,
     "cc": str,
     "defines": list,
     "tool_libs": list,
@@ -122,6 +123,10 @@ class Board:
     stack_size: int
     install_hint: str
     isa: str = ""
+    #: An ISA variant of another board (same toolchain, emulator and platform, other -mcpu):
+    #: tests that enumerate boards run their matrix on the base board only (see
+    #: :func:`matrix_boards`); the variant has its own kernel self-test and forward checks.
+    variant_of: str = ""
     cc: str = "gcc"
     defines: list[str] = field(default_factory=list)
     tool_libs: list[str] = field(default_factory=list)
@@ -324,6 +329,10 @@ def board_from_file(path: Path) -> Board:
             board.region(region)
         if board.platform and not board.linker_template:
             raise BoardError(f"{where}: a bare-metal board with a platform needs linker_template")
+    if board.variant_of:
+        base = path.parent / f"{board.variant_of}.toml"
+        if board.variant_of == board.name or not base.is_file():
+            raise BoardError(f"{where}: variant_of '{board.variant_of}' is not another board file")
     if board.kind != "host" and board.qemu is None and board.platform:
         raise BoardError(f"{where}: kind '{board.kind}' needs a [qemu] section to run programs")
     return board
@@ -341,6 +350,12 @@ def load_board(name: str) -> Board:
 def list_boards() -> list[Board]:
     """Every board file, sorted by name."""
     return [board_from_file(p) for p in sorted(boards_dir().glob("*.toml"))]
+
+
+def matrix_boards() -> list[Board]:
+    """The boards the full test matrix runs on: every board that is not a ``variant_of``
+    another (a variant differs only in its kernels, which its own tests cover)."""
+    return [b for b in list_boards() if not b.variant_of]
 
 
 def linker_template_dir() -> Path:

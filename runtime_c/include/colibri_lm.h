@@ -16,7 +16,8 @@
  * NUL-terminated names), every tensor the model needs (dtype, exact shape and size), every
  * CRC-32 and the NaN / Inf scan of fp32 tensors (each skippable by load_flags, as colibri_init).
  * Then one allocation holds the model's tables and its arena (activations, KV cache, sampler
- * workspace). A handle is used by one thread at a time; handles are independent.
+ * workspace). A handle is used by one thread at a time; handles are independent (a handle's
+ * own pool of num_threads - 1 workers only ever runs inside its calls).
  */
 #ifndef COLIBRI_LM_H
 #define COLIBRI_LM_H
@@ -48,9 +49,36 @@ typedef struct {
      * weights, routers and shared experts stay mapped. COLIBRI_ERR_BUDGET when the slots
      * cannot hold top_k experts of a layer. Logits are bit-identical to budget 0. Unless
      * COLIBRI_LM_NO_PREFETCH, the next layer's predicted experts are loaded into slots ahead.
+     * Unless COLIBRI_LM_NO_PIN, when the file has calibration heat (layer.{i}.heat, written by
+     * `colibri convert --calib`) the hottest experts are read at init into pinned slots that
+     * are never evicted (pinned_slots).
      */
     uint64_t expert_ram_budget;
-    uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH; 0 = prefetch on (with a budget) */
+    uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH | COLIBRI_LM_NO_PIN; 0 = both on */
+    /**
+     * Threads (host and Linux boards): 0 or 1 = the caller's only; N > 1 = the caller plus a
+     * pool of N - 1 workers created here and joined by colibri_lm_free (blocked on a condition
+     * variable when idle). The output rows of the large matrices (attention, dense MLP, LM
+     * head) and the routed experts of a layer are split over them in a fixed partition, so
+     * logits are bit-identical for every thread count. Negative or above 256:
+     * COLIBRI_ERR_ARG; built with COLIBRI_NO_THREADS, above 1: COLIBRI_ERR_UNSUPPORTED.
+     */
+    int32_t num_threads;
+    /**
+     * Tokens colibri_lm_prefill runs through each layer together (0 = 64, at most 4096,
+     * clamped to max_context): the activations are sized for this many rows.
+     */
+    int32_t prefill_batch;
+    /**
+     * Pinned expert slots, with a budget and a file with heat (ignored without a budget):
+     * 0 = auto (up to half the slots, leaving at least 2 x top_k LRU slots with prefetch, the sum
+     * of the layers' top_k without), N > 0 = up to N; only experts the calibration routed to are
+     * pinned (hottest first: heat = the share of calibration tokens routed to the expert,
+     * comparable across layers), and never so many that fewer than the largest top_k slots stay
+     * LRU: N above n_slots - top_k is COLIBRI_ERR_BUDGET, N > 0 on a file without heat
+     * COLIBRI_ERR_ARG, N < 0 COLIBRI_ERR_ARG. COLIBRI_LM_NO_PIN pins nothing.
+     */
+    int32_t pinned_slots;
 } colibri_lm_config_t;
 
 /**
@@ -65,12 +93,21 @@ typedef struct {
 #define COLIBRI_LM_NO_PREFETCH 0x1u
 
 /**
+ * Expert pinning off: every slot is LRU. By default, with a budget and a file that holds the
+ * calibration heat, the hottest experts are read at init into slots that are never evicted
+ * (neither by a miss nor by a prefetch); their uses are hits (and pinned hits). Outputs never
+ * change.
+ */
+#define COLIBRI_LM_NO_PIN 0x2u
+
+/**
  * Expert-slot counters (colibri_lm_get_stats); all 0 but expert_bytes without a budget.
  * loads = hits + misses (the layers' uses; the hit rate is hits / loads, prefetched experts
  * included); a slot is filled by each miss and each prefetch, so bytes_read = the sum of the
  * filled experts' stored bytes and evictions = misses + prefetches - n_slots once the slots are
- * full (they fill first); prefetch_hits <= min(prefetches, hits), and prefetch_hits /
- * prefetches is the prediction's accuracy. With COLIBRI_LM_NO_PREFETCH prefetches =
+ * full (they fill first; n_slots - n_pinned with pinned slots, whose init reads count in
+ * bytes_read but not in misses); pinned_hits <= hits; prefetch_hits <= min(prefetches, hits), and
+ * prefetch_hits / prefetches is the prediction's accuracy. With COLIBRI_LM_NO_PREFETCH prefetches =
  * prefetch_hits = 0.
  */
 typedef struct {
@@ -84,6 +121,8 @@ typedef struct {
     uint64_t expert_bytes;  /**< stored bytes of all routed experts in the file */
     uint64_t slot_bytes;    /**< bytes of one slot (the largest expert, parts 64-aligned) */
     uint32_t n_slots;       /**< expert slots (0: no budget) */
+    uint32_t n_pinned;      /**< of which pinned at init with the hottest experts */
+    uint64_t pinned_hits;   /**< uses whose expert was in a pinned slot */
 } colibri_lm_stats_t;
 
 /** What a loaded model is (colibri_lm_info). */
@@ -117,6 +156,19 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
  *         outside the KV cache (context overflow), else the MoE runtime's status.
  */
 colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
+                                  const float **logits);
+
+/**
+ * @brief Run n prompt tokens at positions pos0 .. pos0 + n - 1 (the KV cache keeps the past)
+ *        in chunks of prefill_batch tokens: each chunk goes through every layer as one batch
+ *        (the routed experts grouped, one multi-token product per expert and matrix), the
+ *        attention causal within the chunk. The KV cache and the logits are bit-identical to
+ *        n colibri_lm_forward calls. With an expert RAM budget it runs those n token steps.
+ * @param logits out: the next-token logits [vocab] after the last token, inside the handle
+ * @return COLIBRI_ERR_ARG for n < 1 or a token outside the vocabulary (nothing runs),
+ *         COLIBRI_ERR_NOMEM when the positions leave the KV cache, else as colibri_lm_forward.
+ */
+colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32_t n, int32_t pos0,
                                   const float **logits);
 
 /** @brief Dimensions and sizes of a loaded model. */

@@ -136,6 +136,64 @@ void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
 void colibri_matvec_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
                             int32_t n_out, int32_t n_in);
 
+/** @brief y[o] = sum_i w[o][i] * x[i] (fp32 weights, acc += w * x in i order): the matrix
+ *         product of colibri_linear_f32 without its bias. */
+void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out, int32_t n_in);
+
+/*
+ * Multi-token kernels (batched prefill, tokens grouped by expert): n_tok activation rows at once,
+ * the weights read once per group of tokens (rows are taken in chunks of a few KB that stay in
+ * cache while every token passes over them). Row t: y[t * ldy + o] == what the matvec of the
+ * same name writes to y[o] for row t, bit for bit. Activation rows are contiguous: x + t * n_in
+ * (fp32), xq + t * n_in (codes), sx + t * COLIBRI_Q8_BLOCKS(n_in) (scales). A caller splitting
+ * rows (threads) passes q + o0 * n_in, scale + o0 (per-channel) or scale + o0 * blocks (q8b),
+ * w + o0 * COLIBRI_Q4_BLOCKS(n_in) (int4), y + o0 and n_out = o1 - o0.
+ */
+void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
+                          int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,
+                            int32_t n_in, int32_t n_tok);
+void colibri_matmul_q8_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q4_f32(const colibri_block_q4_32 *w, const float *x, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                            int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+/** @brief The fp32 one: row t == colibri_linear_f32(x + t * n_in, w, b, y + t * ldy, n_in,
+ *         n_out), i.e. colibri_matvec_f32 then + b[o] when b is not NULL (b + o0 when split). */
+void colibri_matmul_f32(const float *w, const float *b, const float *x, float *y, int32_t ldy,
+                        int32_t n_out, int32_t n_in, int32_t n_tok);
+
+/*
+ * Kernel paths chosen at run time (x86-64: by CPUID on first use, runtime_c/src/kernels_x86.c).
+ * Every path returns the same bits (integer sums are order-free; the fp32 / fp16 matvecs keep
+ * each row's documented order, vectorised across rows). Other boards have one path (level 0,
+ * chosen at compile time) and ignore the setter.
+ */
+enum {
+    COLIBRI_KERNEL_BASE = 0,     /**< kernels_q.c as the board's flags compile it (x86-64: SSE2) */
+    COLIBRI_KERNEL_AVX2 = 1,     /**< x86: AVX2 + F16C */
+    COLIBRI_KERNEL_AVX_VNNI = 2, /**< x86: AVX2 + AVX-VNNI (VEX VPDPBUSD) */
+    COLIBRI_KERNEL_AVX512_VNNI = 3 /**< x86: AVX-512 F/BW/VL + VNNI (EVEX VPDPBUSD) */
+};
+
+/** @brief The kernel level in use; the first call picks the best the CPU has, or the one named
+ *         by the environment variable COLIBRI_X86_LEVEL (base|sse2|portable, avx2, avxvnni,
+ *         avx512vnni; a level the CPU lacks falls back to the best it has below). */
+int32_t colibri_kernel_level(void);
+
+/** @brief Force a level (for tests and benchmarks): returns the level set, the highest the CPU
+ *         supports at or below `level` (always 0 off x86-64). Not meant to race with kernels
+ *         running on other threads. */
+int32_t colibri_kernel_set_level(int32_t level);
+
+/** @brief Name of a level ("base", "avx2", "avxvnni", "avx512vnni"). */
+const char *colibri_kernel_level_name(int32_t level);
+
 #ifdef __cplusplus
 }
 #endif

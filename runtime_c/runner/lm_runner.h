@@ -20,6 +20,11 @@
  * Include it after defining, in the runner:
  *   LM_STEP(id, pos, logits)  a colibri_status expression: token id at pos, *logits set
  *   LM_SAMPLE_WORKSPACE       the sampler's workspace (float *)
+ * and optionally
+ *   LM_PREFILL(ids, n, pos, logits)  a colibri_status expression: n prompt ids at pos .. as
+ *                             one batch, *logits set to the last one's; then the prompt is read
+ *                             in pieces of LM_PREFILL_IDS ids and each prefilled in one call
+ *                             (unless the prompt's logits are asked for: token steps)
  * (macros rather than function pointers, so every call stays direct and the MCU stack bound,
  * colibri/targets/stack.py, resolves it).
  */
@@ -91,7 +96,35 @@ static int lm_generate(int32_t vocab, int32_t in, int32_t out, const lm_request 
     const uint32_t row = (uint32_t)vocab * (uint32_t)sizeof(float);
     const float *logits = NULL;
     int32_t pos = 0;
+#ifdef LM_PREFILL
+    if ((req->flags & LM_FLAG_LOGITS) == 0u) {
+        int32_t ids[LM_PREFILL_IDS];
+        for (uint32_t i = 0; i < req->n_prompt;) {
+            const uint32_t left = req->n_prompt - i;
+            const uint32_t n = left < (uint32_t)LM_PREFILL_IDS ? left : (uint32_t)LM_PREFILL_IDS;
+            if (read_all(in, ids, 4u * n) != 0) {
+                say("input file truncated after ", i, " prompt ids");
+                return 2;
+            }
+            for (uint32_t j = 0; j < n; ++j) {
+                if (ids[j] < 0 || ids[j] >= vocab) {
+                    say("prompt id out of the vocabulary at position ", i + j, "");
+                    return 2;
+                }
+            }
+            const colibri_status st = LM_PREFILL(ids, (int32_t)n, pos, &logits);
+            if (st != COLIBRI_OK) {
+                return lm_fail("prefill", st);
+            }
+            pos += (int32_t)n;
+            i += n;
+        }
+    }
+    for (uint32_t i = (req->flags & LM_FLAG_LOGITS) == 0u ? req->n_prompt : 0u; i < req->n_prompt;
+         ++i) {
+#else
     for (uint32_t i = 0; i < req->n_prompt; ++i) {
+#endif
         int32_t id;
         if (read_all(in, &id, 4u) != 0) {
             say("input file truncated after ", i, " prompt ids");

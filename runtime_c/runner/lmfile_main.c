@@ -9,10 +9,12 @@
  * the runtime refuses: 10 + (-colibri_status), printed on one line). An optional argv[4] sets
  * the KV cache positions (default: the file's; 0 = the file's). An optional argv[5] is the
  * expert RAM budget in bytes (colibri_lm_config_t.expert_ram_budget; 0 = every expert
- * resident) and argv[6] its expert_flags (1 = no prefetch); with a budget the runner prints,
- * after the generation, one line:
+ * resident), argv[6] its expert_flags (1 = no prefetch, 2 = no pinning), argv[7] is num_threads
+ * (0 or 1: one thread), argv[8] prefill_batch (0 = 64) and argv[9] pinned_slots (0 = auto).
+ * Unless the prompt's logits are asked for, the prompt is prefilled in batches
+ * (colibri_lm_prefill). With a budget the runner prints, after the generation, one line:
  *   colibri: expert slots: S x B bytes, loads L hits H misses M evictions E prefetches P
- *   prefetch hits Q bytes read R
+ *   prefetch hits Q bytes read R pinned N pinned hits Z
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -57,12 +59,16 @@ static void print_stats(void)
     p = put_u64(p, " prefetches ", s.prefetches);
     p = put_u64(p, " prefetch hits ", s.prefetch_hits);
     p = put_u64(p, " bytes read ", s.bytes_read);
+    p = put_u64(p, " pinned ", s.n_pinned);
+    p = put_u64(p, " pinned hits ", s.pinned_hits);
     memcpy(p, "\n", 2u);
     clb_platform_puts(line);
 }
 
 #define LM_STEP(id, pos, logits) colibri_lm_forward(g_lm, (id), (pos), (logits))
 #define LM_SAMPLE_WORKSPACE colibri_lm_sampler_workspace(g_lm)
+#define LM_PREFILL(ids, n, pos, logits) colibri_lm_prefill(g_lm, (ids), (n), (pos), (logits))
+#define LM_PREFILL_IDS 256
 #include "lm_runner.h"
 
 int main(int argc, char **argv)
@@ -79,6 +85,15 @@ int main(int argc, char **argv)
     }
     if (argc > 6) {
         config.expert_flags = (uint32_t)strtoul(argv[6], NULL, 10);
+    }
+    if (argc > 7) {
+        config.num_threads = (int32_t)strtol(argv[7], NULL, 10);
+    }
+    if (argc > 8) {
+        config.prefill_batch = (int32_t)strtol(argv[8], NULL, 10);
+    }
+    if (argc > 9) {
+        config.pinned_slots = (int32_t)strtol(argv[9], NULL, 10);
     }
     const colibri_status st = colibri_lm_init(&config, &g_lm);
     if (st != COLIBRI_OK) {

@@ -6,12 +6,17 @@
  *
  * The integer dot products have per-ISA paths chosen by the compiler's ACLE feature macros
  * (as CMSIS-NN does): Helium / MVE (Cortex-M55: VMLADAVA, 16 MACs), Neon (Cortex-A: VMULL +
- * VPADAL, 16 MACs), SSE2 on x86-64 hosts (PMADDWD, 16 MACs), the 32-bit SIMD / DSP extension
- * (Cortex-M4 / M7, and int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), else portable C. Integer
- * sums do not depend on their order, so every path returns exactly what the portable loop returns
- * (tests/platform/kernels.c checks it on every board).
+ * VPADAL, 16 MACs; SDOT where the core has the dot-product extension, __ARM_FEATURE_DOTPROD),
+ * SSE2 on x86-64 hosts (PMADDWD, 16 MACs), the 32-bit SIMD / DSP extension (Cortex-M4 / M7, and
+ * int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), else portable C. Integer sums do not depend on
+ * their order, so every path returns exactly what the portable loop returns (tests/platform/
+ * kernels.c checks it on every board). On Neon cores kernels_neon.h adds the int4 blocks, the
+ * hardware fp16 conversion, and the fp16 and int4 x fp32 matvecs (four rows per register on
+ * aarch64), each bit-identical to the portable C (the same float operations in the same order per
+ * row); a signalling-NaN fp16 converts to a quiet NaN there (the portable code keeps its bits).
  */
 #include "colibri_quant.h"
+#include "kernels_x86.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -22,7 +27,7 @@
 #include <arm_mve.h>
 #define COLIBRI_DOT_MVE 1
 #elif defined(__ARM_NEON)
-#include <arm_neon.h>
+#include "kernels_neon.h" /* int4 blocks, fp16 conversion and matvec (includes arm_neon.h) */
 #define COLIBRI_DOT_NEON 1
 #elif defined(__SSE2__)
 #include <emmintrin.h>
@@ -36,6 +41,9 @@
 
 float colibri_f16_to_f32(uint16_t h)
 {
+#if defined(COLIBRI_F16_NEON)
+    return colibri_neon_f16_to_f32(h);
+#else
     const uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
     const uint32_t em = (uint32_t)h & 0x7FFFu; /* exponent and mantissa */
     uint32_t bits;
@@ -54,11 +62,17 @@ float colibri_f16_to_f32(uint16_t h)
     bits |= sign;
     memcpy(&f, &bits, sizeof f);
     return f;
+#endif
 }
 
 void colibri_matvec_f16_f32(const uint16_t *w, const float *x, float *y, int32_t n_out,
                             int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_f16_f32, (w, x, y, n_out, n_in));
+#if defined(COLIBRI_F16_NEON)
+    colibri_neon_matvec_f16_f32(w, x, y, n_out, n_in);
+    return;
+#endif
     for (int32_t o = 0; o < n_out; o++) {
         const uint16_t *row = w + (size_t)o * (size_t)n_in;
         float acc = 0.0f;
@@ -94,6 +108,9 @@ static inline float q4_block_dot_f32(const colibri_block_q4_32 *blk, const float
 {
     float bs = 0.0f;
     if (n == COLIBRI_QK4) {
+#if defined(COLIBRI_DOT_NEON)
+        return colibri_neon_q4_block_f32(blk, x);
+#endif
         for (int32_t j = 0; j < 16; j++) {
             bs += (float)((int32_t)(blk->qs[j] & 0x0Fu) - 8) * x[j];
         }
@@ -112,7 +129,13 @@ void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *
                            int32_t n_in)
 {
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
-    for (int32_t o = 0; o < n_out; o++) {
+    int32_t o = 0;
+#if defined(COLIBRI_F16_NEON) && defined(__aarch64__)
+    for (; o + 4 <= n_out; o += 4) { /* four rows per register, each lane in the order below */
+        colibri_neon_q4_f32_rows4(w + (size_t)o * nb, nb, x, y + o, n_in);
+    }
+#endif
+    for (; o < n_out; o++) {
         const colibri_block_q4_32 *row = w + (size_t)o * nb;
         float acc = 0.0f;
         for (size_t b = 0; b < nb; b++) {
@@ -209,25 +232,26 @@ static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *a, con
     }
 #elif defined(COLIBRI_DOT_NEON)
     int32x4_t acc4 = vdupq_n_s32(0);
-    for (; i + 16 <= n; i += 16) { /* int8 x int8 products fit int16: widen, then pair-add */
+    for (; i + 16 <= n; i += 16) {
         const int8x16_t va = vld1q_s8(a + i);
         const int8x16_t vb = vld1q_s8(b + i);
+#if defined(__ARM_FEATURE_DOTPROD)
+        /* Armv8.2-A SDOT: 16 MACs into four int32 lanes */
+        acc4 = vdotq_s32(acc4, va, vb);
+#else
+        /* int8 x int8 products fit int16: widen, then pair-add */
         acc4 = vpadalq_s16(acc4, vmull_s8(vget_low_s8(va), vget_low_s8(vb)));
 #if defined(__aarch64__)
         acc4 = vpadalq_s16(acc4, vmull_high_s8(va, vb));
 #else
         acc4 = vpadalq_s16(acc4, vmull_s8(vget_high_s8(va), vget_high_s8(vb)));
 #endif
+#endif
     }
     for (; i + 8 <= n; i += 8) {
         acc4 = vpadalq_s16(acc4, vmull_s8(vld1_s8(a + i), vld1_s8(b + i)));
     }
-#if defined(__aarch64__)
-    acc = vaddvq_s32(acc4);
-#else
-    const int32x2_t pair = vadd_s32(vget_low_s32(acc4), vget_high_s32(acc4));
-    acc = vget_lane_s32(vpadd_s32(pair, pair), 0);
-#endif
+    acc = colibri_neon_hsum_s32(acc4);
 #elif defined(COLIBRI_DOT_SSE2)
     __m128i acc4 = _mm_setzero_si128();
     const __m128i zero = _mm_setzero_si128();
@@ -297,6 +321,8 @@ int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int3
             sum_x = colibri_dot4_simd32(0x01010101u, x_hi, sum_x);
         }
         return acc - 8 * sum_x;
+#elif defined(COLIBRI_DOT_NEON)
+        return colibri_neon_q4_block(blk, xq);
 #else
         for (int32_t j = 0; j < 16; j++) {
             const int32_t lo = (int32_t)(blk->qs[j] & 0x0Fu) - 8;
@@ -315,6 +341,7 @@ int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int3
 void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                           float *y, int32_t n_out, int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_q8_q8, (q, scale, xq, sx, y, n_out, n_in));
     const int32_t full = n_in / COLIBRI_QK8;
     const int32_t tail = n_in - full * COLIBRI_QK8;
     for (int32_t o = 0; o < n_out; o++) {
@@ -336,6 +363,7 @@ void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq,
 void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t n_out, int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_q4_q8, (w, xq, sx, y, n_out, n_in));
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
     for (int32_t o = 0; o < n_out; o++) {
         const colibri_block_q4_32 *row = w + (size_t)o * nb;
@@ -344,6 +372,12 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
             const int32_t i0 = (int32_t)(b * COLIBRI_QK4);
             const int32_t n = (n_in - i0 < COLIBRI_QK4) ? n_in - i0 : COLIBRI_QK4;
             const float d = colibri_f16_to_f32(row[b].d);
+#if defined(COLIBRI_DOT_NEON)
+            if (n == COLIBRI_QK4) { /* the block's integer sum, inlined */
+                acc += (float)colibri_neon_q4_block(&row[b], xq + i0) * (d * sx[b]);
+                continue;
+            }
+#endif
             acc += (float)colibri_dot_q4_q8(&row[b], xq + i0, n) * (d * sx[b]);
         }
         y[o] = acc;
@@ -353,6 +387,7 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
 void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                            float *y, int32_t n_out, int32_t n_in)
 {
+    COLIBRI_X86_KERNEL(matvec_q8b_q8, (q, scale, xq, sx, y, n_out, n_in));
     const int32_t full = n_in / COLIBRI_QK8;
     const int32_t tail = n_in - full * COLIBRI_QK8;
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
@@ -394,3 +429,171 @@ void colibri_matvec_q8b_f32(const int8_t *q, const float *scale, const float *x,
         y[o] = acc;
     }
 }
+
+void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out, int32_t n_in)
+{
+    COLIBRI_X86_KERNEL(matvec_f32, (w, x, y, n_out, n_in));
+    for (int32_t o = 0; o < n_out; o++) {
+        const float *row = w + (size_t)o * (size_t)n_in;
+        float acc = 0.0f;
+        for (int32_t i = 0; i < n_in; i++) {
+            acc += row[i] * x[i];
+        }
+        y[o] = acc;
+    }
+}
+
+/* -- multi-token kernels ------------------------------------------------------------------- */
+
+/* Rows per chunk of the multi-token kernels: about COLIBRI_MATMUL_CHUNK bytes of weights (a
+ * multiple of 8 rows, at least 8), which every token of the group runs over while they are in
+ * cache. Each chunk is an ordinary matvec over a subset of rows, so row t of the result is the
+ * matvec of row t bit for bit, on every kernel path. */
+#define COLIBRI_MATMUL_CHUNK 16384u
+
+static int32_t matmul_chunk_rows(size_t row_bytes, int32_t n_out)
+{
+    size_t rows = (row_bytes > 0u) ? COLIBRI_MATMUL_CHUNK / row_bytes : (size_t)n_out;
+    rows = (rows < 8u) ? 8u : rows & ~(size_t)7u;
+    return (rows >= (size_t)n_out) ? n_out : (int32_t)rows;
+}
+
+void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows((size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0,
+                                 xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                                 y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows((size_t)n_in + 4u * nb, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb,
+                                  xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
+                          int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows(nb * sizeof(colibri_block_q4_32), n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q4_q8(w + (size_t)o0 * nb, xq + (size_t)t * (size_t)n_in,
+                                 sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m,
+                                 n_in);
+        }
+    }
+}
+
+void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,
+                            int32_t n_in, int32_t n_tok)
+{
+    const int32_t step = matmul_chunk_rows(2u * (size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_f16_f32(w + (size_t)o0 * (size_t)n_in, x + (size_t)t * (size_t)n_in,
+                                   y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q8_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const int32_t step = matmul_chunk_rows((size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8_f32(q + (size_t)o0 * (size_t)n_in, scale + o0,
+                                  x + (size_t)t * (size_t)n_in,
+                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q4_f32(const colibri_block_q4_32 *w, const float *x, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows(nb * sizeof(colibri_block_q4_32), n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q4_f32(w + (size_t)o0 * nb, x + (size_t)t * (size_t)n_in,
+                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q8b_f32(const int8_t *q, const float *scale, const float *x, float *y,
+                            int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows((size_t)n_in + 4u * nb, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q8b_f32(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb,
+                                   x + (size_t)t * (size_t)n_in,
+                                   y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_f32(const float *w, const float *b, const float *x, float *y, int32_t ldy,
+                        int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const int32_t step = matmul_chunk_rows(4u * (size_t)n_in, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            float *yt = y + (size_t)t * (size_t)ldy + (size_t)o0;
+            colibri_matvec_f32(w + (size_t)o0 * (size_t)n_in, x + (size_t)t * (size_t)n_in, yt, m,
+                               n_in);
+            if (b != NULL) {
+                for (int32_t o = 0; o < m; o++) {
+                    yt[o] = yt[o] + b[o0 + o];
+                }
+            }
+        }
+    }
+}
+
+#if !defined(COLIBRI_X86_DISPATCH)
+/* One kernel path, chosen by the compiler (kernels_x86.c has the x86-64 run-time choice). */
+int32_t colibri_kernel_level(void)
+{
+    return COLIBRI_KERNEL_BASE;
+}
+
+int32_t colibri_kernel_set_level(int32_t level)
+{
+    (void)level;
+    return COLIBRI_KERNEL_BASE;
+}
+
+const char *colibri_kernel_level_name(int32_t level)
+{
+    (void)level;
+    return "base";
+}
+#endif

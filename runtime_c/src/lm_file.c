@@ -32,6 +32,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifndef COLIBRI_NO_THREADS
+#include <pthread.h>
+#endif
+
 #define LM_HEADER_BYTES 128u
 #define LM_ENTRY_BYTES 96u
 #define LM_ALIGN 64u
@@ -46,6 +50,10 @@
 #define LM_FLAG_QK_NORM 0x2u
 #define LM_FLAG_CLIP 0x4u
 #define LM_FLAGS_KNOWN 0x7u
+
+#define LM_MAX_THREADS 256
+#define LM_DEFAULT_BATCH 64
+#define LM_MAX_BATCH 4096
 
 /* Table dtypes. */
 enum { DT_F32 = 0, DT_F16 = 1, DT_I8 = 2, DT_Q4 = 3, DT_I32 = 4 };
@@ -96,12 +104,14 @@ typedef struct {
     int32_t ffn_d_ff, ffn_scheme, ffn_act;
     lm_mat ffn[3]; /* w1 gate [f][d], w2 down [d][f], w3 up [f][d] */
     const float *shared_gate;
+    const float *heat; /* [n_experts] calibration heat (layer.{i}.heat), NULL when absent */
 } lm_layer;
 
 /** An expert slot (expert_ram_budget > 0): a copy of one expert's stored bytes. */
 typedef struct {
     int32_t expert; /* model-wide expert index, -1 when free */
     int32_t ahead;  /* filled by the prefetch, not yet used by the layer it was predicted for */
+    int32_t pinned; /* filled at init with a hot expert: never evicted */
     uint64_t used;  /* use clock of its last use or fill (LRU) */
     uint64_t pin;   /* == lm_cache.epoch: the prefetch may not evict it */
     lm_expert e;    /* the expert's descriptor, pointers into data */
@@ -122,19 +132,40 @@ typedef struct {
     float pred_gates[COLIBRI_MAX_TOP_K];
 } lm_cache;
 
+/** One thread's scratch (arena): a gathered group of an expert's tokens and its FFN. */
+typedef struct {
+    float *xin;    /* [batch][d_model] the group's input rows */
+    float *yout;   /* [batch][d_model] its output rows */
+    float *hh;     /* [batch][2 * max_ff] FFN hidden (gate rows, then up rows) */
+    float *sx;     /* [batch][COLIBRI_Q8_BLOCKS(act_n)] int8 activation scales */
+    int8_t *xq;    /* [batch][act_n] int8 activation codes */
+    float *scores; /* [max_context] attention scores */
+} lm_scratch;
+
+typedef struct lm_pool lm_pool;
+
 struct colibri_lm {
     void *map;
     size_t map_size;
     lm_header h;
     int32_t max_context, hq, hkv, max_ff, act_n;
+    int32_t n_threads; /* >= 1: the caller's thread and n_threads - 1 pool workers */
+    int32_t batch;     /* token rows of the activations: prefill chunk (decode uses row 0) */
+    int32_t max_k;     /* largest top_k of the model's MoE layers (at least 1) */
     lm_mat embed, lm_head;
     const float *final_norm, *rope_cos, *rope_sin;
     lm_layer *layers;
-    /* the arena */
-    float *x, *hbuf, *q, *k, *v, *att, *proj, *shared, *scores, *ffn_scratch, *y_expert;
+    /* the arena: activations of `batch` token rows ([batch][n] each; a decode step is row 0) */
+    float *x, *hbuf, *q, *k, *v, *att, *proj, *shared, *ffn_scratch, *y_expert;
     float *gates, *route_temp, *logits, *kv, *sxq;
-    int32_t *ids;
-    int8_t *xq;
+    int32_t *ids;        /* [batch][max_k] routed experts (sorted by id), gates alongside */
+    int32_t *keys;       /* [batch * max_k] (expert, token, slot) keys grouping a layer's uses */
+    int32_t *groups;     /* [batch * max_k + 1] start of each expert's run in keys */
+    int32_t *owner;      /* [batch * max_k] the thread that runs each run */
+    int64_t *load;       /* [n_threads] rows assigned to each thread (owner's balance) */
+    int8_t *xq;          /* [batch][act_n] int8 activation rows of the dense matrices */
+    lm_scratch *scratch; /* [n_threads] */
+    lm_pool *pool;       /* NULL: n_threads == 1 */
     void *sample_ws;
     size_t arena_bytes;
     lm_expert *experts; /* every layer's, in order */
@@ -467,6 +498,21 @@ static colibri_status read_desc(lm_ctx *c, const lm_header *h, uint32_t l, lm_de
 /* ------------------------------------------------------------------------------------------ */
 /* Building the model                                                                          */
 
+/* A layer's calibration heat (optional): every value finite (_NONFINITE) and >= 0 (_CONFIG),
+ * checked whatever the load flags, since the expert pinning ranks experts by it. */
+static colibri_status heat_check(const float *heat, uint32_t n)
+{
+    for (uint32_t j = 0; heat != NULL && j < n; j++) {
+        if (!isfinite(heat[j])) {
+            return COLIBRI_ERR_NONFINITE;
+        }
+        if (heat[j] < 0.0f) {
+            return COLIBRI_ERR_CONFIG;
+        }
+    }
+    return COLIBRI_OK;
+}
+
 static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const lm_desc *d,
                                  lm_expert *experts)
 {
@@ -574,6 +620,8 @@ static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const 
             LM_TRY(need_mat(c, e->scheme, 0, f, dm, &e->w[2]));
         }
         ly->experts = experts;
+        LM_TRY(need_f32(c, 0, ne, 0u, &ly->heat, "layer.%u.heat", (unsigned)l));
+        LM_TRY(heat_check(ly->heat, ne));
         if (d->v[9] == 1) {
             LM_TRY(need_f32(c, 1, dm, 0u, &ly->shared_gate, "layer.%u.shared_gate", (unsigned)l));
         }
@@ -633,8 +681,9 @@ static colibri_status integrity(const unsigned char *base, const lm_entry *entri
     return st;
 }
 
-/* Bytes of the arena for the model's dims at max_context positions, carving it when lm has a
- * block (lm->x == NULL on the sizing pass: only the size is returned). UINT64_MAX: too big. */
+/* Bytes of the arena for the model's dims at max_context positions, `batch` token rows and
+ * n_threads scratches, carving it when lm has a block (arena == NULL on the sizing pass: only
+ * the size is returned). UINT64_MAX: too big. */
 static uint64_t arena_layout(colibri_lm_t *lm, unsigned char *arena)
 {
     const lm_header *h = &lm->h;
@@ -642,36 +691,55 @@ static uint64_t arena_layout(colibri_lm_t *lm, unsigned char *arena)
     const uint64_t ctx = (uint64_t)lm->max_context;
     const uint64_t ff = (uint64_t)lm->max_ff;
     const uint64_t nact = (uint64_t)lm->act_n;
+    const uint64_t b = (uint64_t)lm->batch;
+    const uint64_t kk = (uint64_t)lm->max_k;
+    const uint64_t nt = (uint64_t)lm->n_threads;
     uint64_t off = 0;
     unsigned char *p = arena;
-#define LM_REGION(field, type, bytes)                                                              \
+#define LM_AT(dst, type, bytes)                                                                    \
     do {                                                                                           \
         if (arena != NULL) {                                                                       \
-            lm->field = (type *)(void *)(p + off);                                                 \
+            (dst) = (type *)(void *)(p + off);                                                     \
         }                                                                                          \
         off = add64(off, al16(bytes));                                                             \
     } while (0)
-    LM_REGION(x, float, 4u * d);
-    LM_REGION(hbuf, float, 4u * d);
-    LM_REGION(q, float, 4u * (uint64_t)lm->hq);
-    LM_REGION(k, float, 4u * (uint64_t)lm->hkv);
-    LM_REGION(v, float, 4u * (uint64_t)lm->hkv);
-    LM_REGION(att, float, 4u * (uint64_t)lm->hq);
-    LM_REGION(proj, float, 4u * d);
-    LM_REGION(shared, float, 4u * d);
-    LM_REGION(y_expert, float, 4u * d);
-    LM_REGION(scores, float, 4u * ctx);
-    LM_REGION(ffn_scratch, float, 8u * ff);
-    LM_REGION(ids, int32_t, 4u * COLIBRI_MAX_TOP_K);
-    LM_REGION(gates, float, 4u * COLIBRI_MAX_TOP_K);
+#define LM_REGION(field, type, bytes) LM_AT(lm->field, type, bytes)
+    LM_REGION(x, float, mul64(4u * b, d));
+    LM_REGION(hbuf, float, mul64(4u * b, d));
+    LM_REGION(q, float, mul64(4u * b, (uint64_t)lm->hq));
+    LM_REGION(k, float, mul64(4u * b, (uint64_t)lm->hkv));
+    LM_REGION(v, float, mul64(4u * b, (uint64_t)lm->hkv));
+    LM_REGION(att, float, mul64(4u * b, (uint64_t)lm->hq));
+    LM_REGION(proj, float, mul64(4u * b, d));
+    LM_REGION(shared, float, mul64(4u * b, d));
+    LM_REGION(y_expert, float, mul64(mul64(4u * b, kk), d));
+    LM_REGION(ffn_scratch, float, mul64(8u * b, ff));
+    LM_REGION(ids, int32_t, mul64(4u * b, kk));
+    LM_REGION(gates, float, mul64(4u * b, kk));
+    LM_REGION(keys, int32_t, mul64(4u * b, kk));
+    LM_REGION(groups, int32_t, add64(mul64(4u * b, kk), 4u));
+    LM_REGION(owner, int32_t, mul64(4u * b, kk));
+    LM_REGION(load, int64_t, mul64(8u, nt));
     LM_REGION(route_temp, float, 16u);
-    LM_REGION(sxq, float, 4u * COLIBRI_Q8_BLOCKS(nact));
-    LM_REGION(xq, int8_t, nact);
+    LM_REGION(sxq, float, mul64(4u * b, COLIBRI_Q8_BLOCKS(nact)));
+    LM_REGION(xq, int8_t, mul64(b, nact));
     LM_REGION(logits, float, 4u * (uint64_t)h->vocab);
     LM_REGION(sample_ws, void, 2u * al16(4u * (uint64_t)h->vocab));
     LM_REGION(kv, float,
               mul64(mul64(mul64(8u, h->n_layers), (uint64_t)lm->hkv), ctx)); /* K and V */
+    LM_REGION(scratch, lm_scratch, mul64(nt, sizeof(lm_scratch)));
+    for (uint64_t t = 0; t < nt; t++) {
+        lm_scratch dummy;
+        lm_scratch *sc = arena != NULL ? &lm->scratch[t] : &dummy;
+        LM_AT(sc->xin, float, mul64(4u * b, d));
+        LM_AT(sc->yout, float, mul64(4u * b, d));
+        LM_AT(sc->hh, float, mul64(8u * b, ff));
+        LM_AT(sc->sx, float, mul64(4u * b, COLIBRI_Q8_BLOCKS(nact)));
+        LM_AT(sc->xq, int8_t, mul64(b, nact));
+        LM_AT(sc->scores, float, 4u * ctx);
+    }
 #undef LM_REGION
+#undef LM_AT
     return off;
 }
 
@@ -759,8 +827,10 @@ static void cache_free(lm_cache *c)
     free(c);
 }
 
+static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *config, int32_t max_k);
+
 /* Sizes of the routed experts (stats.expert_bytes, .slot_bytes); with a budget, the slots
- * (taking fd) and the mapping's expert pages dropped. */
+ * (taking fd), the mapping's expert pages dropped and the hottest experts pinned. */
 static colibri_status cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config, int *fd)
 {
     uint64_t total = 0, slot = 0, n_owners = 0;
@@ -840,7 +910,12 @@ static colibri_status cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     c->fd = *fd;
     *fd = -1;
     lm->cache = c;
-    return COLIBRI_OK;
+    const colibri_status st = pin_hot(lm, config, max_k);
+    if (st != COLIBRI_OK) {
+        cache_free(c); /* closes the file */
+        lm->cache = NULL;
+    }
+    return st;
 }
 
 /* pread exactly len bytes at off; 0 on success. */
@@ -896,14 +971,14 @@ static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_e
     return COLIBRI_OK;
 }
 
-/* The least recently used slot (a free one first) whose pin is not `pin` (0: any); n_slots
- * when there is none. */
+/* The least recently used slot (a free one first), never a pinned one nor one whose pin is
+ * `pin` (0: any); n_slots when there is none. */
 static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
 {
     uint32_t best = c->n_slots;
     for (uint32_t s = 0; s < c->n_slots; s++) {
         const lm_slot *sl = &c->slots[s];
-        if (pin != 0u && sl->pin == pin) {
+        if (sl->pinned || (pin != 0u && sl->pin == pin)) {
             continue;
         }
         if (sl->expert < 0) {
@@ -914,6 +989,102 @@ static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
         }
     }
     return best;
+}
+
+/* A stored expert ranked by its calibration heat (pin_hot). */
+typedef struct {
+    float heat;
+    int32_t layer, owner;
+} lm_hot;
+
+/* Hotter first; equal heat: the earlier layer, then the lower expert (a total order). */
+static int cmp_hot(const void *a, const void *b)
+{
+    const lm_hot *x = (const lm_hot *)a;
+    const lm_hot *y = (const lm_hot *)b;
+    if (x->heat != y->heat) {
+        return x->heat > y->heat ? -1 : 1;
+    }
+    if (x->layer != y->layer) {
+        return x->layer < y->layer ? -1 : 1;
+    }
+    return (x->owner > y->owner) - (x->owner < y->owner);
+}
+
+/* Pin the hottest stored experts (calibration heat > 0; a stored expert's heat is the sum over
+ * the experts that use its weights) into the first slots, read now and never evicted. How
+ * many: none with COLIBRI_LM_NO_PIN or a file without heat; config->pinned_slots 0 (auto):
+ * up to half the slots, leaving 2 max_k LRU slots (prefetch) or the sum of top_k (no prefetch);
+ * N > 0: up to N (_ARG when the file has no heat).
+ * Never more than n_slots - max_k (_BUDGET when N asks for more), so top_k experts of any layer
+ * still fit in the LRU slots. */
+static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *config, int32_t max_k)
+{
+    lm_cache *c = lm->cache;
+    const uint32_t room = c->n_slots - (uint32_t)max_k; /* cache_setup: n_slots >= max_k */
+    const uint32_t asked = (uint32_t)config->pinned_slots;
+    if ((config->expert_flags & COLIBRI_LM_NO_PIN) != 0u) {
+        return COLIBRI_OK;
+    }
+    if (asked > room) {
+        return COLIBRI_ERR_BUDGET;
+    }
+    int has_heat = 0;
+    uint32_t n_hot = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+            has_heat = 1;
+            n_hot += ly->experts[j].owner == j ? 1u : 0u;
+        }
+    }
+    if (!has_heat) {
+        return asked > 0u ? COLIBRI_ERR_ARG : COLIBRI_OK;
+    }
+    lm_hot *hot = (lm_hot *)malloc((size_t)n_hot * sizeof *hot); /* bounded by the experts */
+    if (hot == NULL) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+            if (ly->experts[j].owner != j) {
+                continue;
+            }
+            float h = 0.0f;
+            for (int32_t i = 0; i < ly->moe.n_experts; i++) {
+                h += ly->experts[i].owner == j ? ly->heat[i] : 0.0f;
+            }
+            if (h > 0.0f && isfinite(h)) {
+                hot[n++] = (lm_hot){h, (int32_t)l, j};
+            }
+        }
+    }
+    qsort(hot, n, sizeof *hot, cmp_hot);
+    /* auto: half the slots, leaving the LRU slots what their hits come from: with prefetch a
+     * layer's top_k experts and the next layer's predicted ones (2 max_k), without it one
+     * token's experts of every layer (the sum of top_k), for the next token's reuse. Fewer LRU
+     * slots lost more hits than the pinned experts gave (docs/transformer.md). */
+    uint32_t keep = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        keep += lm->layers[l].is_moe ? (uint32_t)lm->layers[l].top_k : 0u;
+    }
+    keep = c->prefetch ? 2u * (uint32_t)max_k : keep;
+    uint32_t want = c->n_slots / 2u;
+    want = c->n_slots < keep ? 0u : (want < c->n_slots - keep ? want : c->n_slots - keep);
+    want = asked > 0u ? asked : want;
+    want = want < room ? want : room;
+    want = want < n ? want : n;
+    colibri_status st = COLIBRI_OK;
+    for (uint32_t s = 0; s < want && st == COLIBRI_OK; s++) {
+        const lm_layer *ly = &lm->layers[hot[s].layer];
+        st = slot_fill(lm, ly, &ly->experts[hot[s].owner], ly->first_expert + hot[s].owner, s);
+        c->slots[s].pinned = 1;
+        lm->stats.n_pinned = s + 1u;
+    }
+    free(hot);
+    return st;
 }
 
 /* A use of the expert a layer routes to as `id` (budget only): a hit when it is in a slot
@@ -930,6 +1101,7 @@ static colibri_status expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
     if (c->resident[g] >= 0) {
         lm_slot *sl = &c->slots[c->resident[g]];
         st->hits++;
+        st->pinned_hits += sl->pinned ? 1u : 0u;
         if (sl->ahead) {
             st->prefetch_hits++;
             sl->ahead = 0;
@@ -1012,6 +1184,175 @@ static void lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *ne
     }
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Thread pool (num_threads > 1): persistent workers, condition-variable wake-ups             */
+
+/* A job: every thread (the caller as tid 0, the workers 1 .. nt - 1) runs fn(lm, arg, tid, nt)
+ * once; what each one computes is fixed by (tid, nt) alone, never by timing. */
+typedef colibri_status (*lm_job_fn)(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt);
+
+#ifndef COLIBRI_NO_THREADS
+struct lm_pool {
+    colibri_lm_t *lm;
+    pthread_mutex_t mu;
+    pthread_cond_t wake; /* a new job (gen changed) or stop */
+    pthread_cond_t done; /* pending reached 0 */
+    lm_job_fn fn;
+    void *arg;
+    uint64_t gen;           /* job counter */
+    int32_t pending;        /* workers still running the current job */
+    int32_t stop;           /* colibri_lm_free: workers return */
+    int32_t n_workers;      /* started */
+    colibri_status *status; /* [n_threads] each thread's status of the current job */
+    pthread_t *threads;     /* [n_workers] */
+    void *args;             /* [n_workers] lm_worker_arg */
+};
+
+typedef struct {
+    lm_pool *pool;
+    int32_t tid;
+} lm_worker_arg;
+
+static void *lm_worker(void *p)
+{
+    lm_pool *pool = ((lm_worker_arg *)p)->pool;
+    const int32_t tid = ((lm_worker_arg *)p)->tid;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        while (!pool->stop && pool->gen == seen) {
+            pthread_cond_wait(&pool->wake, &pool->mu); /* idle: blocked, no spinning */
+        }
+        if (pool->stop) {
+            break;
+        }
+        seen = pool->gen;
+        const lm_job_fn fn = pool->fn;
+        void *arg = pool->arg;
+        const int32_t nt = pool->n_workers + 1;
+        pthread_mutex_unlock(&pool->mu);
+        const colibri_status st = fn(pool->lm, arg, tid, nt);
+        pthread_mutex_lock(&pool->mu);
+        pool->status[tid] = st;
+        if (--pool->pending == 0) {
+            pthread_cond_signal(&pool->done);
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+static void pool_free(lm_pool *pool)
+{
+    if (pool == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mu);
+    for (int32_t i = 0; i < pool->n_workers; i++) {
+        pthread_join(pool->threads[i], NULL);
+    }
+    pthread_cond_destroy(&pool->wake);
+    pthread_cond_destroy(&pool->done);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool->threads);
+    free(pool->status);
+    free(pool->args);
+    free(pool);
+}
+
+/* n_threads - 1 workers, blocked until the first job. */
+static colibri_status pool_create(colibri_lm_t *lm, lm_pool **out)
+{
+    *out = NULL;
+    const int32_t nw = lm->n_threads - 1;
+    lm_pool *pool = (lm_pool *)calloc(1u, sizeof *pool);
+    if (pool == NULL) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    pool->lm = lm;
+    pool->threads = (pthread_t *)calloc((size_t)nw, sizeof *pool->threads);
+    pool->status = (colibri_status *)calloc((size_t)nw + 1u, sizeof *pool->status);
+    lm_worker_arg *args = (lm_worker_arg *)calloc((size_t)nw, sizeof *args);
+    if (pool->threads == NULL || pool->status == NULL || args == NULL ||
+        pthread_mutex_init(&pool->mu, NULL) != 0) {
+        free(pool->threads);
+        free(pool->status);
+        free(args);
+        free(pool);
+        return COLIBRI_ERR_NOMEM;
+    }
+    if (pthread_cond_init(&pool->wake, NULL) != 0) {
+        pthread_mutex_destroy(&pool->mu);
+        free(pool->threads);
+        free(pool->status);
+        free(args);
+        free(pool);
+        return COLIBRI_ERR_NOMEM;
+    }
+    if (pthread_cond_init(&pool->done, NULL) != 0) {
+        pthread_cond_destroy(&pool->wake);
+        pthread_mutex_destroy(&pool->mu);
+        free(pool->threads);
+        free(pool->status);
+        free(args);
+        free(pool);
+        return COLIBRI_ERR_NOMEM;
+    }
+    pool->args = args; /* freed with the pool */
+    for (int32_t i = 0; i < nw; i++) {
+        args[i].pool = pool;
+        args[i].tid = i + 1;
+        if (pthread_create(&pool->threads[i], NULL, lm_worker, &args[i]) != 0) {
+            pool_free(pool); /* joins the ones started */
+            return COLIBRI_ERR_NOMEM;
+        }
+        pool->n_workers = i + 1;
+    }
+    *out = pool;
+    return COLIBRI_OK;
+}
+#else
+struct lm_pool {
+    int32_t unused;
+};
+
+static void pool_free(lm_pool *pool)
+{
+    (void)pool;
+}
+#endif /* COLIBRI_NO_THREADS */
+
+/* Run a job on every thread; the first failing status in thread order, else COLIBRI_OK. */
+static colibri_status lm_run(colibri_lm_t *lm, lm_job_fn fn, void *arg)
+{
+#ifndef COLIBRI_NO_THREADS
+    lm_pool *pool = lm->pool;
+    if (pool != NULL) {
+        pthread_mutex_lock(&pool->mu);
+        pool->fn = fn;
+        pool->arg = arg;
+        pool->pending = pool->n_workers;
+        pool->gen++;
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->mu);
+        colibri_status st = fn(lm, arg, 0, pool->n_workers + 1);
+        pthread_mutex_lock(&pool->mu);
+        while (pool->pending > 0) {
+            pthread_cond_wait(&pool->done, &pool->mu);
+        }
+        for (int32_t i = 1; i <= pool->n_workers && st == COLIBRI_OK; i++) {
+            st = pool->status[i];
+        }
+        pthread_mutex_unlock(&pool->mu);
+        return st;
+    }
+#endif
+    return fn(lm, arg, 0, 1);
+}
+
 colibri_status colibri_lm_get_stats(const colibri_lm_t *lm, colibri_lm_stats_t *stats)
 {
     if (lm == NULL || stats == NULL) {
@@ -1027,9 +1368,17 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
         return COLIBRI_ERR_ARG;
     }
     *out = NULL;
-    if (config == NULL || config->model_path == NULL || config->max_context < 0) {
+    if (config == NULL || config->model_path == NULL || config->max_context < 0 ||
+        config->num_threads < 0 || config->num_threads > LM_MAX_THREADS ||
+        config->prefill_batch < 0 || config->prefill_batch > LM_MAX_BATCH ||
+        config->pinned_slots < 0) {
         return COLIBRI_ERR_ARG;
     }
+#ifdef COLIBRI_NO_THREADS
+    if (config->num_threads > 1) {
+        return COLIBRI_ERR_UNSUPPORTED;
+    }
+#endif
     int fd = open(config->model_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         return COLIBRI_ERR_IO;
@@ -1089,6 +1438,7 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     tmp.max_context = config->max_context > 0 ? config->max_context : (int32_t)h->max_context;
     uint64_t n_experts = 0;
     int32_t max_ff = 1;
+    int32_t max_k = 1;
     for (uint32_t l = 0; l < h->n_layers; l++) {
         st = read_desc(&c, h, l, &descs[l]);
         if (st != COLIBRI_OK) {
@@ -1097,10 +1447,15 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
         if (descs[l].v[0] == 1) {
             n_experts += (uint64_t)descs[l].v[1];
             max_ff = descs[l].v[3] > max_ff ? descs[l].v[3] : max_ff;
+            max_k = descs[l].v[2] > max_k ? descs[l].v[2] : max_k;
         }
         max_ff = descs[l].v[6] > max_ff ? descs[l].v[6] : max_ff;
     }
     tmp.max_ff = max_ff;
+    tmp.max_k = max_k;
+    tmp.n_threads = config->num_threads > 1 ? config->num_threads : 1;
+    tmp.batch = config->prefill_batch > 0 ? config->prefill_batch : LM_DEFAULT_BATCH;
+    tmp.batch = tmp.batch < tmp.max_context ? tmp.batch : tmp.max_context;
     int32_t act_n = (int32_t)h->d_model > tmp.hq ? (int32_t)h->d_model : tmp.hq;
     tmp.act_n = act_n > max_ff ? act_n : max_ff;
     /* One block: descriptor, layers, experts, arena (16-aligned regions). */
@@ -1161,6 +1516,11 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     if (st == COLIBRI_OK) {
         st = cache_setup(lm, config, &fd); /* takes fd with a budget */
     }
+#ifndef COLIBRI_NO_THREADS
+    if (st == COLIBRI_OK && lm->n_threads > 1) {
+        st = pool_create(lm, &lm->pool); /* last: nothing after it can fail */
+    }
+#endif
     if (st != COLIBRI_OK) {
         goto fail;
     }
@@ -1173,6 +1533,9 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     return COLIBRI_OK;
 fail:
     close(fd);
+    if (block != NULL) {
+        cache_free(((colibri_lm_t *)(void *)block)->cache);
+    }
     free(block);
     free(entries);
     free(descs);
@@ -1185,6 +1548,7 @@ void colibri_lm_free(colibri_lm_t *lm)
     if (lm == NULL) {
         return;
     }
+    pool_free(lm->pool); /* wakes the idle workers, joins them */
     cache_free(lm->cache);
     munmap(lm->map, lm->map_size);
     free(lm);
@@ -1210,98 +1574,257 @@ void *colibri_lm_sampler_workspace(colibri_lm_t *lm)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The token step: transformer_model.c.j2, operation for operation                            */
+/* The token step: transformer_model.c.j2, operation for operation, on n token rows           */
 
-/* y = W x (+ b): the generated <name>_linear (or colibri_linear_f32 for fp32 models). */
-static void lm_linear(colibri_lm_t *lm, const lm_mat *m, const float *b, const float *x, float *y)
+/* Below this many multiply-adds a job runs on the calling thread alone (same bits: what a
+ * row computes never depends on the split). */
+#define LM_PAR_MIN_WORK 32768u
+
+static colibri_status lm_run_sized(colibri_lm_t *lm, lm_job_fn fn, void *arg, uint64_t work)
+{
+    if (work < LM_PAR_MIN_WORK) {
+        return fn(lm, arg, 0, 1);
+    }
+    return lm_run(lm, fn, arg);
+}
+
+/* Rows [*r0, *r1) of n for thread tid of nt: contiguous ranges, a multiple of 32 rows each
+ * (the last shorter), fixed by (n, tid, nt). */
+static void lm_rows(int32_t n, int32_t tid, int32_t nt, int32_t *r0, int32_t *r1)
+{
+    int32_t per = (n + nt - 1) / nt;
+    per = (per + 31) & ~31;
+    const int64_t a = (int64_t)tid * per;
+    *r0 = a < n ? (int32_t)a : n;
+    *r1 = (int64_t)*r0 + per < (int64_t)n ? *r0 + per : n;
+}
+
+/* Rows [r0, r1) of y = W x (+ b) for n_tok activation rows of m->n_in values (x fp32; xq / sx
+ * their int8 rows when act == 1), output row t at y + t * ldy. Each output is what the token
+ * step's kernel (colibri_matvec_*, colibri_matmul_* row t, colibri_linear_f32) gives it, so
+ * the result does not depend on the row split nor on n_tok. */
+static void mat_rows(const lm_mat *m, int32_t act, const float *b, const float *x, const int8_t *xq,
+                     const float *sx, float *y, int32_t ldy, int32_t r0, int32_t r1, int32_t n_tok)
 {
     const int32_t n_in = m->n_in;
-    const int32_t n_out = m->n_out;
-    if (m->scheme == COLIBRI_QUANT_F32) {
-        colibri_linear_f32(x, (const float *)m->w, b, y, n_in, n_out);
+    const int32_t cnt = r1 - r0;
+    if (cnt <= 0 || n_tok <= 0) {
         return;
     }
-    if (m->scheme == COLIBRI_QUANT_Q8) {
-        if (lm->h.dense_act == 1u) {
-            colibri_quantize_row_q8(x, lm->xq, lm->sxq, n_in);
-            colibri_matvec_q8b_q8((const int8_t *)m->w, m->scale, lm->xq, lm->sxq, y, n_out, n_in);
-        } else {
-            colibri_matvec_q8b_f32((const int8_t *)m->w, m->scale, x, y, n_out, n_in);
+    const size_t ro = (size_t)r0;
+    const size_t ni = (size_t)n_in;
+    float *yo = y + ro;
+    switch (m->scheme) {
+    case COLIBRI_QUANT_F32: {
+        const float *w = (const float *)m->w + ro * ni;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_linear_f32(x + (size_t)t * ni, w, b != NULL ? b + ro : NULL,
+                               yo + (size_t)t * (size_t)ldy, n_in, cnt);
         }
-    } else {
-        colibri_matvec_f16_f32((const uint16_t *)m->w, x, y, n_out, n_in);
+        return;
+    }
+    case COLIBRI_QUANT_F16: {
+        const uint16_t *w = (const uint16_t *)m->w + ro * ni;
+        if (n_tok == 1) {
+            colibri_matvec_f16_f32(w, x, yo, cnt, n_in);
+        } else {
+            colibri_matmul_f16_f32(w, x, yo, ldy, cnt, n_in, n_tok);
+        }
+        break;
+    }
+    case COLIBRI_QUANT_Q8: {
+        const int8_t *w = (const int8_t *)m->w + ro * ni;
+        if (m->blocked) {
+            const float *sc = m->scale + ro * COLIBRI_Q8_BLOCKS(n_in);
+            if (act == 1 && n_tok == 1) {
+                colibri_matvec_q8b_q8(w, sc, xq, sx, yo, cnt, n_in);
+            } else if (act == 1) {
+                colibri_matmul_q8b_q8(w, sc, xq, sx, yo, ldy, cnt, n_in, n_tok);
+            } else if (n_tok == 1) {
+                colibri_matvec_q8b_f32(w, sc, x, yo, cnt, n_in);
+            } else {
+                colibri_matmul_q8b_f32(w, sc, x, yo, ldy, cnt, n_in, n_tok);
+            }
+        } else {
+            const float *sc = m->scale + ro;
+            if (act == 1 && n_tok == 1) {
+                colibri_matvec_q8_q8(w, sc, xq, sx, yo, cnt, n_in);
+            } else if (act == 1) {
+                colibri_matmul_q8_q8(w, sc, xq, sx, yo, ldy, cnt, n_in, n_tok);
+            } else if (n_tok == 1) {
+                colibri_matvec_q8_f32(w, sc, x, yo, cnt, n_in);
+            } else {
+                colibri_matmul_q8_f32(w, sc, x, yo, ldy, cnt, n_in, n_tok);
+            }
+        }
+        break;
+    }
+    default: {
+        const colibri_block_q4_32 *w =
+            (const colibri_block_q4_32 *)m->w + ro * COLIBRI_Q4_BLOCKS(n_in);
+        if (act == 1 && n_tok == 1) {
+            colibri_matvec_q4_q8(w, xq, sx, yo, cnt, n_in);
+        } else if (act == 1) {
+            colibri_matmul_q4_q8(w, xq, sx, yo, ldy, cnt, n_in, n_tok);
+        } else if (n_tok == 1) {
+            colibri_matvec_q4_f32(w, x, yo, cnt, n_in);
+        } else {
+            colibri_matmul_q4_f32(w, x, yo, ldy, cnt, n_in, n_tok);
+        }
+        break;
+    }
     }
     if (b != NULL) {
-        for (int32_t o = 0; o < n_out; ++o) {
-            y[o] += b[o];
+        for (int32_t t = 0; t < n_tok; t++) {
+            float *yt = y + (size_t)t * (size_t)ldy;
+            for (int32_t o = r0; o < r1; ++o) {
+                yt[o] += b[o];
+            }
         }
     }
 }
 
-/* One matvec of a quantised FFN (templates/common/experts.j2 mv). */
-static void lm_mv(colibri_lm_t *lm, const lm_mat *m, int32_t act, const float *x, float *y)
+/* Quantise n rows of n_in values (row stride n_in) to int8 rows (codes stride n_in, scales
+ * stride COLIBRI_Q8_BLOCKS(n_in)). */
+static void quantize_rows(const float *x, int8_t *xq, float *sx, int32_t n_in, int32_t n)
 {
-    switch (m->scheme) {
-    case COLIBRI_QUANT_F16:
-        colibri_matvec_f16_f32((const uint16_t *)m->w, x, y, m->n_out, m->n_in);
-        break;
-    case COLIBRI_QUANT_Q8:
-        if (act == 1) {
-            colibri_matvec_q8_q8((const int8_t *)m->w, m->scale, lm->xq, lm->sxq, y, m->n_out,
-                                 m->n_in);
-        } else {
-            colibri_matvec_q8_f32((const int8_t *)m->w, m->scale, x, y, m->n_out, m->n_in);
-        }
-        break;
-    case COLIBRI_QUANT_Q4:
-        if (act == 1) {
-            colibri_matvec_q4_q8((const colibri_block_q4_32 *)m->w, lm->xq, lm->sxq, y, m->n_out,
-                                 m->n_in);
-        } else {
-            colibri_matvec_q4_f32((const colibri_block_q4_32 *)m->w, x, y, m->n_out, m->n_in);
-        }
-        break;
-    default:
-        colibri_linear_f32(x, (const float *)m->w, NULL, y, m->n_in, m->n_out);
-        break;
+    for (int32_t t = 0; t < n; t++) {
+        colibri_quantize_row_q8(x + (size_t)t * (size_t)n_in, xq + (size_t)t * (size_t)n_in,
+                                sx + (size_t)t * COLIBRI_Q8_BLOCKS(n_in), n_in);
     }
 }
 
-/* SwiGLU of one token with quantised (or fp16) w1 / w2 / w3 [out][in]: the generated
- * <name>_ffn_<scheme>_<act>_f<d_ff> kernel with n = 1. */
-static void lm_ffn_q(colibri_lm_t *lm, const lm_mat *w, int32_t act, const float *x, float *y)
+/* Up to three matrices with the same input rows, each one's output rows split over the
+ * threads. */
+typedef struct {
+    const lm_mat *m[3];
+    const float *b[3];
+    float *y[3];
+    int32_t n_mats, act, n_tok;
+    const float *x;
+    const int8_t *xq;
+    const float *sx;
+} lm_lin_job;
+
+static colibri_status job_lin(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
+{
+    (void)lm;
+    const lm_lin_job *j = (const lm_lin_job *)arg;
+    for (int32_t i = 0; i < j->n_mats; i++) {
+        int32_t r0, r1;
+        lm_rows(j->m[i]->n_out, tid, nt, &r0, &r1);
+        mat_rows(j->m[i], j->act, j->b[i], j->x, j->xq, j->sx, j->y[i], j->m[i]->n_out, r0, r1,
+                 j->n_tok);
+    }
+    return COLIBRI_OK;
+}
+
+static colibri_status lin_run(colibri_lm_t *lm, lm_lin_job *j)
+{
+    uint64_t work = 0;
+    for (int32_t i = 0; i < j->n_mats; i++) {
+        work += (uint64_t)j->m[i]->n_out * (uint64_t)j->m[i]->n_in * (uint64_t)j->n_tok;
+    }
+    return lm_run_sized(lm, job_lin, j, work);
+}
+
+/* The dense matrices (attention, LM head) on n rows of x: the generated <name>_linear, or
+ * colibri_linear_f32 for fp32 models; int8 activations quantised once for all threads. */
+static colibri_status lm_linear(colibri_lm_t *lm, int32_t n_mats, const lm_mat *const *m,
+                                const float *const *b, float *const *y, const float *x,
+                                int32_t n_tok)
+{
+    lm_lin_job j;
+    memset(&j, 0, sizeof j);
+    j.n_mats = n_mats;
+    for (int32_t i = 0; i < n_mats; i++) {
+        j.m[i] = m[i];
+        j.b[i] = b[i];
+        j.y[i] = y[i];
+    }
+    j.n_tok = n_tok;
+    j.x = x;
+    j.act = (m[0]->scheme == COLIBRI_QUANT_Q8 && lm->h.dense_act == 1u) ? 1 : 0;
+    if (j.act == 1) {
+        quantize_rows(x, lm->xq, lm->sxq, m[0]->n_in, n_tok);
+    }
+    j.xq = lm->xq;
+    j.sx = lm->sxq;
+    return lin_run(lm, &j);
+}
+
+/* hh[j] = silu(hh[j]) * g[j] over n values. */
+static void swiglu_mix(float *hh, const float *g, size_t n)
+{
+    for (size_t j = 0; j < n; ++j) {
+        hh[j] = colibri_silu(hh[j]) * g[j];
+    }
+}
+
+/* SwiGLU of n rows with w1 / w2 / w3 [out][in] in any scheme (fp32: colibri_swiglu_f32's
+ * operations; else the generated <name>_ffn_<scheme>_<act>_f<d_ff> kernel), on the calling
+ * thread: hh holds 2 * n * d_ff floats, xq / sx n int8 rows of max(d, d_ff). */
+static void ffn_rows(const lm_mat *w, int32_t act, const float *x, float *y, int32_t n, float *hh,
+                     int8_t *xq, float *sx)
 {
     const int32_t d = w[0].n_in;
     const int32_t f = w[0].n_out;
-    float *hh = lm->ffn_scratch;
-    float *g = hh + f;
+    float *g = hh + (size_t)n * (size_t)f;
     if (act == 1) {
-        colibri_quantize_row_q8(x, lm->xq, lm->sxq, d);
+        quantize_rows(x, xq, sx, d, n);
     }
-    lm_mv(lm, &w[0], act, x, hh);
-    lm_mv(lm, &w[2], act, x, g);
-    for (int32_t j = 0; j < f; ++j) {
-        hh[j] = colibri_silu(hh[j]) * g[j];
-    }
+    mat_rows(&w[0], act, NULL, x, xq, sx, hh, f, 0, f, n);
+    mat_rows(&w[2], act, NULL, x, xq, sx, g, f, 0, f, n);
+    swiglu_mix(hh, g, (size_t)n * (size_t)f);
     if (act == 1) {
-        colibri_quantize_row_q8(hh, lm->xq, lm->sxq, f);
+        quantize_rows(hh, xq, sx, f, n);
     }
-    lm_mv(lm, &w[1], act, hh, y);
+    mat_rows(&w[1], act, NULL, hh, xq, sx, y, d, 0, d, n);
 }
 
-/* Dense MLP / shared expert: colibri_swiglu_f32 on fp32 weights, else the FFN kernel. */
-static void lm_dense_ffn(colibri_lm_t *lm, const lm_layer *ly, const float *x, float *y)
+/* Dense MLP / shared expert on n rows, every matrix's output rows split over the threads. */
+static colibri_status lm_dense_ffn(colibri_lm_t *lm, const lm_layer *ly, const float *x, float *y,
+                                   int32_t n)
 {
-    if (ly->ffn_scheme == COLIBRI_QUANT_F32) {
-        colibri_swiglu_f32(x, (const float *)ly->ffn[0].w, (const float *)ly->ffn[2].w,
-                           (const float *)ly->ffn[1].w, y, (int32_t)lm->h.d_model, ly->ffn_d_ff,
-                           lm->ffn_scratch);
-    } else {
-        lm_ffn_q(lm, ly->ffn, ly->ffn_act, x, y);
+    const int32_t f = ly->ffn_d_ff;
+    const int32_t d = (int32_t)lm->h.d_model;
+    const int32_t act = ly->ffn_scheme == COLIBRI_QUANT_F32 ? 0 : ly->ffn_act;
+    float *hh = lm->ffn_scratch;
+    float *g = hh + (size_t)n * (size_t)f;
+    lm_lin_job j;
+    memset(&j, 0, sizeof j);
+    j.act = act;
+    j.n_tok = n;
+    j.xq = lm->xq;
+    j.sx = lm->sxq;
+    if (act == 1) {
+        quantize_rows(x, lm->xq, lm->sxq, d, n);
     }
+    j.n_mats = 2;
+    j.m[0] = &ly->ffn[0];
+    j.m[1] = &ly->ffn[2];
+    j.y[0] = hh;
+    j.y[1] = g;
+    j.x = x;
+    colibri_status st = lin_run(lm, &j);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    swiglu_mix(hh, g, (size_t)n * (size_t)f);
+    if (act == 1) {
+        quantize_rows(hh, lm->xq, lm->sxq, f, n);
+    }
+    j.n_mats = 1;
+    j.m[0] = &ly->ffn[1];
+    j.y[0] = y;
+    j.x = hh;
+    return lin_run(lm, &j);
 }
 
-static colibri_status lm_attention(colibri_lm_t *lm, const lm_layer *ly, int32_t l, int32_t pos)
+/* Attention of n rows at positions pos0 .. pos0 + n - 1, one after the other: each writes its
+ * K / V row and attends to the rows before it, as n token steps would. */
+static colibri_status lm_attention(colibri_lm_t *lm, const lm_layer *ly, int32_t l, int32_t pos0,
+                                   int32_t n)
 {
     const lm_header *h = &lm->h;
     const colibri_attention_shape_t shape = {
@@ -1313,57 +1836,133 @@ static colibri_status lm_attention(colibri_lm_t *lm, const lm_layer *ly, int32_t
     };
     const size_t kv_floats = (size_t)lm->hkv * (size_t)lm->max_context;
     float *kc = lm->kv + (size_t)l * 2u * kv_floats;
-    lm_linear(lm, &ly->wq, ly->bq, lm->hbuf, lm->q);
-    lm_linear(lm, &ly->wk, ly->bk, lm->hbuf, lm->k);
-    lm_linear(lm, &ly->wv, ly->bv, lm->hbuf, lm->v);
-    if (ly->q_norm != NULL) {
-        colibri_rmsnorm_f32(lm->q, ly->q_norm, lm->q, lm->hq, h->eps);
-        colibri_rmsnorm_f32(lm->k, ly->k_norm, lm->k, lm->hkv, h->eps);
-    }
-    if ((h->flags & LM_FLAG_CLIP) != 0u) {
-        colibri_clip_f32(lm->q, lm->hq, h->clip);
-        colibri_clip_f32(lm->k, lm->hkv, h->clip);
-        colibri_clip_f32(lm->v, lm->hkv, h->clip);
-    }
-    const size_t half = h->head_dim / 2u;
-    const float *cs = lm->rope_cos + (size_t)pos * half;
-    const float *sn = lm->rope_sin + (size_t)pos * half;
-    colibri_rope_f32(lm->q, (int32_t)h->n_heads, (int32_t)h->head_dim, cs, sn);
-    colibri_rope_f32(lm->k, (int32_t)h->n_kv_heads, (int32_t)h->head_dim, cs, sn);
-    const colibri_status st = colibri_attention_f32(&shape, pos, lm->q, lm->k, lm->v, kc,
-                                                    kc + kv_floats, lm->scores, lm->att);
+    const lm_mat *m[3] = {&ly->wq, &ly->wk, &ly->wv};
+    const float *b[3] = {ly->bq, ly->bk, ly->bv};
+    float *y[3] = {lm->q, lm->k, lm->v};
+    colibri_status st = lm_linear(lm, 3, m, b, y, lm->hbuf, n);
     if (st != COLIBRI_OK) {
         return st;
     }
-    lm_linear(lm, &ly->wo, ly->bo, lm->att, lm->proj);
+    const size_t half = h->head_dim / 2u;
+    for (int32_t t = 0; t < n; t++) {
+        float *q = lm->q + (size_t)t * (size_t)lm->hq;
+        float *k = lm->k + (size_t)t * (size_t)lm->hkv;
+        float *v = lm->v + (size_t)t * (size_t)lm->hkv;
+        const int32_t pos = pos0 + t;
+        if (ly->q_norm != NULL) {
+            colibri_rmsnorm_f32(q, ly->q_norm, q, lm->hq, h->eps);
+            colibri_rmsnorm_f32(k, ly->k_norm, k, lm->hkv, h->eps);
+        }
+        if ((h->flags & LM_FLAG_CLIP) != 0u) {
+            colibri_clip_f32(q, lm->hq, h->clip);
+            colibri_clip_f32(k, lm->hkv, h->clip);
+            colibri_clip_f32(v, lm->hkv, h->clip);
+        }
+        const float *cs = lm->rope_cos + (size_t)pos * half;
+        const float *sn = lm->rope_sin + (size_t)pos * half;
+        colibri_rope_f32(q, (int32_t)h->n_heads, (int32_t)h->head_dim, cs, sn);
+        colibri_rope_f32(k, (int32_t)h->n_kv_heads, (int32_t)h->head_dim, cs, sn);
+        st = colibri_attention_f32(&shape, pos, q, k, v, kc, kc + kv_floats, lm->scratch[0].scores,
+                                   lm->att + (size_t)t * (size_t)lm->hq);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
+    const lm_mat *mo[1] = {&ly->wo};
+    const float *bo[1] = {ly->bo};
+    float *yo[1] = {lm->proj};
+    return lm_linear(lm, 1, mo, bo, yo, lm->att, n);
+}
+
+/* The routed experts of a layer for n rows, grouped by expert: lm->keys (id * n + row, sorted)
+ * in runs lm->groups[g] .. lm->groups[g + 1]; each expert runs once on its rows (one GEMM per
+ * matrix), and its output row for (row, slot) goes to y_expert[row][slot]. */
+typedef struct {
+    const lm_layer *ly;
+    const float *x;
+    int32_t n, n_groups;
+} lm_moe_job;
+
+static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
+{
+    const lm_moe_job *j = (const lm_moe_job *)arg;
+    const lm_layer *ly = j->ly;
+    const int32_t n = j->n;
+    const size_t d = (size_t)lm->h.d_model;
+    const int32_t kk = lm->max_k;
+    lm_scratch *sc = &lm->scratch[tid];
+    for (int32_t g = 0; g < j->n_groups; g++) {
+        if ((nt > 1 ? lm->owner[g] : 0) != tid) {
+            continue;
+        }
+        const int32_t first = lm->groups[g];
+        const int32_t cnt = lm->groups[g + 1] - first;
+        const int32_t id = lm->keys[first] / n;
+        const lm_expert *e = expert_at(lm, ly, id);
+        if (e == NULL) {
+            return COLIBRI_ERR_EXPERT; /* not reached: expert_use made it resident */
+        }
+        for (int32_t r = 0; r < cnt; r++) {
+            const int32_t t = lm->keys[first + r] % n;
+            memcpy(sc->xin + (size_t)r * d, j->x + (size_t)t * d, d * sizeof(float));
+        }
+        if (e->scheme == COLIBRI_QUANT_F32) {
+            colibri_expert_ffn_f32(&ly->moe, &e->fw, sc->xin, sc->yout, cnt, sc->hh);
+        } else {
+            ffn_rows(e->w, e->act, sc->xin, sc->yout, cnt, sc->hh, sc->xq, sc->sx);
+        }
+        for (int32_t r = 0; r < cnt; r++) {
+            const int32_t t = lm->keys[first + r] % n;
+            const int32_t *ids = lm->ids + (size_t)t * (size_t)kk;
+            int32_t slot = 0;
+            while (slot < ly->top_k - 1 && ids[slot] != id) {
+                slot++;
+            }
+            memcpy(lm->y_expert + ((size_t)t * (size_t)kk + (size_t)slot) * d,
+                   sc->yout + (size_t)r * d, d * sizeof(float));
+        }
+    }
     return COLIBRI_OK;
 }
 
-/* The MoE block for one token: colibri_route, then colibri_sparse_forward's order (experts
- * in ascending id, out = 0 + sum g * y). */
+static int cmp_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a;
+    const int32_t y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The MoE block for n rows: colibri_route per row, then colibri_sparse_forward's order per row
+ * (experts in ascending id, out = 0 + sum g * y). With a budget n is 1. */
 static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next, const float *x,
-                             float *out)
+                             float *out, int32_t n)
 {
     const int32_t k = ly->top_k;
     const int32_t d = (int32_t)lm->h.d_model;
-    colibri_status st = colibri_route(&ly->moe, x, 1, k, lm->ids, lm->gates, lm->route_temp);
-    if (st != COLIBRI_OK) {
-        return st;
-    }
-    for (int32_t i = 1; i < k; ++i) { /* insertion sort by expert id, gates along */
-        const int32_t id = lm->ids[i];
-        const float g = lm->gates[i];
-        int32_t j = i - 1;
-        for (; j >= 0 && lm->ids[j] > id; --j) {
-            lm->ids[j + 1] = lm->ids[j];
-            lm->gates[j + 1] = lm->gates[j];
+    const int32_t kk = lm->max_k;
+    colibri_status st;
+    for (int32_t t = 0; t < n; t++) {
+        int32_t *ids = lm->ids + (size_t)t * (size_t)kk;
+        float *gates = lm->gates + (size_t)t * (size_t)kk;
+        st = colibri_route(&ly->moe, x + (size_t)t * (size_t)d, 1, k, ids, gates, lm->route_temp);
+        if (st != COLIBRI_OK) {
+            return st;
         }
-        lm->ids[j + 1] = id;
-        lm->gates[j + 1] = g;
-    }
-    for (int32_t i = 0; i < k; ++i) {
-        if (lm->ids[i] < 0 || lm->ids[i] >= ly->moe.n_experts) {
-            return COLIBRI_ERR_EXPERT;
+        for (int32_t i = 1; i < k; ++i) { /* insertion sort by expert id, gates along */
+            const int32_t id = ids[i];
+            const float g = gates[i];
+            int32_t j = i - 1;
+            for (; j >= 0 && ids[j] > id; --j) {
+                ids[j + 1] = ids[j];
+                gates[j + 1] = gates[j];
+            }
+            ids[j + 1] = id;
+            gates[j + 1] = g;
+        }
+        for (int32_t i = 0; i < k; ++i) {
+            if (ids[i] < 0 || ids[i] >= ly->moe.n_experts || (i > 0 && ids[i] == ids[i - 1])) {
+                return COLIBRI_ERR_EXPERT;
+            }
         }
     }
     if (lm->cache != NULL) {
@@ -1379,22 +1978,61 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
             lm_prefetch(lm, ly, next);
         }
     }
-    for (int32_t o = 0; o < d; ++o) {
-        out[o] = 0.0f;
+    int32_t nk = 0;
+    for (int32_t t = 0; t < n; t++) {
+        for (int32_t i = 0; i < k; ++i) {
+            lm->keys[nk++] = lm->ids[(size_t)t * (size_t)kk + (size_t)i] * n + t;
+        }
     }
-    for (int32_t i = 0; i < k; ++i) {
-        const lm_expert *e = expert_at(lm, ly, lm->ids[i]);
-        if (e == NULL) {
-            return COLIBRI_ERR_EXPERT; /* not reached: expert_use made it resident */
+    qsort(lm->keys, (size_t)nk, sizeof *lm->keys, cmp_i32);
+    int32_t ng = 0;
+    for (int32_t i = 0; i < nk; i++) {
+        if (i == 0 || lm->keys[i] / n != lm->keys[i - 1] / n) {
+            lm->groups[ng++] = i;
         }
-        if (e->scheme == COLIBRI_QUANT_F32) {
-            colibri_expert_ffn_f32(&ly->moe, &e->fw, x, lm->y_expert, 1, lm->ffn_scratch);
-        } else {
-            lm_ffn_q(lm, e->w, e->act, x, lm->y_expert);
+    }
+    lm->groups[ng] = nk;
+    /* Each run to a thread, largest first, to the least loaded (lowest tid on ties): fixed
+     * by the routing alone (and which thread runs an expert never changes its output). */
+    const int32_t nt = lm->pool != NULL ? lm->n_threads : 1;
+    for (int32_t t = 0; t < nt; t++) {
+        lm->load[t] = 0;
+    }
+    for (int32_t g = 0; g < ng; g++) {
+        lm->owner[g] = -1;
+    }
+    for (int32_t left = ng; left > 0; left--) {
+        int32_t best = -1;
+        for (int32_t g = 0; g < ng; g++) {
+            if (lm->owner[g] < 0 && (best < 0 || lm->groups[g + 1] - lm->groups[g] >
+                                                     lm->groups[best + 1] - lm->groups[best])) {
+                best = g;
+            }
         }
-        const float g = lm->gates[i];
-        for (int32_t o = 0; o < d; ++o) {
-            out[o] += g * lm->y_expert[o];
+        int32_t to = 0;
+        for (int32_t t = 1; t < nt; t++) {
+            to = lm->load[t] < lm->load[to] ? t : to;
+        }
+        lm->owner[best] = to;
+        lm->load[to] += lm->groups[best + 1] - lm->groups[best];
+    }
+    lm_moe_job j = {ly, x, n, ng};
+    st = ng > 1 ? lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        float *o = out + (size_t)t * (size_t)d;
+        const float *gates = lm->gates + (size_t)t * (size_t)kk;
+        for (int32_t i = 0; i < d; ++i) {
+            o[i] = 0.0f;
+        }
+        for (int32_t s = 0; s < k; ++s) {
+            const float g = gates[s];
+            const float *ye = lm->y_expert + ((size_t)t * (size_t)kk + (size_t)s) * (size_t)d;
+            for (int32_t i = 0; i < d; ++i) {
+                o[i] += g * ye[i];
+            }
         }
     }
     if (lm->cache != NULL) { /* prefetches not used by this layer count no more */
@@ -1410,58 +2048,57 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
     return COLIBRI_OK;
 }
 
-static colibri_status lm_ffn(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next)
+static colibri_status lm_ffn(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next, int32_t n)
 {
     const int32_t d = (int32_t)lm->h.d_model;
+    const size_t nd = (size_t)n * (size_t)d;
     float *x = lm->x;
     float *proj = lm->proj;
+    colibri_status st;
     if (!ly->is_moe) {
         if (next != NULL) {
             lm_prefetch(lm, ly, next);
         }
-        lm_dense_ffn(lm, ly, lm->hbuf, proj);
-        for (int32_t i = 0; i < d; ++i) {
+        st = lm_dense_ffn(lm, ly, lm->hbuf, proj, n);
+        for (size_t i = 0; i < nd; ++i) {
             x[i] += proj[i];
         }
-        return COLIBRI_OK;
+        return st;
     }
-    const colibri_status st = lm_moe(lm, ly, next, lm->hbuf, proj);
+    st = lm_moe(lm, ly, next, lm->hbuf, proj, n);
     if (st != COLIBRI_OK) {
         return st;
     }
     if (ly->ffn_d_ff == 0) {
-        for (int32_t i = 0; i < d; ++i) {
+        for (size_t i = 0; i < nd; ++i) {
             x[i] += proj[i];
         }
         return COLIBRI_OK;
     }
-    lm_dense_ffn(lm, ly, lm->hbuf, lm->shared);
-    float scale = 1.0f;
-    if (ly->shared_gate != NULL) {
-        float g = 0.0f;
-        for (int32_t i = 0; i < d; ++i) {
-            g += lm->hbuf[i] * ly->shared_gate[i];
-        }
-        scale = 1.0f / (1.0f + colibri_expf(-g));
+    st = lm_dense_ffn(lm, ly, lm->hbuf, lm->shared, n);
+    if (st != COLIBRI_OK) {
+        return st;
     }
-    for (int32_t i = 0; i < d; ++i) {
-        x[i] += proj[i] + scale * lm->shared[i];
+    for (int32_t t = 0; t < n; t++) {
+        const size_t r = (size_t)t * (size_t)d;
+        float scale = 1.0f;
+        if (ly->shared_gate != NULL) {
+            float g = 0.0f;
+            for (int32_t i = 0; i < d; ++i) {
+                g += lm->hbuf[r + (size_t)i] * ly->shared_gate[i];
+            }
+            scale = 1.0f / (1.0f + colibri_expf(-g));
+        }
+        for (int32_t i = 0; i < d; ++i) {
+            x[r + (size_t)i] += proj[r + (size_t)i] + scale * lm->shared[r + (size_t)i];
+        }
     }
     return COLIBRI_OK;
 }
 
-colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
-                                  const float **logits)
+static void embed_row(const colibri_lm_t *lm, int32_t token, float *x)
 {
-    if (lm == NULL || logits == NULL || token < 0 || token >= (int32_t)lm->h.vocab) {
-        return COLIBRI_ERR_ARG;
-    }
-    if (pos < 0 || pos >= lm->max_context) {
-        return COLIBRI_ERR_NOMEM; /* context overflow: the KV cache has no row for pos */
-    }
-    const lm_header *h = &lm->h;
-    const int32_t d = (int32_t)h->d_model;
-    float *x = lm->x;
+    const int32_t d = (int32_t)lm->h.d_model;
     const lm_mat *em = &lm->embed;
     if (em->scheme == COLIBRI_QUANT_Q8) {
         const int8_t *row = (const int8_t *)em->w + (size_t)token * (size_t)d;
@@ -1480,25 +2117,89 @@ colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
             x[i] = row[i];
         }
     }
+}
+
+/* n <= lm->batch tokens at positions pos0 ..: every layer on all n rows, then the logits of
+ * the last one. n = 1 is the token step. */
+static colibri_status lm_step(colibri_lm_t *lm, const int32_t *tokens, int32_t n, int32_t pos0,
+                              const float **logits)
+{
+    const lm_header *h = &lm->h;
+    const int32_t d = (int32_t)h->d_model;
+    const size_t nd = (size_t)n * (size_t)d;
+    float *x = lm->x;
+    for (int32_t t = 0; t < n; t++) {
+        embed_row(lm, tokens[t], x + (size_t)t * (size_t)d);
+    }
     for (int32_t l = 0; l < (int32_t)h->n_layers; ++l) {
         lm_layer *ly = &lm->layers[l];
-        colibri_rmsnorm_f32(x, ly->input_norm, lm->hbuf, d, h->eps);
-        colibri_status st = lm_attention(lm, ly, l, pos);
+        for (int32_t t = 0; t < n; t++) {
+            const size_t r = (size_t)t * (size_t)d;
+            colibri_rmsnorm_f32(x + r, ly->input_norm, lm->hbuf + r, d, h->eps);
+        }
+        colibri_status st = lm_attention(lm, ly, l, pos0, n);
         if (st != COLIBRI_OK) {
             return st;
         }
-        for (int32_t i = 0; i < d; ++i) {
+        for (size_t i = 0; i < nd; ++i) {
             x[i] += lm->proj[i];
         }
-        colibri_rmsnorm_f32(x, ly->post_norm, lm->hbuf, d, h->eps);
-        st = lm_ffn(lm, ly, l + 1 < (int32_t)h->n_layers ? &lm->layers[l + 1] : NULL);
+        for (int32_t t = 0; t < n; t++) {
+            const size_t r = (size_t)t * (size_t)d;
+            colibri_rmsnorm_f32(x + r, ly->post_norm, lm->hbuf + r, d, h->eps);
+        }
+        st = lm_ffn(lm, ly, l + 1 < (int32_t)h->n_layers ? &lm->layers[l + 1] : NULL, n);
         if (st != COLIBRI_OK) {
             return st;
         }
     }
-    colibri_rmsnorm_f32(x, lm->final_norm, lm->hbuf, d, h->eps);
-    lm_linear(lm, &lm->lm_head, NULL, lm->hbuf, lm->logits);
+    colibri_rmsnorm_f32(x + (size_t)(n - 1) * (size_t)d, lm->final_norm, lm->hbuf, d, h->eps);
+    const lm_mat *m[1] = {&lm->lm_head};
+    const float *b[1] = {NULL};
+    float *y[1] = {lm->logits};
+    const colibri_status st = lm_linear(lm, 1, m, b, y, lm->hbuf, 1);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
     *logits = lm->logits;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
+                                  const float **logits)
+{
+    if (lm == NULL || logits == NULL || token < 0 || token >= (int32_t)lm->h.vocab) {
+        return COLIBRI_ERR_ARG;
+    }
+    if (pos < 0 || pos >= lm->max_context) {
+        return COLIBRI_ERR_NOMEM; /* context overflow: the KV cache has no row for pos */
+    }
+    return lm_step(lm, &token, 1, pos, logits);
+}
+
+colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32_t n, int32_t pos0,
+                                  const float **logits)
+{
+    if (lm == NULL || tokens == NULL || logits == NULL || n < 1) {
+        return COLIBRI_ERR_ARG;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        if (tokens[t] < 0 || tokens[t] >= (int32_t)lm->h.vocab) {
+            return COLIBRI_ERR_ARG;
+        }
+    }
+    if (pos0 < 0 || pos0 >= lm->max_context || n > lm->max_context - pos0) {
+        return COLIBRI_ERR_NOMEM; /* context overflow */
+    }
+    /* With a budget the expert slots hold top_k experts of one token at a time: token steps. */
+    const int32_t chunk = lm->cache != NULL ? 1 : lm->batch;
+    for (int32_t t = 0; t < n; t += chunk) {
+        const int32_t m = n - t < chunk ? n - t : chunk;
+        const colibri_status st = lm_step(lm, tokens + t, m, pos0 + t, logits);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
     return COLIBRI_OK;
 }
 

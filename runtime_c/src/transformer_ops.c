@@ -5,6 +5,7 @@
  *        no static state: everything lives in caller memory.
  */
 #include "colibri_math.h"
+#include "colibri_quant.h"
 #include "colibri_transformer.h"
 
 #include <math.h>
@@ -26,13 +27,12 @@ void colibri_rmsnorm_f32(const float *x, const float *w, float *y, int32_t n, fl
 void colibri_linear_f32(const float *x, const float *w, const float *b, float *y, int32_t n_in,
                         int32_t n_out)
 {
-    for (int32_t o = 0; o < n_out; o++) {
-        const float *row = w + (size_t)o * (size_t)n_in;
-        float acc = 0.0f;
-        for (int32_t i = 0; i < n_in; i++) {
-            acc += row[i] * x[i];
+    /* colibri_matvec_f32 (kernels_q.c, per-ISA paths): acc += w * x in i order, then + b */
+    colibri_matvec_f32(w, x, y, n_out, n_in);
+    if (b != NULL) {
+        for (int32_t o = 0; o < n_out; o++) {
+            y[o] = y[o] + b[o];
         }
-        y[o] = (b != NULL) ? acc + b[o] : acc;
     }
 }
 

@@ -1,7 +1,8 @@
 """Experts beyond RAM on the model-file path (runtime_c/src/lm_file.c, issue 10 point 3): with
 an expert RAM budget the routed experts stay in the file and pass through a few slots (LRU,
-next-layer prefetch into the slots); the logits are the all-resident run's bit for bit, the
-counters add up and the prefetch raises the hit rate."""
+next-layer prefetch into the slots, the hottest experts of the file's calibration heat pinned);
+the logits are the all-resident run's bit for bit, the counters add up, the prefetch raises the
+hit rate and so does pinning at a quarter budget, and a prefetch never evicts a pinned slot."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.cli.pipeline import quantise_transformer
-from colibri.emit.lmfile import write_lm_container
+from colibri.emit.lmfile import read_lm_container, write_lm_container
 from colibri.frontends.hf_model import load_hf_transformer
 from colibri.targets.binding import LM, RuntimeStatusError
 from hf_tiny import lm_options, make_model, require_torch, save_model
@@ -195,3 +196,214 @@ def test_byte_size_suffixes() -> None:
     for bad in ("", "K", "1.5M", "-1", "2T0", "4T1"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse(bad)
+
+
+# -- pinned hot experts (calibration heat in the file) --------------------------------------------
+
+ERR_ARG = -1
+#: Calibration ids for the heat: seeded, disjoint in purpose from PROMPT (not the evaluated text).
+CALIB_SEED = 11
+
+
+@pytest.fixture(scope="module")
+def heat_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same tiny Mixtral as `files`, with the calibration heat of seeded ids stored."""
+    from colibri.reference.calibration import expert_heat, transformer_calibration
+
+    require_torch()
+    tmp = tmp_path_factory.mktemp("heat")
+    hf = make_model("mixtral", seed=77, num_local_experts=N_EXPERTS, num_hidden_layers=N_LAYERS)
+    model = load_hf_transformer(save_model(hf, tmp / "ckpt"))
+    ids = np.random.default_rng(CALIB_SEED).integers(0, model.config.vocab_size, (4, MAX_CONTEXT))
+    heat = expert_heat(model, transformer_calibration(model, list(ids)))
+    out = {}
+    for scheme in ("int8", "int4"):
+        q, _ = quantise_transformer(model, lm_options("host", "lm", MAX_CONTEXT, quant=scheme))
+        out[scheme] = write_lm_container(model, q, tmp / f"{scheme}.clb", MAX_CONTEXT, heat=heat)
+    return out
+
+
+def _auto_pins(n_slots: int, prefetch: bool) -> int:
+    """colibri_lm_config_t.pinned_slots 0: half the slots, leaving LRU 2 top_k slots with
+    prefetch, one token's experts of every layer without."""
+    keep = 2 * TOP_K if prefetch else N_LAYERS * TOP_K
+    return max(0, min(n_slots // 2, n_slots - keep))
+
+
+def test_heat_is_stored_per_layer(heat_files: dict[str, Path]) -> None:
+    t = read_lm_container(heat_files["int8"]).tensors
+    for i in range(N_LAYERS):
+        h = t[f"layer.{i}.heat"]
+        assert h.dtype == np.float32 and h.shape == (N_EXPERTS,)
+        assert np.all(h >= 0) and 0 < h.sum() <= TOP_K + 1e-5  # shares of the tokens
+    assert not any(k.endswith(".heat") for k in read_lm_container(files_path(heat_files)).tensors)
+
+
+def files_path(heat_files: dict[str, Path]) -> Path:
+    """The int8 heat file with its heat tensors renamed (skipped as unknown): no heat."""
+    plain = heat_files["int8"].with_name("plain.clb")
+    if not plain.exists():
+        data = bytearray(heat_files["int8"].read_bytes())
+        for i in range(N_LAYERS):
+            data = _rename_tensor(data, f"layer.{i}.heat", f"layer.{i}.heaX")
+        plain.write_bytes(bytes(data))
+    return plain
+
+
+def _rename_tensor(data: bytearray, old: str, new: str) -> bytearray:
+    """The tensor `old` renamed (an unknown tensor the runtime skips; CRC unchanged)."""
+    from colibri.frontends.container import ENTRY, ENTRY_SIZE, HEADER_SIZE
+
+    n = int.from_bytes(data[20:24], "little")
+    for i in range(n):
+        at = HEADER_SIZE + i * ENTRY_SIZE
+        if ENTRY.unpack_from(data, at)[0].rstrip(b"\0").decode() == old:
+            data[at : at + len(new)] = new.encode()
+            return data
+    raise AssertionError(old)
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("frac", [4, 2], ids=["quarter", "half"])
+def test_pinned_is_bit_identical_and_counts_add_up(
+    heat_files: dict[str, Path], scheme: str, prefetch: bool, frac: int
+) -> None:
+    want, want_ids, base = _decode(heat_files[scheme])
+    assert base["n_pinned"] == base["pinned_hits"] == 0  # no budget: nothing pinned
+    budget = base["expert_bytes"] // frac
+    _, _, off = _decode(heat_files[scheme], ram_budget=budget, prefetch=prefetch, pin=0)
+    got, ids, s = _decode(heat_files[scheme], ram_budget=budget, prefetch=prefetch)
+    _same_bits(got, want, f"{scheme} budget 1/{frac}, pinned")
+    assert ids == want_ids
+    per_expert = base["expert_bytes"] // (N_EXPERTS * N_LAYERS)
+    assert off["n_pinned"] == off["pinned_hits"] == 0
+    assert s["n_pinned"] == _auto_pins(s["n_slots"], prefetch)
+    if s["n_pinned"] == 0:  # 5 slots, no prefetch: all 5 kept LRU for one token's 6 uses
+        assert s == off
+        return
+    assert s["loads"] == (len(PROMPT) + N_NEW) * N_LAYERS * TOP_K == off["loads"]
+    assert s["hits"] + s["misses"] == s["loads"]
+    assert 0 < s["pinned_hits"] <= s["hits"]
+    fills = s["misses"] + s["prefetches"]  # the pinned slots are read once, at init
+    assert s["bytes_read"] == (fills + s["n_pinned"]) * per_expert
+    assert s["evictions"] == fills - (s["n_slots"] - s["n_pinned"])
+    # deterministic counts: pinning gains hits at the issue's quarter budget and with LRU
+    # alone; not always (this random model, int4, half budget, prefetch: 85 hits against 88)
+    if frac == 4 or not prefetch:
+        assert s["hits"] > off["hits"], (s, off)
+
+
+def test_prefetch_never_evicts_a_pinned_expert(heat_files: dict[str, Path]) -> None:
+    """The uses of the pinned experts are the same whatever the LRU slots do, so if neither a
+    miss nor a prefetch evicts a pinned slot, pinned_hits is the same with prefetch on and off
+    and with more LRU slots (the same experts are pinned: the hottest)."""
+    _, _, base = _decode(heat_files["int4"])
+    quarter = base["expert_bytes"] // 4
+    pin = 3  # 5 slots: the largest pin that leaves top_k LRU slots
+    runs = [
+        _decode(heat_files["int4"], ram_budget=b, prefetch=p, pin=pin)[2]
+        for b, p in ((quarter, True), (quarter, False), (2 * quarter, True))
+    ]
+    assert [r["n_pinned"] for r in runs] == [pin] * 3
+    assert runs[0]["prefetches"] > 0
+    assert runs[0]["pinned_hits"] == runs[1]["pinned_hits"] == runs[2]["pinned_hits"] > 0
+
+
+def test_pin_options(heat_files: dict[str, Path]) -> None:
+    from colibri.errors import InputError
+
+    path = heat_files["int8"]
+    _, _, base = _decode(path)
+    quarter = base["expert_bytes"] // 4
+    with LM(path, ram_budget=quarter, pin=0) as lm:
+        assert lm.stats()["n_pinned"] == 0
+    with LM(path, ram_budget=quarter, pin=3) as lm:  # 5 slots - top_k
+        assert lm.stats()["n_pinned"] == 3
+    with pytest.raises(RuntimeStatusError) as err:
+        LM(path, ram_budget=quarter, pin=4)  # would leave one LRU slot: top_k is 2
+    assert err.value.status == ERR_BUDGET
+    with LM(path, pin=4) as lm:  # no budget: every expert resident, nothing to pin
+        assert lm.stats()["n_pinned"] == 0
+    plain = files_path(heat_files)
+    with LM(plain, ram_budget=quarter) as lm:  # auto on a file without heat: no pinning
+        assert lm.stats()["n_pinned"] == 0
+    with pytest.raises(RuntimeStatusError) as err:
+        LM(plain, ram_budget=quarter, pin=2)
+    assert err.value.status == ERR_ARG
+    for bad in (-1, "most", 2**31, True):
+        with pytest.raises(InputError):
+            LM(path, ram_budget=quarter, pin=bad)  # type: ignore[arg-type]
+
+
+def test_runner_and_cli_pin(heat_files: dict[str, Path]) -> None:
+    from colibri.errors import InputError
+    from colibri.targets.lmrun import run_lm_file
+    from conftest import run_cli
+
+    path = heat_files["int8"]
+    _, _, base = _decode(path)
+    quarter = base["expert_bytes"] // 4
+    want, _, s = _decode(path, ram_budget=quarter)
+    out, _ = run_lm_file(path, "host", PROMPT, N_NEW, ram_budget=quarter)
+    r = out.expert_stats
+    assert r is not None and r["n_pinned"] == s["n_pinned"] > 0 and r["pinned_hits"] > 0
+    assert r["hits"] + r["misses"] == r["loads"]
+    off, _ = run_lm_file(path, "host", PROMPT, N_NEW, ram_budget=quarter, pin=0)
+    assert off.expert_stats is not None and off.expert_stats["n_pinned"] == 0
+    assert off.tokens.tolist() == out.tokens.tolist()
+    with pytest.raises(InputError, match="beside --pin 4 pinned"):
+        run_lm_file(path, "host", PROMPT, N_NEW, ram_budget=quarter, pin=4)
+    with pytest.raises(InputError, match="needs the experts' calibration heat"):
+        run_lm_file(files_path(heat_files), "host", PROMPT, N_NEW, ram_budget=quarter, pin=2)
+    args = ["run", str(path), "--prompt-ids", "1,2,3", "--max-new-tokens", "6"]
+    plain = run_cli(*args).stdout.split()
+    r2 = run_cli(*args, "--ram-budget", str(quarter))
+    assert r2.stdout.split() == plain and "pinned (" in r2.stderr, r2.stderr
+    r2 = run_cli(*args, "--ram-budget", str(quarter), "--pin", "0")
+    assert r2.stdout.split() == plain and " 0 pinned (0 hits)" in r2.stderr, r2.stderr
+    r2 = run_cli(*args, "--pin", "2", check=False)
+    assert r2.returncode == 1 and "pass --ram-budget BYTES too" in r2.stderr
+    r2 = run_cli(*args, "--ram-budget", "8K", "--pin", "some", check=False)
+    assert r2.returncode == 2 and "neither 'auto' nor a slot count" in r2.stderr
+
+
+def test_runner_pin_on_cortex_a53(heat_files: dict[str, Path]) -> None:
+    from colibri.targets.lmrun import run_lm_file
+    from conftest import require_board
+
+    require_board("cortex-a53")
+    path = heat_files["int4"]
+    want, _, base = _decode(path)
+    got, _ = run_lm_file(
+        path, "cortex-a53", PROMPT, N_NEW, want_logits=True, ram_budget=base["expert_bytes"] // 2
+    )
+    assert got.logits is not None
+    _same_bits(got.logits, want[: len(PROMPT)], "cortex-a53 runner, half budget, pinned")
+    s = got.expert_stats
+    assert s is not None and s["n_pinned"] > 0 and s["pinned_hits"] > 0
+
+
+def test_convert_calib_stores_heat_and_run_pins(tmp_path: Path) -> None:
+    """`colibri convert CKPT --calib IDS` stores each MoE layer's heat (the share of the
+    calibration tokens routed to each expert: a layer's shares sum to top_k, the trained model
+    having no shared weights), and `colibri run --ram-budget` then pins by default."""
+    from conftest import run_cli
+
+    ckpt = Path(__file__).resolve().parents[1] / "data" / "trained_moe"
+    clb = tmp_path / "t.clb"
+    r = run_cli(
+        "convert", str(ckpt), "--quant", "int8", "--calib", str(ckpt / "calib.npy"),
+        "--max-context", "64", "--out", str(clb), "-q",
+    )  # fmt: skip
+    assert "expert heat" in r.stdout, r.stdout
+    t = read_lm_container(clb).tensors
+    for i in range(2):
+        h = t[f"layer.{i}.heat"]
+        assert h.shape == (8,) and np.all(h >= 0) and abs(float(h.sum()) - 2.0) < 1e-4
+    args = ["run", str(clb), "--prompt-ids", "5,9,17,33", "--max-new-tokens", "8"]
+    want = run_cli(*args).stdout.split()
+    with LM(clb) as lm:
+        half = lm.stats()["expert_bytes"] // 2  # 8 slots: 4 pinned
+    r = run_cli(*args, "--ram-budget", str(half))
+    assert r.stdout.split() == want and ", 4 pinned (" in r.stderr, r.stderr

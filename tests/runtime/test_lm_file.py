@@ -264,6 +264,55 @@ def test_bad_file_is_a_named_status(good_file: Path, tmp_path: Path, kind: str) 
     assert err.value.status == BAD_FILES[kind], str(err.value)
 
 
+#: Damage to a layer's calibration heat (layer.0.heat, f32 [n_experts]) -> colibri_status:
+#: checked whatever the load flags (the pinning ranks experts by it).
+BAD_HEAT = {
+    "heat-nan": -16,
+    "heat-inf": -16,
+    "heat-negative": -7,
+    "heat-dtype": -13,
+    "heat-shape": -6,
+}
+
+
+@pytest.fixture(scope="module")
+def heat_file(
+    models: dict[str, tuple[MoETransformer, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    model = models["olmoe"][0]
+    heat = {
+        i: np.linspace(0.0, 0.5, layer.moe.config.n_experts, dtype=np.float32)
+        for i, layer in enumerate(model.layers)
+        if layer.moe is not None
+    }
+    q, _ = quantise_transformer(model, lm_options("host", "lm", MAX_CONTEXT, **SCHEMES["int4"]))
+    path = tmp_path_factory.mktemp("heat") / "m.clb"
+    return write_lm_container(model, q, path, MAX_CONTEXT, heat=heat)
+
+
+@pytest.mark.parametrize("kind", BAD_HEAT)
+def test_bad_heat_is_a_named_status(heat_file: Path, tmp_path: Path, kind: str) -> None:
+    d = bytearray(heat_file.read_bytes())
+    e = _entries(d)["layer.0.heat"]
+    off, nb = struct.unpack_from("<QQ", d, e + 72)
+    if kind == "heat-dtype":
+        struct.pack_into("<I", d, e + 48, 4)  # int32, same bytes
+    elif kind == "heat-shape":
+        struct.pack_into("<5I", d, e + 52, 2, 2, nb // 8, 0, 0)  # [2, E / 2], same bytes
+    else:
+        value = {"heat-nan": float("nan"), "heat-inf": float("inf"), "heat-negative": -0.25}
+        struct.pack_into("<f", d, off + 4, value[kind])
+        struct.pack_into("<I", d, e + 92, zlib.crc32(bytes(d[off : off + nb])))
+    bad = tmp_path / "bad.clb"
+    bad.write_bytes(bytes(d))
+    for verify in (True, False):
+        with pytest.raises(RuntimeStatusError) as err:
+            LM(bad, verify=verify)
+        assert err.value.status == BAD_HEAT[kind], (verify, str(err.value))
+    with LM(heat_file, verify=False) as lm:  # the file as written loads, heat and all
+        assert lm.logits(PROMPT[:2]).shape[0] == 2
+
+
 def test_random_corruption_never_crashes(good_file: Path, tmp_path: Path) -> None:
     """Random bytes of the header, table and descriptors flipped: init succeeds or fails with
     a status, in this process (a crash would take pytest down)."""
@@ -411,7 +460,9 @@ def test_cli_prompt_uses_the_embedded_tokenizer(tmp_path: Path) -> None:
     assert text.split() == [words[i - 1] if i else "[UNK]" for i in ids], r.stdout
 
 
-def test_model_file_runner_under_asan_and_ubsan(good_file: Path, tmp_path: Path) -> None:
+def test_model_file_runner_under_asan_and_ubsan(
+    good_file: Path, heat_file: Path, tmp_path: Path
+) -> None:
     """The model-file runner built with ASan + UBSan (leaks included): the good file gives the
     binding's logits bit for bit, and 150 damaged files (random bits anywhere, truncations) end
     with an exit status, never a sanitizer report."""
@@ -458,6 +509,17 @@ def test_model_file_runner_under_asan_and_ubsan(good_file: Path, tmp_path: Path)
         got = read_lm_output(tmp_path / "out.bin", 3)
         assert got.logits is not None
         _assert_bit_identical(got.logits, want, "sanitized runner with a RAM budget")
+    # pinned hot experts (a file with heat): auto and explicit, prefetch on and off
+    with LM(heat_file) as lm:
+        want_heat, _ = lm.generate(PROMPT[:3], 3)
+        budget = str(lm.stats()["expert_bytes"])  # a slot an expert: auto pins half
+    for flags, pin in (("0", "0"), ("1", "0"), ("0", "2")):
+        r = run(heat_file, "0", budget, flags, pin)
+        assert r.returncode == 0 and " pinned 0 " not in r.stdout, r.stdout
+        got = read_lm_output(tmp_path / "out.bin", 3)
+        assert got.logits is not None
+        _assert_bit_identical(got.logits, want_heat, "sanitized runner, pinned experts")
+    assert run(heat_file, "0", budget, "0", "100000").returncode == 10 + 17  # no room
     good = good_file.read_bytes()
     rng = np.random.default_rng(11)
     bad = tmp_path / "bad.clb"

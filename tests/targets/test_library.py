@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri.boards import list_boards
+from colibri.boards import matrix_boards
 from colibri.frontends.load import load_model
 from colibri.frontends.seed import write_seed
 from colibri.frontends.toy import make_toy
@@ -38,7 +38,7 @@ def _defined(lib: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("board", [b.name for b in list_boards()])
+@pytest.mark.parametrize("board", [b.name for b in matrix_boards()])
 def test_library_defines_the_whole_api(board: str, tmp_path: Path) -> None:
     require_board(board, run=False)
     lib = build_library(board, tmp_path / board)

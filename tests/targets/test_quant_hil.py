@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri.boards import list_boards
+from colibri.boards import matrix_boards
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate
 from colibri.frontends.toy import make_toy
@@ -20,7 +20,7 @@ from colibri.reference.kernels import quant_moe_forward
 from colibri.reference.moe import compare, moe_forward
 from conftest import require_board
 
-BOARDS = [b.name for b in list_boards()]
+BOARDS = [b.name for b in matrix_boards()]  # ISA variants: tests/targets/test_variants.py
 SCHEMES = ("fp16", "int8", "int4")
 
 

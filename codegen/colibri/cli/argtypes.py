@@ -37,6 +37,14 @@ class ColibriArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _in_range(value: int, lo: int, hi: int, what: str, shown: str | None = None) -> int:
+    """value when lo <= value <= hi, else the one-line error (naming `shown`, or the value)."""
+    if not lo <= value <= hi:
+        said = value if shown is None else shown
+        raise argparse.ArgumentTypeError(f"{said} is out of range; allowed: {lo}..{hi}{what}")
+    return value
+
+
 def int_range(lo: int, hi: int, unit: str = "") -> Callable[[str], int]:
     """An argparse type: a decimal integer in [lo, hi]; `unit` is said in the message."""
     what = f" {unit}" if unit else ""
@@ -48,9 +56,7 @@ def int_range(lo: int, hi: int, unit: str = "") -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not an integer; allowed: {lo}..{hi}{what}"
             ) from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: {lo}..{hi}{what}")
-        return value
+        return _in_range(value, lo, hi, what)
 
     parse.__name__ = "integer"
     return parse
@@ -73,12 +79,25 @@ def byte_size(lo: int, hi: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a byte count such as 65536, 512K or 64M"
             ) from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{text} is out of range; allowed: {lo}..{hi} bytes")
-        return value
+        return _in_range(value, lo, hi, " bytes", text)
 
     parse.__name__ = "byte count"
     return parse
+
+
+def pin_count(text: str) -> int | str:
+    """An argparse type for `run --pin`: "auto", or a slot count 0..MAX_PIN (0: no pinning)."""
+    from ..targets.binding import MAX_PIN  # colibri_lm_config_t.pinned_slots is an int32
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither 'auto' nor a slot count; allowed: auto, 0..{MAX_PIN}"
+        ) from None
+    return _in_range(value, 0, MAX_PIN, " slots")
 
 
 def float_range(

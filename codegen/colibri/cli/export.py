@@ -9,8 +9,10 @@ match leaves no file behind.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import ConfigError
 from ..frontends.container import read_container, write_container
@@ -18,6 +20,32 @@ from ..frontends.export import DEFAULT_CHECK_TOKENS, ExportCheckFailed, read_blo
 from ..ir.moe import MoELayer
 from ..progress import SILENT, Progress
 from ..reference.accuracy import check_against_torch
+
+T = TypeVar("T")
+
+
+def _check_tokens(tokens: int) -> None:
+    if tokens < 1:
+        raise ConfigError(f"--check-tokens must be >= 1, got {tokens}")
+
+
+def _write_checked(
+    progress: Progress,
+    write: Callable[[], Path],
+    check: Callable[[Path], T],
+    remove_on: type[BaseException] = BaseException,
+) -> tuple[Path, T]:
+    """The write and check stages of both exports: `write` the file (atomically: the writers
+    rename a finished temporary file), then `check` it; a `remove_on` exception raised by the
+    check removes the file and propagates, so a file that does not match is not left behind."""
+    with progress.stage("write"):
+        path = write()
+    try:
+        with progress.stage("check"):
+            return path, check(path)
+    except remove_on:
+        path.unlink(missing_ok=True)
+        raise
 
 
 @dataclass
@@ -40,20 +68,18 @@ def export(
 ) -> ExportResult:
     """Export one MoE block to a Colibri container and check it against PyTorch (`progress`:
     a line per stage)."""
-    if tokens < 1:
-        raise ConfigError(f"--check-tokens must be >= 1, got {tokens}")
+    _check_tokens(tokens)
     with progress.stage("load"):
         layer, cfg, state = read_block(source, layer_index, config)
-    with progress.stage("write"):
-        path = write_container(layer, out)
-    try:
-        with progress.stage("check"):
-            written = read_container(path)
-            written.source = str(path)
-            diff, scale = check_against_torch(written, cfg, state, tokens, seed)
-    except ExportCheckFailed:
-        path.unlink(missing_ok=True)
-        raise
+
+    def check(path: Path) -> tuple[float, float]:
+        written = read_container(path)
+        written.source = str(path)
+        return check_against_torch(written, cfg, state, tokens, seed)
+
+    path, (diff, scale) = _write_checked(
+        progress, lambda: write_container(layer, out), check, ExportCheckFailed
+    )
     return ExportResult(path, layer, diff, scale, tokens)
 
 
@@ -83,25 +109,24 @@ def export_whole(
     from ..reference.transformer import LOGIT_TOLERANCE, forward
     from ..targets.binding import LM
 
-    if tokens < 1:
-        raise ConfigError(f"--check-tokens must be >= 1, got {tokens}")
+    _check_tokens(tokens)
     n = min(tokens, 64)
     with progress.stage("load"):
         model = load_transformer(source)
-    with progress.stage("write"):
-        path = write_lm_container(model, None, out, max(n, 64))
-    try:
-        with progress.stage("check"):
-            ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, n).tolist()
-            with LM(path) as lm:
-                got = lm.logits(ids)
-            diff = float(np.abs(got - forward(model, ids)).max())
-            if not diff <= LOGIT_TOLERANCE:
-                raise ExportCheckFailed(
-                    f"{path}: the C runtime's logits on the written file differ from the numpy "
-                    f"reference by {diff:.3g} > {LOGIT_TOLERANCE}; the file was removed"
-                )
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+
+    def check(path: Path) -> float:
+        ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, n).tolist()
+        with LM(path) as lm:
+            got = lm.logits(ids)
+        diff = float(np.abs(got - forward(model, ids)).max())
+        if not diff <= LOGIT_TOLERANCE:
+            raise ExportCheckFailed(
+                f"{path}: the C runtime's logits on the written file differ from the numpy "
+                f"reference by {diff:.3g} > {LOGIT_TOLERANCE}; the file was removed"
+            )
+        return diff
+
+    path, diff = _write_checked(
+        progress, lambda: write_lm_container(model, None, out, max(n, 64)), check
+    )
     return WholeExportResult(path, model.config.n_layers, diff, n)

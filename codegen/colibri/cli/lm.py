@@ -36,6 +36,7 @@ from .argtypes import (
     byte_size,
     float_range,
     int_range,
+    pin_count,
 )
 
 if TYPE_CHECKING:
@@ -106,6 +107,23 @@ def add_run_arguments(s: Any) -> None:
         action="store_true",
         help="model file with --ram-budget: no prefetch of the next layer's predicted experts",
     )
+    s.add_argument(
+        "--threads",
+        type=int_range(0, 256),
+        default=0,
+        metavar="N",
+        help="model file (.clb) on the host / Linux boards: split the large matrices and the "
+        "experts of a layer over N threads, the same outputs bit for bit (default 0: one)",
+    )
+    s.add_argument(
+        "--pin",
+        type=pin_count,
+        default="auto",
+        metavar="N|auto|0",
+        help="model file with --ram-budget: slots pinned at load with the hottest experts of "
+        "the file's calibration heat (`convert --calib`), never evicted: auto (default: up to "
+        "half the slots, when the file has heat), 0 (none) or up to N",
+    )
 
 
 def _embedded_tokenizer(path: str, manifest: dict[str, Any]) -> Tokenizer | None:
@@ -169,7 +187,13 @@ def cmd_run_lm(a: Any) -> int:
     # the build of a generated directory shows its progress (a container's runner is prebuilt)
     extra: dict[str, Any] = {}
     ram_budget = int(getattr(a, "ram_budget", 0) or 0)
+    threads = int(getattr(a, "threads", 0) or 0)
     if not model_file:
+        if threads > 1:
+            raise InputError(
+                f"--threads is for model files (`colibri convert CKPT --out model.clb`); "
+                f"{a.dir} is generated C, which runs on one thread"
+            )
         if ram_budget:
             raise InputError(
                 f"--ram-budget is for model files (`colibri convert CKPT --out model.clb`); "
@@ -179,6 +203,13 @@ def cmd_run_lm(a: Any) -> int:
     else:
         extra["ram_budget"] = ram_budget
         extra["prefetch"] = not getattr(a, "no_prefetch", False)
+        extra["threads"] = threads
+        extra["pin"] = getattr(a, "pin", "auto")
+        if extra["pin"] not in ("auto", 0) and not ram_budget:
+            raise InputError(
+                f"--pin {extra['pin']} pins experts in the slots of --ram-budget; pass "
+                f"--ram-budget BYTES too (without it every expert is resident)"
+            )
     out, result = (run_lm_file if model_file else run_lm)(
         a.dir,
         a.board,

@@ -114,6 +114,7 @@ def _convert_whole(a: argparse.Namespace) -> int:
     from ..emit.lmfile import write_lm_container
     from ..emit.transformer import check_supported
     from ..frontends.hf_model import load_transformer
+    from ..reference.calibration import expert_heat
     from .pipeline import quantise_transformer
 
     if a.expert_quant is not None:
@@ -125,18 +126,20 @@ def _convert_whole(a: argparse.Namespace) -> int:
     model = load_transformer(a.model, progress)
     check_supported(model)
     opts = _quant_options(a)
-    q, _ = quantise_transformer(model, opts, progress=progress)
+    q, tstats = quantise_transformer(model, opts, progress=progress)
+    heat = expert_heat(model, tstats) if tstats else None  # pinned under --ram-budget
     with progress.stage("write"):
         tok = Path(a.model) / "tokenizer.json"
     tok_bytes = tok.read_bytes() if tok.is_file() else None
-    path = write_lm_container(model, q, a.out, opts.context, tok_bytes)
+    path = write_lm_container(model, q, a.out, opts.context, tok_bytes, heat)
     c = model.config
     scheme = "fp32" if q is None else f"experts {q.scheme}, dense {q.dense_scheme}"
     print(
         f"wrote {path}: {path.stat().st_size} bytes, whole {c.architecture} ({c.n_layers} "
         f"layers, vocab {c.vocab_size}, {scheme}), RoPE tables for {opts.context} positions"
-        f"{', tokenizer.json' if tok_bytes is not None else ''}; run it with `colibri run "
-        f"{a.out} --prompt-ids 1,5,9`"
+        f"{', tokenizer.json' if tok_bytes is not None else ''}"
+        f"{', expert heat (hot experts pinned under --ram-budget)' if heat else ''}; run it "
+        f"with `colibri run {a.out} --prompt-ids 1,5,9`"
     )
     return 0
 

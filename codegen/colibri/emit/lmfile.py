@@ -45,6 +45,8 @@ from ..reference.transformer import rope_tables
 VERSION = 2
 #: The tensor holding the checkpoint's tokenizer.json (int8 bytes; the runtime skips it).
 TOKENIZER_TENSOR = "tokenizer.json"
+#: The per-layer calibration heat (`layer.{i}.heat`, f32 [n_experts]; optional).
+HEAT_TENSOR = "heat"
 #: Header `kind` of a whole decoder-only transformer.
 KIND_DECODER = 1
 #: Table dtype of int4 blocks of 32 (colibri_block_q4_32, 18 bytes; the shape is [out, in]).
@@ -151,8 +153,11 @@ def model_tensors(
     q: TransformerQuant | None,
     max_context: int,
     tokenizer: bytes | None = None,
+    heat: dict[int, np.ndarray] | None = None,
 ) -> list[tuple[str, np.ndarray, int, tuple[int, ...]]]:
-    """(name, array, expert index, logical shape or ()) of every tensor, in file order."""
+    """(name, array, expert index, logical shape or ()) of every tensor, in file order; `heat`
+    (calibration heat per MoE layer, :func:`colibri.reference.calibration.expert_heat`) adds
+    ``layer.{i}.heat``."""
     from .transformer import check_supported
 
     check_supported(model)
@@ -207,6 +212,8 @@ def model_tensors(
                     ACT_CODES[qe.act] if qe is not None else 0,
                 )
             out.append((f"{p}.experts", table, NO_EXPERT, ()))
+            if heat is not None and i in heat:
+                out.append(_f32(f"{p}.{HEAT_TENSOR}", _check_heat(heat[i], mc.n_experts, i)))
             for j in sorted(set(storage)):
                 if eq is not None and eq[j].scheme != "fp32":
                     _ffn(out, f"{p}.expert.{j}", eq[j], j)
@@ -229,6 +236,16 @@ def model_tensors(
     return out
 
 
+def _check_heat(h: np.ndarray, n_experts: int, layer: int) -> np.ndarray:
+    h = np.asarray(h, np.float32)
+    if h.shape != (n_experts,) or not np.all(np.isfinite(h)) or np.any(h < 0):
+        raise ConfigError(
+            f"expert heat of layer {layer}: expected {n_experts} finite values >= 0, got shape "
+            f"{h.shape}; compute it with colibri.reference.calibration.expert_heat"
+        )
+    return h
+
+
 def _dtype_code(arr: np.ndarray) -> int:
     if arr.dtype == BLOCK_Q4_DTYPE:
         return DTYPE_Q4
@@ -243,13 +260,14 @@ def lm_container_bytes(
     q: TransformerQuant | None,
     max_context: int,
     tokenizer: bytes | None = None,
+    heat: dict[int, np.ndarray] | None = None,
 ) -> bytearray:
     """The version-2 container image of a whole transformer with its quantisation (None: all
     fp32) and RoPE tables for `max_context` positions."""
     if not 1 <= max_context <= 1 << 24:
         raise ConfigError(f"--max-context {max_context}: must be 1..16777216")
     c = model.config
-    tensors = model_tensors(model, q, max_context, tokenizer)
+    tensors = model_tensors(model, q, max_context, tokenizer, heat)
     meta = json.dumps(
         {
             "kind": "transformer",
@@ -320,10 +338,12 @@ def write_lm_container(
     path: str | os.PathLike[str],
     max_context: int,
     tokenizer: bytes | None = None,
+    heat: dict[int, np.ndarray] | None = None,
 ) -> Path:
     """Write the version-2 container of `model` atomically (with `tokenizer`, the bytes of a
-    tokenizer.json, as the tensor ``tokenizer.json``); returns the path."""
-    return write_file_atomic(path, lm_container_bytes(model, q, max_context, tokenizer))
+    tokenizer.json, as the tensor ``tokenizer.json``; with `heat`, ``layer.{i}.heat``); returns
+    the path."""
+    return write_file_atomic(path, lm_container_bytes(model, q, max_context, tokenizer, heat))
 
 
 def read_lm_tokenizer(path: str | os.PathLike[str]) -> bytes | None:

@@ -9,6 +9,8 @@ act(w1 x + b1) (* w3 x when gated; d_ff), and a deterministic sample of up to MA
 those inputs with the fp32 expert's float64 output on them. The result is the plain arrays of
 :class:`colibri.quant.calib.LayerCalib`, which the quantisation stage uses.
 
+:func:`expert_heat` turns the hits into the per-layer heat a whole-model file stores.
+
 :func:`load_calib_ids` reads the token ids of `colibri generate CKPT --calib`: an integer .npy
 (1-D, or [N, T] for N sequences) or a text file tokenized with the checkpoint's tokenizer.json
 (one token per UTF-8 byte without one, as `colibri run --prompt`); each sequence is cut into
@@ -147,6 +149,24 @@ def transformer_calibration(
     for seq in sequences:
         forward(model, seq, capture=capture)
     return {i: s.result() for i, s in stats.items()}
+
+
+def expert_heat(model: MoETransformer, calib: dict[int, LayerCalib]) -> dict[int, np.ndarray]:
+    """Per MoE layer (by index), float32 [n_experts]: the share of its calibration tokens
+    routed to each stored expert (0 for an expert that uses another's weights, and for one the
+    calibration never chose): the heat `colibri convert --calib` stores as ``layer.{i}.heat``
+    and the runtime pins the hottest experts by. Shares are comparable across layers (each
+    layer's sum is at most its top_k)."""
+    out: dict[int, np.ndarray] = {}
+    for i, lc in sorted(calib.items()):
+        moe = model.layers[i].moe
+        if moe is None:
+            continue
+        heat = np.zeros(moe.config.n_experts, np.float32)
+        for e, st in lc.experts.items():
+            heat[e] = st.hits / max(lc.tokens, 1)
+        out[i] = heat
+    return out
 
 
 # -- calibration token ids -----------------------------------------------------------------------

@@ -72,8 +72,28 @@ class _LMConfig(ctypes.Structure):
         ("max_context", ctypes.c_int32),
         ("load_flags", ctypes.c_uint32),
         ("expert_ram_budget", ctypes.c_uint64),  # 0 = every expert read in place
-        ("expert_flags", ctypes.c_uint32),  # COLIBRI_LM_NO_PREFETCH = 1
+        ("expert_flags", ctypes.c_uint32),  # COLIBRI_LM_NO_PREFETCH = 1, _NO_PIN = 2
+        ("num_threads", ctypes.c_int32),  # 0 / 1 = the caller's thread only
+        ("prefill_batch", ctypes.c_int32),  # 0 = 64 tokens per prefill chunk
+        ("pinned_slots", ctypes.c_int32),  # 0 = auto
     ]
+
+
+#: colibri_lm_config_t.expert_flags bits (colibri_lm.h).
+LM_NO_PREFETCH = 0x1
+LM_NO_PIN = 0x2
+#: The largest pinned_slots (int32).
+MAX_PIN = 2**31 - 1
+
+
+def pin_setting(pin: int | str) -> tuple[int, int]:
+    """(pinned_slots, expert_flags bit) of a pin request: "auto" (the default: up to half the
+    slots, when the file has calibration heat), 0 (no pinning) or N > 0 (up to N slots)."""
+    if pin == "auto":
+        return 0, 0
+    if isinstance(pin, int) and not isinstance(pin, bool) and 0 <= pin <= MAX_PIN:
+        return (pin, 0) if pin > 0 else (0, LM_NO_PIN)
+    raise InputError(f"pin must be 'auto' or a slot count 0..{MAX_PIN}, got {pin!r}")
 
 
 #: colibri_lm_stats_t field names, in order (colibri_lm.h).
@@ -88,6 +108,12 @@ LM_STATS_FIELDS = (
     "expert_bytes",
     "slot_bytes",
 )
+#: ... and its fields after them.
+LM_STATS_TAIL = (
+    ("n_slots", ctypes.c_uint32),
+    ("n_pinned", ctypes.c_uint32),
+    ("pinned_hits", ctypes.c_uint64),
+)
 
 
 class _LMStats(ctypes.Structure):
@@ -95,7 +121,7 @@ class _LMStats(ctypes.Structure):
 
     _fields_ = [
         *((name, ctypes.c_uint64) for name in LM_STATS_FIELDS),
-        ("n_slots", ctypes.c_uint32),
+        *LM_STATS_TAIL,
     ]
 
 
@@ -152,6 +178,7 @@ def shared_library() -> Path:
         "-o",
         str(tmp),
         "-lm",
+        "-pthread",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -198,6 +225,14 @@ def library() -> ctypes.CDLL:
             ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
         ]
         lib.colibri_lm_forward.restype = ctypes.c_int
+        lib.colibri_lm_prefill.argtypes = [
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_int32),
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
+        ]
+        lib.colibri_lm_prefill.restype = ctypes.c_int
         lib.colibri_lm_info.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMInfo)]
         lib.colibri_lm_info.restype = ctypes.c_int
         lib.colibri_lm_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMStats)]
@@ -320,8 +355,12 @@ class LM(_Handle):
     generated C of the same model and quantisation, bit for bit, with no per-model build.
 
     ``ram_budget`` > 0 keeps at most that many bytes of routed experts resident (slots filled
-    from the file, LRU, next-layer prefetch unless ``prefetch=False``): the same logits;
-    :meth:`stats` counts hits, misses and bytes read."""
+    from the file, LRU, next-layer prefetch unless ``prefetch=False``, the hottest experts
+    pinned when the file has calibration heat: ``pin`` "auto", 0 or a slot count, see
+    :func:`pin_setting`): the same logits; :meth:`stats` counts hits, misses and bytes read.
+    ``threads`` > 1 splits the large matrices and the experts of a layer over that many threads
+    (a pool created here): the same logits bit for bit. ``prefill_batch``: tokens
+    :meth:`prefill` runs through a layer together (0 = 64)."""
 
     def __init__(
         self,
@@ -330,7 +369,11 @@ class LM(_Handle):
         verify: bool = True,
         ram_budget: int = 0,
         prefetch: bool = True,
+        threads: int = 0,
+        prefill_batch: int = 0,
+        pin: int | str = "auto",
     ) -> None:
+        pinned, no_pin = pin_setting(pin)
         lib = library()
         self._lib = lib
         if not 0 <= ram_budget < 2**64:
@@ -340,7 +383,10 @@ class LM(_Handle):
             max_context=max_context,
             load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
             expert_ram_budget=ram_budget,
-            expert_flags=0 if prefetch else 1,
+            expert_flags=(0 if prefetch else LM_NO_PREFETCH) | no_pin,
+            num_threads=threads,
+            prefill_batch=prefill_batch,
+            pinned_slots=pinned,
         )
         handle = ctypes.c_void_p()
         st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
@@ -363,6 +409,18 @@ class LM(_Handle):
             raise RuntimeStatusError(st, f"colibri_lm_forward: {strerror(st)} ({st})")
         return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
 
+    def prefill(self, ids: list[int], pos: int = 0) -> np.ndarray:
+        """The next-token logits [vocab] (a copy) after `ids` at positions pos, pos + 1, ...
+        run as batches (colibri_lm_prefill): those of the last forward() of a token loop."""
+        if self._handle is None:
+            raise InputError("model was closed")
+        arr = (ctypes.c_int32 * max(len(ids), 1))(*[int(t) for t in ids])
+        out = ctypes.POINTER(ctypes.c_float)()
+        st = self._lib.colibri_lm_prefill(self._handle, arr, len(ids), pos, ctypes.byref(out))
+        if st != 0:
+            raise RuntimeStatusError(st, f"colibri_lm_prefill: {strerror(st)} ({st})")
+        return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
+
     def logits(self, ids: list[int]) -> np.ndarray:
         """Logits [T, vocab] of every position of `ids`, from position 0."""
         return np.stack([self.forward(int(t), p) for p, t in enumerate(ids)])
@@ -379,14 +437,16 @@ class LM(_Handle):
 
     def stats(self) -> dict[str, int]:
         """Expert-slot counters (colibri_lm_stats_t): loads, hits, misses, evictions,
-        prefetches, prefetch_hits, bytes_read, expert_bytes, slot_bytes, n_slots."""
+        prefetches, prefetch_hits, bytes_read, expert_bytes, slot_bytes, n_slots, n_pinned,
+        pinned_hits."""
         if self._handle is None:
             raise InputError("model was closed")
         s = _LMStats()
         st = self._lib.colibri_lm_get_stats(self._handle, ctypes.byref(s))
         if st != 0:
             raise RuntimeStatusError(st, f"colibri_lm_get_stats: {strerror(st)}")
-        return {name: int(getattr(s, name)) for name in (*LM_STATS_FIELDS, "n_slots")}
+        names = (*LM_STATS_FIELDS, *(name for name, _ in LM_STATS_TAIL))
+        return {name: int(getattr(s, name)) for name in names}
 
     def _free(self, handle: ctypes.c_void_p) -> None:
         self._lib.colibri_lm_free(handle)

@@ -187,12 +187,14 @@ def run_lm(
 EXIT_RUNTIME_ERROR = 10
 #: ... when the expert RAM budget holds fewer than top_k experts (COLIBRI_ERR_BUDGET, -17).
 EXIT_BUDGET = EXIT_RUNTIME_ERROR + 17
+#: ... for a bad argument (COLIBRI_ERR_ARG, -1): --pin N on a file without expert heat.
+EXIT_ARG = EXIT_RUNTIME_ERROR + 1
 #: The runner's expert-slot line (runtime_c/runner/lmfile_main.c) with a RAM budget.
 _STATS_RE = re.compile(
     r"expert slots: (?P<n_slots>\d+) x (?P<slot_bytes>\d+) bytes, loads (?P<loads>\d+) "
     r"hits (?P<hits>\d+) misses (?P<misses>\d+) evictions (?P<evictions>\d+) "
     r"prefetches (?P<prefetches>\d+) prefetch hits (?P<prefetch_hits>\d+) "
-    r"bytes read (?P<bytes_read>\d+)"
+    r"bytes read (?P<bytes_read>\d+) pinned (?P<n_pinned>\d+) pinned hits (?P<pinned_hits>\d+)"
 )
 
 
@@ -209,7 +211,7 @@ def format_expert_stats(s: dict[str, int]) -> str:
         f"colibri: expert slots: {s['n_slots']} x {s['slot_bytes']} bytes; {s['loads']} loads, "
         f"{s['hits']} hits ({rate:.1%}), {s['misses']} misses, {s['evictions']} evictions, "
         f"{s['prefetches']} prefetches, {s['prefetch_hits']} prefetch hits, "
-        f"{s['bytes_read']} bytes read"
+        f"{s['n_pinned']} pinned ({s['pinned_hits']} hits), {s['bytes_read']} bytes read"
     )
 
 
@@ -264,6 +266,41 @@ def lmfile_runner(board_name: str, verbose: bool = False) -> Path:
     return bdir / "lmfile" / "colibri_lmfile"
 
 
+def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> ColibriError | None:
+    """The error of a model-file runner that exited non-zero (None when it exited 0): a
+    budget / pin the runtime refused is an InputError saying which option to change, another
+    runtime status (exit 10 + -status) a ModelFormatError with the runner's last `colibri:`
+    line, any other exit (a bad request: context overflow, token ids) an InputError with its
+    last line."""
+    from ..errors import ModelFormatError
+
+    code = result.returncode
+    if code == EXIT_BUDGET and pinned:
+        return InputError(
+            f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
+            f"of a layer beside --pin {pinned} pinned ones; pass a larger budget or a "
+            f"smaller --pin (or --pin auto)"
+        )
+    if code == EXIT_ARG and pinned:
+        return InputError(
+            f"{path}: --pin {pinned} needs the experts' calibration heat, which this file "
+            f"does not hold; re-convert with --calib IDS.npy, or pass --pin auto or 0"
+        )
+    if code == EXIT_BUDGET:
+        return InputError(
+            f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
+            f"of a layer; pass a larger budget (or 0: every expert resident)"
+        )
+    if code >= EXIT_RUNTIME_ERROR:
+        lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
+        why = lines[-1][len("colibri: ") :] if lines else f"exit code {code}"
+        return ModelFormatError(f"{path}: {why}")
+    if code != 0:
+        said = (result.stdout or "").strip().splitlines()
+        return InputError(f"{path}: {said[-1] if said else code}")
+    return None
+
+
 def run_lm_file(
     model_file: str | Path,
     board_name: str,
@@ -276,14 +313,20 @@ def run_lm_file(
     verbose: bool = False,
     ram_budget: int = 0,
     prefetch: bool = True,
+    threads: int = 0,
+    pin: int | str = "auto",
 ) -> tuple[LMOutput, Any]:
     """Run a whole-model container (.clb version 2) on a board with the prebuilt model-file
     runner; returns (LMOutput, RunResult). A file the runtime refuses is a ModelFormatError
     with the runtime's one-line reason. ``ram_budget`` > 0: at most that many bytes of routed
     experts resident (colibri_lm_config_t.expert_ram_budget; the same outputs), the counters
-    in LMOutput.expert_stats; a budget below top_k experts is an InputError."""
+    in LMOutput.expert_stats; a budget below top_k experts is an InputError. ``pin``: the
+    hottest experts pinned in slots ("auto", 0 = none, N = up to N; binding.pin_setting).
+    ``threads`` > 1 splits the work over that many threads (colibri_lm_config_t.num_threads; the
+    same outputs). Without ``want_logits`` the prompt is prefilled in batches
+    (colibri_lm_prefill)."""
     from ..boards import load_board
-    from ..errors import ModelFormatError
+    from .binding import LM_NO_PREFETCH, pin_setting
     from .qemu import run_elf
 
     path = Path(model_file).resolve()
@@ -294,7 +337,10 @@ def run_lm_file(
     board = load_board(board_name)
     if not 0 <= ram_budget < 2**64:
         raise InputError(f"--ram-budget must be between 0 and 2**64 - 1, got {ram_budget}")
-    flags = "0" if prefetch else "1"  # COLIBRI_LM_NO_PREFETCH
+    if not 0 <= threads <= 256:
+        raise InputError(f"--threads must be between 0 and 256, got {threads}")
+    pinned, no_pin = pin_setting(pin)
+    flags = (0 if prefetch else LM_NO_PREFETCH) | no_pin
     exe = lmfile_runner(board.name, verbose=verbose)
     with tempfile.TemporaryDirectory(prefix="colibri-lmfile-") as tmp:
         work = Path(tmp)
@@ -307,20 +353,21 @@ def run_lm_file(
             timeout=timeout,
             count_instructions=count_instructions,
             check=False,
-            args=("model.clb", "input.bin", "output.bin", "0", str(ram_budget), flags),
+            args=(
+                "model.clb",
+                "input.bin",
+                "output.bin",
+                "0",
+                str(ram_budget),
+                str(flags),
+                str(threads),
+                "0",
+                str(pinned),
+            ),
         )
-        if result.returncode == EXIT_BUDGET:
-            raise InputError(
-                f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
-                f"of a layer; pass a larger budget (or 0: every expert resident)"
-            )
-        if result.returncode >= EXIT_RUNTIME_ERROR:
-            lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
-            why = lines[-1][len("colibri: ") :] if lines else f"exit code {result.returncode}"
-            raise ModelFormatError(f"{path}: {why}")
-        if result.returncode != 0:
-            said = (result.stdout or "").strip().splitlines()
-            raise InputError(f"{path}: {said[-1] if said else result.returncode}")
+        failure = _runner_failure(result, path, ram_budget, pinned)
+        if failure is not None:
+            raise failure
         out = read_lm_output(work / "output.bin", max_new)
     if ram_budget > 0:
         out.expert_stats = parse_expert_stats(result.stdout or "")

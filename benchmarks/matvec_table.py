@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Guest instructions per multiply-accumulate of the quantised matvecs (fp16 x fp32, int4 x int8,
+int4 x fp32, int8 x int8) for given shapes, counted between the bench markers of
+benchmarks/matvec_bench.c with QEMU's TCG plugin (callgrind on the host), optionally beside the
+same kernels at another git revision (``--rev``), whose outputs must agree bit for bit.
+
+    python benchmarks/matvec_table.py [--board cortex-a53] [--shape 512x128] [--rev d3ac41a]
+
+Defaults: boards cortex-a53, cortex-a7, cortex-a76; shapes 512x128 and 1024x2816 (out x in).
+matvec_bench.c, runtime_c/src/kernels_q.c (with kernels_neon.h) and the board's platform are
+compiled with the board's own compiler and flags; with --rev the two kernel files are taken from
+that revision (``git show``), everything else from the work tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "codegen"))
+
+from colibri.boards import Board, load_board  # noqa: E402
+from colibri.targets.qemu import run_elf  # noqa: E402
+
+KERNELS = ("fp16 x fp32", "int4 x int8", "int4 x fp32", "int8 x int8")
+KERNEL_FILES = ("kernels_q.c", "kernels_neon.h")
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+
+
+def kernel_dir(rev: str | None, work: Path) -> Path:
+    """runtime_c/src of the work tree, or the kernel files of `rev` copied into work/src-REV."""
+    if rev is None:
+        return ROOT / "runtime_c" / "src"
+    out = work / f"src-{rev}"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in KERNEL_FILES:
+        proc = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:runtime_c/src/{name}"],
+            capture_output=True,
+            check=False,
+        )
+        if proc.returncode == 0:
+            (out / name).write_bytes(proc.stdout)
+    return out
+
+
+def build(board: Board, shape: tuple[int, int], src: Path, work: Path) -> Path:
+    ok, why = board.can_build()
+    if not ok:
+        raise SystemExit(why)
+    rt = ROOT / "runtime_c"
+    defines = [f"-D{d}" for d in board.all_defines()]
+    defines += [f"-DMB_OUT={shape[0]}", f"-DMB_IN={shape[1]}"]
+    cc = [board.compiler, *board.compile_flags(), *defines]
+    cc += [f"-I{rt / 'include'}", f"-I{rt / 'platform'}"]
+    pdir = rt / "platform" / board.platform
+    sources = [ROOT / "benchmarks" / "matvec_bench.c", src / "kernels_q.c"]
+    sources += sorted(p for p in pdir.iterdir() if p.suffix in (".c", ".S"))
+    objs = []
+    for s in sources:
+        obj = work / "obj" / f"{s.stem}.o"
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        _run([*cc, "-c", str(s), "-o", str(obj)])
+        objs.append(str(obj))
+    elf = work / f"matvec_bench{board.elf_suffix}"
+    libs = [f"-l{lib}" for lib in board.libs]
+    _run([board.compiler, *board.link_flags(), "-o", str(elf), *objs, *libs])
+    return elf
+
+
+def count(board: Board, elf: Path) -> list[tuple[int, str]]:
+    """(instructions, output hash) of each kernel."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="colibri-matvec-") as tmp:
+        cwd = Path(tmp)
+        for mode in range(len(KERNELS)):
+            (cwd / "input.bin").write_bytes(bytes([mode]))
+            result = run_elf(board, elf, cwd, count_instructions=True)
+            found = re.search(r"matvec bench: (\d+)", result.stdout)
+            if found is None or result.instructions is None:
+                raise SystemExit(f"{board.name}: no result:\n{result.stdout}{result.stderr}")
+            out.append((result.instructions, found.group(1)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--board", action="append", help="board (repeatable)")
+    p.add_argument("--shape", action="append", help="OUTxIN (repeatable)")
+    p.add_argument("--rev", help="also count the kernels of this git revision")
+    p.add_argument("--workdir", default=str(ROOT / "build" / "matvec_table"))
+    a = p.parse_args(argv)
+    boards = a.board or ["cortex-a53", "cortex-a7", "cortex-a76"]
+    shapes: list[tuple[int, int]] = []
+    for text in a.shape or []:
+        n_out, n_in = text.lower().split("x")
+        shapes.append((int(n_out), int(n_in)))
+    shapes = shapes or [(512, 128), (1024, 2816)]
+    head = f"{'board':11} {'shape':>10} {'kernel':12} {'instr/MAC':>10}"
+    if a.rev:
+        head += f" {a.rev + ' instr/MAC':>22} {'ratio':>6}  outputs"
+    print(head)
+    failed = False
+    for name in boards:
+        board = load_board(name)
+        for shape in shapes:
+            tag = f"{shape[0]}x{shape[1]}"
+            work = Path(a.workdir) / name / tag
+            now = count(board, build(board, shape, kernel_dir(None, work), work / "now"))
+            before = None
+            if a.rev:
+                src = kernel_dir(a.rev, work)
+                before = count(board, build(board, shape, src, work / "rev"))
+            macs = shape[0] * shape[1]
+            for k, kernel in enumerate(KERNELS):
+                row = f"{name:11} {tag:>10} {kernel:12} {now[k][0] / macs:>10.2f}"
+                if before is not None:
+                    same = before[k][1] == now[k][1]
+                    failed |= not same
+                    row += f" {before[k][0] / macs:>22.2f} {before[k][0] / now[k][0]:>5.2f}x"
+                    row += "  identical" if same else "  DIFFER"
+                print(row, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+/**
+ * @file kernels_x86.c
+ * @brief x86-64 kernels chosen at run time by CPUID, so one binary built for the baseline ISA
+ *        (-march=x86-64) uses AVX2 / F16C / AVX-VNNI / AVX-512 VNNI where the CPU has them.
+ *
+ * Each level is a table of function pointers (kernels_x86.h); the public kernels of
+ * kernels_q.c call the level's function when the table has one, else run their own code (the
+ * base level: kernels_q.c as the board's flags compile it, SSE2 dot products on x86-64). The
+ * level is chosen on the first call by any thread (CPUID; the environment
+ * variable COLIBRI_X86_LEVEL=base|avx2|avxvnni|avx512vnni caps it) and kept in a C11 atomic,
+ * so it is also right when generated code calls the kernels before any init.
+ *
+ * Every path returns the bits of the base code. The integer kernels (int8 x int8, int4 x int8)
+ * compute each block's int32 sum in any order (exact), then do the float steps of
+ * colibri_quant.h lane by lane: eight output rows per AVX register, each lane one row, blocks in
+ * order, a separate multiply and add (no FMA: these functions are not compiled for FMA). The
+ * fp32 / fp16 matvecs also run eight rows per register: an 8 x 8 tile of weights is transposed
+ * so each lane adds its own row's products in ascending i, as the scalar loop does.
+ *
+ *  - AVX2: int8 lanes sign-extended to int16 and multiplied in pairs (VPMADDWD); int4 nibbles
+ *    (0..15, unsigned) times int8 with VPMADDUBSW (no saturation: 2 * 15 * 128 < 32767), minus
+ *    8 * sum(x) per block.
+ *  - AVX-VNNI / AVX-512 VNNI (256-bit EVEX): VPDPBUSD multiplies unsigned by signed bytes, so
+ *    int8 weights go in as w + 128 (w ^ 0x80) and the accumulator starts at -128 * sum(x) of
+ *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
+ *    Exact for every int8 value, -128 included.
+ */
+#include "kernels_x86.h"
+
+#include "colibri_quant.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(COLIBRI_X86_DISPATCH)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KX_AVX2 __attribute__((target("avx2,f16c")))
+/* AVX-VNNI / AVX-512 VNNI need GCC 11 or clang 12 (target names and intrinsics); older compilers
+ * build the base and AVX2 levels only. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define KX_HAVE_VNNI 1
+#endif
+#define KX_AVXVNNI __attribute__((target("avx2,f16c,avxvnni")))
+#define KX_AVX512VNNI __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define KX_INLINE static inline __attribute__((always_inline))
+/* the loops over the eight rows of a group, whole (their values stay in registers) */
+#define KX_UNROLL _Pragma("GCC unroll 8")
+
+/* -- shared pieces (AVX2) -------------------------------------------------------------------- */
+
+/* Lane r = the sum of the eight int32 lanes of p[r]. */
+KX_INLINE KX_AVX2 __m256i kx_hsum8(const __m256i p[8])
+{
+    const __m256i s01 = _mm256_hadd_epi32(p[0], p[1]);
+    const __m256i s23 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i s45 = _mm256_hadd_epi32(p[4], p[5]);
+    const __m256i s67 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i s0123 = _mm256_hadd_epi32(s01, s23);
+    const __m256i s4567 = _mm256_hadd_epi32(s45, s67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
+                            _mm256_permute2x128_si256(s0123, s4567, 0x31));
+}
+
+/* c[j] lane r = r[r][j]: the transpose of an 8 x 8 tile of floats. */
+KX_INLINE KX_AVX2 void kx_transpose8(__m256 r[8])
+{
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    const __m256 t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    const __m256 t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    const __m256 t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    const __m256 t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44);
+    const __m256 s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44);
+    const __m256 s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44);
+    const __m256 s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44);
+    const __m256 s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* y[0..nr) = the first nr lanes of v. */
+KX_INLINE KX_AVX2 void kx_store_rows(float *y, __m256 v, int32_t nr)
+{
+    if (nr == 8) {
+        _mm256_storeu_ps(y, v);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, v);
+        memcpy(y, tmp, (size_t)nr * sizeof(float));
+    }
+}
+
+/* -- fp32 and fp16 weights x fp32: eight rows per register, each lane in i order ------------- */
+
+/* Rows beyond n_out read row 0 of the group again (valid memory); their lanes are not stored. */
+#define KX_FLOAT_MATVEC(NAME, TARGET, WTYPE, LOAD8, SCALAR)                                        \
+    static TARGET void NAME(const WTYPE *w, const float *x, float *y, int32_t n_out, int32_t n_in) \
+    {                                                                                              \
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
+            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
+            const WTYPE *row[8];                                                                   \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
+                row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)n_in;                       \
+            }                                                                                      \
+            __m256 acc = _mm256_setzero_ps();                                                      \
+            int32_t i = 0;                                                                         \
+            for (; i + 8 <= n_in; i += 8) {                                                        \
+                __m256 c[8];                                                                       \
+                KX_UNROLL for (int32_t r = 0; r < 8; r++)                                          \
+                {                                                                                  \
+                    c[r] = LOAD8(row[r] + i);                                                      \
+                }                                                                                  \
+                kx_transpose8(c);                                                                  \
+                KX_UNROLL for (int32_t j = 0; j < 8; j++)                                          \
+                {                                                                                  \
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(c[j], _mm256_set1_ps(x[i + j])));       \
+                }                                                                                  \
+            }                                                                                      \
+            for (; i < n_in; i++) {                                                                \
+                const __m256 c = _mm256_setr_ps(                                                   \
+                    SCALAR(row[0][i]), SCALAR(row[1][i]), SCALAR(row[2][i]), SCALAR(row[3][i]),    \
+                    SCALAR(row[4][i]), SCALAR(row[5][i]), SCALAR(row[6][i]), SCALAR(row[7][i]));   \
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(c, _mm256_set1_ps(x[i])));                  \
+            }                                                                                      \
+            kx_store_rows(y + o0, acc, nr);                                                        \
+        }                                                                                          \
+    }
+
+#define KX_LOAD_F32(p) _mm256_loadu_ps(p)
+#define KX_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+#define KX_SCALAR_F32(v) (v)
+#define KX_SCALAR_F16(v) colibri_f16_to_f32(v)
+
+KX_FLOAT_MATVEC(kx_matvec_f32_avx2, KX_AVX2, float, KX_LOAD_F32, KX_SCALAR_F32)
+KX_FLOAT_MATVEC(kx_matvec_f16_f32_avx2, KX_AVX2, uint16_t, KX_LOAD_F16, KX_SCALAR_F16)
+
+/* -- int8 weights x int8 activations ------------------------------------------------------- */
+
+/* One block of 32 products per row, lanes of p[r] summing to row r's int32 block sum. */
+KX_INLINE KX_AVX2 void kx_q8_block_avx2(const int8_t *const row[8], size_t i0, const int8_t *x,
+                                        __m256i p[8])
+{
+    const __m256i xlo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x));
+    const __m256i xhi =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(x + 16)));
+    KX_UNROLL for (int32_t r = 0; r < 8; r++)
+    {
+        const int8_t *wr = row[r] + i0;
+        const __m256i wlo =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)wr));
+        const __m256i whi =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wr + 16)));
+        p[r] = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
+    }
+}
+
+#if defined(KX_HAVE_VNNI)
+#define KX_Q8_BLOCK_VNNI(NAME, TARGET, DPBUSD)                                                     \
+    KX_INLINE TARGET void NAME(const int8_t *const row[8], size_t i0, const int8_t *x,             \
+                               __m256i p[8])                                                       \
+    {                                                                                              \
+        const __m256i k80 = _mm256_set1_epi8((char)0x80);                                          \
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x);                   \
+        /* -128 * (sum of each 4 x), so that adding (w + 128) * x leaves w * x */                  \
+        const __m256i corr =                                                                       \
+            _mm256_sub_epi32(_mm256_setzero_si256(), DPBUSD(_mm256_setzero_si256(), k80, xv));     \
+        KX_UNROLL for (int32_t r = 0; r < 8; r++)                                                  \
+        {                                                                                          \
+            const __m256i wv = _mm256_xor_si256(                                                   \
+                _mm256_loadu_si256((const __m256i *)(const void *)(row[r] + i0)), k80);            \
+            p[r] = DPBUSD(corr, wv, xv);                                                           \
+        }                                                                                          \
+    }
+
+#define KX_DPBUSD_AVX(a, b, c) _mm256_dpbusd_avx_epi32(a, b, c)
+#define KX_DPBUSD_512(a, b, c) _mm256_dpbusd_epi32(a, b, c)
+KX_Q8_BLOCK_VNNI(kx_q8_block_avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
+KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
+#endif
+
+/*
+ * int8 weights, int8 activations, eight rows at a time. BLOCKED 0: colibri_matvec_q8_q8
+ * (acc += (float)isum_b * sx[b]; y = acc * scale[o]); 1: colibri_matvec_q8b_q8
+ * (acc += (float)isum_b * (scale[o][b] * sx[b]); y = acc). A partial last block is computed on
+ * zero-padded copies (zeros add nothing to an integer sum).
+ */
+#define KX_Q8_MATVEC(NAME, TARGET, BLOCK, BLOCKED)                                                 \
+    static TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
+                            const float *sx, float *y, int32_t n_out, int32_t n_in)                \
+    {                                                                                              \
+        const int32_t full = n_in / COLIBRI_QK8;                                                   \
+        const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
+        const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
+        int8_t xpad[COLIBRI_QK8];                                                                  \
+        if (tail > 0) {                                                                            \
+            memset(xpad, 0, sizeof xpad);                                                          \
+            memcpy(xpad, xq + (size_t)full * COLIBRI_QK8, (size_t)tail);                           \
+        }                                                                                          \
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
+            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
+            const int8_t *row[8];                                                                  \
+            int32_t sidx[8];                                                                       \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
+                const int32_t o = o0 + (r < nr ? r : 0);                                           \
+                row[r] = q + (size_t)o * (size_t)n_in;                                             \
+                sidx[r] = (BLOCKED) ? o * nb : o;                                                  \
+            }                                                                                      \
+            const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
+            __m256 acc = _mm256_setzero_ps();                                                      \
+            __m256i p[8];                                                                          \
+            for (int32_t b = 0; b < nb; b++) {                                                     \
+                if (b < full) {                                                                    \
+                    BLOCK(row, (size_t)b *COLIBRI_QK8, xq + (size_t)b * COLIBRI_QK8, p);           \
+                } else {                                                                           \
+                    int8_t wpad[8][COLIBRI_QK8];                                                   \
+                    const int8_t *prow[8];                                                         \
+                    memset(wpad, 0, sizeof wpad);                                                  \
+                    KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
+                    {                                                                              \
+                        memcpy(wpad[r], row[r] + (size_t)full * COLIBRI_QK8, (size_t)tail);        \
+                        prow[r] = wpad[r];                                                         \
+                    }                                                                              \
+                    BLOCK(prow, 0, xpad, p);                                                       \
+                }                                                                                  \
+                const __m256 f = _mm256_cvtepi32_ps(kx_hsum8(p));                                  \
+                if (BLOCKED) {                                                                     \
+                    const __m256 ws = _mm256_i32gather_ps(scale + b, vidx, 4);                     \
+                    acc = _mm256_add_ps(                                                           \
+                        acc, _mm256_mul_ps(f, _mm256_mul_ps(ws, _mm256_set1_ps(sx[b]))));          \
+                } else {                                                                           \
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(f, _mm256_set1_ps(sx[b])));             \
+                }                                                                                  \
+            }                                                                                      \
+            if (!(BLOCKED)) {                                                                      \
+                acc = _mm256_mul_ps(acc, _mm256_i32gather_ps(scale, vidx, 4));                     \
+            }                                                                                      \
+            kx_store_rows(y + o0, acc, nr);                                                        \
+        }                                                                                          \
+    }
+
+KX_Q8_MATVEC(kx_matvec_q8_q8_avx2, KX_AVX2, kx_q8_block_avx2, 0)
+KX_Q8_MATVEC(kx_matvec_q8b_q8_avx2, KX_AVX2, kx_q8_block_avx2, 1)
+#if defined(KX_HAVE_VNNI)
+KX_Q8_MATVEC(kx_matvec_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_block_avxvnni, 0)
+KX_Q8_MATVEC(kx_matvec_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_block_avxvnni, 1)
+KX_Q8_MATVEC(kx_matvec_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_block_avx512vnni, 0)
+KX_Q8_MATVEC(kx_matvec_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_block_avx512vnni, 1)
+#endif
+
+/* -- int4 blocks x int8 activations -------------------------------------------------------- */
+
+/* The 32 nibbles of a block as unsigned bytes 0..15, in the order of x (low halves first). */
+KX_INLINE KX_AVX2 __m256i kx_nibbles(const colibri_block_q4_32 *blk)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)blk->qs);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+KX_INLINE KX_AVX2 void kx_q4_block_avx2(const colibri_block_q4_32 *const blk[8], const int8_t *x,
+                                        __m256i p[8])
+{
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    /* -8 * (sum of each 4 x) */
+    const __m256i sx4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), ones16);
+    const __m256i corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sx4, 3));
+    KX_UNROLL for (int32_t r = 0; r < 8; r++)
+    {
+        const __m256i prod =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(kx_nibbles(blk[r]), xv), ones16);
+        p[r] = _mm256_add_epi32(prod, corr);
+    }
+}
+
+#if defined(KX_HAVE_VNNI)
+#define KX_Q4_BLOCK_VNNI(NAME, TARGET, DPBUSD)                                                     \
+    KX_INLINE TARGET void NAME(const colibri_block_q4_32 *const blk[8], const int8_t *x,           \
+                               __m256i p[8])                                                       \
+    {                                                                                              \
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x);                   \
+        const __m256i corr = _mm256_sub_epi32(                                                     \
+            _mm256_setzero_si256(), DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8(8), xv));      \
+        KX_UNROLL for (int32_t r = 0; r < 8; r++)                                                  \
+        {                                                                                          \
+            p[r] = DPBUSD(corr, kx_nibbles(blk[r]), xv);                                           \
+        }                                                                                          \
+    }
+
+KX_Q4_BLOCK_VNNI(kx_q4_block_avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
+KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
+#endif
+
+/* colibri_matvec_q4_q8: acc += (float)isum_b * (d_b * sx[b]) per row, blocks in order; a
+ * partial last block reads x from a zero-padded copy, so its unused nibbles add nothing. */
+#define KX_Q4_MATVEC(NAME, TARGET, BLOCK)                                                          \
+    static TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,       \
+                            float *y, int32_t n_out, int32_t n_in)                                 \
+    {                                                                                              \
+        const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
+        const int32_t full = n_in / COLIBRI_QK4;                                                   \
+        int8_t xpad[COLIBRI_QK4];                                                                  \
+        if (full < nb) {                                                                           \
+            memset(xpad, 0, sizeof xpad);                                                          \
+            memcpy(xpad, xq + (size_t)full * COLIBRI_QK4, (size_t)(n_in - full * COLIBRI_QK4));    \
+        }                                                                                          \
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
+            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
+            const colibri_block_q4_32 *row[8];                                                     \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
+                row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb;                         \
+            }                                                                                      \
+            __m256 acc = _mm256_setzero_ps();                                                      \
+            __m256i p[8];                                                                          \
+            for (int32_t b = 0; b < nb; b++) {                                                     \
+                const colibri_block_q4_32 *blk[8];                                                 \
+                KX_UNROLL for (int32_t r = 0; r < 8; r++)                                          \
+                {                                                                                  \
+                    blk[r] = row[r] + b;                                                           \
+                }                                                                                  \
+                BLOCK(blk, (b < full) ? xq + (size_t)b *COLIBRI_QK4 : xpad, p);                    \
+                const __m128i dh = _mm_setr_epi16(                                                 \
+                    (short)blk[0]->d, (short)blk[1]->d, (short)blk[2]->d, (short)blk[3]->d,        \
+                    (short)blk[4]->d, (short)blk[5]->d, (short)blk[6]->d, (short)blk[7]->d);       \
+                const __m256 ds = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_set1_ps(sx[b]));       \
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(kx_hsum8(p)), ds));      \
+            }                                                                                      \
+            kx_store_rows(y + o0, acc, nr);                                                        \
+        }                                                                                          \
+    }
+
+KX_Q4_MATVEC(kx_matvec_q4_q8_avx2, KX_AVX2, kx_q4_block_avx2)
+#if defined(KX_HAVE_VNNI)
+KX_Q4_MATVEC(kx_matvec_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_block_avxvnni)
+KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
+#endif
+
+/* -- the levels and the choice ------------------------------------------------------------- */
+
+static const colibri_x86_kernels_t kx_levels[4] = {
+    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL},
+    [COLIBRI_KERNEL_AVX2] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2, kx_matvec_q8_q8_avx2,
+                             kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2},
+#if defined(KX_HAVE_VNNI)
+    [COLIBRI_KERNEL_AVX_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
+                                 kx_matvec_q8_q8_avxvnni, kx_matvec_q8b_q8_avxvnni,
+                                 kx_matvec_q4_q8_avxvnni},
+    [COLIBRI_KERNEL_AVX512_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
+                                    kx_matvec_q8_q8_avx512vnni, kx_matvec_q8b_q8_avx512vnni,
+                                    kx_matvec_q4_q8_avx512vnni},
+#endif
+};
+
+static const char *const kx_names[4] = {"base", "avx2", "avxvnni", "avx512vnni"};
+
+/* -1 until the first call has chosen. */
+static atomic_int kx_level = -1;
+
+/* CPU features, from CPUID and XGETBV (the OS must save the YMM / ZMM registers): read here
+ * rather than with __builtin_cpu_supports, whose feature names differ between compilers. */
+enum { KX_HAS_AVX2 = 1, KX_HAS_AVXVNNI = 2, KX_HAS_AVX512VNNI = 4 };
+
+static unsigned kx_features(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        return 0u;
+    }
+    const int osxsave = (c >> 27) & 1u;
+    const int avx = (c >> 28) & 1u;
+    const int f16c = (c >> 29) & 1u;
+    if (!osxsave || !avx || !f16c || (unsigned)__get_cpuid_max(0, NULL) < 7u) {
+        return 0u;
+    }
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0u));
+    (void)hi;
+    if ((lo & 0x6u) != 0x6u) { /* XMM and YMM state */
+        return 0u;
+    }
+    const int zmm = (lo & 0xE6u) == 0xE6u; /* and opmask, ZMM_Hi256, Hi16_ZMM */
+    __cpuid_count(7, 0, a, b, c, d);
+    unsigned features = 0u;
+    if ((b >> 5) & 1u) {
+        features |= KX_HAS_AVX2;
+    }
+    const int avx512 = zmm && ((b >> 16) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u);
+    if (avx512 && ((c >> 11) & 1u)) { /* F, BW, VL and VNNI */
+        features |= KX_HAS_AVX512VNNI;
+    }
+    __cpuid_count(7, 1, a, b, c, d);
+    if ((a >> 4) & 1u) {
+        features |= KX_HAS_AVXVNNI;
+    }
+    return features;
+}
+
+static int kx_cpu_has(int32_t level)
+{
+    const unsigned f = kx_features();
+    const int avx2 = (f & KX_HAS_AVX2) != 0u;
+    switch (level) {
+    case COLIBRI_KERNEL_BASE:
+        return 1;
+    case COLIBRI_KERNEL_AVX2:
+        return avx2;
+#if defined(KX_HAVE_VNNI)
+    case COLIBRI_KERNEL_AVX_VNNI:
+        return avx2 && (f & KX_HAS_AVXVNNI) != 0u;
+    case COLIBRI_KERNEL_AVX512_VNNI:
+        return avx2 && (f & KX_HAS_AVX512VNNI) != 0u;
+#endif
+    default:
+        return 0;
+    }
+}
+
+/* The highest level the CPU has at or below `cap`. */
+static int32_t kx_best(int32_t cap)
+{
+    int32_t level = (cap > COLIBRI_KERNEL_AVX512_VNNI) ? COLIBRI_KERNEL_AVX512_VNNI : cap;
+    while (level > COLIBRI_KERNEL_BASE && !kx_cpu_has(level)) {
+        level--;
+    }
+    return (level < COLIBRI_KERNEL_BASE) ? COLIBRI_KERNEL_BASE : level;
+}
+
+static int32_t kx_choose(void)
+{
+    int32_t cap = COLIBRI_KERNEL_AVX512_VNNI;
+    const char *env = getenv("COLIBRI_X86_LEVEL");
+    if (env != NULL && env[0] != '\0') {
+        if (strcmp(env, "portable") == 0 || strcmp(env, "sse2") == 0) {
+            cap = COLIBRI_KERNEL_BASE;
+        } else if (strcmp(env, "vnni") == 0) {
+            cap = COLIBRI_KERNEL_AVX512_VNNI;
+        } else {
+            for (int32_t l = 0; l < 4; l++) {
+                if (strcmp(env, kx_names[l]) == 0) {
+                    cap = l;
+                }
+            }
+        }
+    }
+    return kx_best(cap);
+}
+
+const colibri_x86_kernels_t *colibri_x86_kernels(void)
+{
+    int level = atomic_load_explicit(&kx_level, memory_order_relaxed);
+    if (level < 0) { /* every racing thread computes the same value */
+        level = kx_choose();
+        atomic_store_explicit(&kx_level, level, memory_order_relaxed);
+    }
+    return &kx_levels[level];
+}
+
+int32_t colibri_kernel_level(void)
+{
+    (void)colibri_x86_kernels();
+    return atomic_load_explicit(&kx_level, memory_order_relaxed);
+}
+
+int32_t colibri_kernel_set_level(int32_t level)
+{
+    const int32_t chosen = kx_best(level);
+    atomic_store_explicit(&kx_level, chosen, memory_order_relaxed);
+    return chosen;
+}
+
+const char *colibri_kernel_level_name(int32_t level)
+{
+    return (level >= 0 && level < 4) ? kx_names[level] : "unknown";
+}
+
+#else
+/* Not x86-64 (or COLIBRI_NO_X86_DISPATCH): kernels_q.c is the only path. ISO C wants a
+ * declaration in every translation unit. */
+typedef int colibri_kernels_x86_unused;
+#endif

@@ -1,0 +1,199 @@
+"""Every kernel level of the host (x86-64: base, AVX2, AVX-VNNI, AVX-512 VNNI, chosen at run
+time; runtime_c/src/kernels_x86.c) against the numpy mirror, bit for bit: the matvecs and the
+multi-token matmuls (row t of a matmul is the matvec of row t), including row ranges as threads
+split them and n_in / n_out off the SIMD widths."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from colibri.quant.formats import (
+    q8_blocks,
+    quantize_fp16,
+    quantize_int4_blocks,
+    quantize_int8_per_channel,
+    quantize_matrix,
+)
+from colibri.reference.f32 import linear_f32
+from colibri.reference.kernels import (
+    matvec_f16_f32,
+    matvec_q4_f32,
+    matvec_q4_q8,
+    matvec_q8_f32,
+    matvec_q8_q8,
+    matvec_q8b_f32,
+    matvec_q8b_q8,
+    quantize_rows_q8,
+)
+from conftest import host_kernels
+
+LEVELS = {"base": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
+SHAPES = [(1, 1), (7, 31), (9, 64), (17, 100), (24, 257)]
+N_TOK = 3
+
+
+@pytest.fixture(scope="module")
+def kq(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    lib = host_kernels(tmp_path_factory.mktemp("kq_levels"))
+    lib.colibri_kernel_level_name.restype = ctypes.c_char_p
+    return lib
+
+
+def _p(a: np.ndarray, offset: int = 0) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.ctypes.data + offset)
+
+
+def _same_bits(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
+    a = np.ascontiguousarray(actual, np.float32).view(np.uint32)
+    e = np.ascontiguousarray(expected, np.float32).view(np.uint32)
+    bad = a != e
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        pytest.fail(
+            f"{what}: {int(bad.sum())} of {bad.size} values differ; first at {i}: actual "
+            f"{actual[i]!r}, expected {expected[i]!r}"
+        )
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, int]) -> None:
+    if kq.colibri_kernel_set_level(LEVELS[level]) != LEVELS[level]:
+        pytest.skip(f"this CPU has no {level} (or the host is not x86-64)")
+    assert kq.colibri_kernel_level_name(kq.colibri_kernel_level()).decode() == level
+    n_out, n_in = shape
+    rng = np.random.default_rng(n_out * 7919 + n_in)
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    x = rng.standard_normal((N_TOK, n_in)).astype(np.float32)
+    xq, sx = quantize_rows_q8(x)
+    xq, sx = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    w16 = np.ascontiguousarray(quantize_fp16(w))
+    q, s = quantize_int8_per_channel(w)
+    qb = quantize_matrix(w, "int8", blocks=True)
+    assert qb.scale is not None
+    sb = np.ascontiguousarray(qb.scale)
+    q4 = np.ascontiguousarray(quantize_int4_blocks(w))
+    nb = q8_blocks(n_in)
+    # (name, mirror [T, n_out], matvec(x row t, y), matmul(y, ldy, o0, o1))
+    cases = [
+        (
+            "f32",
+            linear_f32(x, w, bias),
+            None,
+            lambda y, ldy, o0, o1: kq.colibri_matmul_f32(
+                _p(w, o0 * n_in * 4),
+                _p(bias, o0 * 4),
+                _p(x),
+                _p(y, o0 * 4),
+                ldy,
+                o1 - o0,
+                n_in,
+                N_TOK,
+            ),
+        ),
+        (
+            "f16 x f32",
+            matvec_f16_f32(w16, x),
+            lambda t, y: kq.colibri_matvec_f16_f32(
+                _p(w16), _p(x, t * n_in * 4), _p(y), n_out, n_in
+            ),
+            lambda y, ldy, o0, o1: kq.colibri_matmul_f16_f32(
+                _p(w16, o0 * n_in * 2), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+            ),
+        ),
+        (
+            "q8 x f32",
+            matvec_q8_f32(q, s, x),
+            None,
+            lambda y, ldy, o0, o1: kq.colibri_matmul_q8_f32(
+                _p(q, o0 * n_in), _p(s, o0 * 4), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+            ),
+        ),
+        (
+            "q8b x f32",
+            matvec_q8b_f32(qb.data, sb, x),
+            None,
+            lambda y, ldy, o0, o1: kq.colibri_matmul_q8b_f32(
+                _p(qb.data, o0 * n_in),
+                _p(sb, o0 * nb * 4),
+                _p(x),
+                _p(y, o0 * 4),
+                ldy,
+                o1 - o0,
+                n_in,
+                N_TOK,
+            ),
+        ),
+        (
+            "q4 x f32",
+            matvec_q4_f32(q4, x, n_in),
+            None,
+            lambda y, ldy, o0, o1: kq.colibri_matmul_q4_f32(
+                _p(q4, o0 * nb * 18), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+            ),
+        ),
+        (
+            "q8 x q8",
+            matvec_q8_q8(q, s, xq, sx),
+            lambda t, y: kq.colibri_matvec_q8_q8(
+                _p(q), _p(s), _p(xq, t * n_in), _p(sx, t * nb * 4), _p(y), n_out, n_in
+            ),
+            lambda y, ldy, o0, o1: kq.colibri_matmul_q8_q8(
+                _p(q, o0 * n_in),
+                _p(s, o0 * 4),
+                _p(xq),
+                _p(sx),
+                _p(y, o0 * 4),
+                ldy,
+                o1 - o0,
+                n_in,
+                N_TOK,
+            ),
+        ),
+        (
+            "q8b x q8",
+            matvec_q8b_q8(qb.data, sb, xq, sx),
+            lambda t, y: kq.colibri_matvec_q8b_q8(
+                _p(qb.data), _p(sb), _p(xq, t * n_in), _p(sx, t * nb * 4), _p(y), n_out, n_in
+            ),
+            lambda y, ldy, o0, o1: kq.colibri_matmul_q8b_q8(
+                _p(qb.data, o0 * n_in),
+                _p(sb, o0 * nb * 4),
+                _p(xq),
+                _p(sx),
+                _p(y, o0 * 4),
+                ldy,
+                o1 - o0,
+                n_in,
+                N_TOK,
+            ),
+        ),
+        (
+            "q4 x q8",
+            matvec_q4_q8(q4, xq, sx, n_in),
+            lambda t, y: kq.colibri_matvec_q4_q8(
+                _p(q4), _p(xq, t * n_in), _p(sx, t * nb * 4), _p(y), n_out, n_in
+            ),
+            lambda y, ldy, o0, o1: kq.colibri_matmul_q4_q8(
+                _p(q4, o0 * nb * 18), _p(xq), _p(sx), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+            ),
+        ),
+    ]
+    ldy = n_out + 3
+    split = n_out // 2 + 1 if n_out > 1 else n_out  # two row ranges, as two threads take them
+    for name, want, matvec, matmul in cases:
+        if matvec is not None:
+            for t in range(N_TOK):
+                y = np.full(n_out, np.nan, np.float32)
+                matvec(t, y)
+                _same_bits(y, want[t], f"{level} matvec {name} row {t}")
+        y = np.full((N_TOK, ldy), -7.0, np.float32)
+        matmul(y, ldy, 0, split)
+        if split < n_out:
+            matmul(y, ldy, split, n_out)
+        _same_bits(y[:, :n_out], want, f"{level} matmul {name}")
+        assert (y[:, n_out:] == -7.0).all(), f"{level} matmul {name} wrote beyond n_out"
+    kq.colibri_kernel_set_level(3)
