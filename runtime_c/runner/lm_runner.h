@@ -25,6 +25,9 @@
  *                             one batch, *logits set to the last one's; then the prompt is read
  *                             in pieces of LM_PREFILL_IDS ids and each prefilled in one call
  *                             (unless the prompt's logits are asked for: token steps)
+ *   LM_CLOCK_NS()             a monotonic clock in ns (uint64_t): lm_generate then records in
+ *                             lm_timing the wall time of the prompt (prefill) and of the decode
+ *                             loop (each generated token's sampling and the steps between)
  * (macros rather than function pointers, so every call stays direct and the MCU stack bound,
  * colibri/targets/stack.py, resolves it).
  */
@@ -91,11 +94,24 @@ static int lm_read_request(int32_t in, uint32_t ctx, lm_request *req)
 }
 
 /** @brief Prefill the prompt (writing its logits if asked), then generate max_new tokens. */
+/** Wall time of the last lm_generate (LM_CLOCK_NS; all 0 without it). */
+static struct {
+    uint64_t prefill_ns;    /**< the prompt's tokens, prefilled or stepped */
+    uint64_t decode_ns;     /**< sampling every generated token and the steps between them */
+    uint32_t prompt_tokens; /**< tokens of the prompt */
+    uint32_t decode_steps;  /**< forward steps of the decode loop: generated tokens - 1 */
+} lm_timing;
+
+#ifndef LM_CLOCK_NS
+#define LM_CLOCK_NS() ((uint64_t)0u)
+#endif
+
 static int lm_generate(int32_t vocab, int32_t in, int32_t out, const lm_request *req)
 {
     const uint32_t row = (uint32_t)vocab * (uint32_t)sizeof(float);
     const float *logits = NULL;
     int32_t pos = 0;
+    const uint64_t t_prompt = LM_CLOCK_NS();
 #ifdef LM_PREFILL
     if ((req->flags & LM_FLAG_LOGITS) == 0u) {
         int32_t ids[LM_PREFILL_IDS];
@@ -142,6 +158,9 @@ static int lm_generate(int32_t vocab, int32_t in, int32_t out, const lm_request 
             return 3;
         }
     }
+    const uint64_t t_decode = LM_CLOCK_NS();
+    lm_timing.prefill_ns = t_decode - t_prompt;
+    lm_timing.prompt_tokens = req->n_prompt;
     colibri_rng_t rng;
     colibri_rng_seed(&rng, req->seed);
     for (uint32_t i = 0; i < req->max_new; ++i) {
@@ -163,6 +182,8 @@ static int lm_generate(int32_t vocab, int32_t in, int32_t out, const lm_request 
             }
         }
     }
+    lm_timing.decode_ns = LM_CLOCK_NS() - t_decode;
+    lm_timing.decode_steps = req->max_new > 0u ? req->max_new - 1u : 0u;
     return 0;
 }
 

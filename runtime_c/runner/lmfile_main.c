@@ -15,10 +15,16 @@
  * (colibri_lm_prefill). With a budget the runner prints, after the generation, one line:
  *   colibri: expert slots: S x B bytes, loads L hits H misses M evictions E prefetches P
  *   prefetch hits Q bytes read R pinned N pinned hits Z
+ * With COLIBRI_TIMING=1 in the environment it also prints the wall times of the prompt and of
+ * the decode loop (lm_runner.h lm_timing; benchmarks/host_table.py reads it):
+ *   colibri: timing: prefill P tokens S ns, decode D tokens T ns
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "colibri.h"
 #include "colibri_lm.h"
@@ -65,11 +71,36 @@ static void print_stats(void)
     clb_platform_puts(line);
 }
 
+/* CLOCK_MONOTONIC in ns, for lm_runner.h's timing (COLIBRI_TIMING=1). */
+static uint64_t lm_clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 #define LM_STEP(id, pos, logits) colibri_lm_forward(g_lm, (id), (pos), (logits))
 #define LM_SAMPLE_WORKSPACE colibri_lm_sampler_workspace(g_lm)
 #define LM_PREFILL(ids, n, pos, logits) colibri_lm_prefill(g_lm, (ids), (n), (pos), (logits))
 #define LM_PREFILL_IDS 256
+#define LM_CLOCK_NS() lm_clock_ns()
 #include "lm_runner.h"
+
+/* With COLIBRI_TIMING set in the environment: one line of the generation's wall times. */
+static void print_timing(void)
+{
+    const char *on = getenv("COLIBRI_TIMING");
+    if (on == NULL || on[0] == '\0' || strcmp(on, "0") == 0) {
+        return;
+    }
+    char line[200];
+    char *p = put_u64(line, "colibri: timing: prefill ", lm_timing.prompt_tokens);
+    p = put_u64(p, " tokens ", lm_timing.prefill_ns);
+    p = put_u64(p, " ns, decode ", lm_timing.decode_steps);
+    p = put_u64(p, " tokens ", lm_timing.decode_ns);
+    memcpy(p, " ns\n", 5u);
+    clb_platform_puts(line);
+}
 
 int main(int argc, char **argv)
 {
@@ -109,6 +140,7 @@ int main(int argc, char **argv)
         if (config.expert_ram_budget > 0u) {
             print_stats();
         }
+        print_timing();
     }
     colibri_lm_free(g_lm);
     return rc;

@@ -514,12 +514,12 @@ def test_model_file_runner_under_asan_and_ubsan(
         want_heat, _ = lm.generate(PROMPT[:3], 3)
         budget = str(lm.stats()["expert_bytes"])  # a slot an expert: auto pins half
     for flags, pin in (("0", "0"), ("1", "0"), ("0", "2")):
-        r = run(heat_file, "0", budget, flags, pin)
+        r = run(heat_file, "0", budget, flags, "0", "0", pin)  # threads, prefill batch, pin
         assert r.returncode == 0 and " pinned 0 " not in r.stdout, r.stdout
         got = read_lm_output(tmp_path / "out.bin", 3)
         assert got.logits is not None
         _assert_bit_identical(got.logits, want_heat, "sanitized runner, pinned experts")
-    assert run(heat_file, "0", budget, "0", "100000").returncode == 10 + 17  # no room
+    assert run(heat_file, "0", budget, "0", "0", "0", "100000").returncode == 10 + 17  # no room
     good = good_file.read_bytes()
     rng = np.random.default_rng(11)
     bad = tmp_path / "bad.clb"

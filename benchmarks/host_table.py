@@ -1,0 +1,413 @@
+"""Decode and prefill speed on the host, side by side in one run: Colibri's whole-model container
+(int8 and int4 schemes, 1 and 2 threads) against PyTorch eager fp32 (transformers), with each
+engine's decode speed as a fraction of the machine's measured single-thread read bandwidth.
+
+The model is issue 13's random Mixtral made with transformers' random init (seed 0; hidden 1024,
+intermediate 2816, 8 experts top-2, 4 layers, 16 / 4 heads, vocab 32000: 352.9 M parameters);
+``--tiny`` swaps in a small config so a test runs the whole script in seconds.
+
+Schemes (`colibri convert` flags): ``int8`` = ``--quant int8 --dense-quant int8``; ``int4`` =
+``--quant int4 --dense-quant int8``; ``fp32`` (no flags) on request.
+
+Method:
+
+* **Timing** comes from the runner itself: with ``COLIBRI_TIMING=1`` in its environment the
+  model-file runner prints ``colibri: timing: prefill P tokens S ns, decode D tokens T ns``
+  (CLOCK_MONOTONIC around the prompt and around the decode steps, excluding start-up, file
+  checks and sampling-free I/O). Decode tok/s = D / T; prefill tok/s = P / S with a
+  ``--prompt``-token prompt (64 by default: the issue's batched-prefill goal).
+* **PyTorch eager fp32** runs in this process (`torch.set_num_threads(threads)`, no grad):
+  one forward over the prompt (prefill), then one token at a time with the KV cache (decode),
+  greedy, each timed with ``time.perf_counter``.
+* **Interleaving:** per round every engine runs once (Colibri int8 / int4 / ... at 1 thread,
+  then 2 threads, then PyTorch at 1 and 2 threads), ``--rounds`` rounds; min / median / max
+  per engine. The page cache is warm (each container was just written and run once).
+* **Bandwidth:** a small C program (compiled here with the host compiler, ``-O2
+  -march=native``) sums a 1 GiB buffer 5 times with one thread and reports the best GB/s; it
+  runs before the first and after the last round, and the larger figure is used.
+* **Bytes per decoded token** are read from the container's tensor table: every tensor except
+  the routed experts, the embedding and the RoPE tables, plus one embedding row and
+  top_k / n_experts of the routed-expert bytes per layer (exactly top_k experts run per layer
+  and token; all experts of a layer have the same size). PyTorch's figure is the same count
+  for fp32 weights (4 bytes per parameter). The KV cache (under 1 MB here) is left out.
+  Fraction of bandwidth = bytes per token x tok/s / bandwidth.
+
+    python benchmarks/host_table.py [--schemes int8,int4] [--threads 1,2] [--rounds 5]
+        [--tokens 64] [--prompt 64] [--no-torch] [--json FILE] [--tiny] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "codegen"))
+
+from scale_table import FULL, TINY, make_checkpoint  # noqa: E402
+
+SCHEMES: dict[str, list[str]] = {
+    "fp32": [],
+    "int8": ["--quant", "int8", "--dense-quant", "int8"],
+    "int4": ["--quant", "int4", "--dense-quant", "int8"],
+}
+#: Issue 13's goals (single thread unless said).
+GOALS = {
+    "int8_bandwidth_fraction": 0.80,
+    "int4_bandwidth_fraction": 0.70,
+    "int8_vs_torch": 5.0,
+    "prefill_vs_decode": 4.0,
+    "two_threads": 1.6,
+}
+TIMING = re.compile(r"colibri: timing: prefill (\d+) tokens (\d+) ns, decode (\d+) tokens (\d+) ns")
+
+BANDWIDTH_C = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(void)
+{
+    const size_t n = (size_t)1 << 27; /* 1 GiB of uint64 */
+    uint64_t *buf = malloc(n * sizeof *buf);
+    if (buf == NULL) {
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        buf[i] = i;
+    }
+    double best = 0.0;
+    uint64_t total = 0;
+    for (int r = 0; r < 5; r++) {
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        const double t0 = now();
+        for (size_t i = 0; i < n; i += 4) {
+            s0 += buf[i];
+            s1 += buf[i + 1];
+            s2 += buf[i + 2];
+            s3 += buf[i + 3];
+        }
+        const double dt = now() - t0;
+        total += s0 + s1 + s2 + s3;
+        const double gbs = (double)(n * sizeof *buf) / dt / 1e9;
+        best = gbs > best ? gbs : best;
+    }
+    printf("%.3f %llu\n", best, (unsigned long long)(total & 1u));
+    free(buf);
+    return 0;
+}
+"""
+
+
+def measure_bandwidth(work: Path) -> float:
+    """Single-thread read bandwidth in bytes/s (best of 5 passes over 1 GiB)."""
+    src, exe = work / "bandwidth.c", work / "bandwidth"
+    if not exe.exists():
+        src.write_text(BANDWIDTH_C)
+        cc = shutil.which("cc") or "gcc"
+        subprocess.run([cc, "-O2", "-march=native", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    return float(out.split()[0]) * 1e9
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def decode_bytes_per_token(clb: Path, top_k: int, n_experts: int) -> dict[str, int]:
+    """Weight bytes one decoded token reads, from the container's tensor table."""
+    from colibri.emit.lmfile import _HEADER2, HEADER_FIELDS
+    from colibri.frontends.container import ENTRY, ENTRY_SIZE, HEADER_SIZE, NO_EXPERT
+
+    with open(clb, "rb") as f:
+        head = dict(zip(HEADER_FIELDS, _HEADER2.unpack_from(f.read(HEADER_SIZE), 0)))
+        table = f.read(ENTRY_SIZE * int(head["n_tensors"]))
+    dense = expert = embed = 0
+    for i in range(int(head["n_tensors"])):
+        fields = ENTRY.unpack_from(table, i * ENTRY_SIZE)
+        name = fields[0].rstrip(b"\0").decode()
+        nbytes, exp_id = int(fields[8]), int(fields[9])
+        if exp_id != NO_EXPERT:
+            expert += nbytes
+        elif name == "embed" or name.startswith("embed."):
+            embed += nbytes
+        elif not name.startswith("rope."):
+            dense += nbytes
+    per_token = dense + embed // int(head["vocab_size"]) + expert * top_k // n_experts
+    return {"dense": dense, "experts": expert, "embedding": embed, "per_token": per_token}
+
+
+class ColibriEngine:
+    """The prebuilt model-file runner on one container, at a thread count."""
+
+    def __init__(self, name: str, runner: Path, clb: Path, threads: int, work: Path) -> None:
+        self.name, self.runner, self.clb, self.threads = name, runner, clb, threads
+        self.work = work
+        work.mkdir(parents=True, exist_ok=True)
+
+    def run(self, prompt: list[int], max_new: int) -> tuple[dict[str, float], list[int]]:
+        from colibri.targets.lmrun import SamplingOptions, read_lm_output, write_lm_input
+
+        write_lm_input(self.work / "input.bin", prompt, max_new, SamplingOptions(), False)
+        cmd = [str(self.runner), str(self.clb), "input.bin", "output.bin", "0", "0", "0"]
+        cmd.append(str(self.threads))
+        env = dict(os.environ, COLIBRI_TIMING="1")
+        proc = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{self.name}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
+        m = TIMING.search(proc.stdout)
+        if m is None:
+            raise RuntimeError(f"{self.name}: the runner printed no timing line:\n{proc.stdout}")
+        p_n, p_ns, d_n, d_ns = (int(g) for g in m.groups())
+        tokens = read_lm_output(self.work / "output.bin", max_new).tokens.tolist()
+        return {"prefill": p_n / (p_ns * 1e-9), "decode": d_n / (d_ns * 1e-9)}, tokens
+
+
+class TorchEngine:
+    """transformers' Mixtral in fp32, eager, greedy with the KV cache."""
+
+    def __init__(self, ckpt: Path, threads: int) -> None:
+        import torch
+        import transformers
+
+        self.torch, self.threads = torch, threads
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            ckpt, torch_dtype=torch.float32
+        ).eval()
+        self.name = f"pytorch fp32 x{threads}"
+
+    def run(self, prompt: list[int], max_new: int) -> tuple[dict[str, float], list[int]]:
+        import warnings
+
+        torch = self.torch
+        torch.set_num_threads(self.threads)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # transformers' cache-API deprecation notices
+            ids = torch.tensor([prompt])
+            t0 = time.perf_counter()
+            out = self.model(input_ids=ids, use_cache=True)
+            t_prefill = time.perf_counter() - t0
+            past, tokens = out.past_key_values, [int(out.logits[0, -1].argmax())]
+            t0 = time.perf_counter()
+            for _ in range(max_new - 1):
+                out = self.model(
+                    input_ids=torch.tensor([[tokens[-1]]]), past_key_values=past, use_cache=True
+                )
+                past = out.past_key_values
+                tokens.append(int(out.logits[0, -1].argmax()))
+            t_decode = time.perf_counter() - t0
+        rates = {"prefill": len(prompt) / t_prefill, "decode": (max_new - 1) / t_decode}
+        return rates, tokens
+
+
+def prompt_ids(n: int, vocab: int) -> list[int]:
+    return [(7 * i + 1) % vocab for i in range(n)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="work directory (default: a temporary one)")
+    ap.add_argument("--schemes", default="int8,int4")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=64, help="decoded tokens per run")
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens (prefill)")
+    ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--tiny", action="store_true", help="a small model (for the test)")
+    args = ap.parse_args(argv)
+    schemes = [s for s in args.schemes.split(",") if s]
+    if not schemes or any(s not in SCHEMES for s in schemes):
+        ap.error(f"--schemes: choose from {', '.join(SCHEMES)}")
+    try:
+        threads = sorted({int(t) for t in args.threads.split(",") if t})
+    except ValueError:
+        ap.error("--threads: a comma-separated list of thread counts")
+    if not threads or threads[0] < 1 or args.rounds < 1 or args.tokens < 2 or args.prompt < 1:
+        ap.error("--threads >= 1, --rounds >= 1, --tokens >= 2, --prompt >= 1")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    from colibri.targets.lmrun import lmfile_runner
+
+    config = TINY if args.tiny else FULL
+    with tempfile.TemporaryDirectory(prefix="host-table-") as tmp_name:
+        root = args.out or Path(tmp_name)
+        root.mkdir(parents=True, exist_ok=True)
+        ckpt = root / "ckpt"
+        if not (ckpt / "config.json").exists():
+            log(f"checkpoint {ckpt}")
+            make_checkpoint(ckpt, config)
+        n_params = _parameters(ckpt)
+        runner = lmfile_runner("host")
+        script = Path(sys.executable).parent / "colibri"
+        cli = [str(script)] if script.exists() else [sys.executable, "-m", "colibri"]
+        cfg = json.loads((ckpt / "config.json").read_text())
+        top_k, n_exp = int(cfg["num_experts_per_tok"]), int(cfg["num_local_experts"])
+        ctx = ["--max-context", str(args.prompt + args.tokens + 8)]
+        engines: list[Any] = []
+        bytes_per_token: dict[str, int] = {}
+        for s in schemes:
+            clb = root / f"{s}.clb"
+            log(f"[{s}] convert")
+            subprocess.run(
+                [*cli, "convert", str(ckpt), "--out", str(clb), *SCHEMES[s], "-q", *ctx],
+                check=True,
+                env=dict(os.environ, PYTHONPATH=str(HERE.parent / "codegen")),
+            )
+            bytes_per_token[s] = decode_bytes_per_token(clb, top_k, n_exp)["per_token"]
+            for t in threads:
+                engines.append(
+                    ColibriEngine(f"colibri {s} x{t}", runner, clb, t, root / s / f"t{t}")
+                )
+        if not args.no_torch:
+            for t in threads:
+                engines.append(TorchEngine(ckpt, t))
+            bytes_per_token["fp32-torch"] = 4 * n_params - _torch_skip_bytes(ckpt)
+        vocab = int(config["vocab_size"])
+        prompt = prompt_ids(args.prompt, vocab)
+        bw_before = measure_bandwidth(root)
+        rates: dict[str, dict[str, list[float]]] = {
+            e.name: {"prefill": [], "decode": []} for e in engines
+        }
+        tokens: dict[str, list[int]] = {}
+        for r in range(args.rounds):
+            for e in engines:
+                got, toks = e.run(prompt, args.tokens)
+                for k in ("prefill", "decode"):
+                    rates[e.name][k].append(got[k])
+                tokens[e.name] = toks
+                log(
+                    f"round {r + 1} {e.name}: decode {got['decode']:.1f} tok/s, "
+                    f"prefill {got['prefill']:.1f} tok/s"
+                )
+        bandwidth = max(bw_before, measure_bandwidth(root))
+    rows = []
+    for e in engines:
+        scheme = e.name.split()[1]
+        key = "fp32-torch" if e.name.startswith("pytorch") else scheme
+        dec, pre = summary(rates[e.name]["decode"]), summary(rates[e.name]["prefill"])
+        rows.append(
+            {
+                "engine": e.name,
+                "scheme": scheme,
+                "threads": e.threads,
+                "decode_tokens_per_s": dec,
+                "prefill_tokens_per_s": pre,
+                "bytes_per_token": bytes_per_token[key],
+                "bandwidth_fraction": bytes_per_token[key] * dec["median"] / bandwidth,
+                "prefill_vs_decode": pre["median"] / dec["median"],
+            }
+        )
+    _ratios(rows)
+    result = {
+        "model": {"arch": "mixtral", "parameters": n_params, **config},
+        "prompt_tokens": args.prompt,
+        "decode_tokens": args.tokens,
+        "rounds": args.rounds,
+        "bandwidth_bytes_per_s": bandwidth,
+        "load_average": os.getloadavg(),
+        "rows": rows,
+        # every thread count of a scheme generates the same tokens (bit-identical promise)
+        "same_tokens": all(
+            len({tuple(tokens[e.name]) for e in engines if e.name.startswith(f"colibri {scheme} ")})
+            == 1
+            for scheme in schemes
+        ),
+    }
+    _print(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _parameters(ckpt: Path) -> int:
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), "np") as st:
+            for k in st.keys():
+                shape = st.get_slice(k).get_shape()
+                size = 1
+                for s in shape:
+                    size *= int(s)
+                n += size
+    return n
+
+
+def _torch_skip_bytes(ckpt: Path) -> int:
+    """fp32 bytes of the weights a decoded token does not read: all experts but top_k per
+    layer, and all embedding rows but one."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    d, f = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+    e, k, n_l = (
+        int(cfg[x]) for x in ("num_local_experts", "num_experts_per_tok", "num_hidden_layers")
+    )
+    vocab = int(cfg["vocab_size"])
+    return 4 * (n_l * (e - k) * 3 * d * f + (vocab - 1) * d)
+
+
+def _ratios(rows: list[dict[str, Any]]) -> None:
+    """Per row: speed against PyTorch fp32 at the same thread count, and against itself at one
+    thread (medians of the same run)."""
+    by = {
+        (r["scheme"] if not r["engine"].startswith("pytorch") else "torch", r["threads"]): r
+        for r in rows
+    }
+    for r in rows:
+        torch_row = by.get(("torch", r["threads"]))
+        base = by.get((r["scheme"] if not r["engine"].startswith("pytorch") else "torch", 1))
+        med = r["decode_tokens_per_s"]["median"]
+        r["vs_torch"] = med / torch_row["decode_tokens_per_s"]["median"] if torch_row else None
+        r["vs_one_thread"] = med / base["decode_tokens_per_s"]["median"] if base else None
+
+
+def _print(result: dict[str, Any]) -> None:
+    m = result["model"]
+    print(
+        f"{m['parameters'] / 1e6:.1f} M parameters; prompt {result['prompt_tokens']}, "
+        f"{result['decode_tokens']} decoded tokens, {result['rounds']} interleaved rounds; "
+        f"read bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (1 thread); "
+        f"load average {result['load_average'][0]:.2f}"
+    )
+    print()
+    print(
+        "| engine | decode tok/s (min / median / max) | prefill tok/s (median) | "
+        "prefill ÷ decode | MB / token | fraction of bandwidth | × PyTorch | × 1 thread |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in result["rows"]:
+        d = r["decode_tokens_per_s"]
+        vt = f"{r['vs_torch']:.2f}" if r["vs_torch"] is not None else "–"
+        v1 = f"{r['vs_one_thread']:.2f}" if r["vs_one_thread"] is not None else "–"
+        print(
+            f"| {r['engine']} | {d['min']:.1f} / {d['median']:.1f} / {d['max']:.1f} | "
+            f"{r['prefill_tokens_per_s']['median']:.1f} | {r['prefill_vs_decode']:.2f} | "
+            f"{r['bytes_per_token'] / 1e6:.1f} | {r['bandwidth_fraction']:.2f} | {vt} | {v1} |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
