@@ -414,10 +414,16 @@ def write_lm_container_streamed(
         from .transformer import check_supported_layer
 
         yield from head_tensors(head, q, max_context)
-        for i, (layer, lq) in enumerate(layers):
+        # not enumerate(): it keeps the last item until the next one is made, so two layers
+        # would be in memory while the next is read
+        i = 0
+        for item in layers:
+            layer, lq = item
+            del item
             check_supported_layer(i, layer)
             yield from layer_tensors(i, layer, lq)
             del layer, lq  # before the next layer is read: one in memory at a time
+            i += 1
         yield from tail_tensors(tokenizer)
 
     def write(f: BinaryIO) -> None:
