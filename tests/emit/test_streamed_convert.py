@@ -165,3 +165,23 @@ def test_checkpoint_writer_is_a_transformers_mixtral(small_ckpt: Path) -> None:
     prompt = [1, 5, 9, 17, 250, 2]
     ours = forward(load_transformer(small_ckpt), prompt)
     assert_logits_close(ours, hf_logits(hf, prompt), "mixtral_ckpt writer", "colibri")
+
+
+def test_int8_codes_in_chunks_are_the_whole_matrix_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8_codes works a chunk of rows at a time (bounded temporaries); with chunks of 3 rows
+    the codes are those of the formula on the whole matrix (zero scales give 0)."""
+    from colibri.quant import formats
+
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((10, 7)).astype(np.float32)
+    s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+    s[4] = 0
+    expected = np.clip(
+        np.where(s[:, None] == 0, 0, formats.round_half_away(w / np.where(s == 0, 1, s)[:, None])),
+        -127,
+        127,
+    )
+    monkeypatch.setattr(formats, "SEARCH_CHUNK", 21)
+    got = formats.int8_codes(w, s)
+    assert got.dtype == np.int8
+    np.testing.assert_array_equal(got, expected.astype(np.int8))
