@@ -2,10 +2,11 @@
 
 A checkpoint directory holds ``config.json`` (with ``"architectures"``) and either
 ``model.safetensors`` or shards listed by ``model.safetensors.index.json``. Every header entry
-is checked against the file first (:class:`SafetensorsFile`: one-line errors naming the tensor);
-the ``safetensors`` package then memory-maps the file and reads the tensors, except bf16, which
-its numpy reader cannot express: those are read as uint16 and shifted into the high half of a
-float32. Pickle files (``pytorch_model.bin``) are never opened.
+is checked against the file first (:class:`SafetensorsFile`: one-line errors naming the tensor),
+then by the ``safetensors`` package (its map closed again). Tensors are read with plain reads,
+not through a memory map, whose touched pages would stay in the process's resident set (a whole
+checkpoint's worth); bf16 is read as uint16 and shifted into the high half of a float32. Pickle
+files (``pytorch_model.bin``) are never opened.
 
 Supported architectures (:data:`ARCHITECTURES`): Mixtral (top-k gates always renormalised),
 Qwen2-MoE (``norm_topk_prob``, a shared expert with a sigmoid gate, dense layers from
