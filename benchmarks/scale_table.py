@@ -32,8 +32,14 @@ Method:
   expert, 64-aligned); expert bytes = layers x experts x B; budget = expert bytes // 4. The hit
   rate is the runner's hits / loads over the ``--tokens`` run (prefetch on, the default).
 
+``--two-b`` measures instead a 2.14 B-parameter model of the same family (hidden 2048,
+intermediate 5632, 8 experts top-2, 7 layers, 16 / 4 heads, vocab 32000: 8.6 GB of fp32
+safetensors, written tensor by tensor by benchmarks/mixtral_ckpt.py): `colibri convert --quant
+int4 --dense-quant int8` and the container run on the host (wall time, peak RSS, decode
+tokens/s); the checkpoint and container are deleted afterwards.
+
     python benchmarks/scale_table.py [--out DIR] [--schemes fp32,int8,int4] [--repeats 3]
-        [--tokens 32] [--json FILE] [--tiny]
+        [--tokens 32] [--json FILE] [--tiny] [--two-b]
 """
 
 from __future__ import annotations
@@ -83,10 +89,25 @@ TINY: dict[str, Any] = {
     "num_key_value_heads": 2,
     "vocab_size": 256,
 }
+#: --two-b: the same family at 2.14 B parameters (8.6 GB of fp32 safetensors), written tensor by
+#: tensor (benchmarks/mixtral_ckpt.py: transformers' init, one shard per layer).
+TWO_B: dict[str, Any] = {
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 7,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+}
+#: --two-b converts with int4 routed experts and int8 for every other matrix.
+TWO_B_FLAGS = ["--quant", "int4", "--dense-quant", "int8"]
 #: Issue 10's goals.
 GOAL_SECONDS = 60.0
 GOAL_RSS_BYTES = 2 * 1024**3
 GOAL_BUDGET_RATIO = 0.5
+GOAL_TWO_B_RSS_BYTES = 4 * 1024**3
 
 
 @dataclass
@@ -274,6 +295,69 @@ def bench_scheme(
     return row
 
 
+def bench_two_b(
+    ckpt: Path, root: Path, runner: Path, repeats: int, tokens: int, log: Any
+) -> dict[str, Any]:
+    """--two-b: `colibri convert` (int4 experts, int8 dense) and the container run on the host:
+    wall time and peak RSS of each, decode tokens/s (as bench_scheme's container engine)."""
+    from colibri.targets.lmrun import read_lm_output
+
+    script = Path(sys.executable).parent / "colibri"
+    cli = [str(script)] if script.exists() else [sys.executable, "-m", "colibri"]
+    ctx = max(64, len(PROMPT) + tokens)
+    sdir = root / "two-b"
+    if sdir.exists():
+        shutil.rmtree(sdir)
+    sdir.mkdir(parents=True)
+    clb = sdir / "model.clb"
+    log("[2B] convert")
+    c = run_child(
+        [
+            *cli,
+            "convert",
+            str(ckpt),
+            "--out",
+            str(clb),
+            *TWO_B_FLAGS,
+            "--max-context",
+            str(ctx),
+            "-q",
+        ]
+    )
+    row: dict[str, Any] = {"flags": " ".join(TWO_B_FLAGS), "container_bytes": clb.stat().st_size}
+    row["convert"] = {"seconds": c.seconds, "peak_rss_bytes": c.rss_bytes}
+    log(f"[2B] convert {c.seconds:.1f} s, {c.rss_bytes / 2**20:.0f} MiB; runs")
+    work = sdir / "run"
+    work.mkdir()
+    (work / "model.clb").symlink_to(clb.resolve())
+    eng = Engine("container", lmfile_cmd(runner, 0), work)
+    tps: list[float] = []
+    rss: list[int] = []
+    for rep in range(repeats):
+        one = eng.run(1)
+        many = eng.run(tokens)
+        tps.append(decode_rate(tokens, many.seconds, one.seconds))
+        rss.append(max(one.rss_bytes, many.rss_bytes))
+        log(f"[2B] repeat {rep + 1}: {tps[-1]:.2f} tok/s, {rss[-1] / 2**20:.0f} MiB")
+    row["run"] = {"tokens_per_s": summary(tps), "peak_rss_bytes": max(rss)}
+    row["tokens"] = read_lm_output(work / "output.bin", tokens).tokens.tolist()
+    row["goals"] = {
+        "convert_4GB": c.rss_bytes <= GOAL_TWO_B_RSS_BYTES,
+        "run_4GB": max(rss) <= GOAL_TWO_B_RSS_BYTES,
+    }
+    return row
+
+
+def print_two_b(row: dict[str, Any], n_params: int, disk_bytes: int) -> None:
+    conv, run = row["convert"], row["run"]
+    print(
+        f"2B model: {n_params / 1e9:.2f} B parameters, {disk_bytes / 1e9:.2f} GB safetensors; "
+        f"convert {row['flags']}: {conv['seconds']:.1f} s, {_mib(conv['peak_rss_bytes'])} MiB "
+        f"peak RSS, container {_mib(row['container_bytes'])} MiB; run: "
+        f"{_tps(run['tokens_per_s'])} tokens/s, {_mib(run['peak_rss_bytes'])} MiB peak RSS"
+    )
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.0f}"
 
@@ -332,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="generated tokens of a timed run")
     ap.add_argument("--json", type=Path, help="write the results here (and a PNG beside it)")
     ap.add_argument("--tiny", action="store_true", help="a small model (for the test)")
+    ap.add_argument(
+        "--two-b",
+        action="store_true",
+        help="instead: a 2.14 B-parameter model (8.6 GB of safetensors; with --tiny the small "
+        "one), converted with int4 experts / int8 dense and run from the container",
+    )
     args = ap.parse_args(argv)
     schemes = [s for s in args.schemes.split(",") if s]
     bad = [s for s in schemes if s not in SCHEMES]
@@ -345,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from colibri.targets.lmrun import lmfile_runner
 
+    if args.two_b:
+        return main_two_b(args, log)
     config = TINY if args.tiny else FULL
     with tempfile.TemporaryDirectory(prefix="scale-") as tmp_name:
         root = args.out or Path(tmp_name)
@@ -373,6 +465,44 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         plot(args.json, rows)
+    return 0
+
+
+def main_two_b(args: argparse.Namespace, log: Any) -> int:
+    """--two-b: write the checkpoint tensor by tensor, convert it, run it; print and save."""
+    import mixtral_ckpt
+    from colibri.targets.lmrun import lmfile_runner
+
+    config = TINY if args.tiny else TWO_B
+    with tempfile.TemporaryDirectory(prefix="scale-2b-") as tmp_name:
+        root = args.out or Path(tmp_name)
+        root.mkdir(parents=True, exist_ok=True)
+        ckpt = root / "ckpt-2b"
+        log(f"checkpoint {ckpt}")
+        t0 = time.perf_counter()
+        n_params = mixtral_ckpt.write_checkpoint(ckpt, config)
+        disk = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+        log(
+            f"{n_params / 1e9:.2f} B parameters, {disk / 1e9:.2f} GB in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
+        runner = lmfile_runner("host")
+        row = bench_two_b(ckpt, root, runner, args.repeats, args.tokens, log)
+        if args.out is not None:  # the big files go; the numbers stay
+            shutil.rmtree(ckpt)
+            shutil.rmtree(root / "two-b")
+    result = {
+        "model": {"arch": "mixtral", "parameters": n_params, "safetensors_bytes": disk, **config},
+        "prompt_tokens": len(PROMPT),
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "two_b": row,
+    }
+    print_two_b(row, n_params, disk)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -7,12 +7,14 @@ import json
 import math
 import resource
 import struct
+import sys
 from pathlib import Path
 
 import pytest
 from colibri import hostmem
 from colibri.cli.main import main
 from colibri.hostmem import MemoryLimit, available_memory
+from conftest import ROOT
 from hf_tiny import MIXTRAL_1LAYER_CONFIG
 
 
@@ -109,6 +111,8 @@ def test_too_large_for_this_machine_is_refused_before_loading(
     capsys: pytest.CaptureFixture[str],
     command: str,
 ) -> None:
+    """generate holds the whole model; convert one layer at a time, but the embedding and LM
+    head (4.3 GB here) at once too, so both are refused."""
     ckpt = tmp_path / "ckpt"
     fp32 = _mixtral_header_only(ckpt, vocab=1 << 20, d=512, f=1024)  # 4.3 GB, a sparse hole
     assert fp32 == 4_310_181_888
@@ -120,11 +124,56 @@ def test_too_large_for_this_machine_is_refused_before_loading(
     assert main(args) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
-    assert err[0] == (
-        f"colibri: error: {ckpt}: loading needs at least 4,310,181,888 bytes of memory (its "
-        f"1,077,545,472 weights as fp32), but only 2,147,483,648 are available (cgroup limit "
-        f"/sys/fs/cgroup/memory.max); run it on a machine with more memory, or free some "
-        f"(quantising does not lower this: the loader holds the fp32 weights)"
-    )
+    if command == "generate":
+        assert err[0] == (
+            f"colibri: error: {ckpt}: loading needs at least 4,310,181,888 bytes of memory (its "
+            f"1,077,545,472 weights as fp32), but only 2,147,483,648 are available (cgroup limit "
+            f"/sys/fs/cgroup/memory.max); run it on a machine with more memory, or free some "
+            f"(quantising does not lower this: the loader holds the fp32 weights)"
+        )
+    else:  # every weight (one layer) and a second copy of the largest layer tensor (4 MiB)
+        assert err[0] == (
+            f"colibri: error: {ckpt}: converting needs at least 4,312,279,040 bytes of memory "
+            f"(1,077,545,472 weights as fp32 at once: the embedding, LM head and the largest "
+            f"decoder layer, read one layer at a time), but only 2,147,483,648 are available "
+            f"(cgroup limit /sys/fs/cgroup/memory.max); run it on a machine with more memory, "
+            f"or free some"
+        )
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_convert_streams_a_model_larger_than_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint of 6 layers whose fp32 weights exceed the limit, but whose largest layer
+    with the embedding / LM head fits: convert (one layer at a time) accepts it, generate (the
+    whole model) refuses it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import mixtral_ckpt
+
+    ckpt = tmp_path / "ckpt"
+    config = {
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+    }
+    weights = 4 * mixtral_ckpt.parameters(config)
+    mixtral_ckpt.write_checkpoint(ckpt, config)
+    per_layer = 4 * (2 * 64 + (64 + 32 + 32 + 64) * 64 + 4 * 64 + 4 * 3 * 64 * 256)
+    streamed = weights - 5 * per_layer + 4 * 64 * 256
+    limit = MemoryLimit((streamed + weights) // 2, "cgroup limit /sys/fs/cgroup/memory.max")
+    assert streamed < limit.bytes < weights
+    monkeypatch.setattr(hostmem, "available_memory", lambda: limit)
+    out = tmp_path / "model.clb"
+    assert main(["convert", str(ckpt), "--out", str(out), "-q"]) == 0
+    assert out.is_file()
+    capsys.readouterr()
+    assert main(["generate", str(ckpt), "--out", str(tmp_path / "gen"), "--board", "host"]) != 0
+    assert "loading needs at least" in capsys.readouterr().err
+    assert not (tmp_path / "gen").exists()

@@ -68,3 +68,22 @@ def test_scale_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert row["same_tokens"] is True
     assert set(row["goals"]) == {"generate_60s_2GB", "build_60s_2GB", "budget_half_speed"}
     assert all(isinstance(v, bool) for v in row["goals"].values())
+
+
+def test_scale_table_two_b_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--two-b on the small config: the checkpoint written tensor by tensor converts and runs
+    from the container; the report has the convert and run figures; the big files are gone."""
+    require_board("host")
+    out = tmp_path / "two_b.json"
+    argv = ["--two-b", "--tiny", "--repeats", "1", "--tokens", "4", "--json", str(out)]
+    assert scale_table.main([*argv, "--out", str(tmp_path / "work")]) == 0
+    assert "2B model:" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    fp32 = 4 * result["model"]["parameters"]
+    assert fp32 < result["model"]["safetensors_bytes"] < fp32 + (64 << 10)  # + the headers
+    row = result["two_b"]
+    _timed(row["convert"])
+    assert row["container_bytes"] > 0 and len(row["tokens"]) == 4
+    assert 1 << 20 < row["run"]["peak_rss_bytes"] < 8 << 30
+    _tps(row["run"]["tokens_per_s"])
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []

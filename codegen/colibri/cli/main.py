@@ -110,7 +110,9 @@ def cmd_make_toy(a: argparse.Namespace) -> int:
 
 def _convert_whole(a: argparse.Namespace) -> int:
     """`colibri convert CKPT --out F.clb` of a whole Hugging Face checkpoint: the container
-    version 2 holds exactly what `generate` with the same flags stores (colibri.emit.lmfile)."""
+    version 2 holds exactly what `generate` with the same flags stores (colibri.emit.lmfile).
+    Without --calib (which runs the whole model) the layers are read, quantised and written one
+    at a time (:func:`_convert_streamed`), so memory holds one layer, not the model."""
     from ..emit.lmfile import write_lm_container
     from ..emit.transformer import check_supported
     from ..frontends.hf_model import load_transformer
@@ -123,16 +125,20 @@ def _convert_whole(a: argparse.Namespace) -> int:
             "takes --quant, --act, --calib, --router-quant and --dense-quant"
         )
     progress = _progress(a, a.model)
-    model = load_transformer(a.model, progress)
-    check_supported(model)
     opts = _quant_options(a)
-    q, tstats = quantise_transformer(model, opts, progress=progress)
-    heat = expert_heat(model, tstats) if tstats else None  # pinned under --ram-budget
-    with progress.stage("write"):
-        tok = Path(a.model) / "tokenizer.json"
+    tok = Path(a.model) / "tokenizer.json"
     tok_bytes = tok.read_bytes() if tok.is_file() else None
-    path = write_lm_container(model, q, a.out, opts.context, tok_bytes, heat)
-    c = model.config
+    heat = None
+    if opts.calib is None:
+        path, c, q = _convert_streamed(a, opts, tok_bytes, progress)
+    else:
+        model = load_transformer(a.model, progress)
+        check_supported(model)
+        q, tstats = quantise_transformer(model, opts, progress=progress)
+        heat = expert_heat(model, tstats) if tstats else None  # pinned under --ram-budget
+        with progress.stage("write"):
+            path = write_lm_container(model, q, a.out, opts.context, tok_bytes, heat)
+        c = model.config
     scheme = "fp32" if q is None else f"experts {q.scheme}, dense {q.dense_scheme}"
     print(
         f"wrote {path}: {path.stat().st_size} bytes, whole {c.architecture} ({c.n_layers} "
@@ -142,6 +148,62 @@ def _convert_whole(a: argparse.Namespace) -> int:
         f"with `colibri run {a.out} --prompt-ids 1,5,9`"
     )
     return 0
+
+
+def _convert_streamed(
+    a: argparse.Namespace, opts: Any, tok_bytes: bytes | None, progress: Any
+) -> tuple[Path, Any, Any]:
+    """Convert one decoder layer at a time: read it, quantise it, write it, drop it (the file
+    is byte for byte the whole-model conversion's). Returns the path, config and the
+    quantisation (its schemes; None: all fp32)."""
+    from collections.abc import Iterator
+
+    from ..emit.lmfile import check_max_context, write_lm_container_streamed
+    from ..frontends.hf import HFCheckpoint
+    from ..frontends.hf_model import (
+        check_fits_memory_streamed,
+        load_hf_config,
+        read_decoder_layer,
+        read_head,
+    )
+    from ..ir.transformer import DecoderLayer
+    from ..quant.formats import check_scheme
+    from ..quant.model import (
+        TransformerQuant,
+        check_dense_scheme,
+        new_transformer_quant,
+        quantize_head,
+        quantize_layer_all,
+    )
+
+    ckpt = HFCheckpoint(a.model)
+    c = load_hf_config(ckpt)
+    check_max_context(opts.context)
+    quant, dense = check_scheme(opts.quant), check_dense_scheme(opts.dense_quant)
+    q: TransformerQuant | None = None
+    if quant != "fp32" or dense != "fp32" or opts.router_quant != "fp32":
+        q = new_transformer_quant(quant, opts.act, dense, opts.router_quant, opts.scale_search)
+    if opts.act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
+        raise ConfigError(
+            "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"
+        )
+    check_fits_memory_streamed(ckpt)
+    with progress.stage("convert", c.n_layers + 1) as st:
+        st.update(0, "embedding / LM head")
+        head = read_head(ckpt, c)
+        if q is not None:
+            quantize_head(q, head, opts.scale_search)
+
+        def layers() -> Iterator[tuple[DecoderLayer, TransformerQuant | None]]:
+            for i in range(c.n_layers):
+                st.update(i + 1, f"layer {i + 1}/{c.n_layers}")
+                layer = read_decoder_layer(ckpt, c, i)
+                lq = quantize_layer_all(q, i, layer, opts.scale_search) if q is not None else None
+                yield layer, lq
+                del layer, lq
+
+        path = write_lm_container_streamed(a.out, head, q, opts.context, layers(), tok_bytes)
+    return path, c, q
 
 
 def cmd_convert(a: argparse.Namespace) -> int:

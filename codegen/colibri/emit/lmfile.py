@@ -7,7 +7,9 @@ float64 as :mod:`colibri.emit.transformer` does, so the runtime's file entry poi
 (``colibri_lm_init`` / ``colibri_lm_forward``, runtime_c/src/lm_file.c) gives the generated C's
 logits bit for bit, without compiling anything per model. Byte layout: docs/format.md section 1b.
 
-:func:`lm_container_bytes` builds the image, :func:`write_lm_container` writes it atomically and
+:func:`lm_container_bytes` builds the image, :func:`write_lm_container` writes it atomically
+(buffer by buffer), :func:`write_lm_container_streamed` writes one whose layers are read and
+quantised one at a time (`colibri convert`: memory holds one layer), and
 :func:`read_lm_container` reads one back (every header field, the tensor table and every CRC-32
 checked), for tests and tools.
 """
@@ -18,8 +20,10 @@ import json
 import os
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -33,11 +37,15 @@ from ..frontends.container import (
     HEADER_SIZE,
     MAGIC,
     NO_EXPERT,
+    ContainerImage,
+    HeaderFn,
     TableEntry,
+    byte_view,
     container_image,
+    write_container_streamed,
     write_file_atomic,
 )
-from ..ir.transformer import MoETransformer
+from ..ir.transformer import DecoderLayer, MoETransformer
 from ..quant.formats import BLOCK_Q4_DTYPE, QuantExpert, QuantTensor, q4_blocks
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
@@ -139,7 +147,7 @@ def _fp32_ffn_out_major(e: object) -> QuantExpert:
 
 
 def _dense(
-    model: MoETransformer, q: TransformerQuant | None, key: str, w_t: np.ndarray
+    model: MoETransformer | None, q: TransformerQuant | None, key: str, w_t: np.ndarray
 ) -> QuantTensor:
     """A dense matrix [out, in] as stored: q.dense[key] under --dense-quant, else fp32."""
     if q is not None and q.dense_scheme != "fp32":
@@ -148,22 +156,37 @@ def _dense(
     return QuantTensor("fp32", w_t.shape[0], w_t.shape[1], w_t)
 
 
+#: (name, array, expert index, logical shape or ()) of one stored tensor.
+Tensor = tuple[str, np.ndarray, int, tuple[int, ...]]
+
+
 def model_tensors(
     model: MoETransformer,
     q: TransformerQuant | None,
     max_context: int,
     tokenizer: bytes | None = None,
     heat: dict[int, np.ndarray] | None = None,
-) -> list[tuple[str, np.ndarray, int, tuple[int, ...]]]:
+) -> list[Tensor]:
     """(name, array, expert index, logical shape or ()) of every tensor, in file order; `heat`
     (calibration heat per MoE layer, :func:`colibri.reference.calibration.expert_heat`) adds
     ``layer.{i}.heat``."""
     from .transformer import check_supported
 
     check_supported(model)
+    out = head_tensors(model, q, max_context)
+    for i, layer in enumerate(model.layers):
+        out += layer_tensors(i, layer, q, None if heat is None else heat.get(i))
+    out += tail_tensors(tokenizer)
+    return out
+
+
+def head_tensors(
+    model: MoETransformer, q: TransformerQuant | None, max_context: int
+) -> list[Tensor]:
+    """The tensors before the layers: embedding, LM head, final norm, RoPE tables (of `model`
+    only these are read, so its `layers` may be empty)."""
     c = model.config
-    dense = q.dense_scheme if q is not None else "fp32"
-    out: list[tuple[str, np.ndarray, int, tuple[int, ...]]] = []
+    out: list[Tensor] = []
     _matrix(out, "embed", _dense(model, q, "embed", model.embed))
     if not c.tie_word_embeddings:
         _matrix(out, "lm_head", _dense(model, q, "lm_head", model.lm_head))
@@ -172,67 +195,82 @@ def model_tensors(
     half = c.head_dim // 2
     out.append(_f32("rope.cos", cos[:, :half].astype(np.float32)))
     out.append(_f32("rope.sin", sin[:, :half].astype(np.float32)))
-    for i, layer in enumerate(model.layers):
-        p = f"layer.{i}"
-        a = layer.attention
-        desc = dict.fromkeys(LAYER_DESC, 0)
-        out.append(_f32(f"{p}.input_norm", layer.input_norm))
-        out.append(_f32(f"{p}.post_norm", layer.post_norm))
-        for n, short in (("wq", "q"), ("wk", "k"), ("wv", "v"), ("wo", "o")):
-            _matrix(out, f"{p}.attn.{short}", _dense(model, q, f"l{i}.{n}", getattr(a, n).T))
-        for n in ("bq", "bk", "bv", "bo"):
-            v = getattr(a, n)
-            if v is not None:
-                out.append(_f32(f"{p}.attn.{n[1]}_bias", v))
-        if a.q_norm is not None and a.k_norm is not None:
-            out.append(_f32(f"{p}.attn.q_norm", a.q_norm))
-            out.append(_f32(f"{p}.attn.k_norm", a.k_norm))
-        ffn = layer.mlp
-        if layer.moe is not None:
-            m = layer.moe
-            mc = m.config
-            desc.update(is_moe=1, n_experts=mc.n_experts, top_k=mc.top_k, d_ff=mc.d_ff)
-            desc["moe_flags"] = m.flags
-            qr = q.routers.get(i) if q is not None else None
-            if qr is None or qr.scheme == "fp32":
-                out.append(_f32(f"{p}.router", m.router_w))
-            else:
-                desc["router_scheme"] = SCHEME_CODES[qr.scheme]
-                rq = QuantTensor(qr.scheme, mc.n_experts, mc.d_model, qr.data, qr.scale)
-                _matrix(out, f"{p}.router", rq)
-            storage = m.storage_map()
-            eq = q.experts.get(i) if q is not None else None  # per expert: mixes too
-            table = np.zeros((mc.n_experts, len(EXPERT_COLUMNS)), "<i4")
-            for j in range(mc.n_experts):
-                owner = storage[j]
-                qe = eq[owner] if eq is not None else None
-                table[j] = (
-                    owner,
-                    SCHEME_CODES[qe.scheme] if qe is not None else 0,
-                    ACT_CODES[qe.act] if qe is not None else 0,
-                )
-            out.append((f"{p}.experts", table, NO_EXPERT, ()))
-            if heat is not None and i in heat:
-                out.append(_f32(f"{p}.{HEAT_TENSOR}", _check_heat(heat[i], mc.n_experts, i)))
-            for j in sorted(set(storage)):
-                if eq is not None and eq[j].scheme != "fp32":
-                    _ffn(out, f"{p}.expert.{j}", eq[j], j)
-                else:  # fp32: the MoE IR layout colibri_expert_ffn_f32 reads ([in][out])
-                    e = m.experts[j]
-                    for tname, arr in e.tensors():
-                        out.append(_f32(f"{p}.expert.{j}.{tname}", arr, j))
-            ffn = m.shared_expert
-            if m.shared_gate is not None:
-                desc["has_shared_gate"] = 1
-                out.append(_f32(f"{p}.shared_gate", m.shared_gate))
-        if ffn is not None:
-            qf = q.dense_ffn[i] if q is not None and dense != "fp32" else _fp32_ffn_out_major(ffn)
-            desc.update(ffn_d_ff=int(ffn.w1.shape[1]), ffn_scheme=SCHEME_CODES[qf.scheme])
-            desc["ffn_act"] = ACT_CODES[qf.act]
-            _ffn(out, f"{p}.ffn", qf)
-        out.append((f"{p}.desc", np.asarray([desc[k] for k in LAYER_DESC], "<i4"), NO_EXPERT, ()))
-    if tokenizer is not None:  # the checkpoint's tokenizer.json, for `colibri run --prompt`
-        out.append((TOKENIZER_TENSOR, np.frombuffer(tokenizer, np.int8), NO_EXPERT, ()))
+    return out
+
+
+def tail_tensors(tokenizer: bytes | None) -> list[Tensor]:
+    """The tensors after the layers: the checkpoint's tokenizer.json, for `colibri run
+    --prompt`."""
+    if tokenizer is None:
+        return []
+    return [(TOKENIZER_TENSOR, np.frombuffer(tokenizer, np.int8), NO_EXPERT, ())]
+
+
+def layer_tensors(
+    i: int, layer: DecoderLayer, q: TransformerQuant | None, heat: np.ndarray | None = None
+) -> list[Tensor]:
+    """The tensors of decoder layer `i` (q: its quantised weights, keyed by `i`; heat: its
+    experts' calibration heat, stored as ``layer.{i}.heat`` when given)."""
+    dense = q.dense_scheme if q is not None else "fp32"
+    out: list[Tensor] = []
+    p = f"layer.{i}"
+    a = layer.attention
+    desc = dict.fromkeys(LAYER_DESC, 0)
+    out.append(_f32(f"{p}.input_norm", layer.input_norm))
+    out.append(_f32(f"{p}.post_norm", layer.post_norm))
+    for n, short in (("wq", "q"), ("wk", "k"), ("wv", "v"), ("wo", "o")):
+        _matrix(out, f"{p}.attn.{short}", _dense(None, q, f"l{i}.{n}", getattr(a, n).T))
+    for n in ("bq", "bk", "bv", "bo"):
+        v = getattr(a, n)
+        if v is not None:
+            out.append(_f32(f"{p}.attn.{n[1]}_bias", v))
+    if a.q_norm is not None and a.k_norm is not None:
+        out.append(_f32(f"{p}.attn.q_norm", a.q_norm))
+        out.append(_f32(f"{p}.attn.k_norm", a.k_norm))
+    ffn = layer.mlp
+    if layer.moe is not None:
+        m = layer.moe
+        mc = m.config
+        desc.update(is_moe=1, n_experts=mc.n_experts, top_k=mc.top_k, d_ff=mc.d_ff)
+        desc["moe_flags"] = m.flags
+        qr = q.routers.get(i) if q is not None else None
+        if qr is None or qr.scheme == "fp32":
+            out.append(_f32(f"{p}.router", m.router_w))
+        else:
+            desc["router_scheme"] = SCHEME_CODES[qr.scheme]
+            rq = QuantTensor(qr.scheme, mc.n_experts, mc.d_model, qr.data, qr.scale)
+            _matrix(out, f"{p}.router", rq)
+        storage = m.storage_map()
+        eq = q.experts.get(i) if q is not None else None  # per expert: mixes too
+        table = np.zeros((mc.n_experts, len(EXPERT_COLUMNS)), "<i4")
+        for j in range(mc.n_experts):
+            owner = storage[j]
+            qe = eq[owner] if eq is not None else None
+            table[j] = (
+                owner,
+                SCHEME_CODES[qe.scheme] if qe is not None else 0,
+                ACT_CODES[qe.act] if qe is not None else 0,
+            )
+        out.append((f"{p}.experts", table, NO_EXPERT, ()))
+        if heat is not None:
+            out.append(_f32(f"{p}.{HEAT_TENSOR}", _check_heat(heat, mc.n_experts, i)))
+        for j in sorted(set(storage)):
+            if eq is not None and eq[j].scheme != "fp32":
+                _ffn(out, f"{p}.expert.{j}", eq[j], j)
+            else:  # fp32: the MoE IR layout colibri_expert_ffn_f32 reads ([in][out])
+                e = m.experts[j]
+                for tname, arr in e.tensors():
+                    out.append(_f32(f"{p}.expert.{j}.{tname}", arr, j))
+        ffn = m.shared_expert
+        if m.shared_gate is not None:
+            desc["has_shared_gate"] = 1
+            out.append(_f32(f"{p}.shared_gate", m.shared_gate))
+    if ffn is not None:
+        qf = q.dense_ffn[i] if q is not None and dense != "fp32" else _fp32_ffn_out_major(ffn)
+        desc.update(ffn_d_ff=int(ffn.w1.shape[1]), ffn_scheme=SCHEME_CODES[qf.scheme])
+        desc["ffn_act"] = ACT_CODES[qf.act]
+        _ffn(out, f"{p}.ffn", qf)
+    out.append((f"{p}.desc", np.asarray([desc[k] for k in LAYER_DESC], "<i4"), NO_EXPERT, ()))
     return out
 
 
@@ -263,11 +301,43 @@ def lm_container_bytes(
     heat: dict[int, np.ndarray] | None = None,
 ) -> bytearray:
     """The version-2 container image of a whole transformer with its quantisation (None: all
-    fp32) and RoPE tables for `max_context` positions."""
+    fp32) and RoPE tables for `max_context` positions (in memory: tests, small models)."""
+    return lm_container_image(model, q, max_context, tokenizer, heat).tobytes()
+
+
+def check_max_context(max_context: int) -> None:
     if not 1 <= max_context <= 1 << 24:
         raise ConfigError(f"--max-context {max_context}: must be 1..16777216")
-    c = model.config
+
+
+def lm_container_image(
+    model: MoETransformer,
+    q: TransformerQuant | None,
+    max_context: int,
+    tokenizer: bytes | None = None,
+    heat: dict[int, np.ndarray] | None = None,
+) -> ContainerImage:
+    """:func:`lm_container_bytes` planned, not joined: the blobs are views of the arrays."""
+    check_max_context(max_context)
     tensors = model_tensors(model, q, max_context, tokenizer, heat)
+    meta, header = lm_meta_header(model, q, max_context)
+    return container_image(list(table_entries(tensors)), meta, header)
+
+
+def table_entries(tensors: Iterable[Tensor]) -> Iterator[TableEntry]:
+    """The container table entries of stored tensors (their bytes as views, not copies)."""
+    for name, arr, expert, logical in tensors:
+        yield TableEntry(
+            name, byte_view(arr), _dtype_code(arr), tuple(logical or arr.shape), expert
+        )
+
+
+def lm_meta_header(
+    model: MoETransformer, q: TransformerQuant | None, max_context: int
+) -> tuple[bytes, HeaderFn]:
+    """The metadata and the header packer of a version-2 container (from the config and the
+    quantisation schemes only: a model whose layers are read later may pass none)."""
+    c = model.config
     meta = json.dumps(
         {
             "kind": "transformer",
@@ -281,13 +351,15 @@ def lm_container_bytes(
     flags = (FLAG_TIED if c.tie_word_embeddings else 0) | (FLAG_QK_NORM if c.qk_norm else 0)
     flags |= FLAG_CLIP_QKV if c.clip_qkv is not None else 0
 
-    def header(table_offset: int, meta_offset: int, data_offset: int, file_size: int) -> bytes:
+    def header(
+        n_tensors: int, table_offset: int, meta_offset: int, data_offset: int, file_size: int
+    ) -> bytes:
         return _HEADER2.pack(
             MAGIC,
             VERSION,
             ALIGN,
             KIND_DECODER,
-            len(tensors),
+            n_tensors,
             len(meta),
             c.n_layers,
             table_offset,
@@ -309,11 +381,7 @@ def lm_container_bytes(
             ACT_CODES[q.dense_act if q is not None else "fp32"],
         )
 
-    blobs = [
-        TableEntry(name, arr.tobytes(), _dtype_code(arr), tuple(logical or arr.shape), expert)
-        for name, arr, expert, logical in tensors
-    ]
-    return container_image(blobs, meta, header)
+    return meta, header
 
 
 def _quant_meta(q: TransformerQuant | None) -> dict[str, str]:
@@ -341,9 +409,51 @@ def write_lm_container(
     heat: dict[int, np.ndarray] | None = None,
 ) -> Path:
     """Write the version-2 container of `model` atomically (with `tokenizer`, the bytes of a
-    tokenizer.json, as the tensor ``tokenizer.json``; with `heat`, ``layer.{i}.heat``); returns
-    the path."""
-    return write_file_atomic(path, lm_container_bytes(model, q, max_context, tokenizer, heat))
+    tokenizer.json, as the tensor ``tokenizer.json``; with `heat`, ``layer.{i}.heat``), buffer
+    by buffer; returns the path."""
+    image = lm_container_image(model, q, max_context, tokenizer, heat)
+    return write_file_atomic(path, image.write, image.size)
+
+
+def write_lm_container_streamed(
+    path: str | os.PathLike[str],
+    head: MoETransformer,
+    q: TransformerQuant | None,
+    max_context: int,
+    layers: Iterable[tuple[DecoderLayer, TransformerQuant | None]],
+    tokenizer: bytes | None = None,
+    needed: int | None = None,
+) -> Path:
+    """Write the version-2 container of a model whose decoder layers come one at a time: `head`
+    holds the config, embedding, LM head and final norm (its `layers` unused), `q` the
+    quantised embedding / LM head, and `layers` yields each layer in order with its quantised
+    weights (keyed by its index), which are dropped once written. The file is byte for byte
+    :func:`write_lm_container` of the whole model; memory holds one layer. `needed`: the
+    file's size if known (for a full disk's message)."""
+    check_max_context(max_context)
+    meta, header = lm_meta_header(head, q, max_context)
+    spool = Path(path).resolve().parent
+
+    def tensors() -> Iterator[Tensor]:
+        from .transformer import check_supported_layer
+
+        yield from head_tensors(head, q, max_context)
+        # not enumerate(): it keeps the last item until the next one is made, so two layers
+        # would be in memory while the next is read
+        i = 0
+        for item in layers:
+            layer, lq = item
+            del item
+            check_supported_layer(i, layer)
+            yield from layer_tensors(i, layer, lq)
+            del layer, lq  # before the next layer is read: one in memory at a time
+            i += 1
+        yield from tail_tensors(tokenizer)
+
+    def write(f: BinaryIO) -> None:
+        write_container_streamed(f, table_entries(tensors()), meta, header, spool)
+
+    return write_file_atomic(path, write, needed)
 
 
 def read_lm_tokenizer(path: str | os.PathLike[str]) -> bytes | None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..boards import load_board
 from ..errors import ConfigError
-from ..ir.transformer import MoETransformer, all_tensors, transformer_hash
+from ..ir.transformer import DecoderLayer, MoETransformer, all_tensors, transformer_hash
 from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
 from ..plan.model import transformer_act_q
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
@@ -44,9 +44,14 @@ from .weights import WeightTable, blob_context
 
 def check_supported(model: MoETransformer) -> None:
     for i, layer in enumerate(model.layers):
-        moe = layer.moe
-        if moe is None:
-            continue
+        check_supported_layer(i, layer)
+
+
+def check_supported_layer(i: int, layer: DecoderLayer) -> None:
+    """Refuse decoder layer `i` when the generated transformer (and the container) cannot run
+    it: biases in the router or experts, non-SwiGLU experts, a shared expert with biases."""
+    moe = layer.moe
+    if moe is not None:
         if moe.router_b is not None or (moe.experts and moe.experts[0].b1 is not None):
             raise ConfigError(
                 f"layer {i}: router / expert biases are not supported by the generated "

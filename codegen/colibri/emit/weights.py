@@ -29,20 +29,32 @@ BLOB_ALIGN = 16
 
 def tensor_bytes(t: QuantTensor | np.ndarray) -> bytes:
     """The bytes of one stored tensor exactly as the C code reads it."""
+    return b"".join(tensor_chunks(t))
+
+
+def _view(a: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, as a flat view (no copy)."""
+    return a.reshape(-1).view(np.uint8).data
+
+
+def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
+    """:func:`tensor_bytes` as the buffers it is made of, views of the arrays wherever they
+    already are in the C layout (a model's quantised weights are not copied into the blob)."""
     if isinstance(t, np.ndarray):
-        return np.ascontiguousarray(t, dtype="<f4").tobytes()
+        return [_view(np.ascontiguousarray(t, dtype="<f4"))]
     if t.scheme == "fp32":
-        return np.ascontiguousarray(t.data.T, dtype="<f4").tobytes()  # the seed layout
+        return [_view(np.ascontiguousarray(t.data.T, dtype="<f4"))]  # the seed layout
     if t.scheme == "fp16":
-        return np.ascontiguousarray(t.data, dtype="<u2").tobytes()
-    if t.scheme == "int8":
+        return [_view(np.ascontiguousarray(t.data, dtype="<u2"))]
+    if t.scheme == "int8":  # the q8_channel_dtype struct: scales, codes, padding to 4 bytes
         assert t.scale is not None
-        rec = np.zeros(1, dtype=q8_channel_dtype(t.n_out, t.n_in, t.scale.size))
-        rec["scale"][0] = t.scale.reshape(-1)
-        codes = np.asarray(t.data, dtype=np.int8)
-        rec["q"][0] = r4_order(codes) if t.layout == "r4" else codes.ravel()
-        return rec.tobytes()
-    return np.ascontiguousarray(t.data).tobytes()  # int4: BLOCK_Q4_DTYPE records, 18 bytes
+        scale = np.ascontiguousarray(t.scale, dtype="<f4").reshape(-1)
+        q = np.ascontiguousarray(t.data, dtype=np.int8)
+        q = r4_order(q) if t.layout == "r4" else q.reshape(-1)  # layout r4: a reordered copy
+        size = q8_channel_dtype(t.n_out, t.n_in, scale.size).itemsize
+        pad = size - scale.nbytes - q.nbytes
+        return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]
+    return [_view(np.ascontiguousarray(t.data))]  # int4: BLOCK_Q4_DTYPE records, 18 bytes
 
 
 def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -> dict[str, Any]:
@@ -132,8 +144,16 @@ class WeightTable:
         self._blob: list[bytes | memoryview] = []
         self._blob_size = 0
 
-    def _place(self, sym: str, data: bytes | memoryview, what: str, const: bool = True) -> None:
-        """Append a tensor's bytes to the blob at the next 16-byte boundary."""
+    def _place(
+        self,
+        sym: str,
+        data: bytes | memoryview | list[bytes | memoryview],
+        what: str,
+        const: bool = True,
+    ) -> None:
+        """Append a tensor's bytes (one buffer or several) to the blob at the next 16-byte
+        boundary."""
+        chunks = data if isinstance(data, list) else [data]
         pad = -self._blob_size % BLOB_ALIGN
         if pad:
             self._blob.append(bytes(pad))
@@ -142,14 +162,14 @@ class WeightTable:
             {
                 "symbol": sym,
                 "offset": self._blob_size,
-                "size": memoryview(data).nbytes,
+                "size": sum(memoryview(c).nbytes for c in chunks),
                 "section": (".rodata." if const else ".data.") + sym,
                 "flags": "a" if const else "aw",
                 "what": what,
             }
         )
-        self._blob.append(data)
-        self._blob_size += memoryview(data).nbytes
+        self._blob.extend(chunks)
+        self._blob_size += sum(memoryview(c).nbytes for c in chunks)
 
     def blob(self) -> BinaryFile:
         """The weights file: every tensor's bytes at its offset (views of the model's fp32
@@ -199,7 +219,7 @@ class WeightTable:
         reference); const "" places it in RAM (pinned experts)."""
         sym = self._new_symbol(key)
         entry = tensor_entry(sym, t, self.name, const)
-        self._place(sym, tensor_bytes(t), what, const == "const ")
+        self._place(sym, tensor_chunks(t), what, const == "const ")
         if entry["typedef"] is not None:
             self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
         entry["what"] = what

@@ -2,10 +2,11 @@
 
 A checkpoint directory holds ``config.json`` (with ``"architectures"``) and either
 ``model.safetensors`` or shards listed by ``model.safetensors.index.json``. Every header entry
-is checked against the file first (:class:`SafetensorsFile`: one-line errors naming the tensor);
-the ``safetensors`` package then memory-maps the file and reads the tensors, except bf16, which
-its numpy reader cannot express: those are read as uint16 and shifted into the high half of a
-float32. Pickle files (``pytorch_model.bin``) are never opened.
+is checked against the file first (:class:`SafetensorsFile`: one-line errors naming the tensor),
+then by the ``safetensors`` package (its map closed again). Tensors are read with plain reads,
+not through a memory map, whose touched pages would stay in the process's resident set (a whole
+checkpoint's worth); bf16 is read as uint16 and shifted into the high half of a float32. Pickle
+files (``pytorch_model.bin``) are never opened.
 
 Supported architectures (:data:`ARCHITECTURES`): Mixtral (top-k gates always renormalised),
 Qwen2-MoE (``norm_topk_prob``, a shared expert with a sigmoid gate, dense layers from
@@ -88,8 +89,9 @@ class SafetensorsFile:
         for name, entry in header.items():
             self.tensors[name] = self._check_entry(name, entry, data_start, data_size)
         self._check_no_overlap()
-        try:  # the package's own checks too (e.g. no gap between tensors); it maps the file
-            self._file = safe_open(str(self.path), framework="numpy")
+        try:  # the package's own checks too (e.g. no gap between tensors); its map is closed
+            with safe_open(str(self.path), framework="numpy"):
+                pass
         except SafetensorError as exc:
             raise ModelFormatError(f"{self.path}: not a valid safetensors file ({exc})") from exc
 
@@ -142,19 +144,21 @@ class SafetensorsFile:
         return TensorInfo(dtype, tuple(shape), data_start + begin, data_start + end)
 
     def read(self, name: str) -> np.ndarray:
-        """The tensor as a float32 array (fp16/bf16/fp64 converted)."""
+        """The tensor as a float32 array (fp16/bf16/fp64 converted), read from the file with
+        plain reads rather than through the package's memory map: the pages a map touches stay
+        in this process's resident set, a file's worth of them for a whole model."""
         info = self.tensors[name]
+        raw = np.dtype(SAFETENSORS_DTYPES[info.dtype])
+        n = (info.end - info.begin) // raw.itemsize
+        arr = np.empty(n, raw)
+        with open(self.path, "rb") as f:
+            f.seek(info.begin)
+            got = f.readinto(arr.data.cast("B")) if n else 0
+        if got != n * raw.itemsize:
+            raise ModelFormatError(f"{self.path}: tensor '{name}' is truncated")
         if info.dtype == "BF16":  # numpy has no bfloat16: the bits are float32's high half
-            n = (info.end - info.begin) // 2
-            bits = np.fromfile(self.path, dtype="<u2", count=n, offset=info.begin)
-            if bits.size != n:
-                raise ModelFormatError(f"{self.path}: tensor '{name}' is truncated")
-            return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(info.shape)
-        try:
-            arr = self._file.get_tensor(name)
-        except SafetensorError as exc:
-            raise ModelFormatError(f"{self.path}: tensor '{name}': {exc}") from exc
-        return np.asarray(arr, dtype=np.float32)
+            return (arr.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(info.shape)
+        return arr.reshape(info.shape).astype(np.float32, copy=False)
 
 
 def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike[str]) -> Path:

@@ -148,47 +148,59 @@ def load_hf_transformer(
         return _read_layers(ckpt, c, lambda i: st.update(i, f"layer {i}/{c.n_layers}"))
 
 
+def _fp32_bytes(ckpt: HFCheckpoint, names: list[str]) -> int:
+    return 4 * sum(int(np.prod(ckpt.shape(name), dtype=np.int64)) for name in names)
+
+
 def check_fits_memory(ckpt: HFCheckpoint) -> None:
     """Refuse, before reading a weight, a checkpoint whose fp32 weights (what the loader holds,
     whatever the file's dtype) exceed the machine's available memory (colibri.hostmem)."""
-    params = sum(int(np.prod(ckpt.shape(name), dtype=np.int64)) for name in ckpt.names())
+    nbytes = _fp32_bytes(ckpt, ckpt.names())
     check_memory(
-        4 * params,
+        nbytes,
         f"{ckpt.path}: loading",
-        f"its {params:,} weights as fp32",
+        f"its {nbytes // 4:,} weights as fp32",
         "run it on a machine with more memory, or free some (quantising does not lower this: "
         "the loader holds the fp32 weights)",
     )
 
 
-def _read_layers(
-    ckpt: HFCheckpoint, c: TransformerConfig, tick: Callable[[int], None]
-) -> MoETransformer:
-    d = c.d_model
-    layers = []
-    for i in range(c.n_layers):
-        moe: MoELayer | None = None
-        mlp: Expert | None = None
-        if ckpt.is_moe_layer(i):
-            moe = load_hf_moe_layer(ckpt, i)
+def streaming_bytes(ckpt: HFCheckpoint) -> tuple[int, int]:
+    """(bytes, weights) a conversion one layer at a time holds at once as fp32: every tensor
+    outside the decoder layers (embedding, LM head, final norm) and the largest layer, plus one
+    more copy of the largest tensor of a layer (read, then transposed)."""
+    per_layer: dict[int, list[str]] = {}
+    other: list[str] = []
+    for name in ckpt.names():
+        parts = name.split(".")
+        if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+            per_layer.setdefault(int(parts[2]), []).append(name)
         else:
-            f = ckpt.get_int("intermediate_size")
-            p = f"model.layers.{i}.mlp"
-            mlp = Expert(
-                w1=ckpt.tensor(f"{p}.gate_proj.weight", (f, d)).T.copy(),
-                w3=ckpt.tensor(f"{p}.up_proj.weight", (f, d)).T.copy(),
-                w2=ckpt.tensor(f"{p}.down_proj.weight", (d, f)).T.copy(),
-            )
-        layers.append(
-            DecoderLayer(
-                input_norm=ckpt.tensor(f"model.layers.{i}.input_layernorm.weight", (d,)),
-                attention=_attention(ckpt, c, i),
-                post_norm=ckpt.tensor(f"model.layers.{i}.post_attention_layernorm.weight", (d,)),
-                moe=moe,
-                mlp=mlp,
-            )
-        )
-        tick(i + 1)
+            other.append(name)
+    layer = max((_fp32_bytes(ckpt, names) for names in per_layer.values()), default=0)
+    largest = max((_fp32_bytes(ckpt, [n]) for ns in per_layer.values() for n in ns), default=0)
+    held = _fp32_bytes(ckpt, other) + layer
+    return held + largest, held // 4
+
+
+def check_fits_memory_streamed(ckpt: HFCheckpoint) -> None:
+    """:func:`check_fits_memory` for a conversion that reads one decoder layer at a time
+    (:func:`streaming_bytes`): a model larger than memory passes when one layer and the
+    embedding / LM head fit."""
+    nbytes, weights = streaming_bytes(ckpt)
+    check_memory(
+        nbytes,
+        f"{ckpt.path}: converting",
+        f"{weights:,} weights as fp32 at once: the embedding, LM head and the largest decoder "
+        f"layer, read one layer at a time",
+        "run it on a machine with more memory, or free some",
+    )
+
+
+def read_head(ckpt: HFCheckpoint, c: TransformerConfig) -> MoETransformer:
+    """The tensors outside the decoder layers (embedding, final norm, LM head) as a
+    MoETransformer without layers (:func:`read_decoder_layer` reads those one at a time)."""
+    d = c.d_model
     embed = ckpt.tensor("model.embed_tokens.weight", (c.vocab_size, d))
     if c.tie_word_embeddings:
         lm_head = embed
@@ -197,11 +209,47 @@ def _read_layers(
     return MoETransformer(
         config=c,
         embed=embed,
-        layers=layers,
+        layers=[],
         final_norm=ckpt.tensor("model.norm.weight", (d,)),
         lm_head=lm_head,
         source=str(ckpt.path),
     )
+
+
+def read_decoder_layer(ckpt: HFCheckpoint, c: TransformerConfig, i: int) -> DecoderLayer:
+    """Decoder layer `i` of the checkpoint."""
+    d = c.d_model
+    moe: MoELayer | None = None
+    mlp: Expert | None = None
+    if ckpt.is_moe_layer(i):
+        moe = load_hf_moe_layer(ckpt, i)
+    else:
+        f = ckpt.get_int("intermediate_size")
+        p = f"model.layers.{i}.mlp"
+        mlp = Expert(
+            w1=ckpt.tensor(f"{p}.gate_proj.weight", (f, d)).T.copy(),
+            w3=ckpt.tensor(f"{p}.up_proj.weight", (f, d)).T.copy(),
+            w2=ckpt.tensor(f"{p}.down_proj.weight", (d, f)).T.copy(),
+        )
+    return DecoderLayer(
+        input_norm=ckpt.tensor(f"model.layers.{i}.input_layernorm.weight", (d,)),
+        attention=_attention(ckpt, c, i),
+        post_norm=ckpt.tensor(f"model.layers.{i}.post_attention_layernorm.weight", (d,)),
+        moe=moe,
+        mlp=mlp,
+    )
+
+
+def _read_layers(
+    ckpt: HFCheckpoint, c: TransformerConfig, tick: Callable[[int], None]
+) -> MoETransformer:
+    layers = []
+    for i in range(c.n_layers):
+        layers.append(read_decoder_layer(ckpt, c, i))
+        tick(i + 1)
+    model = read_head(ckpt, c)
+    model.layers = layers
+    return model
 
 
 def load_transformer(path: str | os.PathLike[str], progress: Progress = SILENT) -> MoETransformer:

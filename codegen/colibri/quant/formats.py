@@ -142,8 +142,18 @@ def quantize_int8_per_channel(w_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def int8_codes(w_t: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """The nearest codes of w_t [out, in] for per-row scales: clamp(roundf(w / s), -127, 127)
-    (0 where s is 0)."""
+    (0 where s is 0), a chunk of rows at a time (the temporaries of a whole embedding would be
+    ten times its size)."""
     w_t = np.asarray(w_t, dtype=np.float32)
+    scale = np.asarray(scale)
+    out = np.empty(w_t.shape, np.int8)
+    rows = max(1, SEARCH_CHUNK // max(1, w_t.shape[1]))
+    for r0 in range(0, w_t.shape[0], rows):
+        out[r0 : r0 + rows] = _int8_codes(w_t[r0 : r0 + rows], scale[r0 : r0 + rows])
+    return out
+
+
+def _int8_codes(w_t: np.ndarray, scale: np.ndarray) -> np.ndarray:
     safe = np.where(scale == 0, np.float32(1), scale).astype(np.float32)
     q = round_half_away((w_t / safe[:, None]).astype(np.float32))
     q = np.where(scale[:, None] == 0, 0, q)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..ir.moe import MoELayer
-from ..ir.transformer import MoETransformer
+from ..ir.transformer import DecoderLayer, MoETransformer
 from ..progress import SILENT, Progress, Stage, Tick
 from .calib import LayerCalib, quantize_expert_calibrated
 from .formats import (
@@ -187,35 +187,72 @@ def _quantize_transformer(
     calib: dict[int, LayerCalib] | None,
     st: Stage,
 ) -> TransformerQuant:
-    check_scale_search(search)
-    plan_act = ""
-    experts: dict[int, dict[int, QuantExpert]] = {}
+    q = new_transformer_quant(scheme, act, dense, router, search)
     n_layers = len(model.layers)
     step = 0
     for i, layer in enumerate(model.layers):
         if layer.moe is None:
             continue
-        plan = make_plan(layer.moe.config.n_experts, scheme, None, act)
-        plan_act = plan.acts[0]
         lcal = calib.get(i) if calib is not None else None
 
         def tick(k: int, n: int, i: int = i, step: int = step) -> None:
             st.update(step + k / n, f"layer {i + 1}/{n_layers}  expert {k}/{n}")
 
-        experts[i] = quantize_experts(layer.moe, plan, search, lcal, tick)
+        quantize_layer_experts(q, i, layer, search, lcal, tick)
         step += 1
-    if not plan_act:
-        plan_act = make_plan(1, scheme, None, act).acts[0]
-    q = TransformerQuant(scheme=scheme, act=plan_act, experts=experts)
-    q.router_scheme = check_router_scheme(router)
-    if router != "fp32":
-        for i, layer in enumerate(model.layers):
-            if layer.moe is not None:
-                q.routers[i] = quantize_router(layer.moe.router_w, q.router_scheme)
-    q.dense_scheme = check_dense_scheme(dense)
     if q.dense_scheme == "fp32":
         return q
-    q.dense_act = make_plan(1, q.dense_scheme, None, act).acts[0]
+    quantize_head(q, model, search)
+    step += 1
+    st.update(step, "embedding / LM head")
+    for i, layer in enumerate(model.layers):
+        quantize_layer_dense(q, i, layer, search)
+        step += 1
+        st.update(step, f"layer {i + 1}/{n_layers}  dense")
+    return q
+
+
+def new_transformer_quant(
+    scheme: str, act: str | None, dense: str, router: str, search: str = DEFAULT_SCALE_SEARCH
+) -> TransformerQuant:
+    """An empty TransformerQuant with its schemes and activation modes checked and set; the
+    ``quantize_*`` functions below fill it (all at once, or one layer at a time)."""
+    check_scale_search(search)
+    plan_act = make_plan(1, scheme, None, act).acts[0]
+    q = TransformerQuant(scheme=scheme, act=plan_act, experts={})
+    q.router_scheme = check_router_scheme(router)
+    q.dense_scheme = check_dense_scheme(dense)
+    if q.dense_scheme != "fp32":
+        q.dense_act = make_plan(1, q.dense_scheme, None, act).acts[0]
+    return q
+
+
+def quantize_layer_experts(
+    q: TransformerQuant,
+    i: int,
+    layer: DecoderLayer,
+    search: str = DEFAULT_SCALE_SEARCH,
+    calib: LayerCalib | None = None,
+    tick: Tick | None = None,
+) -> None:
+    """The routed experts (and with --router-quant the router) of MoE layer `i` into q."""
+    if layer.moe is None:
+        return
+    plan = make_plan(layer.moe.config.n_experts, q.scheme, None, _act_arg(q.scheme, q.act))
+    q.experts[i] = quantize_experts(layer.moe, plan, search, calib, tick)
+    if q.router_scheme != "fp32":
+        q.routers[i] = quantize_router(layer.moe.router_w, q.router_scheme)
+
+
+def _act_arg(scheme: str, act: str) -> str | None:
+    """The --act that gives `act` for `scheme` (None: the scheme's default)."""
+    return None if scheme in ("fp32", "fp16") else act
+
+
+def quantize_head(q: TransformerQuant, model: MoETransformer, search: str) -> None:
+    """With --dense-quant, the embedding and the LM head (of `model` only these are read)."""
+    if q.dense_scheme == "fp32":
+        return
     # int8: one scale per block of 32 inputs (as llama.cpp's Q8_0), not per output channel:
     # measured on the 3.6 M-parameter trained Mixtral (benchmarks/accuracy_table.py), top-1
     # 98.73 % -> 99.12 % with the attention projections block-scaled, for 3 % more bytes.
@@ -224,18 +261,42 @@ def _quantize_transformer(
     q.dense["embed"] = quantize_matrix(model.embed, dense, "embed", search, blocks=blocks)
     if not model.config.tie_word_embeddings:
         q.dense["lm_head"] = quantize_matrix(model.lm_head, dense, "lm_head", search, blocks=blocks)
-    step += 1
-    st.update(step, "embedding / LM head")
-    for i, layer in enumerate(model.layers):
-        for n in ATTENTION_PROJECTIONS:
-            w = getattr(layer.attention, n)
-            q.dense[f"l{i}.{n}"] = quantize_matrix(w.T, dense, f"l{i}.{n}", search, blocks=blocks)
-        ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
-        if ffn is not None:
-            q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn", search)
-        step += 1
-        st.update(step, f"layer {i + 1}/{n_layers}  dense")
-    return q
+
+
+def quantize_layer_dense(
+    q: TransformerQuant, i: int, layer: DecoderLayer, search: str = DEFAULT_SCALE_SEARCH
+) -> None:
+    """With --dense-quant, the attention projections and the shared expert / dense MLP of
+    layer `i` into q."""
+    if q.dense_scheme == "fp32":
+        return
+    blocks = q.dense_scheme == "int8"
+    for n in ATTENTION_PROJECTIONS:
+        w = getattr(layer.attention, n)
+        q.dense[f"l{i}.{n}"] = quantize_matrix(
+            w.T, q.dense_scheme, f"l{i}.{n}", search, blocks=blocks
+        )
+    ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
+    if ffn is not None:
+        q.dense_ffn[i] = quantize_expert(ffn, q.dense_scheme, q.dense_act, f"l{i}.ffn", search)
+
+
+def quantize_layer_all(
+    q: TransformerQuant, i: int, layer: DecoderLayer, search: str = DEFAULT_SCALE_SEARCH
+) -> TransformerQuant:
+    """Everything of layer `i` (experts, router, dense matrices) into a copy of q's schemes
+    holding only that layer: what a container streamed one layer at a time stores for it."""
+    lq = TransformerQuant(
+        scheme=q.scheme,
+        act=q.act,
+        experts={},
+        dense_scheme=q.dense_scheme,
+        dense_act=q.dense_act,
+        router_scheme=q.router_scheme,
+    )
+    quantize_layer_experts(lq, i, layer, search)
+    quantize_layer_dense(lq, i, layer, search)
+    return lq
 
 
 def quantize_transformer_as_asked(
