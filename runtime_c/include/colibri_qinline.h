@@ -136,6 +136,35 @@ COLIBRI_QI_INLINE void colibri_qi_quantize_row(const float *x, int8_t *xq, float
 #define COLIBRI_R4_ROWS 4
 #define COLIBRI_R4_CHUNK 16
 
+#if defined(COLIBRI_QI_SIMD32)
+/* The R4 block's assembly (colibri_qi_r4_block), by step of 8 inputs:
+ * COLIBRI_QI_X(off): the 8 activation codes at x + off, unpacked by SXTB16 into the halfword
+ * pairs (0, 2) -> xa, (1, 3) -> x1, (4, 6) -> xb, (5, 7) -> x3;
+ * COLIBRI_QI_ROW(s, off): one row's 8 weights at w + off (one LDRD), each word unpacked the same
+ * way and multiplied into the sum s with SMLAD; COLIBRI_QI_ROW0 starts s with SMUAD. */
+#define COLIBRI_QI_X(off)                                                                          \
+    "ldrd %[xa], %[xb], [%[x], #" #off "]\n"                                                       \
+    "sxtb16 %[x1], %[xa], ror #8\n"                                                                \
+    "sxtb16 %[xa], %[xa]\n"                                                                        \
+    "sxtb16 %[x3], %[xb], ror #8\n"                                                                \
+    "sxtb16 %[xb], %[xb]\n"
+#define COLIBRI_QI_ROW_TAIL(s)                                                                     \
+    "sxtb16 %[wa], %[wa], ror #8\n"                                                                \
+    "smlad %[" #s "], %[wa], %[x1], %[" #s "]\n"                                                   \
+    "sxtb16 %[t], %[wb]\n"                                                                         \
+    "smlad %[" #s "], %[t], %[xb], %[" #s "]\n"                                                    \
+    "sxtb16 %[wb], %[wb], ror #8\n"                                                                \
+    "smlad %[" #s "], %[wb], %[x3], %[" #s "]\n"
+#define COLIBRI_QI_ROW0(s, off)                                                                    \
+    "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
+    "sxtb16 %[t], %[wa]\n"                                                                         \
+    "smuad %[" #s "], %[t], %[xa]\n" COLIBRI_QI_ROW_TAIL(s)
+#define COLIBRI_QI_ROW(s, off)                                                                     \
+    "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
+    "sxtb16 %[t], %[wa]\n"                                                                         \
+    "smlad %[" #s "], %[t], %[xa], %[" #s "]\n" COLIBRI_QI_ROW_TAIL(s)
+#endif
+
 /** Integer dot products of the 4 rows of an R4 group with one full block of 32 codes:
  *  wg = the group's first byte + block * 128, x = the block's activation codes. */
 COLIBRI_QI_INLINE void colibri_qi_r4_block(const int8_t *wg, const int8_t *x, int32_t s[4])
@@ -160,175 +189,21 @@ COLIBRI_QI_INLINE void colibri_qi_r4_block(const int8_t *wg, const int8_t *x, in
      * LDRD and 4 SXTB16 for the activations, then per row one LDRD, 4 SXTB16 and 4 SMLAD. */
     int32_t s0, s1, s2, s3; /* the first step's SMUAD starts them */
     uint32_t xa, xb, x1, x3, wa, wb, t;
-    __asm__("ldrd %[xa], %[xb], [%[x], #0]\n"
-            "sxtb16 %[x1], %[xa], ror #8\n"
-            "sxtb16 %[xa], %[xa]\n"
-            "sxtb16 %[x3], %[xb], ror #8\n"
-            "sxtb16 %[xb], %[xb]\n"
-            "ldrd %[wa], %[wb], [%[w], #0]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smuad %[s0], %[t], %[xa]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s0], %[wa], %[x1], %[s0]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s0], %[t], %[xb], %[s0]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s0], %[wb], %[x3], %[s0]\n"
-            "ldrd %[wa], %[wb], [%[w], #16]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smuad %[s1], %[t], %[xa]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s1], %[wa], %[x1], %[s1]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s1], %[t], %[xb], %[s1]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s1], %[wb], %[x3], %[s1]\n"
-            "ldrd %[wa], %[wb], [%[w], #32]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smuad %[s2], %[t], %[xa]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s2], %[wa], %[x1], %[s2]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s2], %[t], %[xb], %[s2]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s2], %[wb], %[x3], %[s2]\n"
-            "ldrd %[wa], %[wb], [%[w], #48]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smuad %[s3], %[t], %[xa]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s3], %[wa], %[x1], %[s3]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s3], %[t], %[xb], %[s3]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s3], %[wb], %[x3], %[s3]\n"
-            "ldrd %[xa], %[xb], [%[x], #8]\n"
-            "sxtb16 %[x1], %[xa], ror #8\n"
-            "sxtb16 %[xa], %[xa]\n"
-            "sxtb16 %[x3], %[xb], ror #8\n"
-            "sxtb16 %[xb], %[xb]\n"
-            "ldrd %[wa], %[wb], [%[w], #8]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s0], %[t], %[xa], %[s0]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s0], %[wa], %[x1], %[s0]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s0], %[t], %[xb], %[s0]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s0], %[wb], %[x3], %[s0]\n"
-            "ldrd %[wa], %[wb], [%[w], #24]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s1], %[t], %[xa], %[s1]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s1], %[wa], %[x1], %[s1]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s1], %[t], %[xb], %[s1]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s1], %[wb], %[x3], %[s1]\n"
-            "ldrd %[wa], %[wb], [%[w], #40]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s2], %[t], %[xa], %[s2]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s2], %[wa], %[x1], %[s2]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s2], %[t], %[xb], %[s2]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s2], %[wb], %[x3], %[s2]\n"
-            "ldrd %[wa], %[wb], [%[w], #56]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s3], %[t], %[xa], %[s3]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s3], %[wa], %[x1], %[s3]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s3], %[t], %[xb], %[s3]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s3], %[wb], %[x3], %[s3]\n"
-            "ldrd %[xa], %[xb], [%[x], #16]\n"
-            "sxtb16 %[x1], %[xa], ror #8\n"
-            "sxtb16 %[xa], %[xa]\n"
-            "sxtb16 %[x3], %[xb], ror #8\n"
-            "sxtb16 %[xb], %[xb]\n"
-            "ldrd %[wa], %[wb], [%[w], #64]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s0], %[t], %[xa], %[s0]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s0], %[wa], %[x1], %[s0]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s0], %[t], %[xb], %[s0]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s0], %[wb], %[x3], %[s0]\n"
-            "ldrd %[wa], %[wb], [%[w], #80]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s1], %[t], %[xa], %[s1]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s1], %[wa], %[x1], %[s1]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s1], %[t], %[xb], %[s1]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s1], %[wb], %[x3], %[s1]\n"
-            "ldrd %[wa], %[wb], [%[w], #96]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s2], %[t], %[xa], %[s2]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s2], %[wa], %[x1], %[s2]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s2], %[t], %[xb], %[s2]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s2], %[wb], %[x3], %[s2]\n"
-            "ldrd %[wa], %[wb], [%[w], #112]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s3], %[t], %[xa], %[s3]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s3], %[wa], %[x1], %[s3]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s3], %[t], %[xb], %[s3]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s3], %[wb], %[x3], %[s3]\n"
-            "ldrd %[xa], %[xb], [%[x], #24]\n"
-            "sxtb16 %[x1], %[xa], ror #8\n"
-            "sxtb16 %[xa], %[xa]\n"
-            "sxtb16 %[x3], %[xb], ror #8\n"
-            "sxtb16 %[xb], %[xb]\n"
-            "ldrd %[wa], %[wb], [%[w], #72]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s0], %[t], %[xa], %[s0]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s0], %[wa], %[x1], %[s0]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s0], %[t], %[xb], %[s0]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s0], %[wb], %[x3], %[s0]\n"
-            "ldrd %[wa], %[wb], [%[w], #88]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s1], %[t], %[xa], %[s1]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s1], %[wa], %[x1], %[s1]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s1], %[t], %[xb], %[s1]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s1], %[wb], %[x3], %[s1]\n"
-            "ldrd %[wa], %[wb], [%[w], #104]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s2], %[t], %[xa], %[s2]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s2], %[wa], %[x1], %[s2]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s2], %[t], %[xb], %[s2]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s2], %[wb], %[x3], %[s2]\n"
-            "ldrd %[wa], %[wb], [%[w], #120]\n"
-            "sxtb16 %[t], %[wa]\n"
-            "smlad %[s3], %[t], %[xa], %[s3]\n"
-            "sxtb16 %[wa], %[wa], ror #8\n"
-            "smlad %[s3], %[wa], %[x1], %[s3]\n"
-            "sxtb16 %[t], %[wb]\n"
-            "smlad %[s3], %[t], %[xb], %[s3]\n"
-            "sxtb16 %[wb], %[wb], ror #8\n"
-            "smlad %[s3], %[wb], %[x3], %[s3]\n"
-            : [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3), [xa] "=&r"(xa),
-              [xb] "=&r"(xb), [x1] "=&r"(x1), [x3] "=&r"(x3), [wa] "=&r"(wa), [wb] "=&r"(wb),
-              [t] "=&r"(t)
-            : [w] "r"(wg), [x] "r"(x), "m"(*(const int8_t(*)[128])wg),
-              "m"(*(const int8_t(*)[32])x));
+    __asm__(
+        /* step 0: inputs 0..7 (chunk 0, first half); SMUAD starts each row's sum */
+        COLIBRI_QI_X(0) COLIBRI_QI_ROW0(s0, 0) COLIBRI_QI_ROW0(s1, 16) COLIBRI_QI_ROW0(s2, 32)
+            COLIBRI_QI_ROW0(s3, 48)
+        /* step 1: inputs 8..15 (chunk 0, second half) */
+        COLIBRI_QI_X(8) COLIBRI_QI_ROW(s0, 8) COLIBRI_QI_ROW(s1, 24) COLIBRI_QI_ROW(s2, 40)
+            COLIBRI_QI_ROW(s3, 56)
+        /* steps 2 and 3: inputs 16..31 (chunk 1, 64 bytes on) */
+        COLIBRI_QI_X(16) COLIBRI_QI_ROW(s0, 64) COLIBRI_QI_ROW(s1, 80) COLIBRI_QI_ROW(s2, 96)
+            COLIBRI_QI_ROW(s3, 112) COLIBRI_QI_X(24) COLIBRI_QI_ROW(s0, 72) COLIBRI_QI_ROW(s1, 88)
+                COLIBRI_QI_ROW(s2, 104) COLIBRI_QI_ROW(s3, 120)
+        : [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3), [xa] "=&r"(xa),
+          [xb] "=&r"(xb), [x1] "=&r"(x1), [x3] "=&r"(x3), [wa] "=&r"(wa), [wb] "=&r"(wb),
+          [t] "=&r"(t)
+        : [w] "r"(wg), [x] "r"(x), "m"(*(const int8_t(*)[128])wg), "m"(*(const int8_t(*)[32])x));
     s[0] = s0;
     s[1] = s1;
     s[2] = s2;
