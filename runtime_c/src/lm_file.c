@@ -1276,25 +1276,23 @@ static colibri_status pool_create(colibri_lm_t *lm, lm_pool **out)
     pool->threads = (pthread_t *)calloc((size_t)nw, sizeof *pool->threads);
     pool->status = (colibri_status *)calloc((size_t)nw + 1u, sizeof *pool->status);
     lm_worker_arg *args = (lm_worker_arg *)calloc((size_t)nw, sizeof *args);
-    if (pool->threads == NULL || pool->status == NULL || args == NULL ||
-        pthread_mutex_init(&pool->mu, NULL) != 0) {
-        free(pool->threads);
-        free(pool->status);
-        free(args);
-        free(pool);
-        return COLIBRI_ERR_NOMEM;
+    /* how far the set-up got: 1 mutex, 2 + the wake condition, 3 + the done condition */
+    int made = 0;
+    if (pool->threads != NULL && pool->status != NULL && args != NULL &&
+        pthread_mutex_init(&pool->mu, NULL) == 0) {
+        made = 1;
+        if (pthread_cond_init(&pool->wake, NULL) == 0) {
+            made = 2;
+            made += pthread_cond_init(&pool->done, NULL) == 0;
+        }
     }
-    if (pthread_cond_init(&pool->wake, NULL) != 0) {
-        pthread_mutex_destroy(&pool->mu);
-        free(pool->threads);
-        free(pool->status);
-        free(args);
-        free(pool);
-        return COLIBRI_ERR_NOMEM;
-    }
-    if (pthread_cond_init(&pool->done, NULL) != 0) {
-        pthread_cond_destroy(&pool->wake);
-        pthread_mutex_destroy(&pool->mu);
+    if (made < 3) {
+        if (made == 2) {
+            pthread_cond_destroy(&pool->wake);
+        }
+        if (made >= 1) {
+            pthread_mutex_destroy(&pool->mu);
+        }
         free(pool->threads);
         free(pool->status);
         free(args);
