@@ -273,8 +273,10 @@ SEARCH_REFINEMENTS = 1
 #: The objective weights each error by w_i^2 + SIGMA_WEIGHT * mean(w^2) of its block / channel
 #: (module comment); a large value approaches plain MSE, 0 weights by w_i^2 alone.
 SIGMA_WEIGHT = 1.0
-#: Weights per chunk of rows (bounds the search's temporary memory to ~100 MB).
-SEARCH_CHUNK = 1 << 20
+#: Weights per chunk of rows: each candidate makes a few passes over a chunk, so a chunk that
+#: stays in the L2 cache (256 KB of float32) makes the search 1.45x (int4) / 1.5x (int8) faster
+#: than chunks of 2^20 weights at 2816 x 1024, with the same scales (rows are independent).
+SEARCH_CHUNK = 1 << 16
 #: Channel importances are floored at this fraction of their mean (a channel never seen in
 #: calibration still counts a little, so its weights are not left arbitrary).
 IMPORTANCE_FLOOR = 1e-2
