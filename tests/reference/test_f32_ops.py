@@ -54,7 +54,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     subprocess.run(
         [cc, *KERNEL_CFLAGS, "-shared", "-fPIC", "-I", str(ROOT / "runtime_c" / "include")]
         + [str(shim)]
-        + [str(src / n) for n in ("transformer_ops.c", "router.c", "kernels_q.c")]
+        + [str(src / n) for n in ("transformer_ops.c", "router.c", "kernels_q.c", "kernels_x86.c")]
         + ["-o", str(so), "-lm"],
         check=True,
     )
