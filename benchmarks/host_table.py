@@ -169,11 +169,15 @@ class ColibriEngine:
         work.mkdir(parents=True, exist_ok=True)
 
     def run(self, prompt: list[int], max_new: int) -> tuple[dict[str, float], list[int]]:
-        from colibri.targets.lmrun import SamplingOptions, read_lm_output, write_lm_input
+        from colibri.targets.lmrun import (
+            SamplingOptions,
+            lmfile_args,
+            read_lm_output,
+            write_lm_input,
+        )
 
         write_lm_input(self.work / "input.bin", prompt, max_new, SamplingOptions(), False)
-        cmd = [str(self.runner), str(self.clb), "input.bin", "output.bin", "0", "0", "0"]
-        cmd.append(str(self.threads))
+        cmd = [str(self.runner), *lmfile_args(self.clb, threads=self.threads)]
         env = dict(os.environ, COLIBRI_TIMING="1")
         proc = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, env=env)
         if proc.returncode != 0:

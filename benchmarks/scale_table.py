@@ -202,7 +202,9 @@ class Engine:
 
 
 def lmfile_cmd(runner: Path, budget: int) -> list[str]:
-    return [str(runner), "model.clb", "input.bin", "output.bin", "0", str(budget), "0"]
+    from colibri.targets.lmrun import lmfile_args
+
+    return [str(runner), *lmfile_args(ram_budget=budget)]
 
 
 def bench_scheme(

@@ -468,7 +468,7 @@ def test_model_file_runner_under_asan_and_ubsan(
     with an exit status, never a sanitizer report."""
     import subprocess
 
-    from colibri.targets.lmrun import SamplingOptions, read_lm_output, write_lm_input
+    from colibri.targets.lmrun import SamplingOptions, lmfile_args, read_lm_output, write_lm_input
     from conftest import ROOT, require_tool
 
     cc = require_tool("gcc", "gcc")
@@ -489,9 +489,9 @@ def test_model_file_runner_under_asan_and_ubsan(
     env = {"ASAN_OPTIONS": "halt_on_error=1:detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1"}
     write_lm_input(tmp_path / "in.bin", PROMPT[:3], 3, SamplingOptions(), True)
 
-    def run(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-        args = [str(exe), str(path), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")]
-        r = subprocess.run(args + list(extra), capture_output=True, text=True, env=env, timeout=60)
+    def run(path: Path, **config: int) -> subprocess.CompletedProcess[str]:
+        args = [str(exe), *lmfile_args(path, tmp_path / "in.bin", tmp_path / "out.bin", **config)]
+        r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
         assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-3000:]
         assert r.returncode >= 0, r.stderr[-3000:]
         return r
@@ -504,22 +504,22 @@ def test_model_file_runner_under_asan_and_ubsan(
     _assert_bit_identical(out.logits, want, "sanitized runner vs binding")
     assert out.tokens.tolist() == ids
     # experts beyond RAM: two slots (top_k) filled with pread, prefetch on and off
-    for flags in ("0", "1"):
-        assert run(good_file, "0", "2500", flags).returncode == 0
+    for flags in (0, 1):
+        assert run(good_file, ram_budget=2500, flags=flags).returncode == 0
         got = read_lm_output(tmp_path / "out.bin", 3)
         assert got.logits is not None
         _assert_bit_identical(got.logits, want, "sanitized runner with a RAM budget")
     # pinned hot experts (a file with heat): auto and explicit, prefetch on and off
     with LM(heat_file) as lm:
         want_heat, _ = lm.generate(PROMPT[:3], 3)
-        budget = str(lm.stats()["expert_bytes"])  # a slot an expert: auto pins half
-    for flags, pin in (("0", "0"), ("1", "0"), ("0", "2")):
-        r = run(heat_file, "0", budget, flags, "0", "0", pin)  # threads, prefill batch, pin
+        budget = int(lm.stats()["expert_bytes"])  # a slot an expert: auto pins half
+    for flags, pin in ((0, 0), (1, 0), (0, 2)):
+        r = run(heat_file, ram_budget=budget, flags=flags, pinned=pin)
         assert r.returncode == 0 and " pinned 0 " not in r.stdout, r.stdout
         got = read_lm_output(tmp_path / "out.bin", 3)
         assert got.logits is not None
         _assert_bit_identical(got.logits, want_heat, "sanitized runner, pinned experts")
-    assert run(heat_file, "0", budget, "0", "0", "0", "100000").returncode == 10 + 17  # no room
+    assert run(heat_file, ram_budget=budget, pinned=100000).returncode == 10 + 17  # no room
     good = good_file.read_bytes()
     rng = np.random.default_rng(11)
     bad = tmp_path / "bad.clb"
@@ -532,5 +532,5 @@ def test_model_file_runner_under_asan_and_ubsan(
         if i % 5 == 0:
             d = d[: int(rng.integers(0, len(d)))]
         bad.write_bytes(bytes(d))
-        codes.add(run(bad, *(("0", "100000") if i % 3 == 0 else ())).returncode)
+        codes.add(run(bad, ram_budget=100000 if i % 3 == 0 else 0).returncode)
     assert len(codes) > 3, codes

@@ -195,7 +195,7 @@ def test_runner_under_sanitizers(
     binding's results bit for bit."""
     import subprocess
 
-    from colibri.targets.lmrun import SamplingOptions, read_lm_output, write_lm_input
+    from colibri.targets.lmrun import SamplingOptions, lmfile_args, read_lm_output, write_lm_input
     from conftest import ROOT, require_tool
 
     cc = require_tool("gcc", "gcc")
@@ -228,10 +228,9 @@ def test_runner_under_sanitizers(
     ref_logits, ref_ids = _token_loop(clb, 1)
     for want_logits in (False, True):
         write_lm_input(tmp_path / "in.bin", PROMPT, N_NEW, SamplingOptions(), want_logits)
-        args = [str(exe), str(clb), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")]
-        r = subprocess.run(
-            [*args, "0", "0", "0", "3", "4"], capture_output=True, text=True, env=env, timeout=300
-        )
+        io = (clb, tmp_path / "in.bin", tmp_path / "out.bin")
+        args = [str(exe), *lmfile_args(*io, threads=3, prefill_batch=4)]
+        r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
         output = r.stdout + r.stderr
         assert "Sanitizer" not in output and "runtime error" not in output, output[-4000:]
         assert r.returncode == 0, output[-4000:]

@@ -266,6 +266,26 @@ def lmfile_runner(board_name: str, verbose: bool = False) -> Path:
     return bdir / "lmfile" / "colibri_lmfile"
 
 
+def lmfile_args(
+    model: str | Path = "model.clb",
+    request: str | Path = "input.bin",
+    output: str | Path = "output.bin",
+    *,
+    max_context: int = 0,
+    ram_budget: int = 0,
+    flags: int = 0,
+    threads: int = 0,
+    prefill_batch: int = 0,
+    pinned: int = 0,
+) -> tuple[str, ...]:
+    """The model-file runner's arguments after the program name (runtime_c/runner/lmfile_main.c
+    reads them by position): paths, then colibri_lm_config_t's max_context, expert_ram_budget,
+    expert_flags, num_threads, prefill_batch and pinned_slots (0 = the runtime's default each).
+    The one place that knows the order: run_lm_file, the benchmarks and the sanitizer tests."""
+    values = (max_context, ram_budget, flags, threads, prefill_batch, pinned)
+    return (str(model), str(request), str(output), *(str(int(v)) for v in values))
+
+
 def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> ColibriError | None:
     """The error of a model-file runner that exited non-zero (None when it exited 0): a
     budget / pin the runtime refused is an InputError saying which option to change, another
@@ -353,17 +373,7 @@ def run_lm_file(
             timeout=timeout,
             count_instructions=count_instructions,
             check=False,
-            args=(
-                "model.clb",
-                "input.bin",
-                "output.bin",
-                "0",
-                str(ram_budget),
-                str(flags),
-                str(threads),
-                "0",
-                str(pinned),
-            ),
+            args=lmfile_args(ram_budget=ram_budget, flags=flags, threads=threads, pinned=pinned),
         )
         failure = _runner_failure(result, path, ram_budget, pinned)
         if failure is not None:
