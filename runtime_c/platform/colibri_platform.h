@@ -10,6 +10,15 @@
 
 #include <stdint.h>
 
+/* A bench marker's attributes: not inlined and, on GCC, no inter-procedural analysis either
+ * (noipa), so identical-code folding cannot merge the two markers. Clang has no noipa; its
+ * noinline plus the markers' distinct bodies keep them apart. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define CLB_PLATFORM_MARKER __attribute__((noinline, noipa))
+#else
+#define CLB_PLATFORM_MARKER __attribute__((noinline))
+#endif
+
 #define CLB_PLATFORM_READ 0
 #define CLB_PLATFORM_WRITE 1
 
@@ -26,7 +35,7 @@ int32_t clb_platform_close(int32_t fd);
 /** @brief Write a NUL-terminated string to the console (stdout / semihosting / UART). */
 void clb_platform_puts(const char *s);
 /** @brief Markers around the measured region; never inlined, so an instruction counter can
- *         start and stop on their addresses. */
+ *         start and stop on their addresses. Implementations define them CLB_PLATFORM_MARKER. */
 void clb_platform_bench_begin(void);
 void clb_platform_bench_end(void);
 /** @brief Terminate with an exit status that reaches the host (QEMU's exit code). */

@@ -129,6 +129,21 @@ def test_filesystem_build_heap_only_in_model_file(tmp_path: Path) -> None:
     assert set(_heap_references(nm, objects)) <= {"model_file.o", "lm_file.o"}
 
 
+def test_clang_build(tmp_path: Path) -> None:
+    """Backend developers embed the runtime with clang too: every runtime source and the POSIX
+    platform build warning-free with clang's -Wall -Wextra -Werror -pedantic (no GCC-only
+    attribute such as noipa reaches clang: colibri_platform.h CLB_PLATFORM_MARKER)."""
+    cc = require_tool("clang", "clang")
+    objects = _compile_objects(cc, [*WARN_FLAGS, "-O2"], tmp_path)
+    platform = ROOT / "runtime_c" / "platform"
+    obj = tmp_path / "platform_posix.o"
+    src = platform / "posix" / "platform_posix.c"
+    cmd = [cc, *WARN_FLAGS, "-O2", f"-I{platform}", "-c", str(src), "-o", str(obj)]
+    result = _run(cmd)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
+    assert len(objects) == len(RUNTIME_SOURCES)
+
+
 def test_cortex_m4_build(tmp_path: Path) -> None:
     cc = require_tool("arm-none-eabi-gcc", "gcc-arm-none-eabi libnewlib-arm-none-eabi")
     flags = [*CORTEX_M4_FLAGS, *WARN_FLAGS, "-O2", "-DCOLIBRI_NO_FILESYSTEM"]

@@ -69,10 +69,10 @@ void clb_platform_puts(const char *s)
     }
 }
 
-/* Distinct bodies (and noipa) so that identical-code folding cannot merge the two markers. */
+/* Distinct bodies (and CLB_PLATFORM_MARKER) so that identical-code folding cannot merge them. */
 volatile int32_t clb_platform_bench_state;
 
-__attribute__((noinline, noipa)) void clb_platform_bench_begin(void)
+CLB_PLATFORM_MARKER void clb_platform_bench_begin(void)
 {
     __asm__ volatile("" ::: "memory");
     clb_platform_bench_state = 1;
@@ -80,7 +80,7 @@ __attribute__((noinline, noipa)) void clb_platform_bench_begin(void)
 
 /* The end marker also checks the stack guard (after each forward pass); instruction counts stop
  * on entering it, so the check is not counted. */
-__attribute__((noinline, noipa)) void clb_platform_bench_end(void)
+CLB_PLATFORM_MARKER void clb_platform_bench_end(void)
 {
     clb_platform_bench_state = 2;
     __asm__ volatile("" ::: "memory");

@@ -121,16 +121,16 @@ void clb_platform_puts(const char *s)
     (void)clb_platform_write(CLB_SIM_STDOUT, s, n);
 }
 
-/* Distinct bodies (and noipa) so that identical-code folding cannot merge the two markers. */
+/* Distinct bodies (and CLB_PLATFORM_MARKER) so that identical-code folding cannot merge them. */
 volatile int32_t clb_platform_bench_state;
 
-__attribute__((noinline, noipa)) void clb_platform_bench_begin(void)
+CLB_PLATFORM_MARKER void clb_platform_bench_begin(void)
 {
     __asm__ volatile("" ::: "memory");
     clb_platform_bench_state = 1;
 }
 
-__attribute__((noinline, noipa)) void clb_platform_bench_end(void)
+CLB_PLATFORM_MARKER void clb_platform_bench_end(void)
 {
     clb_platform_bench_state = 2;
     __asm__ volatile("" ::: "memory");
