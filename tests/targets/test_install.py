@@ -92,9 +92,9 @@ def test_install_layout(prefix: Path) -> None:
     assert installed_headers == public_headers
     pc = (prefix / "lib" / "pkgconfig" / "colibri.pc").read_text()
     assert f"prefix={prefix}" in pc
-    assert re.search(r"^Libs: .*-lcolibri -lm$", pc, re.MULTILINE), pc
+    assert re.search(r"^Libs: .*-lcolibri -lm -lpthread$", pc, re.MULTILINE), pc
     config = (prefix / "lib" / "cmake" / "colibri" / "colibriConfig.cmake").read_text()
-    assert "colibri::colibri" in config and '"m"' in config
+    assert "colibri::colibri" in config and '"m;pthread"' in config
     assert "@COLIBRI_" not in pc + config
 
 
