@@ -33,7 +33,13 @@
 #define QK_MAXN (QK_FF * QK_D)
 #define QK_ROW (QK_D + QK_FF)
 
-static int8_t qk_w[QK_MAXN] __attribute__((aligned(4)));
+/* The int8 matrix, or (int4 checks and bench) the int4 blocks: one buffer for small RAMs. */
+static union {
+    int8_t i8[QK_MAXN];
+    colibri_block_q4_32 q4[QK_MAXN / sizeof(colibri_block_q4_32)];
+} qk_mem __attribute__((aligned(4)));
+#define qk_w (qk_mem.i8)
+#define qk_q4 (qk_mem.q4)
 static int8_t qk_r4[32 * 256] __attribute__((aligned(4)));
 static float qk_scale[QK_FF * COLIBRI_Q8_BLOCKS(QK_FF)];
 static int8_t qk_xq[QK_ROW] __attribute__((aligned(4)));
@@ -43,7 +49,6 @@ static float qk_sx[COLIBRI_Q8_BLOCKS(QK_ROW)];
 static float qk_sx2[COLIBRI_Q8_BLOCKS(QK_ROW)];
 static float qk_y0[QK_FF];
 static float qk_y1[QK_FF];
-static colibri_block_q4_32 qk_q4[QK_MAXN / COLIBRI_QK4];
 static uint32_t qk_state = 0x2545F491u;
 
 static uint32_t qk_next(void)
@@ -217,7 +222,7 @@ __attribute__((noinline)) static void qk_bench_r4(void)
 
 __attribute__((noinline)) static void qk_bench_q4(int inline_kernel)
 {
-    const colibri_block_q4_32 *w2 = qk_q4; /* the same 1024 blocks, read as [QK_D][QK_FF] */
+    const colibri_block_q4_32 *w2 = qk_q4; /* the same blocks, read as [QK_D][QK_FF] */
     if (inline_kernel) {
         colibri_qi_q4_q8(qk_q4, qk_xq, qk_sx, qk_y0, QK_FF, QK_D);
         colibri_qi_q4_q8(w2, qk_xq, qk_sx, qk_y1, QK_D, QK_FF);
