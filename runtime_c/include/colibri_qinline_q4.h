@@ -203,6 +203,136 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8(const colibri_block_q4_32 *w, const int8
 #endif
 }
 
+/*
+ * Layout Q4R4 (colibri/quant/formats.py q4r4_order), for the Cortex-M4 / M7: an int4 matrix
+ * [n_out][n_in / 32 blocks], n_in a multiple of 32, stored per group of 4 output rows and per
+ * block as 72 bytes: the 4 rows' fp16 scales d, then each row's 16 bytes of nibbles reordered
+ * so that 32-bit word s (weights 8s..8s+7) holds in its halfword lanes k = 0..3 (bits 4k and
+ * 16 + 4k) the weight pairs (8s, 8s+2), (8s+1, 8s+3), (8s+4, 8s+6), (8s+5, 8s+7): the pairs
+ * SXTB16 makes of the two words of activation codes 8s..8s+7. One AND with 0x000F000F (the
+ * word shifted right by 4k) per pair then feeds SMLAD. The n_out % 4 rows after the last group
+ * are plain blocks.
+ */
+#define COLIBRI_Q4R4_BYTES 72 /* one block of a group of 4 rows */
+
+/** Nibble slot (0..31: byte slot / 2, high half when odd) of weight i of a Q4R4 block. */
+COLIBRI_QI_INLINE int32_t colibri_q4r4_slot(int32_t i)
+{
+    static const uint8_t k_slot[8] = {0, 1, 4, 5, 2, 3, 6, 7}; /* its own inverse */
+    return (i & ~7) + (int32_t)k_slot[i & 7];
+}
+
+#if defined(COLIBRI_QI_SIMD32)
+/* One row's step of 8 weights: the word of nibbles at p, its 4 pairs multiplied into acc. */
+#define COLIBRI_Q4R4_ROW(acc, p)                                                                   \
+    __asm__("ldr %[v], %[w]\n"                                                                     \
+            "and %[t], %[v], %[m]\n"                                                               \
+            "smlad %[a], %[t], %[e0], %[a]\n"                                                      \
+            "and %[t], %[m], %[v], lsr #4\n"                                                       \
+            "smlad %[a], %[t], %[o0], %[a]\n"                                                      \
+            "and %[t], %[m], %[v], lsr #8\n"                                                       \
+            "smlad %[a], %[t], %[e1], %[a]\n"                                                      \
+            "and %[t], %[m], %[v], lsr #12\n"                                                      \
+            "smlad %[a], %[t], %[o1], %[a]\n"                                                      \
+            : [a] "+r"(acc), [v] "=&r"(vv), [t] "=&r"(tt)                                          \
+            : [w] "m"(*(const colibri_qi_word *)(const void *)(p)), [m] "r"(mask), [e0] "r"(xe0),  \
+              [o0] "r"(xo0), [e1] "r"(xe1), [o1] "r"(xo1))
+
+/** Integer sums of a Q4R4 group's 4 rows (qs of row 0 at q, row r at q + 16 r) with one
+ *  block of 32 codes. */
+COLIBRI_QI_INLINE void colibri_qi_q4r4_block(const uint8_t *q, const int8_t *x, int32_t s[4])
+{
+    const uint32_t mask = 0x000F000Fu;
+    int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    uint32_t xsum = 0; /* two halfword lanes of activation sums */
+#pragma GCC unroll 4
+    for (int32_t j = 0; j < 4; j++) {
+        uint32_t xe0, xo0, xe1, xo1;
+        __asm__("ldr %[o0], %[l]\n"
+                "ldr %[o1], %[h]\n"
+                "sxtb16 %[e0], %[o0]\n"
+                "sxtb16 %[o0], %[o0], ror #8\n"
+                "sxtb16 %[e1], %[o1]\n"
+                "sxtb16 %[o1], %[o1], ror #8\n"
+                : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)
+                : [l] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j)),
+                  [h] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j + 4)));
+        xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)));
+        uint32_t vv, tt;
+        COLIBRI_Q4R4_ROW(a0, q + 4 * j);
+        COLIBRI_Q4R4_ROW(a1, q + 16 + 4 * j);
+        COLIBRI_Q4R4_ROW(a2, q + 32 + 4 * j);
+        COLIBRI_Q4R4_ROW(a3, q + 48 + 4 * j);
+    }
+    const int32_t off = 8 * __smuad(xsum, 0x00010001u); /* 8 * sum of the 32 codes */
+    s[0] = a0 - off;
+    s[1] = a1 - off;
+    s[2] = a2 - off;
+    s[3] = a3 - off;
+}
+#undef COLIBRI_Q4R4_ROW
+#else
+/** Integer sums of a Q4R4 group's 4 rows with one block of 32 codes (portable). */
+COLIBRI_QI_INLINE void colibri_qi_q4r4_block(const uint8_t *q, const int8_t *x, int32_t s[4])
+{
+    for (int32_t r = 0; r < 4; r++) {
+        int32_t acc = 0;
+        for (int32_t i = 0; i < COLIBRI_QK4; i++) {
+            const int32_t slot = colibri_q4r4_slot(i);
+            const uint8_t byte = q[16 * r + slot / 2];
+            const int32_t v = (int32_t)((slot & 1) ? (byte >> 4) : (byte & 0x0Fu)) - 8;
+            acc += v * (int32_t)x[i];
+        }
+        s[r] = acc;
+    }
+}
+#endif
+
+/**
+ * @brief colibri_matvec_q4_q8 bit for bit on a matrix stored in layout Q4R4 (n_in a multiple
+ *        of 32): w is the stored bytes. Compile-time n_out / n_in resolve every loop bound.
+ */
+COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq, const float *sx,
+                                             float *y, int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = n_in / COLIBRI_QK4;
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    for (int32_t g = 0; g < groups; g++) {
+        const uint8_t *wg = w + (size_t)g * (size_t)nb * COLIBRI_Q4R4_BYTES;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int32_t b = 0; b < nb; b++) {
+            const uint8_t *blk = wg + (size_t)b * COLIBRI_Q4R4_BYTES;
+            int32_t s[4];
+            colibri_qi_q4r4_block(blk + 8, xq + (size_t)b * COLIBRI_QK4, s);
+            uint16_t d[4];
+            memcpy(d, blk, sizeof d);
+            const float xs = sx[b];
+#if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
+            a0 = colibri_qi_mla(a0, (float)s[0], colibri_qi_mul(colibri_qi_f16(d[0]), xs));
+            a1 = colibri_qi_mla(a1, (float)s[1], colibri_qi_mul(colibri_qi_f16(d[1]), xs));
+            a2 = colibri_qi_mla(a2, (float)s[2], colibri_qi_mul(colibri_qi_f16(d[2]), xs));
+            a3 = colibri_qi_mla(a3, (float)s[3], colibri_qi_mul(colibri_qi_f16(d[3]), xs));
+#else
+            a0 += (float)s[0] * (colibri_f16_to_f32(d[0]) * xs);
+            a1 += (float)s[1] * (colibri_f16_to_f32(d[1]) * xs);
+            a2 += (float)s[2] * (colibri_f16_to_f32(d[2]) * xs);
+            a3 += (float)s[3] * (colibri_f16_to_f32(d[3]) * xs);
+#endif
+        }
+        const int32_t o = g * COLIBRI_Q4I_ROWS;
+        y[o] = a0;
+        y[o + 1] = a1;
+        y[o + 2] = a2;
+        y[o + 3] = a3;
+    }
+    const int32_t o = groups * COLIBRI_Q4I_ROWS;
+    if (o < n_out) { /* the last 1..3 rows, plain blocks */
+        const uint8_t *rest = w + (size_t)groups * (size_t)nb * COLIBRI_Q4R4_BYTES;
+        colibri_matvec_q4_q8((const colibri_block_q4_32 *)(const void *)rest, xq, sx, y + o,
+                             n_out - o, n_in);
+    }
+}
+
 #ifdef __cplusplus
 }
 #endif

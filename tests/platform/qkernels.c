@@ -9,7 +9,8 @@
  *         - colibri_qi_q4_q8 (colibri_qinline_q4.h) on int4 matrices, row counts with and
  *           without a tail of 1..3 rows, inputs with and without a last partial block, random
  *           and extreme nibbles and activations, normal, subnormal, zero, huge, infinite and
- *           NaN block scales;
+ *           NaN block scales; colibri_qi_q4_q8_q4r4 on the same matrices stored in layout Q4R4
+ *           (the shapes of whole blocks);
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
@@ -17,8 +18,8 @@
  *        matrices (w1 [QK_FF][QK_D], then w2 [QK_D][QK_FF]), 1 colibri_qi_q8_q8_r4 on the same,
  *        2 the library's colibri_quantize_row_q8 on QK_D + QK_FF values, 3 colibri_qi_quantize_row
  *        on them, 4 the library's colibri_matvec_q4_q8 on an int4 pair of the same shapes, 5
- *        colibri_qi_q4_q8 on it (tests/targets/test_platforms.py turns the counts into
- *        instructions per MAC).
+ *        colibri_qi_q4_q8 on it, 6 colibri_qi_q4_q8_q4r4 on the same bytes read as Q4R4
+ *        (tests/targets/test_platforms.py turns the counts into instructions per MAC).
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -165,6 +166,46 @@ static uint32_t qk_check_q4(int32_t n_out, int32_t n_in, uint32_t *checks)
     return memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
 }
 
+/* Plain int4 blocks [n_out][n_in / 32] into layout Q4R4 (colibri_qinline_q4.h) at dst. */
+static void qk_to_q4r4(const colibri_block_q4_32 *src, uint8_t *dst, int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = n_in / COLIBRI_QK4;
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    uint8_t *d = dst;
+    for (int32_t g = 0; g < groups; g++) {
+        for (int32_t b = 0; b < nb; b++) {
+            for (int32_t r = 0; r < COLIBRI_Q4I_ROWS; r++) {
+                memcpy(d + 2 * r, &src[(g * COLIBRI_Q4I_ROWS + r) * nb + b].d, 2);
+            }
+            for (int32_t r = 0; r < COLIBRI_Q4I_ROWS; r++) {
+                const colibri_block_q4_32 *blk = &src[(g * COLIBRI_Q4I_ROWS + r) * nb + b];
+                uint8_t *q = d + 8 + 16 * r;
+                memset(q, 0, 16);
+                for (int32_t i = 0; i < COLIBRI_QK4; i++) {
+                    const uint8_t byte = blk->qs[i & 15];
+                    const uint8_t v = (uint8_t)((i < 16) ? (byte & 0x0Fu) : (byte >> 4));
+                    const int32_t slot = colibri_q4r4_slot(i);
+                    q[slot / 2] |= (uint8_t)((slot & 1) ? (v << 4) : v);
+                }
+            }
+            d += COLIBRI_Q4R4_BYTES;
+        }
+    }
+    const size_t rest = (size_t)groups * COLIBRI_Q4I_ROWS * (size_t)nb;
+    memcpy(d, src + rest, (size_t)(n_out % COLIBRI_Q4I_ROWS) * (size_t)nb * sizeof *src);
+}
+
+/* One shape with whole blocks: colibri_qi_q4_q8_q4r4 on the Q4R4 copy against the library. */
+static uint32_t qk_check_q4r4(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint8_t *stored = (uint8_t *)(void *)qk_r4; /* 30 rows x 8 blocks fit its 8 KB */
+    qk_to_q4r4(qk_q4, stored, n_out, n_in);
+    colibri_matvec_q4_q8(qk_q4, qk_xq, qk_sx, qk_y0, n_out, n_in);
+    colibri_qi_q4_q8_q4r4(stored, qk_xq, qk_sx, qk_y1, n_out, n_in);
+    *checks += 1u;
+    return memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
+}
+
 /* One row of n values: the inline quantiser against the library's. */
 static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
 {
@@ -232,6 +273,13 @@ __attribute__((noinline)) static void qk_bench_q4(int inline_kernel)
     }
 }
 
+__attribute__((noinline)) static void qk_bench_q4r4(void)
+{
+    const uint8_t *w = (const uint8_t *)(const void *)qk_q4; /* random bytes: a Q4R4 matrix */
+    colibri_qi_q4_q8_q4r4(w, qk_xq, qk_sx, qk_y0, QK_FF, QK_D);
+    colibri_qi_q4_q8_q4r4(w, qk_xq, qk_sx, qk_y1, QK_D, QK_FF);
+}
+
 __attribute__((noinline)) static void qk_bench_quant(int inline_kernel)
 {
     if (inline_kernel) {
@@ -267,6 +315,9 @@ int main(int argc, char **argv)
         for (size_t a = 0; a < sizeof outs / sizeof outs[0]; a++) {
             for (size_t b = 0; b < sizeof ins4 / sizeof ins4[0]; b++) {
                 failed += qk_check_q4(outs[a], ins4[b], &checks);
+                if (ins4[b] % COLIBRI_QK4 == 0) {
+                    failed += qk_check_q4r4(outs[a], ins4[b], &checks);
+                }
             }
         }
     }
@@ -294,6 +345,8 @@ int main(int argc, char **argv)
         qk_bench_quant(mode == 3u);
     } else if (mode == 4u || mode == 5u) {
         qk_bench_q4(mode == 5u);
+    } else if (mode == 6u) {
+        qk_bench_q4r4();
     }
     clb_platform_bench_end();
 
