@@ -99,9 +99,7 @@ def test_int4_experts_equal_the_host_bit_for_bit(
         opts = GenerateOptions(board=b, name="r", max_tokens=8, quant="int4")
         gen, manifest = generate(layer, tmp_path / b, opts)
         up = "q4r4" if b in ("cortex-m4", "cortex-m7") and d_model % 32 == 0 else "rows"
-        assert manifest["weight_layouts"] == {
-            "r_ffn_int4_int8": {"w1": up, "w3": up, "w2": "rows"}
-        }
+        assert manifest["weight_layouts"] == {"r_ffn_int4_int8": {"w1": up, "w3": up, "w2": "rows"}}
         outs[b], _ = run_model(gen, b, x)
     np.testing.assert_array_equal(outs[board].expert_ids, outs["host"].expert_ids)
     np.testing.assert_array_equal(outs[board].output, outs["host"].output)
