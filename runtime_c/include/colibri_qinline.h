@@ -293,4 +293,6 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
 }
 #endif
 
+#include "colibri_qinline_q4.h" /* colibri_qi_q4_q8: int4 x int8 */
+
 #endif /* COLIBRI_QINLINE_H */

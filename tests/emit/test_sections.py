@@ -14,7 +14,13 @@ from colibri.boards import load_board
 from colibri.cli.pipeline import generate
 from colibri.frontends.toy import make_toy
 from colibri.options import GenerateOptions
-from colibri.quant.formats import BLOCK_Q4_DTYPE, QuantTensor, q8_channel_dtype, r4_restore
+from colibri.quant.formats import (
+    BLOCK_Q4_DTYPE,
+    QuantTensor,
+    q4r4_restore,
+    q8_channel_dtype,
+    r4_restore,
+)
 from colibri.quant.model import quantize_moe_layer
 from colibri.reference.calibration import layer_calibration
 from conftest import ROOT, require_board
@@ -105,6 +111,14 @@ def test_blob_symbols_hold_the_quantised_tensors(board: str, tmp_path: Path) -> 
                 assert layout == ("r4" if qe.act == "int8" else "rows"), (idx, part, layout)
                 stored = rec["q"] if layout == "rows" else r4_restore(rec["q"], t.n_out, t.n_in)
                 np.testing.assert_array_equal(stored.ravel(), np.asarray(t.data, np.int8).ravel())
+            elif isinstance(t, QuantTensor) and t.scheme == "int4":
+                # cortex-m7 reads int4 x int8 experts in layout q4r4 (whole blocks of 32)
+                layout = manifest["weight_layouts"][f"w_ffn_int4_{qe.act}"][part]
+                assert layout == ("q4r4" if qe.act == "int8" else "rows"), (idx, part, layout)
+                blocks = np.frombuffer(data, np.uint8)
+                if layout == "q4r4":
+                    blocks = q4r4_restore(blocks, t.n_out, t.n_in).view(np.uint8).ravel()
+                assert blocks.tobytes() == want, (idx, part)
             else:
                 assert data == want, (idx, part)
             in_ram = placement[idx] == "ram"

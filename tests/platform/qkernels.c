@@ -6,13 +6,20 @@
  *         - colibri_qi_q8_q8_r4 (per-channel and block scales) on matrices stored in layout R4,
  *           for row counts with and without a tail of 1..3 rows and inputs with and without a
  *           last half block, random and extreme codes;
+ *         - colibri_qi_q4_q8 (colibri_qinline_q4.h) on int4 matrices, row counts with and
+ *           without a tail of 1..3 rows, inputs with and without a last partial block, random
+ *           and extreme nibbles and activations, normal, subnormal, zero, huge, infinite and
+ *           NaN block scales; colibri_qi_q4_q8_q4r4 on the same matrices stored in layout Q4R4
+ *           (the shapes of whole blocks);
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
  *        byte of input.bin: 0 the library's colibri_matvec_q8_q8 on one expert's pair of
  *        matrices (w1 [QK_FF][QK_D], then w2 [QK_D][QK_FF]), 1 colibri_qi_q8_q8_r4 on the same,
  *        2 the library's colibri_quantize_row_q8 on QK_D + QK_FF values, 3 colibri_qi_quantize_row
- *        on them (tests/targets/test_platforms.py turns the counts into instructions per MAC).
+ *        on them, 4 the library's colibri_matvec_q4_q8 on an int4 pair of the same shapes, 5
+ *        colibri_qi_q4_q8 on it, 6 colibri_qi_q4_q8_q4r4 on the same bytes read as Q4R4
+ *        (tests/targets/test_platforms.py turns the counts into instructions per MAC).
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -27,7 +34,13 @@
 #define QK_MAXN (QK_FF * QK_D)
 #define QK_ROW (QK_D + QK_FF)
 
-static int8_t qk_w[QK_MAXN] __attribute__((aligned(4)));
+/* The int8 matrix, or (int4 checks and bench) the int4 blocks: one buffer for small RAMs. */
+static union {
+    int8_t i8[QK_MAXN];
+    colibri_block_q4_32 q4[QK_MAXN / sizeof(colibri_block_q4_32)];
+} qk_mem __attribute__((aligned(4)));
+#define qk_w (qk_mem.i8)
+#define qk_q4 (qk_mem.q4)
 static int8_t qk_r4[32 * 256] __attribute__((aligned(4)));
 static float qk_scale[QK_FF * COLIBRI_Q8_BLOCKS(QK_FF)];
 static int8_t qk_xq[QK_ROW] __attribute__((aligned(4)));
@@ -113,6 +126,86 @@ static uint32_t qk_check_r4(int32_t n_out, int32_t n_in, uint32_t *checks)
     return failed;
 }
 
+/* Random fp16 bits of kind `kind`: 0 normal scales around 2^-6, 1 any finite value (subnormals,
+ * zeros, +-65504 included), 2 the same with +-infinity and NaN (quiet and signalling). */
+static uint16_t qk_f16(int kind)
+{
+    const uint16_t r = (uint16_t)qk_next();
+    if (kind == 0) {
+        return (uint16_t)((r & 0x83FFu) | 0x1800u); /* +-[2^-9, 2^-8) */
+    }
+    if (kind == 2 && r % 7u == 0u) {
+        static const uint16_t special[] = {0x7C00u, 0xFC00u, 0x7E00u, 0x7C01u, 0xFE55u};
+        return special[(r >> 8) % 5u];
+    }
+    if ((r & 0x7C00u) == 0x7C00u) {
+        return (uint16_t)(r & 0xFBFFu); /* finite: the largest exponent */
+    }
+    return r;
+}
+
+/* An int4 matrix of nblocks blocks: random nibbles (or, extremes, every nibble 0 or 15) and
+ * scales of qk_f16(kind). */
+static void qk_fill_q4(size_t nblocks, int extremes, int kind)
+{
+    for (size_t b = 0; b < nblocks; b++) {
+        qk_q4[b].d = qk_f16(kind);
+        for (int32_t j = 0; j < COLIBRI_QK4 / 2; j++) {
+            const uint32_t r = qk_next();
+            qk_q4[b].qs[j] = extremes ? (uint8_t)((r & 1u) ? 0xFFu : 0x00u) : (uint8_t)r;
+        }
+    }
+}
+
+/* One shape: colibri_qi_q4_q8 against the library's colibri_matvec_q4_q8. */
+static uint32_t qk_check_q4(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    colibri_matvec_q4_q8(qk_q4, qk_xq, qk_sx, qk_y0, n_out, n_in);
+    colibri_qi_q4_q8(qk_q4, qk_xq, qk_sx, qk_y1, n_out, n_in);
+    *checks += 1u;
+    return memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
+}
+
+/* Plain int4 blocks [n_out][n_in / 32] into layout Q4R4 (colibri_qinline_q4.h) at dst. */
+static void qk_to_q4r4(const colibri_block_q4_32 *src, uint8_t *dst, int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = n_in / COLIBRI_QK4;
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    uint8_t *d = dst;
+    for (int32_t g = 0; g < groups; g++) {
+        for (int32_t b = 0; b < nb; b++) {
+            for (int32_t r = 0; r < COLIBRI_Q4I_ROWS; r++) {
+                memcpy(d + 2 * r, &src[(g * COLIBRI_Q4I_ROWS + r) * nb + b].d, 2);
+            }
+            for (int32_t r = 0; r < COLIBRI_Q4I_ROWS; r++) {
+                const colibri_block_q4_32 *blk = &src[(g * COLIBRI_Q4I_ROWS + r) * nb + b];
+                uint8_t *q = d + 8 + 16 * r;
+                memset(q, 0, 16);
+                for (int32_t i = 0; i < COLIBRI_QK4; i++) {
+                    const uint8_t byte = blk->qs[i & 15];
+                    const uint8_t v = (uint8_t)((i < 16) ? (byte & 0x0Fu) : (byte >> 4));
+                    const int32_t slot = colibri_q4r4_slot(i);
+                    q[slot / 2] |= (uint8_t)((slot & 1) ? (v << 4) : v);
+                }
+            }
+            d += COLIBRI_Q4R4_BYTES;
+        }
+    }
+    const size_t rest = (size_t)groups * COLIBRI_Q4I_ROWS * (size_t)nb;
+    memcpy(d, src + rest, (size_t)(n_out % COLIBRI_Q4I_ROWS) * (size_t)nb * sizeof *src);
+}
+
+/* One shape with whole blocks: colibri_qi_q4_q8_q4r4 on the Q4R4 copy against the library. */
+static uint32_t qk_check_q4r4(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint8_t *stored = (uint8_t *)(void *)qk_r4; /* 30 rows x 8 blocks fit its 8 KB */
+    qk_to_q4r4(qk_q4, stored, n_out, n_in);
+    colibri_matvec_q4_q8(qk_q4, qk_xq, qk_sx, qk_y0, n_out, n_in);
+    colibri_qi_q4_q8_q4r4(stored, qk_xq, qk_sx, qk_y1, n_out, n_in);
+    *checks += 1u;
+    return memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
+}
+
 /* One row of n values: the inline quantiser against the library's. */
 static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
 {
@@ -168,6 +261,25 @@ __attribute__((noinline)) static void qk_bench_r4(void)
     colibri_qi_q8_q8_r4(qk_w, qk_scale, qk_xq, qk_sx, qk_y1, QK_D, QK_FF, 0);
 }
 
+__attribute__((noinline)) static void qk_bench_q4(int inline_kernel)
+{
+    const colibri_block_q4_32 *w2 = qk_q4; /* the same blocks, read as [QK_D][QK_FF] */
+    if (inline_kernel) {
+        colibri_qi_q4_q8(qk_q4, qk_xq, qk_sx, qk_y0, QK_FF, QK_D);
+        colibri_qi_q4_q8(w2, qk_xq, qk_sx, qk_y1, QK_D, QK_FF);
+    } else {
+        colibri_matvec_q4_q8(qk_q4, qk_xq, qk_sx, qk_y0, QK_FF, QK_D);
+        colibri_matvec_q4_q8(w2, qk_xq, qk_sx, qk_y1, QK_D, QK_FF);
+    }
+}
+
+__attribute__((noinline)) static void qk_bench_q4r4(void)
+{
+    const uint8_t *w = (const uint8_t *)(const void *)qk_q4; /* random bytes: a Q4R4 matrix */
+    colibri_qi_q4_q8_q4r4(w, qk_xq, qk_sx, qk_y0, QK_FF, QK_D);
+    colibri_qi_q4_q8_q4r4(w, qk_xq, qk_sx, qk_y1, QK_D, QK_FF);
+}
+
 __attribute__((noinline)) static void qk_bench_quant(int inline_kernel)
 {
     if (inline_kernel) {
@@ -196,6 +308,19 @@ int main(int argc, char **argv)
             }
         }
     }
+    static const int32_t ins4[] = {16, 32, 40, 64, 96, 100, 128, 256};
+    for (int round = 0; round < 5; round++) {
+        qk_fill(round == 4); /* the last round: activations all -127 */
+        qk_fill_q4(sizeof qk_q4 / sizeof qk_q4[0], round >= 3, round % 3);
+        for (size_t a = 0; a < sizeof outs / sizeof outs[0]; a++) {
+            for (size_t b = 0; b < sizeof ins4 / sizeof ins4[0]; b++) {
+                failed += qk_check_q4(outs[a], ins4[b], &checks);
+                if (ins4[b] % COLIBRI_QK4 == 0) {
+                    failed += qk_check_q4r4(outs[a], ins4[b], &checks);
+                }
+            }
+        }
+    }
     failed += qk_quant_cases(&checks);
 
     uint8_t mode = 0xFFu;
@@ -207,6 +332,7 @@ int main(int argc, char **argv)
         (void)clb_platform_close(fd);
     }
     qk_fill(0); /* random bytes: as valid an R4 matrix as a row-major one */
+    qk_fill_q4(sizeof qk_q4 / sizeof qk_q4[0], 0, 0);
     for (int32_t i = 0; i < QK_ROW; i++) {
         qk_x[i] = qk_unit() * 4.0f;
     }
@@ -217,6 +343,10 @@ int main(int argc, char **argv)
         qk_bench_r4();
     } else if (mode == 2u || mode == 3u) {
         qk_bench_quant(mode == 3u);
+    } else if (mode == 4u || mode == 5u) {
+        qk_bench_q4(mode == 5u);
+    } else if (mode == 6u) {
+        qk_bench_q4r4();
     }
     clb_platform_bench_end();
 

@@ -26,6 +26,8 @@ from colibri.quant.formats import (
     SCHEMES,
     f16_to_f32,
     make_plan,
+    q4r4_order,
+    q4r4_restore,
     q8_blocks,
     quantize_fp16,
     quantize_int4_blocks,
@@ -291,6 +293,39 @@ def test_r4_layout_order_and_inverse(shape: tuple[int, int]) -> None:
     tail = n_out // 4 * 4 * n_in
     np.testing.assert_array_equal(stored[tail:], codes[n_out // 4 * 4 :].ravel())
     np.testing.assert_array_equal(r4_restore(stored, n_out, n_in), codes)
+
+
+@pytest.mark.parametrize("shape", [(4, 32), (5, 64), (7, 96), (8, 128), (13, 256)])
+def test_q4r4_layout_order_and_inverse(shape: tuple[int, int]) -> None:
+    """Layout q4r4 (colibri_qinline_q4.h): per group of 4 rows and block, the 4 fp16 scales,
+    then each row's nibbles with weights (8s+k, 8s+k+2) and (8s+k+4, 8s+k+6) (k = 0, 1) in the
+    halfword lanes of word s; the last n_out % 4 rows plain; q4r4_restore undoes it."""
+    n_out, n_in = shape
+    nb = n_in // QK4
+    rng = np.random.default_rng(n_out)
+    blocks = np.zeros((n_out, nb), BLOCK_Q4_DTYPE)
+    blocks["d"] = rng.integers(0, 1 << 16, (n_out, nb))
+    blocks["qs"] = rng.integers(0, 256, (n_out, nb, 16))
+    stored = q4r4_order(blocks)
+    assert stored.dtype == np.uint8 and stored.size == blocks.nbytes
+    nib = np.concatenate([blocks["qs"] & 15, blocks["qs"] >> 4], axis=-1)  # [out, nb, 32]
+    for g in range(n_out // 4):
+        for b in range(nb):
+            at = (g * nb + b) * 72
+            d = stored[at : at + 8].view("<u2")
+            np.testing.assert_array_equal(d, blocks["d"][4 * g : 4 * g + 4, b])
+            for r in range(4):
+                words = stored[at + 8 + 16 * r : at + 24 + 16 * r].view("<u4")
+                for s_ in range(4):
+                    for k in range(4):  # lane k: bits 4k and 16 + 4k
+                        lo = (int(words[s_]) >> (4 * k)) & 15
+                        hi = (int(words[s_]) >> (16 + 4 * k)) & 15
+                        i = 8 * s_ + (k & 1) + 4 * (k >> 1)
+                        assert (lo, hi) == (nib[4 * g + r, b, i], nib[4 * g + r, b, i + 2])
+    tail = n_out // 4 * 4 * nb * 18
+    assert stored[tail:].tobytes() == blocks[n_out // 4 * 4 :].tobytes()
+    back = q4r4_restore(stored, n_out, n_in)
+    assert back.tobytes() == blocks.tobytes()
 
 
 @pytest.mark.parametrize("shape", [(3, 16), (4, 20), (8, 8)])

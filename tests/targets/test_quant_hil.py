@@ -77,6 +77,37 @@ def test_r4_experts_equal_the_host_bit_for_bit(board: str, activation: str, tmp_
     assert compare(outs[board].output, ref, LAYER_TOLERANCE[("int8", "int8")]) is None
 
 
+@pytest.mark.parametrize("dims", [(40, 50), (64, 38)])
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])  # exact on every board (no libm)
+@pytest.mark.parametrize("board", ["cortex-m4", "cortex-m7", "cortex-m55"])
+def test_int4_experts_equal_the_host_bit_for_bit(
+    board: str, activation: str, dims: tuple[int, int], tmp_path: Path
+) -> None:
+    """int4 experts (int8 activations) on the DSP / Helium cores run colibri_qinline_q4.h's
+    four-rows-per-pass kernels: the outputs equal the host's (the library, one row at a time,
+    plain blocks) bit for bit, and both match the quantised reference. d_model 40 / d_ff 50:
+    partial last blocks and a tail of rows after the groups of four, plain blocks everywhere;
+    d_model 64 / d_ff 38: on the M4 / M7 w1 and w3 (whole blocks) in layout q4r4 with a tail
+    of 2 rows, w2 plain with a partial block (the manifest records the layouts)."""
+    require_board(board)
+    require_board("host")
+    d_model, d_ff = dims
+    layer = make_toy(4, d_model, d_ff, 2, activation, seed=9, router_bias=True)
+    x = np.random.default_rng(4).standard_normal((19, d_model)).astype(np.float32)
+    outs = {}
+    for b in ("host", board):
+        opts = GenerateOptions(board=b, name="r", max_tokens=8, quant="int4")
+        gen, manifest = generate(layer, tmp_path / b, opts)
+        up = "q4r4" if b in ("cortex-m4", "cortex-m7") and d_model % 32 == 0 else "rows"
+        assert manifest["weight_layouts"] == {"r_ffn_int4_int8": {"w1": up, "w3": up, "w2": "rows"}}
+        outs[b], _ = run_model(gen, b, x)
+    np.testing.assert_array_equal(outs[board].expert_ids, outs["host"].expert_ids)
+    np.testing.assert_array_equal(outs[board].output, outs["host"].output)
+    plan = make_plan(4, "int4", None, None)
+    ref, _ = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    assert compare(outs[board].output, ref, LAYER_TOLERANCE[("int4", "int8")]) is None
+
+
 @pytest.mark.parametrize("board", ["host", "cortex-m4"])
 def test_heat_placement_is_bit_identical_and_pins_hot_experts(board: str, tmp_path: Path) -> None:
     require_board(board)

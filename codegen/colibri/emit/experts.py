@@ -17,18 +17,26 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..quant.formats import QuantTensor, r4_fits
+from ..quant.formats import QuantTensor, q4r4_fits, r4_fits
 
 #: Parts of an expert in the order of the kernels' parameters.
 PARTS = ("w1", "b1", "w2", "b2", "w3")
 #: Board ISAs (boards/*.toml ``isa``) whose int8 x int8 expert kernels read layout r4
 #: (colibri_qinline.h): the Cortex-M4 / M7 DSP extension and Helium.
 R4_ISAS = ("armv7em_dsp", "mve")
+#: Board ISAs whose int4 x int8 expert kernels read layout q4r4 (colibri_qinline_q4.h): the
+#: Cortex-M4 / M7 DSP extension (Helium reads the plain blocks as fast).
+Q4R4_ISAS = ("armv7em_dsp",)
 
 
 def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[str, str]:
-    """Stored layout of each weight part of an expert kind on a core: r4 where the core's
-    kernel reads four rows at once (int8 weights, int8 activations) and the shape allows."""
+    """Stored layout of each weight part of an expert kind on a core: r4 (int8 weights) or
+    q4r4 (int4 weights) where the core's kernel reads four rows at once (int8 activations)
+    and the shape allows."""
+    if isa in Q4R4_ISAS and scheme == "int4" and act == "int8":
+        up4 = "q4r4" if q4r4_fits(d_ff, d_model) else "rows"
+        down4 = "q4r4" if q4r4_fits(d_model, d_ff) else "rows"
+        return {"w1": up4, "w3": up4, "w2": down4}
     fast = isa in R4_ISAS and scheme == "int8" and act == "int8"
     up = "r4" if fast and r4_fits(d_ff, d_model) else "rows"
     down = "r4" if fast and r4_fits(d_model, d_ff) else "rows"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..quant.formats import QuantTensor, q8_channel_dtype, r4_order
+from ..quant.formats import QuantTensor, q4r4_order, q8_channel_dtype, r4_order
 from .cnames import NameTable
 from .output import BinaryFile
 
@@ -54,6 +54,8 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         size = q8_channel_dtype(t.n_out, t.n_in, scale.size).itemsize
         pad = size - scale.nbytes - q.nbytes
         return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]
+    if t.layout == "q4r4":  # int4 in layout q4r4: a reordered copy, the same size
+        return [_view(q4r4_order(np.asarray(t.data)))]
     return [_view(np.ascontiguousarray(t.data))]  # int4: BLOCK_Q4_DTYPE records, 18 bytes
 
 

@@ -451,8 +451,9 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 #: Output rows per group and inputs per chunk of layout ``r4`` (colibri_qinline.h R4).
 R4_ROWS = 4
 R4_CHUNK = 16
-#: Stored layouts of a matrix: ``rows`` (output-channel-major) or ``r4``.
-LAYOUTS = ("rows", "r4")
+#: Stored layouts of a matrix: ``rows`` (output-channel-major), ``r4`` (int8) or ``q4r4``
+#: (int4).
+LAYOUTS = ("rows", "r4", "q4r4")
 
 
 def r4_fits(n_out: int, n_in: int) -> bool:
@@ -479,6 +480,64 @@ def r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     head = flat[: g * n_in].reshape(g // R4_ROWS, n_in // R4_CHUNK, R4_ROWS, R4_CHUNK)
     rows = head.transpose(0, 2, 1, 3).reshape(g, n_in)
     return np.concatenate([rows, flat[g * n_in :].reshape(n_out - g, n_in)])
+
+
+#: Layout ``q4r4`` (int4, colibri_qinline_q4.h): nibble slot of weight i (0..31) of a block in
+#: the reordered 16 bytes, byte = slot // 2, high nibble when slot is odd. Per 8 weights
+#: 8s..8s+7 one 32-bit word s whose halfword lanes (bits 4k..4k+3, 16+4k..16+4k+3), k = 0..3,
+#: hold the weight pairs (8s, 8s+2), (8s+1, 8s+3), (8s+4, 8s+6), (8s+5, 8s+7): the activation
+#: pairs SXTB16 makes of two words of codes on the Cortex-M4 / M7.
+Q4R4_SLOT = np.array(
+    [8 * s + k for s in range(4) for k in (0, 1, 4, 5, 2, 3, 6, 7)], dtype=np.intp
+)  # slot -> weight; its inverse below is weight -> slot
+Q4R4_OF_WEIGHT = np.argsort(Q4R4_SLOT)
+
+
+def q4r4_fits(n_out: int, n_in: int) -> bool:
+    """Whether an int4 [n_out, n_in] matrix can be stored in layout q4r4 (whole blocks, one
+    group of four rows)."""
+    return n_out >= R4_ROWS and n_in % QK4 == 0
+
+
+def _q4_nibbles(qs: np.ndarray) -> np.ndarray:
+    """qs [..., 16] bytes -> the 32 nibbles [..., 32] in weight order (low halves, then high)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def q4r4_order(blocks: np.ndarray) -> np.ndarray:
+    """int4 blocks [n_out, nb] (:data:`BLOCK_Q4_DTYPE`) in layout q4r4, as the flat uint8 array
+    of stored bytes: per group of R4_ROWS rows and per block, the 4 rows' fp16 scales (8 bytes),
+    then the 4 rows' 16 bytes of nibbles, reordered by :data:`Q4R4_SLOT` (72 bytes in all, as
+    the 4 plain blocks); the n_out % R4_ROWS rows after the last group as plain blocks."""
+    n_out, nb = blocks.shape
+    if n_out < R4_ROWS:
+        raise ShapeError(f"layout q4r4 needs n_out >= {R4_ROWS}")
+    g = n_out // R4_ROWS * R4_ROWS
+    head = blocks[:g].reshape(g // R4_ROWS, R4_ROWS, nb).transpose(0, 2, 1)  # [G, nb, 4]
+    nib = _q4_nibbles(head["qs"])[..., Q4R4_SLOT]  # [G, nb, 4, 32] in slot order
+    qs = (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
+    d = np.ascontiguousarray(head["d"], dtype="<u2").view(np.uint8)  # [G, nb, 8]
+    grouped = np.concatenate([d.reshape(g // R4_ROWS, nb, 8), qs.reshape(g // R4_ROWS, nb, 64)], -1)
+    rest = np.ascontiguousarray(blocks[g:], dtype=BLOCK_Q4_DTYPE).reshape(-1).view(np.uint8)
+    return np.concatenate([grouped.ravel(), rest])
+
+
+def q4r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The inverse of :func:`q4r4_order`: stored bytes back to blocks [n_out, nb]."""
+    nb = (n_in + QK4 - 1) // QK4
+    g = n_out // R4_ROWS * R4_ROWS
+    flat = np.asarray(stored, dtype=np.uint8).ravel()
+    head = flat[: g * nb * BLOCK_Q4_DTYPE.itemsize].reshape(g // R4_ROWS, nb, 72)
+    d = np.ascontiguousarray(head[..., :8]).view("<u2")  # [G, nb, 4]
+    qs = head[..., 8:].reshape(g // R4_ROWS, nb, R4_ROWS, 16)
+    slots = np.stack([qs & 0x0F, qs >> 4], axis=-1).reshape(g // R4_ROWS, nb, R4_ROWS, QK4)
+    nib = slots[..., Q4R4_OF_WEIGHT]  # weight order
+    out = np.empty((n_out, nb), dtype=BLOCK_Q4_DTYPE)
+    rows = out[:g].reshape(g // R4_ROWS, R4_ROWS, nb)
+    rows["d"] = d.transpose(0, 2, 1)
+    rows["qs"] = (nib[..., :16] | (nib[..., 16:] << 4)).astype(np.uint8).transpose(0, 2, 1, 3)
+    out[g:] = flat[g * nb * BLOCK_Q4_DTYPE.itemsize :].view(BLOCK_Q4_DTYPE).reshape(n_out - g, nb)
+    return out
 
 
 # -- quantised tensors and experts --------------------------------------------------------------

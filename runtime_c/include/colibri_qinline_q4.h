@@ -1,0 +1,340 @@
+/**
+ * @file colibri_qinline_q4.h
+ * @brief Shape-specialised int4 x int8 kernel for generated code (issue 11), included by
+ *        colibri_qinline.h: colibri_qi_q4_q8 returns what colibri_matvec_q4_q8 returns, bit for
+ *        bit, on the same row-major colibri_block_q4_32 matrix (no other layout).
+ *
+ * Static and always inlined: a generated expert kernel calls it with its dimensions as
+ * constants, so there is no call per row or per 32-weight block. Four output rows per pass, so
+ * each activation block is loaded and unpacked once for four rows. The nibbles are unsigned
+ * (q in 0..15, weight q - 8): the integer block sum is computed as sum q * x - 8 * sum x, the
+ * activation sum taken once per block and pass (integer sums do not depend on their order).
+ *  - Cortex-M4 / M7 (32-bit SIMD): per row and 4 bytes of nibbles (8 weights) one LDR, two
+ *    ANDs with 0x0F0F0F0F (low nibbles, and the high nibbles shifted down), four UXTB16 and four
+ *    SMLAD against the activation pairs that SXTB16 unpacked once for the four rows.
+ *  - Helium: per row and block one 16-byte load, VAND / VSHR for the two nibble halves and two
+ *    VMLADAVA (16 MACs each), started at -8 * sum x.
+ * The float update per block is the library's, in its order: acc += (float)isum * (d * sx[b]),
+ * in scalar FPU instructions written out (colibri_qi_mul, colibri_qi_mla: not fused, and not
+ * left to the vectoriser, since Helium's vector float flushes subnormals and makes default NaNs).
+ * The fp16 scale d is converted with VCVTB where the FPU has it, which equals the library's
+ * conversion for every finite d, subnormals included (the cores run with flush-to-zero off), and
+ * for infinities; a NaN d gives a NaN either way once it is multiplied by sx[b]. Elsewhere (other
+ * cores) the library is called.
+ */
+#ifndef COLIBRI_QINLINE_Q4_H
+#define COLIBRI_QINLINE_Q4_H
+
+/* Included by colibri_qinline.h, after COLIBRI_QI_INLINE, COLIBRI_QI_MVE / COLIBRI_QI_SIMD32,
+ * colibri_qi_word and colibri_qi_mla. */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Output rows per pass of colibri_qi_q4_q8. */
+#define COLIBRI_Q4I_ROWS 4
+
+#if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
+/** The fp16 scale of a block as fp32: colibri_f16_to_f32's value (see the file comment). */
+COLIBRI_QI_INLINE float colibri_qi_f16(uint16_t h)
+{
+#if defined(__ARM_FP) && (__ARM_FP & 4) && defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M'
+    float s;
+    float r;
+    __asm__("vmov %0, %1" : "=t"(s) : "r"((uint32_t)h));
+    __asm__("vcvtb.f32.f16 %0, %1" : "=t"(r) : "t"(s));
+    return r;
+#else
+    return colibri_f16_to_f32(h);
+#endif
+}
+#endif
+
+/** b * c in one scalar VMUL: four rows' independent products are otherwise open to the
+ *  compiler's vectoriser, and Helium's vector float differs from the scalar FPU (it flushes
+ *  subnormals and makes default NaNs). */
+COLIBRI_QI_INLINE float colibri_qi_mul(float b, float c)
+{
+#if (defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)) && defined(__ARM_FP) && (__ARM_FP & 4)
+    float r;
+    __asm__("vmul.f32 %0, %1, %2" : "=t"(r) : "t"(b), "t"(c));
+    return r;
+#else
+    return b * c;
+#endif
+}
+
+#if defined(COLIBRI_QI_SIMD32)
+/** Four nibble bytes or activation codes as one word, at any alignment (LDR allows it). */
+typedef uint32_t __attribute__((may_alias, aligned(1))) colibri_q4i_word;
+
+/* One row's 8 weights of a step: the 4 bytes of nibbles at p (loaded in the asm, so the
+ * compiler cannot hoist the loads of every step and spill them), low nibbles paired with the
+ * activations whose SXTB16 pairs are xe0 / xo0, high nibbles with xe1 / xo1; into acc. */
+#define COLIBRI_Q4I_ROW(acc, p)                                                                    \
+    __asm__("ldr %[v], %[w]\n"                                                                     \
+            "and %[h], %[m], %[v], lsr #4\n"                                                       \
+            "and %[v], %[v], %[m]\n"                                                               \
+            "uxtb16 %[t], %[v]\n"                                                                  \
+            "smlad %[a], %[t], %[e0], %[a]\n"                                                      \
+            "uxtb16 %[t], %[v], ror #8\n"                                                          \
+            "smlad %[a], %[t], %[o0], %[a]\n"                                                      \
+            "uxtb16 %[t], %[h]\n"                                                                  \
+            "smlad %[a], %[t], %[e1], %[a]\n"                                                      \
+            "uxtb16 %[t], %[h], ror #8\n"                                                          \
+            "smlad %[a], %[t], %[o1], %[a]\n"                                                      \
+            : [a] "+r"(acc), [v] "=&r"(vv), [h] "=&r"(hh), [t] "=&r"(tt)                           \
+            : [w] "m"(*(const colibri_q4i_word *)(const void *)(p)), [m] "r"(mask), [e0] "r"(xe0), \
+              [o0] "r"(xo0), [e1] "r"(xe1), [o1] "r"(xo1))
+
+/** Integer sums of 4 rows' full blocks (qs of row r at q[r]) with one block of 32 codes. */
+COLIBRI_QI_INLINE void colibri_qi_q4_block4(const uint8_t *q0, const uint8_t *q1, const uint8_t *q2,
+                                            const uint8_t *q3, const int8_t *x, int32_t s[4])
+{
+    const uint32_t mask = 0x0F0F0F0Fu;
+    int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    uint32_t xsum = 0; /* two halfword lanes of activation sums */
+#pragma GCC unroll 4
+    for (int32_t j = 0; j < 16; j += 4) {
+        uint32_t xe0, xo0, xe1, xo1;
+        __asm__("ldr %[o0], %[l]\n"
+                "ldr %[o1], %[h]\n"
+                "sxtb16 %[e0], %[o0]\n"
+                "sxtb16 %[o0], %[o0], ror #8\n"
+                "sxtb16 %[e1], %[o1]\n"
+                "sxtb16 %[o1], %[o1], ror #8\n"
+                : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)
+                : [l] "m"(*(const colibri_q4i_word *)(const void *)(x + j)),
+                  [h] "m"(*(const colibri_q4i_word *)(const void *)(x + j + 16)));
+        xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)));
+        uint32_t vv, hh, tt;
+        COLIBRI_Q4I_ROW(a0, q0 + j);
+        COLIBRI_Q4I_ROW(a1, q1 + j);
+        COLIBRI_Q4I_ROW(a2, q2 + j);
+        COLIBRI_Q4I_ROW(a3, q3 + j);
+    }
+    const int32_t off = 8 * __smuad(xsum, 0x00010001u); /* 8 * sum of the 32 codes */
+    s[0] = a0 - off;
+    s[1] = a1 - off;
+    s[2] = a2 - off;
+    s[3] = a3 - off;
+}
+#undef COLIBRI_Q4I_ROW
+#endif
+
+#if defined(COLIBRI_QI_MVE)
+/** Integer sums of 4 rows' full blocks (qs of row r at q[r]) with one block of 32 codes. */
+COLIBRI_QI_INLINE void colibri_qi_q4_block4(const uint8_t *q0, const uint8_t *q1, const uint8_t *q2,
+                                            const uint8_t *q3, const int8_t *x, int32_t s[4])
+{
+    const int8x16_t xl = vld1q_s8(x);
+    const int8x16_t xh = vld1q_s8(x + 16);
+    const int32_t off = -8 * vaddvaq_s8(vaddvq_s8(xl), xh);
+    const uint8x16_t m = vdupq_n_u8(0x0Fu);
+    const uint8x16_t v0 = vld1q_u8(q0);
+    const uint8x16_t v1 = vld1q_u8(q1);
+    const uint8x16_t v2 = vld1q_u8(q2);
+    const uint8x16_t v3 = vld1q_u8(q3);
+    int32_t a0 = vmladavaq_s8(off, vreinterpretq_s8_u8(vandq_u8(v0, m)), xl);
+    int32_t a1 = vmladavaq_s8(off, vreinterpretq_s8_u8(vandq_u8(v1, m)), xl);
+    int32_t a2 = vmladavaq_s8(off, vreinterpretq_s8_u8(vandq_u8(v2, m)), xl);
+    int32_t a3 = vmladavaq_s8(off, vreinterpretq_s8_u8(vandq_u8(v3, m)), xl);
+    s[0] = vmladavaq_s8(a0, vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), xh);
+    s[1] = vmladavaq_s8(a1, vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), xh);
+    s[2] = vmladavaq_s8(a2, vreinterpretq_s8_u8(vshrq_n_u8(v2, 4)), xh);
+    s[3] = vmladavaq_s8(a3, vreinterpretq_s8_u8(vshrq_n_u8(v3, 4)), xh);
+}
+#endif
+
+/**
+ * @brief colibri_matvec_q4_q8 bit for bit: y[o] = sum_b (float)isum_b * (d_b * sx[b]), blocks
+ *        in order, on the row-major blocks w [n_out][COLIBRI_Q4_BLOCKS(n_in)]. Compile-time
+ *        n_out / n_in at the call site resolve every loop bound and tail.
+ */
+COLIBRI_QI_INLINE void colibri_qi_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq,
+                                        const float *sx, float *y, int32_t n_out, int32_t n_in)
+{
+#if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
+    const int32_t full = n_in / COLIBRI_QK4;
+    const int32_t tail = n_in - full * COLIBRI_QK4; /* inputs of a last partial block */
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    for (int32_t g = 0; g < groups; g++) {
+        const int32_t o = g * COLIBRI_Q4I_ROWS;
+        const colibri_block_q4_32 *r0 = w + (size_t)o * nb;
+        const colibri_block_q4_32 *r1 = r0 + nb;
+        const colibri_block_q4_32 *r2 = r1 + nb;
+        const colibri_block_q4_32 *r3 = r2 + nb;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int32_t b = 0; b < full; b++) {
+            int32_t s[4];
+            colibri_qi_q4_block4(r0[b].qs, r1[b].qs, r2[b].qs, r3[b].qs,
+                                 xq + (size_t)b * COLIBRI_QK4, s);
+            const float xs = sx[b];
+            a0 = colibri_qi_mla(a0, (float)s[0], colibri_qi_mul(colibri_qi_f16(r0[b].d), xs));
+            a1 = colibri_qi_mla(a1, (float)s[1], colibri_qi_mul(colibri_qi_f16(r1[b].d), xs));
+            a2 = colibri_qi_mla(a2, (float)s[2], colibri_qi_mul(colibri_qi_f16(r2[b].d), xs));
+            a3 = colibri_qi_mla(a3, (float)s[3], colibri_qi_mul(colibri_qi_f16(r3[b].d), xs));
+        }
+        if (tail > 0) {
+            const int8_t *x = xq + (size_t)full * COLIBRI_QK4;
+            const float xs = sx[full];
+            a0 = colibri_qi_mla(a0, (float)colibri_dot_q4_q8(&r0[full], x, tail),
+                                colibri_qi_mul(colibri_qi_f16(r0[full].d), xs));
+            a1 = colibri_qi_mla(a1, (float)colibri_dot_q4_q8(&r1[full], x, tail),
+                                colibri_qi_mul(colibri_qi_f16(r1[full].d), xs));
+            a2 = colibri_qi_mla(a2, (float)colibri_dot_q4_q8(&r2[full], x, tail),
+                                colibri_qi_mul(colibri_qi_f16(r2[full].d), xs));
+            a3 = colibri_qi_mla(a3, (float)colibri_dot_q4_q8(&r3[full], x, tail),
+                                colibri_qi_mul(colibri_qi_f16(r3[full].d), xs));
+        }
+        y[o] = a0;
+        y[o + 1] = a1;
+        y[o + 2] = a2;
+        y[o + 3] = a3;
+    }
+    const int32_t o = groups * COLIBRI_Q4I_ROWS;
+    if (o < n_out) { /* the last 1..3 rows */
+        colibri_matvec_q4_q8(w + (size_t)o * nb, xq, sx, y + o, n_out - o, n_in);
+    }
+#else
+    colibri_matvec_q4_q8(w, xq, sx, y, n_out, n_in);
+#endif
+}
+
+/*
+ * Layout Q4R4 (colibri/quant/formats.py q4r4_order), for the Cortex-M4 / M7: an int4 matrix
+ * [n_out][n_in / 32 blocks], n_in a multiple of 32, stored per group of 4 output rows and per
+ * block as 72 bytes: the 4 rows' fp16 scales d, then each row's 16 bytes of nibbles reordered
+ * so that 32-bit word s (weights 8s..8s+7) holds in its halfword lanes k = 0..3 (bits 4k and
+ * 16 + 4k) the weight pairs (8s, 8s+2), (8s+1, 8s+3), (8s+4, 8s+6), (8s+5, 8s+7): the pairs
+ * SXTB16 makes of the two words of activation codes 8s..8s+7. One AND with 0x000F000F (the
+ * word shifted right by 4k) per pair then feeds SMLAD. The n_out % 4 rows after the last group
+ * are plain blocks.
+ */
+#define COLIBRI_Q4R4_BYTES 72 /* one block of a group of 4 rows */
+
+/** Nibble slot (0..31: byte slot / 2, high half when odd) of weight i of a Q4R4 block. */
+COLIBRI_QI_INLINE int32_t colibri_q4r4_slot(int32_t i)
+{
+    static const uint8_t k_slot[8] = {0, 1, 4, 5, 2, 3, 6, 7}; /* its own inverse */
+    return (i & ~7) + (int32_t)k_slot[i & 7];
+}
+
+#if defined(COLIBRI_QI_SIMD32)
+/* One row's step of 8 weights: the word of nibbles at p, its 4 pairs multiplied into acc. */
+#define COLIBRI_Q4R4_ROW(acc, p)                                                                   \
+    __asm__("ldr %[v], %[w]\n"                                                                     \
+            "and %[t], %[v], %[m]\n"                                                               \
+            "smlad %[a], %[t], %[e0], %[a]\n"                                                      \
+            "and %[t], %[m], %[v], lsr #4\n"                                                       \
+            "smlad %[a], %[t], %[o0], %[a]\n"                                                      \
+            "and %[t], %[m], %[v], lsr #8\n"                                                       \
+            "smlad %[a], %[t], %[e1], %[a]\n"                                                      \
+            "and %[t], %[m], %[v], lsr #12\n"                                                      \
+            "smlad %[a], %[t], %[o1], %[a]\n"                                                      \
+            : [a] "+r"(acc), [v] "=&r"(vv), [t] "=&r"(tt)                                          \
+            : [w] "m"(*(const colibri_qi_word *)(const void *)(p)), [m] "r"(mask), [e0] "r"(xe0),  \
+              [o0] "r"(xo0), [e1] "r"(xe1), [o1] "r"(xo1))
+
+/** Integer sums of a Q4R4 group's 4 rows (qs of row 0 at q, row r at q + 16 r) with one
+ *  block of 32 codes. */
+COLIBRI_QI_INLINE void colibri_qi_q4r4_block(const uint8_t *q, const int8_t *x, int32_t s[4])
+{
+    const uint32_t mask = 0x000F000Fu;
+    int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    uint32_t xsum = 0; /* two halfword lanes of activation sums */
+#pragma GCC unroll 4
+    for (int32_t j = 0; j < 4; j++) {
+        uint32_t xe0, xo0, xe1, xo1;
+        __asm__("ldr %[o0], %[l]\n"
+                "ldr %[o1], %[h]\n"
+                "sxtb16 %[e0], %[o0]\n"
+                "sxtb16 %[o0], %[o0], ror #8\n"
+                "sxtb16 %[e1], %[o1]\n"
+                "sxtb16 %[o1], %[o1], ror #8\n"
+                : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)
+                : [l] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j)),
+                  [h] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j + 4)));
+        xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)));
+        uint32_t vv, tt;
+        COLIBRI_Q4R4_ROW(a0, q + 4 * j);
+        COLIBRI_Q4R4_ROW(a1, q + 16 + 4 * j);
+        COLIBRI_Q4R4_ROW(a2, q + 32 + 4 * j);
+        COLIBRI_Q4R4_ROW(a3, q + 48 + 4 * j);
+    }
+    const int32_t off = 8 * __smuad(xsum, 0x00010001u); /* 8 * sum of the 32 codes */
+    s[0] = a0 - off;
+    s[1] = a1 - off;
+    s[2] = a2 - off;
+    s[3] = a3 - off;
+}
+#undef COLIBRI_Q4R4_ROW
+#else
+/** Integer sums of a Q4R4 group's 4 rows with one block of 32 codes (portable). */
+COLIBRI_QI_INLINE void colibri_qi_q4r4_block(const uint8_t *q, const int8_t *x, int32_t s[4])
+{
+    for (int32_t r = 0; r < 4; r++) {
+        int32_t acc = 0;
+        for (int32_t i = 0; i < COLIBRI_QK4; i++) {
+            const int32_t slot = colibri_q4r4_slot(i);
+            const uint8_t byte = q[16 * r + slot / 2];
+            const int32_t v = (int32_t)((slot & 1) ? (byte >> 4) : (byte & 0x0Fu)) - 8;
+            acc += v * (int32_t)x[i];
+        }
+        s[r] = acc;
+    }
+}
+#endif
+
+/**
+ * @brief colibri_matvec_q4_q8 bit for bit on a matrix stored in layout Q4R4 (n_in a multiple
+ *        of 32): w is the stored bytes. Compile-time n_out / n_in resolve every loop bound.
+ */
+COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq, const float *sx,
+                                             float *y, int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = n_in / COLIBRI_QK4;
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    for (int32_t g = 0; g < groups; g++) {
+        const uint8_t *wg = w + (size_t)g * (size_t)nb * COLIBRI_Q4R4_BYTES;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int32_t b = 0; b < nb; b++) {
+            const uint8_t *blk = wg + (size_t)b * COLIBRI_Q4R4_BYTES;
+            int32_t s[4];
+            colibri_qi_q4r4_block(blk + 8, xq + (size_t)b * COLIBRI_QK4, s);
+            uint16_t d[4];
+            memcpy(d, blk, sizeof d);
+            const float xs = sx[b];
+#if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
+            a0 = colibri_qi_mla(a0, (float)s[0], colibri_qi_mul(colibri_qi_f16(d[0]), xs));
+            a1 = colibri_qi_mla(a1, (float)s[1], colibri_qi_mul(colibri_qi_f16(d[1]), xs));
+            a2 = colibri_qi_mla(a2, (float)s[2], colibri_qi_mul(colibri_qi_f16(d[2]), xs));
+            a3 = colibri_qi_mla(a3, (float)s[3], colibri_qi_mul(colibri_qi_f16(d[3]), xs));
+#else
+            a0 += (float)s[0] * (colibri_f16_to_f32(d[0]) * xs);
+            a1 += (float)s[1] * (colibri_f16_to_f32(d[1]) * xs);
+            a2 += (float)s[2] * (colibri_f16_to_f32(d[2]) * xs);
+            a3 += (float)s[3] * (colibri_f16_to_f32(d[3]) * xs);
+#endif
+        }
+        const int32_t o = g * COLIBRI_Q4I_ROWS;
+        y[o] = a0;
+        y[o + 1] = a1;
+        y[o + 2] = a2;
+        y[o + 3] = a3;
+    }
+    const int32_t o = groups * COLIBRI_Q4I_ROWS;
+    if (o < n_out) { /* the last 1..3 rows, plain blocks */
+        const uint8_t *rest = w + (size_t)groups * (size_t)nb * COLIBRI_Q4R4_BYTES;
+        colibri_matvec_q4_q8((const colibri_block_q4_32 *)(const void *)rest, xq, sx, y + o,
+                             n_out - o, n_in);
+    }
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLIBRI_QINLINE_Q4_H */
