@@ -178,13 +178,13 @@ COLIBRI_QF_INLINE float32x4_t colibri_qf_h4(const uint16_t *w)
             "vcvtb.f32.f16 q0, q0\n"
             "vmov %q[v], q0\n"
             : [v] "=w"(v)
-            : [w] "r"(w), "m"(*(const uint16_t(*)[4])w)
+            : [w] "l"(w), "m"(*(const uint16_t(*)[4])w)
             : "q0");
     return v;
 }
 
-/** acc0..3 (q4..q7) += four rows (from w, stride n_in) times x, four inputs per pass, n4 passes;
- *  the weight pointer ends 4 * n4 inputs on. */
+/** acc0..3 (q4..q7) += four rows (from w, stride n_in) times x, four inputs per pass, n4
+ *  passes (the widening VLDRH takes its base from r0-r7: constraint "l"). */
 COLIBRI_QF_INLINE void colibri_qf_f16_loop4(const uint16_t *w, const float *x, int32_t n_in,
                                             int32_t n4, float *acc)
 {
@@ -212,7 +212,7 @@ COLIBRI_QF_INLINE void colibri_qf_f16_loop4(const uint16_t *w, const float *x, i
         "vstrw.32 q5, [%[acc], #16]\n"
         "vstrw.32 q6, [%[acc], #32]\n"
         "vstrw.32 q7, [%[acc], #48]\n"
-        : [w0] "+r"(w), [w1] "+r"(w1), [w2] "+r"(w2), [w3] "+r"(w3), [x] "+r"(x), [n] "+r"(n4)
+        : [w0] "+l"(w), [w1] "+l"(w1), [w2] "+l"(w2), [w3] "+l"(w3), [x] "+r"(x), [n] "+r"(n4)
         : [acc] "r"(acc)
         : "q1", "q2", "q3", "q4", "q5", "q6", "q7", "cc", "memory");
 }
