@@ -14,7 +14,13 @@ from colibri.boards import load_board
 from colibri.cli.pipeline import generate
 from colibri.frontends.toy import make_toy
 from colibri.options import GenerateOptions
-from colibri.quant.formats import BLOCK_Q4_DTYPE, QuantTensor, q8_channel_dtype, r4_restore
+from colibri.quant.formats import (
+    BLOCK_Q4_DTYPE,
+    QuantTensor,
+    c8_restore,
+    q8_channel_dtype,
+    r4_restore,
+)
 from colibri.quant.model import quantize_moe_layer
 from colibri.reference.calibration import layer_calibration
 from conftest import ROOT, require_board
@@ -105,6 +111,12 @@ def test_blob_symbols_hold_the_quantised_tensors(board: str, tmp_path: Path) -> 
                 assert layout == ("r4" if qe.act == "int8" else "rows"), (idx, part, layout)
                 stored = rec["q"] if layout == "rows" else r4_restore(rec["q"], t.n_out, t.n_in)
                 np.testing.assert_array_equal(stored.ravel(), np.asarray(t.data, np.int8).ravel())
+            elif isinstance(t, QuantTensor) and t.scheme == "fp32":
+                # cortex-m7 reads fp32 experts in layout c8 (colibri/emit/experts.py)
+                layout = manifest["weight_layouts"]["w_ffn"][part]
+                assert layout == "c8", (idx, part, layout)
+                got = np.frombuffer(data, dtype="<f4")
+                np.testing.assert_array_equal(c8_restore(got, t.n_out, t.n_in), t.data)
             else:
                 assert data == want, (idx, part)
             in_ram = placement[idx] == "ram"

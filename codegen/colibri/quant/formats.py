@@ -498,7 +498,9 @@ def c8_order(w: np.ndarray) -> np.ndarray:
     n_out, n_in = w.shape
     if not c8_fits(n_out, n_in):
         raise ShapeError(f"layout c8 needs n_out % {C8_COLS} == 0 and n_in % {C8_CHUNK} == 0")
-    return np.ascontiguousarray(w.reshape(n_out // C8_COLS, C8_COLS, n_in).transpose(0, 2, 1)).ravel()
+    return np.ascontiguousarray(
+        w.reshape(n_out // C8_COLS, C8_COLS, n_in).transpose(0, 2, 1)
+    ).ravel()
 
 
 def c8_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
