@@ -23,9 +23,10 @@ dot products per block).
 
 The formats are defined once in C (runtime_c/include/colibri_quant.h) and mirrored here as
 numpy dtypes (:data:`BLOCK_Q4_DTYPE`); tests/test_quant.py reads the C sizes and offsets
-back from a compiled object. The kernels below mirror the C kernels' arithmetic *in the same
-fp32 order* (there is no FMA on any board: -ffp-contract=off), so integer accumulators and
-matvec outputs are bit-identical; C's ``roundf`` (half away from zero) is mirrored by
+back from a compiled object. The kernels below mirror the C library kernels' arithmetic *in the
+same fp32 order* (every board compiles with -ffp-contract=off), so integer accumulators and
+matvec outputs are bit-identical (the generated fp32 experts in layout ``c8`` and the Helium
+fp16 experts use fused multiply-adds instead: within the fp32 tolerance, docs/format.md 6); C's ``roundf`` (half away from zero) is mirrored by
 :func:`round_half_away`, not ``np.round`` (half to even).
 """
 
