@@ -26,8 +26,9 @@ numpy dtypes (:data:`BLOCK_Q4_DTYPE`); tests/test_quant.py reads the C sizes and
 back from a compiled object. The kernels below mirror the C library kernels' arithmetic *in the
 same fp32 order* (every board compiles with -ffp-contract=off), so integer accumulators and
 matvec outputs are bit-identical (the generated fp32 experts in layout ``c8`` and the Helium
-fp16 experts use fused multiply-adds instead: within the fp32 tolerance, docs/format.md 6); C's ``roundf`` (half away from zero) is mirrored by
-:func:`round_half_away`, not ``np.round`` (half to even).
+fp16 experts use fused multiply-adds instead: within the fp32 tolerance, docs/format.md 6);
+C's ``roundf`` (half away from zero) is mirrored by :func:`round_half_away`, not ``np.round``
+(half to even).
 """
 
 from __future__ import annotations
