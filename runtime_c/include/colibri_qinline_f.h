@@ -20,12 +20,12 @@
  *    scalar x[i]. Elsewhere (the emitter only chooses c8 for those cores) portable C in the
  *    library's order (acc = b; acc += w * x).
  *  - colibri_qf_f16_f32: colibri_matvec_f16_f32 (weights fp16 [n_out][n_in], unchanged layout).
- *    Helium with floating point: four rows per pass, eight fp16 weights per VLDRH, converted to
- *    fp32 in hardware (VCVTB for the even inputs, VCVTT for the odd ones, against x split into
- *    even / odd by VLD2), VFMA in fp32 lanes, so each row sums in eight partial sums. Helium
- *    flushes subnormal fp32 values to zero (products and sums below 2^-126 are lost): within the
- *    tolerance, which is relative to the largest output. Other cores call the library (exact
- *    portable conversion).
+ *    Helium with floating point: four rows per pass, one VLDRW of four x values shared by the
+ *    four rows, per row a widening VLDRH.U32 of four fp16 weights, VCVTB.F32.F16 (exact, fp16
+ *    subnormals included) and a VFMA in fp32 lanes, so each row sums in four partial sums; the
+ *    last n_in % 4 inputs and n_out % 4 rows in C. Helium flushes subnormal fp32 values to zero
+ *    (products and sums below 2^-126 are lost): within the tolerance, which is relative to the
+ *    largest output. Other cores call the library (exact portable conversion).
  * Preconditions: y does not overlap x or w; for c8, n_out % 8 == 0 and n_in % 4 == 0, n_in > 0
  * (colibri.quant.formats.c8_fits).
  */
