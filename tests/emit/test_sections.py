@@ -17,6 +17,7 @@ from colibri.options import GenerateOptions
 from colibri.quant.formats import (
     BLOCK_Q4_DTYPE,
     QuantTensor,
+    c8_restore,
     q4r4_restore,
     q8_channel_dtype,
     r4_restore,
@@ -119,6 +120,12 @@ def test_blob_symbols_hold_the_quantised_tensors(board: str, tmp_path: Path) -> 
                 if layout == "q4r4":
                     blocks = q4r4_restore(blocks, t.n_out, t.n_in).view(np.uint8).ravel()
                 assert blocks.tobytes() == want, (idx, part)
+            elif isinstance(t, QuantTensor) and t.scheme == "fp32":
+                # cortex-m7 reads fp32 experts in layout c8 (colibri/emit/experts.py)
+                layout = manifest["weight_layouts"]["w_ffn"][part]
+                assert layout == "c8", (idx, part, layout)
+                got = np.frombuffer(data, dtype="<f4")
+                np.testing.assert_array_equal(c8_restore(got, t.n_out, t.n_in), t.data)
             else:
                 assert data == want, (idx, part)
             in_ram = placement[idx] == "ram"

@@ -24,6 +24,8 @@ from colibri.quant.formats import (
     QK4,
     QK8,
     SCHEMES,
+    c8_order,
+    c8_restore,
     f16_to_f32,
     make_plan,
     q4r4_order,
@@ -326,6 +328,50 @@ def test_q4r4_layout_order_and_inverse(shape: tuple[int, int]) -> None:
     assert stored[tail:].tobytes() == blocks[n_out // 4 * 4 :].tobytes()
     back = q4r4_restore(stored, n_out, n_in)
     assert back.tobytes() == blocks.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(8, 4), (16, 12), (24, 20), (64, 128)])
+def test_c8_layout_order_and_inverse(shape: tuple[int, int]) -> None:
+    """Layout c8 (colibri_qinline_f.h, fp32): per block of 8 outputs, for each input i the 8
+    weights w[8b .. 8b + 7][i]; c8_restore undoes it."""
+    n_out, n_in = shape
+    w = np.arange(n_out * n_in, dtype=np.float32).reshape(n_out, n_in)
+    stored = c8_order(w)
+    assert stored.shape == (n_out * n_in,)
+    for b in range(n_out // 8):
+        for i in range(n_in):
+            at = b * 8 * n_in + i * 8
+            np.testing.assert_array_equal(stored[at : at + 8], w[8 * b : 8 * b + 8, i])
+    np.testing.assert_array_equal(c8_restore(stored, n_out, n_in), w)
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (12, 8), (8, 6), (0, 4)])
+def test_c8_layout_refuses_shapes_it_cannot_hold(shape: tuple[int, int]) -> None:
+    with pytest.raises(ShapeError, match="layout c8"):
+        c8_order(np.zeros(shape, np.float32))
+
+
+@pytest.mark.parametrize(
+    ("board", "d_model", "d_ff", "want"),
+    [
+        ("cortex-m4", 32, 48, {"w1": "c8", "w3": "c8", "w2": "c8"}),
+        ("cortex-m55", 20, 24, {"w1": "c8", "w3": "c8", "w2": "rows"}),  # 20 outputs: no
+        ("host", 32, 48, {"w1": "rows", "w3": "rows", "w2": "rows"}),
+    ],
+)
+def test_fp32_experts_record_their_layout(
+    board: str, d_model: int, d_ff: int, want: dict[str, str], tmp_path: Path
+) -> None:
+    """fp32 experts are stored in layout c8 on the cores with a fused dot-form kernel where the
+    shape allows, the seed layout elsewhere; the manifest says which, and the blob holds it."""
+    layer = make_toy(2, d_model, d_ff, 1, "relu", seed=5)
+    gen, manifest = generate(layer, tmp_path / "g", GenerateOptions(board=board, name="f"))
+    assert manifest["weight_layouts"] == {"f_ffn": want}
+    blob = (gen / "colibri_weights.bin").read_bytes()
+    w1 = layer.experts[0].w1  # [d_model][d_ff], the seed layout
+    seed = np.ascontiguousarray(w1, "<f4").tobytes()
+    stored = c8_order(np.ascontiguousarray(w1.T)).astype("<f4").tobytes()
+    assert (stored if want["w1"] == "c8" else seed) in blob
 
 
 @pytest.mark.parametrize("shape", [(3, 16), (4, 20), (8, 8)])

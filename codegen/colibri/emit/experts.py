@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..quant.formats import QuantTensor, q4r4_fits, r4_fits
+from ..quant.formats import QuantTensor, c8_fits, q4r4_fits, r4_fits
 
 #: Parts of an expert in the order of the kernels' parameters.
 PARTS = ("w1", "b1", "w2", "b2", "w3")
@@ -40,6 +40,21 @@ def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[st
     fast = isa in R4_ISAS and scheme == "int8" and act == "int8"
     up = "r4" if fast and r4_fits(d_ff, d_model) else "rows"
     down = "r4" if fast and r4_fits(d_model, d_ff) else "rows"
+    return {"w1": up, "w3": up, "w2": down}
+
+
+#: Board ISAs whose fp32 experts read layout c8 with fused multiply-adds (colibri_qinline_f.h):
+#: the Cortex-M4 / M7 single-precision FPU (VFMA, VLDM) and Helium (VFMA by a scalar).
+C8_ISAS = ("armv7em_dsp", "mve")
+
+
+def fp32_layouts(isa: str, d_model: int, d_ff: int) -> dict[str, str]:
+    """Stored layout of each weight part of an fp32 expert on a core: c8 (column blocks of
+    the seed layout, read by colibri_qinline_f.h's dot-form kernels) where the core has a fast
+    path and the shape allows, else the seed layout (``rows``)."""
+    fast = isa in C8_ISAS
+    up = "c8" if fast and c8_fits(d_ff, d_model) else "rows"
+    down = "c8" if fast and c8_fits(d_model, d_ff) else "rows"
     return {"w1": up, "w3": up, "w2": down}
 
 

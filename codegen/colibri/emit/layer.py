@@ -25,7 +25,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantTensor
 from ..quant.model import LayerQuant
 from ..reference.accuracy import Analysis
 from .cnames import c_ident, c_int_array
-from .experts import ffn_kernel, kernel_params, with_layout
+from .experts import ffn_kernel, fp32_layouts, kernel_params, with_layout
 from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -57,6 +57,7 @@ def render_layer(
     weights = WeightTable(name)
     isa = load_board(options.board).isa
     kinds: dict[tuple[str, str], dict[str, Any]] = {}
+    f32_layouts = fp32_layouts(isa, c.d_model, c.d_ff)  # the fp32 experts' ({name}_ffn)
 
     def kernel(scheme: str, act: str) -> dict[str, Any]:
         """The FFN kernel of a quantised expert kind (and the layouts it reads)."""
@@ -90,6 +91,8 @@ def render_layer(
         for tname, t in qe.tensors():
             if isinstance(t, QuantTensor) and qe.scheme != "fp32":
                 t = with_layout(t, tname, kernel(qe.scheme, qe.act))
+            elif isinstance(t, QuantTensor):
+                t = with_layout(t, tname, {"layouts": f32_layouts})
             entry = weights.add_stored(
                 f"e{idx}_{tname}", t, f"expert {idx} {tname}, {qe.scheme}{pinned}{shared}", const
             )
@@ -161,6 +164,7 @@ def render_layer(
         "slot_floats": slot_floats,
         "bias": bias,
         "pinned_ram": pinned_ram,
+        "fp32_layouts": f32_layouts,
     }
     files: dict[str, FileContent] = {**render_files("layer", ctx)}
     files[WEIGHTS_BLOB["layer"]] = weights.blob()
@@ -182,6 +186,8 @@ def render_layer(
     manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in sorted(stored, key=_by_index)]
     if ffn_kinds:  # how each quantised kernel's weights are stored (quant/formats.py LAYOUTS)
         manifest["weight_layouts"] = {k["fn"]: k["layouts"] for k in ffn_kinds}
+    if any(s["scheme"] == "fp32" for s in stored):  # and the fp32 experts' ({name}_ffn)
+        manifest.setdefault("weight_layouts", {})[f"{name}_ffn"] = f32_layouts
     if report:
         manifest["quantization"] = {
             "schemes": qplan.scheme_counts(),

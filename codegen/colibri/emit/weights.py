@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..quant.formats import QuantTensor, q4r4_order, q8_channel_dtype, r4_order
+from ..quant.formats import QuantTensor, c8_order, q4r4_order, q8_channel_dtype, r4_order
 from .cnames import NameTable
 from .output import BinaryFile
 
@@ -42,6 +42,8 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
     already are in the C layout (a model's quantised weights are not copied into the blob)."""
     if isinstance(t, np.ndarray):
         return [_view(np.ascontiguousarray(t, dtype="<f4"))]
+    if t.scheme == "fp32" and t.layout == "c8":  # column blocks of the seed layout
+        return [_view(c8_order(np.asarray(t.data, dtype="<f4")))]
     if t.scheme == "fp32":
         return [_view(np.ascontiguousarray(t.data.T, dtype="<f4"))]  # the seed layout
     if t.scheme == "fp16":

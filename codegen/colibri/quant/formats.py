@@ -23,10 +23,12 @@ dot products per block).
 
 The formats are defined once in C (runtime_c/include/colibri_quant.h) and mirrored here as
 numpy dtypes (:data:`BLOCK_Q4_DTYPE`); tests/test_quant.py reads the C sizes and offsets
-back from a compiled object. The kernels below mirror the C kernels' arithmetic *in the same
-fp32 order* (there is no FMA on any board: -ffp-contract=off), so integer accumulators and
-matvec outputs are bit-identical; C's ``roundf`` (half away from zero) is mirrored by
-:func:`round_half_away`, not ``np.round`` (half to even).
+back from a compiled object. The kernels below mirror the C library kernels' arithmetic *in the
+same fp32 order* (every board compiles with -ffp-contract=off), so integer accumulators and
+matvec outputs are bit-identical (the generated fp32 experts in layout ``c8`` and the Helium
+fp16 experts use fused multiply-adds instead: within the fp32 tolerance, docs/format.md 6);
+C's ``roundf`` (half away from zero) is mirrored by :func:`round_half_away`, not ``np.round``
+(half to even).
 """
 
 from __future__ import annotations
@@ -451,9 +453,13 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 #: Output rows per group and inputs per chunk of layout ``r4`` (colibri_qinline.h R4).
 R4_ROWS = 4
 R4_CHUNK = 16
-#: Stored layouts of a matrix: ``rows`` (output-channel-major), ``r4`` (int8) or ``q4r4``
-#: (int4).
-LAYOUTS = ("rows", "r4", "q4r4")
+#: Output columns per block of layout ``c8`` (fp32, colibri_qinline_f.h) and the multiple of
+#: inputs its kernels need.
+C8_COLS = 8
+C8_CHUNK = 4
+#: Stored layouts of a matrix: ``rows`` (output-channel-major; fp32: the seed layout, input-
+#: major), ``r4`` (int8), ``q4r4`` (int4) or ``c8`` (fp32).
+LAYOUTS = ("rows", "r4", "q4r4", "c8")
 
 
 def r4_fits(n_out: int, n_in: int) -> bool:
@@ -538,6 +544,29 @@ def q4r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     rows["qs"] = (nib[..., :16] | (nib[..., 16:] << 4)).astype(np.uint8).transpose(0, 2, 1, 3)
     out[g:] = flat[g * nb * BLOCK_Q4_DTYPE.itemsize :].view(BLOCK_Q4_DTYPE).reshape(n_out - g, nb)
     return out
+
+
+def c8_fits(n_out: int, n_in: int) -> bool:
+    """Whether an fp32 [n_out, n_in] matrix can be stored in layout c8 (whole blocks)."""
+    return n_out % C8_COLS == 0 and n_in % C8_CHUNK == 0 and n_out > 0 and n_in > 0
+
+
+def c8_order(w: np.ndarray) -> np.ndarray:
+    """The fp32 weights [n_out, n_in] in layout c8, as the flat array of stored floats: blocks
+    of C8_COLS outputs; in a block, for each input i, the weights of its outputs 0..7 (the
+    seed layout [n_in][n_out] cut into column blocks, each block contiguous)."""
+    n_out, n_in = w.shape
+    if not c8_fits(n_out, n_in):
+        raise ShapeError(f"layout c8 needs n_out % {C8_COLS} == 0 and n_in % {C8_CHUNK} == 0")
+    return np.ascontiguousarray(
+        w.reshape(n_out // C8_COLS, C8_COLS, n_in).transpose(0, 2, 1)
+    ).ravel()
+
+
+def c8_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The inverse of :func:`c8_order`: stored floats back to weights [n_out, n_in]."""
+    blocks = np.asarray(stored).ravel().reshape(n_out // C8_COLS, n_in, C8_COLS)
+    return np.ascontiguousarray(blocks.transpose(0, 2, 1)).reshape(n_out, n_in)
 
 
 # -- quantised tensors and experts --------------------------------------------------------------

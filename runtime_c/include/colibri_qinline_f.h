@@ -1,0 +1,283 @@
+/**
+ * @file colibri_qinline_f.h
+ * @brief Shape-specialised float kernels for generated expert code (issue 11): static and always
+ *        inlined, so a generated expert kernel that calls them with its dimensions as constants
+ *        gets a body specialised to its shape.
+ *
+ * Unlike colibri_qinline.h these are float paths with fused multiply-adds and their own
+ * summation order: their results are not bit-exact against the library kernels or the numpy
+ * mirror, only within the fp32 tolerance (colibri.reference.moe.FP32_TOLERANCE, the fp16 / fp32
+ * entries of colibri.quant.formats.LAYER_TOLERANCE). They are only used by the expert kernels:
+ * the router keeps its contraction-free order (every board compiles with -ffp-contract=off; the
+ * fused operations here are explicit, inline assembly or Helium intrinsics), so the expert
+ * choices stay bit-exact.
+ *
+ *  - colibri_qf_f32_c8: y = b + W x for an fp32 matrix stored in layout c8 (docs/format.md
+ *    section 6): blocks of 8 outputs, each block [n_in][8] contiguous. Eight outputs per pass,
+ *    so each x[i] is loaded once for eight rows and the block's weights stream from one pointer.
+ *    Cortex-M4 / M7 (FPv4-SP / FPv5): eight accumulators in s0-s7, per four inputs one VLDM of
+ *    x, four VLDM of eight weights and 32 VFMA. Helium: two vector accumulators, VFMA by the
+ *    scalar x[i]. Elsewhere (the emitter only chooses c8 for those cores) portable C in the
+ *    library's order (acc = b; acc += w * x).
+ *  - colibri_qf_f16_f32: colibri_matvec_f16_f32 (weights fp16 [n_out][n_in], unchanged layout).
+ *    Helium with floating point: four rows per pass, one VLDRW of four x values shared by the
+ *    four rows, per row a widening VLDRH.U32 of four fp16 weights, VCVTB.F32.F16 (exact, fp16
+ *    subnormals included) and a VFMA in fp32 lanes, so each row sums in four partial sums; the
+ *    last n_in % 4 inputs and n_out % 4 rows in C. Helium flushes subnormal fp32 values to zero
+ *    (products and sums below 2^-126 are lost): within the tolerance, which is relative to the
+ *    largest output. Other cores call the library (exact portable conversion).
+ * Preconditions: y does not overlap x or w; for c8, n_out % 8 == 0 and n_in % 4 == 0, n_in > 0
+ * (colibri.quant.formats.c8_fits).
+ */
+#ifndef COLIBRI_QINLINE_F_H
+#define COLIBRI_QINLINE_F_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri_quant.h"
+
+#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
+#include <arm_mve.h>
+#define COLIBRI_QF_MVE 1
+#elif defined(__ARM_ARCH_7EM__) && defined(__ARM_FP) && (__ARM_FP & 4) &&                          \
+    defined(__ARM_FEATURE_FMA) && !defined(__ARM_NEON)
+#define COLIBRI_QF_VFP 1
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COLIBRI_QF_INLINE static inline __attribute__((always_inline))
+
+/** Outputs per block and the input multiple of layout c8. */
+#define COLIBRI_QF_C8_COLS 8
+#define COLIBRI_QF_C8_CHUNK 4
+
+#if defined(COLIBRI_QF_VFP)
+/** acc[0..7] += sum over n_in inputs (n4 = n_in / 4 passes) of w[i][0..7] * x[i], fused. */
+COLIBRI_QF_INLINE void colibri_qf_c8_vfp(const float *w, const float *x, float *acc, int32_t n4)
+{
+    __asm__ volatile("vldmia %[acc], {s0-s7}\n"
+                     "1:\n"
+                     "vldmia %[x]!, {s16-s19}\n"
+                     "vldmia %[w]!, {s8-s15}\n"
+                     "vfma.f32 s0, s8, s16\n"
+                     "vfma.f32 s1, s9, s16\n"
+                     "vfma.f32 s2, s10, s16\n"
+                     "vfma.f32 s3, s11, s16\n"
+                     "vfma.f32 s4, s12, s16\n"
+                     "vfma.f32 s5, s13, s16\n"
+                     "vfma.f32 s6, s14, s16\n"
+                     "vfma.f32 s7, s15, s16\n"
+                     "vldmia %[w]!, {s8-s15}\n"
+                     "vfma.f32 s0, s8, s17\n"
+                     "vfma.f32 s1, s9, s17\n"
+                     "vfma.f32 s2, s10, s17\n"
+                     "vfma.f32 s3, s11, s17\n"
+                     "vfma.f32 s4, s12, s17\n"
+                     "vfma.f32 s5, s13, s17\n"
+                     "vfma.f32 s6, s14, s17\n"
+                     "vfma.f32 s7, s15, s17\n"
+                     "vldmia %[w]!, {s8-s15}\n"
+                     "vfma.f32 s0, s8, s18\n"
+                     "vfma.f32 s1, s9, s18\n"
+                     "vfma.f32 s2, s10, s18\n"
+                     "vfma.f32 s3, s11, s18\n"
+                     "vfma.f32 s4, s12, s18\n"
+                     "vfma.f32 s5, s13, s18\n"
+                     "vfma.f32 s6, s14, s18\n"
+                     "vfma.f32 s7, s15, s18\n"
+                     "vldmia %[w]!, {s8-s15}\n"
+                     "vfma.f32 s0, s8, s19\n"
+                     "vfma.f32 s1, s9, s19\n"
+                     "vfma.f32 s2, s10, s19\n"
+                     "vfma.f32 s3, s11, s19\n"
+                     "vfma.f32 s4, s12, s19\n"
+                     "vfma.f32 s5, s13, s19\n"
+                     "vfma.f32 s6, s14, s19\n"
+                     "vfma.f32 s7, s15, s19\n"
+                     "subs %[n], %[n], #1\n"
+                     "bne 1b\n"
+                     "vstmia %[acc], {s0-s7}\n"
+                     : [w] "+r"(w), [x] "+r"(x), [n] "+r"(n4)
+                     : [acc] "r"(acc)
+                     : "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11",
+                       "s12", "s13", "s14", "s15", "s16", "s17", "s18", "s19", "cc", "memory");
+}
+#endif
+
+/**
+ * @brief y[o] = (b ? b[o] : 0) + sum_i w(o, i) * x[i] for W [n_out][n_in] stored in layout c8
+ *        (w + (o / 8) * 8 * n_in + i * 8 + o % 8), fused multiply-adds on the M4 / M7 and
+ *        Helium. n_out % 8 == 0, n_in % 4 == 0 and n_in > 0; y must not overlap x or w.
+ */
+COLIBRI_QF_INLINE void colibri_qf_f32_c8(const float *w, const float *b, const float *x, float *y,
+                                         int32_t n_out, int32_t n_in)
+{
+#if defined(COLIBRI_QF_MVE)
+    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {
+        const float *wb = w + (size_t)o * (size_t)n_in;
+        float32x4_t a0 = vdupq_n_f32(0.0f);
+        float32x4_t a1 = vdupq_n_f32(0.0f);
+        if (b != NULL) {
+            a0 = vld1q_f32(b + o);
+            a1 = vld1q_f32(b + o + 4);
+        }
+        for (int32_t i = 0; i < n_in; i++) {
+            const float xi = x[i];
+            a0 = vfmaq_n_f32(a0, vld1q_f32(wb), xi);
+            a1 = vfmaq_n_f32(a1, vld1q_f32(wb + 4), xi);
+            wb += COLIBRI_QF_C8_COLS;
+        }
+        vst1q_f32(y + o, a0);
+        vst1q_f32(y + o + 4, a1);
+    }
+#elif defined(COLIBRI_QF_VFP)
+    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {
+        for (int32_t r = 0; r < COLIBRI_QF_C8_COLS; r++) {
+            y[o + r] = (b != NULL) ? b[o + r] : 0.0f;
+        }
+        colibri_qf_c8_vfp(w + (size_t)o * (size_t)n_in, x, y + o, n_in / COLIBRI_QF_C8_CHUNK);
+    }
+#else
+    for (int32_t o = 0; o < n_out; o++) {
+        const float *wb = w + (size_t)(o - o % COLIBRI_QF_C8_COLS) * (size_t)n_in +
+                          (size_t)(o % COLIBRI_QF_C8_COLS);
+        float acc = (b != NULL) ? b[o] : 0.0f;
+        for (int32_t i = 0; i < n_in; i++) {
+            acc += wb[(size_t)i * COLIBRI_QF_C8_COLS] * x[i];
+        }
+        y[o] = acc;
+    }
+#endif
+}
+
+#if defined(COLIBRI_QF_MVE)
+/** Sum of the four lanes. */
+COLIBRI_QF_INLINE float colibri_qf_hsum(float32x4_t v)
+{
+    return (vgetq_lane_f32(v, 0) + vgetq_lane_f32(v, 1)) +
+           (vgetq_lane_f32(v, 2) + vgetq_lane_f32(v, 3));
+}
+
+/* GNU as 2.40 encodes the register fields of MVE VCVTB.F32.F16 Qd, Qm wrongly (q1 as q2 and so
+ * on; only q0, q0 comes out right), which makes vcvtbq_f32_f16 unusable: the kernels below use
+ * q0 with the mnemonic and give other registers as the instruction's encoding, 0xFE3F0E01 |
+ * Qd << 13 | Qm << 1 (Arm ARM, VCVTB T1, op = 1: F32 from the bottom F16 halves). */
+#define COLIBRI_QF_VCVTB_Q1 ".inst.w 0xfe3f2e03\n" /* vcvtb.f32.f16 q1, q1 */
+#define COLIBRI_QF_VCVTB_Q2 ".inst.w 0xfe3f4e05\n" /* vcvtb.f32.f16 q2, q2 */
+
+/** Four fp16 weights from w (any 2-byte alignment) as fp32: a widening VLDRH.U32 puts each in
+ *  the bottom half of its lane, VCVTB converts the bottom halves. */
+COLIBRI_QF_INLINE float32x4_t colibri_qf_h4(const uint16_t *w)
+{
+    float32x4_t v;
+    __asm__("vldrh.u32 q0, [%[w]]\n"
+            "vcvtb.f32.f16 q0, q0\n"
+            "vmov %q[v], q0\n"
+            : [v] "=w"(v)
+            : [w] "l"(w), "m"(*(const uint16_t(*)[4])w)
+            : "q0");
+    return v;
+}
+
+/** acc0..3 (q4..q7) += four rows (from w, stride n_in) times x, four inputs per pass, n4
+ *  passes (the widening VLDRH takes its base from r0-r7: constraint "l"). */
+COLIBRI_QF_INLINE void colibri_qf_f16_loop4(const uint16_t *w, const float *x, int32_t n_in,
+                                            int32_t n4, float *acc)
+{
+    const uint16_t *w1 = w + (size_t)n_in;
+    const uint16_t *w2 = w1 + (size_t)n_in;
+    const uint16_t *w3 = w2 + (size_t)n_in;
+    __asm__ volatile(
+        "vldrw.32 q4, [%[acc]]\n"
+        "vldrw.32 q5, [%[acc], #16]\n"
+        "vldrw.32 q6, [%[acc], #32]\n"
+        "vldrw.32 q7, [%[acc], #48]\n"
+        "1:\n"
+        "vldrw.32 q3, [%[x]], #16\n"
+        "vldrh.u32 q1, [%[w0]], #8\n"
+        "vldrh.u32 q2, [%[w1]], #8\n" COLIBRI_QF_VCVTB_Q1 COLIBRI_QF_VCVTB_Q2
+        "vfma.f32 q4, q1, q3\n"
+        "vfma.f32 q5, q2, q3\n"
+        "vldrh.u32 q1, [%[w2]], #8\n"
+        "vldrh.u32 q2, [%[w3]], #8\n" COLIBRI_QF_VCVTB_Q1 COLIBRI_QF_VCVTB_Q2
+        "vfma.f32 q6, q1, q3\n"
+        "vfma.f32 q7, q2, q3\n"
+        "subs %[n], %[n], #1\n"
+        "bne 1b\n"
+        "vstrw.32 q4, [%[acc]]\n"
+        "vstrw.32 q5, [%[acc], #16]\n"
+        "vstrw.32 q6, [%[acc], #32]\n"
+        "vstrw.32 q7, [%[acc], #48]\n"
+        : [w0] "+l"(w), [w1] "+l"(w1), [w2] "+l"(w2), [w3] "+l"(w3), [x] "+r"(x), [n] "+r"(n4)
+        : [acc] "r"(acc)
+        : "q1", "q2", "q3", "q4", "q5", "q6", "q7", "cc", "memory");
+}
+
+/** The rest of a row from input i on (fewer than 4 inputs), then the lanes' sum. */
+COLIBRI_QF_INLINE float colibri_qf_f16_finish(float32x4_t acc, const uint16_t *row, const float *x,
+                                              int32_t i, int32_t n_in)
+{
+    float s = colibri_qf_hsum(acc);
+    for (; i < n_in; i++) {
+        s += colibri_f16_to_f32(row[i]) * x[i];
+    }
+    return s;
+}
+
+/** Four rows of colibri_qf_f16_f32 from row pointer w. */
+COLIBRI_QF_INLINE void colibri_qf_f16_rows4(const uint16_t *w, const float *x, float *y,
+                                            int32_t n_in)
+{
+    float acc[16] __attribute__((aligned(16))) = {0};
+    const int32_t n4 = n_in / 4;
+    if (n4 > 0) {
+        colibri_qf_f16_loop4(w, x, n_in, n4, acc);
+    }
+    for (int32_t r = 0; r < 4; r++) {
+        y[r] = colibri_qf_f16_finish(vld1q_f32(acc + 4 * r), w + (size_t)r * (size_t)n_in, x,
+                                     4 * n4, n_in);
+    }
+}
+
+/** One row of colibri_qf_f16_f32. */
+COLIBRI_QF_INLINE float colibri_qf_f16_row(const uint16_t *w, const float *x, int32_t n_in)
+{
+    float32x4_t a0 = vdupq_n_f32(0.0f);
+    int32_t i = 0;
+    for (; i + 4 <= n_in; i += 4) {
+        a0 = vfmaq_f32(a0, colibri_qf_h4(w + i), vld1q_f32(x + i));
+    }
+    return colibri_qf_f16_finish(a0, w, x, i, n_in);
+}
+#endif
+
+/**
+ * @brief colibri_matvec_f16_f32 (y[o] = sum_i (float)w[o][i] * x[i], w fp16 [n_out][n_in]),
+ *        within the fp32 tolerance: on Helium with hardware conversion and fused multiply-adds,
+ *        elsewhere the library itself.
+ */
+COLIBRI_QF_INLINE void colibri_qf_f16_f32(const uint16_t *w, const float *x, float *y,
+                                          int32_t n_out, int32_t n_in)
+{
+#if defined(COLIBRI_QF_MVE)
+    const int32_t full = n_out / 4 * 4;
+    for (int32_t o = 0; o < full; o += 4) {
+        colibri_qf_f16_rows4(w + (size_t)o * (size_t)n_in, x, y + o, n_in);
+    }
+    for (int32_t o = full; o < n_out; o++) { /* the last 1..3 rows */
+        y[o] = colibri_qf_f16_row(w + (size_t)o * (size_t)n_in, x, n_in);
+    }
+#else
+    colibri_matvec_f16_f32(w, x, y, n_out, n_in);
+#endif
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLIBRI_QINLINE_F_H */
