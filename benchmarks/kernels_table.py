@@ -222,9 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "model": shape,
         "definitions": {
-            "kernel@N": "instructions inside the calls of the generated expert kernels "
-            "(<name>_expert_<i>, callees included) during an N-token forward pass / (N * MACs)",
-            "pass@N": "instructions of the whole N-token forward pass / (N * MACs)",
+            **{
+                f"kernel@{n}": "instructions inside the calls of the generated expert kernels "
+                f"(<name>_expert_<i>, callees included) during a {n}-token forward pass "
+                f"/ ({n} * MACs per token)"
+                for n in (1, 8)
+            },
+            **{
+                f"pass@{n}": f"instructions of the whole {n}-token forward pass "
+                f"/ ({n} * MACs per token)"
+                for n in (1, 8)
+            },
             "slope": "(pass instructions at 9 tokens - at 1 token) / 8 / MACs per token",
             "router": "router_table.py: instructions per token, 64 experts, k 2",
         },
