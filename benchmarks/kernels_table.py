@@ -176,8 +176,7 @@ def render(report: dict[str, Any]) -> str:
         "  pass@N:   whole N-token forward pass / MACs (fixed cost included)",
         "  slope:    (pass of 9 tokens - pass of 1) / 8 / MACs per token",
         "",
-        f"{'board':11} {'counted by':11} {'scheme':6} "
-        + " ".join(f"{c:>9}" for c in COLUMNS),
+        f"{'board':11} {'counted by':11} {'scheme':6} " + " ".join(f"{c:>9}" for c in COLUMNS),
     ]
     for name, entry in report["boards"].items():
         if "skipped" in entry:
@@ -260,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"colibri: {name} {scheme}: {exc}", file=sys.stderr)
                 return 1
             entry["schemes"][scheme] = res
-            shown = res.get("skipped") or {
-                k: round(v, 2) for k, v in res["instr_per_mac"].items()
-            }
+            shown = res.get("skipped") or {k: round(v, 2) for k, v in res["instr_per_mac"].items()}
             print(f"{name} {scheme}: {shown}", file=sys.stderr, flush=True)
         if not a.no_router:
             entry["router"] = measure_router(board, a.tiny, work / name / "router")
