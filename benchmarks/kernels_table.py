@@ -7,8 +7,9 @@ pass, per board and scheme, plus the router's instructions per token (issue 11).
 
 The model is the issue's: the seed toy (colibri.frontends.toy.make_toy, 2 experts) with
 d_model 128, d_ff 512, relu, top-k 1, generated with ``--quant SCHEME`` (fp32: no --quant) and
-default flags (but --max-tokens 9) for each board, built by the usual model build and run by the usual runner on
-1, 8 and 9 tokens. A token costs 2 * d_model * d_ff MACs (w1 and w2 of its one expert).
+default flags (but --max-tokens 9) for each board, built by the usual model build and run by
+the usual runner on 1, 8 and 9 tokens. A token costs 2 * d_model * d_ff MACs (w1 and w2 of
+its one expert).
 
 Columns (instructions / MAC; counts are deterministic: callgrind on the host, QEMU's TCG plugin
 tools/qemu_icount/icount.c on every other board):
