@@ -11,7 +11,8 @@ under QEMU with the TCG plugin ``tools/qemu_icount/icount.c`` (built on demand i
 marker; the dumps triggered by the end marker hold the region). Both are deterministic.
 With ``count_prefix`` the run also counts, inclusively (callees included), the calls made inside
 that region to the functions whose names start with the prefix (``RunResult.prefix_instructions``;
-the plugin's ``sub_prefix``, callgrind's ``--toggle-collect`` in a second run on the host).
+the plugin's ``sub_prefix``; on the host callgrind's ``--toggle-collect`` in a second run, which
+counts such calls in the whole run, the same for a program that calls them only in the region).
 """
 
 from __future__ import annotations
