@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -178,6 +179,14 @@ def measure_router(board: Board, tiny: bool, work: Path) -> dict[str, Any]:
     }
 
 
+def short_reason(why: str) -> str:
+    """A skip reason in one table cell: the budget overrun, or the first sentence."""
+    over = re.search(r"(\w+): needs [^\n]*?: (\d+) bytes over budget", why)
+    if over is not None:
+        return f"skipped: does not fit ({over.group(1)} {over.group(2)} bytes over budget)"
+    return "skipped: " + why.split(". ")[0]
+
+
 def render(report: dict[str, Any]) -> str:
     shape = report["model"]
     lines = [
@@ -193,12 +202,12 @@ def render(report: dict[str, Any]) -> str:
     ]
     for name, entry in report["boards"].items():
         if "skipped" in entry:
-            lines.append(f"{name:11} skipped: {entry['skipped']}")
+            lines.append(f"{name:11} {short_reason(entry['skipped'])}")
             continue
         for scheme, res in entry["schemes"].items():
             head = f"{name:11} {entry['counted_by']:11} {scheme:6} "
             if "skipped" in res:
-                lines.append(head + f"skipped: {res['skipped']}")
+                lines.append(head + short_reason(res["skipped"]))
                 continue
             lines.append(head + " ".join(f"{res['instr_per_mac'][c]:>9.2f}" for c in COLUMNS))
     routers = [
