@@ -18,23 +18,17 @@ import argparse
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "codegen"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_common import build_bench, count_modes  # noqa: E402
 from colibri.boards import Board, load_board  # noqa: E402
-from colibri.targets.qemu import run_elf  # noqa: E402
 
 KERNELS = ("fp16 x fp32", "int4 x int8", "int4 x fp32", "int8 x int8")
 KERNEL_FILES = ("kernels_q.c", "kernels_neon.h")
-
-
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
 
 def kernel_dir(rev: str | None, work: Path) -> Path:
@@ -55,41 +49,19 @@ def kernel_dir(rev: str | None, work: Path) -> Path:
 
 
 def build(board: Board, shape: tuple[int, int], src: Path, work: Path) -> Path:
-    ok, why = board.can_build()
-    if not ok:
-        raise SystemExit(why)
-    rt = ROOT / "runtime_c"
-    defines = [f"-D{d}" for d in board.all_defines()]
-    defines += [f"-DMB_OUT={shape[0]}", f"-DMB_IN={shape[1]}"]
-    cc = [board.compiler, *board.compile_flags(), *defines]
-    cc += [f"-I{rt / 'include'}", f"-I{rt / 'platform'}"]
-    pdir = rt / "platform" / board.platform
     sources = [ROOT / "benchmarks" / "matvec_bench.c", src / "kernels_q.c"]
-    sources += sorted(p for p in pdir.iterdir() if p.suffix in (".c", ".S"))
-    objs = []
-    for s in sources:
-        obj = work / "obj" / f"{s.stem}.o"
-        obj.parent.mkdir(parents=True, exist_ok=True)
-        _run([*cc, "-c", str(s), "-o", str(obj)])
-        objs.append(str(obj))
-    elf = work / f"matvec_bench{board.elf_suffix}"
-    libs = [f"-l{lib}" for lib in board.libs]
-    _run([board.compiler, *board.link_flags(), "-o", str(elf), *objs, *libs])
-    return elf
+    defines = [f"MB_OUT={shape[0]}", f"MB_IN={shape[1]}"]
+    return build_bench(board, sources, defines, work, "matvec_bench")
 
 
 def count(board: Board, elf: Path) -> list[tuple[int, str]]:
     """(instructions, output hash) of each kernel."""
     out = []
-    with tempfile.TemporaryDirectory(prefix="colibri-matvec-") as tmp:
-        cwd = Path(tmp)
-        for mode in range(len(KERNELS)):
-            (cwd / "input.bin").write_bytes(bytes([mode]))
-            result = run_elf(board, elf, cwd, count_instructions=True)
-            found = re.search(r"matvec bench: (\d+)", result.stdout)
-            if found is None or result.instructions is None:
-                raise SystemExit(f"{board.name}: no result:\n{result.stdout}{result.stderr}")
-            out.append((result.instructions, found.group(1)))
+    for n, line in count_modes(board, elf, range(len(KERNELS)), "matvec bench:"):
+        found = re.search(r"matvec bench: (\d+)", line)
+        if found is None:
+            raise SystemExit(f"{board.name}: no result in {line!r}")
+        out.append((n, found.group(1)))
     return out
 
 

@@ -16,26 +16,19 @@ hosted boards, 256 on bare metal (the logits must fit the board's RAM).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "codegen"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from colibri.boards import Board, load_board, render_linker_script  # noqa: E402
+from bench_common import build_bench, build_library, count_modes  # noqa: E402
+from colibri.boards import Board, load_board  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
-from colibri.targets.qemu import run_elf  # noqa: E402
 
 WAYS = ("qsort + take-k + softmax", "plain two-pass loop", "colibri_route_gate")
 RESULT_MARK = "router bench:"
-
-
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
 
 def build(board: Board, tokens: int, work: Path) -> Path:
@@ -43,58 +36,20 @@ def build(board: Board, tokens: int, work: Path) -> Path:
     ok, why = board.can_build()
     if not ok:
         raise SystemExit(why)
-    lib_dir = work / "lib"
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "SCons",
-            "-Q",
-            "-C",
-            str(ROOT),
-            f"board={board.name}",
-            f"build_dir={lib_dir}",
-        ]
-    )
-    rt = ROOT / "runtime_c"
-    includes = [f"-I{rt / 'include'}", f"-I{rt / 'platform'}"]
-    defines = [f"-D{d}" for d in board.all_defines()] + [f"-DRB_TOKENS={tokens}"]
-    cc = [board.compiler, *board.compile_flags(), *defines, *includes]
-    pdir = rt / "platform" / board.platform
+    library = build_library(board, work / "lib")
     sources = [ROOT / "benchmarks" / "router_bench.c"]
-    sources += sorted(p for p in pdir.iterdir() if p.suffix in (".c", ".S"))
-    objs = []
-    for src in sources:
-        obj = work / "obj" / f"{src.stem}.o"
-        obj.parent.mkdir(parents=True, exist_ok=True)
-        _run([*cc, "-c", str(src), "-o", str(obj)])
-        objs.append(str(obj))
-    elf = work / f"router_bench{board.elf_suffix}"
-    link = [board.compiler, *board.link_flags()]
-    if board.is_baremetal:
-        link += ["-T", str(render_linker_script(board, work / f"{board.name}.ld"))]
-    libs = [f"-l{lib}" for lib in board.libs] + [str(p) for p in board.tool_lib_paths()]
-    link += ["-o", str(elf), *objs, str(lib_dir / "libcolibri.a")]
-    _run([*link, "-Wl,--start-group", *libs, "-Wl,--end-group"])
-    return elf
+    return build_bench(board, sources, [f"RB_TOKENS={tokens}"], work, "router_bench", library)
 
 
 def count(board: Board, elf: Path, tokens: int, rounds: int) -> list[int]:
     """Instructions of each way, checked identical over the interleaved rounds."""
     seen: list[list[int]] = [[] for _ in WAYS]
-    line = ""
-    with tempfile.TemporaryDirectory(prefix="colibri-router-") as tmp:
-        cwd = Path(tmp)
-        for _ in range(rounds):
-            for way in range(len(WAYS)):
-                (cwd / "input.bin").write_bytes(bytes([way]))
-                result = run_elf(board, elf, cwd, count_instructions=True)
-                found = [s for s in result.stdout.splitlines() if RESULT_MARK in s]
-                if not found or result.instructions is None:
-                    raise SystemExit(f"{board.name}: no result:\n{result.stdout}{result.stderr}")
-                seen[way].append(result.instructions)
-                line = found[0]
-    print(f"{board.name}: {line.strip()}")
+    results: list[tuple[int, str]] = []
+    for _ in range(rounds):
+        results = count_modes(board, elf, range(len(WAYS)), RESULT_MARK)
+        for way, (n, _line) in enumerate(results):
+            seen[way].append(n)
+    print(f"{board.name}: {results[-1][1].strip()}")
     for way, counts in enumerate(seen):
         if len(set(counts)) != 1:
             raise SystemExit(f"{board.name}: {WAYS[way]}: counts differ between rounds: {counts}")

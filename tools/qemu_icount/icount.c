@@ -10,7 +10,13 @@
  *   begin_sym/end_sym  marker symbol names, matched instead of addresses when QEMU knows the
  *                      guest's symbols (position-independent executables under qemu-user)
  *   out                file for the result line (default: QEMU's log, -d plugin)
- * Result: "icount region=<n> pairs=<k> total=<t>".
+ *   sub_prefix         (repeatable, up to 16) the functions whose names start with it are counted
+ *                      inclusively, their callees included, while inside a begin..end pair: a call
+ *                      starts at the first translation block of such a function entered from
+ *                      another function and ends at the first block executed again in that
+ *                      calling function (the return). Needs QEMU to know the guest's symbols;
+ *                      the per-block callbacks make the run slower, so only when asked for.
+ * Result: "icount region=<n> pairs=<k> total=<t>", then " sub=<s> calls=<c>" with sub_prefix.
  *
  * Debian ships no qemu-plugin.h, so the few declarations of QEMU's plugin API (version 1, as in
  * QEMU 7.2) that this file needs are written out below.
@@ -49,6 +55,8 @@ const char *qemu_plugin_insn_symbol(const struct qemu_plugin_insn *insn);
 void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn,
                                             qemu_plugin_vcpu_udata_cb_t cb,
                                             enum qemu_plugin_cb_flags flags, void *userdata);
+void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb *tb, qemu_plugin_vcpu_udata_cb_t cb,
+                                          enum qemu_plugin_cb_flags flags, void *userdata);
 void qemu_plugin_register_vcpu_insn_exec_inline(struct qemu_plugin_insn *insn,
                                                 enum qemu_plugin_op op, void *ptr, uint64_t imm);
 void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
@@ -74,6 +82,21 @@ static uint64_t pairs;      /* completed pairs */
 static uint64_t started_at; /* total when the open pair began */
 static bool inside;
 
+enum { MAX_SUB = 16 };
+static char *sub_syms[MAX_SUB];
+static int n_sub;
+static uint64_t sub;           /* instructions inside completed sub_prefix calls */
+static uint64_t sub_calls;     /* completed sub_prefix calls */
+static uint64_t sub_start;     /* total when the open call began */
+static const char *sub_caller; /* the function the open call was entered from, NULL if none */
+static const char *prev_sym;   /* the function of the block executed last */
+
+/** What a translated block is, for the sub_prefix callbacks. */
+typedef struct {
+    const char *sym; /* the function of its first instruction (QEMU's symbol table) or NULL */
+    bool is_sub;     /* that function's name starts with a sub_prefix */
+} block_info;
+
 static void on_marker(unsigned int vcpu_index, void *userdata)
 {
     (void)vcpu_index;
@@ -87,6 +110,28 @@ static void on_marker(unsigned int vcpu_index, void *userdata)
         region += total - started_at;
         pairs++;
     }
+}
+
+static bool same_sym(const char *a, const char *b)
+{
+    return a != NULL && b != NULL && (a == b || strcmp(a, b) == 0);
+}
+
+static void on_block(unsigned int vcpu_index, void *userdata)
+{
+    (void)vcpu_index;
+    const block_info *b = userdata;
+    if (sub_caller != NULL) {
+        if (!b->is_sub && same_sym(b->sym, sub_caller)) { /* returned to the caller */
+            sub += total - sub_start;
+            sub_calls++;
+            sub_caller = NULL;
+        }
+    } else if (b->is_sub && inside && prev_sym != NULL && !same_sym(prev_sym, b->sym)) {
+        sub_caller = prev_sym;
+        sub_start = total;
+    }
+    prev_sym = b->sym;
 }
 
 static int marker_of(const struct qemu_plugin_insn *insn)
@@ -118,6 +163,16 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
     size_t n = qemu_plugin_tb_n_insns(tb);
+    if (n_sub > 0 && n > 0) {
+        block_info *b = calloc(1, sizeof *b); /* lives as long as the translation: never freed */
+        if (b != NULL) {
+            b->sym = qemu_plugin_insn_symbol(qemu_plugin_tb_get_insn(tb, 0));
+            for (int i = 0; i < n_sub && b->sym != NULL; i++) {
+                b->is_sub = b->is_sub || strncmp(b->sym, sub_syms[i], strlen(sub_syms[i])) == 0;
+            }
+            qemu_plugin_register_vcpu_tb_exec_cb(tb, on_block, QEMU_PLUGIN_CB_NO_REGS, b);
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
         int mark = marker_of(insn);
@@ -134,9 +189,18 @@ static void on_plugin_exit(qemu_plugin_id_t id, void *userdata)
 {
     (void)id;
     (void)userdata;
-    char line[160];
-    snprintf(line, sizeof line, "icount region=%" PRIu64 " pairs=%" PRIu64 " total=%" PRIu64 "\n",
-             region, pairs, total);
+    char line[224];
+    int len =
+        snprintf(line, sizeof line, "icount region=%" PRIu64 " pairs=%" PRIu64 " total=%" PRIu64,
+                 region, pairs, total);
+    if (n_sub > 0 && len > 0 && (size_t)len < sizeof line) {
+        len += snprintf(line + len, sizeof line - (size_t)len, " sub=%" PRIu64 " calls=%" PRIu64,
+                        sub, sub_calls);
+    }
+    if (len > 0 && (size_t)len < sizeof line - 1) {
+        line[len] = '\n';
+        line[len + 1] = '\0';
+    }
     if (out_path != NULL) {
         FILE *f = fopen(out_path, "w");
         if (f != NULL) {
@@ -174,6 +238,11 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             begin_sym = strdup(arg + 10);
         } else if (strncmp(arg, "end_sym=", 8) == 0) {
             end_sym = strdup(arg + 8);
+        } else if (strncmp(arg, "sub_prefix=", 11) == 0) {
+            ok = n_sub < MAX_SUB && arg[11] != '\0';
+            if (ok) {
+                sub_syms[n_sub++] = strdup(arg + 11);
+            }
         } else if (strncmp(arg, "out=", 4) == 0) {
             out_path = strdup(arg + 4);
         } else {

@@ -9,6 +9,10 @@ Instruction counts (``count_instructions=True``) cover the region between enteri
 under QEMU with the TCG plugin ``tools/qemu_icount/icount.c`` (built on demand into
 ``build/tools/libicount.so``), on the host with ``valgrind --tool=callgrind`` (dumps before each
 marker; the dumps triggered by the end marker hold the region). Both are deterministic.
+With ``count_prefix`` the run also counts, inclusively (callees included), the calls made inside
+that region to the functions whose names start with the prefix (``RunResult.prefix_instructions``;
+the plugin's ``sub_prefix``; on the host callgrind's ``--toggle-collect`` in a second run, which
+counts such calls in the whole run, the same for a program that calls them only in the region).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class RunResult:
     stdout: str
     stderr: str
     instructions: int | None = None
+    prefix_instructions: int | None = None
 
     @property
     def stack_high_water(self) -> int | None:
@@ -117,12 +122,14 @@ def marker_addresses(elf: str | Path) -> tuple[int, int, bool]:
     return found[BENCH_BEGIN], found[BENCH_END], pie
 
 
-def _plugin_args(elf: str | Path, out_file: Path) -> list[str]:
+def _plugin_args(elf: str | Path, out_file: Path, count_prefix: str | None = None) -> list[str]:
     begin, end, pie = marker_addresses(elf)
     if pie:  # qemu-user relocates a PIE: match the marker symbols, QEMU knows the load bias
         where = f"begin_sym={BENCH_BEGIN},end_sym={BENCH_END}"
     else:
         where = f"begin={begin:#x},end={end:#x}"
+    if count_prefix:
+        where += ",sub_prefix=" + count_prefix.replace(",", ",,")
     plugin = str(icount_plugin()).replace(",", ",,")
     out = str(out_file).replace(",", ",,")
     return ["-plugin", f"{plugin},{where},out={out}", "-d", "plugin"]
@@ -137,6 +144,26 @@ def _parse_plugin_output(path: Path) -> int | None:
     if match is None or int(match.group(2)) == 0:
         return None
     return int(match.group(1))
+
+
+def _parse_plugin_sub(path: Path) -> int | None:
+    """The plugin's sub_prefix count, None without a completed call."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    match = re.search(r"sub=(\d+) calls=(\d+)", text)
+    if match is None or int(match.group(2)) == 0:
+        return None
+    return int(match.group(1))
+
+
+def _callgrind_prefix_command(elf: str | Path, out_file: Path, prefix: str) -> list[str]:
+    """callgrind collecting only inside calls of functions named PREFIX* (inclusive)."""
+    cmd = _callgrind_command(elf, out_file)
+    cmd = [c for c in cmd if not c.startswith("--dump-before=")]
+    at = cmd.index(str(elf))
+    return [*cmd[:at], "--collect-atstart=no", f"--toggle-collect={prefix}*", *cmd[at:]]
 
 
 def _callgrind_command(elf: str | Path, out_pattern: Path) -> list[str]:
@@ -207,9 +234,11 @@ def run_elf(
     check: bool = True,
     expected_returncode: int = 0,
     args: tuple[str, ...] = (),
+    count_prefix: str | None = None,
 ) -> RunResult:
     """Run ``elf`` for ``board`` in ``cwd`` (where the guest's relative file paths point);
-    ``args`` are the program's arguments (host and Linux boards).
+    ``args`` are the program's arguments (host and Linux boards); ``count_prefix`` (with
+    ``count_instructions``) also counts the calls of the functions named so (module docstring).
 
     Faults, timeouts and emulator failures always raise QemuError; with ``check`` a return code
     other than ``expected_returncode`` does too.
@@ -232,7 +261,9 @@ def run_elf(
             else:
                 cmd = qemu_command(board, elf)
         else:
-            extra = _plugin_args(elf, tmp / "icount.txt") if count_instructions else []
+            extra = (
+                _plugin_args(elf, tmp / "icount.txt", count_prefix) if count_instructions else []
+            )
             cmd = qemu_command(board, elf, extra)
         cmd = [*cmd, *args]
         env = None
@@ -241,11 +272,26 @@ def run_elf(
             env = {**os.environ, "LD_BIND_NOW": "1"}
         code, out, err = _run(cmd, cwd, timeout, env)
         instructions = None
+        prefix_instructions = None
         if count_instructions:
             if board.kind == "host":
                 instructions = _parse_callgrind(tmp)
             else:
                 instructions = _parse_plugin_output(tmp / "icount.txt")
+                if count_prefix:
+                    prefix_instructions = _parse_plugin_sub(tmp / "icount.txt")
+        if count_prefix and count_instructions and board.kind == "host" and code == 0:
+            sub_dir = tmp / "prefix"
+            sub_dir.mkdir()
+            sub_cmd = [*_callgrind_prefix_command(elf, sub_dir / "callgrind.out", count_prefix)]
+            sub_code, _, _ = _run([*sub_cmd, *args], cwd, timeout, env)
+            if sub_code == 0:
+                found = re.search(
+                    r"^(?:totals|summary):\s+(\d+)",
+                    (sub_dir / "callgrind.out").read_text(errors="replace"),
+                    re.MULTILINE,
+                )
+                prefix_instructions = int(found.group(1)) if found else None
 
     what = f"board {board.name}: {elf.name}"
     if code is None:
@@ -281,4 +327,10 @@ def run_elf(
         raise QemuError(
             f"{what}: exit code {code}, expected {expected_returncode}\n{_tail(out, err)}"
         )
-    return RunResult(returncode=code, stdout=out, stderr=err, instructions=instructions)
+    return RunResult(
+        returncode=code,
+        stdout=out,
+        stderr=err,
+        instructions=instructions,
+        prefix_instructions=prefix_instructions,
+    )

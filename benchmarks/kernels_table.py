@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Instructions per multiply-accumulate of the generated expert kernels and of the whole forward
+pass, per board and scheme, plus the router's instructions per token (issue 11).
+
+    python benchmarks/kernels_table.py [--board host] [--board cortex-m4] [--scheme int8]
+                                       [--json kernels.json] [--tiny] [--workdir DIR]
+
+The model is the issue's: the seed toy (colibri.frontends.toy.make_toy, 2 experts) with
+d_model 128, d_ff 512, relu, top-k 1, generated with ``--quant SCHEME`` (fp32: no --quant) and
+default flags (but --max-tokens 9) for each board, built by the usual model build and run by
+the usual runner on 1, 8 and 9 tokens. A token costs 2 * d_model * d_ff MACs (w1 and w2 of
+its one expert).
+
+Columns (instructions / MAC; counts are deterministic: callgrind on the host, QEMU's TCG plugin
+tools/qemu_icount/icount.c on every other board):
+
+  kernel@1, kernel@8  the generated expert kernels alone: instructions executed inside the calls
+                      of ``<name>_expert_<i>`` (the functions the runtime calls through
+                      colibri_model_t.kernels; everything they call included, so whatever the
+                      expert's FFN kernel inlines or calls is counted, and nothing else: no
+                      router, gather/scatter or memcpy of the runtime) in a 1- / 8-token forward
+                      pass, divided by the pass's MACs. These functions are always real calls:
+                      the runtime calls them through a function pointer (their address is in
+                      the generated dispatch table), on every board, whatever is inlined in them.
+  pass@1, pass@8      the whole forward pass (colibri_forward between the runner's bench
+                      markers) of 1 / 8 tokens divided by its MACs: fixed per-call cost included.
+  slope               (pass of 9 tokens - pass of 1 token) / 8 / MACs per token: the issue's
+                      whole-pass figure, the marginal cost of one more token.
+
+Router: benchmarks/router_table.py's bench (64 experts, k 2; 1024 tokens hosted, 256 bare
+metal, a quarter of that until it fits a small board's RAM): instructions per token of qsort +
+take-k + softmax, the plain two-pass loop and colibri_route_gate.
+
+The model is generated with max_tokens 9 (one chunk holds the longest pass, and small boards'
+RAM holds the chunk); everything else is the default.
+
+A board whose toolchain or emulator is missing (e.g. esp32s3 without xtensa-esp32s3-elf-gcc),
+or a scheme whose weights do not fit a board, is reported as skipped with the reason.
+``--tiny`` (for tests): d_model 32, d_ff 64, router on 16 tokens, one round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "codegen"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import router_table  # noqa: E402
+from colibri.boards import Board, load_board  # noqa: E402
+from colibri.cli.pipeline import generate  # noqa: E402
+from colibri.errors import BudgetExceeded, ColibriError  # noqa: E402
+from colibri.frontends.toy import make_toy  # noqa: E402
+from colibri.options import GenerateOptions  # noqa: E402
+from colibri.targets.build import build_model  # noqa: E402
+from colibri.targets.qemu import run_elf  # noqa: E402
+from colibri.targets.runio import read_output, write_input  # noqa: E402
+
+BOARDS = (
+    "host",
+    "cortex-m3",
+    "cortex-m4",
+    "cortex-m7",
+    "cortex-m55",
+    "cortex-a7",
+    "cortex-a53",
+    "cortex-a76",
+    "esp32s3",
+)
+SCHEMES = ("int8", "int4", "fp16", "fp32")
+TOKENS = (1, 8, 9)
+NAME = "kt"  # the generated model's name: its expert kernels are kt_expert_<i>
+COLUMNS = ("kernel@1", "kernel@8", "pass@1", "pass@8", "slope")
+
+
+def model_shape(tiny: bool) -> dict[str, Any]:
+    d_model, d_ff = (32, 64) if tiny else (128, 512)
+    return {
+        "source": "colibri.frontends.toy.make_toy (seed layout)",
+        "experts": 2,
+        "d_model": d_model,
+        "d_ff": d_ff,
+        "activation": "relu",
+        "top_k": 1,
+        "seed": 3,
+        "macs_per_token": 2 * d_model * d_ff,
+    }
+
+
+def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path) -> dict[str, Any]:
+    """Instruction counts and instr/MAC of one board and scheme, or {"skipped": why}."""
+    layer = make_toy(
+        experts=shape["experts"],
+        hidden=shape["d_model"],
+        ff=shape["d_ff"],
+        top_k=shape["top_k"],
+        activation=shape["activation"],
+        seed=shape["seed"],
+    )
+    gen = work / scheme
+    # one chunk holds the longest pass (no chunking), and no more: small boards' RAM
+    opts: dict[str, Any] = {"board": board.name, "name": NAME, "max_tokens": max(TOKENS)}
+    if scheme != "fp32":
+        opts["quant"] = scheme
+    try:
+        generate(layer, gen, GenerateOptions(**opts), force=True)
+    except BudgetExceeded as exc:
+        return {"skipped": " ".join(line.strip() for line in str(exc).splitlines()[:2])}
+    exe = build_model(gen, board.name)
+    passes: dict[str, int] = {}
+    kernels: dict[str, int] = {}
+    d = shape["d_model"]
+    with tempfile.TemporaryDirectory(prefix="colibri-kernels-") as tmp:
+        cwd = Path(tmp)
+        for n in TOKENS:
+            x = np.random.default_rng(n).standard_normal((n, d)).astype(np.float32)
+            write_input(cwd / "input.bin", x)
+            result = run_elf(
+                board, exe, cwd, count_instructions=True, count_prefix=f"{NAME}_expert_"
+            )
+            if result.instructions is None or result.prefix_instructions is None:
+                raise SystemExit(
+                    f"{board.name} {scheme}: no count for {n} tokens "
+                    f"(pass {result.instructions}, kernel {result.prefix_instructions})"
+                )
+            y = read_output(cwd / "output.bin").output
+            if y.shape != x.shape or not np.all(np.isfinite(y)):
+                raise SystemExit(f"{board.name} {scheme}: bad output for {n} tokens: {y.shape}")
+            passes[str(n)] = result.instructions
+            kernels[str(n)] = result.prefix_instructions
+    macs = shape["macs_per_token"]
+    per_mac = {
+        "kernel@1": kernels["1"] / macs,
+        "kernel@8": kernels["8"] / (8 * macs),
+        "pass@1": passes["1"] / macs,
+        "pass@8": passes["8"] / (8 * macs),
+        "slope": (passes["9"] - passes["1"]) / 8 / macs,
+    }
+    return {"instructions": {"pass": passes, "kernel": kernels}, "instr_per_mac": per_mac}
+
+
+def measure_router(board: Board, tiny: bool, work: Path) -> dict[str, Any]:
+    """router_table.py's three ways on `board`: instructions per token."""
+    tokens = 16 if tiny else (256 if board.is_baremetal else 1024)
+    rounds = 1 if tiny else 2
+    with contextlib.redirect_stdout(sys.stderr):  # its progress line: keep stdout the table
+        while True:
+            try:
+                elf = router_table.build(board, tokens, work / str(tokens))
+                break
+            except SystemExit as exc:  # e.g. the logits overflow a small board's RAM
+                if tokens <= 16:
+                    return {"skipped": f"router bench does not build: {str(exc)[-300:]}"}
+                print(f"{board.name}: router bench with {tokens} tokens failed", file=sys.stderr)
+                tokens //= 4
+        counts = router_table.count(board, elf, tokens, rounds)
+    qsort_n, plain_n, route_n = counts
+    return {
+        "tokens": tokens,
+        "experts": 64,
+        "top_k": 2,
+        "per_token": {
+            "qsort": qsort_n / tokens,
+            "plain": plain_n / tokens,
+            "route_gate": route_n / tokens,
+        },
+        "route_gate_vs_qsort": qsort_n / route_n,
+        "route_gate_vs_plain": plain_n / route_n,
+    }
+
+
+def short_reason(why: str) -> str:
+    """A skip reason in one table cell: the budget overrun, or the first sentence."""
+    over = re.search(r"(\w+): needs [^\n]*?: (\d+) bytes over budget", why)
+    if over is not None:
+        return f"skipped: does not fit ({over.group(1)} {over.group(2)} bytes over budget)"
+    return "skipped: " + why.split(". ")[0]
+
+
+def render(report: dict[str, Any]) -> str:
+    shape = report["model"]
+    lines = [
+        f"Expert kernels and forward pass, instructions / MAC: toy seed layout, "
+        f"{shape['experts']} experts, d_model {shape['d_model']}, d_ff {shape['d_ff']}, "
+        f"{shape['activation']}, k {shape['top_k']} ({shape['macs_per_token']} MACs per token)",
+        "  kernel@N: inside the generated expert kernels (<name>_expert_<i>, callees included) "
+        "in an N-token pass / MACs",
+        "  pass@N:   whole N-token forward pass / MACs (fixed cost included)",
+        "  slope:    (pass of 9 tokens - pass of 1) / 8 / MACs per token",
+        "",
+        f"{'board':11} {'counted by':11} {'scheme':6} " + " ".join(f"{c:>9}" for c in COLUMNS),
+    ]
+    for name, entry in report["boards"].items():
+        if "skipped" in entry:
+            lines.append(f"{name:11} {short_reason(entry['skipped'])}")
+            continue
+        for scheme, res in entry["schemes"].items():
+            head = f"{name:11} {entry['counted_by']:11} {scheme:6} "
+            if "skipped" in res:
+                lines.append(head + short_reason(res["skipped"]))
+                continue
+            lines.append(head + " ".join(f"{res['instr_per_mac'][c]:>9.2f}" for c in COLUMNS))
+    routers = [
+        (n, e["router"])
+        for n, e in report["boards"].items()
+        if "router" in e and "skipped" not in e["router"]
+    ]
+    if routers:
+        r0 = routers[0][1]
+        lines += [
+            "",
+            f"Router, instructions per token ({r0['experts']} experts, k {r0['top_k']}; "
+            "benchmarks/router_table.py)",
+            f"{'board':11} {'tokens':>6} {'qsort':>9} {'plain':>9} {'route_gate':>10} "
+            f"{'vs qsort':>9} {'vs plain':>9}",
+        ]
+        for name, r in routers:
+            p = r["per_token"]
+            lines.append(
+                f"{name:11} {r['tokens']:>6} {p['qsort']:>9.1f} {p['plain']:>9.1f} "
+                f"{p['route_gate']:>10.1f} {r['route_gate_vs_qsort']:>8.2f}x "
+                f"{r['route_gate_vs_plain']:>8.2f}x"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--board", action="append", help=f"board (repeatable; default {BOARDS})")
+    p.add_argument("--scheme", action="append", choices=SCHEMES, help="(repeatable; default all)")
+    p.add_argument("--json", help="also write the table as JSON to this path")
+    p.add_argument("--tiny", action="store_true", help="small model, short router run (tests)")
+    p.add_argument("--no-router", action="store_true", help="leave the router columns out")
+    p.add_argument("--workdir", default=str(ROOT / "build" / "kernels_table"))
+    a = p.parse_args(argv)
+    shape = model_shape(a.tiny)
+    report: dict[str, Any] = {
+        "model": shape,
+        "definitions": {
+            **{
+                f"kernel@{n}": "instructions inside the calls of the generated expert kernels "
+                f"(<name>_expert_<i>, callees included) during a {n}-token forward pass "
+                f"/ ({n} * MACs per token)"
+                for n in (1, 8)
+            },
+            **{
+                f"pass@{n}": f"instructions of the whole {n}-token forward pass "
+                f"/ ({n} * MACs per token)"
+                for n in (1, 8)
+            },
+            "slope": "(pass instructions at 9 tokens - at 1 token) / 8 / MACs per token",
+            "router": "router_table.py: instructions per token, 64 experts, k 2",
+        },
+        "boards": {},
+    }
+    work = Path(a.workdir) / ("tiny" if a.tiny else "full")
+    for name in a.board or BOARDS:
+        board = load_board(name)
+        ok, why = board.can_build()
+        if ok:
+            ok, why = board.can_run()
+        if not ok:
+            print(f"{name}: skipped: {why}", file=sys.stderr, flush=True)
+            report["boards"][name] = {"skipped": why}
+            continue
+        entry: dict[str, Any] = {
+            "counted_by": "callgrind" if board.kind == "host" else "QEMU icount",
+            "schemes": {},
+        }
+        report["boards"][name] = entry
+        for scheme in a.scheme or SCHEMES:
+            try:
+                res = measure_scheme(board, scheme, shape, work / name)
+            except ColibriError as exc:
+                print(f"colibri: {name} {scheme}: {exc}", file=sys.stderr)
+                return 1
+            entry["schemes"][scheme] = res
+            shown = res.get("skipped") or {k: round(v, 2) for k, v in res["instr_per_mac"].items()}
+            print(f"{name} {scheme}: {shown}", file=sys.stderr, flush=True)
+        if not a.no_router:
+            entry["router"] = measure_router(board, a.tiny, work / name / "router")
+    text = render(report)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

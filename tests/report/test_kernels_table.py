@@ -1,0 +1,77 @@
+"""benchmarks/kernels_table.py end to end with --tiny on the host (callgrind) and one QEMU board
+(the icount plugin's sub_prefix count): the JSON has every field, the counts are positive and
+consistent (the kernels are part of the pass, a longer pass costs more, every figure is the
+counts it says it is). Structure and sanity only: no performance thresholds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI, ROOT, require_board
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import kernels_table  # noqa: E402
+
+SCHEMES = ("int8", "int4")
+
+
+def _check_scheme(res: dict[str, dict[str, dict[str, int]]], macs: int) -> None:
+    passes, kernels = res["instructions"]["pass"], res["instructions"]["kernel"]
+    assert set(passes) == set(kernels) == {str(n) for n in kernels_table.TOKENS}
+    for n in passes:
+        assert 0 < kernels[n] < passes[n], (n, kernels[n], passes[n])
+    assert passes["1"] < passes["8"] < passes["9"]
+    assert kernels["1"] < kernels["8"] < kernels["9"]
+    per_mac = res["instr_per_mac"]
+    assert set(per_mac) == set(kernels_table.COLUMNS)
+    assert per_mac["kernel@1"] == pytest.approx(kernels["1"] / macs)
+    assert per_mac["kernel@8"] == pytest.approx(kernels["8"] / (8 * macs))
+    assert per_mac["pass@1"] == pytest.approx(passes["1"] / macs)
+    assert per_mac["pass@8"] == pytest.approx(passes["8"] / (8 * macs))
+    assert per_mac["slope"] == pytest.approx((passes["9"] - passes["1"]) / 8 / macs)
+    assert all(v > 0 for v in per_mac.values())
+
+
+def test_kernels_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("valgrind") is None:
+        if IN_CI:
+            pytest.fail("CI=true and valgrind is missing: scripts/setup.sh installs it")
+        pytest.skip("host instruction counts need valgrind (apt-get install valgrind)")
+    require_board("host")
+    require_board("cortex-m4")
+    out = tmp_path / "kernels.json"
+    argv = ["--tiny", "--board", "host", "--board", "cortex-m4", "--json", str(out)]
+    argv += [f"--scheme={s}" for s in SCHEMES]
+    assert kernels_table.main([*argv, "--workdir", str(tmp_path / "work")]) == 0
+    table = capsys.readouterr().out
+    assert "kernel@1" in table and "route_gate" in table
+    assert "host" in table and "cortex-m4" in table
+
+    report = json.loads(out.read_text())
+    model = report["model"]
+    assert (model["d_model"], model["d_ff"], model["top_k"]) == (32, 64, 1)
+    macs = model["macs_per_token"]
+    assert macs == 2 * 32 * 64
+    assert set(report["definitions"]) >= set(kernels_table.COLUMNS)
+    assert list(report["boards"]) == ["host", "cortex-m4"]
+    for name, entry in report["boards"].items():
+        assert entry["counted_by"] == ("callgrind" if name == "host" else "QEMU icount")
+        assert list(entry["schemes"]) == list(SCHEMES)
+        for res in entry["schemes"].values():
+            _check_scheme(res, macs)
+        router = entry["router"]
+        assert (router["tokens"], router["experts"], router["top_k"]) == (16, 64, 2)
+        per_token = router["per_token"]
+        assert set(per_token) == {"qsort", "plain", "route_gate"}
+        assert all(v > 0 for v in per_token.values())
+        assert router["route_gate_vs_qsort"] == pytest.approx(
+            per_token["qsort"] / per_token["route_gate"]
+        )
+        assert router["route_gate_vs_plain"] == pytest.approx(
+            per_token["plain"] / per_token["route_gate"]
+        )
