@@ -289,6 +289,236 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
     }
 }
 
+/*
+ * The multi-token R4 kernel (colibri_qi_mm_q8_q8_r4): a group of tokens over the same weights,
+ * each weight read once per pass over COLIBRI_QI_MT tokens instead of once per token.
+ *  - Cortex-M4 / M7: each block of 32 inputs of the pass's tokens is first unpacked by SXTB16
+ *    into halfword pairs (a 512-byte buffer on the stack), then every row's weight word is
+ *    loaded and unpacked once and multiplied with the pairs of every token (one row, 8 tokens:
+ *    per 4 inputs one LDR, 2 SXTB16, then per token one LDRD and 2 SMLAD). The rows' running
+ *    sums live in y between blocks (a float stored and loaded back is the same float).
+ *  - Helium: the 4 rows of an R4 group, 2 tokens: each weight vector is loaded once and
+ *    VMLADAVA'd with both tokens' codes.
+ * Every (row, token) gets the float operations of colibri_qi_q8_q8_r4 in the same order, so row
+ * t of the output has the bits colibri_qi_q8_q8_r4 (and colibri_matvec_q8_q8 / q8b) gives it.
+ */
+#if defined(COLIBRI_QI_SIMD32)
+#define COLIBRI_QI_MT 8
+#elif defined(COLIBRI_QI_MVE)
+#define COLIBRI_QI_MT 2
+#else
+#define COLIBRI_QI_MT 1
+#endif
+
+#if defined(COLIBRI_QI_SIMD32)
+/** The T rows of codes at x, x + n_in, ... (one block of 32 each) as SXTB16 pairs: for word k
+ *  (inputs 4k..4k+3) and token t, xu[2 (k T + t)] = (4k, 4k+2), xu[2 (k T + t) + 1] = (4k+1,
+ *  4k+3). */
+COLIBRI_QI_INLINE void colibri_qi_unpack_block(const int8_t *x, int32_t n_in, int32_t T,
+                                               uint32_t *xu)
+{
+    for (int32_t t = 0; t < T; t++) {
+        const colibri_qi_word *xw =
+            (const colibri_qi_word *)(const void *)(x + (size_t)t * (size_t)n_in);
+#pragma GCC unroll 8
+        for (int32_t k = 0; k < 8; k++) {
+            const uint32_t v = xw[k];
+            xu[2 * (k * T + t)] = __sxtb16(v);
+            xu[2 * (k * T + t) + 1] = __sxtb16((v >> 8) | (v << 24));
+        }
+    }
+}
+
+/** One row of an R4 group (wr = its first weight of the block: group + block * 128 + 16 r)
+ *  times one unpacked block of T tokens: s[t] = the integer dot product of token t. */
+COLIBRI_QI_INLINE void colibri_qi_r1_block_mt(const int8_t *wr, const uint32_t *xu, int32_t T,
+                                              int32_t *s)
+{
+    int32_t acc[COLIBRI_QI_MT];
+#pragma GCC unroll 8
+    for (int32_t t = 0; t < T; t++) {
+        acc[t] = 0;
+    }
+#pragma GCC unroll 8
+    for (int32_t k = 0; k < 8; k++) {
+        const uint32_t w =
+            *(const colibri_qi_word *)(const void *)(wr + 64 * (k / 4) + 4 * (k % 4));
+        const uint32_t we = __sxtb16(w);
+        const uint32_t wo = __sxtb16((w >> 8) | (w << 24));
+#pragma GCC unroll 8
+        for (int32_t t = 0; t < T; t++) {
+            acc[t] = __smlad(we, xu[2 * (k * T + t)], acc[t]);
+            acc[t] = __smlad(wo, xu[2 * (k * T + t) + 1], acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int32_t t = 0; t < T; t++) {
+        s[t] = acc[t];
+    }
+}
+#endif
+
+#if defined(COLIBRI_QI_MVE)
+/** The 4 rows of an R4 group times one block of 32 codes of 2 tokens (x, x + n_in):
+ *  s[4 t + r]. */
+COLIBRI_QI_INLINE void colibri_qi_r4_block2(const int8_t *wg, const int8_t *x, int32_t n_in,
+                                            int32_t s[8])
+{
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, u0 = 0, u1 = 0, u2 = 0, u3 = 0;
+    for (int32_t c = 0; c < 2; c++) {
+        const int8x16_t xv = vld1q_s8(x + 16 * c);
+        const int8x16_t xw = vld1q_s8(x + n_in + 16 * c);
+        const int8_t *w = wg + 64 * c;
+        const int8x16_t w0 = vld1q_s8(w);
+        s0 = vmladavaq_s8(s0, w0, xv);
+        u0 = vmladavaq_s8(u0, w0, xw);
+        const int8x16_t w1 = vld1q_s8(w + 16);
+        s1 = vmladavaq_s8(s1, w1, xv);
+        u1 = vmladavaq_s8(u1, w1, xw);
+        const int8x16_t w2 = vld1q_s8(w + 32);
+        s2 = vmladavaq_s8(s2, w2, xv);
+        u2 = vmladavaq_s8(u2, w2, xw);
+        const int8x16_t w3 = vld1q_s8(w + 48);
+        s3 = vmladavaq_s8(s3, w3, xv);
+        u3 = vmladavaq_s8(u3, w3, xw);
+    }
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+    s[3] = s3;
+    s[4] = u0;
+    s[5] = u1;
+    s[6] = u2;
+    s[7] = u3;
+}
+#endif
+
+/** One pass of colibri_qi_mm_q8_q8_r4 over T == COLIBRI_QI_MT tokens (T > 1). */
+COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, const int8_t *xq,
+                                          const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                          int32_t n_in, int32_t T, int blocked)
+{
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t half = (n_in % COLIBRI_QK8) != 0;
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t groups = n_out / COLIBRI_R4_ROWS;
+#if defined(COLIBRI_QI_SIMD32)
+    /* block by block; y[t][o] holds the running sum a of colibri_qi_q8_q8_r4 */
+    for (int32_t b = 0; b < full; b++) {
+        uint32_t xu[2 * 8 * COLIBRI_QI_MT];
+        colibri_qi_unpack_block(xq + (size_t)b * COLIBRI_QK8, n_in, T, xu);
+        for (int32_t o = 0; o < groups * COLIBRI_R4_ROWS; o++) {
+            const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
+                               (size_t)b * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+            int32_t s[COLIBRI_QI_MT];
+            colibri_qi_r1_block_mt(wr, xu, T, s);
+#pragma GCC unroll 8
+            for (int32_t t = 0; t < T; t++) {
+                float *yp = y + (size_t)t * (size_t)ldy + (size_t)o;
+                const float a = (b == 0) ? 0.0f : *yp;
+                const float xs = sx[(size_t)t * nb + (size_t)b];
+                *yp = colibri_qi_mla(a, (float)s[t],
+                                     blocked ? scale[(size_t)o * nb + (size_t)b] * xs : xs);
+            }
+        }
+    }
+    for (int32_t o = 0; o < groups * COLIBRI_R4_ROWS; o++) {
+        const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
+                           (size_t)full * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+        for (int32_t t = 0; t < T; t++) {
+            float *yp = y + (size_t)t * (size_t)ldy + (size_t)o;
+            float a = (full == 0) ? 0.0f : *yp;
+            if (half) {
+                const float xs = sx[(size_t)t * nb + (size_t)full];
+                const float f = blocked ? scale[(size_t)o * nb + (size_t)full] * xs : xs;
+                a += (float)colibri_dot_q8(
+                         wr, xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8, 16) *
+                     f;
+            }
+            *yp = blocked ? a : a * scale[o];
+        }
+    }
+#elif defined(COLIBRI_QI_MVE)
+    (void)T; /* 2 */
+    for (int32_t g = 0; g < groups; g++) {
+        const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
+        const int32_t o = g * COLIBRI_R4_ROWS;
+        const float *s0p = scale + (size_t)o * nb;
+        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int32_t b = 0; b < full; b++) {
+            int32_t s[8];
+            colibri_qi_r4_block2(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8, n_in, s);
+            for (int32_t t = 0; t < 2; t++) {
+                const float xs = sx[(size_t)t * nb + (size_t)b];
+                for (int32_t r = 0; r < 4; r++) {
+                    a[4 * t + r] =
+                        colibri_qi_mla(a[4 * t + r], (float)s[4 * t + r],
+                                       blocked ? s0p[(size_t)r * nb + (size_t)b] * xs : xs);
+                }
+            }
+        }
+        for (int32_t t = 0; t < 2; t++) {
+            if (half) {
+                const int8_t *x = xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8;
+                const float xs = sx[(size_t)t * nb + (size_t)full];
+                for (int32_t r = 0; r < 4; r++) {
+                    const float f = blocked ? s0p[(size_t)r * nb + (size_t)full] * xs : xs;
+                    a[4 * t + r] +=
+                        (float)colibri_dot_q8(wg + (size_t)full * 128u + 16 * r, x, 16) * f;
+                }
+            }
+            for (int32_t r = 0; r < 4; r++) {
+                y[(size_t)t * (size_t)ldy + (size_t)(o + r)] =
+                    blocked ? a[4 * t + r] : a[4 * t + r] * scale[o + r];
+            }
+        }
+    }
+#else
+    (void)full;
+    (void)half;
+    (void)groups;
+    for (int32_t t = 0; t < T; t++) {
+        colibri_qi_q8_q8_r4(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                            y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
+    }
+    return;
+#endif
+    const int32_t o = groups * COLIBRI_R4_ROWS;
+    if (o < n_out) { /* the last 1..3 rows, row-major */
+        const int8_t *rest = q + (size_t)o * (size_t)n_in;
+        if (blocked) {
+            colibri_matmul_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, ldy, n_out - o, n_in,
+                                  T);
+        } else {
+            colibri_matmul_q8_q8(rest, scale + o, xq, sx, y + o, ldy, n_out - o, n_in, T);
+        }
+    }
+}
+
+/**
+ * @brief colibri_matmul_q8_q8 (blocked = 0) or colibri_matmul_q8b_q8 (blocked = 1) on a matrix
+ *        stored in layout R4, bit for bit: row t of n_tok (codes xq + t * n_in, scales
+ *        sx + t * COLIBRI_Q8_BLOCKS(n_in)) to y + t * ldy, exactly what colibri_qi_q8_q8_r4
+ *        writes for it. Passes of COLIBRI_QI_MT tokens, the rest one token at a time.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4(const int8_t *q, const float *scale, const int8_t *xq,
+                                              const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                              int32_t n_in, int32_t n_tok, int blocked)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    int32_t t0 = 0;
+#if COLIBRI_QI_MT > 1
+    for (; t0 + COLIBRI_QI_MT <= n_tok; t0 += COLIBRI_QI_MT) {
+        colibri_qi_r4_pass(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                           y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, COLIBRI_QI_MT, blocked);
+    }
+#endif
+    for (; t0 < n_tok; t0++) {
+        colibri_qi_q8_q8_r4(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                            y + (size_t)t0 * (size_t)ldy, n_out, n_in, blocked);
+    }
+}
+
 #ifdef __cplusplus
 }
 #endif

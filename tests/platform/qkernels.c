@@ -6,13 +6,17 @@
  *         - colibri_qi_q8_q8_r4 (per-channel and block scales) on matrices stored in layout R4,
  *           for row counts with and without a tail of 1..3 rows and inputs with and without a
  *           last half block, random and extreme codes;
+ *         - colibri_qi_mm_q8_q8_r4 (both scale layouts) for 1..QK_TOK tokens on the same shapes,
+ *           against the library's colibri_matmul_q8_q8 / q8b_q8 (row t: the matvec's bits),
+ *           output rows strided (ldy > n_out);
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
  *        byte of input.bin: 0 the library's colibri_matvec_q8_q8 on one expert's pair of
  *        matrices (w1 [QK_FF][QK_D], then w2 [QK_D][QK_FF]), 1 colibri_qi_q8_q8_r4 on the same,
  *        2 the library's colibri_quantize_row_q8 on QK_D + QK_FF values, 3 colibri_qi_quantize_row
- *        on them (tests/targets/test_platforms.py turns the counts into instructions per MAC).
+ *        on them, 4 colibri_qi_mm_q8_q8_r4 on the pair of matrices for QK_BENCH_TOK tokens
+ * (tests/targets/test_platforms.py turns the counts into instructions per MAC).
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -37,6 +41,13 @@ static float qk_sx[COLIBRI_Q8_BLOCKS(QK_ROW)];
 static float qk_sx2[COLIBRI_Q8_BLOCKS(QK_ROW)];
 static float qk_y0[QK_FF];
 static float qk_y1[QK_FF];
+#define QK_TOK 9
+#define QK_BENCH_TOK 8
+#define QK_LDY (QK_FF + 3)
+static int8_t qk_xqm[QK_TOK * QK_FF] __attribute__((aligned(4)));
+static float qk_sxm[QK_TOK * COLIBRI_Q8_BLOCKS(QK_FF)];
+static float qk_ym0[QK_TOK * QK_LDY];
+static float qk_ym1[QK_TOK * QK_LDY];
 static uint32_t qk_state = 0x2545F491u;
 
 static uint32_t qk_next(void)
@@ -75,6 +86,13 @@ static void qk_fill(int extremes)
     for (size_t i = 0; i < sizeof qk_sx / sizeof qk_sx[0]; i++) {
         qk_sx[i] = qk_unit() * 0.05f;
     }
+    for (size_t i = 0; i < sizeof qk_xqm; i++) {
+        qk_xqm[i] = extremes ? (int8_t)((i % 5 == 0) ? 127 : -127)
+                             : (int8_t)((int32_t)(qk_next() % 255u) - 127);
+    }
+    for (size_t i = 0; i < sizeof qk_sxm / sizeof qk_sxm[0]; i++) {
+        qk_sxm[i] = qk_unit() * 0.05f;
+    }
 }
 
 /* Row-major [n_out][n_in] codes into layout R4 (colibri_qinline.h), n_in % 16 == 0. */
@@ -109,6 +127,34 @@ static uint32_t qk_check_r4(int32_t n_out, int32_t n_in, uint32_t *checks)
         colibri_qi_q8_q8_r4(qk_r4, qk_scale, qk_xq, qk_sx, qk_y1, n_out, n_in, blocked);
         *checks += 1u;
         failed += memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
+    }
+    return failed;
+}
+
+/* One shape, 1..QK_TOK tokens: the multi-token R4 kernel against the library's matmul (the R4
+ * matrix already in qk_r4); rows strided by n_out + 1, the gaps must stay untouched. */
+static uint32_t qk_check_mm(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint32_t failed = 0;
+    const int32_t ldy = n_out + 1;
+    for (int blocked = 0; blocked < 2; blocked++) {
+        for (int32_t n_tok = 1; n_tok <= QK_TOK; n_tok++) {
+            for (size_t i = 0; i < sizeof qk_ym0 / sizeof qk_ym0[0]; i++) {
+                qk_ym0[i] = -1.0f;
+                qk_ym1[i] = -1.0f;
+            }
+            if (blocked) {
+                colibri_matmul_q8b_q8(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, ldy, n_out, n_in,
+                                      n_tok);
+            } else {
+                colibri_matmul_q8_q8(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, ldy, n_out, n_in,
+                                     n_tok);
+            }
+            colibri_qi_mm_q8_q8_r4(qk_r4, qk_scale, qk_xqm, qk_sxm, qk_ym1, ldy, n_out, n_in, n_tok,
+                                   blocked);
+            *checks += 1u;
+            failed += memcmp(qk_ym0, qk_ym1, sizeof qk_ym0) != 0;
+        }
     }
     return failed;
 }
@@ -168,6 +214,14 @@ __attribute__((noinline)) static void qk_bench_r4(void)
     colibri_qi_q8_q8_r4(qk_w, qk_scale, qk_xq, qk_sx, qk_y1, QK_D, QK_FF, 0);
 }
 
+__attribute__((noinline)) static void qk_bench_mm(void)
+{
+    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, QK_FF, QK_FF, QK_D, QK_BENCH_TOK,
+                           0);
+    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym1, QK_D, QK_D, QK_FF, QK_BENCH_TOK,
+                           0);
+}
+
 __attribute__((noinline)) static void qk_bench_quant(int inline_kernel)
 {
     if (inline_kernel) {
@@ -193,6 +247,7 @@ int main(int argc, char **argv)
         for (size_t a = 0; a < sizeof outs / sizeof outs[0]; a++) {
             for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++) {
                 failed += qk_check_r4(outs[a], ins[b], &checks);
+                failed += qk_check_mm(outs[a], ins[b], &checks);
             }
         }
     }
@@ -217,6 +272,8 @@ int main(int argc, char **argv)
         qk_bench_r4();
     } else if (mode == 2u || mode == 3u) {
         qk_bench_quant(mode == 3u);
+    } else if (mode == 4u) {
+        qk_bench_mm();
     }
     clb_platform_bench_end();
 

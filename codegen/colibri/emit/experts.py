@@ -69,10 +69,14 @@ def ffn_kernel(
     gated: bool,
     lone_layer: bool,
     isa: str = "",
+    group: int = 1,
 ) -> dict[str, Any]:
     """What the ``ffn_kernel`` macro needs to write the kernel of one kind of quantised expert
     (scheme, activation mode, d_ff) of model `name` (macro prefix `prefix`) on a core (`isa`:
-    the weight layouts its kernel reads, :func:`layouts`)."""
+    the weight layouts its kernel reads, :func:`layouts`). group: the most tokens whose int8
+    rows its act_q region holds (a lone layer's max_tokens; a transformer runs one token): an
+    int8-activation kernel quantises that many rows, then runs each matrix over all of them
+    (colibri_matmul_*, or the inline multi-token kernel), reading the weights once per group."""
     lay = layouts(isa, scheme, act, d_model, d_ff)
     if lone_layer:  # the lone layer's header has <P>_D_FF; biases are optional at run time
         return {
@@ -91,6 +95,7 @@ def ffn_kernel(
             "d_ff": d_ff,
             "act_q_in_scratch": True,
             "layouts": lay,
+            "group": group,
         }
     return {
         "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
@@ -109,4 +114,5 @@ def ffn_kernel(
         "d_ff": d_ff,
         "act_q_in_scratch": False,
         "layouts": lay,
+        "group": 1,
     }
