@@ -295,8 +295,9 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
  *  - Cortex-M4 / M7: each block of 32 inputs of the pass's tokens is first unpacked by SXTB16
  *    into halfword pairs (a 512-byte buffer on the stack), then every row's weight word is
  *    loaded and unpacked once and multiplied with the pairs of every token (one row, 8 tokens:
- *    per 4 inputs one LDR, 2 SXTB16, then per token one LDRD and 2 SMLAD). The rows' running
- *    sums live in y between blocks (a float stored and loaded back is the same float).
+ *    per 4 inputs one LDR, 2 SXTB16, then per token one LDRD and 2 SMLAD; then a pass of 4 when
+ *    4..7 tokens are left). The running sums of COLIBRI_QI_RC rows stay on the stack between
+ *    blocks (a float stored and loaded back is the same float).
  *  - Helium: the 4 rows of an R4 group, 2 tokens: each weight vector is loaded once and
  *    VMLADAVA'd with both tokens' codes.
  * Every (row, token) gets the float operations of colibri_qi_q8_q8_r4 in the same order, so row
@@ -308,6 +309,10 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
 #define COLIBRI_QI_MT 2
 #else
 #define COLIBRI_QI_MT 1
+#endif
+/** Rows whose running sums a pass keeps on the stack (Cortex-M4 / M7: RC * 8 floats). */
+#ifndef COLIBRI_QI_RC
+#define COLIBRI_QI_RC 32
 #endif
 
 #if defined(COLIBRI_QI_SIMD32)
@@ -329,32 +334,85 @@ COLIBRI_QI_INLINE void colibri_qi_unpack_block(const int8_t *x, int32_t n_in, in
     }
 }
 
+/* colibri_qi_r1_block8's assembly, by word k of the row (4 inputs): COLIBRI_QI_W(off) loads the
+ * word at wr + off and unpacks it into we (inputs 0, 2) and wo (1, 3); COLIBRI_QI_T(s, off) adds
+ * token t's products (its two pairs at xu + off: k * 64 + 8 t) into s; COLIBRI_QI_T0 starts s. */
+#define COLIBRI_QI_W(off)                                                                          \
+    "ldr %[wo], [%[wr], #" #off "]\n"                                                              \
+    "sxtb16 %[we], %[wo]\n"                                                                        \
+    "sxtb16 %[wo], %[wo], ror #8\n"
+#define COLIBRI_QI_T0(s, off)                                                                      \
+    "ldrd %[xa], %[xb], [%[xp], #" #off "]\n"                                                      \
+    "smuad %[" #s "], %[we], %[xa]\n"                                                              \
+    "smlad %[" #s "], %[wo], %[xb], %[" #s "]\n"
+#define COLIBRI_QI_T(s, off)                                                                       \
+    "ldrd %[xa], %[xb], [%[xp], #" #off "]\n"                                                      \
+    "smlad %[" #s "], %[we], %[xa], %[" #s "]\n"                                                   \
+    "smlad %[" #s "], %[wo], %[xb], %[" #s "]\n"
+#define COLIBRI_QI_K(woff, x0, x1, x2, x3, x4, x5, x6, x7)                                         \
+    COLIBRI_QI_W(woff)                                                                             \
+    COLIBRI_QI_T(a0, x0)                                                                           \
+    COLIBRI_QI_T(a1, x1)                                                                           \
+    COLIBRI_QI_T(a2, x2)                                                                           \
+    COLIBRI_QI_T(a3, x3)                                                                           \
+    COLIBRI_QI_T(a4, x4)                                                                           \
+    COLIBRI_QI_T(a5, x5) COLIBRI_QI_T(a6, x6) COLIBRI_QI_T(a7, x7)
+
 /** One row of an R4 group (wr = its first weight of the block: group + block * 128 + 16 r)
- *  times one unpacked block of T tokens: s[t] = the integer dot product of token t. */
-COLIBRI_QI_INLINE void colibri_qi_r1_block_mt(const int8_t *wr, const uint32_t *xu, int32_t T,
-                                              int32_t *s)
+ *  times one unpacked block of 8 tokens (colibri_qi_unpack_block): s[t] = the integer dot
+ *  product of token t. Written out: 14 registers (8 sums, the two pointers, the unpacked weight
+ *  word and one token's two pairs); per word one LDR and 2 SXTB16, per token one LDRD, 2 SMLAD. */
+COLIBRI_QI_INLINE void colibri_qi_r1_block8(const int8_t *wr, const uint32_t *xu, int32_t s[8])
 {
-    int32_t acc[COLIBRI_QI_MT];
-#pragma GCC unroll 8
-    for (int32_t t = 0; t < T; t++) {
-        acc[t] = 0;
-    }
-#pragma GCC unroll 8
-    for (int32_t k = 0; k < 8; k++) {
-        const uint32_t w =
-            *(const colibri_qi_word *)(const void *)(wr + 64 * (k / 4) + 4 * (k % 4));
-        const uint32_t we = __sxtb16(w);
-        const uint32_t wo = __sxtb16((w >> 8) | (w << 24));
-#pragma GCC unroll 8
-        for (int32_t t = 0; t < T; t++) {
-            acc[t] = __smlad(we, xu[2 * (k * T + t)], acc[t]);
-            acc[t] = __smlad(wo, xu[2 * (k * T + t) + 1], acc[t]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int32_t t = 0; t < T; t++) {
-        s[t] = acc[t];
-    }
+    int32_t a0, a1, a2, a3, a4, a5, a6, a7;
+    uint32_t we, wo, xa, xb;
+    __asm__(COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
+                COLIBRI_QI_T0(a3, 24) COLIBRI_QI_T0(a4, 32) COLIBRI_QI_T0(a5, 40) COLIBRI_QI_T0(
+                    a6, 48) COLIBRI_QI_T0(a7, 56) COLIBRI_QI_K(4, 64, 72, 80, 88, 96, 104, 112, 120)
+                    COLIBRI_QI_K(8, 128, 136, 144, 152, 160, 168, 176, 184)
+                        COLIBRI_QI_K(12, 192, 200, 208, 216, 224, 232, 240, 248)
+                            COLIBRI_QI_K(64, 256, 264, 272, 280, 288, 296, 304, 312)
+                                COLIBRI_QI_K(68, 320, 328, 336, 344, 352, 360, 368, 376)
+                                    COLIBRI_QI_K(72, 384, 392, 400, 408, 416, 424, 432, 440)
+                                        COLIBRI_QI_K(76, 448, 456, 464, 472, 480, 488, 496, 504)
+            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [a4] "=&r"(a4),
+              [a5] "=&r"(a5), [a6] "=&r"(a6), [a7] "=&r"(a7), [we] "=&r"(we), [wo] "=&r"(wo),
+              [xa] "=&r"(xa), [xb] "=&r"(xb)
+            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
+              "m"(*(const uint32_t(*)[128])xu));
+    s[0] = a0;
+    s[1] = a1;
+    s[2] = a2;
+    s[3] = a3;
+    s[4] = a4;
+    s[5] = a5;
+    s[6] = a6;
+    s[7] = a7;
+}
+
+#define COLIBRI_QI_K4(woff, x0, x1, x2, x3)                                                        \
+    COLIBRI_QI_W(woff)                                                                             \
+    COLIBRI_QI_T(a0, x0) COLIBRI_QI_T(a1, x1) COLIBRI_QI_T(a2, x2) COLIBRI_QI_T(a3, x3)
+
+/** colibri_qi_r1_block8 for a pass of 4 tokens (pairs of word k, token t at xu + k * 32 + 8 t). */
+COLIBRI_QI_INLINE void colibri_qi_r1_block4(const int8_t *wr, const uint32_t *xu, int32_t s[4])
+{
+    int32_t a0, a1, a2, a3;
+    uint32_t we, wo, xa, xb;
+    __asm__(COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
+                COLIBRI_QI_T0(a3, 24) COLIBRI_QI_K4(4, 32, 40, 48, 56)
+                    COLIBRI_QI_K4(8, 64, 72, 80, 88) COLIBRI_QI_K4(12, 96, 104, 112, 120)
+                        COLIBRI_QI_K4(64, 128, 136, 144, 152) COLIBRI_QI_K4(68, 160, 168, 176, 184)
+                            COLIBRI_QI_K4(72, 192, 200, 208, 216)
+                                COLIBRI_QI_K4(76, 224, 232, 240, 248)
+            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [we] "=&r"(we),
+              [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
+            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
+              "m"(*(const uint32_t(*)[64])xu));
+    s[0] = a0;
+    s[1] = a1;
+    s[2] = a2;
+    s[3] = a3;
 }
 #endif
 
@@ -403,39 +461,54 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t groups = n_out / COLIBRI_R4_ROWS;
 #if defined(COLIBRI_QI_SIMD32)
-    /* block by block; y[t][o] holds the running sum a of colibri_qi_q8_q8_r4 */
-    for (int32_t b = 0; b < full; b++) {
-        uint32_t xu[2 * 8 * COLIBRI_QI_MT];
-        colibri_qi_unpack_block(xq + (size_t)b * COLIBRI_QK8, n_in, T, xu);
-        for (int32_t o = 0; o < groups * COLIBRI_R4_ROWS; o++) {
-            const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
-                               (size_t)b * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
-            int32_t s[COLIBRI_QI_MT];
-            colibri_qi_r1_block_mt(wr, xu, T, s);
-#pragma GCC unroll 8
+    /* COLIBRI_QI_RC rows at a time, block by block: acc[r][t] holds the running sum a of
+     * colibri_qi_q8_q8_r4 for row o0 + r and token t */
+    const int32_t rows = groups * COLIBRI_R4_ROWS;
+    for (int32_t o0 = 0; o0 < rows; o0 += COLIBRI_QI_RC) {
+        const int32_t rc = (rows - o0 < COLIBRI_QI_RC) ? rows - o0 : COLIBRI_QI_RC;
+        float acc[COLIBRI_QI_RC * COLIBRI_QI_MT];
+        for (int32_t b = 0; b < full; b++) {
+            uint32_t xu[2 * 8 * COLIBRI_QI_MT];
+            colibri_qi_unpack_block(xq + (size_t)b * COLIBRI_QK8, n_in, T, xu);
+            float xs[COLIBRI_QI_MT];
             for (int32_t t = 0; t < T; t++) {
-                float *yp = y + (size_t)t * (size_t)ldy + (size_t)o;
-                const float a = (b == 0) ? 0.0f : *yp;
-                const float xs = sx[(size_t)t * nb + (size_t)b];
-                *yp = colibri_qi_mla(a, (float)s[t],
-                                     blocked ? scale[(size_t)o * nb + (size_t)b] * xs : xs);
+                xs[t] = sx[(size_t)t * nb + (size_t)b];
+            }
+            for (int32_t r = 0; r < rc; r++) {
+                const int32_t o = o0 + r;
+                const int8_t *wr = q +
+                                   (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
+                                   (size_t)b * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+                int32_t s[COLIBRI_QI_MT];
+                if (T == 8) {
+                    colibri_qi_r1_block8(wr, xu, s);
+                } else {
+                    colibri_qi_r1_block4(wr, xu, s);
+                }
+                float *ap = acc + (size_t)r * (size_t)T;
+                const float ws = blocked ? scale[(size_t)o * nb + (size_t)b] : 1.0f;
+#pragma GCC unroll 8
+                for (int32_t t = 0; t < T; t++) {
+                    const float a = (b == 0) ? 0.0f : ap[t];
+                    ap[t] = colibri_qi_mla(a, (float)s[t], blocked ? ws * xs[t] : xs[t]);
+                }
             }
         }
-    }
-    for (int32_t o = 0; o < groups * COLIBRI_R4_ROWS; o++) {
-        const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
-                           (size_t)full * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
-        for (int32_t t = 0; t < T; t++) {
-            float *yp = y + (size_t)t * (size_t)ldy + (size_t)o;
-            float a = (full == 0) ? 0.0f : *yp;
-            if (half) {
-                const float xs = sx[(size_t)t * nb + (size_t)full];
-                const float f = blocked ? scale[(size_t)o * nb + (size_t)full] * xs : xs;
-                a += (float)colibri_dot_q8(
-                         wr, xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8, 16) *
-                     f;
+        for (int32_t r = 0; r < rc; r++) {
+            const int32_t o = o0 + r;
+            const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
+                               (size_t)full * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+            for (int32_t t = 0; t < T; t++) {
+                float a = (full == 0) ? 0.0f : acc[(size_t)r * (size_t)T + (size_t)t];
+                if (half) {
+                    const float xs = sx[(size_t)t * nb + (size_t)full];
+                    const float f = blocked ? scale[(size_t)o * nb + (size_t)full] * xs : xs;
+                    a += (float)colibri_dot_q8(
+                             wr, xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8, 16) *
+                         f;
+                }
+                y[(size_t)t * (size_t)ldy + (size_t)o] = blocked ? a : a * scale[o];
             }
-            *yp = blocked ? a : a * scale[o];
         }
     }
 #elif defined(COLIBRI_QI_MVE)
@@ -511,6 +584,13 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4(const int8_t *q, const float *scal
     for (; t0 + COLIBRI_QI_MT <= n_tok; t0 += COLIBRI_QI_MT) {
         colibri_qi_r4_pass(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
                            y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, COLIBRI_QI_MT, blocked);
+    }
+#endif
+#if defined(COLIBRI_QI_SIMD32)
+    if (t0 + 4 <= n_tok) { /* then one pass of 4 */
+        colibri_qi_r4_pass(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                           y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, 4, blocked);
+        t0 += 4;
     }
 #endif
     for (; t0 < n_tok; t0++) {
