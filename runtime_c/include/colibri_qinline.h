@@ -467,6 +467,9 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
     for (int32_t o0 = 0; o0 < rows; o0 += COLIBRI_QI_RC) {
         const int32_t rc = (rows - o0 < COLIBRI_QI_RC) ? rows - o0 : COLIBRI_QI_RC;
         float acc[COLIBRI_QI_RC * COLIBRI_QI_MT];
+        for (int32_t i = 0; i < rc * T; i++) {
+            acc[i] = 0.0f; /* colibri_qi_q8_q8_r4's a = 0.0f */
+        }
         for (int32_t b = 0; b < full; b++) {
             uint32_t xu[2 * 8 * COLIBRI_QI_MT];
             colibri_qi_unpack_block(xq + (size_t)b * COLIBRI_QK8, n_in, T, xu);
@@ -474,23 +477,25 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
             for (int32_t t = 0; t < T; t++) {
                 xs[t] = sx[(size_t)t * nb + (size_t)b];
             }
+            /* rc is a multiple of 4: whole R4 groups */
+            const int8_t *wg = q + (size_t)o0 * (size_t)n_in + (size_t)b * 128u;
+            float *ap = acc;
             for (int32_t r = 0; r < rc; r++) {
-                const int32_t o = o0 + r;
-                const int8_t *wr = q +
-                                   (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
-                                   (size_t)b * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+                const int8_t *wr = wg + 16u * (size_t)(r % COLIBRI_R4_ROWS);
                 int32_t s[COLIBRI_QI_MT];
                 if (T == 8) {
                     colibri_qi_r1_block8(wr, xu, s);
                 } else {
                     colibri_qi_r1_block4(wr, xu, s);
                 }
-                float *ap = acc + (size_t)r * (size_t)T;
-                const float ws = blocked ? scale[(size_t)o * nb + (size_t)b] : 1.0f;
+                const float ws = blocked ? scale[(size_t)(o0 + r) * nb + (size_t)b] : 1.0f;
 #pragma GCC unroll 8
                 for (int32_t t = 0; t < T; t++) {
-                    const float a = (b == 0) ? 0.0f : ap[t];
-                    ap[t] = colibri_qi_mla(a, (float)s[t], blocked ? ws * xs[t] : xs[t]);
+                    ap[t] = colibri_qi_mla(ap[t], (float)s[t], blocked ? ws * xs[t] : xs[t]);
+                }
+                ap += T;
+                if (r % COLIBRI_R4_ROWS == COLIBRI_R4_ROWS - 1) {
+                    wg += COLIBRI_R4_ROWS * (size_t)n_in;
                 }
             }
         }
@@ -499,7 +504,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
             const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
                                (size_t)full * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
             for (int32_t t = 0; t < T; t++) {
-                float a = (full == 0) ? 0.0f : acc[(size_t)r * (size_t)T + (size_t)t];
+                float a = acc[(size_t)r * (size_t)T + (size_t)t];
                 if (half) {
                     const float xs = sx[(size_t)t * nb + (size_t)full];
                     const float f = blocked ? scale[(size_t)o * nb + (size_t)full] * xs : xs;
@@ -517,12 +522,15 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
         const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
         const int32_t o = g * COLIBRI_R4_ROWS;
         const float *s0p = scale + (size_t)o * nb;
-        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f,
+                      0.0f, 0.0f, 0.0f, 0.0f}; /* token t, row r: a[4 t + r] */
         for (int32_t b = 0; b < full; b++) {
             int32_t s[8];
             colibri_qi_r4_block2(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8, n_in, s);
+#pragma GCC unroll 8
             for (int32_t t = 0; t < 2; t++) {
                 const float xs = sx[(size_t)t * nb + (size_t)b];
+#pragma GCC unroll 8
                 for (int32_t r = 0; r < 4; r++) {
                     a[4 * t + r] =
                         colibri_qi_mla(a[4 * t + r], (float)s[4 * t + r],
@@ -530,16 +538,19 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
                 }
             }
         }
+#pragma GCC unroll 8
         for (int32_t t = 0; t < 2; t++) {
             if (half) {
                 const int8_t *x = xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8;
                 const float xs = sx[(size_t)t * nb + (size_t)full];
+#pragma GCC unroll 8
                 for (int32_t r = 0; r < 4; r++) {
                     const float f = blocked ? s0p[(size_t)r * nb + (size_t)full] * xs : xs;
                     a[4 * t + r] +=
                         (float)colibri_dot_q8(wg + (size_t)full * 128u + 16 * r, x, 16) * f;
                 }
             }
+#pragma GCC unroll 8
             for (int32_t r = 0; r < 4; r++) {
                 y[(size_t)t * (size_t)ldy + (size_t)(o + r)] =
                     blocked ? a[4 * t + r] : a[4 * t + r] * scale[o + r];
