@@ -417,37 +417,49 @@ COLIBRI_QI_INLINE void colibri_qi_r1_block4(const int8_t *wr, const uint32_t *xu
 #endif
 
 #if defined(COLIBRI_QI_MVE)
-/** The 4 rows of an R4 group times one block of 32 codes of 2 tokens (x, x + n_in):
- *  s[4 t + r]. */
-COLIBRI_QI_INLINE void colibri_qi_r4_block2(const int8_t *wg, const int8_t *x, int32_t n_in,
-                                            int32_t s[8])
+/* colibri_qi_r4_block2's assembly: COLIBRI_QI_V(op, r, woff) loads row r's 16 weights of the
+ * chunk at w + woff once and multiplies them with both tokens' codes (xa, xb) into s<r>, u<r>. */
+#define COLIBRI_QI_V(op, r, woff)                                                                  \
+    "vldrb.8 %q[wv], [%[w], #" #woff "]\n" #op ".s8 %[s" #r "], %q[wv], %q[xa]\n" #op ".s8 %[u" #r \
+    "], %q[wv], %q[xb]\n"
+#define COLIBRI_QI_CHUNK(op, xoff, woff)                                                           \
+    "vldrb.8 %q[xa], [%[x0], #" #xoff "]\n"                                                        \
+    "vldrb.8 %q[xb], [%[x1], #" #xoff "]\n" COLIBRI_QI_V(op, 0, woff)                              \
+        COLIBRI_QI_V(op, 1, woff + 16) COLIBRI_QI_V(op, 2, woff + 32)                              \
+            COLIBRI_QI_V(op, 3, woff + 48)
+
+#define COLIBRI_QI_CVT(f, s)                                                                       \
+    "vmov %[" #f "], %[" #s "]\n"                                                                  \
+    "vcvt.f32.s32 %[" #f "], %[" #f "]\n"
+
+/** The 4 rows of an R4 group times one block of 32 codes of 2 tokens (x0, x1): the integer dot
+ *  products as floats (exact: |sum| < 2^24), f[4 t + r] for token t and row r. Written out:
+ *  the 8 sums need the 8 even core registers VMLADAV accumulates in. Per 16 inputs: 2 vector
+ *  loads of codes, then per row one of weights and 2 VMLADAV(A). */
+COLIBRI_QI_INLINE void colibri_qi_r4_block2(const int8_t *wg, const int8_t *x0, const int8_t *x1,
+                                            float f[8])
 {
-    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, u0 = 0, u1 = 0, u2 = 0, u3 = 0;
-    for (int32_t c = 0; c < 2; c++) {
-        const int8x16_t xv = vld1q_s8(x + 16 * c);
-        const int8x16_t xw = vld1q_s8(x + n_in + 16 * c);
-        const int8_t *w = wg + 64 * c;
-        const int8x16_t w0 = vld1q_s8(w);
-        s0 = vmladavaq_s8(s0, w0, xv);
-        u0 = vmladavaq_s8(u0, w0, xw);
-        const int8x16_t w1 = vld1q_s8(w + 16);
-        s1 = vmladavaq_s8(s1, w1, xv);
-        u1 = vmladavaq_s8(u1, w1, xw);
-        const int8x16_t w2 = vld1q_s8(w + 32);
-        s2 = vmladavaq_s8(s2, w2, xv);
-        u2 = vmladavaq_s8(u2, w2, xw);
-        const int8x16_t w3 = vld1q_s8(w + 48);
-        s3 = vmladavaq_s8(s3, w3, xv);
-        u3 = vmladavaq_s8(u3, w3, xw);
-    }
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-    s[3] = s3;
-    s[4] = u0;
-    s[5] = u1;
-    s[6] = u2;
-    s[7] = u3;
+    float f0, f1, f2, f3, f4, f5, f6, f7;
+    int32_t s0, s1, s2, s3, u0, u1, u2, u3;
+    int8x16_t xa, xb, wv;
+    __asm__(COLIBRI_QI_CHUNK(vmladav, 0, 0) COLIBRI_QI_CHUNK(vmladava, 16, 64)
+                COLIBRI_QI_CVT(f0, s0) COLIBRI_QI_CVT(f1, s1) COLIBRI_QI_CVT(f2, s2)
+                    COLIBRI_QI_CVT(f3, s3) COLIBRI_QI_CVT(f4, u0) COLIBRI_QI_CVT(f5, u1)
+                        COLIBRI_QI_CVT(f6, u2) COLIBRI_QI_CVT(f7, u3)
+            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u0] "=&Te"(u0),
+              [u1] "=&Te"(u1), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [xa] "=&w"(xa), [xb] "=&w"(xb),
+              [wv] "=&w"(wv), [f0] "=&t"(f0), [f1] "=&t"(f1), [f2] "=&t"(f2), [f3] "=&t"(f3),
+              [f4] "=&t"(f4), [f5] "=&t"(f5), [f6] "=&t"(f6), [f7] "=&t"(f7)
+            : [w] "r"(wg), [x0] "r"(x0), [x1] "r"(x1), "m"(*(const int8_t(*)[128])wg),
+              "m"(*(const int8_t(*)[32])x0), "m"(*(const int8_t(*)[32])x1));
+    f[0] = f0;
+    f[1] = f1;
+    f[2] = f2;
+    f[3] = f3;
+    f[4] = f4;
+    f[5] = f5;
+    f[6] = f6;
+    f[7] = f7;
 }
 #endif
 
@@ -525,15 +537,17 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
         float a[8] = {0.0f, 0.0f, 0.0f, 0.0f,
                       0.0f, 0.0f, 0.0f, 0.0f}; /* token t, row r: a[4 t + r] */
         for (int32_t b = 0; b < full; b++) {
-            int32_t s[8];
-            colibri_qi_r4_block2(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8, n_in, s);
+            float f[8];
+            colibri_qi_r4_block2(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8,
+                                 xq + (size_t)n_in + (size_t)b * COLIBRI_QK8, f);
+            /* scalar float updates (Helium's vector float flushes subnormals) */
 #pragma GCC unroll 8
             for (int32_t t = 0; t < 2; t++) {
                 const float xs = sx[(size_t)t * nb + (size_t)b];
 #pragma GCC unroll 8
                 for (int32_t r = 0; r < 4; r++) {
                     a[4 * t + r] =
-                        colibri_qi_mla(a[4 * t + r], (float)s[4 * t + r],
+                        colibri_qi_mla(a[4 * t + r], f[4 * t + r],
                                        blocked ? s0p[(size_t)r * nb + (size_t)b] * xs : xs);
                 }
             }
