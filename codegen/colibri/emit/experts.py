@@ -5,7 +5,8 @@ matvecs, activations quantised to int8 per block of 32 into an ``act_q`` row whe
 int8). Whether the expert sits in a lone MoE layer or in layer 17 of a transformer, the
 kernel is described by :func:`ffn_kernel` and written by the one macro ``ffn_kernel`` of
 ``templates/common/experts.j2``; only what differs is a parameter: a lone layer's kernel takes
-bias pointers and its dimensions from the header's macros and keeps its ``act_q`` row in its
+bias pointers and its dimensions from the header's macros and keeps its ``act_q`` rows (a group
+of up to max_tokens tokens: it quantises them all, then runs each matrix over the group) in its
 scratch after the hidden rows (the calling handle's workspace, so handles sharing the kernels
 never share the row: colibri_model_t.kernel_scratch_bytes); a transformer's SwiGLU experts have
 no biases, one kernel per d_ff, and use the ``act_q`` region of the transformer's one static
