@@ -43,7 +43,7 @@ static float qk_y0[QK_FF];
 static float qk_y1[QK_FF];
 #define QK_TOK 9
 #define QK_BENCH_TOK 8
-#define QK_LDY (QK_FF + 3)
+#define QK_LDY 31 /* the widest shape checked (30 rows) + 1 */
 static int8_t qk_xqm[QK_TOK * QK_FF] __attribute__((aligned(4)));
 static float qk_sxm[QK_TOK * COLIBRI_Q8_BLOCKS(QK_FF)];
 static float qk_ym0[QK_TOK * QK_LDY];
@@ -216,10 +216,10 @@ __attribute__((noinline)) static void qk_bench_r4(void)
 
 __attribute__((noinline)) static void qk_bench_mm(void)
 {
-    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, QK_FF, QK_FF, QK_D, QK_BENCH_TOK,
-                           0);
-    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym1, QK_D, QK_D, QK_FF, QK_BENCH_TOK,
-                           0);
+    /* every token's output row at y (ldy 0: RAM is short on the small boards; where the rows
+     * go does not change the count) */
+    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_y0, 0, QK_FF, QK_D, QK_BENCH_TOK, 0);
+    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_y1, 0, QK_D, QK_FF, QK_BENCH_TOK, 0);
 }
 
 __attribute__((noinline)) static void qk_bench_quant(int inline_kernel)

@@ -243,32 +243,35 @@ QINLINE_FAST = ("cortex-m4", "cortex-m7", "cortex-m55")
 
 @pytest.mark.parametrize("name", BOARDS)
 def test_qinline_kernels_equal_the_library(name: str, build_root: Path, tmp_path: Path) -> None:
-    """colibri_qinline.h (what generated expert kernels call): the R4 int8 matvec and the
-    activation quantiser give the library's bits on every board (tests/platform/qkernels.c:
-    282 shapes and value kinds). Where they have their own paths, both take fewer instructions
-    than the library's (QEMU counts, deterministic), printed per MAC and per value."""
+    """colibri_qinline.h (what generated expert kernels call): the R4 int8 matvec, its
+    multi-token variant (1..9 tokens) and the activation quantiser give the library's bits on
+    every board (tests/platform/qkernels.c: 2550 shapes, token counts and value kinds). Where
+    they have their own paths, they take fewer instructions than the library's, and the
+    multi-token kernel at 8 tokens fewer per MAC than the one-token one (QEMU counts,
+    deterministic), printed per MAC and per value."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "qkernels", build_root / name)
     counting = name in QINLINE_FAST and _can_count(board)
     counts: dict[int, int | None] = {}
-    for mode in range(4) if counting else (0xFF,):
+    for mode in range(5) if counting else (0xFF,):
         (tmp_path / "input.bin").write_bytes(bytes([mode]))
         result = run_elf(board, elf, tmp_path, count_instructions=counting)
         found = QKERNELS_LINE.search(result.stdout)
         assert found, f"no result line:\n{result.stdout}{result.stderr}"
-        assert int(found.group(1)) == 282 and found.group(2) == "0", found.group(0)
+        assert int(found.group(1)) == 2550 and found.group(2) == "0", found.group(0)
         counts[mode] = result.instructions
     if not counting:
         return
     macs, values = 2 * 128 * 256, 128 + 256  # qkernels.c QK_D, QK_FF
-    lib_mv, r4_mv, lib_q, qi_q = (counts[m] for m in range(4))
-    assert None not in (lib_mv, r4_mv, lib_q, qi_q)
+    lib_mv, r4_mv, lib_q, qi_q, r4_mm = (counts[m] for m in range(5))
+    assert None not in (lib_mv, r4_mv, lib_q, qi_q, r4_mm)
     print(
         f"\n{name}: int8 matvec {lib_mv / macs:.3f} -> {r4_mv / macs:.3f} instructions/MAC (R4), "
+        f"{r4_mm / (8 * macs):.3f} at 8 tokens; "
         f"quantiser {lib_q / values:.1f} -> {qi_q / values:.1f} instructions/value"
     )
-    assert r4_mv < lib_mv and qi_q < lib_q
+    assert r4_mv < lib_mv and qi_q < lib_q and r4_mm < 8 * r4_mv
 
 
 def test_qemu_failure_is_reported(tmp_path: Path) -> None:
