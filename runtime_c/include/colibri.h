@@ -222,10 +222,11 @@ typedef struct colibri_model {
      *  colibri_init_shared); NULL for static models. Private. */
     void *shared;
     /** Bytes the expert kernels use in their scratch after the n hidden rows (generated
-     *  kernels with int8 activations: the quantised row, COLIBRI_Q8_ROW_BYTES(max(d_model,
-     *  d_ff)) of colibri_quant.h). Part of every handle's workspace (colibri_workspace_size
-     *  adds COLIBRI_ALIGN16 of it), so handles sharing the kernels never share this buffer.
-     *  0 for model files and fp32 kernels; set by generated code before colibri_init_static. */
+     *  kernels with int8 activations: the quantised rows of a group of up to max_tokens
+     *  tokens, max_tokens * COLIBRI_Q8_ROW_BYTES(max(d_model, d_ff)) of colibri_quant.h).
+     *  Part of every handle's workspace (colibri_workspace_size adds COLIBRI_ALIGN16 of it),
+     *  so handles sharing the kernels never share this buffer. 0 for model files and fp32
+     *  kernels; set by generated code before colibri_init_static. */
     size_t kernel_scratch_bytes;
     /** colibri_init's separate allocations of this handle's arena and cache slot copies (freed
      *  by cleanup); NULL otherwise. Private. */

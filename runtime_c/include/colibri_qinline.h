@@ -289,6 +289,341 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
     }
 }
 
+/*
+ * The multi-token R4 kernel (colibri_qi_mm_q8_q8_r4): a group of tokens over the same weights,
+ * each weight read once per pass over COLIBRI_QI_MT tokens instead of once per token.
+ *  - Cortex-M4 / M7: each block of 32 inputs of the pass's tokens is first unpacked by SXTB16
+ *    into halfword pairs (a 512-byte buffer on the stack), then every row's weight word is
+ *    loaded and unpacked once and multiplied with the pairs of every token (one row, 8 tokens:
+ *    per 4 inputs one LDR, 2 SXTB16, then per token one LDRD and 2 SMLAD; then a pass of 4 when
+ *    4..7 tokens are left). The running sums of COLIBRI_QI_RC rows stay on the stack between
+ *    blocks (a float stored and loaded back is the same float).
+ *  - Helium: the 4 rows of an R4 group, 2 tokens: each weight vector is loaded once and
+ *    VMLADAVA'd with both tokens' codes.
+ * Every (row, token) gets the float operations of colibri_qi_q8_q8_r4 in the same order, so row
+ * t of the output has the bits colibri_qi_q8_q8_r4 (and colibri_matvec_q8_q8 / q8b) gives it.
+ */
+#if defined(COLIBRI_QI_SIMD32)
+#define COLIBRI_QI_MT 8
+#elif defined(COLIBRI_QI_MVE)
+#define COLIBRI_QI_MT 2
+#else
+#define COLIBRI_QI_MT 1
+#endif
+/** Rows whose running sums a pass keeps on the stack (Cortex-M4 / M7: RC * 8 floats). */
+#ifndef COLIBRI_QI_RC
+#define COLIBRI_QI_RC 32
+#endif
+
+#if defined(COLIBRI_QI_SIMD32)
+/** The T rows of codes at x, x + n_in, ... (one block of 32 each) as SXTB16 pairs: for word k
+ *  (inputs 4k..4k+3) and token t, xu[2 (k T + t)] = (4k, 4k+2), xu[2 (k T + t) + 1] = (4k+1,
+ *  4k+3). */
+COLIBRI_QI_INLINE void colibri_qi_unpack_block(const int8_t *x, int32_t n_in, int32_t T,
+                                               uint32_t *xu)
+{
+    for (int32_t t = 0; t < T; t++) {
+        const colibri_qi_word *xw =
+            (const colibri_qi_word *)(const void *)(x + (size_t)t * (size_t)n_in);
+#pragma GCC unroll 8
+        for (int32_t k = 0; k < 8; k++) {
+            const uint32_t v = xw[k];
+            xu[2 * (k * T + t)] = __sxtb16(v);
+            xu[2 * (k * T + t) + 1] = __sxtb16((v >> 8) | (v << 24));
+        }
+    }
+}
+
+/* colibri_qi_r1_block8's assembly, by word k of the row (4 inputs): COLIBRI_QI_W(off) loads the
+ * word at wr + off and unpacks it into we (inputs 0, 2) and wo (1, 3); COLIBRI_QI_T(s, off) adds
+ * token t's products (its two pairs at xu + off: k * 64 + 8 t) into s; COLIBRI_QI_T0 starts s. */
+#define COLIBRI_QI_W(off)                                                                          \
+    "ldr %[wo], [%[wr], #" #off "]\n"                                                              \
+    "sxtb16 %[we], %[wo]\n"                                                                        \
+    "sxtb16 %[wo], %[wo], ror #8\n"
+#define COLIBRI_QI_T0(s, off)                                                                      \
+    "ldrd %[xa], %[xb], [%[xp], #" #off "]\n"                                                      \
+    "smuad %[" #s "], %[we], %[xa]\n"                                                              \
+    "smlad %[" #s "], %[wo], %[xb], %[" #s "]\n"
+#define COLIBRI_QI_T(s, off)                                                                       \
+    "ldrd %[xa], %[xb], [%[xp], #" #off "]\n"                                                      \
+    "smlad %[" #s "], %[we], %[xa], %[" #s "]\n"                                                   \
+    "smlad %[" #s "], %[wo], %[xb], %[" #s "]\n"
+#define COLIBRI_QI_K(woff, x0, x1, x2, x3, x4, x5, x6, x7)                                         \
+    COLIBRI_QI_W(woff)                                                                             \
+    COLIBRI_QI_T(a0, x0)                                                                           \
+    COLIBRI_QI_T(a1, x1)                                                                           \
+    COLIBRI_QI_T(a2, x2)                                                                           \
+    COLIBRI_QI_T(a3, x3)                                                                           \
+    COLIBRI_QI_T(a4, x4)                                                                           \
+    COLIBRI_QI_T(a5, x5) COLIBRI_QI_T(a6, x6) COLIBRI_QI_T(a7, x7)
+
+/** One row of an R4 group (wr = its first weight of the block: group + block * 128 + 16 r)
+ *  times one unpacked block of 8 tokens (colibri_qi_unpack_block): s[t] = the integer dot
+ *  product of token t. Written out: 14 registers (8 sums, the two pointers, the unpacked weight
+ *  word and one token's two pairs); per word one LDR and 2 SXTB16, per token one LDRD, 2 SMLAD. */
+COLIBRI_QI_INLINE void colibri_qi_r1_block8(const int8_t *wr, const uint32_t *xu, int32_t s[8])
+{
+    int32_t a0, a1, a2, a3, a4, a5, a6, a7;
+    uint32_t we, wo, xa, xb;
+    __asm__(COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
+                COLIBRI_QI_T0(a3, 24) COLIBRI_QI_T0(a4, 32) COLIBRI_QI_T0(a5, 40) COLIBRI_QI_T0(
+                    a6, 48) COLIBRI_QI_T0(a7, 56) COLIBRI_QI_K(4, 64, 72, 80, 88, 96, 104, 112, 120)
+                    COLIBRI_QI_K(8, 128, 136, 144, 152, 160, 168, 176, 184)
+                        COLIBRI_QI_K(12, 192, 200, 208, 216, 224, 232, 240, 248)
+                            COLIBRI_QI_K(64, 256, 264, 272, 280, 288, 296, 304, 312)
+                                COLIBRI_QI_K(68, 320, 328, 336, 344, 352, 360, 368, 376)
+                                    COLIBRI_QI_K(72, 384, 392, 400, 408, 416, 424, 432, 440)
+                                        COLIBRI_QI_K(76, 448, 456, 464, 472, 480, 488, 496, 504)
+            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [a4] "=&r"(a4),
+              [a5] "=&r"(a5), [a6] "=&r"(a6), [a7] "=&r"(a7), [we] "=&r"(we), [wo] "=&r"(wo),
+              [xa] "=&r"(xa), [xb] "=&r"(xb)
+            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
+              "m"(*(const uint32_t(*)[128])xu));
+    s[0] = a0;
+    s[1] = a1;
+    s[2] = a2;
+    s[3] = a3;
+    s[4] = a4;
+    s[5] = a5;
+    s[6] = a6;
+    s[7] = a7;
+}
+
+#define COLIBRI_QI_K4(woff, x0, x1, x2, x3)                                                        \
+    COLIBRI_QI_W(woff)                                                                             \
+    COLIBRI_QI_T(a0, x0) COLIBRI_QI_T(a1, x1) COLIBRI_QI_T(a2, x2) COLIBRI_QI_T(a3, x3)
+
+/** colibri_qi_r1_block8 for a pass of 4 tokens (pairs of word k, token t at xu + k * 32 + 8 t). */
+COLIBRI_QI_INLINE void colibri_qi_r1_block4(const int8_t *wr, const uint32_t *xu, int32_t s[4])
+{
+    int32_t a0, a1, a2, a3;
+    uint32_t we, wo, xa, xb;
+    __asm__(COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
+                COLIBRI_QI_T0(a3, 24) COLIBRI_QI_K4(4, 32, 40, 48, 56)
+                    COLIBRI_QI_K4(8, 64, 72, 80, 88) COLIBRI_QI_K4(12, 96, 104, 112, 120)
+                        COLIBRI_QI_K4(64, 128, 136, 144, 152) COLIBRI_QI_K4(68, 160, 168, 176, 184)
+                            COLIBRI_QI_K4(72, 192, 200, 208, 216)
+                                COLIBRI_QI_K4(76, 224, 232, 240, 248)
+            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [we] "=&r"(we),
+              [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
+            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
+              "m"(*(const uint32_t(*)[64])xu));
+    s[0] = a0;
+    s[1] = a1;
+    s[2] = a2;
+    s[3] = a3;
+}
+#endif
+
+#if defined(COLIBRI_QI_MVE)
+/* colibri_qi_r4_block2's assembly: COLIBRI_QI_V(op, r, woff) loads row r's 16 weights of the
+ * chunk at w + woff once and multiplies them with both tokens' codes (xa, xb) into s<r>, u<r>. */
+#define COLIBRI_QI_V(op, r, woff)                                                                  \
+    "vldrb.8 %q[wv], [%[w], #" #woff "]\n" #op ".s8 %[s" #r "], %q[wv], %q[xa]\n" #op ".s8 %[u" #r \
+    "], %q[wv], %q[xb]\n"
+#define COLIBRI_QI_CHUNK(op, xoff, woff)                                                           \
+    "vldrb.8 %q[xa], [%[x0], #" #xoff "]\n"                                                        \
+    "vldrb.8 %q[xb], [%[x1], #" #xoff "]\n" COLIBRI_QI_V(op, 0, woff)                              \
+        COLIBRI_QI_V(op, 1, woff + 16) COLIBRI_QI_V(op, 2, woff + 32)                              \
+            COLIBRI_QI_V(op, 3, woff + 48)
+
+#define COLIBRI_QI_CVT(f, s)                                                                       \
+    "vmov %[" #f "], %[" #s "]\n"                                                                  \
+    "vcvt.f32.s32 %[" #f "], %[" #f "]\n"
+
+/** The 4 rows of an R4 group times one block of 32 codes of 2 tokens (x0, x1): the integer dot
+ *  products as floats (exact: |sum| < 2^24), f[4 t + r] for token t and row r. Written out:
+ *  the 8 sums need the 8 even core registers VMLADAV accumulates in. Per 16 inputs: 2 vector
+ *  loads of codes, then per row one of weights and 2 VMLADAV(A). */
+COLIBRI_QI_INLINE void colibri_qi_r4_block2(const int8_t *wg, const int8_t *x0, const int8_t *x1,
+                                            float f[8])
+{
+    float f0, f1, f2, f3, f4, f5, f6, f7;
+    int32_t s0, s1, s2, s3, u0, u1, u2, u3;
+    int8x16_t xa, xb, wv;
+    __asm__(COLIBRI_QI_CHUNK(vmladav, 0, 0) COLIBRI_QI_CHUNK(vmladava, 16, 64)
+                COLIBRI_QI_CVT(f0, s0) COLIBRI_QI_CVT(f1, s1) COLIBRI_QI_CVT(f2, s2)
+                    COLIBRI_QI_CVT(f3, s3) COLIBRI_QI_CVT(f4, u0) COLIBRI_QI_CVT(f5, u1)
+                        COLIBRI_QI_CVT(f6, u2) COLIBRI_QI_CVT(f7, u3)
+            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u0] "=&Te"(u0),
+              [u1] "=&Te"(u1), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [xa] "=&w"(xa), [xb] "=&w"(xb),
+              [wv] "=&w"(wv), [f0] "=&t"(f0), [f1] "=&t"(f1), [f2] "=&t"(f2), [f3] "=&t"(f3),
+              [f4] "=&t"(f4), [f5] "=&t"(f5), [f6] "=&t"(f6), [f7] "=&t"(f7)
+            : [w] "r"(wg), [x0] "r"(x0), [x1] "r"(x1), "m"(*(const int8_t(*)[128])wg),
+              "m"(*(const int8_t(*)[32])x0), "m"(*(const int8_t(*)[32])x1));
+    f[0] = f0;
+    f[1] = f1;
+    f[2] = f2;
+    f[3] = f3;
+    f[4] = f4;
+    f[5] = f5;
+    f[6] = f6;
+    f[7] = f7;
+}
+#endif
+
+/** One pass of colibri_qi_mm_q8_q8_r4 over T == COLIBRI_QI_MT tokens (T > 1). */
+COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, const int8_t *xq,
+                                          const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                          int32_t n_in, int32_t T, int blocked)
+{
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t half = (n_in % COLIBRI_QK8) != 0;
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t groups = n_out / COLIBRI_R4_ROWS;
+#if defined(COLIBRI_QI_SIMD32)
+    /* COLIBRI_QI_RC rows at a time, block by block: acc[r][t] holds the running sum a of
+     * colibri_qi_q8_q8_r4 for row o0 + r and token t */
+    const int32_t rows = groups * COLIBRI_R4_ROWS;
+    for (int32_t o0 = 0; o0 < rows; o0 += COLIBRI_QI_RC) {
+        const int32_t rc = (rows - o0 < COLIBRI_QI_RC) ? rows - o0 : COLIBRI_QI_RC;
+        float acc[COLIBRI_QI_RC * COLIBRI_QI_MT];
+        for (int32_t i = 0; i < rc * T; i++) {
+            acc[i] = 0.0f; /* colibri_qi_q8_q8_r4's a = 0.0f */
+        }
+        for (int32_t b = 0; b < full; b++) {
+            uint32_t xu[2 * 8 * COLIBRI_QI_MT];
+            colibri_qi_unpack_block(xq + (size_t)b * COLIBRI_QK8, n_in, T, xu);
+            float xs[COLIBRI_QI_MT];
+            for (int32_t t = 0; t < T; t++) {
+                xs[t] = sx[(size_t)t * nb + (size_t)b];
+            }
+            /* rc is a multiple of 4: whole R4 groups */
+            const int8_t *wg = q + (size_t)o0 * (size_t)n_in + (size_t)b * 128u;
+            float *ap = acc;
+            for (int32_t r = 0; r < rc; r++) {
+                const int8_t *wr = wg + 16u * (size_t)(r % COLIBRI_R4_ROWS);
+                int32_t s[COLIBRI_QI_MT];
+                if (T == 8) {
+                    colibri_qi_r1_block8(wr, xu, s);
+                } else {
+                    colibri_qi_r1_block4(wr, xu, s);
+                }
+                const float ws = blocked ? scale[(size_t)(o0 + r) * nb + (size_t)b] : 1.0f;
+#pragma GCC unroll 8
+                for (int32_t t = 0; t < T; t++) {
+                    ap[t] = colibri_qi_mla(ap[t], (float)s[t], blocked ? ws * xs[t] : xs[t]);
+                }
+                ap += T;
+                if (r % COLIBRI_R4_ROWS == COLIBRI_R4_ROWS - 1) {
+                    wg += COLIBRI_R4_ROWS * (size_t)n_in;
+                }
+            }
+        }
+        for (int32_t r = 0; r < rc; r++) {
+            const int32_t o = o0 + r;
+            const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
+                               (size_t)full * 128u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+            for (int32_t t = 0; t < T; t++) {
+                float a = acc[(size_t)r * (size_t)T + (size_t)t];
+                if (half) {
+                    const float xs = sx[(size_t)t * nb + (size_t)full];
+                    const float f = blocked ? scale[(size_t)o * nb + (size_t)full] * xs : xs;
+                    a += (float)colibri_dot_q8(
+                             wr, xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8, 16) *
+                         f;
+                }
+                y[(size_t)t * (size_t)ldy + (size_t)o] = blocked ? a : a * scale[o];
+            }
+        }
+    }
+#elif defined(COLIBRI_QI_MVE)
+    (void)T; /* 2 */
+    for (int32_t g = 0; g < groups; g++) {
+        const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
+        const int32_t o = g * COLIBRI_R4_ROWS;
+        const float *s0p = scale + (size_t)o * nb;
+        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f,
+                      0.0f, 0.0f, 0.0f, 0.0f}; /* token t, row r: a[4 t + r] */
+        for (int32_t b = 0; b < full; b++) {
+            float f[8];
+            colibri_qi_r4_block2(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8,
+                                 xq + (size_t)n_in + (size_t)b * COLIBRI_QK8, f);
+            /* scalar float updates (Helium's vector float flushes subnormals) */
+#pragma GCC unroll 8
+            for (int32_t t = 0; t < 2; t++) {
+                const float xs = sx[(size_t)t * nb + (size_t)b];
+#pragma GCC unroll 8
+                for (int32_t r = 0; r < 4; r++) {
+                    a[4 * t + r] =
+                        colibri_qi_mla(a[4 * t + r], f[4 * t + r],
+                                       blocked ? s0p[(size_t)r * nb + (size_t)b] * xs : xs);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int32_t t = 0; t < 2; t++) {
+            if (half) {
+                const int8_t *x = xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8;
+                const float xs = sx[(size_t)t * nb + (size_t)full];
+#pragma GCC unroll 8
+                for (int32_t r = 0; r < 4; r++) {
+                    const float f = blocked ? s0p[(size_t)r * nb + (size_t)full] * xs : xs;
+                    a[4 * t + r] +=
+                        (float)colibri_dot_q8(wg + (size_t)full * 128u + 16 * r, x, 16) * f;
+                }
+            }
+#pragma GCC unroll 8
+            for (int32_t r = 0; r < 4; r++) {
+                y[(size_t)t * (size_t)ldy + (size_t)(o + r)] =
+                    blocked ? a[4 * t + r] : a[4 * t + r] * scale[o + r];
+            }
+        }
+    }
+#else
+    (void)full;
+    (void)half;
+    (void)groups;
+    for (int32_t t = 0; t < T; t++) {
+        colibri_qi_q8_q8_r4(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                            y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
+    }
+    return;
+#endif
+    const int32_t o = groups * COLIBRI_R4_ROWS;
+    if (o < n_out) { /* the last 1..3 rows, row-major */
+        const int8_t *rest = q + (size_t)o * (size_t)n_in;
+        if (blocked) {
+            colibri_matmul_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, ldy, n_out - o, n_in,
+                                  T);
+        } else {
+            colibri_matmul_q8_q8(rest, scale + o, xq, sx, y + o, ldy, n_out - o, n_in, T);
+        }
+    }
+}
+
+/**
+ * @brief colibri_matmul_q8_q8 (blocked = 0) or colibri_matmul_q8b_q8 (blocked = 1) on a matrix
+ *        stored in layout R4, bit for bit: row t of n_tok (codes xq + t * n_in, scales
+ *        sx + t * COLIBRI_Q8_BLOCKS(n_in)) to y + t * ldy, exactly what colibri_qi_q8_q8_r4
+ *        writes for it. Passes of COLIBRI_QI_MT tokens, the rest one token at a time.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4(const int8_t *q, const float *scale, const int8_t *xq,
+                                              const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                              int32_t n_in, int32_t n_tok, int blocked)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    int32_t t0 = 0;
+#if COLIBRI_QI_MT > 1
+    for (; t0 + COLIBRI_QI_MT <= n_tok; t0 += COLIBRI_QI_MT) {
+        colibri_qi_r4_pass(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                           y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, COLIBRI_QI_MT, blocked);
+    }
+#endif
+#if defined(COLIBRI_QI_SIMD32)
+    if (t0 + 4 <= n_tok) { /* then one pass of 4 */
+        colibri_qi_r4_pass(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                           y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, 4, blocked);
+        t0 += 4;
+    }
+#endif
+    for (; t0 < n_tok; t0++) {
+        colibri_qi_q8_q8_r4(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                            y + (size_t)t0 * (size_t)ldy, n_out, n_in, blocked);
+    }
+}
+
 #ifdef __cplusplus
 }
 #endif

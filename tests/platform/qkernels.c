@@ -11,6 +11,9 @@
  *           and extreme nibbles and activations, normal, subnormal, zero, huge, infinite and
  *           NaN block scales; colibri_qi_q4_q8_q4r4 on the same matrices stored in layout Q4R4
  *           (the shapes of whole blocks);
+ *         - colibri_qi_mm_q8_q8_r4 (both scale layouts) for 1..QK_TOK tokens on the same shapes,
+ *           against the library's colibri_matmul_q8_q8 / q8b_q8 (row t: the matvec's bits),
+ *           output rows strided (ldy > n_out);
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
@@ -18,7 +21,8 @@
  *        matrices (w1 [QK_FF][QK_D], then w2 [QK_D][QK_FF]), 1 colibri_qi_q8_q8_r4 on the same,
  *        2 the library's colibri_quantize_row_q8 on QK_D + QK_FF values, 3 colibri_qi_quantize_row
  *        on them, 4 the library's colibri_matvec_q4_q8 on an int4 pair of the same shapes, 5
- *        colibri_qi_q4_q8 on it, 6 colibri_qi_q4_q8_q4r4 on the same bytes read as Q4R4
+ *        colibri_qi_q4_q8 on it, 6 colibri_qi_q4_q8_q4r4 on the same bytes read as Q4R4, 7
+ *        colibri_qi_mm_q8_q8_r4 on the int8 pair for QK_BENCH_TOK tokens
  *        (tests/targets/test_platforms.py turns the counts into instructions per MAC).
  */
 #include "colibri_fmt.h"
@@ -50,6 +54,13 @@ static float qk_sx[COLIBRI_Q8_BLOCKS(QK_ROW)];
 static float qk_sx2[COLIBRI_Q8_BLOCKS(QK_ROW)];
 static float qk_y0[QK_FF];
 static float qk_y1[QK_FF];
+#define QK_TOK 9
+#define QK_BENCH_TOK 8
+#define QK_LDY 31 /* the widest shape checked (30 rows) + 1 */
+static int8_t qk_xqm[QK_TOK * QK_FF] __attribute__((aligned(4)));
+static float qk_sxm[QK_TOK * COLIBRI_Q8_BLOCKS(QK_FF)];
+static float qk_ym0[QK_TOK * QK_LDY];
+static float qk_ym1[QK_TOK * QK_LDY];
 static uint32_t qk_state = 0x2545F491u;
 
 static uint32_t qk_next(void)
@@ -87,6 +98,13 @@ static void qk_fill(int extremes)
     }
     for (size_t i = 0; i < sizeof qk_sx / sizeof qk_sx[0]; i++) {
         qk_sx[i] = qk_unit() * 0.05f;
+    }
+    for (size_t i = 0; i < sizeof qk_xqm; i++) {
+        qk_xqm[i] = extremes ? (int8_t)((i % 5 == 0) ? 127 : -127)
+                             : (int8_t)((int32_t)(qk_next() % 255u) - 127);
+    }
+    for (size_t i = 0; i < sizeof qk_sxm / sizeof qk_sxm[0]; i++) {
+        qk_sxm[i] = qk_unit() * 0.05f;
     }
 }
 
@@ -206,6 +224,34 @@ static uint32_t qk_check_q4r4(int32_t n_out, int32_t n_in, uint32_t *checks)
     return memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
 }
 
+/* One shape, 1..QK_TOK tokens: the multi-token R4 kernel against the library's matmul (the R4
+ * matrix already in qk_r4); rows strided by n_out + 1, the gaps must stay untouched. */
+static uint32_t qk_check_mm(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint32_t failed = 0;
+    const int32_t ldy = n_out + 1;
+    for (int blocked = 0; blocked < 2; blocked++) {
+        for (int32_t n_tok = 1; n_tok <= QK_TOK; n_tok++) {
+            for (size_t i = 0; i < sizeof qk_ym0 / sizeof qk_ym0[0]; i++) {
+                qk_ym0[i] = -1.0f;
+                qk_ym1[i] = -1.0f;
+            }
+            if (blocked) {
+                colibri_matmul_q8b_q8(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, ldy, n_out, n_in,
+                                      n_tok);
+            } else {
+                colibri_matmul_q8_q8(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, ldy, n_out, n_in,
+                                     n_tok);
+            }
+            colibri_qi_mm_q8_q8_r4(qk_r4, qk_scale, qk_xqm, qk_sxm, qk_ym1, ldy, n_out, n_in, n_tok,
+                                   blocked);
+            *checks += 1u;
+            failed += memcmp(qk_ym0, qk_ym1, sizeof qk_ym0) != 0;
+        }
+    }
+    return failed;
+}
+
 /* One row of n values: the inline quantiser against the library's. */
 static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
 {
@@ -280,6 +326,14 @@ __attribute__((noinline)) static void qk_bench_q4r4(void)
     colibri_qi_q4_q8_q4r4(w, qk_xq, qk_sx, qk_y1, QK_D, QK_FF);
 }
 
+__attribute__((noinline)) static void qk_bench_mm(void)
+{
+    /* every token's output row at y (ldy 0: RAM is short on the small boards; where the
+     * rows go does not change the count) */
+    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_y0, 0, QK_FF, QK_D, QK_BENCH_TOK, 0);
+    colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_y1, 0, QK_D, QK_FF, QK_BENCH_TOK, 0);
+}
+
 __attribute__((noinline)) static void qk_bench_quant(int inline_kernel)
 {
     if (inline_kernel) {
@@ -305,6 +359,7 @@ int main(int argc, char **argv)
         for (size_t a = 0; a < sizeof outs / sizeof outs[0]; a++) {
             for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++) {
                 failed += qk_check_r4(outs[a], ins[b], &checks);
+                failed += qk_check_mm(outs[a], ins[b], &checks);
             }
         }
     }
@@ -347,6 +402,8 @@ int main(int argc, char **argv)
         qk_bench_q4(mode == 5u);
     } else if (mode == 6u) {
         qk_bench_q4r4();
+    } else if (mode == 7u) {
+        qk_bench_mm();
     }
     clb_platform_bench_end();
 

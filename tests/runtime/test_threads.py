@@ -146,8 +146,8 @@ def test_one_handle_in_four_threads_is_reported(file_exe: Path, toy: Path) -> No
     [
         ([], 0),
         (["--quant", "int8", "--act", "fp32"], 0),
-        (["--quant", "int8", "--act", "int8"], 4 * 1 + 32),
-        (["--quant", "int4"], 4 * 1 + 32),
+        (["--quant", "int8", "--act", "int8"], 32 * (4 * 1 + 32)),
+        (["--quant", "int4"], 32 * (4 * 1 + 32)),
     ],
     ids=["fp32", "int8-weights", "int8-int8", "int4-int8"],
 )
@@ -158,7 +158,8 @@ def test_four_threads_on_generated_model(
     slots): handles from colibri_init_shared_static in heap arenas and colibri_init_shared.
     With int8 activations (int8-int8, and int4 whose activations are int8 by default) each
     kernel quantises its rows into the calling handle's workspace, after the hidden rows
-    (colibri_model_t.kernel_scratch_bytes: the row of max(d_model 16, d_ff 32) values)."""
+    (colibri_model_t.kernel_scratch_bytes: the rows of max(d_model 16, d_ff 32) values of a
+    group of up to max_tokens (default 32) tokens)."""
     gen = tmp_path / "gen" / "toy"
     _colibri(
         "generate",

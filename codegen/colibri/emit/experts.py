@@ -5,7 +5,8 @@ matvecs, activations quantised to int8 per block of 32 into an ``act_q`` row whe
 int8). Whether the expert sits in a lone MoE layer or in layer 17 of a transformer, the
 kernel is described by :func:`ffn_kernel` and written by the one macro ``ffn_kernel`` of
 ``templates/common/experts.j2``; only what differs is a parameter: a lone layer's kernel takes
-bias pointers and its dimensions from the header's macros and keeps its ``act_q`` row in its
+bias pointers and its dimensions from the header's macros and keeps its ``act_q`` rows (a group
+of up to max_tokens tokens: it quantises them all, then runs each matrix over the group) in its
 scratch after the hidden rows (the calling handle's workspace, so handles sharing the kernels
 never share the row: colibri_model_t.kernel_scratch_bytes); a transformer's SwiGLU experts have
 no biases, one kernel per d_ff, and use the ``act_q`` region of the transformer's one static
@@ -92,10 +93,14 @@ def ffn_kernel(
     gated: bool,
     lone_layer: bool,
     isa: str = "",
+    group: int = 1,
 ) -> dict[str, Any]:
     """What the ``ffn_kernel`` macro needs to write the kernel of one kind of quantised expert
     (scheme, activation mode, d_ff) of model `name` (macro prefix `prefix`) on a core (`isa`:
-    the weight layouts its kernel reads, :func:`layouts`)."""
+    the weight layouts its kernel reads, :func:`layouts`). group: the most tokens whose int8
+    rows its act_q region holds (a lone layer's max_tokens; a transformer runs one token): an
+    int8-activation kernel quantises that many rows, then runs each matrix over all of them
+    (colibri_matmul_*, or the inline multi-token kernel), reading the weights once per group."""
     lay = layouts(isa, scheme, act, d_model, d_ff)
     if lone_layer:  # the lone layer's header has <P>_D_FF; biases are optional at run time
         return {
@@ -114,6 +119,7 @@ def ffn_kernel(
             "d_ff": d_ff,
             "act_q_in_scratch": True,
             "layouts": lay,
+            "group": group,
         }
     return {
         "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
@@ -132,4 +138,5 @@ def ffn_kernel(
         "d_ff": d_ff,
         "act_q_in_scratch": False,
         "layouts": lay,
+        "group": 1,
     }

@@ -19,7 +19,7 @@ import numpy as np
 from ..boards import load_board
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
-from ..plan.memory import act_q_codes_offset, kernel_scratch_bytes
+from ..plan.memory import act_q_group_codes_offset, kernel_scratch_bytes
 from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantTensor
 from ..quant.model import LayerQuant
@@ -63,7 +63,16 @@ def render_layer(
         """The FFN kernel of a quantised expert kind (and the layouts it reads)."""
         if (scheme, act) not in kinds:
             kinds[scheme, act] = ffn_kernel(
-                name, prefix, scheme, act, c.d_model, c.d_ff, c.gated, lone_layer=True, isa=isa
+                name,
+                prefix,
+                scheme,
+                act,
+                c.d_model,
+                c.d_ff,
+                c.gated,
+                lone_layer=True,
+                isa=isa,
+                group=plan.memory.max_tokens,
             )
         return kinds[scheme, act]
 
@@ -155,10 +164,11 @@ def render_layer(
         "ffn_kinds": ffn_kinds,
         "variants": variants,
         "act_q": act_q,
-        "act_q_codes": act_q_codes_offset(max(c.d_model, c.d_ff)),
-        # int8-activation kernels quantise rows into their scratch (the calling handle's
-        # workspace), after the hidden rows: colibri_model_t.kernel_scratch_bytes
-        "kernel_scratch": kernel_scratch_bytes(c, act_q),
+        "act_q_codes": act_q_group_codes_offset(max(c.d_model, c.d_ff), plan.memory.max_tokens),
+        # int8-activation kernels quantise the rows of a group of up to max_tokens tokens into
+        # their scratch (the calling handle's workspace), after the hidden rows:
+        # colibri_model_t.kernel_scratch_bytes
+        "kernel_scratch": kernel_scratch_bytes(c, act_q, plan.memory.max_tokens),
         "cache": options.cache,
         "n_slots": n_slots,
         "slot_floats": slot_floats,

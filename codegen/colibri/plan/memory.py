@@ -120,11 +120,20 @@ def _act_q_what(n: int) -> str:
     return f"float[{q8_blocks(n)}] block scales + int8[{n}] quantised activation row"
 
 
-def kernel_scratch_bytes(c: MoEConfig, act_q: bool) -> int:
+def kernel_scratch_bytes(c: MoEConfig, act_q: bool, tokens: int = 1) -> int:
     """colibri_model_t.kernel_scratch_bytes of a lone layer's generated kernels: the quantised
-    activation row (COLIBRI_Q8_ROW_BYTES(max(d_model, d_ff)) of colibri_quant.h) that kernels
-    with int8 activations keep in their scratch after the hidden rows; 0 without them."""
-    return act_q_bytes(max(c.d_model, c.d_ff)) if act_q else 0
+    activation rows of a group of `tokens` tokens (the chunk's max_tokens: a kernel quantises
+    every row of its group before its matrix products) that kernels with int8 activations keep
+    in their scratch after the hidden rows: the group's block scales, then its codes
+    (:func:`act_q_group_codes_offset`); 0 without them."""
+    return tokens * act_q_bytes(max(c.d_model, c.d_ff)) if act_q else 0
+
+
+def act_q_group_codes_offset(n: int, tokens: int) -> int:
+    """Offset of the codes in the quantised rows of a group of `tokens` rows of up to n values:
+    the group's block scales first (row t's at t * COLIBRI_Q8_BLOCKS(width)), then its codes
+    (row t's at t * width), width being the rows' actual length (d_model or d_ff)."""
+    return tokens * act_q_codes_offset(n)
 
 
 def plan_memory(
@@ -143,11 +152,11 @@ def plan_memory(
     workspace also holds their quantised row after the hidden rows (:func:`kernel_scratch_bytes`,
     per handle: the workspace is what colibri_init_shared_static needs)."""
     t, d, k = max_tokens, c.d_model, c.top_k
-    ks = kernel_scratch_bytes(c, act_q)
+    ks = kernel_scratch_bytes(c, act_q, t)
     what = "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)"
     if ks:
         n = max(d, c.d_ff)
-        what += f" + the kernels' int8 activation row ({ks} bytes: {_act_q_what(n)})"
+        what += f" + the kernels' int8 activation rows ({ks} bytes: {t} x {_act_q_what(n)})"
     items = [
         ("input", 4 * t * d, f"float[{t}][{d}] token chunk"),
         ("output", 4 * t * d, f"float[{t}][{d}] layer output"),
