@@ -355,19 +355,377 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_block_avxvnni)
 KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
 #endif
 
+/* -- multi-token kernels: weights loaded once per group of tokens --------------------------- */
+
+/*
+ * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of up to
+ * KX_TOK_TILE, rows in groups of eight. Each block of a group's eight rows is loaded and unpacked
+ * once and multiplied against the activation codes of every token of the tile, held in
+ * registers. Per token and row the float steps are those of the matvec above (blocks in order,
+ * the same multiplies and adds lane by lane), so row t of the result is the matvec of token t,
+ * bit for bit: only the order of the exact integer sums differs.
+ *
+ * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
+ * WPREP (a row's weights, unpacked once per block and tile) and PROD (their int32 products,
+ * whose eight lanes sum to the block's dot product). KX_TILE_SUMS reduces the eight rows x T
+ * tokens with the pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
+ */
+#define KX_TOK_TILE 4
+
+/* Two vectors: the low / high halves of a block (AVX2 int8: int16 lanes), or a vector and its
+ * correction (VNNI and int4: codes, and -128 or -8 times the sum of each 4 codes). */
+typedef struct {
+    __m256i a;
+    __m256i b;
+} kx_v2;
+
+#define KX_TILE_SUMS(NAME, TARGET, WTYPE, XPREP, WPREP, PROD)                                      \
+    KX_INLINE TARGET void NAME(const WTYPE *const w[8], const int8_t *const x[], const int T,      \
+                               __m256i hs[])                                                       \
+    {                                                                                              \
+        kx_v2 xv[KX_TOK_TILE];                                                                     \
+        __m256i quad[2][KX_TOK_TILE];                                                              \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                        \
+        {                                                                                          \
+            xv[t] = XPREP(x[t]);                                                                   \
+        }                                                                                          \
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)                                        \
+        {                                                                                          \
+            __m256i pair[KX_TOK_TILE];                                                             \
+            _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++)                                    \
+            {                                                                                      \
+                const kx_v2 w0 = WPREP(w[4 * h + 2 * q]);                                          \
+                const kx_v2 w1 = WPREP(w[4 * h + 2 * q + 1]);                                      \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
+                {                                                                                  \
+                    const __m256i s = _mm256_hadd_epi32(PROD(w0, xv[t]), PROD(w1, xv[t]));         \
+                    pair[t] = (q == 0) ? s : _mm256_hadd_epi32(pair[t], s);                        \
+                }                                                                                  \
+            }                                                                                      \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                quad[h][t] = pair[t];                                                              \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                        \
+        {                                                                                          \
+            hs[t] = _mm256_add_epi32(_mm256_permute2x128_si256(quad[0][t], quad[1][t], 0x20),      \
+                                     _mm256_permute2x128_si256(quad[0][t], quad[1][t], 0x31));     \
+        }                                                                                          \
+    }
+
+/* int8 x int8, AVX2: both sides sign-extended to int16, VPMADDWD. */
+KX_INLINE KX_AVX2 kx_v2 kx_q8_widen_avx2(const int8_t *p)
+{
+    kx_v2 v;
+    v.a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p));
+    v.b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+    return v;
+}
+
+KX_INLINE KX_AVX2 __m256i kx_q8_prod_avx2(kx_v2 w, kx_v2 x)
+{
+    return _mm256_add_epi32(_mm256_madd_epi16(w.a, x.a), _mm256_madd_epi16(w.b, x.b));
+}
+
+KX_TILE_SUMS(kx_q8_tile_avx2, KX_AVX2, int8_t, kx_q8_widen_avx2, kx_q8_widen_avx2, kx_q8_prod_avx2)
+
+/* int4 x int8, AVX2: nibbles (unsigned) x codes with VPMADDUBSW, minus 8 * sum(x). */
+KX_INLINE KX_AVX2 kx_v2 kx_q4_x_avx2(const int8_t *p)
+{
+    kx_v2 v;
+    v.a = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    const __m256i sx4 =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v.a), _mm256_set1_epi16(1));
+    v.b = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sx4, 3));
+    return v;
+}
+
+KX_INLINE KX_AVX2 kx_v2 kx_q4_w_avx2(const colibri_block_q4_32 *blk)
+{
+    kx_v2 v;
+    v.a = kx_nibbles(blk);
+    v.b = v.a;
+    return v;
+}
+
+KX_INLINE KX_AVX2 __m256i kx_q4_prod_avx2(kx_v2 w, kx_v2 x)
+{
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w.a, x.a), _mm256_set1_epi16(1)),
+                            x.b);
+}
+
+KX_TILE_SUMS(kx_q4_tile_avx2, KX_AVX2, colibri_block_q4_32, kx_q4_x_avx2, kx_q4_w_avx2,
+             kx_q4_prod_avx2)
+
+#if defined(KX_HAVE_VNNI)
+/* VNNI: codes and the correction (-128 * sum of each 4 codes for int8 weights stored as
+ * w + 128, -8 * sum for int4 nibbles); each row's product is one VPDPBUSD. */
+#define KX_VNNI_PARTS(SUFFIX, TARGET, DPBUSD)                                                      \
+    KX_INLINE TARGET kx_v2 kx_q8_x_##SUFFIX(const int8_t *p)                                       \
+    {                                                                                              \
+        kx_v2 v;                                                                                   \
+        v.a = _mm256_loadu_si256((const __m256i *)(const void *)p);                                \
+        v.b = _mm256_sub_epi32(_mm256_setzero_si256(),                                             \
+                               DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), v.a)); \
+        return v;                                                                                  \
+    }                                                                                              \
+    KX_INLINE TARGET kx_v2 kx_q8_w_##SUFFIX(const int8_t *p)                                       \
+    {                                                                                              \
+        kx_v2 v;                                                                                   \
+        v.a = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)p),               \
+                               _mm256_set1_epi8((char)0x80));                                      \
+        v.b = v.a;                                                                                 \
+        return v;                                                                                  \
+    }                                                                                              \
+    KX_INLINE TARGET kx_v2 kx_q4_x_##SUFFIX(const int8_t *p)                                       \
+    {                                                                                              \
+        kx_v2 v;                                                                                   \
+        v.a = _mm256_loadu_si256((const __m256i *)(const void *)p);                                \
+        v.b = _mm256_sub_epi32(_mm256_setzero_si256(),                                             \
+                               DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8(8), v.a));          \
+        return v;                                                                                  \
+    }                                                                                              \
+    KX_INLINE TARGET __m256i kx_prod_##SUFFIX(kx_v2 w, kx_v2 x)                                    \
+    {                                                                                              \
+        return DPBUSD(x.b, w.a, x.a);                                                              \
+    }                                                                                              \
+    KX_TILE_SUMS(kx_q8_tile_##SUFFIX, TARGET, int8_t, kx_q8_x_##SUFFIX, kx_q8_w_##SUFFIX,          \
+                 kx_prod_##SUFFIX)                                                                 \
+    KX_TILE_SUMS(kx_q4_tile_##SUFFIX, TARGET, colibri_block_q4_32, kx_q4_x_##SUFFIX, kx_q4_w_avx2, \
+                 kx_prod_##SUFFIX)
+
+KX_VNNI_PARTS(avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
+KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
+#endif
+
+/* FN(args..., T) with T = nt as a constant (each case its own inlined copy); cases above
+ * KX_TOK_TILE cannot run and are clamped to it. */
+#define KX_T(n) (((n) < KX_TOK_TILE) ? (n) : KX_TOK_TILE)
+#define KX_TILE_SWITCH(nt, FN, ...)                                                                \
+    do {                                                                                           \
+        switch (nt) {                                                                              \
+        case 4:                                                                                    \
+            FN(__VA_ARGS__, KX_T(4));                                                              \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            FN(__VA_ARGS__, KX_T(3));                                                              \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            FN(__VA_ARGS__, KX_T(2));                                                              \
+            break;                                                                                 \
+        default:                                                                                   \
+            FN(__VA_ARGS__, 1);                                                                    \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/*
+ * One tile of T tokens of an int8-weight matmul (BLOCKED as in KX_Q8_MATVEC). xpad holds each
+ * token's partial last block, zero-padded.
+ */
+#define KX_Q8_MATMUL(NAME, TARGET, TILE, BLOCKED)                                                  \
+    KX_INLINE TARGET void NAME##_tile(const int8_t *q, const float *scale, const int8_t *xq,       \
+                                      const float *sx, float *y, int32_t ldy, int32_t n_out,       \
+                                      int32_t n_in, const int T)                                   \
+    {                                                                                              \
+        const int32_t full = n_in / COLIBRI_QK8;                                                   \
+        const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
+        const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
+        int8_t xpad[KX_TOK_TILE][COLIBRI_QK8];                                                     \
+        const int8_t *xt[KX_TOK_TILE];                                                             \
+        const int8_t *xp[KX_TOK_TILE];                                                             \
+        for (int t = 0; t < T; t++) {                                                              \
+            xt[t] = xq + (size_t)t * (size_t)n_in;                                                 \
+            xp[t] = xpad[t];                                                                       \
+            if (tail > 0) {                                                                        \
+                memset(xpad[t], 0, sizeof xpad[t]);                                                \
+                memcpy(xpad[t], xt[t] + (size_t)full * COLIBRI_QK8, (size_t)tail);                 \
+            }                                                                                      \
+        }                                                                                          \
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
+            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
+            const int8_t *row[8];                                                                  \
+            int32_t sidx[8];                                                                       \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
+                const int32_t o = o0 + (r < nr ? r : 0);                                           \
+                row[r] = q + (size_t)o * (size_t)n_in;                                             \
+                sidx[r] = (BLOCKED) ? o * nb : o;                                                  \
+            }                                                                                      \
+            const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
+            __m256 acc[KX_TOK_TILE];                                                               \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                acc[t] = _mm256_setzero_ps();                                                      \
+            }                                                                                      \
+            __m256i hs[KX_TOK_TILE];                                                               \
+            for (int32_t b = 0; b < nb; b++) {                                                     \
+                if (b < full) {                                                                    \
+                    const int8_t *wb[8];                                                           \
+                    const int8_t *xb[KX_TOK_TILE];                                                 \
+                    KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
+                    {                                                                              \
+                        wb[r] = row[r] + (size_t)b * COLIBRI_QK8;                                  \
+                    }                                                                              \
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                            \
+                    {                                                                              \
+                        xb[t] = xt[t] + (size_t)b * COLIBRI_QK8;                                   \
+                    }                                                                              \
+                    TILE(wb, xb, T, hs);                                                           \
+                } else {                                                                           \
+                    int8_t wpad[8][COLIBRI_QK8];                                                   \
+                    const int8_t *prow[8];                                                         \
+                    memset(wpad, 0, sizeof wpad);                                                  \
+                    KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
+                    {                                                                              \
+                        memcpy(wpad[r], row[r] + (size_t)full * COLIBRI_QK8, (size_t)tail);        \
+                        prow[r] = wpad[r];                                                         \
+                    }                                                                              \
+                    TILE(prow, xp, T, hs);                                                         \
+                }                                                                                  \
+                __m256 ws = _mm256_setzero_ps();                                                   \
+                if (BLOCKED) {                                                                     \
+                    ws = _mm256_i32gather_ps(scale + b, vidx, 4);                                  \
+                }                                                                                  \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
+                {                                                                                  \
+                    const __m256 f = _mm256_cvtepi32_ps(hs[t]);                                    \
+                    const __m256 s = _mm256_set1_ps(sx[(size_t)t * (size_t)nb + (size_t)b]);       \
+                    acc[t] = _mm256_add_ps(                                                        \
+                        acc[t], _mm256_mul_ps(f, (BLOCKED) ? _mm256_mul_ps(ws, s) : s));           \
+                }                                                                                  \
+            }                                                                                      \
+            const __m256 rs =                                                                      \
+                (BLOCKED) ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4);             \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                kx_store_rows(y + (size_t)t * (size_t)ldy + (size_t)o0,                            \
+                              (BLOCKED) ? acc[t] : _mm256_mul_ps(acc[t], rs), nr);                 \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    static TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
+                            const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,   \
+                            int32_t n_tok)                                                         \
+    {                                                                                              \
+        const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
+        for (int32_t t0 = 0; t0 < n_tok; t0 += KX_TOK_TILE) {                                      \
+            const int32_t nt = (n_tok - t0 < KX_TOK_TILE) ? n_tok - t0 : KX_TOK_TILE;              \
+            const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
+            const float *st = sx + (size_t)t0 * nb;                                                \
+            float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
+            KX_TILE_SWITCH(nt, NAME##_tile, q, scale, xt, st, yt, ldy, n_out, n_in);               \
+        }                                                                                          \
+    }
+
+/* One tile of T tokens of colibri_matmul_q4_q8 (as KX_Q4_MATVEC, lane by lane). */
+#define KX_Q4_MATMUL(NAME, TARGET, TILE)                                                           \
+    KX_INLINE TARGET void NAME##_tile(const colibri_block_q4_32 *w, const int8_t *xq,              \
+                                      const float *sx, float *y, int32_t ldy, int32_t n_out,       \
+                                      int32_t n_in, const int T)                                   \
+    {                                                                                              \
+        const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
+        const int32_t full = n_in / COLIBRI_QK4;                                                   \
+        int8_t xpad[KX_TOK_TILE][COLIBRI_QK4];                                                     \
+        const int8_t *xt[KX_TOK_TILE];                                                             \
+        const int8_t *xp[KX_TOK_TILE];                                                             \
+        for (int t = 0; t < T; t++) {                                                              \
+            xt[t] = xq + (size_t)t * (size_t)n_in;                                                 \
+            xp[t] = xpad[t];                                                                       \
+            if (full < nb) {                                                                       \
+                memset(xpad[t], 0, sizeof xpad[t]);                                                \
+                memcpy(xpad[t], xt[t] + (size_t)full * COLIBRI_QK4,                                \
+                       (size_t)(n_in - full * COLIBRI_QK4));                                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
+            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
+            const colibri_block_q4_32 *row[8];                                                     \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
+                row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb;                         \
+            }                                                                                      \
+            __m256 acc[KX_TOK_TILE];                                                               \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                acc[t] = _mm256_setzero_ps();                                                      \
+            }                                                                                      \
+            __m256i hs[KX_TOK_TILE];                                                               \
+            for (int32_t b = 0; b < nb; b++) {                                                     \
+                const colibri_block_q4_32 *blk[8];                                                 \
+                KX_UNROLL for (int32_t r = 0; r < 8; r++)                                          \
+                {                                                                                  \
+                    blk[r] = row[r] + b;                                                           \
+                }                                                                                  \
+                if (b < full) {                                                                    \
+                    const int8_t *xb[KX_TOK_TILE];                                                 \
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                            \
+                    {                                                                              \
+                        xb[t] = xt[t] + (size_t)b * COLIBRI_QK4;                                   \
+                    }                                                                              \
+                    TILE(blk, xb, T, hs);                                                          \
+                } else {                                                                           \
+                    TILE(blk, xp, T, hs);                                                          \
+                }                                                                                  \
+                const __m128i dh = _mm_setr_epi16(                                                 \
+                    (short)blk[0]->d, (short)blk[1]->d, (short)blk[2]->d, (short)blk[3]->d,        \
+                    (short)blk[4]->d, (short)blk[5]->d, (short)blk[6]->d, (short)blk[7]->d);       \
+                const __m256 d = _mm256_cvtph_ps(dh);                                              \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
+                {                                                                                  \
+                    const __m256 ds =                                                              \
+                        _mm256_mul_ps(d, _mm256_set1_ps(sx[(size_t)t * (size_t)nb + (size_t)b]));  \
+                    acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_cvtepi32_ps(hs[t]), ds));  \
+                }                                                                                  \
+            }                                                                                      \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                kx_store_rows(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t], nr);               \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    static TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,       \
+                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)     \
+    {                                                                                              \
+        const size_t nb = COLIBRI_Q4_BLOCKS(n_in);                                                 \
+        for (int32_t t0 = 0; t0 < n_tok; t0 += KX_TOK_TILE) {                                      \
+            const int32_t nt = (n_tok - t0 < KX_TOK_TILE) ? n_tok - t0 : KX_TOK_TILE;              \
+            const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
+            const float *st = sx + (size_t)t0 * nb;                                                \
+            float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
+            KX_TILE_SWITCH(nt, NAME##_tile, w, xt, st, yt, ldy, n_out, n_in);                      \
+        }                                                                                          \
+    }
+
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_tile_avx2, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_tile_avx2, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_tile_avx2)
+#if defined(KX_HAVE_VNNI)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni)
+#endif
+
 /* -- the levels and the choice ------------------------------------------------------------- */
 
 static const colibri_x86_kernels_t kx_levels[4] = {
-    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL},
+    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     [COLIBRI_KERNEL_AVX2] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2, kx_matvec_q8_q8_avx2,
-                             kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2},
+                             kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2, kx_matmul_q8_q8_avx2,
+                             kx_matmul_q8b_q8_avx2, kx_matmul_q4_q8_avx2},
 #if defined(KX_HAVE_VNNI)
     [COLIBRI_KERNEL_AVX_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                  kx_matvec_q8_q8_avxvnni, kx_matvec_q8b_q8_avxvnni,
-                                 kx_matvec_q4_q8_avxvnni},
+                                 kx_matvec_q4_q8_avxvnni, kx_matmul_q8_q8_avxvnni,
+                                 kx_matmul_q8b_q8_avxvnni, kx_matmul_q4_q8_avxvnni},
     [COLIBRI_KERNEL_AVX512_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                     kx_matvec_q8_q8_avx512vnni, kx_matvec_q8b_q8_avx512vnni,
-                                    kx_matvec_q4_q8_avx512vnni},
+                                    kx_matvec_q4_q8_avx512vnni, kx_matmul_q8_q8_avx512vnni,
+                                    kx_matmul_q8b_q8_avx512vnni, kx_matmul_q4_q8_avx512vnni},
 #endif
 };
 
