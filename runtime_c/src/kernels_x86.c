@@ -360,15 +360,17 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
 /*
  * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of up to
  * KX_TOK_TILE, rows in groups of eight. Each block of a group's eight rows is loaded and unpacked
- * once and multiplied against the activation codes of every token of the tile, held in
- * registers. Per token and row the float steps are those of the matvec above (blocks in order,
- * the same multiplies and adds lane by lane), so row t of the result is the matvec of token t,
- * bit for bit: only the order of the exact integer sums differs.
+ * once and multiplied against the activation codes of every token of the tile. Per token and row
+ * the float steps are those of the matvec above (blocks in order, the same multiplies and adds
+ * lane by lane), so row t of the result is the matvec of token t bit for bit: only the order of
+ * the exact integer sums differs. A tile of one token, and the last group of rows when n_out is
+ * not a multiple of eight, run the matvec itself.
  *
- * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
- * WPREP (a row's weights, unpacked once per block and tile) and PROD (their int32 products,
- * whose eight lanes sum to the block's dot product). KX_TILE_SUMS reduces the eight rows x T
- * tokens with the pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
+ * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile, and
+ * kept in memory: the products read them as memory operands, which leaves the registers to the
+ * weights and the sums), WPREP (a row's weights) and PROD (their int32 products, whose eight
+ * lanes sum to the block's dot product). KX_TILE_SUMS reduces eight rows x T tokens with the
+ * pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
  */
 #define KX_TOK_TILE 4
 
@@ -379,8 +381,9 @@ typedef struct {
     __m256i b;
 } kx_v2;
 
+/* Rows r of the group start at w + r * ws (ws in WTYPE elements); x[t]: token t's block. */
 #define KX_TILE_SUMS(NAME, TARGET, WTYPE, XPREP, WPREP, PROD)                                      \
-    KX_INLINE TARGET void NAME(const WTYPE *const w[8], const int8_t *const x[], const int T,      \
+    KX_INLINE TARGET void NAME(const WTYPE *w, size_t ws, const int8_t *const x[], const int T,    \
                                __m256i hs[])                                                       \
     {                                                                                              \
         kx_v2 xv[KX_TOK_TILE];                                                                     \
@@ -389,13 +392,14 @@ typedef struct {
         {                                                                                          \
             xv[t] = XPREP(x[t]);                                                                   \
         }                                                                                          \
+        __asm__("" : "+m"(xv)); /* read back from memory below (operands, not registers) */        \
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)                                        \
         {                                                                                          \
             __m256i pair[KX_TOK_TILE];                                                             \
             _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++)                                    \
             {                                                                                      \
-                const kx_v2 w0 = WPREP(w[4 * h + 2 * q]);                                          \
-                const kx_v2 w1 = WPREP(w[4 * h + 2 * q + 1]);                                      \
+                const kx_v2 w0 = WPREP(w + (size_t)(4 * h + 2 * q) * ws);                          \
+                const kx_v2 w1 = WPREP(w + (size_t)(4 * h + 2 * q + 1) * ws);                      \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
                 {                                                                                  \
                     const __m256i s = _mm256_hadd_epi32(PROD(w0, xv[t]), PROD(w1, xv[t]));         \
@@ -499,8 +503,8 @@ KX_VNNI_PARTS(avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
 KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 #endif
 
-/* FN(args..., T) with T = nt as a constant (each case its own inlined copy); cases above
- * KX_TOK_TILE cannot run and are clamped to it. */
+/* FN(args..., T) with T = nt (2..KX_TOK_TILE) as a constant, each case its own inlined copy;
+ * cases above KX_TOK_TILE cannot run and are clamped to it. */
 #define KX_T(n) (((n) < KX_TOK_TILE) ? (n) : KX_TOK_TILE)
 #define KX_TILE_SWITCH(nt, FN, ...)                                                                \
     do {                                                                                           \
@@ -511,20 +515,17 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         case 3:                                                                                    \
             FN(__VA_ARGS__, KX_T(3));                                                              \
             break;                                                                                 \
-        case 2:                                                                                    \
-            FN(__VA_ARGS__, KX_T(2));                                                              \
-            break;                                                                                 \
         default:                                                                                   \
-            FN(__VA_ARGS__, 1);                                                                    \
+            FN(__VA_ARGS__, 2);                                                                    \
             break;                                                                                 \
         }                                                                                          \
     } while (0)
 
 /*
- * One tile of T tokens of an int8-weight matmul (BLOCKED as in KX_Q8_MATVEC). xpad holds each
- * token's partial last block, zero-padded.
+ * Full groups of eight rows of an int8-weight matmul for one tile of T tokens (BLOCKED as in
+ * KX_Q8_MATVEC): n_out a multiple of 8. A partial last block is computed on zero-padded copies.
  */
-#define KX_Q8_MATMUL(NAME, TARGET, TILE, BLOCKED)                                                  \
+#define KX_Q8_MATMUL(NAME, TARGET, TILE, MATVEC, BLOCKED)                                          \
     KX_INLINE TARGET void NAME##_tile(const int8_t *q, const float *scale, const int8_t *xq,       \
                                       const float *sx, float *y, int32_t ldy, int32_t n_out,       \
                                       int32_t n_in, const int T)                                   \
@@ -533,25 +534,21 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
         const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK8];                                                     \
-        const int8_t *xt[KX_TOK_TILE];                                                             \
         const int8_t *xp[KX_TOK_TILE];                                                             \
         for (int t = 0; t < T; t++) {                                                              \
-            xt[t] = xq + (size_t)t * (size_t)n_in;                                                 \
             xp[t] = xpad[t];                                                                       \
             if (tail > 0) {                                                                        \
                 memset(xpad[t], 0, sizeof xpad[t]);                                                \
-                memcpy(xpad[t], xt[t] + (size_t)full * COLIBRI_QK8, (size_t)tail);                 \
+                memcpy(xpad[t], xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8,        \
+                       (size_t)tail);                                                              \
             }                                                                                      \
         }                                                                                          \
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
-            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
-            const int8_t *row[8];                                                                  \
+            const int8_t *row = q + (size_t)o0 * (size_t)n_in;                                     \
             int32_t sidx[8];                                                                       \
             KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
             {                                                                                      \
-                const int32_t o = o0 + (r < nr ? r : 0);                                           \
-                row[r] = q + (size_t)o * (size_t)n_in;                                             \
-                sidx[r] = (BLOCKED) ? o * nb : o;                                                  \
+                sidx[r] = (BLOCKED) ? (o0 + r) * nb : o0 + r;                                      \
             }                                                                                      \
             const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
             __m256 acc[KX_TOK_TILE];                                                               \
@@ -562,27 +559,22 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             __m256i hs[KX_TOK_TILE];                                                               \
             for (int32_t b = 0; b < nb; b++) {                                                     \
                 if (b < full) {                                                                    \
-                    const int8_t *wb[8];                                                           \
                     const int8_t *xb[KX_TOK_TILE];                                                 \
-                    KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
-                    {                                                                              \
-                        wb[r] = row[r] + (size_t)b * COLIBRI_QK8;                                  \
-                    }                                                                              \
                     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                            \
                     {                                                                              \
-                        xb[t] = xt[t] + (size_t)b * COLIBRI_QK8;                                   \
+                        xb[t] = xq + (size_t)t * (size_t)n_in + (size_t)b * COLIBRI_QK8;           \
                     }                                                                              \
-                    TILE(wb, xb, T, hs);                                                           \
+                    TILE(row + (size_t)b * COLIBRI_QK8, (size_t)n_in, xb, T, hs);                  \
                 } else {                                                                           \
                     int8_t wpad[8][COLIBRI_QK8];                                                   \
-                    const int8_t *prow[8];                                                         \
                     memset(wpad, 0, sizeof wpad);                                                  \
                     KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
                     {                                                                              \
-                        memcpy(wpad[r], row[r] + (size_t)full * COLIBRI_QK8, (size_t)tail);        \
-                        prow[r] = wpad[r];                                                         \
+                        memcpy(wpad[r],                                                            \
+                               row + (size_t)r * (size_t)n_in + (size_t)full * COLIBRI_QK8,        \
+                               (size_t)tail);                                                      \
                     }                                                                              \
-                    TILE(prow, xp, T, hs);                                                         \
+                    TILE(&wpad[0][0], COLIBRI_QK8, xp, T, hs);                                     \
                 }                                                                                  \
                 __m256 ws = _mm256_setzero_ps();                                                   \
                 if (BLOCKED) {                                                                     \
@@ -600,8 +592,8 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                 (BLOCKED) ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4);             \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
-                kx_store_rows(y + (size_t)t * (size_t)ldy + (size_t)o0,                            \
-                              (BLOCKED) ? acc[t] : _mm256_mul_ps(acc[t], rs), nr);                 \
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0,                         \
+                                 (BLOCKED) ? acc[t] : _mm256_mul_ps(acc[t], rs));                  \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
@@ -610,17 +602,29 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                             int32_t n_tok)                                                         \
     {                                                                                              \
         const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
+        const int32_t n8 = n_out & ~7;                                                             \
         for (int32_t t0 = 0; t0 < n_tok; t0 += KX_TOK_TILE) {                                      \
             const int32_t nt = (n_tok - t0 < KX_TOK_TILE) ? n_tok - t0 : KX_TOK_TILE;              \
             const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
-            KX_TILE_SWITCH(nt, NAME##_tile, q, scale, xt, st, yt, ldy, n_out, n_in);               \
+            if (nt > 1 && n8 > 0) {                                                                \
+                KX_TILE_SWITCH(nt, NAME##_tile, q, scale, xt, st, yt, ldy, n8, n_in);              \
+            }                                                                                      \
+            for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
+                const int32_t o = (nt > 1) ? n8 : 0;                                               \
+                if (o < n_out) {                                                                   \
+                    MATVEC(q + (size_t)o * (size_t)n_in, scale + (size_t)o * ((BLOCKED) ? nb : 1), \
+                           xt + (size_t)t * (size_t)n_in, st + (size_t)t * nb,                     \
+                           yt + (size_t)t * (size_t)ldy + (size_t)o, n_out - o, n_in);             \
+                }                                                                                  \
+            }                                                                                      \
         }                                                                                          \
     }
 
-/* One tile of T tokens of colibri_matmul_q4_q8 (as KX_Q4_MATVEC, lane by lane). */
-#define KX_Q4_MATMUL(NAME, TARGET, TILE)                                                           \
+/* Full groups of eight rows of colibri_matmul_q4_q8 for one tile of T tokens (as KX_Q4_MATVEC,
+ * lane by lane); a partial last block reads x from zero-padded copies. */
+#define KX_Q4_MATMUL(NAME, TARGET, TILE, MATVEC)                                                   \
     KX_INLINE TARGET void NAME##_tile(const colibri_block_q4_32 *w, const int8_t *xq,              \
                                       const float *sx, float *y, int32_t ldy, int32_t n_out,       \
                                       int32_t n_in, const int T)                                   \
@@ -628,24 +632,17 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
         const int32_t full = n_in / COLIBRI_QK4;                                                   \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK4];                                                     \
-        const int8_t *xt[KX_TOK_TILE];                                                             \
         const int8_t *xp[KX_TOK_TILE];                                                             \
         for (int t = 0; t < T; t++) {                                                              \
-            xt[t] = xq + (size_t)t * (size_t)n_in;                                                 \
             xp[t] = xpad[t];                                                                       \
             if (full < nb) {                                                                       \
                 memset(xpad[t], 0, sizeof xpad[t]);                                                \
-                memcpy(xpad[t], xt[t] + (size_t)full * COLIBRI_QK4,                                \
+                memcpy(xpad[t], xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK4,        \
                        (size_t)(n_in - full * COLIBRI_QK4));                                       \
             }                                                                                      \
         }                                                                                          \
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
-            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
-            const colibri_block_q4_32 *row[8];                                                     \
-            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
-            {                                                                                      \
-                row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb;                         \
-            }                                                                                      \
+            const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;                          \
             __m256 acc[KX_TOK_TILE];                                                               \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
@@ -653,24 +650,21 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             }                                                                                      \
             __m256i hs[KX_TOK_TILE];                                                               \
             for (int32_t b = 0; b < nb; b++) {                                                     \
-                const colibri_block_q4_32 *blk[8];                                                 \
-                KX_UNROLL for (int32_t r = 0; r < 8; r++)                                          \
-                {                                                                                  \
-                    blk[r] = row[r] + b;                                                           \
-                }                                                                                  \
+                const colibri_block_q4_32 *blk = row + b;                                          \
                 if (b < full) {                                                                    \
                     const int8_t *xb[KX_TOK_TILE];                                                 \
                     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                            \
                     {                                                                              \
-                        xb[t] = xt[t] + (size_t)b * COLIBRI_QK4;                                   \
+                        xb[t] = xq + (size_t)t * (size_t)n_in + (size_t)b * COLIBRI_QK4;           \
                     }                                                                              \
-                    TILE(blk, xb, T, hs);                                                          \
+                    TILE(blk, (size_t)nb, xb, T, hs);                                              \
                 } else {                                                                           \
-                    TILE(blk, xp, T, hs);                                                          \
+                    TILE(blk, (size_t)nb, xp, T, hs);                                              \
                 }                                                                                  \
-                const __m128i dh = _mm_setr_epi16(                                                 \
-                    (short)blk[0]->d, (short)blk[1]->d, (short)blk[2]->d, (short)blk[3]->d,        \
-                    (short)blk[4]->d, (short)blk[5]->d, (short)blk[6]->d, (short)blk[7]->d);       \
+                const __m128i dh = _mm_setr_epi16((short)blk[0].d, (short)blk[nb].d,               \
+                                                  (short)blk[2 * nb].d, (short)blk[3 * nb].d,      \
+                                                  (short)blk[4 * nb].d, (short)blk[5 * nb].d,      \
+                                                  (short)blk[6 * nb].d, (short)blk[7 * nb].d);     \
                 const __m256 d = _mm256_cvtph_ps(dh);                                              \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
                 {                                                                                  \
@@ -681,7 +675,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             }                                                                                      \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
-                kx_store_rows(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t], nr);               \
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);                \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
@@ -689,25 +683,38 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                             float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)     \
     {                                                                                              \
         const size_t nb = COLIBRI_Q4_BLOCKS(n_in);                                                 \
+        const int32_t n8 = n_out & ~7;                                                             \
         for (int32_t t0 = 0; t0 < n_tok; t0 += KX_TOK_TILE) {                                      \
             const int32_t nt = (n_tok - t0 < KX_TOK_TILE) ? n_tok - t0 : KX_TOK_TILE;              \
             const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
-            KX_TILE_SWITCH(nt, NAME##_tile, w, xt, st, yt, ldy, n_out, n_in);                      \
+            if (nt > 1 && n8 > 0) {                                                                \
+                KX_TILE_SWITCH(nt, NAME##_tile, w, xt, st, yt, ldy, n8, n_in);                     \
+            }                                                                                      \
+            for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
+                const int32_t o = (nt > 1) ? n8 : 0;                                               \
+                if (o < n_out) {                                                                   \
+                    MATVEC(w + (size_t)o * nb, xt + (size_t)t * (size_t)n_in, st + (size_t)t * nb, \
+                           yt + (size_t)t * (size_t)ldy + (size_t)o, n_out - o, n_in);             \
+                }                                                                                  \
+            }                                                                                      \
         }                                                                                          \
     }
 
-KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_tile_avx2, 0)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_tile_avx2, 1)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_tile_avx2)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_tile_avx2, kx_matvec_q8_q8_avx2, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_tile_avx2, kx_matvec_q8b_q8_avx2, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_tile_avx2, kx_matvec_q4_q8_avx2)
 #if defined(KX_HAVE_VNNI)
-KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, 0)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, 1)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni)
-KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni, 0)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni, 1)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, kx_matvec_q8_q8_avxvnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, kx_matvec_q8b_q8_avxvnni, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni, kx_matvec_q4_q8_avxvnni)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni,
+             kx_matvec_q8_q8_avx512vnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni,
+             kx_matvec_q8b_q8_avx512vnni, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni,
+             kx_matvec_q4_q8_avx512vnni)
 #endif
 
 /* -- the levels and the choice ------------------------------------------------------------- */
