@@ -469,7 +469,7 @@ void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq,
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
 #if defined(COLIBRI_X86_DISPATCH)
-        if (kx->matmul_q8_q8 != NULL) { /* register-blocked over tokens */
+        if (kx->matmul_q8_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
             kx->matmul_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0, xq, sx, y + o0, ldy, m,
                              n_in, n_tok);
             continue;
@@ -494,7 +494,7 @@ void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
 #if defined(COLIBRI_X86_DISPATCH)
-        if (kx->matmul_q8b_q8 != NULL) { /* register-blocked over tokens */
+        if (kx->matmul_q8b_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
             kx->matmul_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb, xq, sx,
                               y + o0, ldy, m, n_in, n_tok);
             continue;
@@ -519,7 +519,7 @@ void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
 #if defined(COLIBRI_X86_DISPATCH)
-        if (kx->matmul_q4_q8 != NULL) { /* register-blocked over tokens */
+        if (kx->matmul_q4_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
             kx->matmul_q4_q8(w + (size_t)o0 * nb, xq, sx, y + o0, ldy, m, n_in, n_tok);
             continue;
         }

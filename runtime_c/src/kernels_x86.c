@@ -48,6 +48,8 @@
 #define KX_AVXVNNI __attribute__((target("avx2,f16c,avxvnni")))
 #define KX_AVX512VNNI __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KX_INLINE static inline __attribute__((always_inline))
+/* the int8 / int4 matvecs stay functions of their own where the multi-token kernels call them */
+#define KX_NOINLINE __attribute__((noinline))
 /* the loops over the eight rows of a group, whole (their values stay in registers) */
 #define KX_UNROLL _Pragma("GCC unroll 8")
 
@@ -203,8 +205,8 @@ KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
  * zero-padded copies (zeros add nothing to an integer sum).
  */
 #define KX_Q8_MATVEC(NAME, TARGET, BLOCK, BLOCKED)                                                 \
-    static TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
-                            const float *sx, float *y, int32_t n_out, int32_t n_in)                \
+    static KX_NOINLINE TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,     \
+                                        const float *sx, float *y, int32_t n_out, int32_t n_in)    \
     {                                                                                              \
         const int32_t full = n_in / COLIBRI_QK8;                                                   \
         const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
@@ -313,8 +315,8 @@ KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 /* colibri_matvec_q4_q8: acc += (float)isum_b * (d_b * sx[b]) per row, blocks in order; a
  * partial last block reads x from a zero-padded copy, so its unused nibbles add nothing. */
 #define KX_Q4_MATVEC(NAME, TARGET, BLOCK)                                                          \
-    static TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,       \
-                            float *y, int32_t n_out, int32_t n_in)                                 \
+    static KX_NOINLINE TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq,            \
+                                        const float *sx, float *y, int32_t n_out, int32_t n_in)    \
     {                                                                                              \
         const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
         const int32_t full = n_in / COLIBRI_QK4;                                                   \
@@ -359,12 +361,12 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
 
 /*
  * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of up to
- * KX_TOK_TILE, rows in groups of eight. Each block of a group's eight rows is loaded and unpacked
- * once and multiplied against the activation codes of every token of the tile. Per token and row
- * the float steps are those of the matvec above (blocks in order, the same multiplies and adds
- * lane by lane), so row t of the result is the matvec of token t bit for bit: only the order of
- * the exact integer sums differs. A tile of one token, and the last group of rows when n_out is
- * not a multiple of eight, run the matvec itself.
+ * KX_TOK_TILE (8; then 4, 2), rows in groups of eight. Each block of a group's eight rows is loaded
+ * and unpacked once and multiplied against the activation codes of every token of the tile. Per
+ * token and row the float steps are those of the matvec above (blocks in order, the same multiplies
+ * and adds lane by lane), so row t of the result is the matvec of token t bit for bit: only the
+ * order of the exact integer sums differs. A tile of one token, and the last group of rows when
+ * n_out is not a multiple of eight, run the matvec itself.
  *
  * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile, and
  * kept in memory: the products read them as memory operands, which leaves the registers to the
@@ -372,7 +374,7 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
  * lanes sum to the block's dot product). KX_TILE_SUMS reduces eight rows x T tokens with the
  * pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
  */
-#define KX_TOK_TILE 4
+#define KX_TOK_TILE 8
 
 /* Two vectors: the low / high halves of a block (AVX2 int8: int16 lanes), or a vector and its
  * correction (VNNI and int4: codes, and -128 or -8 times the sum of each 4 codes). */
@@ -381,16 +383,16 @@ typedef struct {
     __m256i b;
 } kx_v2;
 
-/* Rows r of the group start at w + r * ws (ws in WTYPE elements); x[t]: token t's block. */
+/* Row r's block at w + r * ws (ws in WTYPE elements), token t's codes at x + t * xs. */
 #define KX_TILE_SUMS(NAME, TARGET, WTYPE, XPREP, WPREP, PROD)                                      \
-    KX_INLINE TARGET void NAME(const WTYPE *w, size_t ws, const int8_t *const x[], const int T,    \
+    KX_INLINE TARGET void NAME(const WTYPE *w, size_t ws, const int8_t *x, size_t xs, const int T, \
                                __m256i hs[])                                                       \
     {                                                                                              \
         kx_v2 xv[KX_TOK_TILE];                                                                     \
         __m256i quad[2][KX_TOK_TILE];                                                              \
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                        \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                        \
         {                                                                                          \
-            xv[t] = XPREP(x[t]);                                                                   \
+            xv[t] = XPREP(x + (size_t)t * xs);                                                     \
         }                                                                                          \
         __asm__("" : "+m"(xv)); /* read back from memory below (operands, not registers) */        \
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)                                        \
@@ -400,18 +402,21 @@ typedef struct {
             {                                                                                      \
                 const kx_v2 w0 = WPREP(w + (size_t)(4 * h + 2 * q) * ws);                          \
                 const kx_v2 w1 = WPREP(w + (size_t)(4 * h + 2 * q + 1) * ws);                      \
-                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                \
                 {                                                                                  \
                     const __m256i s = _mm256_hadd_epi32(PROD(w0, xv[t]), PROD(w1, xv[t]));         \
                     pair[t] = (q == 0) ? s : _mm256_hadd_epi32(pair[t], s);                        \
                 }                                                                                  \
             }                                                                                      \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
                 quad[h][t] = pair[t];                                                              \
             }                                                                                      \
+            if (h == 0) { /* rows 0-3 wait in memory while rows 4-7 use the registers */           \
+                __asm__("" : "+m"(quad[0]));                                                       \
+            }                                                                                      \
         }                                                                                          \
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                        \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                        \
         {                                                                                          \
             hs[t] = _mm256_add_epi32(_mm256_permute2x128_si256(quad[0][t], quad[1][t], 0x20),      \
                                      _mm256_permute2x128_si256(quad[0][t], quad[1][t], 0x31));     \
@@ -503,21 +508,17 @@ KX_VNNI_PARTS(avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
 KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 #endif
 
-/* FN(args..., T) with T = nt (2..KX_TOK_TILE) as a constant, each case its own inlined copy;
- * cases above KX_TOK_TILE cannot run and are clamped to it. */
-#define KX_T(n) (((n) < KX_TOK_TILE) ? (n) : KX_TOK_TILE)
+/* Tokens [t0, t0 + nt) of a tile: 8, 4 or 2 (each its own inlined copy of FN, T a constant),
+ * or 1 (the matvec). */
+#define KX_TILE_NEXT(left) (((left) >= 8) ? 8 : ((left) >= 4) ? 4 : ((left) >= 2) ? 2 : 1)
 #define KX_TILE_SWITCH(nt, FN, ...)                                                                \
     do {                                                                                           \
-        switch (nt) {                                                                              \
-        case 4:                                                                                    \
-            FN(__VA_ARGS__, KX_T(4));                                                              \
-            break;                                                                                 \
-        case 3:                                                                                    \
-            FN(__VA_ARGS__, KX_T(3));                                                              \
-            break;                                                                                 \
-        default:                                                                                   \
+        if ((nt) == 8) {                                                                           \
+            FN(__VA_ARGS__, 8);                                                                    \
+        } else if ((nt) == 4) {                                                                    \
+            FN(__VA_ARGS__, 4);                                                                    \
+        } else {                                                                                   \
             FN(__VA_ARGS__, 2);                                                                    \
-            break;                                                                                 \
         }                                                                                          \
     } while (0)
 
@@ -534,9 +535,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
         const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK8];                                                     \
-        const int8_t *xp[KX_TOK_TILE];                                                             \
         for (int t = 0; t < T; t++) {                                                              \
-            xp[t] = xpad[t];                                                                       \
             if (tail > 0) {                                                                        \
                 memset(xpad[t], 0, sizeof xpad[t]);                                                \
                 memcpy(xpad[t], xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8,        \
@@ -552,19 +551,15 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             }                                                                                      \
             const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
             __m256 acc[KX_TOK_TILE];                                                               \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
                 acc[t] = _mm256_setzero_ps();                                                      \
             }                                                                                      \
             __m256i hs[KX_TOK_TILE];                                                               \
             for (int32_t b = 0; b < nb; b++) {                                                     \
                 if (b < full) {                                                                    \
-                    const int8_t *xb[KX_TOK_TILE];                                                 \
-                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                            \
-                    {                                                                              \
-                        xb[t] = xq + (size_t)t * (size_t)n_in + (size_t)b * COLIBRI_QK8;           \
-                    }                                                                              \
-                    TILE(row + (size_t)b * COLIBRI_QK8, (size_t)n_in, xb, T, hs);                  \
+                    TILE(row + (size_t)b * COLIBRI_QK8, (size_t)n_in,                              \
+                         xq + (size_t)b * COLIBRI_QK8, (size_t)n_in, T, hs);                       \
                 } else {                                                                           \
                     int8_t wpad[8][COLIBRI_QK8];                                                   \
                     memset(wpad, 0, sizeof wpad);                                                  \
@@ -574,13 +569,13 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                                row + (size_t)r * (size_t)n_in + (size_t)full * COLIBRI_QK8,        \
                                (size_t)tail);                                                      \
                     }                                                                              \
-                    TILE(&wpad[0][0], COLIBRI_QK8, xp, T, hs);                                     \
+                    TILE(&wpad[0][0], COLIBRI_QK8, &xpad[0][0], COLIBRI_QK8, T, hs);               \
                 }                                                                                  \
                 __m256 ws = _mm256_setzero_ps();                                                   \
                 if (BLOCKED) {                                                                     \
                     ws = _mm256_i32gather_ps(scale + b, vidx, 4);                                  \
                 }                                                                                  \
-                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                \
                 {                                                                                  \
                     const __m256 f = _mm256_cvtepi32_ps(hs[t]);                                    \
                     const __m256 s = _mm256_set1_ps(sx[(size_t)t * (size_t)nb + (size_t)b]);       \
@@ -590,7 +585,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             }                                                                                      \
             const __m256 rs =                                                                      \
                 (BLOCKED) ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4);             \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
                 _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0,                         \
                                  (BLOCKED) ? acc[t] : _mm256_mul_ps(acc[t], rs));                  \
@@ -603,8 +598,8 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
     {                                                                                              \
         const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
         const int32_t n8 = n_out & ~7;                                                             \
-        for (int32_t t0 = 0; t0 < n_tok; t0 += KX_TOK_TILE) {                                      \
-            const int32_t nt = (n_tok - t0 < KX_TOK_TILE) ? n_tok - t0 : KX_TOK_TILE;              \
+        for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
+            nt = KX_TILE_NEXT(n_tok - t0);                                                         \
             const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
@@ -632,9 +627,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
         const int32_t full = n_in / COLIBRI_QK4;                                                   \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK4];                                                     \
-        const int8_t *xp[KX_TOK_TILE];                                                             \
         for (int t = 0; t < T; t++) {                                                              \
-            xp[t] = xpad[t];                                                                       \
             if (full < nb) {                                                                       \
                 memset(xpad[t], 0, sizeof xpad[t]);                                                \
                 memcpy(xpad[t], xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK4,        \
@@ -644,7 +637,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
             const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;                          \
             __m256 acc[KX_TOK_TILE];                                                               \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
                 acc[t] = _mm256_setzero_ps();                                                      \
             }                                                                                      \
@@ -652,28 +645,23 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             for (int32_t b = 0; b < nb; b++) {                                                     \
                 const colibri_block_q4_32 *blk = row + b;                                          \
                 if (b < full) {                                                                    \
-                    const int8_t *xb[KX_TOK_TILE];                                                 \
-                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                            \
-                    {                                                                              \
-                        xb[t] = xq + (size_t)t * (size_t)n_in + (size_t)b * COLIBRI_QK4;           \
-                    }                                                                              \
-                    TILE(blk, (size_t)nb, xb, T, hs);                                              \
+                    TILE(blk, (size_t)nb, xq + (size_t)b * COLIBRI_QK4, (size_t)n_in, T, hs);      \
                 } else {                                                                           \
-                    TILE(blk, (size_t)nb, xp, T, hs);                                              \
+                    TILE(blk, (size_t)nb, &xpad[0][0], COLIBRI_QK4, T, hs);                        \
                 }                                                                                  \
                 const __m128i dh = _mm_setr_epi16((short)blk[0].d, (short)blk[nb].d,               \
                                                   (short)blk[2 * nb].d, (short)blk[3 * nb].d,      \
                                                   (short)blk[4 * nb].d, (short)blk[5 * nb].d,      \
                                                   (short)blk[6 * nb].d, (short)blk[7 * nb].d);     \
                 const __m256 d = _mm256_cvtph_ps(dh);                                              \
-                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                \
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                \
                 {                                                                                  \
                     const __m256 ds =                                                              \
                         _mm256_mul_ps(d, _mm256_set1_ps(sx[(size_t)t * (size_t)nb + (size_t)b]));  \
                     acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_cvtepi32_ps(hs[t]), ds));  \
                 }                                                                                  \
             }                                                                                      \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                    \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
                 _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);                \
             }                                                                                      \
@@ -684,8 +672,8 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
     {                                                                                              \
         const size_t nb = COLIBRI_Q4_BLOCKS(n_in);                                                 \
         const int32_t n8 = n_out & ~7;                                                             \
-        for (int32_t t0 = 0; t0 < n_tok; t0 += KX_TOK_TILE) {                                      \
-            const int32_t nt = (n_tok - t0 < KX_TOK_TILE) ? n_tok - t0 : KX_TOK_TILE;              \
+        for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
+            nt = KX_TILE_NEXT(n_tok - t0);                                                         \
             const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \

@@ -204,8 +204,8 @@ __attribute__((noinline)) static float kt_quantize_roundf(const float *x, int8_t
 /* -- matvec / matmul paths: every kernel level the CPU has (x86-64: base, AVX2, AVX-VNNI,
  * AVX-512 VNNI; elsewhere the one compiled path) against the base level, row by row, and each
  * multi-token kernel against the matvec of the same row. Shapes with n_in not a multiple of
- * 8 / 32 / 64 and n_out not a multiple of 8; matmuls of 1, 2, 3 and KM_TOK tokens (the x86
- * levels run tiles of up to four tokens: every tile size and a tail). */
+ * 8 / 32 / 64 and n_out not a multiple of 8; matmuls of KM_TOK, 7, 3 and 1 tokens (the x86
+ * levels run tiles of 8, 4 and 2 tokens and the matvec for one: 9 = 8 + 1, 7 = 4 + 2 + 1). */
 #define KM_OUT 17
 #define KM_IN 72
 #define KM_TOK 9
@@ -348,7 +348,7 @@ static void km_check_shape(int32_t n_out, int32_t n_in, int32_t extremes, uint32
                     *failed += km_same(y[o], km_ref[k][t][o]) ? 0u : 1u;
                 }
             }
-            static const int32_t n_toks[] = {KM_TOK, 1, 2, 3};
+            static const int32_t n_toks[] = {KM_TOK, 7, 3, 1};
             for (uint32_t nt = 0; nt < sizeof n_toks / sizeof n_toks[0]; nt++) {
                 const int32_t n_tok = n_toks[nt];
                 for (int32_t i = 0; i < KM_TOK * (KM_OUT + 1); i++) {

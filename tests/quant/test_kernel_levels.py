@@ -31,9 +31,9 @@ from conftest import host_kernels
 
 LEVELS = {"base": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
 SHAPES = [(1, 1), (7, 31), (9, 64), (17, 100), (24, 257)]
-#: tokens per matmul: the x86 levels run tiles of up to 4 tokens (kernels_x86.c), so these cover
-#: tiles of 2, 3 and 4 and a tail of 1
-N_TOKS = [2, 3, 9]
+#: tokens per matmul: the x86 levels run tiles of 8, 4 and 2 tokens and the matvec for one
+#: (kernels_x86.c): 3 = 2 + 1, 7 = 4 + 2 + 1, 9 = 8 + 1
+N_TOKS = [3, 7, 9]
 
 
 @pytest.fixture(scope="module")
