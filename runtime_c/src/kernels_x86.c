@@ -24,6 +24,10 @@
  *    int8 weights go in as w + 128 (w ^ 0x80) and the accumulator starts at -128 * sum(x) of
  *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
  *    Exact for every int8 value, -128 included.
+ *
+ * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add register
+ * blocking over tokens: tiles of 8, 4 or 2 tokens, each block of eight rows' weights unpacked
+ * once per tile; per token the same float steps as the matvec, so the same bits.
  */
 #include "kernels_x86.h"
 
