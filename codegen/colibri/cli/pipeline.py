@@ -145,7 +145,7 @@ def render(
         with progress.stage("plan"):
             tplan = plan_whole_transformer(model, q, options.context)
         with progress.stage("emit"):
-            files, manifest = render_transformer(model, q, tplan, board.name, options.name)
+            files, manifest = render_transformer(model, q, tplan, board, options.name)
         if q is not None and options.scale_search != "mse":
             manifest["options"]["scale_search"] = options.scale_search
         if q is not None and tstats is not None:
@@ -159,7 +159,7 @@ def render(
     with progress.stage("plan"):
         lplan = plan_layer(model, lq, analysis, board, options)
     with progress.stage("emit"):
-        files, manifest = render_layer(model, lq, analysis, lplan, options)
+        files, manifest = render_layer(model, lq, analysis, lplan, options, board)
     if calib is not None:
         add_routing_report(files, manifest, [layer_routing(model, calib)], options)
     return files, manifest

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..boards import load_board
+from ..boards import Board
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
 from ..plan.memory import act_q_group_codes_offset, kernel_scratch_bytes
@@ -36,6 +36,7 @@ def render_layer(
     analysis: Analysis,
     plan: LayerPlan,
     options: GenerateOptions,
+    board: Board,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a lone MoE layer: every generated file and the manifest, from the
     quantised weights, the analysis and the plan; returns ({filename: text}, manifest)."""
@@ -55,7 +56,7 @@ def render_layer(
 
     stored: list[dict[str, Any]] = []
     weights = WeightTable(name)
-    isa = load_board(options.board).isa
+    isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
     kinds: dict[tuple[str, str], dict[str, Any]] = {}
     f32_layouts = fp32_layouts(isa, c.d_model, c.d_ff)  # the fp32 experts' ({name}_ffn)
 
@@ -126,7 +127,7 @@ def render_layer(
                 "act": qe.act,
                 "kernel": pl.kernel,
                 "placement": pl.placement,
-                "ffn": f"{name}_ffn" if qe.scheme == "fp32" else f"{name}_ffn_{qe.scheme}_{qe.act}",
+                "ffn": f"{name}_ffn" if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)["fn"],
             }
         )
     ffn_kinds = [kinds[k] for k in sorted(kinds)]

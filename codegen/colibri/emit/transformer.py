@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..boards import load_board
+from ..boards import Board
 from ..errors import ConfigError
 from ..ir.transformer import DecoderLayer, MoETransformer, all_tensors, transformer_hash
 from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
@@ -84,7 +84,7 @@ def render_transformer(
     model: MoETransformer,
     q: TransformerQuant | None,
     plan: TransformerPlan,
-    board: str,
+    board: Board,
     name: str,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a whole transformer: every generated file and the manifest, from the
@@ -115,7 +115,7 @@ def render_transformer(
         dense_types[n] = e["ptype"]
         return str(e["ref"])
 
-    isa = load_board(board).isa
+    isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
 
     def kind(scheme: str, kact: str, d_ff: int) -> dict[str, Any]:
         k = ffn_kernel(
@@ -238,7 +238,7 @@ def render_transformer(
     rope_bytes = w.parts["RoPE tables"]
     weight_bytes = w.nbytes
     mhash = transformer_hash(model)
-    options: dict[str, Any] = {"board": board, "name": name, "max_context": max_context}
+    options: dict[str, Any] = {"board": board.name, "name": name, "max_context": max_context}
     if q is not None:  # only when asked, so fp32 outputs stay byte-identical
         options["quant"] = quant
         options["act"] = q.act
