@@ -22,10 +22,16 @@ tools/qemu_icount/icount.c on every other board):
                       pass, divided by the pass's MACs. These functions are always real calls:
                       the runtime calls them through a function pointer (their address is in
                       the generated dispatch table), on every board, whatever is inlined in them.
+  kslope              (kernel@9 tokens - kernel@1 token) / 8 / MACs per token: the kernels'
+                      marginal cost of one more token (the slope of the kernels alone).
   pass@1, pass@8      the whole forward pass (colibri_forward between the runner's bench
                       markers) of 1 / 8 tokens divided by its MACs: fixed per-call cost included.
   slope               (pass of 9 tokens - pass of 1 token) / 8 / MACs per token: the issue's
                       whole-pass figure, the marginal cost of one more token.
+  group8              one expert kernel called once with a group of 8 tokens (8 tokens that the
+                      router sends all to expert 0, picked with the numpy router), per MAC:
+                      what the kernel costs when it reads its weights once for 8 tokens.
+  g8/k1               group8 / kernel@1: the issue's "8 tokens <= 0.7x one token" ratio.
 
 Router: benchmarks/router_table.py's bench (64 experts, k 2; 1024 tokens hosted, 256 bare
 metal, a quarter of that until it fits a small board's RAM): instructions per token of qsort +
@@ -61,7 +67,9 @@ from colibri.boards import Board, load_board  # noqa: E402
 from colibri.cli.pipeline import generate  # noqa: E402
 from colibri.errors import BudgetExceeded, ColibriError  # noqa: E402
 from colibri.frontends.toy import make_toy  # noqa: E402
+from colibri.ir.moe import MoELayer  # noqa: E402
 from colibri.options import GenerateOptions  # noqa: E402
+from colibri.reference.moe import route  # noqa: E402
 from colibri.targets.build import build_model  # noqa: E402
 from colibri.targets.qemu import run_elf  # noqa: E402
 from colibri.targets.runio import read_output, write_input  # noqa: E402
@@ -80,7 +88,7 @@ BOARDS = (
 SCHEMES = ("int8", "int4", "fp16", "fp32")
 TOKENS = (1, 8, 9)
 NAME = "kt"  # the generated model's name: its expert kernels are kt_expert_<i>
-COLUMNS = ("kernel@1", "kernel@8", "pass@1", "pass@8", "slope")
+COLUMNS = ("kernel@1", "kernel@8", "kslope", "pass@1", "pass@8", "slope", "group8", "g8/k1")
 
 
 def model_shape(tiny: bool) -> dict[str, Any]:
@@ -95,6 +103,21 @@ def model_shape(tiny: bool) -> dict[str, Any]:
         "seed": 3,
         "macs_per_token": 2 * d_model * d_ff,
     }
+
+
+def group_tokens(layer: MoELayer, n: int) -> np.ndarray:
+    """n tokens (float32 rows) that the layer's router sends all to expert 0: the runtime's
+    routing as the numpy mirror computes it (colibri.reference.moe.route, bit-exact logits),
+    with a clear margin over the other experts' logits."""
+    rng = np.random.default_rng(1234)
+    picked: list[np.ndarray] = []
+    while len(picked) < n:
+        x = rng.standard_normal((64, layer.config.d_model)).astype(np.float32)
+        r = route(layer, x)
+        top2 = np.sort(r.logits.astype(np.float64), axis=1)[:, -2:]
+        keep = (r.expert_ids[:, 0] == 0) & (top2[:, 1] - top2[:, 0] > 0.5)
+        picked += list(x[keep])
+    return np.stack(picked[:n])
 
 
 def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -120,10 +143,15 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
     passes: dict[str, int] = {}
     kernels: dict[str, int] = {}
     d = shape["d_model"]
+    runs: list[tuple[str, np.ndarray]] = [
+        (str(n), np.random.default_rng(n).standard_normal((n, d)).astype(np.float32))
+        for n in TOKENS
+    ]
+    runs.append(("group8", group_tokens(layer, 8)))
     with tempfile.TemporaryDirectory(prefix="colibri-kernels-") as tmp:
         cwd = Path(tmp)
-        for n in TOKENS:
-            x = np.random.default_rng(n).standard_normal((n, d)).astype(np.float32)
+        for key, x in runs:
+            n = len(x)
             write_input(cwd / "input.bin", x)
             result = run_elf(
                 board, exe, cwd, count_instructions=True, count_prefix=f"{NAME}_expert_"
@@ -136,16 +164,19 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
             y = read_output(cwd / "output.bin").output
             if y.shape != x.shape or not np.all(np.isfinite(y)):
                 raise SystemExit(f"{board.name} {scheme}: bad output for {n} tokens: {y.shape}")
-            passes[str(n)] = result.instructions
-            kernels[str(n)] = result.prefix_instructions
+            passes[key] = result.instructions
+            kernels[key] = result.prefix_instructions
     macs = shape["macs_per_token"]
     per_mac = {
         "kernel@1": kernels["1"] / macs,
         "kernel@8": kernels["8"] / (8 * macs),
+        "kslope": (kernels["9"] - kernels["1"]) / 8 / macs,
         "pass@1": passes["1"] / macs,
         "pass@8": passes["8"] / (8 * macs),
         "slope": (passes["9"] - passes["1"]) / 8 / macs,
+        "group8": kernels["group8"] / (8 * macs),
     }
+    per_mac["g8/k1"] = per_mac["group8"] / per_mac["kernel@1"]
     return {"instructions": {"pass": passes, "kernel": kernels}, "instr_per_mac": per_mac}
 
 
@@ -195,8 +226,11 @@ def render(report: dict[str, Any]) -> str:
         f"{shape['activation']}, k {shape['top_k']} ({shape['macs_per_token']} MACs per token)",
         "  kernel@N: inside the generated expert kernels (<name>_expert_<i>, callees included) "
         "in an N-token pass / MACs",
+        "  kslope:   (kernels in a 9-token pass - in a 1-token pass) / 8 / MACs per token",
         "  pass@N:   whole N-token forward pass / MACs (fixed cost included)",
         "  slope:    (pass of 9 tokens - pass of 1) / 8 / MACs per token",
+        "  group8:   one expert kernel called with 8 tokens (all routed to expert 0) / MACs; "
+        "g8/k1 = group8 / kernel@1",
         "",
         f"{'board':11} {'counted by':11} {'scheme':6} " + " ".join(f"{c:>9}" for c in COLUMNS),
     ]
@@ -259,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
                 for n in (1, 8)
             },
             "slope": "(pass instructions at 9 tokens - at 1 token) / 8 / MACs per token",
+            "kslope": "(kernel instructions at 9 tokens - at 1 token) / 8 / MACs per token",
+            "group8": "instructions inside one call of expert 0's kernel with 8 tokens (all 8 "
+            "routed to expert 0) / (8 * MACs per token)",
+            "g8/k1": "group8 / kernel@1",
             "router": "router_table.py: instructions per token, 64 experts, k 2",
         },
         "boards": {},

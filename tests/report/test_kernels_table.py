@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import IN_CI, ROOT, require_board
 
@@ -22,7 +23,7 @@ SCHEMES = ("int8", "int4")
 
 def _check_scheme(res: dict[str, dict[str, dict[str, int]]], macs: int) -> None:
     passes, kernels = res["instructions"]["pass"], res["instructions"]["kernel"]
-    assert set(passes) == set(kernels) == {str(n) for n in kernels_table.TOKENS}
+    assert set(passes) == set(kernels) == {str(n) for n in kernels_table.TOKENS} | {"group8"}
     for n in passes:
         assert 0 < kernels[n] < passes[n], (n, kernels[n], passes[n])
     assert passes["1"] < passes["8"] < passes["9"]
@@ -34,7 +35,17 @@ def _check_scheme(res: dict[str, dict[str, dict[str, int]]], macs: int) -> None:
     assert per_mac["pass@1"] == pytest.approx(passes["1"] / macs)
     assert per_mac["pass@8"] == pytest.approx(passes["8"] / (8 * macs))
     assert per_mac["slope"] == pytest.approx((passes["9"] - passes["1"]) / 8 / macs)
+    assert per_mac["kslope"] == pytest.approx((kernels["9"] - kernels["1"]) / 8 / macs)
+    assert per_mac["group8"] == pytest.approx(kernels["group8"] / (8 * macs))
+    assert per_mac["g8/k1"] == pytest.approx(per_mac["group8"] / per_mac["kernel@1"])
     assert all(v > 0 for v in per_mac.values())
+
+
+def test_group_tokens_all_go_to_expert_0() -> None:
+    layer = kernels_table.make_toy(experts=2, hidden=32, ff=64, top_k=1, activation="relu", seed=3)
+    x = kernels_table.group_tokens(layer, 8)
+    assert x.shape == (8, 32) and x.dtype == np.float32
+    assert (kernels_table.route(layer, x).expert_ids[:, 0] == 0).all()
 
 
 def test_kernels_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
