@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "codegen"))
 
 from colibri.boards import Board, render_linker_script  # noqa: E402
+from colibri.targets.build import build_library as colibri_build_library  # noqa: E402
 from colibri.targets.qemu import run_elf  # noqa: E402
 
 
@@ -32,20 +33,9 @@ def run_cmd(cmd: list[str]) -> None:
 
 
 def build_library(board: Board, lib_dir: Path) -> Path:
-    """libcolibri.a for `board`, built by the SConstruct into lib_dir."""
-    run_cmd(
-        [
-            sys.executable,
-            "-m",
-            "SCons",
-            "-Q",
-            "-C",
-            str(ROOT),
-            f"board={board.name}",
-            f"build_dir={lib_dir}",
-        ]
-    )
-    return lib_dir / "libcolibri.a"
+    """libcolibri.a for `board`, built by the SConstruct into lib_dir (the CLI's own build
+    step, colibri.targets.build)."""
+    return colibri_build_library(board.name, lib_dir)
 
 
 def build_bench(

@@ -12,16 +12,14 @@ CI=true, where only esp32s3 (not installable here) may be skipped.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from colibri.boards import Board, list_boards, load_board, matrix_boards
 from colibri.errors import HeapUseError, QemuError
+from colibri.targets.build import scons
 from colibri.targets.elfcheck import check_no_heap
 from colibri.targets.qemu import run_elf
 from conftest import IN_CI, NOT_INSTALLABLE, ROOT, require_board
@@ -36,20 +34,12 @@ HELLO_LINE = f"colibri hello: reversed {len(HELLO_INPUT)} bytes"
 
 
 def _build(board: Board, selftest: str, build_dir: Path) -> Path:
-    cmd = [
-        sys.executable,
-        "-m",
-        "SCons",
-        "-Q",
-        "-C",
-        str(ROOT),
-        f"board={board.name}",
-        f"selftest={selftest}",
-        f"build_dir={build_dir}",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    args = [f"board={board.name}", f"selftest={selftest}", f"build_dir={build_dir}"]
+    proc = scons(args)
     if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        pytest.fail(
+            f"scons {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     names = {"1": "hello", "fault": "fault", "heap": "heap", "spin": "spin"}
     name = names.get(selftest, selftest)  # kernels, qkernels: their own names
     elf = build_dir / "selftest" / f"{name}{board.elf_suffix}"
@@ -104,9 +94,7 @@ def test_esp32s3_reports_what_is_missing() -> None:
 def test_missing_toolchain_fails_the_build_clearly(tmp_path: Path) -> None:
     if load_board("esp32s3").can_build()[0]:
         pytest.skip("xtensa-esp32s3-elf-gcc is installed here")
-    cmd = [sys.executable, "-m", "SCons", "-Q", "-C", str(ROOT), "board=esp32s3"]
-    cmd.append(f"build_dir={tmp_path}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = scons(["board=esp32s3", f"build_dir={tmp_path}"])
     assert proc.returncode != 0
     assert "xtensa-esp32s3-elf-gcc" in proc.stdout + proc.stderr
 
@@ -340,7 +328,7 @@ def test_ci_never_skips_installable_boards() -> None:
         assert board.can_run()[0], board.can_run()[1]
 
 
-def test_ram_overflow_fails_the_link(tmp_path: Path) -> None:
+def test_ram_overflow_fails_the_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A board whose RAM cannot hold .data + .bss + stack must fail to link, naming RAM."""
     require_board("cortex-m3", run=False)
     root = tmp_path / "resources"
@@ -351,10 +339,8 @@ def test_ram_overflow_fails_the_link(tmp_path: Path) -> None:
     text = (ROOT / "boards" / "cortex-m3.toml").read_text()
     text = text.replace("stack_size = 4096", "stack_size = 70000")  # > the 64 KB of RAM
     (root / "boards" / "cortex-m3.toml").write_text(text)
-    cmd = [sys.executable, "-m", "SCons", "-Q", "-C", str(root), "board=cortex-m3", "selftest=1"]
-    cmd.append(f"build_dir={tmp_path / 'build'}")
-    env = {**os.environ, "COLIBRI_RESOURCE_DIR": str(root)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    monkeypatch.setenv("COLIBRI_RESOURCE_DIR", str(root))  # scons() runs root/SConstruct
+    proc = scons(["board=cortex-m3", "selftest=1", f"build_dir={tmp_path / 'build'}"])
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert re.search(r"RAM'? overflow", output), output
