@@ -23,8 +23,9 @@
  * at most ROUTE_BLOCK experts is a plain two-pass softmax. */
 #define ROUTE_BLOCK 64
 
-#if defined(__GNUC__) && (defined(__SSE2__) || defined(__aarch64__) ||                             \
-                          (defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)))
+#if defined(__GNUC__) && !defined(COLIBRI_ROUTE_SCALAR) &&                                         \
+    (defined(__SSE2__) || defined(__aarch64__) ||                                                  \
+     (defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)))
 /* Four fp32 lanes (GCC / clang vector extensions): the same IEEE operations as the scalar
  * route_exp, so both give the same bits. */
 #define ROUTE_SIMD 1
@@ -35,6 +36,32 @@ typedef uint32_t route_v4u __attribute__((vector_size(16)));
 
 /* exp is colibri_expf (colibri_math.h): the same bits on every board and in the numpy mirror.
  * The softmax only takes exp of l - M <= 0. */
+
+/* colibri_expf for x <= 0 (or NaN), without its branches: for such x its n = 128 and +inf
+ * branches never run, so only the x < COLIBRI_EXP_MIN -> 0 case is left, taken here as a
+ * select after the same IEEE operations in the same order (the same bits). Branch-free, so the
+ * unrolled lanes below keep their constants in registers on scalar FPUs. */
+static inline float route_exp_neg(float x)
+{
+    const float t = x * COLIBRI_EXP_LOG2E + COLIBRI_EXP_ROUND;
+    const float n = t - COLIBRI_EXP_ROUND;
+    const float r = (x - n * COLIBRI_EXP_LN2_HI) - n * COLIBRI_EXP_LN2_LO;
+    const float z = r * r;
+    float p = r * COLIBRI_EXP_P0 + COLIBRI_EXP_P1;
+    p = p * r + COLIBRI_EXP_P2;
+    p = p * r + COLIBRI_EXP_P3;
+    p = p * r + COLIBRI_EXP_P4;
+    p = p * r + COLIBRI_EXP_P5;
+    const float y = (p * z + r) + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    /* (bits + (127 - ROUND_BITS)) << 23, as one shift and one add (mod 2^32 the same) */
+    bits = (bits << 23) + ((127u - COLIBRI_EXP_ROUND_BITS) << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    const float e = y * scale;
+    return (x < COLIBRI_EXP_MIN) ? 0.0f : e;
+}
 
 #if defined(ROUTE_SIMD)
 /* colibri_expf on four lanes, for x <= 0 (where its n = 128 and +inf branches never run):
@@ -83,15 +110,15 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
 #else
     for (; i + 4 <= n; i += 4) {
         chk += ((l[i] * 0.0f + l[i + 1] * 0.0f) + l[i + 2] * 0.0f) + l[i + 3] * 0.0f;
-        s[0] += colibri_expf(l[i] - m);
-        s[1] += colibri_expf(l[i + 1] - m);
-        s[2] += colibri_expf(l[i + 2] - m);
-        s[3] += colibri_expf(l[i + 3] - m);
+        s[0] += route_exp_neg(l[i] - m);
+        s[1] += route_exp_neg(l[i + 1] - m);
+        s[2] += route_exp_neg(l[i + 2] - m);
+        s[3] += route_exp_neg(l[i + 3] - m);
     }
 #endif
     for (; i < n; i++) {
         chk += l[i] * 0.0f;
-        s[i & 3] += colibri_expf(l[i] - m);
+        s[i & 3] += route_exp_neg(l[i] - m);
     }
     *finite = (chk == 0.0f);
     return (s[0] + s[1]) + (s[2] + s[3]);
