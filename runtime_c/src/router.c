@@ -118,7 +118,11 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
 #endif
     for (; i < n; i++) {
         chk += l[i] * 0.0f;
+#if defined(ROUTE_SIMD)
+        s[i & 3] += colibri_expf(l[i] - m);
+#else
         s[i & 3] += route_exp_neg(l[i] - m);
+#endif
     }
     *finite = (chk == 0.0f);
     return (s[0] + s[1]) + (s[2] + s[3]);
