@@ -5,8 +5,9 @@
  *        when none of them can enter it, then the block's softmax sum exp(l - M) with the max M
  *        known (the best kept logit), rescaled when a later block raises M. exp is a short
  *        polynomial (colibri_expf, no libm call), four lanes at a time (SSE2 / Neon / Helium
- *        vectors on boards that have them). No allocation; memory does not depend on the number
- *        of experts.
+ *        vectors on boards that have them; elsewhere four unrolled scalar lanes of a branch-free
+ *        colibri_expf for x <= 0, the same bits). No allocation; memory does not depend on the
+ *        number of experts. COLIBRI_ROUTE_SCALAR forces the scalar lanes (to test them).
  */
 #include "colibri.h"
 #include "colibri_internal.h"
@@ -37,6 +38,7 @@ typedef uint32_t route_v4u __attribute__((vector_size(16)));
 /* exp is colibri_expf (colibri_math.h): the same bits on every board and in the numpy mirror.
  * The softmax only takes exp of l - M <= 0. */
 
+#if !defined(ROUTE_SIMD)
 /* colibri_expf for x <= 0 (or NaN), without its branches: for such x its n = 128 and +inf
  * branches never run, so only the x < COLIBRI_EXP_MIN -> 0 case is left, taken here as a
  * select after the same IEEE operations in the same order (the same bits). Branch-free, so the
@@ -62,6 +64,7 @@ static inline float route_exp_neg(float x)
     const float e = y * scale;
     return (x < COLIBRI_EXP_MIN) ? 0.0f : e;
 }
+#endif
 
 #if defined(ROUTE_SIMD)
 /* colibri_expf on four lanes, for x <= 0 (where its n = 128 and +inf branches never run):
