@@ -294,10 +294,11 @@ QINLINE_F_FP16_C8 = ("cortex-m4", "cortex-m7")
 @pytest.mark.parametrize("name", BOARDS)
 def test_qinline_float_kernels_within_rounding(name: str, build_root: Path, tmp_path: Path) -> None:
     """colibri_qinline_f.h (what generated fp32 / fp16 expert kernels call): the layout-c8 fp32
-    matvec, the fp16 matvec and the layout-c8 fp16 matvec stay within the dot-product rounding bound of the library's on
-    every board (tests/platform/fkernels.c: 272 shapes and value kinds). Where they have their
-    own paths (fused multiply-adds; Helium's and the M4 / M7's hardware fp16 conversion), they take fewer
-    instructions than the generated seed-layout loop / the library (QEMU counts)."""
+    matvec, the fp16 matvec and the layout-c8 fp16 matvec stay within the dot-product rounding
+    bound of the library's on every board (tests/platform/fkernels.c: 272 shapes and value
+    kinds). Where they have their own paths (fused multiply-adds; the hardware fp16 conversion
+    of Helium and of the M4 / M7), they take fewer instructions than the generated seed-layout
+    loop / the library (QEMU counts)."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "fkernels", build_root / name)
