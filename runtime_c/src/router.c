@@ -42,8 +42,9 @@ typedef uint32_t route_v4u __attribute__((vector_size(16)));
 /* colibri_expf for x <= 0 (or NaN), without its branches: for such x its n = 128 and +inf
  * branches never run, so only the x < COLIBRI_EXP_MIN -> 0 case is left, taken here as a
  * select after the same IEEE operations in the same order (the same bits). Branch-free, so the
- * unrolled lanes below keep their constants in registers on scalar FPUs. */
-static inline float route_exp_neg(float x)
+ * unrolled lanes below keep their constants in registers on scalar FPUs. p3, p4, p5 and one are
+ * COLIBRI_EXP_P3, P4, P5 and 1.0f, passed in so that the caller can hold them in registers. */
+static inline float route_exp_neg(float x, float p3, float p4, float p5, float one)
 {
     const float t = x * COLIBRI_EXP_LOG2E + COLIBRI_EXP_ROUND;
     const float n = t - COLIBRI_EXP_ROUND;
@@ -51,10 +52,10 @@ static inline float route_exp_neg(float x)
     const float z = r * r;
     float p = r * COLIBRI_EXP_P0 + COLIBRI_EXP_P1;
     p = p * r + COLIBRI_EXP_P2;
-    p = p * r + COLIBRI_EXP_P3;
-    p = p * r + COLIBRI_EXP_P4;
-    p = p * r + COLIBRI_EXP_P5;
-    const float y = (p * z + r) + 1.0f;
+    p = p * r + p3;
+    p = p * r + p4;
+    p = p * r + p5;
+    const float y = (p * z + r) + one;
     uint32_t bits;
     memcpy(&bits, &t, sizeof bits);
     /* (bits + (127 - ROUND_BITS)) << 23, as one shift and one add (mod 2^32 the same) */
@@ -64,6 +65,15 @@ static inline float route_exp_neg(float x)
     const float e = y * scale;
     return (x < COLIBRI_EXP_MIN) ? 0.0f : e;
 }
+
+/* GCC re-creates some of the exp constants in every lane of the unrolled loop (a VLDR or VMOV
+ * each) rather than keep them in registers; an empty asm that "changes" a copy makes it a value
+ * to keep (ARM FPUs only: "t" is a single-precision VFP register). */
+#if defined(__GNUC__) && defined(__arm__) && defined(__ARM_FP) && (__ARM_FP & 4)
+#define ROUTE_IN_REG(v) __asm__("" : "+t"(v))
+#else
+#define ROUTE_IN_REG(v) ((void)(v))
+#endif
 #endif
 
 #if defined(ROUTE_SIMD)
@@ -111,12 +121,20 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
         chk += vc[j];
     }
 #else
+    float p3 = COLIBRI_EXP_P3;
+    float p4 = COLIBRI_EXP_P4;
+    float p5 = COLIBRI_EXP_P5;
+    float one = 1.0f;
+    ROUTE_IN_REG(p3);
+    ROUTE_IN_REG(p4);
+    ROUTE_IN_REG(p5);
+    ROUTE_IN_REG(one);
     for (; i + 4 <= n; i += 4) {
         chk += ((l[i] * 0.0f + l[i + 1] * 0.0f) + l[i + 2] * 0.0f) + l[i + 3] * 0.0f;
-        s[0] += route_exp_neg(l[i] - m);
-        s[1] += route_exp_neg(l[i + 1] - m);
-        s[2] += route_exp_neg(l[i + 2] - m);
-        s[3] += route_exp_neg(l[i + 3] - m);
+        s[0] += route_exp_neg(l[i] - m, p3, p4, p5, one);
+        s[1] += route_exp_neg(l[i + 1] - m, p3, p4, p5, one);
+        s[2] += route_exp_neg(l[i + 2] - m, p3, p4, p5, one);
+        s[3] += route_exp_neg(l[i + 3] - m, p3, p4, p5, one);
     }
 #endif
     for (; i < n; i++) {
@@ -124,7 +142,7 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
 #if defined(ROUTE_SIMD)
         s[i & 3] += colibri_expf(l[i] - m);
 #else
-        s[i & 3] += route_exp_neg(l[i] - m);
+        s[i & 3] += route_exp_neg(l[i] - m, COLIBRI_EXP_P3, COLIBRI_EXP_P4, COLIBRI_EXP_P5, 1.0f);
 #endif
     }
     *finite = (chk == 0.0f);
