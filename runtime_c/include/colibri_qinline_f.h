@@ -19,6 +19,11 @@
  *    x, four VLDM of eight weights and 32 VFMA. Helium: two vector accumulators, VFMA by the
  *    scalar x[i]. Elsewhere (the emitter only chooses c8 for those cores) portable C in the
  *    library's order (acc = b; acc += w * x).
+ *  - colibri_qf_f16_c8: the same for fp16 weights in layout c8 (blocks of 8 outputs, each
+ *    [n_in][8] fp16, as fp32 layout c8 with 2-byte elements). Cortex-M4 / M7: per four inputs
+ *    one VLDM of x and one VLDM of the block's 32 fp16 weights (16 words), each converted by
+ *    VCVTB / VCVTT.F32.F16 (exact, fp16 subnormals included: the FPU keeps fp32 subnormals)
+ *    and 32 VFMA into s0-s7. Elsewhere portable C (the emitter only chooses it for those cores).
  *  - colibri_qf_f16_f32: colibri_matvec_f16_f32 (weights fp16 [n_out][n_in], unchanged layout).
  *    Helium with floating point: four rows per pass, one VLDRW of four x values shared by the
  *    four rows, per row a widening VLDRH.U32 of four fp16 weights, VCVTB.F32.F16 (exact, fp16
@@ -26,8 +31,9 @@
  *    last n_in % 4 inputs and n_out % 4 rows in C. Helium flushes subnormal fp32 values to zero
  *    (products and sums below 2^-126 are lost): within the tolerance, which is relative to the
  *    largest output. Other cores call the library (exact portable conversion).
- * Preconditions: y does not overlap x or w; for c8, n_out % 8 == 0 and n_in % 4 == 0, n_in > 0
- * (colibri.quant.formats.c8_fits).
+ * Preconditions: y does not overlap x or w; for c8 (fp32 or fp16), n_out % 8 == 0 and
+ * n_in % 4 == 0, n_in > 0 (colibri.quant.formats.c8_fits), and an fp16 c8 matrix is 4-byte
+ * aligned (the weight blob aligns every tensor to 16).
  */
 #ifndef COLIBRI_QINLINE_F_H
 #define COLIBRI_QINLINE_F_H
@@ -148,6 +154,80 @@ COLIBRI_QF_INLINE void colibri_qf_f32_c8(const float *w, const float *b, const f
         float acc = (b != NULL) ? b[o] : 0.0f;
         for (int32_t i = 0; i < n_in; i++) {
             acc += wb[(size_t)i * COLIBRI_QF_C8_COLS] * x[i];
+        }
+        y[o] = acc;
+    }
+#endif
+}
+
+#if defined(COLIBRI_QF_VFP)
+/* One input i of an fp16 c8 pass: its 8 weights in words W0, W1, W2, W3 (outputs 0..7, two per
+ * word, the even output in the bottom half), converted into s28-s31 and fused into s0-s7 by
+ * x[i] in X. */
+#define COLIBRI_QF_H8(W0, W1, W2, W3, X)                                                           \
+    "vcvtb.f32.f16 s28, " W0 "\n"                                                                  \
+    "vcvtt.f32.f16 s29, " W0 "\n"                                                                  \
+    "vcvtb.f32.f16 s30, " W1 "\n"                                                                  \
+    "vcvtt.f32.f16 s31, " W1 "\n"                                                                  \
+    "vfma.f32 s0, s28, " X "\n"                                                                    \
+    "vfma.f32 s1, s29, " X "\n"                                                                    \
+    "vfma.f32 s2, s30, " X "\n"                                                                    \
+    "vfma.f32 s3, s31, " X "\n"                                                                    \
+    "vcvtb.f32.f16 s28, " W2 "\n"                                                                  \
+    "vcvtt.f32.f16 s29, " W2 "\n"                                                                  \
+    "vcvtb.f32.f16 s30, " W3 "\n"                                                                  \
+    "vcvtt.f32.f16 s31, " W3 "\n"                                                                  \
+    "vfma.f32 s4, s28, " X "\n"                                                                    \
+    "vfma.f32 s5, s29, " X "\n"                                                                    \
+    "vfma.f32 s6, s30, " X "\n"                                                                    \
+    "vfma.f32 s7, s31, " X "\n"
+
+/** acc[0..7] += sum over n_in inputs (n4 = n_in / 4 passes) of w[i][0..7] * x[i] for fp16 w in
+ *  layout c8 (4-byte aligned), converted by VCVTB / VCVTT, fused. */
+COLIBRI_QF_INLINE void colibri_qf_h8_vfp(const uint16_t *w, const float *x, float *acc, int32_t n4)
+{
+    __asm__ volatile(
+        "vldmia %[acc], {s0-s7}\n"
+        "1:\n"
+        "vldmia %[x]!, {s24-s27}\n"
+        "vldmia %[w]!, {s8-s23}\n" COLIBRI_QF_H8("s8", "s9", "s10", "s11", "s24")
+            COLIBRI_QF_H8("s12", "s13", "s14", "s15", "s25")
+                COLIBRI_QF_H8("s16", "s17", "s18", "s19", "s26")
+                    COLIBRI_QF_H8("s20", "s21", "s22", "s23", "s27") "subs %[n], %[n], #1\n"
+                                                                     "bne 1b\n"
+                                                                     "vstmia %[acc], {s0-s7}\n"
+        : [w] "+r"(w), [x] "+r"(x), [n] "+r"(n4)
+        : [acc] "r"(acc)
+        : "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s12", "s13",
+          "s14", "s15", "s16", "s17", "s18", "s19", "s20", "s21", "s22", "s23", "s24", "s25", "s26",
+          "s27", "s28", "s29", "s30", "s31", "cc", "memory");
+}
+#undef COLIBRI_QF_H8
+#endif
+
+/**
+ * @brief y[o] = (b ? b[o] : 0) + sum_i w(o, i) * x[i] for fp16 W [n_out][n_in] stored in layout
+ *        c8 (w + (o / 8) * 8 * n_in + i * 8 + o % 8, 4-byte aligned): on the M4 / M7 hardware
+ *        conversion (VCVTB / VCVTT) and fused multiply-adds. n_out % 8 == 0, n_in % 4 == 0,
+ *        n_in > 0; y must not overlap x or w.
+ */
+COLIBRI_QF_INLINE void colibri_qf_f16_c8(const uint16_t *w, const float *b, const float *x,
+                                         float *y, int32_t n_out, int32_t n_in)
+{
+#if defined(COLIBRI_QF_VFP)
+    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {
+        for (int32_t r = 0; r < COLIBRI_QF_C8_COLS; r++) {
+            y[o + r] = (b != NULL) ? b[o + r] : 0.0f;
+        }
+        colibri_qf_h8_vfp(w + (size_t)o * (size_t)n_in, x, y + o, n_in / COLIBRI_QF_C8_CHUNK);
+    }
+#else
+    for (int32_t o = 0; o < n_out; o++) {
+        const uint16_t *wb = w + (size_t)(o - o % COLIBRI_QF_C8_COLS) * (size_t)n_in +
+                             (size_t)(o % COLIBRI_QF_C8_COLS);
+        float acc = (b != NULL) ? b[o] : 0.0f;
+        for (int32_t i = 0; i < n_in; i++) {
+            acc += colibri_f16_to_f32(wb[(size_t)i * COLIBRI_QF_C8_COLS]) * x[i];
         }
         y[o] = acc;
     }

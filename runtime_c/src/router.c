@@ -5,8 +5,9 @@
  *        when none of them can enter it, then the block's softmax sum exp(l - M) with the max M
  *        known (the best kept logit), rescaled when a later block raises M. exp is a short
  *        polynomial (colibri_expf, no libm call), four lanes at a time (SSE2 / Neon / Helium
- *        vectors on boards that have them). No allocation; memory does not depend on the number
- *        of experts.
+ *        vectors on boards that have them; elsewhere four unrolled scalar lanes of a branch-free
+ *        colibri_expf for x <= 0, the same bits). No allocation; memory does not depend on the
+ *        number of experts. COLIBRI_ROUTE_SCALAR forces the scalar lanes (to test them).
  */
 #include "colibri.h"
 #include "colibri_internal.h"
@@ -23,8 +24,9 @@
  * at most ROUTE_BLOCK experts is a plain two-pass softmax. */
 #define ROUTE_BLOCK 64
 
-#if defined(__GNUC__) && (defined(__SSE2__) || defined(__aarch64__) ||                             \
-                          (defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)))
+#if defined(__GNUC__) && !defined(COLIBRI_ROUTE_SCALAR) &&                                         \
+    (defined(__SSE2__) || defined(__aarch64__) ||                                                  \
+     (defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)))
 /* Four fp32 lanes (GCC / clang vector extensions): the same IEEE operations as the scalar
  * route_exp, so both give the same bits. */
 #define ROUTE_SIMD 1
@@ -35,6 +37,44 @@ typedef uint32_t route_v4u __attribute__((vector_size(16)));
 
 /* exp is colibri_expf (colibri_math.h): the same bits on every board and in the numpy mirror.
  * The softmax only takes exp of l - M <= 0. */
+
+#if !defined(ROUTE_SIMD)
+/* colibri_expf for x <= 0 (or NaN), without its branches: for such x its n = 128 and +inf
+ * branches never run, so only the x < COLIBRI_EXP_MIN -> 0 case is left, taken here as a
+ * select after the same IEEE operations in the same order (the same bits). Branch-free, so the
+ * unrolled lanes below keep their constants in registers on scalar FPUs. p3, p4, p5 and one are
+ * COLIBRI_EXP_P3, P4, P5 and 1.0f, passed in so that the caller can hold them in registers. */
+static inline float route_exp_neg(float x, float p3, float p4, float p5, float one)
+{
+    const float t = x * COLIBRI_EXP_LOG2E + COLIBRI_EXP_ROUND;
+    const float n = t - COLIBRI_EXP_ROUND;
+    const float r = (x - n * COLIBRI_EXP_LN2_HI) - n * COLIBRI_EXP_LN2_LO;
+    const float z = r * r;
+    float p = r * COLIBRI_EXP_P0 + COLIBRI_EXP_P1;
+    p = p * r + COLIBRI_EXP_P2;
+    p = p * r + p3;
+    p = p * r + p4;
+    p = p * r + p5;
+    const float y = (p * z + r) + one;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    /* (bits + (127 - ROUND_BITS)) << 23, as one shift and one add (mod 2^32 the same) */
+    bits = (bits << 23) + ((127u - COLIBRI_EXP_ROUND_BITS) << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    const float e = y * scale;
+    return (x < COLIBRI_EXP_MIN) ? 0.0f : e;
+}
+
+/* GCC re-creates some of the exp constants in every lane of the unrolled loop (a VLDR or VMOV
+ * each) rather than keep them in registers; an empty asm that "changes" a copy makes it a value
+ * to keep (ARM FPUs only: "t" is a single-precision VFP register). */
+#if defined(__GNUC__) && defined(__arm__) && defined(__ARM_FP) && (__ARM_FP & 4)
+#define ROUTE_IN_REG(v) __asm__("" : "+t"(v))
+#else
+#define ROUTE_IN_REG(v) ((void)(v))
+#endif
+#endif
 
 #if defined(ROUTE_SIMD)
 /* colibri_expf on four lanes, for x <= 0 (where its n = 128 and +inf branches never run):
@@ -81,17 +121,29 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
         chk += vc[j];
     }
 #else
+    float p3 = COLIBRI_EXP_P3;
+    float p4 = COLIBRI_EXP_P4;
+    float p5 = COLIBRI_EXP_P5;
+    float one = 1.0f;
+    ROUTE_IN_REG(p3);
+    ROUTE_IN_REG(p4);
+    ROUTE_IN_REG(p5);
+    ROUTE_IN_REG(one);
     for (; i + 4 <= n; i += 4) {
         chk += ((l[i] * 0.0f + l[i + 1] * 0.0f) + l[i + 2] * 0.0f) + l[i + 3] * 0.0f;
-        s[0] += colibri_expf(l[i] - m);
-        s[1] += colibri_expf(l[i + 1] - m);
-        s[2] += colibri_expf(l[i + 2] - m);
-        s[3] += colibri_expf(l[i + 3] - m);
+        s[0] += route_exp_neg(l[i] - m, p3, p4, p5, one);
+        s[1] += route_exp_neg(l[i + 1] - m, p3, p4, p5, one);
+        s[2] += route_exp_neg(l[i + 2] - m, p3, p4, p5, one);
+        s[3] += route_exp_neg(l[i + 3] - m, p3, p4, p5, one);
     }
 #endif
     for (; i < n; i++) {
         chk += l[i] * 0.0f;
+#if defined(ROUTE_SIMD)
         s[i & 3] += colibri_expf(l[i] - m);
+#else
+        s[i & 3] += route_exp_neg(l[i] - m, COLIBRI_EXP_P3, COLIBRI_EXP_P4, COLIBRI_EXP_P5, 1.0f);
+#endif
     }
     *finite = (chk == 0.0f);
     return (s[0] + s[1]) + (s[2] + s[3]);

@@ -126,6 +126,12 @@ def test_blob_symbols_hold_the_quantised_tensors(board: str, tmp_path: Path) -> 
                 assert layout == "c8", (idx, part, layout)
                 got = np.frombuffer(data, dtype="<f4")
                 np.testing.assert_array_equal(c8_restore(got, t.n_out, t.n_in), t.data)
+            elif isinstance(t, QuantTensor) and t.scheme == "fp16":
+                # cortex-m7 reads fp16 experts in layout c8 too (VCVTB / VCVTT, experts.py)
+                layout = manifest["weight_layouts"][f"w_ffn_fp16_{qe.act}"][part]
+                assert layout == "c8", (idx, part, layout)
+                got16 = np.frombuffer(data, dtype="<u2")
+                np.testing.assert_array_equal(c8_restore(got16, t.n_out, t.n_in), t.data)
             else:
                 assert data == want, (idx, part)
             in_ram = placement[idx] == "ram"

@@ -9,12 +9,14 @@
  *         - colibri_qf_f32_c8 (layout c8) against colibri_matvec_f32 (+ bias) for 4 x 4 shapes,
  *           with and without a bias, on random, wide-range and subnormal-product values;
  *         - colibri_qf_f16_f32 against colibri_matvec_f16_f32 for 8 x 7 shapes (row and input
- *           tails), random finite fp16 bit patterns (subnormals included) and small weights.
+ *           tails), random finite fp16 bit patterns (subnormals included) and small weights;
+ *         - colibri_qf_f16_c8 (fp16 in layout c8) against colibri_matvec_f16_f32 (+ bias) for
+ *           the 4 x 4 c8 shapes, with and without a bias, on the same two fp16 kinds.
  *        Prints one line and returns 0 when all pass. The bench markers time, by the first byte
  *        of input.bin: 0 the seed-layout fp32 loop of a generated expert (axpy form) on an
  *        [FK_N][FK_N] matrix, 1 colibri_qf_f32_c8 on it, 2 colibri_matvec_f16_f32, 3
- *        colibri_qf_f16_f32 (tests/targets/test_platforms.py turns the counts into instructions
- *        per MAC).
+ *        colibri_qf_f16_f32, 4 colibri_qf_f16_c8 (tests/targets/test_platforms.py turns the
+ *        counts into instructions per MAC).
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -32,6 +34,7 @@
 static float fk_w[FK_MAXN];
 static float fk_c8[FK_MAXN];
 static uint16_t fk_h[FK_MAXN];
+static uint16_t fk_h8[FK_MAXN];
 static float fk_x[FK_MAXIN];
 static float fk_b[FK_N];
 static float fk_y0[FK_N];
@@ -53,6 +56,17 @@ static float fk_unit(void)
 
 /* Row-major [n_out][n_in] into layout c8: blocks of 8 outputs, each [n_in][8]. */
 static void fk_to_c8(const float *src, float *dst, int32_t n_out, int32_t n_in)
+{
+    for (int32_t o = 0; o < n_out; o++) {
+        for (int32_t i = 0; i < n_in; i++) {
+            dst[(size_t)(o / 8) * 8u * (size_t)n_in + (size_t)i * 8u + (size_t)(o % 8)] =
+                src[(size_t)o * (size_t)n_in + (size_t)i];
+        }
+    }
+}
+
+/* The same for fp16 codes. */
+static void fk_to_c8_h(const uint16_t *src, uint16_t *dst, int32_t n_out, int32_t n_in)
 {
     for (int32_t o = 0; o < n_out; o++) {
         for (int32_t i = 0; i < n_in; i++) {
@@ -143,6 +157,23 @@ static uint32_t fk_check_f16(int32_t n_out, int32_t n_in, uint32_t *checks)
     return fk_compare(fk_w, NULL, n_out, n_in);
 }
 
+static uint32_t fk_check_f16_c8(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint32_t failed = 0;
+    fk_to_c8_h(fk_h, fk_h8, n_out, n_in);
+    for (int bias = 0; bias < 2; bias++) {
+        const float *b = bias ? fk_b : NULL;
+        colibri_matvec_f16_f32(fk_h, fk_x, fk_y0, n_out, n_in);
+        for (int32_t o = 0; bias && o < n_out; o++) {
+            fk_y0[o] += fk_b[o];
+        }
+        colibri_qf_f16_c8(fk_h8, b, fk_x, fk_y1, n_out, n_in);
+        *checks += 1u;
+        failed += fk_compare(fk_w, b, n_out, n_in);
+    }
+    return failed;
+}
+
 /* The bench calls, one function each (as a generated expert kernel is): constant shapes. */
 __attribute__((noinline)) static void fk_bench_seed(void)
 {
@@ -162,6 +193,11 @@ __attribute__((noinline)) static void fk_bench_seed(void)
 __attribute__((noinline)) static void fk_bench_c8(void)
 {
     colibri_qf_f32_c8(fk_c8, fk_b, fk_x, fk_y1, FK_N, FK_N);
+}
+
+__attribute__((noinline)) static void fk_bench_f16_c8(void)
+{
+    colibri_qf_f16_c8(fk_h8, NULL, fk_x, fk_y1, FK_N, FK_N);
 }
 
 __attribute__((noinline)) static void fk_bench_f16(int inline_kernel)
@@ -199,6 +235,11 @@ int main(int argc, char **argv)
                 failed += fk_check_f16(f16_outs[a], f16_ins[b], &checks);
             }
         }
+        for (size_t a = 0; a < sizeof c8_outs / sizeof c8_outs[0]; a++) {
+            for (size_t b = 0; b < sizeof c8_ins / sizeof c8_ins[0]; b++) {
+                failed += fk_check_f16_c8(c8_outs[a], c8_ins[b], &checks);
+            }
+        }
     }
 
     uint8_t mode = 0xFFu;
@@ -212,6 +253,7 @@ int main(int argc, char **argv)
     fk_fill_f32(0);
     fk_to_c8(fk_w, fk_c8, FK_N, FK_N);
     fk_fill_f16(0);
+    fk_to_c8_h(fk_h, fk_h8, FK_N, FK_N);
     clb_platform_bench_begin();
     if (mode == 0u) {
         fk_bench_seed();
@@ -219,6 +261,8 @@ int main(int argc, char **argv)
         fk_bench_c8();
     } else if (mode == 2u || mode == 3u) {
         fk_bench_f16(mode == 3u);
+    } else if (mode == 4u) {
+        fk_bench_f16_c8();
     }
     clb_platform_bench_end();
 

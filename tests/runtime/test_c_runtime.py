@@ -42,10 +42,11 @@ def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, **kwargs)  # type: ignore[call-overload]
 
 
-def _compile_host(sources: list[Path], exe: Path) -> None:
+def _compile_host(sources: list[Path], exe: Path, defines: tuple[str, ...] = ()) -> None:
     cmd = [
         "gcc",
         *HOST_FLAGS,
+        *(f"-D{d}" for d in defines),
         f"-I{INCLUDE_DIR}",
         f"-I{C_TEST_DIR}",
         *map(str, sources),
@@ -81,6 +82,20 @@ def test_c_unit(test_source: Path, tmp_path: Path) -> None:
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
     env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
     result = _run([str(exe)], env=env, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    match = SUMMARY.search(result.stdout)
+    assert match is not None, f"no summary line in output:\n{output}"
+    assert int(match.group(1)) > 0 and int(match.group(2)) == 0, output
+
+
+def test_c_router_scalar_lanes(tmp_path: Path) -> None:
+    """tests/c/test_router.c with router.c's scalar lanes (COLIBRI_ROUTE_SCALAR: the branch-free
+    exp of the boards without SSE2 / Neon / Helium vectors, M3 / M4 / M7 / A7) on the host."""
+    require_tool("gcc", "gcc")
+    exe = tmp_path / "test_router_scalar"
+    _compile_host([C_TEST_DIR / "test_router.c", *RUNTIME_SOURCES], exe, ("COLIBRI_ROUTE_SCALAR",))
+    result = _run([str(exe)], timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     match = SUMMARY.search(result.stdout)

@@ -275,39 +275,45 @@ FKERNELS_LINE = re.compile(r"colibri fkernels: (\d+) checks, (\d+) failed")
 #: Boards where colibri_qinline_f.h has its own fp32 (layout c8) / fp16 paths.
 QINLINE_F_FP32 = ("cortex-m4", "cortex-m7", "cortex-m55")
 QINLINE_F_FP16 = ("cortex-m55",)
+#: Boards where colibri_qinline_f.h converts fp16 in layout c8 by VCVTB / VCVTT.
+QINLINE_F_FP16_C8 = ("cortex-m4", "cortex-m7")
 
 
 @pytest.mark.parametrize("name", BOARDS)
 def test_qinline_float_kernels_within_rounding(name: str, build_root: Path, tmp_path: Path) -> None:
     """colibri_qinline_f.h (what generated fp32 / fp16 expert kernels call): the layout-c8 fp32
-    matvec and the fp16 matvec stay within the dot-product rounding bound of the library's on
-    every board (tests/platform/fkernels.c: 208 shapes and value kinds). Where they have their
-    own paths (fused multiply-adds; Helium's hardware fp16 conversion), they take fewer
-    instructions than the generated seed-layout loop / the library (QEMU counts)."""
+    matvec, the fp16 matvec and the layout-c8 fp16 matvec stay within the dot-product rounding
+    bound of the library's on every board (tests/platform/fkernels.c: 272 shapes and value
+    kinds). Where they have their own paths (fused multiply-adds; the hardware fp16 conversion
+    of Helium and of the M4 / M7), they take fewer instructions than the generated seed-layout
+    loop / the library (QEMU counts)."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "fkernels", build_root / name)
     counting = name in QINLINE_F_FP32 and _can_count(board)
     counts: dict[int, int | None] = {}
-    for mode in range(4) if counting else (0xFF,):
+    for mode in range(5) if counting else (0xFF,):
         (tmp_path / "input.bin").write_bytes(bytes([mode]))
         result = run_elf(board, elf, tmp_path, count_instructions=counting)
         found = FKERNELS_LINE.search(result.stdout)
         assert found, f"no result line:\n{result.stdout}{result.stderr}"
-        assert int(found.group(1)) == 208 and found.group(2) == "0", found.group(0)
+        assert int(found.group(1)) == 272 and found.group(2) == "0", found.group(0)
         counts[mode] = result.instructions
     if not counting:
         return
     macs = 64 * 64  # fkernels.c FK_N
-    seed, c8, lib16, qf16 = (counts[m] for m in range(4))
+    seed, c8, lib16, qf16, h8 = (counts[m] for m in range(5))
     assert seed is not None and c8 is not None and lib16 is not None and qf16 is not None
+    assert h8 is not None
     print(
         f"\n{name}: fp32 matvec {seed / macs:.3f} -> {c8 / macs:.3f} instructions/MAC (c8), "
-        f"fp16 {lib16 / macs:.3f} -> {qf16 / macs:.3f}"
+        f"fp16 {lib16 / macs:.3f} -> {qf16 / macs:.3f}, fp16 c8 {h8 / macs:.3f}"
     )
     assert c8 < seed
     if name in QINLINE_F_FP16:
         assert qf16 < lib16
+    if name in QINLINE_F_FP16_C8:
+        assert h8 < lib16
 
 
 def test_qemu_failure_is_reported(tmp_path: Path) -> None:

@@ -155,3 +155,29 @@ def test_ram_budget_larger_than_the_board_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BudgetExceeded, match=r"pinned in RAM .* lower --ram-budget to at most"):
         generate(layer, tmp_path / "r", opts, calib=calib)
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])
+@pytest.mark.parametrize("board", ["cortex-m4", "cortex-m7", "cortex-m55"])
+def test_fp16_experts_in_layout_c8_match_reference(
+    board: str, activation: str, tmp_path: Path
+) -> None:
+    """fp16 experts whose shapes allow layout c8 (d_model 32, d_ff 48: whole blocks of 8
+    outputs) are stored in it on the Cortex-M4 / M7 and run by colibri_qf_f16_c8 (VCVTB /
+    VCVTT conversion, fused multiply-adds); Helium keeps the rows. The manifest records the
+    layouts, the expert choices are the reference's, the outputs within the fp16 tolerance."""
+    require_board(board)
+    layer = make_toy(4, 32, 48, 2, activation, seed=12, router_bias=True)
+    x = np.random.default_rng(6).standard_normal((11, 32)).astype(np.float32)
+    opts = GenerateOptions(board=board, name="h", max_tokens=8, quant="fp16")
+    gen, manifest = generate(layer, tmp_path / "h", opts)
+    plan = make_plan(4, "fp16", None, None)
+    layout = "c8" if board in ("cortex-m4", "cortex-m7") else "rows"
+    assert manifest["weight_layouts"] == {
+        f"h_ffn_fp16_{plan.acts[0]}": {"w1": layout, "w3": layout, "w2": layout}
+    }
+    out, _ = run_model(gen, board, x)
+    ref, rq = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    np.testing.assert_array_equal(out.expert_ids, rq.expert_ids)
+    err = compare(out.output, ref, LAYER_TOLERANCE[("fp16", plan.acts[0])])
+    assert err is None, f"{board}/fp16 c8: {err}"

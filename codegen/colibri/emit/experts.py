@@ -31,12 +31,19 @@ Q4R4_ISAS = ("armv7em_dsp",)
 #: Board ISAs where colibri_qinline_q4.h has its own int4 x int8 kernel (elsewhere it calls the
 #: library): a group of tokens runs it a token at a time there, not the library's matmul.
 Q4_INLINE_ISAS = ("armv7em_dsp", "mve")
+#: Board ISAs whose fp16 expert kernels read layout c8 (colibri_qinline_f.h colibri_qf_f16_c8):
+#: the Cortex-M4 / M7 FPU converts fp16 by VCVTB / VCVTT (Helium reads the plain rows).
+F16C8_ISAS = ("armv7em_dsp",)
 
 
 def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[str, str]:
     """Stored layout of each weight part of an expert kind on a core: r4 (int8 weights) or
-    q4r4 (int4 weights) where the core's kernel reads four rows at once (int8 activations)
-    and the shape allows."""
+    q4r4 (int4 weights) where the core's kernel reads four rows at once (int8 activations),
+    c8 (fp16 weights) where it converts eight outputs' weights at once, and the shape allows."""
+    if isa in F16C8_ISAS and scheme == "fp16":
+        up16 = "c8" if c8_fits(d_ff, d_model) else "rows"
+        down16 = "c8" if c8_fits(d_model, d_ff) else "rows"
+        return {"w1": up16, "w3": up16, "w2": down16}
     if isa in Q4R4_ISAS and scheme == "int4" and act == "int8":
         up4 = "q4r4" if q4r4_fits(d_ff, d_model) else "rows"
         down4 = "q4r4" if q4r4_fits(d_model, d_ff) else "rows"

@@ -46,6 +46,8 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         return [_view(c8_order(np.asarray(t.data, dtype="<f4")))]
     if t.scheme == "fp32":
         return [_view(np.ascontiguousarray(t.data.T, dtype="<f4"))]  # the seed layout
+    if t.scheme == "fp16" and t.layout == "c8":  # column blocks of 8 outputs, as fp32 c8
+        return [_view(c8_order(np.asarray(t.data, dtype="<u2")))]
     if t.scheme == "fp16":
         return [_view(np.ascontiguousarray(t.data, dtype="<u2"))]
     if t.scheme == "int8":  # the q8_channel_dtype struct: scales, codes, padding to 4 bytes

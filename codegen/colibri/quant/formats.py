@@ -453,12 +453,12 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 #: Output rows per group and inputs per chunk of layout ``r4`` (colibri_qinline.h R4).
 R4_ROWS = 4
 R4_CHUNK = 16
-#: Output columns per block of layout ``c8`` (fp32, colibri_qinline_f.h) and the multiple of
+#: Output columns per block of layout ``c8`` (fp32 / fp16, colibri_qinline_f.h) and the multiple of
 #: inputs its kernels need.
 C8_COLS = 8
 C8_CHUNK = 4
 #: Stored layouts of a matrix: ``rows`` (output-channel-major; fp32: the seed layout, input-
-#: major), ``r4`` (int8), ``q4r4`` (int4) or ``c8`` (fp32).
+#: major), ``r4`` (int8), ``q4r4`` (int4) or ``c8`` (fp32 / fp16).
 LAYOUTS = ("rows", "r4", "q4r4", "c8")
 
 
@@ -547,14 +547,15 @@ def q4r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
 
 
 def c8_fits(n_out: int, n_in: int) -> bool:
-    """Whether an fp32 [n_out, n_in] matrix can be stored in layout c8 (whole blocks)."""
+    """Whether an fp32 / fp16 [n_out, n_in] matrix can be stored in layout c8 (whole blocks)."""
     return n_out % C8_COLS == 0 and n_in % C8_CHUNK == 0 and n_out > 0 and n_in > 0
 
 
 def c8_order(w: np.ndarray) -> np.ndarray:
-    """The fp32 weights [n_out, n_in] in layout c8, as the flat array of stored floats: blocks
-    of C8_COLS outputs; in a block, for each input i, the weights of its outputs 0..7 (the
-    seed layout [n_in][n_out] cut into column blocks, each block contiguous)."""
+    """The fp32 weights (or fp16 codes) [n_out, n_in] in layout c8, as the flat array of stored
+    elements: blocks of C8_COLS outputs; in a block, for each input i, the weights of its
+    outputs 0..7 (the seed layout [n_in][n_out] cut into column blocks, each block
+    contiguous)."""
     n_out, n_in = w.shape
     if not c8_fits(n_out, n_in):
         raise ShapeError(f"layout c8 needs n_out % {C8_COLS} == 0 and n_in % {C8_CHUNK} == 0")
