@@ -638,8 +638,11 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4(const int8_t *q, const float *scal
  * product (|.| < 2^27), converted to float with VCVT's 8 fraction bits: the same float as the
  * dot product's. The activation pairs are made once per token (colibri_qi_r4p_unpack).
  */
-/** Inputs per chunk of colibri_qi_q8_q8_r4p (its activation pairs on the stack: 2 * this bytes). */
+/** Inputs per chunk of colibri_qi_q8_q8_r4p (its activation pairs on the stack: 2 * this
+ *  bytes); a multiple of COLIBRI_QK8. */
+#ifndef COLIBRI_QI_R4P_CHUNK
 #define COLIBRI_QI_R4P_CHUNK 256
+#endif
 
 /** The sum of a block of layout R4P (256 times the dot product) as the dot product's float. */
 COLIBRI_QI_INLINE float colibri_qi_r4p_float(int32_t s)
