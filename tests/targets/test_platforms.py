@@ -247,9 +247,10 @@ QINLINE_FAST = ("cortex-m4", "cortex-m7", "cortex-m55")
 @pytest.mark.parametrize("name", BOARDS)
 def test_qinline_kernels_equal_the_library(name: str, build_root: Path, tmp_path: Path) -> None:
     """colibri_qinline.h (what generated expert kernels call): the R4 int8 matvec and its
-    multi-token variant (1..9 tokens), the same in layout R4P, the int4 matvecs on plain blocks and in layout Q4R4
-    (colibri_qinline_q4.h) and the activation quantiser give the library's bits on every board
-    (tests/platform/qkernels.c: N_QKERNEL_CHECKS shapes, token counts and value kinds). Where
+    multi-token variant (1..9 tokens), the same in layout R4P, the int4 matvecs on plain
+    blocks and in layout Q4R4 (colibri_qinline_q4.h) and the activation quantiser give the
+    library's bits on every board (tests/platform/qkernels.c: N_QKERNEL_CHECKS shapes, token
+    counts and value kinds). Where
     they have their own paths, each takes fewer instructions than the library's, the
     multi-token kernel at 8 tokens fewer per MAC than the one-token one, and on the M4 / M7 the
     Q4R4 kernel fewer than the plain-block one (QEMU counts, deterministic), printed per MAC
