@@ -624,6 +624,213 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4(const int8_t *q, const float *scal
     }
 }
 
+/*
+ * Layout R4P (colibri/quant/formats.py r4p_order; Cortex-M4 / M7): layout R4 (n_in a multiple
+ * of COLIBRI_QK8) in which every odd-indexed code c[2j+1] of a row in the groups is stored as
+ * c[2j+1] - (c[2j] < 0), so that each halfword of a stored word, read as int16, is exactly
+ * 256 c[2j+1] + c[2j] (codes are in [-127, 127]: the stored byte stays in [-128, 127]). The
+ * n_out % 4 rows after the last group stay row-major and uncorrected.
+ *
+ * One SMLAD then takes the raw word: with the activation pairs O = (x1, x3) and
+ * Y = (256 x0 - x1, 256 x2 - x3) (|.| <= 32639: codes in [-127, 127]) and E = SXTB16(w) =
+ * (c0, c2),  SMLAD(w, O) + SMLAD(E, Y) = 256 (c0 x0 + c1 x1 + c2 x2 + c3 x3): one SXTB16 and two
+ * SMLAD per 4 inputs and row instead of two and two. A block's sum is 256 times the integer dot
+ * product (|.| < 2^27), converted to float with VCVT's 8 fraction bits: the same float as the
+ * dot product's. The activation pairs are made once per token (colibri_qi_r4p_unpack).
+ */
+/** Inputs per chunk of colibri_qi_q8_q8_r4p (its activation pairs on the stack: 2 * this
+ *  bytes); a multiple of COLIBRI_QK8. */
+#ifndef COLIBRI_QI_R4P_CHUNK
+#define COLIBRI_QI_R4P_CHUNK 256
+#endif
+
+/** The sum of a block of layout R4P (256 times the dot product) as the dot product's float. */
+COLIBRI_QI_INLINE float colibri_qi_r4p_float(int32_t s)
+{
+#if (defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)) && defined(__ARM_FP) && (__ARM_FP & 4)
+    float f;
+    __asm__("vmov %0, %1\n"
+            "vcvt.f32.s32 %0, %0, #8"
+            : "=t"(f)
+            : "r"(s));
+    return f;
+#else
+    return (float)(s / 256);
+#endif
+}
+
+/** n codes at x (n % 4 == 0) as R4P activation pairs: for word k, xu[2k] = Y (256 x[4k] -
+ *  x[4k+1], 256 x[4k+2] - x[4k+3]) and xu[2k + 1] = O (x[4k+1], x[4k+3]), int16 halfwords. */
+COLIBRI_QI_INLINE void colibri_qi_r4p_unpack(const int8_t *x, int32_t n, uint32_t *xu)
+{
+    for (int32_t k = 0; k < n / 4; k++) {
+#if defined(COLIBRI_QI_SIMD32)
+        const uint32_t v = ((const colibri_qi_word *)(const void *)x)[k];
+        const uint32_t o = __sxtb16((v >> 8) | (v << 24));
+        xu[2 * k] = (uint32_t)__ssub16((v << 8) & 0xFF00FF00u, o);
+        xu[2 * k + 1] = o;
+#else
+        const int32_t y0 = 256 * (int32_t)x[4 * k] - (int32_t)x[4 * k + 1];
+        const int32_t y1 = 256 * (int32_t)x[4 * k + 2] - (int32_t)x[4 * k + 3];
+        xu[2 * k] = ((uint32_t)y0 & 0xFFFFu) | ((uint32_t)y1 << 16);
+        xu[2 * k + 1] =
+            ((uint32_t)(int32_t)x[4 * k + 1] & 0xFFFFu) | ((uint32_t)(int32_t)x[4 * k + 3] << 16);
+#endif
+    }
+}
+
+#if defined(COLIBRI_QI_SIMD32)
+/* colibri_qi_r4p_block's assembly, by step of 8 inputs: COLIBRI_QI_PX(off) loads the pairs Y, O
+ * of the step's two words (xu + off: ya, oa, yb, ob); COLIBRI_QI_PROW(s, off) one row's 8 stored
+ * codes at w + off (one LDRD), each word's even codes unpacked by one SXTB16 and the raw word
+ * multiplied with O; COLIBRI_QI_PROW0 starts s with SMUAD. */
+#define COLIBRI_QI_PX(off)                                                                         \
+    "ldrd %[ya], %[oa], [%[x], #" #off "]\n"                                                       \
+    "ldrd %[yb], %[ob], [%[x], #" #off " + 8]\n"
+#define COLIBRI_QI_PROW_TAIL(s)                                                                    \
+    "smlad %[" #s "], %[wa], %[oa], %[" #s "]\n"                                                   \
+    "sxtb16 %[t], %[wb]\n"                                                                         \
+    "smlad %[" #s "], %[t], %[yb], %[" #s "]\n"                                                    \
+    "smlad %[" #s "], %[wb], %[ob], %[" #s "]\n"
+#define COLIBRI_QI_PROW0(s, off)                                                                   \
+    "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
+    "sxtb16 %[t], %[wa]\n"                                                                         \
+    "smuad %[" #s "], %[t], %[ya]\n" COLIBRI_QI_PROW_TAIL(s)
+#define COLIBRI_QI_PROW(s, off)                                                                    \
+    "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
+    "sxtb16 %[t], %[wa]\n"                                                                         \
+    "smlad %[" #s "], %[t], %[ya], %[" #s "]\n" COLIBRI_QI_PROW_TAIL(s)
+#endif
+
+/** The 4 rows of an R4P group times one block of 32 inputs: wg = the group's first byte +
+ *  block * 128, xu = the block's 16 activation pairs (colibri_qi_r4p_unpack); s[r] = 256 times
+ *  row r's integer dot product. */
+COLIBRI_QI_INLINE void colibri_qi_r4p_block(const int8_t *wg, const uint32_t *xu, int32_t s[4])
+{
+#if defined(COLIBRI_QI_SIMD32)
+    /* Written out: 13 registers (4 sums, the two pointers, 4 activation pairs, 3 for the
+     * weights). Per 8 inputs: 2 LDRD of pairs, then per row one LDRD, 2 SXTB16 and 4 SMLAD. */
+    int32_t s0, s1, s2, s3;
+    uint32_t ya, oa, yb, ob, wa, wb, t;
+    __asm__(COLIBRI_QI_PX(0) COLIBRI_QI_PROW0(s0, 0) COLIBRI_QI_PROW0(s1, 16)
+                COLIBRI_QI_PROW0(s2, 32) COLIBRI_QI_PROW0(s3, 48) COLIBRI_QI_PX(16)
+                    COLIBRI_QI_PROW(s0, 8) COLIBRI_QI_PROW(s1, 24) COLIBRI_QI_PROW(s2, 40)
+                        COLIBRI_QI_PROW(s3, 56) COLIBRI_QI_PX(32) COLIBRI_QI_PROW(s0, 64)
+                            COLIBRI_QI_PROW(s1, 80) COLIBRI_QI_PROW(s2, 96) COLIBRI_QI_PROW(s3, 112)
+                                COLIBRI_QI_PX(48) COLIBRI_QI_PROW(s0, 72) COLIBRI_QI_PROW(s1, 88)
+                                    COLIBRI_QI_PROW(s2, 104) COLIBRI_QI_PROW(s3, 120)
+            : [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3), [ya] "=&r"(ya),
+              [oa] "=&r"(oa), [yb] "=&r"(yb), [ob] "=&r"(ob), [wa] "=&r"(wa), [wb] "=&r"(wb),
+              [t] "=&r"(t)
+            : [w] "r"(wg), [x] "r"(xu), "m"(*(const int8_t(*)[128])wg),
+              "m"(*(const uint32_t(*)[16])xu));
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+    s[3] = s3;
+#else
+    for (int32_t r = 0; r < 4; r++) {
+        int32_t acc = 0;
+        for (int32_t k = 0; k < 8; k++) {
+            const int8_t *w = wg + 64 * (k / 4) + 16 * r + 4 * (k % 4);
+            const uint32_t y = xu[2 * k], o = xu[2 * k + 1];
+            acc += (int32_t)w[0] * (int32_t)(int16_t)(y & 0xFFFFu) +
+                   ((int32_t)w[1] * 256 + (int32_t)(uint8_t)w[0]) * (int32_t)(int16_t)(o & 0xFFFFu);
+            acc += (int32_t)w[2] * (int32_t)(int16_t)(y >> 16) +
+                   ((int32_t)w[3] * 256 + (int32_t)(uint8_t)w[2]) * (int32_t)(int16_t)(o >> 16);
+        }
+        s[r] = acc;
+    }
+#endif
+}
+
+/**
+ * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
+ *        stored in layout R4P, bit for bit; n_in must be a multiple of COLIBRI_QK8. The
+ *        activation pairs of up to COLIBRI_QI_R4P_CHUNK inputs at a time sit on the stack; a
+ *        row's running sum waits in y between chunks (a float stored and loaded back is the
+ *        same float).
+ */
+COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale, const int8_t *xq,
+                                            const float *sx, float *y, int32_t n_out, int32_t n_in,
+                                            int blocked)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t groups = n_out / COLIBRI_R4_ROWS;
+    for (int32_t c0 = 0; c0 < n_in; c0 += COLIBRI_QI_R4P_CHUNK) {
+        const int32_t cn = (n_in - c0 < COLIBRI_QI_R4P_CHUNK) ? n_in - c0 : COLIBRI_QI_R4P_CHUNK;
+        const int32_t b0 = c0 / COLIBRI_QK8;
+        uint32_t xu[COLIBRI_QI_R4P_CHUNK / 2];
+        colibri_qi_r4p_unpack(xq + c0, cn, xu);
+        for (int32_t g = 0; g < groups; g++) {
+            const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in + (size_t)c0 * 4u;
+            const int32_t o = g * COLIBRI_R4_ROWS;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            if (c0 > 0) {
+                a0 = y[o];
+                a1 = y[o + 1];
+                a2 = y[o + 2];
+                a3 = y[o + 3];
+            }
+            const float *s0p = scale + (size_t)o * nb; /* blocked: row o's block scales */
+            for (int32_t b = 0; b < cn / COLIBRI_QK8; b++) {
+                int32_t s[4];
+                colibri_qi_r4p_block(wg + (size_t)b * 128u, xu + 16 * b, s);
+                const size_t bb = (size_t)(b0 + b);
+                const float xs = sx[bb];
+                if (blocked) {
+                    a0 = colibri_qi_mla(a0, colibri_qi_r4p_float(s[0]), s0p[bb] * xs);
+                    a1 = colibri_qi_mla(a1, colibri_qi_r4p_float(s[1]), s0p[nb + bb] * xs);
+                    a2 = colibri_qi_mla(a2, colibri_qi_r4p_float(s[2]), s0p[2u * nb + bb] * xs);
+                    a3 = colibri_qi_mla(a3, colibri_qi_r4p_float(s[3]), s0p[3u * nb + bb] * xs);
+                } else {
+                    a0 = colibri_qi_mla(a0, colibri_qi_r4p_float(s[0]), xs);
+                    a1 = colibri_qi_mla(a1, colibri_qi_r4p_float(s[1]), xs);
+                    a2 = colibri_qi_mla(a2, colibri_qi_r4p_float(s[2]), xs);
+                    a3 = colibri_qi_mla(a3, colibri_qi_r4p_float(s[3]), xs);
+                }
+            }
+            if (blocked || c0 + cn < n_in) {
+                y[o] = a0;
+                y[o + 1] = a1;
+                y[o + 2] = a2;
+                y[o + 3] = a3;
+            } else {
+                y[o] = a0 * scale[o];
+                y[o + 1] = a1 * scale[o + 1];
+                y[o + 2] = a2 * scale[o + 2];
+                y[o + 3] = a3 * scale[o + 3];
+            }
+        }
+    }
+    const int32_t o = groups * COLIBRI_R4_ROWS;
+    if (o < n_out) { /* the last 1..3 rows, row-major, uncorrected */
+        const int8_t *rest = q + (size_t)o * (size_t)n_in;
+        if (blocked) {
+            colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o, n_in);
+        } else {
+            colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);
+        }
+    }
+}
+
+/**
+ * @brief colibri_matmul_q8_q8 (blocked = 0) or colibri_matmul_q8b_q8 (blocked = 1) on a matrix
+ *        stored in layout R4P, bit for bit (the arguments of colibri_qi_mm_q8_q8_r4): a token
+ *        at a time.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p(const int8_t *q, const float *scale,
+                                               const int8_t *xq, const float *sx, float *y,
+                                               int32_t ldy, int32_t n_out, int32_t n_in,
+                                               int32_t n_tok, int blocked)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t t = 0; t < n_tok; t++) {
+        colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                             y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
+    }
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,7 +20,7 @@ from colibri.quant.formats import (
     c8_restore,
     q4r4_restore,
     q8_channel_dtype,
-    r4_restore,
+    r4p_restore,
 )
 from colibri.quant.model import quantize_moe_layer
 from colibri.reference.calibration import layer_calibration
@@ -107,10 +107,11 @@ def test_blob_symbols_hold_the_quantised_tensors(board: str, tmp_path: Path) -> 
                 rec = np.frombuffer(data, dtype=q8_channel_dtype(t.n_out, t.n_in))[0]
                 assert t.scale is not None
                 np.testing.assert_array_equal(rec["scale"], t.scale)
-                # cortex-m7 reads int8 x int8 experts in layout r4 (colibri/emit/experts.py)
+                # cortex-m7 reads int8 x int8 experts in layout r4p (inputs in whole blocks of
+                # 32: colibri/emit/experts.py)
                 layout = manifest["weight_layouts"][f"w_ffn_int8_{qe.act}"][part]
-                assert layout == ("r4" if qe.act == "int8" else "rows"), (idx, part, layout)
-                stored = rec["q"] if layout == "rows" else r4_restore(rec["q"], t.n_out, t.n_in)
+                assert layout == ("r4p" if qe.act == "int8" else "rows"), (idx, part, layout)
+                stored = rec["q"] if layout == "rows" else r4p_restore(rec["q"], t.n_out, t.n_in)
                 np.testing.assert_array_equal(stored.ravel(), np.asarray(t.data, np.int8).ravel())
             elif isinstance(t, QuantTensor) and t.scheme == "int4":
                 # cortex-m7 reads int4 x int8 experts in layout q4r4 (whole blocks of 32)

@@ -14,6 +14,9 @@
  *         - colibri_qi_mm_q8_q8_r4 (both scale layouts) for 1..QK_TOK tokens on the same shapes,
  *           against the library's colibri_matmul_q8_q8 / q8b_q8 (row t: the matvec's bits),
  *           output rows strided (ldy > n_out);
+ *         - colibri_qi_q8_q8_r4p and colibri_qi_mm_q8_q8_r4p (1..QK_TOK tokens), both scale
+ *           layouts, on the shapes of whole blocks stored in layout R4P, inputs over several
+ *           chunks (COLIBRI_QI_R4P_CHUNK set to 64 here);
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
@@ -25,6 +28,7 @@
  *        colibri_qi_mm_q8_q8_r4 on the int8 pair for QK_BENCH_TOK tokens
  *        (tests/targets/test_platforms.py turns the counts into instructions per MAC).
  */
+#define COLIBRI_QI_R4P_CHUNK 64 /* several chunks of inputs in the R4P checks */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
 #include "colibri_qinline.h"
@@ -252,6 +256,54 @@ static uint32_t qk_check_mm(int32_t n_out, int32_t n_in, uint32_t *checks)
     return failed;
 }
 
+/* Layout R4 in qk_r4 into layout R4P in place: in the groups, every odd-indexed code c[2j+1]
+ * stored as c[2j+1] - (c[2j] < 0) (colibri_qinline.h). */
+static void qk_r4_to_r4p(int32_t n_out, int32_t n_in)
+{
+    const size_t n = (size_t)(n_out / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in;
+    for (size_t i = 0; i < n; i += 2) {
+        qk_r4[i + 1] = (int8_t)(qk_r4[i + 1] - (qk_r4[i] < 0));
+    }
+}
+
+/* One shape of whole blocks: the R4P kernels (one token; 1..QK_TOK tokens, rows strided by
+ * n_out + 1, the gaps untouched) against the library's, both scale layouts. */
+static uint32_t qk_check_r4p(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint32_t failed = 0;
+    const int32_t ldy = n_out + 1;
+    qk_to_r4(qk_w, qk_r4, n_out, n_in);
+    qk_r4_to_r4p(n_out, n_in);
+    for (int blocked = 0; blocked < 2; blocked++) {
+        if (blocked) {
+            colibri_matvec_q8b_q8(qk_w, qk_scale, qk_xq, qk_sx, qk_y0, n_out, n_in);
+        } else {
+            colibri_matvec_q8_q8(qk_w, qk_scale, qk_xq, qk_sx, qk_y0, n_out, n_in);
+        }
+        colibri_qi_q8_q8_r4p(qk_r4, qk_scale, qk_xq, qk_sx, qk_y1, n_out, n_in, blocked);
+        *checks += 1u;
+        failed += memcmp(qk_y0, qk_y1, (size_t)n_out * sizeof(float)) != 0;
+        for (int32_t n_tok = 1; n_tok <= QK_TOK; n_tok++) {
+            for (size_t i = 0; i < sizeof qk_ym0 / sizeof qk_ym0[0]; i++) {
+                qk_ym0[i] = -1.0f;
+                qk_ym1[i] = -1.0f;
+            }
+            if (blocked) {
+                colibri_matmul_q8b_q8(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, ldy, n_out, n_in,
+                                      n_tok);
+            } else {
+                colibri_matmul_q8_q8(qk_w, qk_scale, qk_xqm, qk_sxm, qk_ym0, ldy, n_out, n_in,
+                                     n_tok);
+            }
+            colibri_qi_mm_q8_q8_r4p(qk_r4, qk_scale, qk_xqm, qk_sxm, qk_ym1, ldy, n_out, n_in,
+                                    n_tok, blocked);
+            *checks += 1u;
+            failed += memcmp(qk_ym0, qk_ym1, sizeof qk_ym0) != 0;
+        }
+    }
+    return failed;
+}
+
 /* One row of n values: the inline quantiser against the library's. */
 static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
 {
@@ -360,6 +412,9 @@ int main(int argc, char **argv)
             for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++) {
                 failed += qk_check_r4(outs[a], ins[b], &checks);
                 failed += qk_check_mm(outs[a], ins[b], &checks);
+                if (ins[b] % COLIBRI_QK8 == 0) {
+                    failed += qk_check_r4p(outs[a], ins[b], &checks);
+                }
             }
         }
     }

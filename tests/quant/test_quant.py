@@ -38,6 +38,8 @@ from colibri.quant.formats import (
     quantize_matrix,
     r4_order,
     r4_restore,
+    r4p_order,
+    r4p_restore,
     round_half_away,
 )
 from colibri.quant.model import quantize_moe_layer
@@ -372,6 +374,34 @@ def test_fp32_experts_record_their_layout(
     seed = np.ascontiguousarray(w1, "<f4").tobytes()
     stored = c8_order(np.ascontiguousarray(w1.T)).astype("<f4").tobytes()
     assert (stored if want["w1"] == "c8" else seed) in blob
+
+
+@pytest.mark.parametrize("shape", [(4, 32), (5, 64), (7, 96), (13, 256)])
+def test_r4p_layout_pairs_and_inverse(shape: tuple[int, int]) -> None:
+    """Layout r4p (colibri_qinline.h, Cortex-M4 / M7): layout r4 of the codes with every odd
+    code of the group rows stored as c[2j+1] - (c[2j] < 0), so each little-endian halfword of
+    the stored bytes read as int16 is 256 c[2j+1] + c[2j]; the tail rows unchanged; r4p_restore
+    undoes it, extreme codes included."""
+    n_out, n_in = shape
+    rng = np.random.default_rng(n_out * n_in)
+    codes = rng.integers(-127, 128, size=(n_out, n_in)).astype(np.int8)
+    codes[0, :4] = [-127, -127, -1, 127]  # the corrected byte at both ends of its range
+    stored = r4p_order(codes)
+    assert stored.dtype == np.int8 and stored.shape == (n_out * n_in,)
+    g = n_out // 4 * 4
+    halves = stored[: g * n_in].view("<i2").astype(np.int64)
+    rows = r4_restore(r4_order(codes), n_out, n_in)  # the plain codes, r4 order below
+    plain = r4_order(rows)[: g * n_in].astype(np.int64)
+    np.testing.assert_array_equal(halves, 256 * plain[1::2] + plain[0::2])
+    np.testing.assert_array_equal(stored[g * n_in :], codes[g:].ravel())
+    np.testing.assert_array_equal(r4p_restore(stored, n_out, n_in), codes)
+
+
+def test_r4p_layout_refuses_what_it_cannot_hold() -> None:
+    with pytest.raises(ShapeError, match="layout r4p"):
+        r4p_order(np.zeros((8, 48), np.int8))  # inputs not whole blocks of 32
+    with pytest.raises(ValueError, match="-127, 127"):
+        r4p_order(np.full((4, 32), -128, np.int8))
 
 
 @pytest.mark.parametrize("shape", [(3, 16), (4, 20), (8, 8)])

@@ -225,9 +225,9 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
 
 
 QKERNELS_LINE = re.compile(r"colibri qkernels: (\d+) checks, (\d+) failed")
-#: Checks tests/platform/qkernels.c makes: R4 int8 (282), its multi-token variant (2268), int4
-#: plain blocks and Q4R4 (455).
-N_QKERNEL_CHECKS = 3005
+#: Checks tests/platform/qkernels.c makes: R4 int8 (282), its multi-token variant (2268), R4P
+#: int8 one token and 1..9 tokens (1680), int4 plain blocks and Q4R4 (455).
+N_QKERNEL_CHECKS = 4685
 #: Boards where colibri_qinline.h has its own paths (elsewhere it calls the library).
 QINLINE_FAST = ("cortex-m4", "cortex-m7", "cortex-m55")
 
@@ -235,9 +235,10 @@ QINLINE_FAST = ("cortex-m4", "cortex-m7", "cortex-m55")
 @pytest.mark.parametrize("name", BOARDS)
 def test_qinline_kernels_equal_the_library(name: str, build_root: Path, tmp_path: Path) -> None:
     """colibri_qinline.h (what generated expert kernels call): the R4 int8 matvec and its
-    multi-token variant (1..9 tokens), the int4 matvecs on plain blocks and in layout Q4R4
-    (colibri_qinline_q4.h) and the activation quantiser give the library's bits on every board
-    (tests/platform/qkernels.c: N_QKERNEL_CHECKS shapes, token counts and value kinds). Where
+    multi-token variant (1..9 tokens), the same in layout R4P, the int4 matvecs on plain
+    blocks and in layout Q4R4 (colibri_qinline_q4.h) and the activation quantiser give the
+    library's bits on every board (tests/platform/qkernels.c: N_QKERNEL_CHECKS shapes, token
+    counts and value kinds). Where
     they have their own paths, each takes fewer instructions than the library's, the
     multi-token kernel at 8 tokens fewer per MAC than the one-token one, and on the M4 / M7 the
     Q4R4 kernel fewer than the plain-block one (QEMU counts, deterministic), printed per MAC

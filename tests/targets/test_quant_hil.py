@@ -50,25 +50,38 @@ def test_scheme_on_board_matches_reference(
     assert err is None, f"{board}/{scheme}: {err}"
 
 
+def _int8_layout(board: str, n_out: int, n_in: int) -> str:
+    """The layout the emitter picks for an int8 x int8 matrix [n_out, n_in] on `board`."""
+    if board in ("cortex-m4", "cortex-m7") and n_in % 32 == 0:
+        return "r4p"
+    return "r4" if board != "host" and n_in % 16 == 0 else "rows"
+
+
+@pytest.mark.parametrize("dims", [(32, 48), (64, 98), (64, 288)])
 @pytest.mark.parametrize("activation", ["relu", "swiglu"])  # exact on every board (no libm)
 @pytest.mark.parametrize("board", ["cortex-m4", "cortex-m7", "cortex-m55"])
-def test_r4_experts_equal_the_host_bit_for_bit(board: str, activation: str, tmp_path: Path) -> None:
-    """int8 experts whose shapes allow layout r4 (d_model 32, d_ff 48: whole chunks of 16) are
-    stored four rows interleaved on the DSP / Helium cores and run by colibri_qinline.h's
-    kernels: the manifest records the layouts, the outputs equal the host's (row-major weights,
-    one row at a time) bit for bit, and both match the quantised reference."""
+def test_r4_experts_equal_the_host_bit_for_bit(
+    board: str, activation: str, dims: tuple[int, int], tmp_path: Path
+) -> None:
+    """int8 experts whose shapes allow layout r4 (whole chunks of 16 inputs) are stored four
+    rows interleaved on the DSP / Helium cores, in layout r4p on the M4 / M7 where the inputs
+    are whole blocks of 32, and run by colibri_qinline.h's kernels: the manifest records the
+    layouts, the outputs equal the host's (row-major weights, one row at a time) bit for bit,
+    and both match the quantised reference. d_model 32 / d_ff 48: w1 r4p, w2 r4 on the M4 / M7;
+    64 / 98: w1 r4p with a tail of 2 rows, w2 rows; 64 / 288: w2 r4p over two chunks of
+    inputs (COLIBRI_QI_R4P_CHUNK)."""
     require_board(board)
     require_board("host")
-    layer = make_toy(4, 32, 48, 2, activation, seed=8, router_bias=True)
-    x = np.random.default_rng(3).standard_normal((19, 32)).astype(np.float32)
+    d_model, d_ff = dims
+    layer = make_toy(4, d_model, d_ff, 2, activation, seed=8, router_bias=True)
+    x = np.random.default_rng(3).standard_normal((19, d_model)).astype(np.float32)
     outs = {}
     for b in ("host", board):
         opts = GenerateOptions(board=b, name="r", max_tokens=8, quant="int8")
         gen, manifest = generate(layer, tmp_path / b, opts)
-        layout = "r4" if b == board else "rows"
-        assert manifest["weight_layouts"] == {
-            "r_ffn_int8_int8": {"w1": layout, "w3": layout, "w2": layout}
-        }
+        up = _int8_layout(b, d_ff, d_model)
+        down = _int8_layout(b, d_model, d_ff)
+        assert manifest["weight_layouts"] == {"r_ffn_int8_int8": {"w1": up, "w3": up, "w2": down}}
         outs[b], _ = run_model(gen, b, x)
     np.testing.assert_array_equal(outs[board].expert_ids, outs["host"].expert_ids)
     np.testing.assert_array_equal(outs[board].output, outs["host"].output)

@@ -18,13 +18,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..quant.formats import QuantTensor, c8_fits, q4r4_fits, r4_fits
+from ..quant.formats import QuantTensor, c8_fits, q4r4_fits, r4_fits, r4p_fits
 
 #: Parts of an expert in the order of the kernels' parameters.
 PARTS = ("w1", "b1", "w2", "b2", "w3")
 #: Board ISAs (boards/*.toml ``isa``) whose int8 x int8 expert kernels read layout r4
 #: (colibri_qinline.h): the Cortex-M4 / M7 DSP extension and Helium.
 R4_ISAS = ("armv7em_dsp", "mve")
+#: Of those, the ISAs whose kernels read layout r4p instead where n_in is a multiple of 32
+#: (colibri_qinline.h: one SXTB16 per 4 weights instead of two): the Cortex-M4 / M7.
+R4P_ISAS = ("armv7em_dsp",)
 #: Board ISAs whose int4 x int8 expert kernels read layout q4r4 (colibri_qinline_q4.h): the
 #: Cortex-M4 / M7 DSP extension (Helium reads the plain blocks as fast).
 Q4R4_ISAS = ("armv7em_dsp",)
@@ -49,9 +52,16 @@ def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[st
         down4 = "q4r4" if q4r4_fits(d_model, d_ff) else "rows"
         return {"w1": up4, "w3": up4, "w2": down4}
     fast = isa in R4_ISAS and scheme == "int8" and act == "int8"
-    up = "r4" if fast and r4_fits(d_ff, d_model) else "rows"
-    down = "r4" if fast and r4_fits(d_model, d_ff) else "rows"
+    up = _int8_layout(isa, fast, d_ff, d_model)
+    down = _int8_layout(isa, fast, d_model, d_ff)
     return {"w1": up, "w3": up, "w2": down}
+
+
+def _int8_layout(isa: str, fast: bool, n_out: int, n_in: int) -> str:
+    """r4p, r4 or rows for an int8 x int8 matrix [n_out, n_in] on a core (see layouts)."""
+    if fast and isa in R4P_ISAS and r4p_fits(n_out, n_in):
+        return "r4p"
+    return "r4" if fast and r4_fits(n_out, n_in) else "rows"
 
 
 #: Board ISAs whose fp32 experts read layout c8 with fused multiply-adds (colibri_qinline_f.h):

@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..quant.formats import QuantTensor, c8_order, q4r4_order, q8_channel_dtype, r4_order
+from ..quant.formats import (
+    QuantTensor,
+    c8_order,
+    q4r4_order,
+    q8_channel_dtype,
+    r4_order,
+    r4p_order,
+)
 from .cnames import NameTable
 from .output import BinaryFile
 
@@ -54,7 +61,12 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         assert t.scale is not None
         scale = np.ascontiguousarray(t.scale, dtype="<f4").reshape(-1)
         q = np.ascontiguousarray(t.data, dtype=np.int8)
-        q = r4_order(q) if t.layout == "r4" else q.reshape(-1)  # layout r4: a reordered copy
+        if t.layout == "r4":  # layout r4: a reordered copy
+            q = r4_order(q)
+        elif t.layout == "r4p":  # layout r4p: a reordered, pair-corrected copy
+            q = r4p_order(q)
+        else:
+            q = q.reshape(-1)
         size = q8_channel_dtype(t.n_out, t.n_in, scale.size).itemsize
         pad = size - scale.nbytes - q.nbytes
         return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]

@@ -458,8 +458,8 @@ R4_CHUNK = 16
 C8_COLS = 8
 C8_CHUNK = 4
 #: Stored layouts of a matrix: ``rows`` (output-channel-major; fp32: the seed layout, input-
-#: major), ``r4`` (int8), ``q4r4`` (int4) or ``c8`` (fp32 / fp16).
-LAYOUTS = ("rows", "r4", "q4r4", "c8")
+#: major), ``r4`` / ``r4p`` (int8), ``q4r4`` (int4) or ``c8`` (fp32 / fp16).
+LAYOUTS = ("rows", "r4", "r4p", "q4r4", "c8")
 
 
 def r4_fits(n_out: int, n_in: int) -> bool:
@@ -486,6 +486,37 @@ def r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     head = flat[: g * n_in].reshape(g // R4_ROWS, n_in // R4_CHUNK, R4_ROWS, R4_CHUNK)
     rows = head.transpose(0, 2, 1, 3).reshape(g, n_in)
     return np.concatenate([rows, flat[g * n_in :].reshape(n_out - g, n_in)])
+
+
+def r4p_fits(n_out: int, n_in: int) -> bool:
+    """Whether an [n_out, n_in] matrix can be stored in layout r4p (r4 with whole blocks of
+    QK8 inputs)."""
+    return n_out >= R4_ROWS and n_in % QK8 == 0
+
+
+def r4p_order(codes: np.ndarray) -> np.ndarray:
+    """The codes [n_out, n_in] in layout r4p, as the flat array of stored bytes: layout r4 in
+    which every odd-indexed code of a row in the groups is stored as c[2j+1] - (c[2j] < 0), so
+    each little-endian halfword read as int16 is 256 c[2j+1] + c[2j] (colibri_qinline.h);
+    the n_out % R4_ROWS rows after the last group unchanged. Codes must be in [-127, 127]."""
+    codes = np.asarray(codes, dtype=np.int8)
+    n_out, n_in = codes.shape
+    if not r4p_fits(n_out, n_in):
+        raise ShapeError(f"layout r4p needs n_out >= {R4_ROWS} and n_in % {QK8} == 0")
+    if np.any(codes == -128):
+        raise ValueError("layout r4p needs int8 codes in [-127, 127]")
+    g = n_out // R4_ROWS * R4_ROWS
+    fixed = codes.copy()
+    fixed[:g, 1::2] = codes[:g, 1::2] - (codes[:g, 0::2] < 0).astype(np.int8)
+    return r4_order(fixed)
+
+
+def r4p_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The inverse of :func:`r4p_order`: stored bytes back to codes [n_out, n_in]."""
+    codes = r4_restore(np.asarray(stored, dtype=np.int8), n_out, n_in).copy()
+    g = n_out // R4_ROWS * R4_ROWS
+    codes[:g, 1::2] = codes[:g, 1::2] + (codes[:g, 0::2] < 0).astype(np.int8)
+    return codes
 
 
 #: Layout ``q4r4`` (int4, colibri_qinline_q4.h): nibble slot of weight i (0..31) of a block in
