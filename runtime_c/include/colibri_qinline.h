@@ -847,6 +847,27 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4(const int8_t *q, const float *scal
     }
 }
 
+/**
+ * @brief h[j] = h[j] > 0.0f ? h[j] : 0.0f for j < n, bit for bit (what a generated relu expert
+ *        kernel applies to its hidden row). Helium: on the bits as int32, four lanes at a time:
+ *        max(bits, 0) makes every negative value and -0 +0, then bits above +infinity's (a NaN)
+ *        become +0; no float operation, so nothing is flushed.
+ */
+COLIBRI_QI_INLINE void colibri_qi_relu_row(float *h, int32_t n)
+{
+    int32_t j = 0;
+#if defined(COLIBRI_QI_MVE)
+    for (; j + 4 <= n; j += 4) {
+        int32x4_t v = vmaxq_s32(vreinterpretq_s32_f32(vld1q_f32(h + j)), vdupq_n_s32(0));
+        v = vpselq_s32(vdupq_n_s32(0), v, vcmpgtq_n_s32(v, 0x7F800000));
+        vst1q_f32(h + j, vreinterpretq_f32_s32(v));
+    }
+#endif
+    for (; j < n; j++) {
+        h[j] = h[j] > 0.0f ? h[j] : 0.0f;
+    }
+}
+
 #ifdef __cplusplus
 }
 #endif

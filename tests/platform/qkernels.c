@@ -15,6 +15,7 @@
  *         - colibri_qi_mm_q8_q8_r4 (both scale layouts) for 1..QK_TOK tokens on the same shapes,
  *           against the library's colibri_matmul_q8_q8 / q8b_q8 (row t: the matvec's bits),
  *           output rows strided (ldy > n_out);
+ *         - colibri_qi_relu_row on the quantiser's rows (below) and special values;
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
@@ -302,6 +303,22 @@ static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
            memcmp(qk_sx, qk_sx2, COLIBRI_Q8_BLOCKS(n) * sizeof(float)) != 0;
 }
 
+/* colibri_qi_relu_row on qk_x's first n values (the first 8 replaced by NaNs of both signs, a
+ * signalling NaN, infinities, zeros and the smallest subnormal) against v > 0 ? v : 0. */
+static uint32_t qk_check_relu(int32_t n, uint32_t *checks)
+{
+    static const uint32_t special[] = {0xFFC00000u, 0x7FC00001u, 0x7F800001u, 0x7F800000u,
+                                       0xFF800000u, 0x80000000u, 0x00000000u, 0x00000001u};
+    for (int32_t i = 0; i < n; i++) {
+        const float v = (i < 8) ? qk_bits(special[i]) : qk_x[i];
+        qk_y0[i] = v > 0.0f ? v : 0.0f;
+        qk_y1[i] = v;
+    }
+    colibri_qi_relu_row(qk_y1, n);
+    *checks += 1u;
+    return memcmp(qk_y0, qk_y1, (size_t)n * sizeof(float)) != 0;
+}
+
 static uint32_t qk_quant_cases(uint32_t *checks)
 {
     uint32_t failed = 0;
@@ -330,6 +347,7 @@ static uint32_t qk_quant_cases(uint32_t *checks)
         failed += qk_check_quant(QK_ROW, checks);
         failed += qk_check_quant(QK_ROW - 5, checks); /* a partial last block */
         failed += qk_check_quant(13, checks);
+        failed += qk_check_relu(QK_FF - 3, checks); /* n <= QK_FF */
     }
     return failed;
 }
