@@ -12,7 +12,9 @@
  *  - colibri_qi_q8_q8_r4: int8 x int8 on a matrix stored in layout R4 (below), four output rows
  *    per pass, so each activation word is loaded and unpacked once for four rows and each row's
  *    weights stream from one pointer: on the Cortex-M4 / M7 one LDRD, four SXTB16 and four SMLAD
- *    per row and 8 inputs; on Helium one 16-byte load and one VMLADAVA per row and 16 inputs.
+ *    per row and 8 inputs; on Helium one 16-byte load and one VMLADAVA per row and 16 inputs,
+ *    and the per-block float updates of the four rows in one vector (when the activations' block
+ *    scales keep Helium's vector float exact: colibri_qi_mve_scales_ok).
  * On other cores they call the library (whose Neon / SSE paths are there); the emitter
  * (colibri/emit/experts.py R4_ISAS) stores R4 only for the cores that have a fast path.
  */
@@ -219,6 +221,96 @@ COLIBRI_QI_INLINE void colibri_qi_r4_block(const int8_t *wg, const int8_t *x, in
 #endif
 }
 
+#if defined(COLIBRI_QI_MVE)
+/** Block scales (activations) with which Helium's vector float gives the scalar result: each 0
+ *  or of magnitude in [2^-60, 2^60]. Then every product of an integer block sum (|s| < 2^20)
+ *  and such a scale, and every sum of them, is 0 or a normal float of magnitude >= 2^-83 (all
+ *  are multiples of 2^-83) and far from overflow, so the vector unit's flushing of subnormals
+ *  and default NaNs never come into play. */
+COLIBRI_QI_INLINE int colibri_qi_mve_scales_ok(const float *sx, int32_t nb)
+{
+    uint32_t worst = 0;
+    int32_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const uint32x4_t v =
+            vandq_u32(vreinterpretq_u32_f32(vld1q_f32(sx + i)), vdupq_n_u32(0x7FFFFFFFu));
+        /* 0 -> 0; else bits - 2^-60's bits, wrapping below it */
+        const uint32x4_t u = vpselq_u32(v, vsubq_n_u32(v, 0x21800000u), vcmpeqq_n_u32(v, 0u));
+        worst = vmaxvq_u32(worst, u);
+    }
+    for (; i < nb; i++) {
+        uint32_t v;
+        memcpy(&v, &sx[i], sizeof v);
+        v &= 0x7FFFFFFFu;
+        const uint32_t u = (v == 0u) ? 0u : v - 0x21800000u;
+        worst = (u > worst) ? u : worst;
+    }
+    return worst <= 0x5D800000u - 0x21800000u;
+}
+
+/** colibri_qi_q8_q8_r4's 4 outputs of one R4 group over nb (>= 1) whole blocks of 32 codes
+ *  (Helium, per-row scales, block scales checked by colibri_qi_mve_scales_ok): y[r] = a_r *
+ *  scale[r]. Per block: 2 vector loads of codes, per row one of weights and a VMLADAV(A), then
+ *  the 4 sums moved into one vector (two lane-pair moves), converted, times the block's scale
+ *  and added to the running sums, 4 lanes at a time (the scalar operations, same order). The
+ *  sums come back to core registers through the inverse lane-pair moves (so the rows' lanes do
+ *  not depend on how the pair move orders its lanes) and take the last product in scalar
+ *  float: a weight scale may be subnormal. Registers q0..q4 are fixed (q0 = the running sums,
+ *  q1 = the block's products then the outputs, q2 / q3 = the codes then the weight scales,
+ *  q4 = weights). */
+COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *xq, const float *sx,
+                                               int32_t nb, const float *scale, float *y)
+{
+    const int8_t *w = wg;
+    const int8_t *x = xq;
+    const float *sp = sx;
+    int32_t s0, s1, s2, s3;
+    __asm__ volatile("vmov.i32 q0, #0\n"
+                     "dls lr, %[nb]\n"
+                     "1:\n"
+                     "vldrb.8 q3, [%[x], #16]\n"
+                     "vldrb.8 q2, [%[x]], #32\n"
+                     "vldrb.8 q4, [%[w]], #64\n"
+                     "vmladav.s8 %[s0], q4, q2\n"
+                     "vldrb.8 q4, [%[w], #-48]\n"
+                     "vmladav.s8 %[s1], q4, q2\n"
+                     "vldrb.8 q4, [%[w], #-32]\n"
+                     "vmladav.s8 %[s2], q4, q2\n"
+                     "vldrb.8 q4, [%[w], #-16]\n"
+                     "vmladav.s8 %[s3], q4, q2\n"
+                     "vldrb.8 q4, [%[w]], #64\n"
+                     "vmladava.s8 %[s0], q4, q3\n"
+                     "vldrb.8 q4, [%[w], #-48]\n"
+                     "vmladava.s8 %[s1], q4, q3\n"
+                     "vldrb.8 q4, [%[w], #-32]\n"
+                     "vmladava.s8 %[s2], q4, q3\n"
+                     "vldrb.8 q4, [%[w], #-16]\n"
+                     "vmladava.s8 %[s3], q4, q3\n"
+                     "vmov q1[2], q1[0], %[s0], %[s2]\n"
+                     "vmov q1[3], q1[1], %[s1], %[s3]\n"
+                     "ldr %[s0], [%[sp]], #4\n"
+                     "vcvt.f32.s32 q1, q1\n"
+                     "vmul.f32 q1, q1, %[s0]\n"
+                     "vadd.f32 q0, q0, q1\n"
+                     "le lr, 1b\n"
+                     "vmov %[s0], %[s2], q0[2], q0[0]\n"
+                     "vmov %[s1], %[s3], q0[3], q0[1]\n"
+                     "vmov s4, s5, %[s0], %[s1]\n"
+                     "vmov s6, s7, %[s2], %[s3]\n"
+                     "vldmia %[sc], {s8-s11}\n"
+                     "vmul.f32 s4, s4, s8\n"
+                     "vmul.f32 s5, s5, s9\n"
+                     "vmul.f32 s6, s6, s10\n"
+                     "vmul.f32 s7, s7, s11\n"
+                     "vstmia %[y], {s4-s7}\n"
+                     : [w] "+r"(w), [x] "+r"(x), [sp] "+r"(sp), [s0] "=&Te"(s0), [s1] "=&Te"(s1),
+                       [s2] "=&Te"(s2), [s3] "=&Te"(s3)
+                     : [nb] "r"(nb), [sc] "r"(scale), [y] "r"(y)
+                     /* reads wg, xq, sx and scale's 4 floats, writes y's 4 */
+                     : "memory", "lr", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9");
+}
+#endif
+
 /**
  * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
  *        stored in layout R4, bit for bit; n_in must be a multiple of COLIBRI_R4_CHUNK.
@@ -232,7 +324,16 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
     const int32_t half = (n_in % COLIBRI_QK8) != 0; /* a last block of 16 inputs */
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t groups = n_out / COLIBRI_R4_ROWS;
-    for (int32_t g = 0; g < groups; g++) {
+    int32_t g0 = 0; /* the groups done by a fast path */
+#if defined(COLIBRI_QI_MVE)
+    if (!blocked && !half && full > 0 && colibri_qi_mve_scales_ok(sx, full)) {
+        for (; g0 < groups; g0++) {
+            const int32_t o = g0 * COLIBRI_R4_ROWS;
+            colibri_qi_r4_group_mve(q + (size_t)o * (size_t)n_in, xq, sx, full, scale + o, y + o);
+        }
+    }
+#endif
+    for (int32_t g = g0; g < groups; g++) {
         const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
         const int32_t o = g * COLIBRI_R4_ROWS;
         float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
@@ -463,6 +564,113 @@ COLIBRI_QI_INLINE void colibri_qi_r4_block2(const int8_t *wg, const int8_t *x0, 
 }
 #endif
 
+#if defined(COLIBRI_QI_MVE)
+/** Block scales of a pass of 2 tokens that colibri_qi_r4_group2_mve takes in pairs (token 0's
+ *  then token 1's of each block), for n_in up to 32 * COLIBRI_QI_MVE_NB. */
+#define COLIBRI_QI_MVE_NB 64
+
+/** Block scales in pairs, then 3 pointers (colibri_qi_r4_group2_mve). */
+typedef union {
+    float f[2 * COLIBRI_QI_MVE_NB + 3];
+    uintptr_t p[2 * COLIBRI_QI_MVE_NB + 3];
+} colibri_qi_pairs;
+
+/** colibri_qi_r4_group_mve for 2 tokens (codes x0 and x1, block scales interleaved in sxp: x0's
+ *  then x1's of each block): each weight vector is loaded once and VMLADAV'd with both tokens'
+ *  codes; y0 / y1 = the 4 outputs of each. Registers q0..q7 are fixed (q0 / q5 = the running
+ *  sums of token 0 / 1, q1 = products, q2 q3 / q6 q7 = the codes, q4 = weights). */
+COLIBRI_QI_INLINE void colibri_qi_r4_group2_mve(const int8_t *wg, const int8_t *x0,
+                                                const int8_t *x1, colibri_qi_pairs *sxp, int32_t nb,
+                                                const float *scale, float *y0, float *y1)
+{
+    /* the epilogue's pointers right after the nb pairs, where the scale pointer ends up: the
+     * loop needs every other register */
+    sxp->p[2 * nb] = (uintptr_t)scale;
+    sxp->p[2 * nb + 1] = (uintptr_t)y0;
+    sxp->p[2 * nb + 2] = (uintptr_t)y1;
+    const int8_t *w = wg;
+    const int8_t *xa = x0;
+    const int8_t *xb = x1;
+    const float *sp = sxp->f;
+    int32_t e0, e1, e2, e3, e4, e5; /* sums: rows 1, 3 then 0, 2 of x0 in e0 e1; x1's in e2..e5 */
+    __asm__ volatile(
+        "vmov.i32 q0, #0\n"
+        "vmov.i32 q5, #0\n"
+        "dls lr, %[nb]\n"
+        "1:\n"
+        "vldrb.8 q3, [%[xa], #16]\n"
+        "vldrb.8 q2, [%[xa]], #32\n"
+        "vldrb.8 q7, [%[xb], #16]\n"
+        "vldrb.8 q6, [%[xb]], #32\n"
+        /* rows 1 and 3 (chunk 0 at w + 16 / 48, chunk 1 at w + 80 / 112) */
+        "vldrb.8 q4, [%[w], #16]\n"
+        "vmladav.s8 %[e0], q4, q2\n"
+        "vmladav.s8 %[e2], q4, q6\n"
+        "vldrb.8 q4, [%[w], #48]\n"
+        "vmladav.s8 %[e1], q4, q2\n"
+        "vmladav.s8 %[e3], q4, q6\n"
+        "vldrb.8 q4, [%[w], #80]\n"
+        "vmladava.s8 %[e0], q4, q3\n"
+        "vmladava.s8 %[e2], q4, q7\n"
+        "vldrb.8 q4, [%[w], #112]\n"
+        "vmladava.s8 %[e1], q4, q3\n"
+        "vmladava.s8 %[e3], q4, q7\n"
+        "vmov q1[3], q1[1], %[e0], %[e1]\n"
+        /* rows 0 and 2 (w, w + 32, then w + 96, w + 64; w ends 128 on) */
+        "vldrb.8 q4, [%[w]], #64\n"
+        "vmladav.s8 %[e0], q4, q2\n"
+        "vmladav.s8 %[e4], q4, q6\n"
+        "vldrb.8 q4, [%[w], #-32]\n"
+        "vmladav.s8 %[e1], q4, q2\n"
+        "vmladav.s8 %[e5], q4, q6\n"
+        "vldrb.8 q4, [%[w], #32]\n"
+        "vmladava.s8 %[e1], q4, q3\n"
+        "vmladava.s8 %[e5], q4, q7\n"
+        "vldrb.8 q4, [%[w]], #64\n"
+        "vmladava.s8 %[e0], q4, q3\n"
+        "vmladava.s8 %[e4], q4, q7\n"
+        "vmov q1[2], q1[0], %[e0], %[e1]\n"
+        "ldrd %[e0], %[e1], [%[sp]], #8\n"
+        "vcvt.f32.s32 q1, q1\n"
+        "vmul.f32 q1, q1, %[e0]\n"
+        "vadd.f32 q0, q0, q1\n"
+        "vmov q1[2], q1[0], %[e4], %[e5]\n"
+        "vmov q1[3], q1[1], %[e2], %[e3]\n"
+        "vcvt.f32.s32 q1, q1\n"
+        "vmul.f32 q1, q1, %[e1]\n"
+        "vadd.f32 q5, q5, q1\n"
+        "le lr, 1b\n"
+        "ldr %[xa], [%[sp]]\n"
+        "ldr %[xb], [%[sp], #4]\n"
+        "ldr %[w], [%[sp], #8]\n"
+        "vmov %[e0], %[e1], q0[2], q0[0]\n" /* rows 0, 2 */
+        "vmov %[e2], %[e3], q0[3], q0[1]\n" /* rows 1, 3 */
+        "vmov s4, s5, %[e0], %[e2]\n"
+        "vmov s6, s7, %[e1], %[e3]\n"
+        "vmov %[e0], %[e1], q5[2], q5[0]\n"
+        "vmov %[e2], %[e3], q5[3], q5[1]\n"
+        "vmov s12, s13, %[e0], %[e2]\n"
+        "vmov s14, s15, %[e1], %[e3]\n"
+        "vldmia %[xa], {s8-s11}\n"
+        "vmul.f32 s4, s4, s8\n"
+        "vmul.f32 s5, s5, s9\n"
+        "vmul.f32 s6, s6, s10\n"
+        "vmul.f32 s7, s7, s11\n"
+        "vmul.f32 s12, s12, s8\n"
+        "vmul.f32 s13, s13, s9\n"
+        "vmul.f32 s14, s14, s10\n"
+        "vmul.f32 s15, s15, s11\n"
+        "vstmia %[xb], {s4-s7}\n"
+        "vstmia %[w], {s12-s15}\n"
+        : [w] "+r"(w), [xa] "+r"(xa), [xb] "+r"(xb), [sp] "+r"(sp), [e0] "=&Te"(e0),
+          [e1] "=&Te"(e1), [e2] "=&Te"(e2), [e3] "=&Te"(e3), [e4] "=&Te"(e4), [e5] "=&Te"(e5)
+        : [nb] "r"(nb)
+        /* reads wg, x0, x1, *sxp and scale's 4 floats, writes y0's and y1's 4 */
+        : "memory", "lr", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9", "d10", "d11",
+          "d12", "d13", "d14", "d15");
+}
+#endif
+
 /** One pass of colibri_qi_mm_q8_q8_r4 over T == COLIBRI_QI_MT tokens (T > 1). */
 COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, const int8_t *xq,
                                           const float *sx, float *y, int32_t ldy, int32_t n_out,
@@ -530,7 +738,22 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
     }
 #elif defined(COLIBRI_QI_MVE)
     (void)T; /* 2 */
-    for (int32_t g = 0; g < groups; g++) {
+    /* g0: the groups done by the fast path */
+    int32_t g0 = 0;
+    if (!blocked && !half && full > 0 && full <= COLIBRI_QI_MVE_NB &&
+        colibri_qi_mve_scales_ok(sx, full) && colibri_qi_mve_scales_ok(sx + nb, full)) {
+        colibri_qi_pairs sxp; /* the two tokens' block scales in pairs */
+        for (int32_t b = 0; b < full; b++) {
+            sxp.f[2 * b] = sx[b];
+            sxp.f[2 * b + 1] = sx[nb + (size_t)b];
+        }
+        for (; g0 < groups; g0++) {
+            const int32_t o = g0 * COLIBRI_R4_ROWS;
+            colibri_qi_r4_group2_mve(q + (size_t)o * (size_t)n_in, xq, xq + n_in, &sxp, full,
+                                     scale + o, y + o, y + (size_t)ldy + (size_t)o);
+        }
+    }
+    for (int32_t g = g0; g < groups; g++) {
         const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
         const int32_t o = g * COLIBRI_R4_ROWS;
         const float *s0p = scale + (size_t)o * nb;
@@ -828,6 +1051,24 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p(const int8_t *q, const float *sca
     for (int32_t t = 0; t < n_tok; t++) {
         colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
                              y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
+/**
+ * @brief h[j] = h[j] > 0.0f ? h[j] : 0.0f for j < n, bit for bit (what a generated relu expert
+ *        kernel applies to its hidden row). Helium: on the bits as int32, four lanes at a time:
+ *        max(bits, 0) makes every negative value and -0 +0, then bits above +infinity's (a NaN)
+ *        become +0; no float operation, so nothing is flushed.
+ */
+COLIBRI_QI_INLINE void colibri_qi_relu_row(float *h, int32_t n)
+{
+    int32_t j = 0;
+#if defined(COLIBRI_QI_MVE)
+    for (; j + 4 <= n; j += 4) {
+        int32x4_t v = vmaxq_s32(vreinterpretq_s32_f32(vld1q_f32(h + j)), vdupq_n_s32(0));
+        v = vpselq_s32(vdupq_n_s32(0), v, vcmpgtq_n_s32(v, 0x7F800000));
+        vst1q_f32(h + j, vreinterpretq_f32_s32(v));
+    }
+#endif
+    for (; j < n; j++) {
+        h[j] = h[j] > 0.0f ? h[j] : 0.0f;
     }
 }
 

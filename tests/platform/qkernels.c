@@ -5,7 +5,8 @@
  *        same bits.
  *         - colibri_qi_q8_q8_r4 (per-channel and block scales) on matrices stored in layout R4,
  *           for row counts with and without a tail of 1..3 rows and inputs with and without a
- *           last half block, random and extreme codes;
+ *           last half block, random and extreme codes, and scales on either side of the
+ *           Helium paths' guard (colibri_qi_mve_scales_ok);
  *         - colibri_qi_q4_q8 (colibri_qinline_q4.h) on int4 matrices, row counts with and
  *           without a tail of 1..3 rows, inputs with and without a last partial block, random
  *           and extreme nibbles and activations, normal, subnormal, zero, huge, infinite and
@@ -17,6 +18,7 @@
  *         - colibri_qi_q8_q8_r4p and colibri_qi_mm_q8_q8_r4p (1..QK_TOK tokens), both scale
  *           layouts, on the shapes of whole blocks stored in layout R4P, inputs over several
  *           chunks (COLIBRI_QI_R4P_CHUNK set to 64 here);
+ *         - colibri_qi_relu_row on the quantiser's rows (below) and special values;
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
@@ -109,6 +111,45 @@ static void qk_fill(int extremes)
     }
     for (size_t i = 0; i < sizeof qk_sxm / sizeof qk_sxm[0]; i++) {
         qk_sxm[i] = qk_unit() * 0.05f;
+    }
+}
+
+/* Scales for the Helium R4 paths' guard (colibri_qi_mve_scales_ok): kind 0 keeps the block
+ * scales of the activations 0 or in [2^-60, 2^60] (the vector path, at its bounds) and makes
+ * some weight scales zero, tiny or 1; kind 1 mixes block scales just outside that range
+ * (below 2^-60, 2^-61, 2^-65, above 2^60, 2^61) among normal ones, so rows take the scalar
+ * path. (Subnormal scales are left out: the library's own Helium float flushes them.) */
+static float qk_scale_kind(int kind)
+{
+    static const uint32_t inside[] = {0x21800000u, 0x5D800000u, 0x00000000u, 0x21C00000u,
+                                      0x5D7FFFFFu, 0xA1800000u, 0x80000000u};
+    static const uint32_t outside[] = {0x217FFFFFu, 0x21000000u, 0x5D800001u, 0x5E000000u,
+                                       0x1F000000u};
+    const uint32_t r = qk_next();
+    if (kind == 0) {
+        return (r % 3u == 0u) ? qk_unit() * 0.05f
+                              : qk_bits(inside[(r >> 8) % (sizeof inside / sizeof inside[0])]);
+    }
+    return (r % 4u != 0u) ? qk_unit() * 0.05f
+                          : qk_bits(outside[(r >> 8) % (sizeof outside / sizeof outside[0])]);
+}
+
+static void qk_fill_scales(int kind)
+{
+    static const uint32_t weight[] = {0x00000000u, 0x0D800000u, 0x3F800000u};
+    for (size_t i = 0; i < sizeof qk_sx / sizeof qk_sx[0]; i++) {
+        qk_sx[i] = qk_scale_kind(kind);
+    }
+    for (size_t i = 0; i < sizeof qk_sxm / sizeof qk_sxm[0]; i++) {
+        qk_sxm[i] = qk_scale_kind(kind);
+    }
+    if (kind == 0) {
+        for (size_t i = 0; i < sizeof qk_scale / sizeof qk_scale[0]; i++) {
+            const uint32_t r = qk_next();
+            if (r % 4u == 0u) {
+                qk_scale[i] = qk_bits(weight[(r >> 8) % (sizeof weight / sizeof weight[0])]);
+            }
+        }
     }
 }
 
@@ -314,6 +355,22 @@ static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
            memcmp(qk_sx, qk_sx2, COLIBRI_Q8_BLOCKS(n) * sizeof(float)) != 0;
 }
 
+/* colibri_qi_relu_row on qk_x's first n values (the first 8 replaced by NaNs of both signs, a
+ * signalling NaN, infinities, zeros and the smallest subnormal) against v > 0 ? v : 0. */
+static uint32_t qk_check_relu(int32_t n, uint32_t *checks)
+{
+    static const uint32_t special[] = {0xFFC00000u, 0x7FC00001u, 0x7F800001u, 0x7F800000u,
+                                       0xFF800000u, 0x80000000u, 0x00000000u, 0x00000001u};
+    for (int32_t i = 0; i < n; i++) {
+        const float v = (i < 8) ? qk_bits(special[i]) : qk_x[i];
+        qk_y0[i] = v > 0.0f ? v : 0.0f;
+        qk_y1[i] = v;
+    }
+    colibri_qi_relu_row(qk_y1, n);
+    *checks += 1u;
+    return memcmp(qk_y0, qk_y1, (size_t)n * sizeof(float)) != 0;
+}
+
 static uint32_t qk_quant_cases(uint32_t *checks)
 {
     uint32_t failed = 0;
@@ -342,6 +399,7 @@ static uint32_t qk_quant_cases(uint32_t *checks)
         failed += qk_check_quant(QK_ROW, checks);
         failed += qk_check_quant(QK_ROW - 5, checks); /* a partial last block */
         failed += qk_check_quant(13, checks);
+        failed += qk_check_relu(QK_FF - 3, checks); /* n <= QK_FF */
     }
     return failed;
 }
@@ -406,8 +464,11 @@ int main(int argc, char **argv)
     static const int32_t ins[] = {16, 32, 48, 64, 128, 256};
     uint32_t checks = 0;
     uint32_t failed = 0;
-    for (int round = 0; round < 3; round++) {
+    for (int round = 0; round < 5; round++) {
         qk_fill(round == 2);
+        if (round >= 3) { /* the Helium paths' guard: both sides of it */
+            qk_fill_scales(round - 3);
+        }
         for (size_t a = 0; a < sizeof outs / sizeof outs[0]; a++) {
             for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++) {
                 failed += qk_check_r4(outs[a], ins[b], &checks);
