@@ -1051,6 +1051,9 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p(const int8_t *q, const float *sca
     for (int32_t t = 0; t < n_tok; t++) {
         colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
                              y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
+    }
+}
+
 /**
  * @brief h[j] = h[j] > 0.0f ? h[j] : 0.0f for j < n, bit for bit (what a generated relu expert
  *        kernel applies to its hidden row). Helium: on the bits as int32, four lanes at a time:
