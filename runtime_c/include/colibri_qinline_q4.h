@@ -342,8 +342,6 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq,
  *    8 * sum of codes), then per row and 4 weights one LDR and three or four ALU instructions
  *    unpack the nibble pairs once, and per token one LDRD and 2 SMLAD use them. The running
  *    sums of COLIBRI_QI_RC rows stay on the stack between blocks.
- *  - Helium (plain blocks): the 4 rows of a group, 2 tokens: each row's 16 bytes of nibbles
- *    are loaded and split once and VMLADAVA'd with both tokens' codes.
  * Every (row, token) gets the float operations of the one-token kernel in the same order, so
  * row t of the output has the bits colibri_qi_q4_q8(_q4r4) and colibri_matvec_q4_q8 give it.
  */
@@ -544,75 +542,11 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8_q4r4(const uint8_t *w, const int8_t *
     }
 }
 
-#if defined(COLIBRI_QI_MVE)
-/** One pass of colibri_qi_mm_q4_q8 over 2 tokens (codes x0, x1; scales s0, s1; outputs y0, y1):
- *  groups of 4 rows, each row's nibbles of a block loaded and split once for the two tokens. */
-COLIBRI_QI_INLINE void colibri_qi_q4_pass2(const colibri_block_q4_32 *w, const int8_t *x0,
-                                           const int8_t *x1, const float *s0, const float *s1,
-                                           float *y0, float *y1, int32_t n_out, int32_t n_in)
-{
-    const int32_t full = n_in / COLIBRI_QK4;
-    const int32_t tail = n_in - full * COLIBRI_QK4;
-    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
-    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
-    const uint8x16_t m = vdupq_n_u8(0x0Fu);
-    for (int32_t g = 0; g < groups; g++) {
-        const int32_t o = g * COLIBRI_Q4I_ROWS;
-        const colibri_block_q4_32 *r0 = w + (size_t)o * nb;
-        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; /* a[4 t + r] */
-        for (int32_t b = 0; b < full; b++) {
-            const int8x16_t xl0 = vld1q_s8(x0 + (size_t)b * COLIBRI_QK4);
-            const int8x16_t xh0 = vld1q_s8(x0 + (size_t)b * COLIBRI_QK4 + 16);
-            const int8x16_t xl1 = vld1q_s8(x1 + (size_t)b * COLIBRI_QK4);
-            const int8x16_t xh1 = vld1q_s8(x1 + (size_t)b * COLIBRI_QK4 + 16);
-            const int32_t off0 = -8 * vaddvaq_s8(vaddvq_s8(xl0), xh0);
-            const int32_t off1 = -8 * vaddvaq_s8(vaddvq_s8(xl1), xh1);
-            const float xs0 = s0[b];
-            const float xs1 = s1[b];
-#pragma GCC unroll 4
-            for (int32_t r = 0; r < 4; r++) {
-                const colibri_block_q4_32 *blk = r0 + (size_t)r * nb + (size_t)b;
-                const uint8x16_t v = vld1q_u8(blk->qs);
-                const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, m));
-                const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
-                const int32_t i0 = vmladavaq_s8(vmladavaq_s8(off0, lo, xl0), hi, xh0);
-                const int32_t i1 = vmladavaq_s8(vmladavaq_s8(off1, lo, xl1), hi, xh1);
-                const float d = colibri_qi_f16(blk->d);
-                a[r] = colibri_qi_mla(a[r], (float)i0, colibri_qi_mul(d, xs0));
-                a[4 + r] = colibri_qi_mla(a[4 + r], (float)i1, colibri_qi_mul(d, xs1));
-            }
-        }
-        if (tail > 0) {
-            const size_t i0 = (size_t)full * COLIBRI_QK4;
-#pragma GCC unroll 4
-            for (int32_t r = 0; r < 4; r++) {
-                const colibri_block_q4_32 *blk = r0 + (size_t)r * nb + (size_t)full;
-                const float d = colibri_qi_f16(blk->d);
-                a[r] = colibri_qi_mla(a[r], (float)colibri_dot_q4_q8(blk, x0 + i0, tail),
-                                      colibri_qi_mul(d, s0[full]));
-                a[4 + r] = colibri_qi_mla(a[4 + r], (float)colibri_dot_q4_q8(blk, x1 + i0, tail),
-                                          colibri_qi_mul(d, s1[full]));
-            }
-        }
-#pragma GCC unroll 4
-        for (int32_t r = 0; r < 4; r++) {
-            y0[o + r] = a[r];
-            y1[o + r] = a[4 + r];
-        }
-    }
-    const int32_t o = groups * COLIBRI_Q4I_ROWS;
-    if (o < n_out) { /* the last 1..3 rows */
-        colibri_matvec_q4_q8(w + (size_t)o * nb, x0, s0, y0 + o, n_out - o, n_in);
-        colibri_matvec_q4_q8(w + (size_t)o * nb, x1, s1, y1 + o, n_out - o, n_in);
-    }
-}
-#endif
-
 /**
  * @brief colibri_matmul_q4_q8 bit for bit on the row-major blocks w [n_out][COLIBRI_Q4_BLOCKS(
  *        n_in)]: row t of n_tok (codes xq + t * n_in, scales sx + t * COLIBRI_Q4_BLOCKS(n_in))
- *        to y + t * ldy. Helium: passes of 2 tokens, then one token; Cortex-M4 / M7:
- *        colibri_qi_q4_q8 a token at a time; elsewhere the library.
+ *        to y + t * ldy: colibri_qi_q4_q8 a token at a time where it has its own path
+ *        (Helium, Cortex-M4 / M7), elsewhere the library's matmul.
  */
 COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq,
                                            const float *sx, float *y, int32_t ldy, int32_t n_out,
@@ -621,14 +555,6 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8(const colibri_block_q4_32 *w, const i
 #if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
     int32_t t0 = 0;
-#if defined(COLIBRI_QI_MVE)
-    for (; t0 + 2 <= n_tok; t0 += 2) {
-        const int8_t *x0 = xq + (size_t)t0 * (size_t)n_in;
-        const float *s0 = sx + (size_t)t0 * nb;
-        float *y0 = y + (size_t)t0 * (size_t)ldy;
-        colibri_qi_q4_pass2(w, x0, x0 + n_in, s0, s0 + nb, y0, y0 + ldy, n_out, n_in);
-    }
-#endif
     for (; t0 < n_tok; t0++) {
         colibri_qi_q4_q8(w, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
                          y + (size_t)t0 * (size_t)ldy, n_out, n_in);

@@ -369,16 +369,21 @@ __attribute__((noinline)) static void qk_bench_mm(void)
     colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_y1, 0, QK_D, QK_FF, QK_BENCH_TOK, 0);
 }
 
+/* The output stride of qk_bench_mm_q4: 0 (RAM is short), but unknown to the compiler, which
+ * could otherwise drop all but the last token's stores and the work behind them. */
+static volatile int32_t qk_ldy0 = 0;
+
 __attribute__((noinline)) static void qk_bench_mm_q4(int q4r4)
 {
     /* as qk_bench_mm: QK_BENCH_TOK tokens, every token's output row at y */
+    const int32_t ldy = qk_ldy0;
     if (q4r4) {
         const uint8_t *w = (const uint8_t *)(const void *)qk_q4;
-        colibri_qi_mm_q4_q8_q4r4(w, qk_xqm, qk_sxm, qk_y0, 0, QK_FF, QK_D, QK_BENCH_TOK);
-        colibri_qi_mm_q4_q8_q4r4(w, qk_xqm, qk_sxm, qk_y1, 0, QK_D, QK_FF, QK_BENCH_TOK);
+        colibri_qi_mm_q4_q8_q4r4(w, qk_xqm, qk_sxm, qk_y0, ldy, QK_FF, QK_D, QK_BENCH_TOK);
+        colibri_qi_mm_q4_q8_q4r4(w, qk_xqm, qk_sxm, qk_y1, ldy, QK_D, QK_FF, QK_BENCH_TOK);
     } else {
-        colibri_qi_mm_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_y0, 0, QK_FF, QK_D, QK_BENCH_TOK);
-        colibri_qi_mm_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_y1, 0, QK_D, QK_FF, QK_BENCH_TOK);
+        colibri_qi_mm_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_y0, ldy, QK_FF, QK_D, QK_BENCH_TOK);
+        colibri_qi_mm_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_y1, ldy, QK_D, QK_FF, QK_BENCH_TOK);
     }
 }
 

@@ -28,9 +28,6 @@ R4_ISAS = ("armv7em_dsp", "mve")
 #: Board ISAs whose int4 x int8 expert kernels read layout q4r4 (colibri_qinline_q4.h): the
 #: Cortex-M4 / M7 DSP extension (Helium reads the plain blocks as fast).
 Q4R4_ISAS = ("armv7em_dsp",)
-#: Board ISAs where colibri_qinline_q4.h has its own int4 x int8 kernel (elsewhere it calls the
-#: library): a group of tokens runs it a token at a time there, not the library's matmul.
-Q4_INLINE_ISAS = ("armv7em_dsp", "mve")
 
 
 def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[str, str]:
@@ -123,7 +120,6 @@ def ffn_kernel(
             "act_q_in_scratch": True,
             "layouts": lay,
             "group": group,
-            "q4_inline": isa in Q4_INLINE_ISAS,
         }
     return {
         "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
@@ -143,5 +139,4 @@ def ffn_kernel(
         "act_q_in_scratch": False,
         "layouts": lay,
         "group": 1,
-        "q4_inline": isa in Q4_INLINE_ISAS,
     }
