@@ -253,8 +253,8 @@ def test_qinline_kernels_equal_the_library(name: str, build_root: Path, tmp_path
     (tests/platform/qkernels.c: N_QKERNEL_CHECKS shapes, token counts and value kinds). Where
     they have their own paths, each takes fewer instructions than the library's, the
     multi-token int8 kernel at 8 tokens fewer per MAC than the one-token one, and on the M4 / M7
-    the Q4R4 kernel fewer than the plain-block one and its multi-token variant fewer at 8 tokens (QEMU counts, deterministic), printed per MAC
-    and per value."""
+    the Q4R4 kernel fewer than the plain-block one and its multi-token variant fewer at 8
+    tokens (QEMU counts, deterministic), printed per MAC and per value."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "qkernels", build_root / name)
