@@ -339,9 +339,12 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq,
  * tokens instead of once per token (issue 11).
  *  - Cortex-M4 / M7 (layout Q4R4): each block of 32 codes of the pass's 8 (or 4) tokens is first
  *    unpacked by SXTB16 into halfword pairs (a 512-byte buffer on the stack, with each token's
- *    8 * sum of codes), then per row and 4 weights one LDR and three or four ALU instructions
- *    unpack the nibble pairs once, and per token one LDRD and 2 SMLAD use them. The running
- *    sums of COLIBRI_QI_RC rows stay on the stack between blocks.
+ *    8 * sum of codes), then per row and 4 weights one LDR and three ALU instructions (four
+ *    for the block's last 4) unpack the nibble pairs once, and per token one LDRD and 2 SMLAD
+ *    use them. The running sums of COLIBRI_QI_RC rows stay on the stack between blocks.
+ *  - Helium (plain blocks): the 4 rows of a group, 2 tokens: each row's 16 bytes of nibbles
+ *    are loaded and split once per 16 codes and VMLADAVA'd with both tokens' codes (2 vector
+ *    registers of codes, not 4: the rest of the FPU's registers hold the float sums).
  * Every (row, token) gets the float operations of the one-token kernel in the same order, so
  * row t of the output has the bits colibri_qi_q4_q8(_q4r4) and colibri_matvec_q4_q8 give it.
  */
@@ -371,17 +374,20 @@ COLIBRI_QI_INLINE void colibri_qi_q4g_unpack(const int8_t *x, int32_t n_in, int3
     }
 }
 
-/* colibri_qi_q4g_block8's assembly. COLIBRI_Q4G_W0(s) loads word s of the row's nibbles and
- * unpacks its pairs 0 and 1 (weights 8s, 8s+2 into we; 8s+1, 8s+3 into wo); COLIBRI_Q4G_W1(s)
- * loads it again for pairs 2 and 3. COLIBRI_Q4G_T(a, k, T, t) adds token t's two pairs of half
- * k (= 2s + h; at xu + 8 (k T + t)) times we / wo into a. */
-#define COLIBRI_Q4G_W0(s)                                                                          \
-    "ldr %[wo], [%[wr], #(4*" #s ")]\n"                                                            \
+/* colibri_qi_q4g_block8's assembly. COLIBRI_Q4G_W(off) loads the word of nibbles at wr + off and
+ * unpacks the pairs at bits 0 and 4 of its halfwords into we and wo: at off = 4s, word s's pairs
+ * 0 and 1 (weights 8s, 8s+2 into we; 8s+1, 8s+3 into wo); at 4s + 1 (an unaligned LDR, which the
+ * M4 / M7 allow) its pairs 2 and 3, which sit in its bytes 1 and 3. COLIBRI_Q4G_W3 unpacks pairs
+ * 2 and 3 of the last word (a load at 13 would read past the row) by shifting. COLIBRI_Q4G_T(a,
+ * k, T, t) adds token t's two pairs of half k (= 2s + h; at xu + 8 (k T + t)) times we / wo
+ * into a. */
+#define COLIBRI_Q4G_W(off)                                                                         \
+    "ldr %[wo], [%[wr], #" #off "]\n"                                                              \
     "and %[we], %[wo], #0x000F000F\n"                                                              \
     "lsr %[wo], %[wo], #4\n"                                                                       \
     "and %[wo], %[wo], #0x000F000F\n"
-#define COLIBRI_Q4G_W1(s)                                                                          \
-    "ldr %[wo], [%[wr], #(4*" #s ")]\n"                                                            \
+#define COLIBRI_Q4G_W3                                                                             \
+    "ldr %[wo], [%[wr], #12]\n"                                                                    \
     "lsr %[wo], %[wo], #8\n"                                                                       \
     "and %[we], %[wo], #0x000F000F\n"                                                              \
     "lsr %[wo], %[wo], #4\n"                                                                       \
@@ -411,10 +417,10 @@ COLIBRI_QI_INLINE void colibri_qi_q4g_block8(const uint8_t *wr, const uint32_t *
     int32_t a0 = -off[0], a1 = -off[1], a2 = -off[2], a3 = -off[3];
     int32_t a4 = -off[4], a5 = -off[5], a6 = -off[6], a7 = -off[7];
     uint32_t we, wo, xa, xb;
-    __asm__(COLIBRI_Q4G_W0(0) COLIBRI_Q4G_K8(0) COLIBRI_Q4G_W1(0) COLIBRI_Q4G_K8(1)
-                COLIBRI_Q4G_W0(1) COLIBRI_Q4G_K8(2) COLIBRI_Q4G_W1(1) COLIBRI_Q4G_K8(3)
-                    COLIBRI_Q4G_W0(2) COLIBRI_Q4G_K8(4) COLIBRI_Q4G_W1(2) COLIBRI_Q4G_K8(5)
-                        COLIBRI_Q4G_W0(3) COLIBRI_Q4G_K8(6) COLIBRI_Q4G_W1(3) COLIBRI_Q4G_K8(7)
+    __asm__(COLIBRI_Q4G_W(0) COLIBRI_Q4G_K8(0) COLIBRI_Q4G_W(1) COLIBRI_Q4G_K8(1) COLIBRI_Q4G_W(4)
+                COLIBRI_Q4G_K8(2) COLIBRI_Q4G_W(5) COLIBRI_Q4G_K8(3) COLIBRI_Q4G_W(8)
+                    COLIBRI_Q4G_K8(4) COLIBRI_Q4G_W(9) COLIBRI_Q4G_K8(5) COLIBRI_Q4G_W(12)
+                        COLIBRI_Q4G_K8(6) COLIBRI_Q4G_W3 COLIBRI_Q4G_K8(7)
             : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [a4] "+r"(a4),
               [a5] "+r"(a5), [a6] "+r"(a6), [a7] "+r"(a7), [we] "=&r"(we), [wo] "=&r"(wo),
               [xa] "=&r"(xa), [xb] "=&r"(xb)
@@ -436,10 +442,10 @@ COLIBRI_QI_INLINE void colibri_qi_q4g_block4(const uint8_t *wr, const uint32_t *
 {
     int32_t a0 = -off[0], a1 = -off[1], a2 = -off[2], a3 = -off[3];
     uint32_t we, wo, xa, xb;
-    __asm__(COLIBRI_Q4G_W0(0) COLIBRI_Q4G_K4(0) COLIBRI_Q4G_W1(0) COLIBRI_Q4G_K4(1)
-                COLIBRI_Q4G_W0(1) COLIBRI_Q4G_K4(2) COLIBRI_Q4G_W1(1) COLIBRI_Q4G_K4(3)
-                    COLIBRI_Q4G_W0(2) COLIBRI_Q4G_K4(4) COLIBRI_Q4G_W1(2) COLIBRI_Q4G_K4(5)
-                        COLIBRI_Q4G_W0(3) COLIBRI_Q4G_K4(6) COLIBRI_Q4G_W1(3) COLIBRI_Q4G_K4(7)
+    __asm__(COLIBRI_Q4G_W(0) COLIBRI_Q4G_K4(0) COLIBRI_Q4G_W(1) COLIBRI_Q4G_K4(1) COLIBRI_Q4G_W(4)
+                COLIBRI_Q4G_K4(2) COLIBRI_Q4G_W(5) COLIBRI_Q4G_K4(3) COLIBRI_Q4G_W(8)
+                    COLIBRI_Q4G_K4(4) COLIBRI_Q4G_W(9) COLIBRI_Q4G_K4(5) COLIBRI_Q4G_W(12)
+                        COLIBRI_Q4G_K4(6) COLIBRI_Q4G_W3 COLIBRI_Q4G_K4(7)
             : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [we] "=&r"(we),
               [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
             : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const uint8_t(*)[16])wr),
@@ -452,8 +458,8 @@ COLIBRI_QI_INLINE void colibri_qi_q4g_block4(const uint8_t *wr, const uint32_t *
 #undef COLIBRI_Q4G_K4
 #undef COLIBRI_Q4G_K8
 #undef COLIBRI_Q4G_T
-#undef COLIBRI_Q4G_W1
-#undef COLIBRI_Q4G_W0
+#undef COLIBRI_Q4G_W3
+#undef COLIBRI_Q4G_W
 
 /** One pass of colibri_qi_mm_q4_q8_q4r4 over T tokens (8 or 4): the whole Q4R4 groups. */
 COLIBRI_QI_INLINE void colibri_qi_q4g_pass(const uint8_t *w, const int8_t *xq, const float *sx,
@@ -477,25 +483,26 @@ COLIBRI_QI_INLINE void colibri_qi_q4g_pass(const uint8_t *w, const int8_t *xq, c
                 xs[t] = sx[(size_t)t * (size_t)nb + (size_t)b];
             }
             float *ap = acc;
-            for (int32_t r = 0; r < rc; r++) { /* rc is a multiple of 4: whole groups */
-                const int32_t o = o0 + r;
-                const uint8_t *blk = w + ((size_t)(o / COLIBRI_Q4I_ROWS) * (size_t)nb + (size_t)b) *
-                                             COLIBRI_Q4R4_BYTES;
-                const int32_t rr = o % COLIBRI_Q4I_ROWS;
-                int32_t s[COLIBRI_Q4G_MT];
-                if (T == 8) {
-                    colibri_qi_q4g_block8(blk + 8 + 16 * rr, xu, off, s);
-                } else {
-                    colibri_qi_q4g_block4(blk + 8 + 16 * rr, xu, off, s);
-                }
-                uint16_t h;
-                memcpy(&h, blk + 2 * rr, sizeof h);
-                const float d = colibri_qi_f16(h);
+            const uint8_t *blk = w + ((size_t)(o0 / COLIBRI_Q4I_ROWS) * (size_t)nb + (size_t)b) *
+                                         COLIBRI_Q4R4_BYTES; /* rc is a multiple of 4 */
+            for (int32_t g = 0; g < rc / COLIBRI_Q4I_ROWS; g++) {
+                for (int32_t rr = 0; rr < COLIBRI_Q4I_ROWS; rr++) {
+                    int32_t s[COLIBRI_Q4G_MT];
+                    if (T == 8) {
+                        colibri_qi_q4g_block8(blk + 8 + 16 * rr, xu, off, s);
+                    } else {
+                        colibri_qi_q4g_block4(blk + 8 + 16 * rr, xu, off, s);
+                    }
+                    uint16_t h;
+                    memcpy(&h, blk + 2 * rr, sizeof h);
+                    const float d = colibri_qi_f16(h);
 #pragma GCC unroll 8
-                for (int32_t t = 0; t < T; t++) {
-                    ap[t] = colibri_qi_mla(ap[t], (float)s[t], colibri_qi_mul(d, xs[t]));
+                    for (int32_t t = 0; t < T; t++) {
+                        ap[t] = colibri_qi_mla(ap[t], (float)s[t], colibri_qi_mul(d, xs[t]));
+                    }
+                    ap += T;
                 }
-                ap += T;
+                blk += (size_t)nb * COLIBRI_Q4R4_BYTES;
             }
         }
         for (int32_t r = 0; r < rc; r++) {
@@ -542,11 +549,118 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8_q4r4(const uint8_t *w, const int8_t *
     }
 }
 
+#if defined(COLIBRI_QI_MVE)
+/* colibri_qi_q4_block4x2's assembly: COLIBRI_Q4V_LO(r) adds row r's low nibbles (block at q,
+ * then q += st) times both tokens' codes 0..15 (xa, xb) into s<r>, u<r>; COLIBRI_Q4V_HI(r) steps
+ * q back a row and adds its high nibbles times codes 16..31. Each nibble minus 8 (e8) first. */
+#define COLIBRI_Q4V_LO(r)                                                                          \
+    "vldrb.u8 %q[v], [%[q]]\n"                                                                     \
+    "vshl.i8 %q[v], %q[v], #4\n"                                                                   \
+    "vshr.u8 %q[v], %q[v], #4\n"                                                                   \
+    "vsub.i8 %q[v], %q[v], %q[e8]\n"                                                               \
+    "vmladav.s8 %[s" #r "], %q[v], %q[xa]\n"                                                       \
+    "vmladav.s8 %[u" #r "], %q[v], %q[xb]\n"                                                       \
+    "add %[q], %[q], %[st]\n"
+#define COLIBRI_Q4V_HI(r)                                                                          \
+    "sub %[q], %[q], %[st]\n"                                                                      \
+    "vldrb.u8 %q[v], [%[q]]\n"                                                                     \
+    "vshr.u8 %q[v], %q[v], #4\n"                                                                   \
+    "vsub.i8 %q[v], %q[v], %q[e8]\n"                                                               \
+    "vmladava.s8 %[s" #r "], %q[v], %q[xa]\n"                                                      \
+    "vmladava.s8 %[u" #r "], %q[v], %q[xb]\n"
+
+/** The integer block sums of 4 plain rows (nibbles of row r at q + r * st) with one block of
+ *  32 codes of 2 tokens (x0, x1): i[4 t + r]. Written out: the 8 sums need the 8 even core
+ *  registers VMLADAV accumulates in, and only 4 vector registers are used, leaving the rest
+ *  of the FPU's registers to the float sums. */
+COLIBRI_QI_INLINE void colibri_qi_q4_block4x2(const uint8_t *q, int32_t st, const int8_t *x0,
+                                              const int8_t *x1, int32_t i[8])
+{
+    int32_t s0, s1, s2, s3, u0, u1, u2, u3;
+    int8x16_t xa, xb, v, e8;
+    __asm__("vmov.i8 %q[e8], #8\n"
+            "vldrb.s8 %q[xa], [%[x0]]\n"
+            "vldrb.s8 %q[xb], [%[x1]]\n" COLIBRI_Q4V_LO(0) COLIBRI_Q4V_LO(1) COLIBRI_Q4V_LO(2)
+                COLIBRI_Q4V_LO(3) "vldrb.s8 %q[xa], [%[x0], #16]\n"
+                                  "vldrb.s8 %q[xb], [%[x1], #16]\n" COLIBRI_Q4V_HI(3)
+                                      COLIBRI_Q4V_HI(2) COLIBRI_Q4V_HI(1) COLIBRI_Q4V_HI(0)
+            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u0] "=&Te"(u0),
+              [u1] "=&Te"(u1), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [xa] "=&w"(xa), [xb] "=&w"(xb),
+              [v] "=&w"(v), [e8] "=&w"(e8), [q] "+r"(q)
+            : [st] "r"(st), [x0] "r"(x0), [x1] "r"(x1), "m"(*(const int8_t(*)[32])x0),
+              "m"(*(const int8_t(*)[32])x1)
+            : "memory");
+    i[0] = s0;
+    i[1] = s1;
+    i[2] = s2;
+    i[3] = s3;
+    i[4] = u0;
+    i[5] = u1;
+    i[6] = u2;
+    i[7] = u3;
+}
+#undef COLIBRI_Q4V_HI
+#undef COLIBRI_Q4V_LO
+
+/** One pass of colibri_qi_mm_q4_q8 over 2 tokens (codes x0, x1; scales s0, s1; outputs y0, y1):
+ *  groups of 4 rows, each row's nibbles of a block loaded and split once for the two tokens. */
+COLIBRI_QI_INLINE void colibri_qi_q4_pass2(const colibri_block_q4_32 *w, const int8_t *x0,
+                                           const int8_t *x1, const float *s0, const float *s1,
+                                           float *y0, float *y1, int32_t n_out, int32_t n_in)
+{
+    const int32_t full = n_in / COLIBRI_QK4;
+    const int32_t tail = n_in - full * COLIBRI_QK4;
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t st = (int32_t)(nb * sizeof(colibri_block_q4_32)); /* bytes from row to row */
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    for (int32_t g = 0; g < groups; g++) {
+        const int32_t o = g * COLIBRI_Q4I_ROWS;
+        const colibri_block_q4_32 *r0 = w + (size_t)o * nb;
+        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; /* a[4 t + r] */
+        for (int32_t b = 0; b < full; b++) {
+            int32_t i[8];
+            colibri_qi_q4_block4x2(r0[b].qs, st, x0 + (size_t)b * COLIBRI_QK4,
+                                   x1 + (size_t)b * COLIBRI_QK4, i);
+            const float xs0 = s0[b];
+            const float xs1 = s1[b];
+#pragma GCC unroll 4
+            for (int32_t r = 0; r < 4; r++) {
+                const float d = colibri_qi_f16(r0[(size_t)r * nb + (size_t)b].d);
+                a[r] = colibri_qi_mla(a[r], (float)i[r], colibri_qi_mul(d, xs0));
+                a[4 + r] = colibri_qi_mla(a[4 + r], (float)i[4 + r], colibri_qi_mul(d, xs1));
+            }
+        }
+        if (tail > 0) {
+            const size_t i0 = (size_t)full * COLIBRI_QK4;
+#pragma GCC unroll 4
+            for (int32_t r = 0; r < 4; r++) {
+                const colibri_block_q4_32 *blk = r0 + (size_t)r * nb + (size_t)full;
+                const float d = colibri_qi_f16(blk->d);
+                a[r] = colibri_qi_mla(a[r], (float)colibri_dot_q4_q8(blk, x0 + i0, tail),
+                                      colibri_qi_mul(d, s0[full]));
+                a[4 + r] = colibri_qi_mla(a[4 + r], (float)colibri_dot_q4_q8(blk, x1 + i0, tail),
+                                          colibri_qi_mul(d, s1[full]));
+            }
+        }
+#pragma GCC unroll 4
+        for (int32_t r = 0; r < 4; r++) {
+            y0[o + r] = a[r];
+            y1[o + r] = a[4 + r];
+        }
+    }
+    const int32_t o = groups * COLIBRI_Q4I_ROWS;
+    if (o < n_out) { /* the last 1..3 rows */
+        colibri_matvec_q4_q8(w + (size_t)o * nb, x0, s0, y0 + o, n_out - o, n_in);
+        colibri_matvec_q4_q8(w + (size_t)o * nb, x1, s1, y1 + o, n_out - o, n_in);
+    }
+}
+#endif
+
 /**
  * @brief colibri_matmul_q4_q8 bit for bit on the row-major blocks w [n_out][COLIBRI_Q4_BLOCKS(
  *        n_in)]: row t of n_tok (codes xq + t * n_in, scales sx + t * COLIBRI_Q4_BLOCKS(n_in))
- *        to y + t * ldy: colibri_qi_q4_q8 a token at a time where it has its own path
- *        (Helium, Cortex-M4 / M7), elsewhere the library's matmul.
+ *        to y + t * ldy. Helium: passes of 2 tokens, then one token; Cortex-M4 / M7:
+ *        colibri_qi_q4_q8 a token at a time; elsewhere the library's matmul.
  */
 COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq,
                                            const float *sx, float *y, int32_t ldy, int32_t n_out,
@@ -555,6 +669,14 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8(const colibri_block_q4_32 *w, const i
 #if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
     int32_t t0 = 0;
+#if defined(COLIBRI_QI_MVE)
+    for (; t0 + 2 <= n_tok; t0 += 2) {
+        const int8_t *x0 = xq + (size_t)t0 * (size_t)n_in;
+        const float *s0 = sx + (size_t)t0 * nb;
+        float *y0 = y + (size_t)t0 * (size_t)ldy;
+        colibri_qi_q4_pass2(w, x0, x0 + n_in, s0, s0 + nb, y0, y0 + ldy, n_out, n_in);
+    }
+#endif
     for (; t0 < n_tok; t0++) {
         colibri_qi_q4_q8(w, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
                          y + (size_t)t0 * (size_t)ldy, n_out, n_in);
