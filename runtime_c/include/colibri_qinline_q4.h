@@ -131,7 +131,10 @@ COLIBRI_QI_INLINE void colibri_qi_q4_block4(const uint8_t *q0, const uint8_t *q1
     const int8x16_t xl = vld1q_s8(x);
     const int8x16_t xh = vld1q_s8(x + 16);
     const int32_t off = -8 * vaddvaq_s8(vaddvq_s8(xl), xh);
-    const uint8x16_t m = vdupq_n_u8(0x0Fu);
+    /* the nibble mask made here, once per block (volatile: not hoisted out of the caller's
+     * loop, where the compiler would keep it on the stack and load it for every row) */
+    uint8x16_t m;
+    __asm__ volatile("vmov.i8 %q0, #15" : "=w"(m));
     const uint8x16_t v0 = vld1q_u8(q0);
     const uint8x16_t v1 = vld1q_u8(q1);
     const uint8x16_t v2 = vld1q_u8(q2);
