@@ -573,26 +573,40 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8_q4r4(const uint8_t *w, const int8_t *
     "vmladava.s8 %[u" #r "], %q[v], %q[xb]\n"
 
 /** The integer block sums of 4 plain rows (nibbles of row r at q + r * st) with one block of
- *  32 codes of 2 tokens (x0, x1): i[4 t + r]. Written out: the 8 sums need the 8 even core
- *  registers VMLADAV accumulates in, and only 4 vector registers are used, leaving the rest
- *  of the FPU's registers to the float sums. */
+ *  32 codes of 2 tokens (x0, x1): i[4 t + r]. Written out, in 4 vector registers, leaving
+ *  the rest of the FPU's registers to the float sums. */
 COLIBRI_QI_INLINE void colibri_qi_q4_block4x2(const uint8_t *q, int32_t st, const int8_t *x0,
                                               const int8_t *x1, int32_t i[8])
 {
     int32_t s0, s1, s2, s3, u0, u1, u2, u3;
-    int8x16_t xa, xb, v, e8;
-    __asm__("vmov.i8 %q[e8], #8\n"
-            "vldrb.s8 %q[xa], [%[x0]]\n"
-            "vldrb.s8 %q[xb], [%[x1]]\n" COLIBRI_Q4V_LO(0) COLIBRI_Q4V_LO(1) COLIBRI_Q4V_LO(2)
-                COLIBRI_Q4V_LO(3) "vldrb.s8 %q[xa], [%[x0], #16]\n"
-                                  "vldrb.s8 %q[xb], [%[x1], #16]\n" COLIBRI_Q4V_HI(3)
-                                      COLIBRI_Q4V_HI(2) COLIBRI_Q4V_HI(1) COLIBRI_Q4V_HI(0)
-            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u0] "=&Te"(u0),
-              [u1] "=&Te"(u1), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [xa] "=&w"(xa), [xb] "=&w"(xb),
-              [v] "=&w"(v), [e8] "=&w"(e8), [q] "+r"(q)
-            : [st] "r"(st), [x0] "r"(x0), [x1] "r"(x1), "m"(*(const int8_t(*)[32])x0),
-              "m"(*(const int8_t(*)[32])x1)
+    int8x16_t v;
+    /* four statements of 4 sums each: VMLADAV's even registers are 8 with LR, which a
+     * low-overhead loop around them may hold */
+    const int8x16_t e8 = vdupq_n_s8(8);
+    int8x16_t xa = vld1q_s8(x0);
+    int8x16_t xb = vld1q_s8(x1);
+    __asm__(COLIBRI_Q4V_LO(0) COLIBRI_Q4V_LO(1)
+            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [u0] "=&Te"(u0), [u1] "=&Te"(u1), [v] "=&w"(v),
+              [q] "+r"(q)
+            : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
             : "memory");
+    __asm__(COLIBRI_Q4V_LO(2) COLIBRI_Q4V_LO(3)
+            : [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [v] "=&w"(v),
+              [q] "+r"(q)
+            : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
+            : "memory");
+    xa = vld1q_s8(x0 + 16);
+    xb = vld1q_s8(x1 + 16);
+    __asm__(
+        COLIBRI_Q4V_HI(3) COLIBRI_Q4V_HI(2)
+        : [s2] "+Te"(s2), [s3] "+Te"(s3), [u2] "+Te"(u2), [u3] "+Te"(u3), [v] "=&w"(v), [q] "+r"(q)
+        : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
+        : "memory");
+    __asm__(
+        COLIBRI_Q4V_HI(1) COLIBRI_Q4V_HI(0)
+        : [s0] "+Te"(s0), [s1] "+Te"(s1), [u0] "+Te"(u0), [u1] "+Te"(u1), [v] "=&w"(v), [q] "+r"(q)
+        : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
+        : "memory");
     i[0] = s0;
     i[1] = s1;
     i[2] = s2;
