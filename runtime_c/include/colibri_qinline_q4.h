@@ -131,7 +131,10 @@ COLIBRI_QI_INLINE void colibri_qi_q4_block4(const uint8_t *q0, const uint8_t *q1
     const int8x16_t xl = vld1q_s8(x);
     const int8x16_t xh = vld1q_s8(x + 16);
     const int32_t off = -8 * vaddvaq_s8(vaddvq_s8(xl), xh);
-    const uint8x16_t m = vdupq_n_u8(0x0Fu);
+    /* the nibble mask made here, once per block (volatile: not hoisted out of the caller's
+     * loop, where the compiler would keep it on the stack and load it for every row) */
+    uint8x16_t m;
+    __asm__ volatile("vmov.i8 %q0, #15" : "=w"(m));
     const uint8x16_t v0 = vld1q_u8(q0);
     const uint8x16_t v1 = vld1q_u8(q1);
     const uint8x16_t v2 = vld1q_u8(q2);
@@ -331,6 +334,373 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq,
         colibri_matvec_q4_q8((const colibri_block_q4_32 *)(const void *)rest, xq, sx, y + o,
                              n_out - o, n_in);
     }
+}
+
+/*
+ * The multi-token int4 kernels (colibri_qi_mm_q4_q8_q4r4, colibri_qi_mm_q4_q8): a group of
+ * tokens over the same weights, each weight block read and unpacked once per pass over several
+ * tokens instead of once per token (issue 11).
+ *  - Cortex-M4 / M7 (layout Q4R4): each block of 32 codes of the pass's 8 (or 4) tokens is first
+ *    unpacked by SXTB16 into halfword pairs (a 512-byte buffer on the stack, with each token's
+ *    8 * sum of codes), then per row and 4 weights one LDR and three ALU instructions (four
+ *    for the block's last 4) unpack the nibble pairs once, and per token one LDRD and 2 SMLAD
+ *    use them. The running sums of COLIBRI_QI_RC rows stay on the stack between blocks.
+ *  - Helium (plain blocks): the 4 rows of a group, 2 tokens: each row's 16 bytes of nibbles
+ *    are loaded and split once per 16 codes and VMLADAVA'd with both tokens' codes (2 vector
+ *    registers of codes, not 4: the rest of the FPU's registers hold the float sums).
+ * Every (row, token) gets the float operations of the one-token kernel in the same order, so
+ * row t of the output has the bits colibri_qi_q4_q8(_q4r4) and colibri_matvec_q4_q8 give it.
+ */
+#if defined(COLIBRI_QI_SIMD32)
+/** Tokens per pass of colibri_qi_mm_q4_q8_q4r4 (then one pass of 4, then one at a time). */
+#define COLIBRI_Q4G_MT 8
+
+/** Block b (32 codes) of the T rows of codes at x, x + n_in, ... as SXTB16 pairs: step s (codes
+ *  8s..8s+7), half h (codes 8s+4h..8s+4h+3) and token t at xu[2 ((2s + h) T + t)] (codes 0, 2 of
+ *  the four) and + 1 (codes 1, 3); off[t] = 8 * the sum of token t's 32 codes. */
+COLIBRI_QI_INLINE void colibri_qi_q4g_unpack(const int8_t *x, int32_t n_in, int32_t T, uint32_t *xu,
+                                             int32_t *off)
+{
+    for (int32_t t = 0; t < T; t++) {
+        const int8_t *xt = x + (size_t)t * (size_t)n_in;
+        uint32_t xsum = 0; /* two halfword lanes */
+#pragma GCC unroll 8
+        for (int32_t k = 0; k < 8; k++) { /* k = 2s + h */
+            const uint32_t v = *(const colibri_q4i_word *)(const void *)(xt + 4 * k);
+            const uint32_t e = __sxtb16(v);
+            const uint32_t o = __sxtb16((v >> 8) | (v << 24));
+            xu[2 * (k * T + t)] = e;
+            xu[2 * (k * T + t) + 1] = o;
+            xsum = __sadd16(xsum, __sadd16(e, o));
+        }
+        off[t] = 8 * __smuad(xsum, 0x00010001u);
+    }
+}
+
+/* colibri_qi_q4g_block8's assembly. COLIBRI_Q4G_W(off) loads the word of nibbles at wr + off and
+ * unpacks the pairs at bits 0 and 4 of its halfwords into we and wo: at off = 4s, word s's pairs
+ * 0 and 1 (weights 8s, 8s+2 into we; 8s+1, 8s+3 into wo); at 4s + 1 (an unaligned LDR, which the
+ * M4 / M7 allow) its pairs 2 and 3, which sit in its bytes 1 and 3. COLIBRI_Q4G_W3 unpacks pairs
+ * 2 and 3 of the last word (a load at 13 would read past the row) by shifting. COLIBRI_Q4G_T(a,
+ * k, T, t) adds token t's two pairs of half k (= 2s + h; at xu + 8 (k T + t)) times we / wo
+ * into a. */
+#define COLIBRI_Q4G_W(off)                                                                         \
+    "ldr %[wo], [%[wr], #" #off "]\n"                                                              \
+    "and %[we], %[wo], #0x000F000F\n"                                                              \
+    "lsr %[wo], %[wo], #4\n"                                                                       \
+    "and %[wo], %[wo], #0x000F000F\n"
+#define COLIBRI_Q4G_W3                                                                             \
+    "ldr %[wo], [%[wr], #12]\n"                                                                    \
+    "lsr %[wo], %[wo], #8\n"                                                                       \
+    "and %[we], %[wo], #0x000F000F\n"                                                              \
+    "lsr %[wo], %[wo], #4\n"                                                                       \
+    "and %[wo], %[wo], #0x000F000F\n"
+#define COLIBRI_Q4G_T(a, k, T, t)                                                                  \
+    "ldrd %[xa], %[xb], [%[xp], #(8*(" #k "*" #T "+" #t "))]\n"                                    \
+    "smlad %[" #a "], %[we], %[xa], %[" #a "]\n"                                                   \
+    "smlad %[" #a "], %[wo], %[xb], %[" #a "]\n"
+#define COLIBRI_Q4G_K8(k)                                                                          \
+    COLIBRI_Q4G_T(a0, k, 8, 0)                                                                     \
+    COLIBRI_Q4G_T(a1, k, 8, 1)                                                                     \
+    COLIBRI_Q4G_T(a2, k, 8, 2)                                                                     \
+    COLIBRI_Q4G_T(a3, k, 8, 3)                                                                     \
+    COLIBRI_Q4G_T(a4, k, 8, 4)                                                                     \
+    COLIBRI_Q4G_T(a5, k, 8, 5) COLIBRI_Q4G_T(a6, k, 8, 6) COLIBRI_Q4G_T(a7, k, 8, 7)
+#define COLIBRI_Q4G_K4(k)                                                                          \
+    COLIBRI_Q4G_T(a0, k, 4, 0)                                                                     \
+    COLIBRI_Q4G_T(a1, k, 4, 1) COLIBRI_Q4G_T(a2, k, 4, 2) COLIBRI_Q4G_T(a3, k, 4, 3)
+
+/** One row of a Q4R4 group (wr = its 16 bytes of nibbles in the block) times one unpacked block
+ *  of 8 tokens (colibri_qi_q4g_unpack): s[t] = the integer block sum of token t, started at
+ *  -off[t]. 14 registers: 8 sums, the two pointers, two unpacked weight pairs, one token's two
+ *  activation pairs. */
+COLIBRI_QI_INLINE void colibri_qi_q4g_block8(const uint8_t *wr, const uint32_t *xu,
+                                             const int32_t *off, int32_t s[8])
+{
+    int32_t a0 = -off[0], a1 = -off[1], a2 = -off[2], a3 = -off[3];
+    int32_t a4 = -off[4], a5 = -off[5], a6 = -off[6], a7 = -off[7];
+    uint32_t we, wo, xa, xb;
+    __asm__(COLIBRI_Q4G_W(0) COLIBRI_Q4G_K8(0) COLIBRI_Q4G_W(1) COLIBRI_Q4G_K8(1) COLIBRI_Q4G_W(4)
+                COLIBRI_Q4G_K8(2) COLIBRI_Q4G_W(5) COLIBRI_Q4G_K8(3) COLIBRI_Q4G_W(8)
+                    COLIBRI_Q4G_K8(4) COLIBRI_Q4G_W(9) COLIBRI_Q4G_K8(5) COLIBRI_Q4G_W(12)
+                        COLIBRI_Q4G_K8(6) COLIBRI_Q4G_W3 COLIBRI_Q4G_K8(7)
+            : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [a4] "+r"(a4),
+              [a5] "+r"(a5), [a6] "+r"(a6), [a7] "+r"(a7), [we] "=&r"(we), [wo] "=&r"(wo),
+              [xa] "=&r"(xa), [xb] "=&r"(xb)
+            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const uint8_t(*)[16])wr),
+              "m"(*(const uint32_t(*)[128])xu));
+    s[0] = a0;
+    s[1] = a1;
+    s[2] = a2;
+    s[3] = a3;
+    s[4] = a4;
+    s[5] = a5;
+    s[6] = a6;
+    s[7] = a7;
+}
+
+/** colibri_qi_q4g_block8 for a pass of 4 tokens. */
+COLIBRI_QI_INLINE void colibri_qi_q4g_block4(const uint8_t *wr, const uint32_t *xu,
+                                             const int32_t *off, int32_t s[4])
+{
+    int32_t a0 = -off[0], a1 = -off[1], a2 = -off[2], a3 = -off[3];
+    uint32_t we, wo, xa, xb;
+    __asm__(COLIBRI_Q4G_W(0) COLIBRI_Q4G_K4(0) COLIBRI_Q4G_W(1) COLIBRI_Q4G_K4(1) COLIBRI_Q4G_W(4)
+                COLIBRI_Q4G_K4(2) COLIBRI_Q4G_W(5) COLIBRI_Q4G_K4(3) COLIBRI_Q4G_W(8)
+                    COLIBRI_Q4G_K4(4) COLIBRI_Q4G_W(9) COLIBRI_Q4G_K4(5) COLIBRI_Q4G_W(12)
+                        COLIBRI_Q4G_K4(6) COLIBRI_Q4G_W3 COLIBRI_Q4G_K4(7)
+            : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [we] "=&r"(we),
+              [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
+            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const uint8_t(*)[16])wr),
+              "m"(*(const uint32_t(*)[64])xu));
+    s[0] = a0;
+    s[1] = a1;
+    s[2] = a2;
+    s[3] = a3;
+}
+#undef COLIBRI_Q4G_K4
+#undef COLIBRI_Q4G_K8
+#undef COLIBRI_Q4G_T
+#undef COLIBRI_Q4G_W3
+#undef COLIBRI_Q4G_W
+
+/** One pass of colibri_qi_mm_q4_q8_q4r4 over T tokens (8 or 4): the whole Q4R4 groups. */
+COLIBRI_QI_INLINE void colibri_qi_q4g_pass(const uint8_t *w, const int8_t *xq, const float *sx,
+                                           float *y, int32_t ldy, int32_t n_out, int32_t n_in,
+                                           int32_t T)
+{
+    const int32_t nb = n_in / COLIBRI_QK4;
+    const int32_t rows = (n_out / COLIBRI_Q4I_ROWS) * COLIBRI_Q4I_ROWS;
+    for (int32_t o0 = 0; o0 < rows; o0 += COLIBRI_QI_RC) {
+        const int32_t rc = (rows - o0 < COLIBRI_QI_RC) ? rows - o0 : COLIBRI_QI_RC;
+        float acc[COLIBRI_QI_RC * COLIBRI_Q4G_MT]; /* row r, token t: acc[r T + t] */
+        for (int32_t i = 0; i < rc * T; i++) {
+            acc[i] = 0.0f;
+        }
+        for (int32_t b = 0; b < nb; b++) {
+            uint32_t xu[2 * 8 * COLIBRI_Q4G_MT];
+            int32_t off[COLIBRI_Q4G_MT];
+            colibri_qi_q4g_unpack(xq + (size_t)b * COLIBRI_QK4, n_in, T, xu, off);
+            float xs[COLIBRI_Q4G_MT];
+            for (int32_t t = 0; t < T; t++) {
+                xs[t] = sx[(size_t)t * (size_t)nb + (size_t)b];
+            }
+            float *ap = acc;
+            const uint8_t *blk = w + ((size_t)(o0 / COLIBRI_Q4I_ROWS) * (size_t)nb + (size_t)b) *
+                                         COLIBRI_Q4R4_BYTES; /* rc is a multiple of 4 */
+            for (int32_t g = 0; g < rc / COLIBRI_Q4I_ROWS; g++) {
+                for (int32_t rr = 0; rr < COLIBRI_Q4I_ROWS; rr++) {
+                    int32_t s[COLIBRI_Q4G_MT];
+                    if (T == 8) {
+                        colibri_qi_q4g_block8(blk + 8 + 16 * rr, xu, off, s);
+                    } else {
+                        colibri_qi_q4g_block4(blk + 8 + 16 * rr, xu, off, s);
+                    }
+                    uint16_t h;
+                    memcpy(&h, blk + 2 * rr, sizeof h);
+                    const float d = colibri_qi_f16(h);
+#pragma GCC unroll 8
+                    for (int32_t t = 0; t < T; t++) {
+                        ap[t] = colibri_qi_mla(ap[t], (float)s[t], colibri_qi_mul(d, xs[t]));
+                    }
+                    ap += T;
+                }
+                blk += (size_t)nb * COLIBRI_Q4R4_BYTES;
+            }
+        }
+        for (int32_t r = 0; r < rc; r++) {
+            for (int32_t t = 0; t < T; t++) {
+                y[(size_t)t * (size_t)ldy + (size_t)(o0 + r)] = acc[r * T + t];
+            }
+        }
+    }
+    if (rows < n_out) { /* the last 1..3 rows, plain blocks */
+        const uint8_t *rest =
+            w + (size_t)(rows / COLIBRI_Q4I_ROWS) * (size_t)nb * COLIBRI_Q4R4_BYTES;
+        colibri_matmul_q4_q8((const colibri_block_q4_32 *)(const void *)rest, xq, sx, y + rows, ldy,
+                             n_out - rows, n_in, T);
+    }
+}
+#endif
+
+/**
+ * @brief colibri_matmul_q4_q8 bit for bit on a matrix stored in layout Q4R4 (n_in a multiple of
+ *        32): row t of n_tok (codes xq + t * n_in, scales sx + t * n_in / 32) to y + t * ldy,
+ *        exactly what colibri_qi_q4_q8_q4r4 writes for it. Cortex-M4 / M7: passes of 8 tokens,
+ *        then one of 4, the rest one token at a time; elsewhere one token at a time.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8_q4r4(const uint8_t *w, const int8_t *xq, const float *sx,
+                                                float *y, int32_t ldy, int32_t n_out, int32_t n_in,
+                                                int32_t n_tok)
+{
+    const size_t nb = (size_t)(n_in / COLIBRI_QK4);
+    int32_t t0 = 0;
+#if defined(COLIBRI_QI_SIMD32)
+    for (; t0 + COLIBRI_Q4G_MT <= n_tok; t0 += COLIBRI_Q4G_MT) {
+        colibri_qi_q4g_pass(w, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                            y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, COLIBRI_Q4G_MT);
+    }
+    if (t0 + 4 <= n_tok) {
+        colibri_qi_q4g_pass(w, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                            y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, 4);
+        t0 += 4;
+    }
+#endif
+    for (; t0 < n_tok; t0++) {
+        colibri_qi_q4_q8_q4r4(w, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                              y + (size_t)t0 * (size_t)ldy, n_out, n_in);
+    }
+}
+
+#if defined(COLIBRI_QI_MVE)
+/* colibri_qi_q4_block4x2's assembly: COLIBRI_Q4V_LO(r) adds row r's low nibbles (block at q,
+ * then q += st) times both tokens' codes 0..15 (xa, xb) into s<r>, u<r>; COLIBRI_Q4V_HI(r) steps
+ * q back a row and adds its high nibbles times codes 16..31. Each nibble minus 8 (e8) first. */
+#define COLIBRI_Q4V_LO(r)                                                                          \
+    "vldrb.u8 %q[v], [%[q]]\n"                                                                     \
+    "vshl.i8 %q[v], %q[v], #4\n"                                                                   \
+    "vshr.u8 %q[v], %q[v], #4\n"                                                                   \
+    "vsub.i8 %q[v], %q[v], %q[e8]\n"                                                               \
+    "vmladav.s8 %[s" #r "], %q[v], %q[xa]\n"                                                       \
+    "vmladav.s8 %[u" #r "], %q[v], %q[xb]\n"                                                       \
+    "add %[q], %[q], %[st]\n"
+#define COLIBRI_Q4V_HI(r)                                                                          \
+    "sub %[q], %[q], %[st]\n"                                                                      \
+    "vldrb.u8 %q[v], [%[q]]\n"                                                                     \
+    "vshr.u8 %q[v], %q[v], #4\n"                                                                   \
+    "vsub.i8 %q[v], %q[v], %q[e8]\n"                                                               \
+    "vmladava.s8 %[s" #r "], %q[v], %q[xa]\n"                                                      \
+    "vmladava.s8 %[u" #r "], %q[v], %q[xb]\n"
+
+/** The integer block sums of 4 plain rows (nibbles of row r at q + r * st) with one block of
+ *  32 codes of 2 tokens (x0, x1): i[4 t + r]. Written out, in 4 vector registers, leaving
+ *  the rest of the FPU's registers to the float sums. */
+COLIBRI_QI_INLINE void colibri_qi_q4_block4x2(const uint8_t *q, int32_t st, const int8_t *x0,
+                                              const int8_t *x1, int32_t i[8])
+{
+    int32_t s0, s1, s2, s3, u0, u1, u2, u3;
+    int8x16_t v;
+    /* four statements of 4 sums each: VMLADAV's even registers are 8 with LR, which a
+     * low-overhead loop around them may hold */
+    const int8x16_t e8 = vdupq_n_s8(8);
+    int8x16_t xa = vld1q_s8(x0);
+    int8x16_t xb = vld1q_s8(x1);
+    __asm__(COLIBRI_Q4V_LO(0) COLIBRI_Q4V_LO(1)
+            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [u0] "=&Te"(u0), [u1] "=&Te"(u1), [v] "=&w"(v),
+              [q] "+r"(q)
+            : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
+            : "memory");
+    __asm__(COLIBRI_Q4V_LO(2) COLIBRI_Q4V_LO(3)
+            : [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [v] "=&w"(v),
+              [q] "+r"(q)
+            : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
+            : "memory");
+    xa = vld1q_s8(x0 + 16);
+    xb = vld1q_s8(x1 + 16);
+    __asm__(
+        COLIBRI_Q4V_HI(3) COLIBRI_Q4V_HI(2)
+        : [s2] "+Te"(s2), [s3] "+Te"(s3), [u2] "+Te"(u2), [u3] "+Te"(u3), [v] "=&w"(v), [q] "+r"(q)
+        : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
+        : "memory");
+    __asm__(
+        COLIBRI_Q4V_HI(1) COLIBRI_Q4V_HI(0)
+        : [s0] "+Te"(s0), [s1] "+Te"(s1), [u0] "+Te"(u0), [u1] "+Te"(u1), [v] "=&w"(v), [q] "+r"(q)
+        : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
+        : "memory");
+    i[0] = s0;
+    i[1] = s1;
+    i[2] = s2;
+    i[3] = s3;
+    i[4] = u0;
+    i[5] = u1;
+    i[6] = u2;
+    i[7] = u3;
+}
+#undef COLIBRI_Q4V_HI
+#undef COLIBRI_Q4V_LO
+
+/** One pass of colibri_qi_mm_q4_q8 over 2 tokens (codes x0, x1; scales s0, s1; outputs y0, y1):
+ *  groups of 4 rows, each row's nibbles of a block loaded and split once for the two tokens. */
+COLIBRI_QI_INLINE void colibri_qi_q4_pass2(const colibri_block_q4_32 *w, const int8_t *x0,
+                                           const int8_t *x1, const float *s0, const float *s1,
+                                           float *y0, float *y1, int32_t n_out, int32_t n_in)
+{
+    const int32_t full = n_in / COLIBRI_QK4;
+    const int32_t tail = n_in - full * COLIBRI_QK4;
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t st = (int32_t)(nb * sizeof(colibri_block_q4_32)); /* bytes from row to row */
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    for (int32_t g = 0; g < groups; g++) {
+        const int32_t o = g * COLIBRI_Q4I_ROWS;
+        const colibri_block_q4_32 *r0 = w + (size_t)o * nb;
+        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; /* a[4 t + r] */
+        for (int32_t b = 0; b < full; b++) {
+            int32_t i[8];
+            colibri_qi_q4_block4x2(r0[b].qs, st, x0 + (size_t)b * COLIBRI_QK4,
+                                   x1 + (size_t)b * COLIBRI_QK4, i);
+            const float xs0 = s0[b];
+            const float xs1 = s1[b];
+#pragma GCC unroll 4
+            for (int32_t r = 0; r < 4; r++) {
+                const float d = colibri_qi_f16(r0[(size_t)r * nb + (size_t)b].d);
+                a[r] = colibri_qi_mla(a[r], (float)i[r], colibri_qi_mul(d, xs0));
+                a[4 + r] = colibri_qi_mla(a[4 + r], (float)i[4 + r], colibri_qi_mul(d, xs1));
+            }
+        }
+        if (tail > 0) {
+            const size_t i0 = (size_t)full * COLIBRI_QK4;
+#pragma GCC unroll 4
+            for (int32_t r = 0; r < 4; r++) {
+                const colibri_block_q4_32 *blk = r0 + (size_t)r * nb + (size_t)full;
+                const float d = colibri_qi_f16(blk->d);
+                a[r] = colibri_qi_mla(a[r], (float)colibri_dot_q4_q8(blk, x0 + i0, tail),
+                                      colibri_qi_mul(d, s0[full]));
+                a[4 + r] = colibri_qi_mla(a[4 + r], (float)colibri_dot_q4_q8(blk, x1 + i0, tail),
+                                          colibri_qi_mul(d, s1[full]));
+            }
+        }
+#pragma GCC unroll 4
+        for (int32_t r = 0; r < 4; r++) {
+            y0[o + r] = a[r];
+            y1[o + r] = a[4 + r];
+        }
+    }
+    const int32_t o = groups * COLIBRI_Q4I_ROWS;
+    if (o < n_out) { /* the last 1..3 rows */
+        colibri_matvec_q4_q8(w + (size_t)o * nb, x0, s0, y0 + o, n_out - o, n_in);
+        colibri_matvec_q4_q8(w + (size_t)o * nb, x1, s1, y1 + o, n_out - o, n_in);
+    }
+}
+#endif
+
+/**
+ * @brief colibri_matmul_q4_q8 bit for bit on the row-major blocks w [n_out][COLIBRI_Q4_BLOCKS(
+ *        n_in)]: row t of n_tok (codes xq + t * n_in, scales sx + t * COLIBRI_Q4_BLOCKS(n_in))
+ *        to y + t * ldy. Helium: passes of 2 tokens, then one token; Cortex-M4 / M7:
+ *        colibri_qi_q4_q8 a token at a time; elsewhere the library's matmul.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq,
+                                           const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                           int32_t n_in, int32_t n_tok)
+{
+#if defined(COLIBRI_QI_MVE) || defined(COLIBRI_QI_SIMD32)
+    const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
+    int32_t t0 = 0;
+#if defined(COLIBRI_QI_MVE)
+    for (; t0 + 2 <= n_tok; t0 += 2) {
+        const int8_t *x0 = xq + (size_t)t0 * (size_t)n_in;
+        const float *s0 = sx + (size_t)t0 * nb;
+        float *y0 = y + (size_t)t0 * (size_t)ldy;
+        colibri_qi_q4_pass2(w, x0, x0 + n_in, s0, s0 + nb, y0, y0 + ldy, n_out, n_in);
+    }
+#endif
+    for (; t0 < n_tok; t0++) {
+        colibri_qi_q4_q8(w, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                         y + (size_t)t0 * (size_t)ldy, n_out, n_in);
+    }
+#else
+    colibri_matmul_q4_q8(w, xq, sx, y, ldy, n_out, n_in, n_tok);
+#endif
 }
 
 #ifdef __cplusplus

@@ -19,6 +19,9 @@
  *           layouts, on the shapes of whole blocks stored in layout R4P, inputs over several
  *           chunks (COLIBRI_QI_R4P_CHUNK set to 64 here);
  *         - colibri_qi_relu_row on the quantiser's rows (below) and special values;
+ *         - colibri_qi_mm_q4_q8 (plain blocks) and colibri_qi_mm_q4_q8_q4r4 (Q4R4, whole
+ *           blocks) for 1..QK_TOK tokens on the int4 shapes and values, against the library's
+ *           colibri_matmul_q4_q8, output rows strided;
  *         - colibri_qi_quantize_row on random rows, exact halves, zeros, subnormals, tiny and
  *           huge blocks, NaN and infinity, and rows ending in a partial block.
  *        Prints one line and returns 0 when all match. The bench markers time, by the first
@@ -27,8 +30,9 @@
  *        2 the library's colibri_quantize_row_q8 on QK_D + QK_FF values, 3 colibri_qi_quantize_row
  *        on them, 4 the library's colibri_matvec_q4_q8 on an int4 pair of the same shapes, 5
  *        colibri_qi_q4_q8 on it, 6 colibri_qi_q4_q8_q4r4 on the same bytes read as Q4R4, 7
- *        colibri_qi_mm_q8_q8_r4 on the int8 pair for QK_BENCH_TOK tokens
- *        (tests/targets/test_platforms.py turns the counts into instructions per MAC).
+ *        colibri_qi_mm_q8_q8_r4 on the int8 pair for QK_BENCH_TOK tokens, 8 colibri_qi_mm_q4_q8 on
+ *        the int4 pair for QK_BENCH_TOK tokens, 9 colibri_qi_mm_q4_q8_q4r4 on the Q4R4 bytes for
+ *        them (tests/targets/test_platforms.py turns the counts into instructions per MAC).
  */
 #define COLIBRI_QI_R4P_CHUNK 64 /* several chunks of inputs in the R4P checks */
 #include "colibri_fmt.h"
@@ -345,6 +349,37 @@ static uint32_t qk_check_r4p(int32_t n_out, int32_t n_in, uint32_t *checks)
     return failed;
 }
 
+/* One int4 shape, 1..QK_TOK tokens: the multi-token int4 kernels against the library's
+ * colibri_matmul_q4_q8, colibri_qi_mm_q4_q8 on the plain blocks and (whole blocks)
+ * colibri_qi_mm_q4_q8_q4r4 on their Q4R4 copy; rows strided by n_out + 1, the gaps untouched. */
+static uint32_t qk_check_mm_q4(int32_t n_out, int32_t n_in, uint32_t *checks)
+{
+    uint32_t failed = 0;
+    const int32_t ldy = n_out + 1;
+    uint8_t *stored = (uint8_t *)(void *)qk_r4;
+    const int q4r4 = n_in % COLIBRI_QK4 == 0;
+    if (q4r4) {
+        qk_to_q4r4(qk_q4, stored, n_out, n_in);
+    }
+    for (int32_t n_tok = 1; n_tok <= QK_TOK; n_tok++) {
+        for (int layout = 0; layout < 1 + q4r4; layout++) {
+            for (size_t i = 0; i < sizeof qk_ym0 / sizeof qk_ym0[0]; i++) {
+                qk_ym0[i] = -1.0f;
+                qk_ym1[i] = -1.0f;
+            }
+            colibri_matmul_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_ym0, ldy, n_out, n_in, n_tok);
+            if (layout) {
+                colibri_qi_mm_q4_q8_q4r4(stored, qk_xqm, qk_sxm, qk_ym1, ldy, n_out, n_in, n_tok);
+            } else {
+                colibri_qi_mm_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_ym1, ldy, n_out, n_in, n_tok);
+            }
+            *checks += 1u;
+            failed += memcmp(qk_ym0, qk_ym1, sizeof qk_ym0) != 0;
+        }
+    }
+    return failed;
+}
+
 /* One row of n values: the inline quantiser against the library's. */
 static uint32_t qk_check_quant(int32_t n, uint32_t *checks)
 {
@@ -444,6 +479,24 @@ __attribute__((noinline)) static void qk_bench_mm(void)
     colibri_qi_mm_q8_q8_r4(qk_w, qk_scale, qk_xqm, qk_sxm, qk_y1, 0, QK_D, QK_FF, QK_BENCH_TOK, 0);
 }
 
+/* The output stride of qk_bench_mm_q4: 0 (RAM is short), but unknown to the compiler, which
+ * could otherwise drop all but the last token's stores and the work behind them. */
+static volatile int32_t qk_ldy0 = 0;
+
+__attribute__((noinline)) static void qk_bench_mm_q4(int q4r4)
+{
+    /* as qk_bench_mm: QK_BENCH_TOK tokens, every token's output row at y */
+    const int32_t ldy = qk_ldy0;
+    if (q4r4) {
+        const uint8_t *w = (const uint8_t *)(const void *)qk_q4;
+        colibri_qi_mm_q4_q8_q4r4(w, qk_xqm, qk_sxm, qk_y0, ldy, QK_FF, QK_D, QK_BENCH_TOK);
+        colibri_qi_mm_q4_q8_q4r4(w, qk_xqm, qk_sxm, qk_y1, ldy, QK_D, QK_FF, QK_BENCH_TOK);
+    } else {
+        colibri_qi_mm_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_y0, ldy, QK_FF, QK_D, QK_BENCH_TOK);
+        colibri_qi_mm_q4_q8(qk_q4, qk_xqm, qk_sxm, qk_y1, ldy, QK_D, QK_FF, QK_BENCH_TOK);
+    }
+}
+
 __attribute__((noinline)) static void qk_bench_quant(int inline_kernel)
 {
     if (inline_kernel) {
@@ -489,6 +542,7 @@ int main(int argc, char **argv)
                 if (ins4[b] % COLIBRI_QK4 == 0) {
                     failed += qk_check_q4r4(outs[a], ins4[b], &checks);
                 }
+                failed += qk_check_mm_q4(outs[a], ins4[b], &checks);
             }
         }
     }
@@ -520,6 +574,8 @@ int main(int argc, char **argv)
         qk_bench_q4r4();
     } else if (mode == 7u) {
         qk_bench_mm();
+    } else if (mode == 8u || mode == 9u) {
+        qk_bench_mm_q4(mode == 9u);
     }
     clb_platform_bench_end();
 

@@ -227,8 +227,9 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
 QKERNELS_LINE = re.compile(r"colibri qkernels: (\d+) checks, (\d+) failed")
 #: Checks tests/platform/qkernels.c makes: R4 int8 (450: 5 rounds of scales, two of them on
 #: either side of the Helium paths' guard), its multi-token variant (3780), R4P int8 one token
-#: and 1..9 tokens (2800: the same 5 rounds), int4 plain blocks and Q4R4 (455), the relu row (10).
-N_QKERNEL_CHECKS = 7495
+#: and 1..9 tokens (2800: the same 5 rounds), int4 plain blocks and Q4R4 (455), their
+#: multi-token variants (4095), the relu row (10).
+N_QKERNEL_CHECKS = 11590
 #: Boards where colibri_qinline.h has its own paths (elsewhere it calls the library).
 QINLINE_FAST = ("cortex-m4", "cortex-m7", "cortex-m55")
 
@@ -237,19 +238,20 @@ QINLINE_FAST = ("cortex-m4", "cortex-m7", "cortex-m55")
 def test_qinline_kernels_equal_the_library(name: str, build_root: Path, tmp_path: Path) -> None:
     """colibri_qinline.h (what generated expert kernels call): the R4 int8 matvec and its
     multi-token variant (1..9 tokens), the same in layout R4P, the int4 matvecs on plain
-    blocks and in layout Q4R4 (colibri_qinline_q4.h) and the activation quantiser give the
-    library's bits on every board (tests/platform/qkernels.c: N_QKERNEL_CHECKS shapes, token
-    counts and value kinds). Where
+    blocks and in layout Q4R4 (colibri_qinline_q4.h) and their multi-token variants (1..9
+    tokens) and the activation quantiser give the library's bits on every board
+    (tests/platform/qkernels.c: N_QKERNEL_CHECKS shapes, token counts and value kinds). Where
     they have their own paths, each takes fewer instructions than the library's, the
-    multi-token kernel at 8 tokens fewer per MAC than the one-token one, and on the M4 / M7 the
-    Q4R4 kernel fewer than the plain-block one (QEMU counts, deterministic), printed per MAC
-    and per value."""
+    multi-token int8 kernel at 8 tokens fewer per MAC than the one-token one, on the M4 / M7
+    the Q4R4 kernel fewer than the plain-block one and its multi-token variant fewer at 8
+    tokens, on the M55 the plain-block multi-token int4 kernel fewer at 8 tokens (QEMU counts,
+    deterministic), printed per MAC and per value."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "qkernels", build_root / name)
     counting = name in QINLINE_FAST and _can_count(board)
     counts: dict[int, int | None] = {}
-    for mode in range(8) if counting else (0xFF,):
+    for mode in range(10) if counting else (0xFF,):
         (tmp_path / "input.bin").write_bytes(bytes([mode]))
         result = run_elf(board, elf, tmp_path, count_instructions=counting)
         found = QKERNELS_LINE.search(result.stdout)
@@ -259,18 +261,23 @@ def test_qinline_kernels_equal_the_library(name: str, build_root: Path, tmp_path
     if not counting:
         return
     macs, values = 2 * 128 * 256, 128 + 256  # qkernels.c QK_D, QK_FF
-    lib_mv, r4_mv, lib_q, qi_q, lib_q4, qi_q4, q4r4, r4_mm = (counts[m] for m in range(8))
-    assert None not in (lib_mv, r4_mv, lib_q, qi_q, lib_q4, qi_q4, q4r4, r4_mm)
+    lib_mv, r4_mv, lib_q, qi_q, lib_q4, qi_q4, q4r4, r4_mm, q4_mm, q4r4_mm = (
+        counts[m] for m in range(10)
+    )
+    assert None not in (lib_mv, r4_mv, lib_q, qi_q, lib_q4, qi_q4, q4r4, r4_mm, q4_mm, q4r4_mm)
     print(
         f"\n{name}: int8 matvec {lib_mv / macs:.3f} -> {r4_mv / macs:.3f} instructions/MAC (R4), "
         f"{r4_mm / (8 * macs):.3f} at 8 tokens; "
         f"int4 matvec {lib_q4 / macs:.3f} -> {qi_q4 / macs:.3f} (plain blocks), "
-        f"{q4r4 / macs:.3f} (Q4R4) instructions/MAC; "
+        f"{q4r4 / macs:.3f} (Q4R4) instructions/MAC, at 8 tokens {q4_mm / (8 * macs):.3f} "
+        f"(plain blocks), {q4r4_mm / (8 * macs):.3f} (Q4R4); "
         f"quantiser {lib_q / values:.1f} -> {qi_q / values:.1f} instructions/value"
     )
     assert r4_mv < lib_mv and qi_q < lib_q and qi_q4 < lib_q4 and r4_mm < 8 * r4_mv
     if name in ("cortex-m4", "cortex-m7"):  # the boards whose int4 experts use Q4R4
-        assert q4r4 < qi_q4
+        assert q4r4 < qi_q4 and q4r4_mm < 8 * q4r4
+    else:  # Helium: the plain-block multi-token kernel
+        assert q4_mm < 8 * qi_q4
 
 
 FKERNELS_LINE = re.compile(r"colibri fkernels: (\d+) checks, (\d+) failed")

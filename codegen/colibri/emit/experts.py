@@ -31,9 +31,6 @@ R4P_ISAS = ("armv7em_dsp",)
 #: Board ISAs whose int4 x int8 expert kernels read layout q4r4 (colibri_qinline_q4.h): the
 #: Cortex-M4 / M7 DSP extension (Helium reads the plain blocks as fast).
 Q4R4_ISAS = ("armv7em_dsp",)
-#: Board ISAs where colibri_qinline_q4.h has its own int4 x int8 kernel (elsewhere it calls the
-#: library): a group of tokens runs it a token at a time there, not the library's matmul.
-Q4_INLINE_ISAS = ("armv7em_dsp", "mve")
 #: Board ISAs whose fp16 expert kernels read layout c8 (colibri_qinline_f.h colibri_qf_f16_c8):
 #: the Cortex-M4 / M7 FPU converts fp16 by VCVTB / VCVTT (Helium reads the plain rows).
 F16C8_ISAS = ("armv7em_dsp",)
@@ -140,7 +137,6 @@ def ffn_kernel(
             "act_q_in_scratch": True,
             "layouts": lay,
             "group": group,
-            "q4_inline": isa in Q4_INLINE_ISAS,
         }
     return {
         "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
@@ -160,5 +156,4 @@ def ffn_kernel(
         "act_q_in_scratch": False,
         "layouts": lay,
         "group": 1,
-        "q4_inline": isa in Q4_INLINE_ISAS,
     }
