@@ -461,10 +461,20 @@ static int32_t matmul_chunk_rows(size_t row_bytes, int32_t n_out)
 void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
+#if defined(COLIBRI_X86_DISPATCH)
+    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+#endif
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t step = matmul_chunk_rows((size_t)n_in, n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+#if defined(COLIBRI_X86_DISPATCH)
+        if (kx->matmul_q8_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
+            kx->matmul_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0, xq, sx, y + o0, ldy, m,
+                             n_in, n_tok);
+            continue;
+        }
+#endif
         for (int32_t t = 0; t < n_tok; t++) {
             colibri_matvec_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0,
                                  xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
@@ -476,10 +486,20 @@ void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq,
 void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
+#if defined(COLIBRI_X86_DISPATCH)
+    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+#endif
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t step = matmul_chunk_rows((size_t)n_in + 4u * nb, n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+#if defined(COLIBRI_X86_DISPATCH)
+        if (kx->matmul_q8b_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
+            kx->matmul_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb, xq, sx,
+                              y + o0, ldy, m, n_in, n_tok);
+            continue;
+        }
+#endif
         for (int32_t t = 0; t < n_tok; t++) {
             colibri_matvec_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb,
                                   xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
@@ -491,10 +511,19 @@ void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
 void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
+#if defined(COLIBRI_X86_DISPATCH)
+    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+#endif
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
     const int32_t step = matmul_chunk_rows(nb * sizeof(colibri_block_q4_32), n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+#if defined(COLIBRI_X86_DISPATCH)
+        if (kx->matmul_q4_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
+            kx->matmul_q4_q8(w + (size_t)o0 * nb, xq, sx, y + o0, ldy, m, n_in, n_tok);
+            continue;
+        }
+#endif
         for (int32_t t = 0; t < n_tok; t++) {
             colibri_matvec_q4_q8(w + (size_t)o0 * nb, xq + (size_t)t * (size_t)n_in,
                                  sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m,
