@@ -26,8 +26,9 @@
  *    Exact for every int8 value, -128 included.
  *
  * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add register
- * blocking over tokens: tiles of 8, 4 or 2 tokens, each block of eight rows' weights unpacked
- * once per tile; per token the same float steps as the matvec, so the same bits.
+ * blocking over tokens: tiles of KX_TOK_TILE (4) tokens, each block of eight rows' weights
+ * unpacked once per tile (the 1-3 tokens left over run the matvec); per token the same float steps
+ * as the matvec, so the same bits.
  */
 #include "kernels_x86.h"
 
@@ -364,13 +365,15 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
 /* -- multi-token kernels: weights loaded once per group of tokens --------------------------- */
 
 /*
- * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of up to
- * KX_TOK_TILE (8; then 4, 2), rows in groups of eight. Each block of a group's eight rows is loaded
+ * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of KX_TOK_TILE,
+ * rows in groups of eight. Each block of a group's eight rows is loaded
  * and unpacked once and multiplied against the activation codes of every token of the tile. Per
  * token and row the float steps are those of the matvec above (blocks in order, the same multiplies
  * and adds lane by lane), so row t of the result is the matvec of token t bit for bit: only the
- * order of the exact integer sums differs. A tile of one token, and the last group of rows when
- * n_out is not a multiple of eight, run the matvec itself.
+ * order of the exact integer sums differs. The tokens after the last whole tile, and the last
+ * group of rows when n_out is not a multiple of eight, run the matvec itself. One tile width and
+ * one non-inlined tile function per weight format and level (q8 / q8b share theirs, BLOCKED an
+ * argument) keep this file quick to compile: each width more is another copy of every tile.
  *
  * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile, and
  * kept in memory: the products read them as memory operands, which leaves the registers to the
@@ -378,7 +381,7 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
  * lanes sum to the block's dot product). KX_TILE_SUMS reduces eight rows x T tokens with the
  * pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
  */
-#define KX_TOK_TILE 8
+#define KX_TOK_TILE 4
 
 /* Two vectors: the low / high halves of a block (AVX2 int8: int16 lanes), or a vector and its
  * correction (VNNI and int4: codes, and -128 or -8 times the sum of each 4 codes). */
@@ -512,29 +515,19 @@ KX_VNNI_PARTS(avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
 KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 #endif
 
-/* Tokens [t0, t0 + nt) of a tile: 8, 4 or 2 (each its own inlined copy of FN, T a constant),
- * or 1 (the matvec). */
-#define KX_TILE_NEXT(left) (((left) >= 8) ? 8 : ((left) >= 4) ? 4 : ((left) >= 2) ? 2 : 1)
-#define KX_TILE_SWITCH(nt, FN, ...)                                                                \
-    do {                                                                                           \
-        if ((nt) == 8) {                                                                           \
-            FN(__VA_ARGS__, 8);                                                                    \
-        } else if ((nt) == 4) {                                                                    \
-            FN(__VA_ARGS__, 4);                                                                    \
-        } else {                                                                                   \
-            FN(__VA_ARGS__, 2);                                                                    \
-        }                                                                                          \
-    } while (0)
+/* Tokens [t0, t0 + nt): a tile of KX_TOK_TILE, or 1 (the matvec). */
+#define KX_TILE_NEXT(left) (((left) >= KX_TOK_TILE) ? KX_TOK_TILE : 1)
 
 /*
  * Full groups of eight rows of an int8-weight matmul for one tile of T tokens (BLOCKED as in
  * KX_Q8_MATVEC): n_out a multiple of 8. A partial last block is computed on zero-padded copies.
  */
-#define KX_Q8_MATMUL(NAME, TARGET, TILE, MATVEC, BLOCKED)                                          \
-    KX_INLINE TARGET void NAME##_tile(const int8_t *q, const float *scale, const int8_t *xq,       \
-                                      const float *sx, float *y, int32_t ldy, int32_t n_out,       \
-                                      int32_t n_in, const int T)                                   \
+#define KX_Q8_MATMUL_TILE(NAME, TARGET, TILE)                                                      \
+    static KX_NOINLINE TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,     \
+                                        const float *sx, float *y, int32_t ldy, int32_t n_out,     \
+                                        int32_t n_in, const int BLOCKED)                           \
     {                                                                                              \
+        const int T = KX_TOK_TILE;                                                                 \
         const int32_t full = n_in / COLIBRI_QK8;                                                   \
         const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
         const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
@@ -551,7 +544,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             int32_t sidx[8];                                                                       \
             KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
             {                                                                                      \
-                sidx[r] = (BLOCKED) ? (o0 + r) * nb : o0 + r;                                      \
+                sidx[r] = BLOCKED ? (o0 + r) * nb : o0 + r;                                        \
             }                                                                                      \
             const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
             __m256 acc[KX_TOK_TILE];                                                               \
@@ -560,12 +553,13 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                 acc[t] = _mm256_setzero_ps();                                                      \
             }                                                                                      \
             __m256i hs[KX_TOK_TILE];                                                               \
+            int8_t wpad[8][COLIBRI_QK8];                                                           \
             for (int32_t b = 0; b < nb; b++) {                                                     \
-                if (b < full) {                                                                    \
-                    TILE(row + (size_t)b * COLIBRI_QK8, (size_t)n_in,                              \
-                         xq + (size_t)b * COLIBRI_QK8, (size_t)n_in, T, hs);                       \
-                } else {                                                                           \
-                    int8_t wpad[8][COLIBRI_QK8];                                                   \
+                const int8_t *wb = row + (size_t)b * COLIBRI_QK8;                                  \
+                size_t wstride = (size_t)n_in;                                                     \
+                const int8_t *xb = xq + (size_t)b * COLIBRI_QK8;                                   \
+                size_t xstride = (size_t)n_in;                                                     \
+                if (b >= full) { /* the partial last block: zero-padded copies */                  \
                     memset(wpad, 0, sizeof wpad);                                                  \
                     KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
                     {                                                                              \
@@ -573,8 +567,12 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                                row + (size_t)r * (size_t)n_in + (size_t)full * COLIBRI_QK8,        \
                                (size_t)tail);                                                      \
                     }                                                                              \
-                    TILE(&wpad[0][0], COLIBRI_QK8, &xpad[0][0], COLIBRI_QK8, T, hs);               \
+                    wb = &wpad[0][0];                                                              \
+                    wstride = COLIBRI_QK8;                                                         \
+                    xb = &xpad[0][0];                                                              \
+                    xstride = COLIBRI_QK8;                                                         \
                 }                                                                                  \
+                TILE(wb, wstride, xb, xstride, T, hs);                                             \
                 __m256 ws = _mm256_setzero_ps();                                                   \
                 if (BLOCKED) {                                                                     \
                     ws = _mm256_i32gather_ps(scale + b, vidx, 4);                                  \
@@ -583,19 +581,20 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                 {                                                                                  \
                     const __m256 f = _mm256_cvtepi32_ps(hs[t]);                                    \
                     const __m256 s = _mm256_set1_ps(sx[(size_t)t * (size_t)nb + (size_t)b]);       \
-                    acc[t] = _mm256_add_ps(                                                        \
-                        acc[t], _mm256_mul_ps(f, (BLOCKED) ? _mm256_mul_ps(ws, s) : s));           \
+                    acc[t] = _mm256_add_ps(acc[t],                                                 \
+                                           _mm256_mul_ps(f, BLOCKED ? _mm256_mul_ps(ws, s) : s));  \
                 }                                                                                  \
             }                                                                                      \
-            const __m256 rs =                                                                      \
-                (BLOCKED) ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4);             \
+            const __m256 rs = BLOCKED ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4); \
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
                 _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0,                         \
-                                 (BLOCKED) ? acc[t] : _mm256_mul_ps(acc[t], rs));                  \
+                                 BLOCKED ? acc[t] : _mm256_mul_ps(acc[t], rs));                    \
             }                                                                                      \
         }                                                                                          \
-    }                                                                                              \
+    }
+
+#define KX_Q8_MATMUL(NAME, TARGET, TILEFN, MATVEC, BLOCKED)                                        \
     static TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
                             const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,   \
                             int32_t n_tok)                                                         \
@@ -608,7 +607,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
             if (nt > 1 && n8 > 0) {                                                                \
-                KX_TILE_SWITCH(nt, NAME##_tile, q, scale, xt, st, yt, ldy, n8, n_in);              \
+                TILEFN(q, scale, xt, st, yt, ldy, n8, n_in, BLOCKED);                              \
             }                                                                                      \
             for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
                 const int32_t o = (nt > 1) ? n8 : 0;                                               \
@@ -624,10 +623,11 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 /* Full groups of eight rows of colibri_matmul_q4_q8 for one tile of T tokens (as KX_Q4_MATVEC,
  * lane by lane); a partial last block reads x from zero-padded copies. */
 #define KX_Q4_MATMUL(NAME, TARGET, TILE, MATVEC)                                                   \
-    KX_INLINE TARGET void NAME##_tile(const colibri_block_q4_32 *w, const int8_t *xq,              \
-                                      const float *sx, float *y, int32_t ldy, int32_t n_out,       \
-                                      int32_t n_in, const int T)                                   \
+    static KX_NOINLINE TARGET void NAME##_tile(const colibri_block_q4_32 *w, const int8_t *xq,     \
+                                               const float *sx, float *y, int32_t ldy,             \
+                                               int32_t n_out, int32_t n_in)                        \
     {                                                                                              \
+        const int T = KX_TOK_TILE;                                                                 \
         const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
         const int32_t full = n_in / COLIBRI_QK4;                                                   \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK4];                                                     \
@@ -648,11 +648,9 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             __m256i hs[KX_TOK_TILE];                                                               \
             for (int32_t b = 0; b < nb; b++) {                                                     \
                 const colibri_block_q4_32 *blk = row + b;                                          \
-                if (b < full) {                                                                    \
-                    TILE(blk, (size_t)nb, xq + (size_t)b * COLIBRI_QK4, (size_t)n_in, T, hs);      \
-                } else {                                                                           \
-                    TILE(blk, (size_t)nb, &xpad[0][0], COLIBRI_QK4, T, hs);                        \
-                }                                                                                  \
+                const int pad = b >= full; /* the partial last block reads zero-padded x */        \
+                TILE(blk, (size_t)nb, pad ? &xpad[0][0] : xq + (size_t)b * COLIBRI_QK4,            \
+                     pad ? (size_t)COLIBRI_QK4 : (size_t)n_in, T, hs);                             \
                 const __m128i dh = _mm_setr_epi16((short)blk[0].d, (short)blk[nb].d,               \
                                                   (short)blk[2 * nb].d, (short)blk[3 * nb].d,      \
                                                   (short)blk[4 * nb].d, (short)blk[5 * nb].d,      \
@@ -682,7 +680,7 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
             if (nt > 1 && n8 > 0) {                                                                \
-                KX_TILE_SWITCH(nt, NAME##_tile, w, xt, st, yt, ldy, n8, n_in);                     \
+                NAME##_tile(w, xt, st, yt, ldy, n8, n_in);                                         \
             }                                                                                      \
             for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
                 const int32_t o = (nt > 1) ? n8 : 0;                                               \
@@ -694,16 +692,20 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         }                                                                                          \
     }
 
-KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_tile_avx2, kx_matvec_q8_q8_avx2, 0)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_tile_avx2, kx_matvec_q8b_q8_avx2, 1)
+KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avx2, KX_AVX2, kx_q8_tile_avx2)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8_q8_avx2, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8b_q8_avx2, 1)
 KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_tile_avx2, kx_matvec_q4_q8_avx2)
 #if defined(KX_HAVE_VNNI)
-KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, kx_matvec_q8_q8_avxvnni, 0)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni, kx_matvec_q8b_q8_avxvnni, 1)
+KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8_q8_avxvnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8b_q8_avxvnni,
+             1)
 KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni, kx_matvec_q4_q8_avxvnni)
-KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni,
+KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
              kx_matvec_q8_q8_avx512vnni, 0)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni,
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
              kx_matvec_q8b_q8_avx512vnni, 1)
 KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni,
              kx_matvec_q4_q8_avx512vnni)
