@@ -375,9 +375,8 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
  * one non-inlined tile function per weight format and level (q8 / q8b share theirs, BLOCKED an
  * argument) keep this file quick to compile: each width more is another copy of every tile.
  *
- * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile, and
- * kept in memory: the products read them as memory operands, which leaves the registers to the
- * weights and the sums), WPREP (a row's weights) and PROD (their int32 products, whose eight
+ * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
+ * WPREP (a row's weights) and PROD (their int32 products, whose eight
  * lanes sum to the block's dot product). KX_TILE_SUMS reduces eight rows x T tokens with the
  * pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
  */
@@ -401,7 +400,6 @@ typedef struct {
         {                                                                                          \
             xv[t] = XPREP(x + (size_t)t * xs);                                                     \
         }                                                                                          \
-        __asm__("" : "+m"(xv)); /* read back from memory below (operands, not registers) */        \
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)                                        \
         {                                                                                          \
             __m256i pair[KX_TOK_TILE];                                                             \
@@ -418,9 +416,6 @@ typedef struct {
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
             {                                                                                      \
                 quad[h][t] = pair[t];                                                              \
-            }                                                                                      \
-            if (h == 0) { /* rows 0-3 wait in memory while rows 4-7 use the registers */           \
-                __asm__("" : "+m"(quad[0]));                                                       \
             }                                                                                      \
         }                                                                                          \
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                        \
@@ -515,6 +510,17 @@ KX_VNNI_PARTS(avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
 KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 #endif
 
+/* Zero-padded copies of the partial last block of `rows` rows (n bytes from src + r * ss each,
+ * into width-byte rows at dst): one plain function for every level and tile. */
+static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src, size_t ss,
+                                    int rows, size_t n)
+{
+    memset(dst, 0, width * (size_t)rows);
+    for (int r = 0; r < rows; r++) {
+        memcpy(dst + (size_t)r * width, src + (size_t)r * ss, n);
+    }
+}
+
 /* Tokens [t0, t0 + nt): a tile of KX_TOK_TILE, or 1 (the matvec). */
 #define KX_TILE_NEXT(left) (((left) >= KX_TOK_TILE) ? KX_TOK_TILE : 1)
 
@@ -532,12 +538,9 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
         const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK8];                                                     \
-        for (int t = 0; t < T; t++) {                                                              \
-            if (tail > 0) {                                                                        \
-                memset(xpad[t], 0, sizeof xpad[t]);                                                \
-                memcpy(xpad[t], xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8,        \
-                       (size_t)tail);                                                              \
-            }                                                                                      \
+        if (tail > 0) {                                                                            \
+            kx_pad_rows(&xpad[0][0], COLIBRI_QK8, xq + (size_t)full * COLIBRI_QK8, (size_t)n_in,   \
+                        T, (size_t)tail);                                                          \
         }                                                                                          \
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
             const int8_t *row = q + (size_t)o0 * (size_t)n_in;                                     \
@@ -560,13 +563,8 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
                 const int8_t *xb = xq + (size_t)b * COLIBRI_QK8;                                   \
                 size_t xstride = (size_t)n_in;                                                     \
                 if (b >= full) { /* the partial last block: zero-padded copies */                  \
-                    memset(wpad, 0, sizeof wpad);                                                  \
-                    KX_UNROLL for (int32_t r = 0; r < 8; r++)                                      \
-                    {                                                                              \
-                        memcpy(wpad[r],                                                            \
-                               row + (size_t)r * (size_t)n_in + (size_t)full * COLIBRI_QK8,        \
-                               (size_t)tail);                                                      \
-                    }                                                                              \
+                    kx_pad_rows(&wpad[0][0], COLIBRI_QK8, row + (size_t)full * COLIBRI_QK8,        \
+                                (size_t)n_in, 8, (size_t)tail);                                    \
                     wb = &wpad[0][0];                                                              \
                     wstride = COLIBRI_QK8;                                                         \
                     xb = &xpad[0][0];                                                              \
@@ -631,12 +629,9 @@ KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
         const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
         const int32_t full = n_in / COLIBRI_QK4;                                                   \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK4];                                                     \
-        for (int t = 0; t < T; t++) {                                                              \
-            if (full < nb) {                                                                       \
-                memset(xpad[t], 0, sizeof xpad[t]);                                                \
-                memcpy(xpad[t], xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK4,        \
-                       (size_t)(n_in - full * COLIBRI_QK4));                                       \
-            }                                                                                      \
+        if (full < nb) {                                                                           \
+            kx_pad_rows(&xpad[0][0], COLIBRI_QK4, xq + (size_t)full * COLIBRI_QK4, (size_t)n_in,   \
+                        T, (size_t)(n_in - full * COLIBRI_QK4));                                   \
         }                                                                                          \
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
             const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;                          \
