@@ -205,6 +205,7 @@ static int quantize_block_q8_sse2(const float *x, int8_t *xq, float *sx)
 {
     const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF);
     __m128i m = _mm_setzero_si128();
+#pragma GCC unroll 8
     for (int32_t i = 0; i < COLIBRI_QK8; i += 4) {
         const __m128i bits = _mm_loadu_si128((const __m128i *)(const void *)(x + i));
         m = colibri_max_epi32_sse2(m, _mm_and_si128(bits, abs_mask));
@@ -219,8 +220,10 @@ static int quantize_block_q8_sse2(const float *x, int8_t *xq, float *sx)
     memcpy(&amax, &abits, sizeof amax);
     const __m128 inv16 = _mm_set1_ps(((float)COLIBRI_Q8_MAX / amax) * 65536.0f);
     const __m128i half = _mm_set1_epi32(32768);
+#pragma GCC unroll 2
     for (int32_t i = 0; i < COLIBRI_QK8; i += 16) {
         __m128i c[4];
+#pragma GCC unroll 4
         for (int32_t j = 0; j < 4; j++) {
             const __m128i t = _mm_cvttps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * j), inv16));
             c[j] = _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(t, half), _mm_srai_epi32(t, 31)), 16);
