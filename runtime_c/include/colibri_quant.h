@@ -143,7 +143,9 @@ void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out,
 /*
  * Multi-token kernels (batched prefill, tokens grouped by expert): n_tok activation rows at once,
  * the weights read once per group of tokens (rows are taken in chunks of a few KB that stay in
- * cache while every token passes over them). Row t: y[t * ldy + o] == what the matvec of the
+ * cache while every token passes over them; on x86-64 with AVX2 or VNNI the int8 x int8 and
+ * int4 x int8 kernels also keep tiles of 4 tokens in registers, so each weight block is
+ * loaded and unpacked once per tile). Row t: y[t * ldy + o] == what the matvec of the
  * same name writes to y[o] for row t, bit for bit. Activation rows are contiguous: x + t * n_in
  * (fp32), xq + t * n_in (codes), sx + t * COLIBRI_Q8_BLOCKS(n_in) (scales). A caller splitting
  * rows (threads) passes q + o0 * n_in, scale + o0 (per-channel) or scale + o0 * blocks (q8b),

@@ -185,10 +185,67 @@ static float quantize_block_q8(const float *x, int8_t *xq, int32_t n)
     return amax / (float)COLIBRI_Q8_MAX;
 }
 
+#if defined(COLIBRI_DOT_SSE2)
+/* Lane-wise maximum of two vectors of non-negative int32 (SSE2 has no PMAXSD). */
+static inline __m128i colibri_max_epi32_sse2(__m128i a, __m128i b)
+{
+    const __m128i gt = _mm_cmpgt_epi32(a, b);
+    return _mm_or_si128(_mm_and_si128(gt, a), _mm_andnot_si128(gt, b));
+}
+
+/*
+ * A whole block, SSE2, bit for bit quantize_block_q8 when its max |x| is finite and at least
+ * 2^-100 (returns 0, writing nothing, otherwise): as colibri_qi_quantize_row, t = (int32_t)(x *
+ * (inv * 2^16)) (x * inv16 == (x * inv) * 2^16 exactly: scaling by a power of two commutes with
+ * rounding, and a product below 2^-126 truncates to t = 0 either way) and code = (t + 2^15 +
+ * (t >> 31)) >> 16, round(x * inv) half away from zero; |x * inv| <= 127 * (1 + 2^-23) needs
+ * no clamp, and the codes fit the saturating packs unchanged.
+ */
+static int quantize_block_q8_sse2(const float *x, int8_t *xq, float *sx)
+{
+    const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF);
+    __m128i m = _mm_setzero_si128();
+#pragma GCC unroll 8
+    for (int32_t i = 0; i < COLIBRI_QK8; i += 4) {
+        const __m128i bits = _mm_loadu_si128((const __m128i *)(const void *)(x + i));
+        m = colibri_max_epi32_sse2(m, _mm_and_si128(bits, abs_mask));
+    }
+    m = colibri_max_epi32_sse2(m, _mm_shuffle_epi32(m, 0x4E));
+    m = colibri_max_epi32_sse2(m, _mm_shuffle_epi32(m, 0xB1));
+    const uint32_t abits = (uint32_t)_mm_cvtsi128_si32(m);
+    if (abits < 0x0D800000u || abits >= 0x7F800000u) { /* below 2^-100, infinity or NaN */
+        return 0;
+    }
+    float amax;
+    memcpy(&amax, &abits, sizeof amax);
+    const __m128 inv16 = _mm_set1_ps(((float)COLIBRI_Q8_MAX / amax) * 65536.0f);
+    const __m128i half = _mm_set1_epi32(32768);
+#pragma GCC unroll 2
+    for (int32_t i = 0; i < COLIBRI_QK8; i += 16) {
+        __m128i c[4];
+#pragma GCC unroll 4
+        for (int32_t j = 0; j < 4; j++) {
+            const __m128i t = _mm_cvttps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * j), inv16));
+            c[j] = _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(t, half), _mm_srai_epi32(t, 31)), 16);
+        }
+        const __m128i codes =
+            _mm_packs_epi16(_mm_packs_epi32(c[0], c[1]), _mm_packs_epi32(c[2], c[3]));
+        _mm_storeu_si128((__m128i *)(void *)(xq + i), codes);
+    }
+    *sx = amax / (float)COLIBRI_Q8_MAX;
+    return 1;
+}
+#endif
+
 void colibri_quantize_row_q8(const float *x, int8_t *xq, float *sx, int32_t n)
 {
     for (int32_t i0 = 0, b = 0; i0 < n; i0 += COLIBRI_QK8, b++) {
         const int32_t m = (n - i0 < COLIBRI_QK8) ? n - i0 : COLIBRI_QK8;
+#if defined(COLIBRI_DOT_SSE2)
+        if (m == COLIBRI_QK8 && quantize_block_q8_sse2(x + i0, xq + i0, sx + b)) {
+            continue;
+        }
+#endif
         sx[b] = quantize_block_q8(x + i0, xq + i0, m);
     }
 }
@@ -461,10 +518,20 @@ static int32_t matmul_chunk_rows(size_t row_bytes, int32_t n_out)
 void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
+#if defined(COLIBRI_X86_DISPATCH)
+    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+#endif
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t step = matmul_chunk_rows((size_t)n_in, n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+#if defined(COLIBRI_X86_DISPATCH)
+        if (kx->matmul_q8_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
+            kx->matmul_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0, xq, sx, y + o0, ldy, m,
+                             n_in, n_tok);
+            continue;
+        }
+#endif
         for (int32_t t = 0; t < n_tok; t++) {
             colibri_matvec_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0,
                                  xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
@@ -476,10 +543,20 @@ void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq,
 void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
+#if defined(COLIBRI_X86_DISPATCH)
+    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+#endif
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t step = matmul_chunk_rows((size_t)n_in + 4u * nb, n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+#if defined(COLIBRI_X86_DISPATCH)
+        if (kx->matmul_q8b_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
+            kx->matmul_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb, xq, sx,
+                              y + o0, ldy, m, n_in, n_tok);
+            continue;
+        }
+#endif
         for (int32_t t = 0; t < n_tok; t++) {
             colibri_matvec_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb,
                                   xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
@@ -491,10 +568,19 @@ void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
 void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
+#if defined(COLIBRI_X86_DISPATCH)
+    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+#endif
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
     const int32_t step = matmul_chunk_rows(nb * sizeof(colibri_block_q4_32), n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+#if defined(COLIBRI_X86_DISPATCH)
+        if (kx->matmul_q4_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
+            kx->matmul_q4_q8(w + (size_t)o0 * nb, xq, sx, y + o0, ldy, m, n_in, n_tok);
+            continue;
+        }
+#endif
         for (int32_t t = 0; t < n_tok; t++) {
             colibri_matvec_q4_q8(w + (size_t)o0 * nb, xq + (size_t)t * (size_t)n_in,
                                  sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m,

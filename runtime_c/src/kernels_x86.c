@@ -24,6 +24,11 @@
  *    int8 weights go in as w + 128 (w ^ 0x80) and the accumulator starts at -128 * sum(x) of
  *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
  *    Exact for every int8 value, -128 included.
+ *
+ * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add register
+ * blocking over tokens: tiles of KX_TOK_TILE (4) tokens, each block of eight rows' weights
+ * unpacked once per tile (the 1-3 tokens left over run the matvec); per token the same float steps
+ * as the matvec, so the same bits.
  */
 #include "kernels_x86.h"
 
@@ -48,6 +53,8 @@
 #define KX_AVXVNNI __attribute__((target("avx2,f16c,avxvnni")))
 #define KX_AVX512VNNI __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KX_INLINE static inline __attribute__((always_inline))
+/* the int8 / int4 matvecs stay functions of their own where the multi-token kernels call them */
+#define KX_NOINLINE __attribute__((noinline))
 /* the loops over the eight rows of a group, whole (their values stay in registers) */
 #define KX_UNROLL _Pragma("GCC unroll 8")
 
@@ -203,8 +210,8 @@ KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
  * zero-padded copies (zeros add nothing to an integer sum).
  */
 #define KX_Q8_MATVEC(NAME, TARGET, BLOCK, BLOCKED)                                                 \
-    static TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
-                            const float *sx, float *y, int32_t n_out, int32_t n_in)                \
+    static KX_NOINLINE TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,     \
+                                        const float *sx, float *y, int32_t n_out, int32_t n_in)    \
     {                                                                                              \
         const int32_t full = n_in / COLIBRI_QK8;                                                   \
         const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
@@ -313,8 +320,8 @@ KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 /* colibri_matvec_q4_q8: acc += (float)isum_b * (d_b * sx[b]) per row, blocks in order; a
  * partial last block reads x from a zero-padded copy, so its unused nibbles add nothing. */
 #define KX_Q4_MATVEC(NAME, TARGET, BLOCK)                                                          \
-    static TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,       \
-                            float *y, int32_t n_out, int32_t n_in)                                 \
+    static KX_NOINLINE TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq,            \
+                                        const float *sx, float *y, int32_t n_out, int32_t n_in)    \
     {                                                                                              \
         const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
         const int32_t full = n_in / COLIBRI_QK4;                                                   \
@@ -355,19 +362,366 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_block_avxvnni)
 KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
 #endif
 
+/* -- multi-token kernels: weights loaded once per group of tokens --------------------------- */
+
+/*
+ * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of KX_TOK_TILE,
+ * rows in groups of eight. Each block of a group's eight rows is loaded
+ * and unpacked once and multiplied against the activation codes of every token of the tile. Per
+ * token and row the float steps are those of the matvec above (blocks in order, the same multiplies
+ * and adds lane by lane), so row t of the result is the matvec of token t bit for bit: only the
+ * order of the exact integer sums differs. The tokens after the last whole tile, and the last
+ * group of rows when n_out is not a multiple of eight, run the matvec itself. One tile width and
+ * one non-inlined tile function per weight format and level (q8 / q8b share theirs, BLOCKED an
+ * argument) keep this file quick to compile: each width more is another copy of every tile.
+ *
+ * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
+ * WPREP (a row's weights) and PROD (their int32 products, whose eight
+ * lanes sum to the block's dot product). KX_TILE_SUMS reduces eight rows x T tokens with the
+ * pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
+ */
+#define KX_TOK_TILE 4
+
+/* Two vectors: the low / high halves of a block (AVX2 int8: int16 lanes), or a vector and its
+ * correction (VNNI and int4: codes, and -128 or -8 times the sum of each 4 codes). */
+typedef struct {
+    __m256i a;
+    __m256i b;
+} kx_v2;
+
+/* Row r's block at w + r * ws (ws in WTYPE elements), token t's codes at x + t * xs. */
+#define KX_TILE_SUMS(NAME, TARGET, WTYPE, XPREP, WPREP, PROD)                                      \
+    KX_INLINE TARGET void NAME(const WTYPE *w, size_t ws, const int8_t *x, size_t xs, const int T, \
+                               __m256i hs[])                                                       \
+    {                                                                                              \
+        kx_v2 xv[KX_TOK_TILE];                                                                     \
+        __m256i quad[2][KX_TOK_TILE];                                                              \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                        \
+        {                                                                                          \
+            xv[t] = XPREP(x + (size_t)t * xs);                                                     \
+        }                                                                                          \
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)                                        \
+        {                                                                                          \
+            __m256i pair[KX_TOK_TILE];                                                             \
+            _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++)                                    \
+            {                                                                                      \
+                const kx_v2 w0 = WPREP(w + (size_t)(4 * h + 2 * q) * ws);                          \
+                const kx_v2 w1 = WPREP(w + (size_t)(4 * h + 2 * q + 1) * ws);                      \
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                \
+                {                                                                                  \
+                    const __m256i s = _mm256_hadd_epi32(PROD(w0, xv[t]), PROD(w1, xv[t]));         \
+                    pair[t] = (q == 0) ? s : _mm256_hadd_epi32(pair[t], s);                        \
+                }                                                                                  \
+            }                                                                                      \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                quad[h][t] = pair[t];                                                              \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                        \
+        {                                                                                          \
+            hs[t] = _mm256_add_epi32(_mm256_permute2x128_si256(quad[0][t], quad[1][t], 0x20),      \
+                                     _mm256_permute2x128_si256(quad[0][t], quad[1][t], 0x31));     \
+        }                                                                                          \
+    }
+
+/* int8 x int8, AVX2: both sides sign-extended to int16, VPMADDWD. */
+KX_INLINE KX_AVX2 kx_v2 kx_q8_widen_avx2(const int8_t *p)
+{
+    kx_v2 v;
+    v.a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p));
+    v.b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+    return v;
+}
+
+KX_INLINE KX_AVX2 __m256i kx_q8_prod_avx2(kx_v2 w, kx_v2 x)
+{
+    return _mm256_add_epi32(_mm256_madd_epi16(w.a, x.a), _mm256_madd_epi16(w.b, x.b));
+}
+
+KX_TILE_SUMS(kx_q8_tile_avx2, KX_AVX2, int8_t, kx_q8_widen_avx2, kx_q8_widen_avx2, kx_q8_prod_avx2)
+
+/* int4 x int8, AVX2: nibbles (unsigned) x codes with VPMADDUBSW, minus 8 * sum(x). */
+KX_INLINE KX_AVX2 kx_v2 kx_q4_x_avx2(const int8_t *p)
+{
+    kx_v2 v;
+    v.a = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    const __m256i sx4 =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v.a), _mm256_set1_epi16(1));
+    v.b = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sx4, 3));
+    return v;
+}
+
+KX_INLINE KX_AVX2 kx_v2 kx_q4_w_avx2(const colibri_block_q4_32 *blk)
+{
+    kx_v2 v;
+    v.a = kx_nibbles(blk);
+    v.b = v.a;
+    return v;
+}
+
+KX_INLINE KX_AVX2 __m256i kx_q4_prod_avx2(kx_v2 w, kx_v2 x)
+{
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w.a, x.a), _mm256_set1_epi16(1)),
+                            x.b);
+}
+
+KX_TILE_SUMS(kx_q4_tile_avx2, KX_AVX2, colibri_block_q4_32, kx_q4_x_avx2, kx_q4_w_avx2,
+             kx_q4_prod_avx2)
+
+#if defined(KX_HAVE_VNNI)
+/* VNNI: codes and the correction (-128 * sum of each 4 codes for int8 weights stored as
+ * w + 128, -8 * sum for int4 nibbles); each row's product is one VPDPBUSD. */
+#define KX_VNNI_PARTS(SUFFIX, TARGET, DPBUSD)                                                      \
+    KX_INLINE TARGET kx_v2 kx_q8_x_##SUFFIX(const int8_t *p)                                       \
+    {                                                                                              \
+        kx_v2 v;                                                                                   \
+        v.a = _mm256_loadu_si256((const __m256i *)(const void *)p);                                \
+        v.b = _mm256_sub_epi32(_mm256_setzero_si256(),                                             \
+                               DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), v.a)); \
+        return v;                                                                                  \
+    }                                                                                              \
+    KX_INLINE TARGET kx_v2 kx_q8_w_##SUFFIX(const int8_t *p)                                       \
+    {                                                                                              \
+        kx_v2 v;                                                                                   \
+        v.a = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)p),               \
+                               _mm256_set1_epi8((char)0x80));                                      \
+        v.b = v.a;                                                                                 \
+        return v;                                                                                  \
+    }                                                                                              \
+    KX_INLINE TARGET kx_v2 kx_q4_x_##SUFFIX(const int8_t *p)                                       \
+    {                                                                                              \
+        kx_v2 v;                                                                                   \
+        v.a = _mm256_loadu_si256((const __m256i *)(const void *)p);                                \
+        v.b = _mm256_sub_epi32(_mm256_setzero_si256(),                                             \
+                               DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8(8), v.a));          \
+        return v;                                                                                  \
+    }                                                                                              \
+    KX_INLINE TARGET __m256i kx_prod_##SUFFIX(kx_v2 w, kx_v2 x)                                    \
+    {                                                                                              \
+        return DPBUSD(x.b, w.a, x.a);                                                              \
+    }                                                                                              \
+    KX_TILE_SUMS(kx_q8_tile_##SUFFIX, TARGET, int8_t, kx_q8_x_##SUFFIX, kx_q8_w_##SUFFIX,          \
+                 kx_prod_##SUFFIX)                                                                 \
+    KX_TILE_SUMS(kx_q4_tile_##SUFFIX, TARGET, colibri_block_q4_32, kx_q4_x_##SUFFIX, kx_q4_w_avx2, \
+                 kx_prod_##SUFFIX)
+
+KX_VNNI_PARTS(avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
+KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
+#endif
+
+/* Zero-padded copies of the partial last block of `rows` rows (n bytes from src + r * ss each,
+ * into width-byte rows at dst): one plain function for every level and tile. */
+static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src, size_t ss,
+                                    int rows, size_t n)
+{
+    memset(dst, 0, width * (size_t)rows);
+    for (int r = 0; r < rows; r++) {
+        memcpy(dst + (size_t)r * width, src + (size_t)r * ss, n);
+    }
+}
+
+/* Tokens [t0, t0 + nt): a tile of KX_TOK_TILE, or 1 (the matvec). */
+#define KX_TILE_NEXT(left) (((left) >= KX_TOK_TILE) ? KX_TOK_TILE : 1)
+
+/*
+ * Full groups of eight rows of an int8-weight matmul for one tile of T tokens (BLOCKED as in
+ * KX_Q8_MATVEC): n_out a multiple of 8. A partial last block is computed on zero-padded copies.
+ */
+#define KX_Q8_MATMUL_TILE(NAME, TARGET, TILE)                                                      \
+    static KX_NOINLINE TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,     \
+                                        const float *sx, float *y, int32_t ldy, int32_t n_out,     \
+                                        int32_t n_in, const int BLOCKED)                           \
+    {                                                                                              \
+        const int T = KX_TOK_TILE;                                                                 \
+        const int32_t full = n_in / COLIBRI_QK8;                                                   \
+        const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
+        const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
+        int8_t xpad[KX_TOK_TILE][COLIBRI_QK8];                                                     \
+        if (tail > 0) {                                                                            \
+            kx_pad_rows(&xpad[0][0], COLIBRI_QK8, xq + (size_t)full * COLIBRI_QK8, (size_t)n_in,   \
+                        T, (size_t)tail);                                                          \
+        }                                                                                          \
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
+            const int8_t *row = q + (size_t)o0 * (size_t)n_in;                                     \
+            int32_t sidx[8];                                                                       \
+            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
+            {                                                                                      \
+                sidx[r] = BLOCKED ? (o0 + r) * nb : o0 + r;                                        \
+            }                                                                                      \
+            const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
+            __m256 acc[KX_TOK_TILE];                                                               \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                acc[t] = _mm256_setzero_ps();                                                      \
+            }                                                                                      \
+            __m256i hs[KX_TOK_TILE];                                                               \
+            int8_t wpad[8][COLIBRI_QK8];                                                           \
+            for (int32_t b = 0; b < nb; b++) {                                                     \
+                const int8_t *wb = row + (size_t)b * COLIBRI_QK8;                                  \
+                size_t wstride = (size_t)n_in;                                                     \
+                const int8_t *xb = xq + (size_t)b * COLIBRI_QK8;                                   \
+                size_t xstride = (size_t)n_in;                                                     \
+                if (b >= full) { /* the partial last block: zero-padded copies */                  \
+                    kx_pad_rows(&wpad[0][0], COLIBRI_QK8, row + (size_t)full * COLIBRI_QK8,        \
+                                (size_t)n_in, 8, (size_t)tail);                                    \
+                    wb = &wpad[0][0];                                                              \
+                    wstride = COLIBRI_QK8;                                                         \
+                    xb = &xpad[0][0];                                                              \
+                    xstride = COLIBRI_QK8;                                                         \
+                }                                                                                  \
+                TILE(wb, wstride, xb, xstride, T, hs);                                             \
+                __m256 ws = _mm256_setzero_ps();                                                   \
+                if (BLOCKED) {                                                                     \
+                    ws = _mm256_i32gather_ps(scale + b, vidx, 4);                                  \
+                }                                                                                  \
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                \
+                {                                                                                  \
+                    const __m256 f = _mm256_cvtepi32_ps(hs[t]);                                    \
+                    const __m256 s = _mm256_set1_ps(sx[(size_t)t * (size_t)nb + (size_t)b]);       \
+                    acc[t] = _mm256_add_ps(acc[t],                                                 \
+                                           _mm256_mul_ps(f, BLOCKED ? _mm256_mul_ps(ws, s) : s));  \
+                }                                                                                  \
+            }                                                                                      \
+            const __m256 rs = BLOCKED ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4); \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0,                         \
+                                 BLOCKED ? acc[t] : _mm256_mul_ps(acc[t], rs));                    \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+#define KX_Q8_MATMUL(NAME, TARGET, TILEFN, MATVEC, BLOCKED)                                        \
+    static TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
+                            const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,   \
+                            int32_t n_tok)                                                         \
+    {                                                                                              \
+        const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
+        const int32_t n8 = n_out & ~7;                                                             \
+        for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
+            nt = KX_TILE_NEXT(n_tok - t0);                                                         \
+            const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
+            const float *st = sx + (size_t)t0 * nb;                                                \
+            float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
+            if (nt > 1 && n8 > 0) {                                                                \
+                TILEFN(q, scale, xt, st, yt, ldy, n8, n_in, BLOCKED);                              \
+            }                                                                                      \
+            for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
+                const int32_t o = (nt > 1) ? n8 : 0;                                               \
+                if (o < n_out) {                                                                   \
+                    MATVEC(q + (size_t)o * (size_t)n_in, scale + (size_t)o * ((BLOCKED) ? nb : 1), \
+                           xt + (size_t)t * (size_t)n_in, st + (size_t)t * nb,                     \
+                           yt + (size_t)t * (size_t)ldy + (size_t)o, n_out - o, n_in);             \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+/* Full groups of eight rows of colibri_matmul_q4_q8 for one tile of T tokens (as KX_Q4_MATVEC,
+ * lane by lane); a partial last block reads x from zero-padded copies. */
+#define KX_Q4_MATMUL(NAME, TARGET, TILE, MATVEC)                                                   \
+    static KX_NOINLINE TARGET void NAME##_tile(const colibri_block_q4_32 *w, const int8_t *xq,     \
+                                               const float *sx, float *y, int32_t ldy,             \
+                                               int32_t n_out, int32_t n_in)                        \
+    {                                                                                              \
+        const int T = KX_TOK_TILE;                                                                 \
+        const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
+        const int32_t full = n_in / COLIBRI_QK4;                                                   \
+        int8_t xpad[KX_TOK_TILE][COLIBRI_QK4];                                                     \
+        if (full < nb) {                                                                           \
+            kx_pad_rows(&xpad[0][0], COLIBRI_QK4, xq + (size_t)full * COLIBRI_QK4, (size_t)n_in,   \
+                        T, (size_t)(n_in - full * COLIBRI_QK4));                                   \
+        }                                                                                          \
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
+            const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;                          \
+            __m256 acc[KX_TOK_TILE];                                                               \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                acc[t] = _mm256_setzero_ps();                                                      \
+            }                                                                                      \
+            __m256i hs[KX_TOK_TILE];                                                               \
+            for (int32_t b = 0; b < nb; b++) {                                                     \
+                const colibri_block_q4_32 *blk = row + b;                                          \
+                const int pad = b >= full; /* the partial last block reads zero-padded x */        \
+                TILE(blk, (size_t)nb, pad ? &xpad[0][0] : xq + (size_t)b * COLIBRI_QK4,            \
+                     pad ? (size_t)COLIBRI_QK4 : (size_t)n_in, T, hs);                             \
+                const __m128i dh = _mm_setr_epi16((short)blk[0].d, (short)blk[nb].d,               \
+                                                  (short)blk[2 * nb].d, (short)blk[3 * nb].d,      \
+                                                  (short)blk[4 * nb].d, (short)blk[5 * nb].d,      \
+                                                  (short)blk[6 * nb].d, (short)blk[7 * nb].d);     \
+                const __m256 d = _mm256_cvtph_ps(dh);                                              \
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                \
+                {                                                                                  \
+                    const __m256 ds =                                                              \
+                        _mm256_mul_ps(d, _mm256_set1_ps(sx[(size_t)t * (size_t)nb + (size_t)b]));  \
+                    acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_cvtepi32_ps(hs[t]), ds));  \
+                }                                                                                  \
+            }                                                                                      \
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
+            {                                                                                      \
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);                \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    static TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,       \
+                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)     \
+    {                                                                                              \
+        const size_t nb = COLIBRI_Q4_BLOCKS(n_in);                                                 \
+        const int32_t n8 = n_out & ~7;                                                             \
+        for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
+            nt = KX_TILE_NEXT(n_tok - t0);                                                         \
+            const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
+            const float *st = sx + (size_t)t0 * nb;                                                \
+            float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
+            if (nt > 1 && n8 > 0) {                                                                \
+                NAME##_tile(w, xt, st, yt, ldy, n8, n_in);                                         \
+            }                                                                                      \
+            for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
+                const int32_t o = (nt > 1) ? n8 : 0;                                               \
+                if (o < n_out) {                                                                   \
+                    MATVEC(w + (size_t)o * nb, xt + (size_t)t * (size_t)n_in, st + (size_t)t * nb, \
+                           yt + (size_t)t * (size_t)ldy + (size_t)o, n_out - o, n_in);             \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avx2, KX_AVX2, kx_q8_tile_avx2)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8_q8_avx2, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8b_q8_avx2, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_tile_avx2, kx_matvec_q4_q8_avx2)
+#if defined(KX_HAVE_VNNI)
+KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8_q8_avxvnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8b_q8_avxvnni,
+             1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni, kx_matvec_q4_q8_avxvnni)
+KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
+             kx_matvec_q8_q8_avx512vnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
+             kx_matvec_q8b_q8_avx512vnni, 1)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni,
+             kx_matvec_q4_q8_avx512vnni)
+#endif
+
 /* -- the levels and the choice ------------------------------------------------------------- */
 
 static const colibri_x86_kernels_t kx_levels[4] = {
-    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL},
+    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     [COLIBRI_KERNEL_AVX2] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2, kx_matvec_q8_q8_avx2,
-                             kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2},
+                             kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2, kx_matmul_q8_q8_avx2,
+                             kx_matmul_q8b_q8_avx2, kx_matmul_q4_q8_avx2},
 #if defined(KX_HAVE_VNNI)
     [COLIBRI_KERNEL_AVX_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                  kx_matvec_q8_q8_avxvnni, kx_matvec_q8b_q8_avxvnni,
-                                 kx_matvec_q4_q8_avxvnni},
+                                 kx_matvec_q4_q8_avxvnni, kx_matmul_q8_q8_avxvnni,
+                                 kx_matmul_q8b_q8_avxvnni, kx_matmul_q4_q8_avxvnni},
     [COLIBRI_KERNEL_AVX512_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                     kx_matvec_q8_q8_avx512vnni, kx_matvec_q8b_q8_avx512vnni,
-                                    kx_matvec_q4_q8_avx512vnni},
+                                    kx_matvec_q4_q8_avx512vnni, kx_matmul_q8_q8_avx512vnni,
+                                    kx_matmul_q8b_q8_avx512vnni, kx_matmul_q4_q8_avx512vnni},
 #endif
 };
 

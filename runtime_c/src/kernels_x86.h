@@ -28,6 +28,13 @@ typedef struct {
                           float *y, int32_t n_out, int32_t n_in);
     void (*matvec_q4_q8)(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                          int32_t n_out, int32_t n_in);
+    /* multi-token kernels on one chunk of rows (the signatures of colibri_matmul_*) */
+    void (*matmul_q8_q8)(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                         float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+    void (*matmul_q8b_q8)(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+    void (*matmul_q4_q8)(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
+                         int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 } colibri_x86_kernels_t;
 
 /** @brief The table of the level in use (chosen by CPUID on the first call; thread-safe). */

@@ -204,10 +204,11 @@ __attribute__((noinline)) static float kt_quantize_roundf(const float *x, int8_t
 /* -- matvec / matmul paths: every kernel level the CPU has (x86-64: base, AVX2, AVX-VNNI,
  * AVX-512 VNNI; elsewhere the one compiled path) against the base level, row by row, and each
  * multi-token kernel against the matvec of the same row. Shapes with n_in not a multiple of
- * 8 / 32 / 64 and n_out not a multiple of 8. */
+ * 8 / 32 / 64 and n_out not a multiple of 8; matmuls of KM_TOK, 7, 3 and 1 tokens (the x86
+ * levels run tiles of 4 tokens and the matvec for the 1-3 left: 9 = 4 + 4 + 1, 7 = 4 + 3). */
 #define KM_OUT 17
 #define KM_IN 72
-#define KM_TOK 3
+#define KM_TOK 9
 #define KM_NB ((KM_IN + 31) / 32)
 #define KM_KERNELS 8
 
@@ -262,34 +263,34 @@ static void km_matvec(int32_t k, int32_t t, float *y, int32_t n_out, int32_t n_i
     }
 }
 
-/* Kernel k on all KM_TOK tokens (matmul, ldy = n_out + 1) into km_y. */
-static void km_matmul(int32_t k, int32_t n_out, int32_t n_in)
+/* Kernel k on the first n_tok tokens (matmul, ldy = n_out + 1) into km_y. */
+static void km_matmul(int32_t k, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
     const int32_t ldy = n_out + 1;
     switch (k) {
     case 0:
-        colibri_matmul_f32(km_wf, NULL, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_f32(km_wf, NULL, km_x, km_y, ldy, n_out, n_in, n_tok);
         break;
     case 1:
-        colibri_matmul_f16_f32(km_wh, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_f16_f32(km_wh, km_x, km_y, ldy, n_out, n_in, n_tok);
         break;
     case 2:
-        colibri_matmul_q8_f32(km_wq, km_sc, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_q8_f32(km_wq, km_sc, km_x, km_y, ldy, n_out, n_in, n_tok);
         break;
     case 3:
-        colibri_matmul_q4_f32(km_w4, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_q4_f32(km_w4, km_x, km_y, ldy, n_out, n_in, n_tok);
         break;
     case 4:
-        colibri_matmul_q8b_f32(km_wq, km_sc, km_x, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_q8b_f32(km_wq, km_sc, km_x, km_y, ldy, n_out, n_in, n_tok);
         break;
     case 5:
-        colibri_matmul_q8_q8(km_wq, km_sc, km_xq, km_sx, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_q8_q8(km_wq, km_sc, km_xq, km_sx, km_y, ldy, n_out, n_in, n_tok);
         break;
     case 6:
-        colibri_matmul_q8b_q8(km_wq, km_sc, km_xq, km_sx, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_q8b_q8(km_wq, km_sc, km_xq, km_sx, km_y, ldy, n_out, n_in, n_tok);
         break;
     default:
-        colibri_matmul_q4_q8(km_w4, km_xq, km_sx, km_y, ldy, n_out, n_in, KM_TOK);
+        colibri_matmul_q4_q8(km_w4, km_xq, km_sx, km_y, ldy, n_out, n_in, n_tok);
         break;
     }
 }
@@ -347,15 +348,19 @@ static void km_check_shape(int32_t n_out, int32_t n_in, int32_t extremes, uint32
                     *failed += km_same(y[o], km_ref[k][t][o]) ? 0u : 1u;
                 }
             }
-            for (int32_t i = 0; i < KM_TOK * (KM_OUT + 1); i++) {
-                km_y[i] = -1.0f; /* the gap column (ldy > n_out) must stay untouched */
-            }
-            km_matmul(k, n_out, n_in);
-            for (int32_t t = 0; t < KM_TOK; t++) {
-                for (int32_t o = 0; o <= n_out; o++) {
-                    (*checks)++;
-                    const float want = (o < n_out) ? km_ref[k][t][o] : -1.0f;
-                    *failed += km_same(km_y[t * (n_out + 1) + o], want) ? 0u : 1u;
+            static const int32_t n_toks[] = {KM_TOK, 7, 3, 1};
+            for (uint32_t nt = 0; nt < sizeof n_toks / sizeof n_toks[0]; nt++) {
+                const int32_t n_tok = n_toks[nt];
+                for (int32_t i = 0; i < KM_TOK * (KM_OUT + 1); i++) {
+                    km_y[i] = -1.0f; /* the gap column (ldy > n_out) must stay untouched */
+                }
+                km_matmul(k, n_out, n_in, n_tok);
+                for (int32_t t = 0; t <= n_tok && t < KM_TOK; t++) {
+                    for (int32_t o = 0; o <= n_out; o++) {
+                        (*checks)++;
+                        const float want = (o < n_out && t < n_tok) ? km_ref[k][t][o] : -1.0f;
+                        *failed += km_same(km_y[t * (n_out + 1) + o], want) ? 0u : 1u;
+                    }
                 }
             }
         }

@@ -31,7 +31,9 @@ from conftest import host_kernels
 
 LEVELS = {"base": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
 SHAPES = [(1, 1), (7, 31), (9, 64), (17, 100), (24, 257)]
-N_TOK = 3
+#: tokens per matmul: the x86 levels run tiles of 4 tokens and the matvec for the 1-3 left
+#: (kernels_x86.c): 2 and 3 the matvec only, 4, 5 = 4 + 1, 7 = 4 + 3, 8 = 4 + 4, 9 = 4 + 4 + 1
+N_TOKS = [2, 3, 4, 5, 7, 8, 9]
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +61,17 @@ def _same_bits(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
 
 @pytest.mark.parametrize("level", list(LEVELS))
 @pytest.mark.parametrize("shape", SHAPES)
-def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, int]) -> None:
+@pytest.mark.parametrize("n_tok", N_TOKS)
+def test_levels_match_the_mirror(
+    kq: ctypes.CDLL, level: str, shape: tuple[int, int], n_tok: int
+) -> None:
     if kq.colibri_kernel_set_level(LEVELS[level]) != LEVELS[level]:
         pytest.skip(f"this CPU has no {level} (or the host is not x86-64)")
     assert kq.colibri_kernel_level_name(kq.colibri_kernel_level()).decode() == level
     n_out, n_in = shape
-    rng = np.random.default_rng(n_out * 7919 + n_in)
+    rng = np.random.default_rng(n_out * 7919 + n_in * 31 + n_tok)
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
-    x = rng.standard_normal((N_TOK, n_in)).astype(np.float32)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     xq, sx = quantize_rows_q8(x)
     xq, sx = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
     bias = rng.standard_normal(n_out).astype(np.float32)
@@ -91,7 +96,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
                 ldy,
                 o1 - o0,
                 n_in,
-                N_TOK,
+                n_tok,
             ),
         ),
         (
@@ -101,7 +106,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
                 _p(w16), _p(x, t * n_in * 4), _p(y), n_out, n_in
             ),
             lambda y, ldy, o0, o1: kq.colibri_matmul_f16_f32(
-                _p(w16, o0 * n_in * 2), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+                _p(w16, o0 * n_in * 2), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, n_tok
             ),
         ),
         (
@@ -109,7 +114,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
             matvec_q8_f32(q, s, x),
             None,
             lambda y, ldy, o0, o1: kq.colibri_matmul_q8_f32(
-                _p(q, o0 * n_in), _p(s, o0 * 4), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+                _p(q, o0 * n_in), _p(s, o0 * 4), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, n_tok
             ),
         ),
         (
@@ -124,7 +129,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
                 ldy,
                 o1 - o0,
                 n_in,
-                N_TOK,
+                n_tok,
             ),
         ),
         (
@@ -132,7 +137,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
             matvec_q4_f32(q4, x, n_in),
             None,
             lambda y, ldy, o0, o1: kq.colibri_matmul_q4_f32(
-                _p(q4, o0 * nb * 18), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+                _p(q4, o0 * nb * 18), _p(x), _p(y, o0 * 4), ldy, o1 - o0, n_in, n_tok
             ),
         ),
         (
@@ -150,7 +155,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
                 ldy,
                 o1 - o0,
                 n_in,
-                N_TOK,
+                n_tok,
             ),
         ),
         (
@@ -168,7 +173,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
                 ldy,
                 o1 - o0,
                 n_in,
-                N_TOK,
+                n_tok,
             ),
         ),
         (
@@ -178,7 +183,7 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
                 _p(q4), _p(xq, t * n_in), _p(sx, t * nb * 4), _p(y), n_out, n_in
             ),
             lambda y, ldy, o0, o1: kq.colibri_matmul_q4_q8(
-                _p(q4, o0 * nb * 18), _p(xq), _p(sx), _p(y, o0 * 4), ldy, o1 - o0, n_in, N_TOK
+                _p(q4, o0 * nb * 18), _p(xq), _p(sx), _p(y, o0 * 4), ldy, o1 - o0, n_in, n_tok
             ),
         ),
     ]
@@ -186,11 +191,11 @@ def test_levels_match_the_mirror(kq: ctypes.CDLL, level: str, shape: tuple[int, 
     split = n_out // 2 + 1 if n_out > 1 else n_out  # two row ranges, as two threads take them
     for name, want, matvec, matmul in cases:
         if matvec is not None:
-            for t in range(N_TOK):
+            for t in range(n_tok):
                 y = np.full(n_out, np.nan, np.float32)
                 matvec(t, y)
                 _same_bits(y, want[t], f"{level} matvec {name} row {t}")
-        y = np.full((N_TOK, ldy), -7.0, np.float32)
+        y = np.full((n_tok, ldy), -7.0, np.float32)
         matmul(y, ldy, 0, split)
         if split < n_out:
             matmul(y, ldy, split, n_out)

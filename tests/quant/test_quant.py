@@ -186,6 +186,38 @@ def test_integer_accumulators_bit_exact(kq: ctypes.CDLL, shape: tuple[int, int])
             assert got == ref4[o, b], (o, b, got, ref4[o, b])
 
 
+def test_quantize_row_blocks_bit_exact(kq: ctypes.CDLL) -> None:
+    """colibri_quantize_row_q8 (whole blocks take a SIMD path on x86-64) against the mirror, bit
+    for bit: ties at .5 codes, -0.0, subnormals beside normal values, blocks whose max |x| is
+    tiny, infinite or NaN, scales over many binades, and a partial last block."""
+    rng = np.random.default_rng(2024)
+    n = 32 * 40 + 13
+    x = rng.standard_normal(n).astype(np.float32)
+    x *= np.exp2(rng.integers(-60, 60, n // 32 + 1)).astype(np.float32).repeat(32)[:n]
+    x[0:32] = (np.arange(32, dtype=np.float32) - 16.0) * 0.5  # amax 8: codes at .5 ties
+    x[32:64] = x[0:32] * np.float32(127.0 / 8.0)  # exact halves after the scaling
+    x[64:96] = 0.0
+    x[65] = -0.0
+    x[70] = np.float32(1e-40)  # a subnormal in an all-zero block
+    x[96:128] = np.float32(1e-40)
+    x[100] = np.float32(2.0**-101)  # max |x| just below the SIMD path's 2^-100
+    x[128:160] = np.float32(3.0)
+    x[130] = np.float32(2.0**-100)
+    x[131] = np.float32(-1e-42)
+    x[160:192] = rng.standard_normal(32).astype(np.float32) * np.float32(2.0**-100)
+    x[200] = np.inf
+    x[230] = -np.inf
+    x[260] = np.nan
+    x[290] = np.float32(3.0e38)
+    x[300] = np.float32(-3.4e38)
+    xq = np.zeros(n, np.int8)
+    sx = np.full(q8_blocks(n), np.nan, np.float32)
+    kq.colibri_quantize_row_q8(_p(x), _p(xq), _p(sx), n)
+    ref_xq, ref_sx = quantize_rows_q8(x[None, :])
+    assert np.array_equal(xq, ref_xq[0]), np.flatnonzero(xq != ref_xq[0])[:8]
+    _same_bits(sx, ref_sx[0], "block scales")
+
+
 def test_zero_row_quantises_to_zero(kq: ctypes.CDLL) -> None:
     x = np.zeros((1, 7), np.float32)
     xq = np.ones(7, np.int8)
