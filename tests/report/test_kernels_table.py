@@ -1,6 +1,6 @@
 """benchmarks/kernels_table.py end to end with --tiny on the host (callgrind) and one QEMU board
 (the icount plugin's sub_prefix count): the JSON has every field, the counts are positive and
-consistent (the kernels are part of the pass, a longer pass costs more, every figure is the
+consistent (the kernels are part of the pass, more tokens cost more than one, every figure is the
 counts it says it is). Structure and sanity only: no performance thresholds."""
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ def _check_scheme(res: dict[str, dict[str, dict[str, int]]], macs: int) -> None:
     assert set(passes) == set(kernels) == {str(n) for n in kernels_table.TOKENS} | {"group8"}
     for n in passes:
         assert 0 < kernels[n] < passes[n], (n, kernels[n], passes[n])
-    assert passes["1"] < passes["8"] < passes["9"]
-    assert kernels["1"] < kernels["8"] < kernels["9"]
+    # more tokens cost more than one; 9 random tokens need not cost more than 8: how they split
+    # between the experts decides which token tiles the multi-token kernels run
+    assert passes["1"] < min(passes["8"], passes["9"])
+    assert kernels["1"] < min(kernels["8"], kernels["9"])
     per_mac = res["instr_per_mac"]
     assert set(per_mac) == set(kernels_table.COLUMNS)
     assert per_mac["kernel@1"] == pytest.approx(kernels["1"] / macs)
