@@ -428,7 +428,15 @@ def _scan_code(text: str, funcs: list[FunctionInfo], machine: str, elf: Any) -> 
                     fn.calls.add(value)
                 else:
                     fn.indirect = True
-            elif mnem in ("j", "j.l") and target is not None and target is not fn:
+            elif (
+                mnem in ("j", "j.l")
+                and target is not None
+                and target is not fn
+                and tgt is not None
+                and int(tgt.group(1), 16) == target.addr
+            ):
+                # a tail call enters a function at its start; a jump into the middle of another
+                # function is a literal pool or table that the linear disassembly misread
                 fn.calls.add(target.addr)
             elif mnem == "jx":
                 fn.indirect = True
