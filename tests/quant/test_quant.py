@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate, render
-from colibri.errors import BudgetExceeded, ShapeError
+from colibri.errors import BudgetExceeded, ModelFormatError, ShapeError
 from colibri.frontends.toy import make_toy
 from colibri.options import GenerateOptions
 from colibri.quant.formats import (
@@ -432,7 +432,7 @@ def test_r4p_layout_pairs_and_inverse(shape: tuple[int, int]) -> None:
 def test_r4p_layout_refuses_what_it_cannot_hold() -> None:
     with pytest.raises(ShapeError, match="layout r4p"):
         r4p_order(np.zeros((8, 48), np.int8))  # inputs not whole blocks of 32
-    with pytest.raises(ValueError, match="-127, 127"):
+    with pytest.raises(ModelFormatError, match="-127, 127"):
         r4p_order(np.full((4, 32), -128, np.int8))
 
 

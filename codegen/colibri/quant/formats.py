@@ -504,7 +504,11 @@ def r4p_order(codes: np.ndarray) -> np.ndarray:
     if not r4p_fits(n_out, n_in):
         raise ShapeError(f"layout r4p needs n_out >= {R4_ROWS} and n_in % {QK8} == 0")
     if np.any(codes == -128):
-        raise ValueError("layout r4p needs int8 codes in [-127, 127]")
+        raise ModelFormatError(
+            "layout r4p needs int8 codes in [-127, 127], and these weights hold -128: Colibri's "
+            "int8 quantiser is symmetric and never makes -128, so re-quantise the weights with "
+            "it (or choose a board whose int8 layout is not r4p)"
+        )
     g = n_out // R4_ROWS * R4_ROWS
     fixed = codes.copy()
     fixed[:g, 1::2] = codes[:g, 1::2] - (codes[:g, 0::2] < 0).astype(np.int8)
