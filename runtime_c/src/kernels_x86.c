@@ -574,22 +574,25 @@ static KX_NOINLINE KX_AVX2 void kx_q8_mm_tile_avx2(const int8_t *q, const float 
                 _mm256_store_si256(&wv[2 * r + 1], _mm256_cvtepi8_epi16(_mm_loadu_si128(
                                                        (const __m128i *)(const void *)(wr + 16))));
             }
-            /* per token: acc += (float)isum * (sx[b] (q8) or scale[o][b] * sx[b] (q8b)); two
+            /* per token: acc += (float)isum * (sx[b] (q8) or scale[o][b] * sx[b] (q8b)); four
              * tokens an iteration, and the test of BLOCKED outside the loop */
+#define KX_Q8_TOKEN(S, k)                                                                          \
+    acc[t + (k)] = _mm256_add_ps(                                                                  \
+        acc[t + (k)], _mm256_mul_ps(_mm256_cvtepi32_ps(kx_q8_tok_avx2(wv, xt + (k)*xstride)),      \
+                                    S(st[(size_t)(k) * (size_t)nb])))
 #define KX_Q8_TOKENS(S)                                                                            \
     {                                                                                              \
         const int8_t *xt = xb;                                                                     \
         const float *st = sx + b;                                                                  \
         int t = 0;                                                                                 \
-        for (; t + 2 <= nt; t += 2, xt += 2 * xstride, st += 2 * (size_t)nb) {                     \
-            const __m256 f0 = _mm256_cvtepi32_ps(kx_q8_tok_avx2(wv, xt));                          \
-            const __m256 f1 = _mm256_cvtepi32_ps(kx_q8_tok_avx2(wv, xt + xstride));                \
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(f0, S(st[0])));                           \
-            acc[t + 1] = _mm256_add_ps(acc[t + 1], _mm256_mul_ps(f1, S(st[nb])));                  \
+        for (; t + 4 <= nt; t += 4, xt += 4 * xstride, st += 4 * (size_t)nb) {                     \
+            KX_Q8_TOKEN(S, 0);                                                                     \
+            KX_Q8_TOKEN(S, 1);                                                                     \
+            KX_Q8_TOKEN(S, 2);                                                                     \
+            KX_Q8_TOKEN(S, 3);                                                                     \
         }                                                                                          \
-        if (t < nt) {                                                                              \
-            const __m256 f0 = _mm256_cvtepi32_ps(kx_q8_tok_avx2(wv, xt));                          \
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(f0, S(st[0])));                           \
+        for (; t < nt; t++, xt += xstride, st += nb) {                                             \
+            KX_Q8_TOKEN(S, 0);                                                                     \
         }                                                                                          \
     }
 #define KX_S_Q8(v) _mm256_set1_ps(v)
@@ -603,6 +606,7 @@ static KX_NOINLINE KX_AVX2 void kx_q8_mm_tile_avx2(const int8_t *q, const float 
 #undef KX_S_Q8
 #undef KX_S_Q8B
 #undef KX_Q8_TOKENS
+#undef KX_Q8_TOKEN
         }
         const __m256 rs = BLOCKED ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4);
         for (int t = 0; t < nt; t++) {
@@ -610,6 +614,40 @@ static KX_NOINLINE KX_AVX2 void kx_q8_mm_tile_avx2(const int8_t *q, const float 
                              BLOCKED ? acc[t] : _mm256_mul_ps(acc[t], rs));
         }
     }
+}
+
+/* A row's block for the tile: its weights - 8 (-8..7) to *dst, and the sums of each pair of them
+ * (int16 lanes, for the correction of x + 128). */
+KX_INLINE KX_AVX2 __m256i kx_q4_wrow_avx2(const colibri_block_q4_32 *blk, __m256i *dst)
+{
+    /* the 16 bytes in both halves, the high half shifted by 4: low nibbles, then high ones */
+    const __m256i v =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)blk->qs));
+    const __m256i nib = _mm256_and_si256(
+        _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
+    const __m256i w = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    _mm256_store_si256(dst, w);
+    return _mm256_maddubs_epi16(_mm256_set1_epi8(1), w);
+}
+
+/* Token x's block (codes at xt) times the eight rows' weights - 8 (wv): lane r = row r's int32
+ * sum. The codes go in as x + 128 (unsigned), so c0123 / c4567 (128 * the sums of each eight
+ * weights, in the lanes of h0123 / h4567) come off. */
+KX_INLINE KX_AVX2 __m256i kx_q4_tok_avx2(const __m256i wv[8], const int8_t *xt, __m256i c0123,
+                                         __m256i c4567)
+{
+    const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)xt),
+                                        _mm256_set1_epi8((char)0x80));
+#define KX_Q4_ROW(r) _mm256_maddubs_epi16(xu, _mm256_load_si256(&wv[r]))
+    /* int16 lanes of each 128-bit half: [row 4h + k: elements 0..7, 8..15] */
+    const __m256i h0123 = _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(0), KX_Q4_ROW(1)),
+                                            _mm256_hadd_epi16(KX_Q4_ROW(2), KX_Q4_ROW(3)));
+    const __m256i h4567 = _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(4), KX_Q4_ROW(5)),
+                                            _mm256_hadd_epi16(KX_Q4_ROW(6), KX_Q4_ROW(7)));
+#undef KX_Q4_ROW
+    const __m256i a = _mm256_madd_epi16(_mm256_sub_epi16(h0123, c0123), _mm256_set1_epi16(1));
+    const __m256i c = _mm256_madd_epi16(_mm256_sub_epi16(h4567, c4567), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x21), _mm256_blend_epi32(a, c, 0xF0));
 }
 
 /*
@@ -633,8 +671,6 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
         kx_pad_rows(&xpad[0][0], COLIBRI_QK4, xq + (size_t)full * COLIBRI_QK4, (size_t)n_in, nt,
                     (size_t)(n_in - full * COLIBRI_QK4));
     }
-    const __m256i k80 = _mm256_set1_epi8((char)0x80);
-    const __m256i ones16 = _mm256_set1_epi16(1);
     for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
         const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;
         for (int t = 0; t < nt; t++) {
@@ -646,43 +682,39 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
             const int8_t *xt = pad ? &xpad[0][0] : xq + (size_t)b * COLIBRI_QK4;
             const size_t xstride = pad ? (size_t)COLIBRI_QK4 : (size_t)n_in;
             /* 128 * the sums of each eight weights, in the lanes of the products' sums below */
-            __m256i m[8];
-            KX_UNROLL for (int r = 0; r < 8; r++)
-            {
-                const __m256i wr =
-                    _mm256_sub_epi8(kx_nibbles(blk + (size_t)r * (size_t)nb), _mm256_set1_epi8(8));
-                _mm256_store_si256(&wv[r], wr);
-                m[r] = _mm256_maddubs_epi16(_mm256_set1_epi8(1), wr);
-            }
-            const __m256i c0123 = _mm256_slli_epi16(
-                _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3])), 7);
-            const __m256i c4567 = _mm256_slli_epi16(
-                _mm256_hadd_epi16(_mm256_hadd_epi16(m[4], m[5]), _mm256_hadd_epi16(m[6], m[7])), 7);
+#define KX_Q4_W(r) kx_q4_wrow_avx2(blk + (size_t)(r) * (size_t)nb, &wv[r])
+            const __m256i c0123 =
+                _mm256_slli_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_W(0), KX_Q4_W(1)),
+                                                    _mm256_hadd_epi16(KX_Q4_W(2), KX_Q4_W(3))),
+                                  7);
+            const __m256i c4567 =
+                _mm256_slli_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_W(4), KX_Q4_W(5)),
+                                                    _mm256_hadd_epi16(KX_Q4_W(6), KX_Q4_W(7))),
+                                  7);
+#undef KX_Q4_W
             const __m128i dh =
                 _mm_setr_epi16((short)blk[0].d, (short)blk[nb].d, (short)blk[2 * nb].d,
                                (short)blk[3 * nb].d, (short)blk[4 * nb].d, (short)blk[5 * nb].d,
                                (short)blk[6 * nb].d, (short)blk[7 * nb].d);
             const __m256 d = _mm256_cvtph_ps(dh);
             const float *st = sx + b;
-            for (int t = 0; t < nt; t++, xt += xstride, st += nb) {
-                const __m256i xu =
-                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)xt), k80);
-#define KX_Q4_ROW(r) _mm256_maddubs_epi16(xu, _mm256_load_si256(&wv[r]))
-                /* int16 lanes of each 128-bit half: [row 4h + k: elements 0..7, 8..15] */
-                const __m256i h0123 =
-                    _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(0), KX_Q4_ROW(1)),
-                                      _mm256_hadd_epi16(KX_Q4_ROW(2), KX_Q4_ROW(3)));
-                const __m256i h4567 =
-                    _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(4), KX_Q4_ROW(5)),
-                                      _mm256_hadd_epi16(KX_Q4_ROW(6), KX_Q4_ROW(7)));
-#undef KX_Q4_ROW
-                const __m256i a = _mm256_madd_epi16(_mm256_sub_epi16(h0123, c0123), ones16);
-                const __m256i c = _mm256_madd_epi16(_mm256_sub_epi16(h4567, c4567), ones16);
-                const __m256i hs = _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x21),
-                                                    _mm256_blend_epi32(a, c, 0xF0));
-                const __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(*st));
-                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_cvtepi32_ps(hs), ds));
+            /* four tokens an iteration */
+#define KX_Q4_TOKEN(k)                                                                             \
+    acc[t + (k)] = _mm256_add_ps(                                                                  \
+        acc[t + (k)],                                                                              \
+        _mm256_mul_ps(_mm256_cvtepi32_ps(kx_q4_tok_avx2(wv, xt + (k)*xstride, c0123, c4567)),      \
+                      _mm256_mul_ps(d, _mm256_set1_ps(st[(size_t)(k) * (size_t)nb]))))
+            int t = 0;
+            for (; t + 4 <= nt; t += 4, xt += 4 * xstride, st += 4 * (size_t)nb) {
+                KX_Q4_TOKEN(0);
+                KX_Q4_TOKEN(1);
+                KX_Q4_TOKEN(2);
+                KX_Q4_TOKEN(3);
             }
+            for (; t < nt; t++, xt += xstride, st += nb) {
+                KX_Q4_TOKEN(0);
+            }
+#undef KX_Q4_TOKEN
         }
         for (int t = 0; t < nt; t++) {
             _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);
