@@ -25,10 +25,10 @@
  *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
  *    Exact for every int8 value, -128 included.
  *
- * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add register
- * blocking over tokens: tiles of KX_TOK_TILE (4) tokens, each block of eight rows' weights
- * unpacked once per tile (the 1-3 tokens left over run the matvec); per token the same float steps
- * as the matvec, so the same bits.
+ * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add blocking
+ * over tokens: each block of eight rows' weights unpacked once per tile of tokens (AVX2: 2..8
+ * tokens, a single token left over runs the matvec; VNNI: tiles of KX_TOK_TILE (4), the 1-3 left
+ * run the matvec); per token the same float steps as the matvec, so the same bits.
  */
 #include "kernels_x86.h"
 
@@ -365,8 +365,9 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
 /* -- multi-token kernels: weights loaded once per group of tokens --------------------------- */
 
 /*
- * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of KX_TOK_TILE,
- * rows in groups of eight. Each block of a group's eight rows is loaded
+ * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles (AVX2: 2 to
+ * KX_AVX2_TILE tokens, kx_q8_mm_tile_avx2 / kx_q4_mm_tile_avx2 below; VNNI: KX_TOK_TILE, with
+ * KX_TILE_SUMS), rows in groups of eight. Each block of a group's eight rows is loaded
  * and unpacked once and multiplied against the activation codes of every token of the tile. Per
  * token and row the float steps are those of the matvec above (blocks in order, the same multiplies
  * and adds lane by lane), so row t of the result is the matvec of token t bit for bit: only the
@@ -375,7 +376,7 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
  * one non-inlined tile function per weight format and level (q8 / q8b share theirs, BLOCKED an
  * argument) keep this file quick to compile: each width more is another copy of every tile.
  *
- * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
+ * A VNNI level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
  * WPREP (a row's weights) and PROD (their int32 products, whose eight
  * lanes sum to the block's dot product). KX_TILE_SUMS reduces eight rows x T tokens with the
  * pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
