@@ -567,9 +567,9 @@ static KX_NOINLINE KX_AVX2 void kx_q8_mm_tile_avx2(const int8_t *q, const float 
                 xb = &xpad[0][0];
                 xstride = COLIBRI_QK8;
             }
-            KX_UNROLL for (int r = 0; r < 8; r++)
+            const int8_t *wr = wb;
+            KX_UNROLL for (int r = 0; r < 8; r++, wr += wstride)
             {
-                const int8_t *wr = wb + (size_t)r * wstride;
                 _mm256_store_si256(&wv[2 * r], _mm256_cvtepi8_epi16(_mm_loadu_si128(
                                                    (const __m128i *)(const void *)wr)));
                 _mm256_store_si256(&wv[2 * r + 1], _mm256_cvtepi8_epi16(_mm_loadu_si128(
