@@ -672,6 +672,12 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
         kx_pad_rows(&xpad[0][0], COLIBRI_QK4, xq + (size_t)full * COLIBRI_QK4, (size_t)n_in, nt,
                     (size_t)(n_in - full * COLIBRI_QK4));
     }
+    /* byte offsets of the eight rows' blocks from row 0's; the low 2 bytes of each 4 */
+    const __m256i doff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(nb * (int32_t)sizeof *w));
+    const __m256i dpick =
+        _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9,
+                         12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
     for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
         const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;
         for (int t = 0; t < nt; t++) {
@@ -693,11 +699,12 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
                                                     _mm256_hadd_epi16(KX_Q4_W(6), KX_Q4_W(7))),
                                   7);
 #undef KX_Q4_W
-            const __m128i dh =
-                _mm_setr_epi16((short)blk[0].d, (short)blk[nb].d, (short)blk[2 * nb].d,
-                               (short)blk[3 * nb].d, (short)blk[4 * nb].d, (short)blk[5 * nb].d,
-                               (short)blk[6 * nb].d, (short)blk[7 * nb].d);
-            const __m256 d = _mm256_cvtph_ps(dh);
+            /* the eight rows' d: 4 bytes gathered at each (d, the first two nibble bytes), their
+             * low 16 bits (x86: little-endian) packed into the low 128 bits */
+            const __m256i dw = _mm256_shuffle_epi8(
+                _mm256_i32gather_epi32((const int *)(const void *)&blk->d, doff, 1), dpick);
+            const __m256 d =
+                _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dw, 0x08)));
             const float *st = sx + b;
             /* four tokens an iteration */
 #define KX_Q4_TOKEN(k)                                                                             \
