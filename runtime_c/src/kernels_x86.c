@@ -25,10 +25,10 @@
  *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
  *    Exact for every int8 value, -128 included.
  *
- * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add register
- * blocking over tokens: tiles of KX_TOK_TILE (4) tokens, each block of eight rows' weights
- * unpacked once per tile (the 1-3 tokens left over run the matvec); per token the same float steps
- * as the matvec, so the same bits.
+ * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add blocking
+ * over tokens: each block of eight rows' weights unpacked once per tile of tokens (AVX2: 2..8
+ * tokens, a single token left over runs the matvec; VNNI: tiles of KX_TOK_TILE (4), the 1-3 left
+ * run the matvec); per token the same float steps as the matvec, so the same bits.
  */
 #include "kernels_x86.h"
 
@@ -365,8 +365,9 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
 /* -- multi-token kernels: weights loaded once per group of tokens --------------------------- */
 
 /*
- * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles of KX_TOK_TILE,
- * rows in groups of eight. Each block of a group's eight rows is loaded
+ * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles (AVX2: 2 to
+ * KX_AVX2_TILE tokens, kx_q8_mm_tile_avx2 / kx_q4_mm_tile_avx2 below; VNNI: KX_TOK_TILE, with
+ * KX_TILE_SUMS), rows in groups of eight. Each block of a group's eight rows is loaded
  * and unpacked once and multiplied against the activation codes of every token of the tile. Per
  * token and row the float steps are those of the matvec above (blocks in order, the same multiplies
  * and adds lane by lane), so row t of the result is the matvec of token t bit for bit: only the
@@ -375,7 +376,7 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
  * one non-inlined tile function per weight format and level (q8 / q8b share theirs, BLOCKED an
  * argument) keep this file quick to compile: each width more is another copy of every tile.
  *
- * A level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
+ * A VNNI level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
  * WPREP (a row's weights) and PROD (their int32 products, whose eight
  * lanes sum to the block's dot product). KX_TILE_SUMS reduces eight rows x T tokens with the
  * pairwise adds of kx_hsum8, two rows at a time, so few vectors stay live.
@@ -425,33 +426,7 @@ typedef struct {
         }                                                                                          \
     }
 
-/* int8 x int8, AVX2: both sides sign-extended to int16, VPMADDWD. */
-KX_INLINE KX_AVX2 kx_v2 kx_q8_widen_avx2(const int8_t *p)
-{
-    kx_v2 v;
-    v.a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p));
-    v.b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
-    return v;
-}
-
-KX_INLINE KX_AVX2 __m256i kx_q8_prod_avx2(kx_v2 w, kx_v2 x)
-{
-    return _mm256_add_epi32(_mm256_madd_epi16(w.a, x.a), _mm256_madd_epi16(w.b, x.b));
-}
-
-KX_TILE_SUMS(kx_q8_tile_avx2, KX_AVX2, int8_t, kx_q8_widen_avx2, kx_q8_widen_avx2, kx_q8_prod_avx2)
-
-/* int4 x int8, AVX2: nibbles (unsigned) x codes with VPMADDUBSW, minus 8 * sum(x). */
-KX_INLINE KX_AVX2 kx_v2 kx_q4_x_avx2(const int8_t *p)
-{
-    kx_v2 v;
-    v.a = _mm256_loadu_si256((const __m256i *)(const void *)p);
-    const __m256i sx4 =
-        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v.a), _mm256_set1_epi16(1));
-    v.b = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sx4, 3));
-    return v;
-}
-
+/* int4 weights for the VNNI tiles: the nibbles, unsigned. */
 KX_INLINE KX_AVX2 kx_v2 kx_q4_w_avx2(const colibri_block_q4_32 *blk)
 {
     kx_v2 v;
@@ -459,15 +434,6 @@ KX_INLINE KX_AVX2 kx_v2 kx_q4_w_avx2(const colibri_block_q4_32 *blk)
     v.b = v.a;
     return v;
 }
-
-KX_INLINE KX_AVX2 __m256i kx_q4_prod_avx2(kx_v2 w, kx_v2 x)
-{
-    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w.a, x.a), _mm256_set1_epi16(1)),
-                            x.b);
-}
-
-KX_TILE_SUMS(kx_q4_tile_avx2, KX_AVX2, colibri_block_q4_32, kx_q4_x_avx2, kx_q4_w_avx2,
-             kx_q4_prod_avx2)
 
 #if defined(KX_HAVE_VNNI)
 /* VNNI: codes and the correction (-128 * sum of each 4 codes for int8 weights stored as
@@ -521,8 +487,248 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
     }
 }
 
-/* Tokens [t0, t0 + nt): a tile of KX_TOK_TILE, or 1 (the matvec). */
-#define KX_TILE_NEXT(left) (((left) >= KX_TOK_TILE) ? KX_TOK_TILE : 1)
+/* Tokens [t0, t0 + nt): a tile of up to MAXT tokens when at least MINT are left, else 1 (the
+ * matvec). AVX2: 2..KX_AVX2_TILE tokens a tile; the VNNI levels: tiles of exactly KX_TOK_TILE. */
+#define KX_TILE_NEXT(left, MAXT, MINT)                                                             \
+    (((left) >= (MINT)) ? (((left) < (MAXT)) ? (left) : (MAXT)) : 1)
+
+/*
+ * AVX2 tiles: 2..KX_AVX2_TILE tokens, eight rows. Per block, the eight rows' weights are unpacked
+ * once into a stack buffer, then a loop over the tokens multiplies them (memory operands) by the
+ * token's codes (registers) and reduces the eight rows at once, so the loop's values fit the 16
+ * YMM registers: no spills, and one tile of up to eight tokens unpacks each weight block once.
+ */
+#define KX_AVX2_TILE 8
+
+/* Token x's block (codes at xt) times the eight rows' widened weights: lane r = row r's int32
+ * sum, reduced with the pairwise adds of kx_hsum8, each pair of rows as soon as it is there. */
+KX_INLINE KX_AVX2 __m256i kx_q8_tok_avx2(const __m256i wv[16], const int8_t *xt)
+{
+    const __m256i xlo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)xt));
+    const __m256i xhi =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(xt + 16)));
+#define KX_Q8_ROW(r)                                                                               \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256(&wv[2 * (r)]), xlo),                      \
+                     _mm256_madd_epi16(_mm256_load_si256(&wv[2 * (r) + 1]), xhi))
+    const __m256i s01 = _mm256_hadd_epi32(KX_Q8_ROW(0), KX_Q8_ROW(1));
+    const __m256i s23 = _mm256_hadd_epi32(KX_Q8_ROW(2), KX_Q8_ROW(3));
+    const __m256i s0123 = _mm256_hadd_epi32(s01, s23);
+    const __m256i s45 = _mm256_hadd_epi32(KX_Q8_ROW(4), KX_Q8_ROW(5));
+    const __m256i s67 = _mm256_hadd_epi32(KX_Q8_ROW(6), KX_Q8_ROW(7));
+    const __m256i s4567 = _mm256_hadd_epi32(s45, s67);
+#undef KX_Q8_ROW
+    /* lanes 0..3: rows 0..3 (both halves of s0123), lanes 4..7: rows 4..7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x21),
+                            _mm256_blend_epi32(s0123, s4567, 0xF0));
+}
+
+/*
+ * int8 weights x int8 codes (both widened to int16, VPMADDWD), rows [0, n_out) (a multiple of 8)
+ * for nt tokens; BLOCKED as in KX_Q8_MATVEC, and per token the float steps of the matvec in its
+ * order. The partial last block runs on zero-padded copies.
+ */
+static KX_NOINLINE KX_AVX2 void kx_q8_mm_tile_avx2(const int8_t *q, const float *scale,
+                                                   const int8_t *xq, const float *sx, float *y,
+                                                   int32_t ldy, int32_t n_out, int32_t n_in,
+                                                   const int BLOCKED, int nt)
+{
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t tail = n_in - full * COLIBRI_QK8;
+    const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    int8_t xpad[KX_AVX2_TILE][COLIBRI_QK8];
+    int8_t wpad[8][COLIBRI_QK8];
+    __m256i wv[16]; /* row r's block widened: wv[2r] elements 0..15, wv[2r + 1] 16..31 */
+    __m256 acc[KX_AVX2_TILE];
+    if (tail > 0) {
+        kx_pad_rows(&xpad[0][0], COLIBRI_QK8, xq + (size_t)full * COLIBRI_QK8, (size_t)n_in, nt,
+                    (size_t)tail);
+    }
+    for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
+        const int8_t *row = q + (size_t)o0 * (size_t)n_in;
+        int32_t sidx[8];
+        KX_UNROLL for (int32_t r = 0; r < 8; r++)
+        {
+            sidx[r] = BLOCKED ? (o0 + r) * nb : o0 + r;
+        }
+        const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm256_setzero_ps();
+        }
+        for (int32_t b = 0; b < nb; b++) {
+            const int8_t *wb = row + (size_t)b * COLIBRI_QK8;
+            size_t wstride = (size_t)n_in;
+            const int8_t *xb = xq + (size_t)b * COLIBRI_QK8;
+            size_t xstride = (size_t)n_in;
+            if (b >= full) { /* the partial last block: zero-padded copies */
+                kx_pad_rows(&wpad[0][0], COLIBRI_QK8, row + (size_t)full * COLIBRI_QK8,
+                            (size_t)n_in, 8, (size_t)tail);
+                wb = &wpad[0][0];
+                wstride = COLIBRI_QK8;
+                xb = &xpad[0][0];
+                xstride = COLIBRI_QK8;
+            }
+            const int8_t *wr = wb;
+            KX_UNROLL for (int r = 0; r < 8; r++, wr += wstride)
+            {
+                _mm256_store_si256(&wv[2 * r], _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                                                   (const __m128i *)(const void *)wr)));
+                _mm256_store_si256(&wv[2 * r + 1], _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                                                       (const __m128i *)(const void *)(wr + 16))));
+            }
+            /* per token: acc += (float)isum * (sx[b] (q8) or scale[o][b] * sx[b] (q8b)); four
+             * tokens an iteration, and the test of BLOCKED outside the loop */
+#define KX_Q8_TOKEN(S, k)                                                                          \
+    acc[t + (k)] = _mm256_add_ps(                                                                  \
+        acc[t + (k)], _mm256_mul_ps(_mm256_cvtepi32_ps(kx_q8_tok_avx2(wv, xt + (k)*xstride)),      \
+                                    S(st[(size_t)(k) * (size_t)nb])))
+#define KX_Q8_TOKENS(S)                                                                            \
+    {                                                                                              \
+        const int8_t *xt = xb;                                                                     \
+        const float *st = sx + b;                                                                  \
+        int t = 0;                                                                                 \
+        for (; t + 4 <= nt; t += 4, xt += 4 * xstride, st += 4 * (size_t)nb) {                     \
+            KX_Q8_TOKEN(S, 0);                                                                     \
+            KX_Q8_TOKEN(S, 1);                                                                     \
+            KX_Q8_TOKEN(S, 2);                                                                     \
+            KX_Q8_TOKEN(S, 3);                                                                     \
+        }                                                                                          \
+        for (; t < nt; t++, xt += xstride, st += nb) {                                             \
+            KX_Q8_TOKEN(S, 0);                                                                     \
+        }                                                                                          \
+    }
+#define KX_S_Q8(v) _mm256_set1_ps(v)
+#define KX_S_Q8B(v) _mm256_mul_ps(ws, _mm256_set1_ps(v))
+            if (BLOCKED) {
+                const __m256 ws = _mm256_i32gather_ps(scale + b, vidx, 4);
+                KX_Q8_TOKENS(KX_S_Q8B)
+            } else {
+                KX_Q8_TOKENS(KX_S_Q8)
+            }
+#undef KX_S_Q8
+#undef KX_S_Q8B
+#undef KX_Q8_TOKENS
+#undef KX_Q8_TOKEN
+        }
+        const __m256 rs = BLOCKED ? _mm256_setzero_ps() : _mm256_i32gather_ps(scale, vidx, 4);
+        for (int t = 0; t < nt; t++) {
+            _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0,
+                             BLOCKED ? acc[t] : _mm256_mul_ps(acc[t], rs));
+        }
+    }
+}
+
+/* A row's block for the tile: its weights - 8 (-8..7) to *dst, and the sums of each pair of them
+ * (int16 lanes, for the correction of x + 128). */
+KX_INLINE KX_AVX2 __m256i kx_q4_wrow_avx2(const colibri_block_q4_32 *blk, __m256i *dst)
+{
+    /* the 16 bytes in both halves, the high half shifted by 4: low nibbles, then high ones */
+    const __m256i v =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)blk->qs));
+    const __m256i nib = _mm256_and_si256(
+        _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
+    const __m256i w = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    _mm256_store_si256(dst, w);
+    return _mm256_maddubs_epi16(_mm256_set1_epi8(1), w);
+}
+
+/* Token x's block (codes at xt) times the eight rows' weights - 8 (wv): lane r = row r's int32
+ * sum. The codes go in as x + 128 (unsigned), so c0123 / c4567 (128 * the sums of each eight
+ * weights, in the lanes of h0123 / h4567) come off. */
+KX_INLINE KX_AVX2 __m256i kx_q4_tok_avx2(const __m256i wv[8], const int8_t *xt, __m256i c0123,
+                                         __m256i c4567)
+{
+    const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)xt),
+                                        _mm256_set1_epi8((char)0x80));
+#define KX_Q4_ROW(r) _mm256_maddubs_epi16(xu, _mm256_load_si256(&wv[r]))
+    /* int16 lanes of each 128-bit half: [row 4h + k: elements 0..7, 8..15] */
+    const __m256i h0123 = _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(0), KX_Q4_ROW(1)),
+                                            _mm256_hadd_epi16(KX_Q4_ROW(2), KX_Q4_ROW(3)));
+    const __m256i h4567 = _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(4), KX_Q4_ROW(5)),
+                                            _mm256_hadd_epi16(KX_Q4_ROW(6), KX_Q4_ROW(7)));
+#undef KX_Q4_ROW
+    const __m256i a = _mm256_madd_epi16(_mm256_sub_epi16(h0123, c0123), _mm256_set1_epi16(1));
+    const __m256i c = _mm256_madd_epi16(_mm256_sub_epi16(h4567, c4567), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x21), _mm256_blend_epi32(a, c, 0xF0));
+}
+
+/*
+ * int4 weights x int8 codes, rows [0, n_out) (a multiple of 8) for nt tokens. Per block, each
+ * row's nibbles minus 8 (-8..7, signed) go to a stack buffer, and each token's codes in as
+ * x + 128 (unsigned) for VPMADDUBSW; its products are summed in int16 (VPHADDW: a sum of eight
+ * products is within +-16320, no overflow) and the 128 * (sum of each eight weights) the x + 128
+ * added is taken off per row, once per block for all the tokens. The int32 block sums are those
+ * of the matvec (exact), and the float steps per token are the matvec's, in its order.
+ */
+static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w, const int8_t *xq,
+                                                   const float *sx, float *y, int32_t ldy,
+                                                   int32_t n_out, int32_t n_in, int nt)
+{
+    const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
+    const int32_t full = n_in / COLIBRI_QK4;
+    int8_t xpad[KX_AVX2_TILE][COLIBRI_QK4];
+    __m256i wv[8]; /* row r's weights - 8, in the order of x */
+    __m256 acc[KX_AVX2_TILE];
+    if (full < nb) {
+        kx_pad_rows(&xpad[0][0], COLIBRI_QK4, xq + (size_t)full * COLIBRI_QK4, (size_t)n_in, nt,
+                    (size_t)(n_in - full * COLIBRI_QK4));
+    }
+    /* byte offsets of the eight rows' blocks from row 0's; the low 2 bytes of each 4 */
+    const __m256i doff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(nb * (int32_t)sizeof *w));
+    const __m256i dpick =
+        _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9,
+                         12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
+        const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm256_setzero_ps();
+        }
+        for (int32_t b = 0; b < nb; b++) {
+            const colibri_block_q4_32 *blk = row + b;
+            const int pad = b >= full; /* the partial last block reads zero-padded x */
+            const int8_t *xt = pad ? &xpad[0][0] : xq + (size_t)b * COLIBRI_QK4;
+            const size_t xstride = pad ? (size_t)COLIBRI_QK4 : (size_t)n_in;
+            /* 128 * the sums of each eight weights, in the lanes of the products' sums below */
+#define KX_Q4_W(r) kx_q4_wrow_avx2(blk + (size_t)(r) * (size_t)nb, &wv[r])
+            const __m256i c0123 =
+                _mm256_slli_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_W(0), KX_Q4_W(1)),
+                                                    _mm256_hadd_epi16(KX_Q4_W(2), KX_Q4_W(3))),
+                                  7);
+            const __m256i c4567 =
+                _mm256_slli_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_W(4), KX_Q4_W(5)),
+                                                    _mm256_hadd_epi16(KX_Q4_W(6), KX_Q4_W(7))),
+                                  7);
+#undef KX_Q4_W
+            /* the eight rows' d: 4 bytes gathered at each (d, the first two nibble bytes), their
+             * low 16 bits (x86: little-endian) packed into the low 128 bits */
+            const __m256i dw = _mm256_shuffle_epi8(
+                _mm256_i32gather_epi32((const int *)(const void *)&blk->d, doff, 1), dpick);
+            const __m256 d =
+                _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dw, 0x08)));
+            const float *st = sx + b;
+            /* four tokens an iteration */
+#define KX_Q4_TOKEN(k)                                                                             \
+    acc[t + (k)] = _mm256_add_ps(                                                                  \
+        acc[t + (k)],                                                                              \
+        _mm256_mul_ps(_mm256_cvtepi32_ps(kx_q4_tok_avx2(wv, xt + (k)*xstride, c0123, c4567)),      \
+                      _mm256_mul_ps(d, _mm256_set1_ps(st[(size_t)(k) * (size_t)nb]))))
+            int t = 0;
+            for (; t + 4 <= nt; t += 4, xt += 4 * xstride, st += 4 * (size_t)nb) {
+                KX_Q4_TOKEN(0);
+                KX_Q4_TOKEN(1);
+                KX_Q4_TOKEN(2);
+                KX_Q4_TOKEN(3);
+            }
+            for (; t < nt; t++, xt += xstride, st += nb) {
+                KX_Q4_TOKEN(0);
+            }
+#undef KX_Q4_TOKEN
+        }
+        for (int t = 0; t < nt; t++) {
+            _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);
+        }
+    }
+}
 
 /*
  * Full groups of eight rows of an int8-weight matmul for one tile of T tokens (BLOCKED as in
@@ -531,9 +737,10 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
 #define KX_Q8_MATMUL_TILE(NAME, TARGET, TILE)                                                      \
     static KX_NOINLINE TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,     \
                                         const float *sx, float *y, int32_t ldy, int32_t n_out,     \
-                                        int32_t n_in, const int BLOCKED)                           \
+                                        int32_t n_in, const int BLOCKED, int nt)                   \
     {                                                                                              \
         const int T = KX_TOK_TILE;                                                                 \
+        (void)nt; /* always KX_TOK_TILE */                                                         \
         const int32_t full = n_in / COLIBRI_QK8;                                                   \
         const int32_t tail = n_in - full * COLIBRI_QK8;                                            \
         const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);                                       \
@@ -592,7 +799,7 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
         }                                                                                          \
     }
 
-#define KX_Q8_MATMUL(NAME, TARGET, TILEFN, MATVEC, BLOCKED)                                        \
+#define KX_Q8_MATMUL(NAME, TARGET, TILEFN, MATVEC, BLOCKED, MAXT, MINT)                            \
     static TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
                             const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,   \
                             int32_t n_tok)                                                         \
@@ -600,12 +807,12 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
         const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
         const int32_t n8 = n_out & ~7;                                                             \
         for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
-            nt = KX_TILE_NEXT(n_tok - t0);                                                         \
+            nt = KX_TILE_NEXT(n_tok - t0, MAXT, MINT);                                             \
             const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
             if (nt > 1 && n8 > 0) {                                                                \
-                TILEFN(q, scale, xt, st, yt, ldy, n8, n_in, BLOCKED);                              \
+                TILEFN(q, scale, xt, st, yt, ldy, n8, n_in, BLOCKED, nt);                          \
             }                                                                                      \
             for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
                 const int32_t o = (nt > 1) ? n8 : 0;                                               \
@@ -620,12 +827,13 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
 
 /* Full groups of eight rows of colibri_matmul_q4_q8 for one tile of T tokens (as KX_Q4_MATVEC,
  * lane by lane); a partial last block reads x from zero-padded copies. */
-#define KX_Q4_MATMUL(NAME, TARGET, TILE, MATVEC)                                                   \
-    static KX_NOINLINE TARGET void NAME##_tile(const colibri_block_q4_32 *w, const int8_t *xq,     \
-                                               const float *sx, float *y, int32_t ldy,             \
-                                               int32_t n_out, int32_t n_in)                        \
+#define KX_Q4_MATMUL_TILE(NAME, TARGET, TILE)                                                      \
+    static KX_NOINLINE TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq,            \
+                                        const float *sx, float *y, int32_t ldy, int32_t n_out,     \
+                                        int32_t n_in, int nt)                                      \
     {                                                                                              \
         const int T = KX_TOK_TILE;                                                                 \
+        (void)nt; /* always KX_TOK_TILE */                                                         \
         const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);                                       \
         const int32_t full = n_in / COLIBRI_QK4;                                                   \
         int8_t xpad[KX_TOK_TILE][COLIBRI_QK4];                                                     \
@@ -663,19 +871,21 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
                 _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);                \
             }                                                                                      \
         }                                                                                          \
-    }                                                                                              \
+    }
+
+#define KX_Q4_MATMUL(NAME, TARGET, TILEFN, MATVEC, MAXT, MINT)                                     \
     static TARGET void NAME(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,       \
                             float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)     \
     {                                                                                              \
         const size_t nb = COLIBRI_Q4_BLOCKS(n_in);                                                 \
         const int32_t n8 = n_out & ~7;                                                             \
         for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
-            nt = KX_TILE_NEXT(n_tok - t0);                                                         \
+            nt = KX_TILE_NEXT(n_tok - t0, MAXT, MINT);                                             \
             const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
             const float *st = sx + (size_t)t0 * nb;                                                \
             float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
             if (nt > 1 && n8 > 0) {                                                                \
-                NAME##_tile(w, xt, st, yt, ldy, n8, n_in);                                         \
+                TILEFN(w, xt, st, yt, ldy, n8, n_in, nt);                                          \
             }                                                                                      \
             for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
                 const int32_t o = (nt > 1) ? n8 : 0;                                               \
@@ -687,23 +897,29 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
         }                                                                                          \
     }
 
-KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avx2, KX_AVX2, kx_q8_tile_avx2)
-KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8_q8_avx2, 0)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8b_q8_avx2, 1)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_tile_avx2, kx_matvec_q4_q8_avx2)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8_q8_avx2, 0,
+             KX_AVX2_TILE, 2)
+KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8b_q8_avx2, 1,
+             KX_AVX2_TILE, 2)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_mm_tile_avx2, kx_matvec_q4_q8_avx2, KX_AVX2_TILE,
+             2)
 #if defined(KX_HAVE_VNNI)
 KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni)
-KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8_q8_avxvnni, 0)
+KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8_q8_avxvnni, 0,
+             KX_TOK_TILE, KX_TOK_TILE)
 KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8b_q8_avxvnni,
-             1)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni, kx_matvec_q4_q8_avxvnni)
+             1, KX_TOK_TILE, KX_TOK_TILE)
+KX_Q4_MATMUL_TILE(kx_q4_mm_tile_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_mm_tile_avxvnni, kx_matvec_q4_q8_avxvnni,
+             KX_TOK_TILE, KX_TOK_TILE)
 KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni)
 KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
-             kx_matvec_q8_q8_avx512vnni, 0)
+             kx_matvec_q8_q8_avx512vnni, 0, KX_TOK_TILE, KX_TOK_TILE)
 KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
-             kx_matvec_q8b_q8_avx512vnni, 1)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni,
-             kx_matvec_q4_q8_avx512vnni)
+             kx_matvec_q8b_q8_avx512vnni, 1, KX_TOK_TILE, KX_TOK_TILE)
+KX_Q4_MATMUL_TILE(kx_q4_mm_tile_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_mm_tile_avx512vnni,
+             kx_matvec_q4_q8_avx512vnni, KX_TOK_TILE, KX_TOK_TILE)
 #endif
 
 /* -- the levels and the choice ------------------------------------------------------------- */

@@ -204,8 +204,9 @@ __attribute__((noinline)) static float kt_quantize_roundf(const float *x, int8_t
 /* -- matvec / matmul paths: every kernel level the CPU has (x86-64: base, AVX2, AVX-VNNI,
  * AVX-512 VNNI; elsewhere the one compiled path) against the base level, row by row, and each
  * multi-token kernel against the matvec of the same row. Shapes with n_in not a multiple of
- * 8 / 32 / 64 and n_out not a multiple of 8; matmuls of KM_TOK, 7, 3 and 1 tokens (the x86
- * levels run tiles of 4 tokens and the matvec for the 1-3 left: 9 = 4 + 4 + 1, 7 = 4 + 3). */
+ * 8 / 32 / 64 and n_out not a multiple of 8; matmuls of KM_TOK, 7, 3 and 1 tokens (x86 AVX2
+ * runs tiles of 2..8 tokens and the matvec for one left: 9 = 8 + 1; the VNNI levels tiles of 4
+ * and the matvec for the 1-3 left: 9 = 4 + 4 + 1, 7 = 4 + 3). */
 #define KM_OUT 17
 #define KM_IN 72
 #define KM_TOK 9

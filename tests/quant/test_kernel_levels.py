@@ -31,9 +31,10 @@ from conftest import host_kernels
 
 LEVELS = {"base": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
 SHAPES = [(1, 1), (7, 31), (9, 64), (17, 100), (24, 257)]
-#: tokens per matmul: the x86 levels run tiles of 4 tokens and the matvec for the 1-3 left
-#: (kernels_x86.c): 2 and 3 the matvec only, 4, 5 = 4 + 1, 7 = 4 + 3, 8 = 4 + 4, 9 = 4 + 4 + 1
-N_TOKS = [2, 3, 4, 5, 7, 8, 9]
+#: tokens per matmul (kernels_x86.c): AVX2 runs tiles of 2..8 tokens (the token loop four at a
+#: time, then one by one) and the matvec for one left: 9 = 8 + 1, 17 = 8 + 8 + 1; the VNNI levels
+#: tiles of 4 and the matvec for the 1-3 left: 2 and 3 the matvec only, 7 = 4 + 3, 9 = 4 + 4 + 1
+N_TOKS = [2, 3, 4, 5, 7, 8, 9, 17]
 
 
 @pytest.fixture(scope="module")
