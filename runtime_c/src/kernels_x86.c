@@ -18,8 +18,8 @@
  * so each lane adds its own row's products in ascending i, as the scalar loop does.
  *
  *  - AVX2: int8 lanes sign-extended to int16 and multiplied in pairs (VPMADDWD); int4 nibbles
- *    (0..15, unsigned) times int8 with VPMADDUBSW (no saturation: 2 * 15 * 128 < 32767), minus
- *    8 * sum(x) per block.
+ *    (0..15, unsigned) times int8 with VPMADDUBSW (no saturation: 2 * 15 * 128 < 32767), summed
+ *    in int16 by a VPHADDW tree (the matvec), minus 8 * sum(x) per block.
  *  - AVX-VNNI / AVX-512 VNNI (256-bit EVEX): VPDPBUSD multiplies unsigned by signed bytes, so
  *    int8 weights go in as w + 128 (w ^ 0x80) and the accumulator starts at -128 * sum(x) of
  *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
@@ -303,22 +303,6 @@ KX_INLINE KX_AVX2 __m256i kx_nibbles(const colibri_block_q4_32 *blk)
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
-KX_INLINE KX_AVX2 void kx_q4_block_avx2(const colibri_block_q4_32 *const blk[8], const int8_t *x,
-                                        __m256i p[8])
-{
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x);
-    const __m256i ones16 = _mm256_set1_epi16(1);
-    /* -8 * (sum of each 4 x) */
-    const __m256i sx4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), ones16);
-    const __m256i corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sx4, 3));
-    KX_UNROLL for (int32_t r = 0; r < 8; r++)
-    {
-        const __m256i prod =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(kx_nibbles(blk[r]), xv), ones16);
-        p[r] = _mm256_add_epi32(prod, corr);
-    }
-}
-
 #if defined(KX_HAVE_VNNI)
 #define KX_Q4_BLOCK_VNNI(NAME, TARGET, DPBUSD)                                                     \
     KX_INLINE TARGET void NAME(const colibri_block_q4_32 *const blk[8], const int8_t *x,           \
@@ -385,7 +369,7 @@ KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
  * |sum| <= 30720, no wrap), widened and added to int32; the -8 offset is -8 * sum(x) per block,
  * the same for every row, computed once per call (KX_Q4_CORR blocks at a time).
  */
-#define KX_Q4_CORR 64
+#define KX_Q4_CORR 256
 
 /* c[k] = -8 * sum of the 32 codes of block k (k < n), x zero-padded past n_in. */
 KX_INLINE KX_AVX2 void kx_q4_corr_avx2(const int8_t *xq, int32_t n_in, int32_t b0, int32_t n,
