@@ -396,26 +396,32 @@ KX_INLINE KX_AVX2 void kx_q4_corr_avx2(const int8_t *xq, int32_t n_in, int32_t b
     }
 }
 
-/* Lane r = the int32 dot product of block row[r] + b (nibbles, unsigned) with xv. */
+/* Lane r = the int32 dot product of block row[r] + b (nibbles, unsigned) with the 32 codes at x.
+ * Rows r and r + 4 share a register (one in each half): one shift and two ANDs give their low
+ * nibbles (times x[0..15] in both halves) and high nibbles (times x[16..31]); VPMADDUBSW of
+ * each, added in int16, then VPHADDW twice and VPMADDWD with ones leave lane r = row r. Each
+ * int16 holds at most 16 products of |nibble * x| <= 15 * 128 (30720: no wrap). */
 KX_INLINE KX_AVX2 __m256i kx_q4_sums8_avx2(const colibri_block_q4_32 *const row[8], size_t b,
-                                           __m256i xv)
+                                           const int8_t *x)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-    __m256i p[8];
-    KX_UNROLL for (int32_t r = 0; r < 8; r++)
+    const __m256i xlo =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)x));
+    const __m256i xhi =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(x + 16)));
+    __m256i p[4];
+    KX_UNROLL for (int32_t r = 0; r < 4; r++)
     {
-        const __m256i v = _mm256_broadcastsi128_si256(
-            _mm_loadu_si128((const __m128i *)(const void *)row[r][b].qs));
-        p[r] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srlv_epi32(v, sh), m4), xv);
+        const __m256i v = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)row[r][b].qs)),
+            _mm_loadu_si128((const __m128i *)(const void *)row[r + 4][b].qs), 1);
+        p[r] = _mm256_add_epi16(
+            _mm256_maddubs_epi16(_mm256_and_si256(v, m4), xlo),
+            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xhi));
     }
-    const __m256i h01 = _mm256_hadd_epi16(p[0], p[1]);
-    const __m256i h23 = _mm256_hadd_epi16(p[2], p[3]);
-    const __m256i h45 = _mm256_hadd_epi16(p[4], p[5]);
-    const __m256i h67 = _mm256_hadd_epi16(p[6], p[7]);
-    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
-    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(h)),
-                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(h, 1)));
+    const __m256i h =
+        _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+    return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
 }
 
 static KX_NOINLINE KX_AVX2 void kx_matvec_q4_q8_avx2(const colibri_block_q4_32 *w, const int8_t *xq,
@@ -449,10 +455,8 @@ static KX_NOINLINE KX_AVX2 void kx_matvec_q4_q8_avx2(const colibri_block_q4_32 *
             }
             for (int32_t b = b0; b < b1; b++) {
                 kx_prefetch(pf + (size_t)b * (8u * sizeof *w), 3);
-                const __m256i xv = _mm256_loadu_si256(
-                    (const __m256i *)(const void *)((b < full) ? xq + (size_t)b * COLIBRI_QK4
-                                                               : xpad));
-                const __m256i isum = _mm256_add_epi32(kx_q4_sums8_avx2(row, (size_t)b, xv),
+                const int8_t *xb = (b < full) ? xq + (size_t)b * COLIBRI_QK4 : xpad;
+                const __m256i isum = _mm256_add_epi32(kx_q4_sums8_avx2(row, (size_t)b, xb),
                                                       _mm256_set1_epi32(corr[b - b0]));
                 const __m128i dh = _mm_setr_epi16(
                     (short)row[0][b].d, (short)row[1][b].d, (short)row[2][b].d, (short)row[3][b].d,
