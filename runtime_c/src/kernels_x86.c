@@ -118,12 +118,14 @@ KX_INLINE KX_AVX2 void kx_store_rows(float *y, __m256 v, int32_t nr)
  * 48 * n bytes, or 64 * n when n = 4): the matvecs read eight rows at once, short streams
  * (1 KB to a few KB) the hardware prefetchers barely learn before they end, so each block step
  * prefetches its share of the next group of eight rows, which is contiguous. A prefetch never
- * faults, and past the end of the weights it reads what follows them, or nothing. */
-KX_INLINE void kx_prefetch(const char *p, int n)
+ * faults, and past the end of the weights it reads what follows them, or nothing. The
+ * addresses are integers (uintptr_t): a pointer past the end of the weights would be undefined
+ * behaviour in C, an address handed to the prefetch hint is not. */
+KX_INLINE void kx_prefetch(uintptr_t p, int n)
 {
-    const size_t step = (n == 4) ? 64u : 48u;
+    const uintptr_t step = (n == 4) ? 64u : 48u;
     for (int k = 0; k < n; k++) {
-        _mm_prefetch(p + (size_t)k * step, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + (uintptr_t)k * step), _MM_HINT_T0);
     }
 }
 
@@ -246,14 +248,15 @@ KX_Q8_BLOCK_VNNI(kx_q8_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             }                                                                                      \
             const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
             /* the next group of rows (contiguous), 256 bytes per block; q8b: and its scales */    \
-            const char *pf = (const char *)(q + (size_t)(o0 + 8) * (size_t)n_in);                  \
-            const char *pfs = (const char *)(scale + (size_t)(o0 + 8) * (size_t)nb);               \
+            const uintptr_t pf = (uintptr_t)q + (size_t)(o0 + 8) * (size_t)n_in;                   \
+            const uintptr_t pfs =                                                                  \
+                (uintptr_t)scale + (size_t)(o0 + 8) * (size_t)nb * sizeof *scale;                  \
             __m256 acc = _mm256_setzero_ps();                                                      \
             __m256i p[8];                                                                          \
             for (int32_t b = 0; b < nb; b++) {                                                     \
                 kx_prefetch(pf + (size_t)b * 256u, 4);                                             \
                 if (BLOCKED) {                                                                     \
-                    _mm_prefetch(pfs + (size_t)b * 32u, _MM_HINT_T0);                              \
+                    _mm_prefetch((const char *)(pfs + (size_t)b * 32u), _MM_HINT_T0);              \
                 }                                                                                  \
                 if (b < full) {                                                                    \
                     BLOCK(row, (size_t)b *COLIBRI_QK8, xq + (size_t)b * COLIBRI_QK8, p);           \
@@ -446,7 +449,7 @@ static KX_NOINLINE KX_AVX2 void kx_matvec_q4_q8_avx2(const colibri_block_q4_32 *
             row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb;
         }
         /* the next group of rows, 8 blocks (144 bytes) ahead per block */
-        const char *pf = (const char *)(w + (size_t)(o0 + 8) * (size_t)nb);
+        const uintptr_t pf = (uintptr_t)w + (size_t)(o0 + 8) * (size_t)nb * sizeof *w;
         __m256 acc = _mm256_setzero_ps();
         for (int32_t b0 = 0; b0 < nb; b0 += KX_Q4_CORR) {
             const int32_t b1 = (nb - b0 < KX_Q4_CORR) ? nb : b0 + KX_Q4_CORR;
