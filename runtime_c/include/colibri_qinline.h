@@ -1190,27 +1190,34 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_pass(const int8_t *q, const float *scale, 
                 memcpy(&xb[16 * T + t], &sx[(size_t)t * nb + (size_t)(b0 + b)], sizeof(float));
             }
         }
-        for (int32_t o = 0; o < rows; o++) {
-            const int8_t *wr = q + (size_t)(o / COLIBRI_R4_ROWS) * COLIBRI_R4_ROWS * (size_t)n_in +
-                               (size_t)c0 * 4u + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+        /* pointers walk the rows: wr = the row's first weight of the chunk, yo = its output */
+        const int8_t *wg = q + (size_t)c0 * 4u;
+        const int last = c0 + cn >= n_in;
+        float *yo = y;
+        for (int32_t o = 0; o < rows; o++, yo++) {
+            const int8_t *wr = wg + 16u * (size_t)(o % COLIBRI_R4_ROWS);
             float f[8];
 #pragma GCC unroll 8
             for (int32_t t = 0; t < T; t++) {
-                f[t] = (c0 > 0) ? y[(size_t)t * (size_t)ldy + (size_t)o] : 0.0f;
+                f[t] = (c0 > 0) ? yo[(size_t)t * (size_t)ldy] : 0.0f;
             }
             const uint32_t *xp = xu;
-            for (int32_t b = 0; b < cb; b++) {
+            const int8_t *wend = wr + (size_t)cb * 128u;
+            do {
                 if (T == 8) {
-                    colibri_qi_r4p_tile8(wr + (size_t)b * 128u, &xp, f, xu);
+                    colibri_qi_r4p_tile8(wr, &xp, f, xu);
                 } else {
-                    colibri_qi_r4p_tile4(wr + (size_t)b * 128u, &xp, f, xu);
+                    colibri_qi_r4p_tile4(wr, &xp, f, xu);
                 }
-            }
-            const int last = c0 + cn >= n_in;
+                wr += 128;
+            } while (wr != wend);
             const float sc = scale[o];
 #pragma GCC unroll 8
             for (int32_t t = 0; t < T; t++) {
-                y[(size_t)t * (size_t)ldy + (size_t)o] = last ? f[t] * sc : f[t];
+                yo[(size_t)t * (size_t)ldy] = last ? f[t] * sc : f[t];
+            }
+            if (o % COLIBRI_R4_ROWS == COLIBRI_R4_ROWS - 1) {
+                wg += COLIBRI_R4_ROWS * (size_t)n_in;
             }
         }
     }
