@@ -18,7 +18,7 @@
  *         - colibri_qi_q8_q8_r4p and colibri_qi_mm_q8_q8_r4p (1..QK_TOK tokens), both scale
  *           layouts, on the shapes of whole blocks stored in layout R4P, inputs over several
  *           chunks (COLIBRI_QI_R4P_CHUNK and the multi-token passes' COLIBRI_QI_R4P_GCHUNK set
- *           to 64 here: 8 and 4 tokens on the Cortex-M4 / M7, then one at a time);
+ *           to 64 here: passes of 4 tokens on the Cortex-M4 / M7, then one at a time);
  *         - colibri_qi_relu_row on the quantiser's rows (below) and special values;
  *         - colibri_qi_mm_q4_q8 (plain blocks) and colibri_qi_mm_q4_q8_q4r4 (Q4R4, whole
  *           blocks) for 1..QK_TOK tokens on the int4 shapes and values, against the library's
