@@ -1037,6 +1037,23 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale,
     }
 }
 
+/** y[o] = y[o] + bias[o] (bias not NULL), then y[o] = y[o] > 0 ? y[o] : 0 (relu), for
+ *  o0 <= o < n: a generated relu expert kernel's steps on its hidden row, in its order. */
+COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, const float *bias,
+                                            int relu)
+{
+    for (int32_t o = o0; o < n; o++) {
+        float v = y[o];
+        if (bias != NULL) {
+            v = v + bias[o];
+        }
+        if (relu) {
+            v = v > 0.0f ? v : 0.0f;
+        }
+        y[o] = v;
+    }
+}
+
 #if defined(COLIBRI_QI_SIMD32)
 /*
  * The multi-token R4P tile (Cortex-M4 / M7): 2 rows of an R4P group times 4 tokens over one
@@ -1136,13 +1153,13 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_tile(const int8_t *wr, const uint32_t **xp
     g[3] = g3;
 }
 
-/** One pass of colibri_qi_mm_q8_q8_r4p (per-row scales) over 4 tokens: per chunk of inputs,
+/** One pass of colibri_qi_mm_q8_q8_r4p_act (per-row scales) over 4 tokens: per chunk of inputs,
  *  the tokens' activation pairs and block scales are laid out on the stack once, then every
  *  pair of rows of the groups runs its tiles over the chunk's blocks, the running sums waiting
  *  in y between chunks (a float stored and loaded back is the same float). */
 COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale, const int8_t *xq,
                                             const float *sx, float *y, int32_t ldy, int32_t n_out,
-                                            int32_t n_in)
+                                            int32_t n_in, const float *bias, int relu)
 {
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t rows = n_out / COLIBRI_R4_ROWS * COLIBRI_R4_ROWS;
@@ -1187,11 +1204,33 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale,
                 colibri_qi_r4p_tile(wr, &xp, f, g, xu);
                 wr += 128;
             } while (wr != wend);
-            const float sc0 = scale[o], sc1 = scale[o + 1];
+            if (last) {
+                const float sc0 = scale[o], sc1 = scale[o + 1];
+#pragma GCC unroll 4
+                for (int32_t t = 0; t < 4; t++) {
+                    f[t] = f[t] * sc0;
+                    g[t] = g[t] * sc1;
+                }
+                if (bias != NULL) {
+                    const float bb0 = bias[o], bb1 = bias[o + 1];
+#pragma GCC unroll 4
+                    for (int32_t t = 0; t < 4; t++) {
+                        f[t] = f[t] + bb0;
+                        g[t] = g[t] + bb1;
+                    }
+                }
+                if (relu) {
+#pragma GCC unroll 4
+                    for (int32_t t = 0; t < 4; t++) {
+                        f[t] = f[t] > 0.0f ? f[t] : 0.0f;
+                        g[t] = g[t] > 0.0f ? g[t] : 0.0f;
+                    }
+                }
+            }
 #pragma GCC unroll 4
             for (int32_t t = 0; t < 4; t++) {
-                yo[(size_t)t * (size_t)ldy] = last ? f[t] * sc0 : f[t];
-                yo[(size_t)t * (size_t)ldy + 1u] = last ? g[t] * sc1 : g[t];
+                yo[(size_t)t * (size_t)ldy] = f[t];
+                yo[(size_t)t * (size_t)ldy + 1u] = g[t];
             }
             if (o % COLIBRI_R4_ROWS == 2) {
                 wg += COLIBRI_R4_ROWS * (size_t)n_in;
@@ -1201,34 +1240,62 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale,
     if (rows < n_out) { /* the last 1..3 rows, row-major, uncorrected */
         colibri_matmul_q8_q8(q + (size_t)rows * (size_t)n_in, scale + rows, xq, sx, y + rows, ldy,
                              n_out - rows, n_in, 4);
+        for (int32_t t = 0; t < 4; t++) {
+            colibri_qi_bias_relu(y + (size_t)t * (size_t)ldy, rows, n_out, bias, relu);
+        }
     }
 }
 #endif
 
 /**
+ * @brief colibri_qi_mm_q8_q8_r4p (per-row scales) followed by a relu expert kernel's steps on
+ *        each output row: + bias (when not NULL), then relu (when relu != 0), bit for bit, the
+ *        same operations in the same order (colibri_qi_bias_relu). On the Cortex-M4 / M7, passes
+ *        of 4 tokens (colibri_qi_r4p_pass4) do them as they store each output; the rest a
+ *        token at a time.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p_act(const int8_t *q, const float *scale,
+                                                   const int8_t *xq, const float *sx, float *y,
+                                                   int32_t ldy, int32_t n_out, int32_t n_in,
+                                                   int32_t n_tok, const float *bias, int relu)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    int32_t t0 = 0;
+#if defined(COLIBRI_QI_SIMD32)
+    for (; t0 + 4 <= n_tok; t0 += 4) {
+        colibri_qi_r4p_pass4(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                             y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, bias, relu);
+    }
+#endif
+    for (int32_t t = t0; t < n_tok; t++) {
+        float *yt = y + (size_t)t * (size_t)ldy;
+        colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb, yt,
+                             n_out, n_in, 0);
+        if (bias != NULL || relu) {
+            colibri_qi_bias_relu(yt, 0, n_out, bias, relu);
+        }
+    }
+}
+
+/**
  * @brief colibri_matmul_q8_q8 (blocked = 0) or colibri_matmul_q8b_q8 (blocked = 1) on a matrix
- *        stored in layout R4P, bit for bit (the arguments of colibri_qi_mm_q8_q8_r4). On the
- *        Cortex-M4 / M7 with per-row scales, passes of 4 tokens (colibri_qi_r4p_pass4); the
- *        rest a token at a time.
+ *        stored in layout R4P, bit for bit (the arguments of colibri_qi_mm_q8_q8_r4): with
+ *        per-row scales colibri_qi_mm_q8_q8_r4p_act without bias or relu; blocked scales a
+ *        token at a time.
  */
 COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p(const int8_t *q, const float *scale,
                                                const int8_t *xq, const float *sx, float *y,
                                                int32_t ldy, int32_t n_out, int32_t n_in,
                                                int32_t n_tok, int blocked)
 {
-    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
-    int32_t t0 = 0;
-#if defined(COLIBRI_QI_SIMD32)
     if (!blocked) {
-        for (; t0 + 4 <= n_tok; t0 += 4) {
-            colibri_qi_r4p_pass4(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
-                                 y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in);
-        }
+        colibri_qi_mm_q8_q8_r4p_act(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, NULL, 0);
+        return;
     }
-#endif
-    for (int32_t t = t0; t < n_tok; t++) {
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t t = 0; t < n_tok; t++) {
         colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-                             y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
+                             y + (size_t)t * (size_t)ldy, n_out, n_in, 1);
     }
 }
 
