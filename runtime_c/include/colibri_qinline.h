@@ -1037,20 +1037,265 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale,
     }
 }
 
+/** y[o] = y[o] + bias[o] (bias not NULL), then y[o] = y[o] > 0 ? y[o] : 0 (relu), for
+ *  o0 <= o < n: a generated relu expert kernel's steps on its hidden row, in its order. */
+COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, const float *bias,
+                                            int relu)
+{
+    for (int32_t o = o0; o < n; o++) {
+        float v = y[o];
+        if (bias != NULL) {
+            v = v + bias[o];
+        }
+        if (relu) {
+            v = v > 0.0f ? v : 0.0f;
+        }
+        y[o] = v;
+    }
+}
+
+#if defined(COLIBRI_QI_SIMD32)
+/*
+ * The multi-token R4P tile (Cortex-M4 / M7): 2 rows of an R4P group times 4 tokens over one
+ * block of 32 inputs. Per word of 4 inputs: one LDR of each row's stored word, which first
+ * multiplies (raw) the 4 tokens' O pairs, then is turned in place into its even codes (one
+ * SXTB16) for their Y pairs; the pairs come two tokens per LDRD and each serves both rows:
+ * 24 instructions per 32 MACs, in 14 core registers (8 sums, the 2 weight words, 2 pairs and
+ * the two pointers). Then the block's float steps in a second statement (one asm takes at most
+ * 30 operands): the 8 sums to s0..s7 (one VMOV per two), VCVT with 8 fraction bits (the dot
+ * products' floats, as colibri_qi_r4p_float), the 4 tokens' block scales in one VLDM and
+ * VMLA into the running sums (colibri_qi_mla's operation, in the same order).
+ * The activations of a chunk sit on the stack as, per block: for each word k the O pairs of
+ * tokens 0..3, then their Y pairs (colibri_qi_r4p_unpack), then the 4 block scales
+ * (COLIBRI_QI_GBLOCK bytes).
+ */
+/* word at w + off (row 0) and + off1 (row 1): products of the O pairs (first word: SMUAD
+ * starts the sums), then of the Y pairs with the even codes */
+#define COLIBRI_QI_H4(op, p, q)                                                                    \
+#op " %[a" #p "], %[w0], %[p]" COLIBRI_QI_ACC_##op(                                            \
+        a, p) "\n" #op " %[b" #p                                                                   \
+              "], %[w1], %[p]" COLIBRI_QI_ACC_##op(                                                \
+                  b, p) "\n" #op " %[a" #q                                                         \
+                        "], %[w0], %[q]" COLIBRI_QI_ACC_##op(                                      \
+                            a, q) "\n" #op " %[b" #q                                               \
+                                  "], %[w1], %[q]" COLIBRI_QI_ACC_##op(b, q) "\n"
+#define COLIBRI_QI_ACC_smuad(r, i) ""
+#define COLIBRI_QI_ACC_smlad(r, i) ", %[" #r #i "]"
+#define COLIBRI_QI_HW(op, off, off1)                                                               \
+    "ldr %[w0], [%[wr], #" #off "]\n"                                                              \
+    "ldr %[w1], [%[wr], #" #off1 "]\n"                                                             \
+    "ldrd %[p], %[q], [%[xp]], #8\n" COLIBRI_QI_H4(                                                \
+        op, 0,                                                                                     \
+        1) "ldrd %[p], %[q], [%[xp]], #8\n" COLIBRI_QI_H4(op, 2,                                   \
+                                                          3) "sxtb16 %[w0], %[w0]\n"               \
+                                                             "sxtb16 %[w1], %[w1]\n"               \
+                                                             "ldrd %[p], %[q], [%[xp]], "          \
+                                                             "#8\n" COLIBRI_QI_H4(                 \
+                                                                 smlad, 0,                         \
+                                                                 1) "ldrd %[p], %[q], [%[xp]], "   \
+                                                                    "#8\n" COLIBRI_QI_H4(smlad, 2, \
+                                                                                         3)
+/* block sum in s<s> to its float, times the scale in s<x>, into f */
+#define COLIBRI_QI_GF(f, s, x)                                                                     \
+    "vcvt.f32.s32 s" #s ", s" #s ", #8\n"                                                          \
+    "vmla.f32 %[" #f "], s" #s ", s" #x "\n"
+
+/** Bytes of one block of activations of 4 tokens on the stack (pairs, then block scales). */
+#define COLIBRI_QI_GBLOCK (8 * 4 * 8 + 4 * 4)
+
+/** Inputs per chunk of a multi-token R4P pass (its activations on the stack: COLIBRI_QI_GBLOCK
+ *  bytes per 32 inputs); a multiple of COLIBRI_QK8. */
+#ifndef COLIBRI_QI_R4P_GCHUNK
+#define COLIBRI_QI_R4P_GCHUNK 256
+#endif
+/** Words of a chunk's activations on the stack (xu: the tile's last argument). */
+#define COLIBRI_QI_GWORDS (COLIBRI_QI_R4P_GCHUNK / COLIBRI_QK8 * COLIBRI_QI_GBLOCK / 4)
+
+/** Rows r and r + 1 of an R4P group (wr = group + block * 128 + 16 r) times one block of 4
+ *  tokens at *xpp (COLIBRI_QI_GBLOCK bytes of xu; *xpp is advanced past them): f[t] =
+ *  mla(f[t], row r's dot product with token t, xs_t), g[t] the same for row r + 1. */
+COLIBRI_QI_INLINE void colibri_qi_r4p_tile(const int8_t *wr, const uint32_t **xpp, float f[4],
+                                           float g[4], const uint32_t *xu)
+{
+    const uint32_t *xp = *xpp;
+    int32_t a0, a1, a2, a3, b0, b1, b2, b3;
+    uint32_t w0, w1, p, q;
+    float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3], g0 = g[0], g1 = g[1], g2 = g[2], g3 = g[3];
+    __asm__(COLIBRI_QI_HW(smuad, 0, 16) COLIBRI_QI_HW(smlad, 4, 20) COLIBRI_QI_HW(smlad, 8, 24)
+                COLIBRI_QI_HW(smlad, 12, 28) COLIBRI_QI_HW(smlad, 64, 80)
+                    COLIBRI_QI_HW(smlad, 68, 84) COLIBRI_QI_HW(smlad, 72, 88)
+                        COLIBRI_QI_HW(smlad, 76, 92)
+            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [b0] "=&r"(b0),
+              [b1] "=&r"(b1), [b2] "=&r"(b2), [b3] "=&r"(b3), [w0] "=&r"(w0), [w1] "=&r"(w1),
+              [p] "=&r"(p), [q] "=&r"(q), [xp] "+r"(xp)
+            : [wr] "r"(wr), "m"(*(const int8_t(*)[96])wr),
+              "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu));
+    __asm__("vmov s0, s1, %[a0], %[a1]\n"
+            "vmov s2, s3, %[a2], %[a3]\n"
+            "vmov s4, s5, %[b0], %[b1]\n"
+            "vmov s6, s7, %[b2], %[b3]\n"
+            "vldmia %[xp]!, {s8-s11}\n" COLIBRI_QI_GF(f0, 0, 8) COLIBRI_QI_GF(f1, 1, 9)
+                COLIBRI_QI_GF(f2, 2, 10) COLIBRI_QI_GF(f3, 3, 11) COLIBRI_QI_GF(g0, 4, 8)
+                    COLIBRI_QI_GF(g1, 5, 9) COLIBRI_QI_GF(g2, 6, 10) COLIBRI_QI_GF(g3, 7, 11)
+            : [xp] "+r"(xp), [f0] "+t"(f0), [f1] "+t"(f1), [f2] "+t"(f2), [f3] "+t"(f3),
+              [g0] "+t"(g0), [g1] "+t"(g1), [g2] "+t"(g2), [g3] "+t"(g3)
+            : [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [a3] "r"(a3), [b0] "r"(b0), [b1] "r"(b1),
+              [b2] "r"(b2), [b3] "r"(b3), "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu)
+            : "d0", "d1", "d2", "d3", "d4", "d5");
+    *xpp = xp;
+    f[0] = f0;
+    f[1] = f1;
+    f[2] = f2;
+    f[3] = f3;
+    g[0] = g0;
+    g[1] = g1;
+    g[2] = g2;
+    g[3] = g3;
+}
+
+/** One pass of colibri_qi_mm_q8_q8_r4p_act (per-row scales) over 4 tokens: per chunk of inputs,
+ *  the tokens' activation pairs and block scales are laid out on the stack once, then every
+ *  pair of rows of the groups runs its tiles over the chunk's blocks, the running sums waiting
+ *  in y between chunks (a float stored and loaded back is the same float). */
+COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale, const int8_t *xq,
+                                            const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                            int32_t n_in, const float *bias, int relu)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t rows = n_out / COLIBRI_R4_ROWS * COLIBRI_R4_ROWS;
+    for (int32_t c0 = 0; c0 < n_in; c0 += COLIBRI_QI_R4P_GCHUNK) {
+        const int32_t cn = (n_in - c0 < COLIBRI_QI_R4P_GCHUNK) ? n_in - c0 : COLIBRI_QI_R4P_GCHUNK;
+        const int32_t cb = cn / COLIBRI_QK8;
+        const int32_t b0 = c0 / COLIBRI_QK8;
+        uint32_t xu[COLIBRI_QI_GWORDS];
+        for (int32_t b = 0; b < cb; b++) {
+            uint32_t *xb = xu + (size_t)b * (COLIBRI_QI_GBLOCK / 4);
+#pragma GCC unroll 4
+            for (int32_t t = 0; t < 4; t++) {
+                const colibri_qi_word *xw =
+                    (const colibri_qi_word *)(const void *)(xq + (size_t)t * (size_t)n_in +
+                                                            (size_t)(c0 + COLIBRI_QK8 * b));
+#pragma GCC unroll 8
+                for (int32_t k = 0; k < 8; k++) {
+                    const uint32_t v = xw[k];
+                    const uint32_t o = __sxtb16((v >> 8) | (v << 24));
+                    xb[8 * k + t] = o;
+                    xb[8 * k + 4 + t] = (uint32_t)__ssub16((v << 8) & 0xFF00FF00u, o);
+                }
+                memcpy(&xb[64 + t], &sx[(size_t)t * nb + (size_t)(b0 + b)], sizeof(float));
+            }
+        }
+        /* pointers walk the row pairs: wr = the pair's first weight of the chunk, yo = the
+         * output of its first row */
+        const int8_t *wg = q + (size_t)c0 * 4u;
+        const int last = c0 + cn >= n_in;
+        float *yo = y;
+        for (int32_t o = 0; o < rows; o += 2, yo += 2) {
+            const int8_t *wr = wg + 16u * (size_t)(o % COLIBRI_R4_ROWS);
+            float f[4], g[4];
+#pragma GCC unroll 4
+            for (int32_t t = 0; t < 4; t++) {
+                f[t] = (c0 > 0) ? yo[(size_t)t * (size_t)ldy] : 0.0f;
+                g[t] = (c0 > 0) ? yo[(size_t)t * (size_t)ldy + 1u] : 0.0f;
+            }
+            const uint32_t *xp = xu;
+            const int8_t *wend = wr + (size_t)cb * 128u;
+            do {
+                colibri_qi_r4p_tile(wr, &xp, f, g, xu);
+                wr += 128;
+            } while (wr != wend);
+            if (last) {
+                const float sc0 = scale[o], sc1 = scale[o + 1];
+#pragma GCC unroll 4
+                for (int32_t t = 0; t < 4; t++) {
+                    f[t] = f[t] * sc0;
+                    g[t] = g[t] * sc1;
+                }
+                if (bias != NULL) {
+                    const float bb0 = bias[o], bb1 = bias[o + 1];
+#pragma GCC unroll 4
+                    for (int32_t t = 0; t < 4; t++) {
+                        f[t] = f[t] + bb0;
+                        g[t] = g[t] + bb1;
+                    }
+                }
+                if (relu) {
+#pragma GCC unroll 4
+                    for (int32_t t = 0; t < 4; t++) {
+                        f[t] = f[t] > 0.0f ? f[t] : 0.0f;
+                        g[t] = g[t] > 0.0f ? g[t] : 0.0f;
+                    }
+                }
+            }
+#pragma GCC unroll 4
+            for (int32_t t = 0; t < 4; t++) {
+                yo[(size_t)t * (size_t)ldy] = f[t];
+                yo[(size_t)t * (size_t)ldy + 1u] = g[t];
+            }
+            if (o % COLIBRI_R4_ROWS == 2) {
+                wg += COLIBRI_R4_ROWS * (size_t)n_in;
+            }
+        }
+    }
+    if (rows < n_out) { /* the last 1..3 rows, row-major, uncorrected */
+        colibri_matmul_q8_q8(q + (size_t)rows * (size_t)n_in, scale + rows, xq, sx, y + rows, ldy,
+                             n_out - rows, n_in, 4);
+        for (int32_t t = 0; t < 4; t++) {
+            colibri_qi_bias_relu(y + (size_t)t * (size_t)ldy, rows, n_out, bias, relu);
+        }
+    }
+}
+#endif
+
+/**
+ * @brief colibri_qi_mm_q8_q8_r4p (per-row scales) followed by a relu expert kernel's steps on
+ *        each output row: + bias (when not NULL), then relu (when relu != 0), bit for bit, the
+ *        same operations in the same order (colibri_qi_bias_relu). On the Cortex-M4 / M7, passes
+ *        of 4 tokens (colibri_qi_r4p_pass4) do them as they store each output; the rest a
+ *        token at a time.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p_act(const int8_t *q, const float *scale,
+                                                   const int8_t *xq, const float *sx, float *y,
+                                                   int32_t ldy, int32_t n_out, int32_t n_in,
+                                                   int32_t n_tok, const float *bias, int relu)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    int32_t t0 = 0;
+#if defined(COLIBRI_QI_SIMD32)
+    for (; t0 + 4 <= n_tok; t0 += 4) {
+        colibri_qi_r4p_pass4(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
+                             y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, bias, relu);
+    }
+#endif
+    for (int32_t t = t0; t < n_tok; t++) {
+        float *yt = y + (size_t)t * (size_t)ldy;
+        colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb, yt,
+                             n_out, n_in, 0);
+        if (bias != NULL || relu) {
+            colibri_qi_bias_relu(yt, 0, n_out, bias, relu);
+        }
+    }
+}
+
 /**
  * @brief colibri_matmul_q8_q8 (blocked = 0) or colibri_matmul_q8b_q8 (blocked = 1) on a matrix
- *        stored in layout R4P, bit for bit (the arguments of colibri_qi_mm_q8_q8_r4): a token
- *        at a time.
+ *        stored in layout R4P, bit for bit (the arguments of colibri_qi_mm_q8_q8_r4): with
+ *        per-row scales colibri_qi_mm_q8_q8_r4p_act without bias or relu; blocked scales a
+ *        token at a time.
  */
 COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p(const int8_t *q, const float *scale,
                                                const int8_t *xq, const float *sx, float *y,
                                                int32_t ldy, int32_t n_out, int32_t n_in,
                                                int32_t n_tok, int blocked)
 {
+    if (!blocked) {
+        colibri_qi_mm_q8_q8_r4p_act(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, NULL, 0);
+        return;
+    }
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     for (int32_t t = 0; t < n_tok; t++) {
         colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-                             y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
+                             y + (size_t)t * (size_t)ldy, n_out, n_in, 1);
     }
 }
 

@@ -16,8 +16,11 @@
  *           against the library's colibri_matmul_q8_q8 / q8b_q8 (row t: the matvec's bits),
  *           output rows strided (ldy > n_out);
  *         - colibri_qi_q8_q8_r4p and colibri_qi_mm_q8_q8_r4p (1..QK_TOK tokens), both scale
- *           layouts, on the shapes of whole blocks stored in layout R4P, inputs over several
- *           chunks (COLIBRI_QI_R4P_CHUNK set to 64 here);
+ *           layouts, and colibri_qi_mm_q8_q8_r4p_act (per-row scales, + a bias then relu on
+ *           each output row, against the library's rows and those loops); all on the
+ *           shapes of whole blocks stored in layout R4P, inputs over several
+ *           chunks (COLIBRI_QI_R4P_CHUNK and the multi-token passes' COLIBRI_QI_R4P_GCHUNK set
+ *           to 64 here: passes of 4 tokens on the Cortex-M4 / M7, then one at a time);
  *         - colibri_qi_relu_row on the quantiser's rows (below) and special values;
  *         - colibri_qi_mm_q4_q8 (plain blocks) and colibri_qi_mm_q4_q8_q4r4 (Q4R4, whole
  *           blocks) for 1..QK_TOK tokens on the int4 shapes and values, against the library's
@@ -34,7 +37,8 @@
  *        the int4 pair for QK_BENCH_TOK tokens, 9 colibri_qi_mm_q4_q8_q4r4 on the Q4R4 bytes for
  *        them (tests/targets/test_platforms.py turns the counts into instructions per MAC).
  */
-#define COLIBRI_QI_R4P_CHUNK 64 /* several chunks of inputs in the R4P checks */
+#define COLIBRI_QI_R4P_CHUNK 64  /* several chunks of inputs in the R4P checks */
+#define COLIBRI_QI_R4P_GCHUNK 64 /* and in its multi-token passes */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
 #include "colibri_qinline.h"
@@ -344,6 +348,21 @@ static uint32_t qk_check_r4p(int32_t n_out, int32_t n_in, uint32_t *checks)
                                     n_tok, blocked);
             *checks += 1u;
             failed += memcmp(qk_ym0, qk_ym1, sizeof qk_ym0) != 0;
+            if (!blocked) {
+                /* + bias (qk_x: both signs), then relu, on each output row: the library's rows
+                 * then a generated relu kernel's loops */
+                for (int32_t t = 0; t < n_tok; t++) {
+                    float *yt = qk_ym0 + (size_t)t * (size_t)ldy;
+                    for (int32_t o = 0; o < n_out; o++) {
+                        yt[o] = yt[o] + qk_x[o];
+                        yt[o] = yt[o] > 0.0f ? yt[o] : 0.0f;
+                    }
+                }
+                colibri_qi_mm_q8_q8_r4p_act(qk_r4, qk_scale, qk_xqm, qk_sxm, qk_ym1, ldy, n_out,
+                                            n_in, n_tok, qk_x, 1);
+                *checks += 1u;
+                failed += memcmp(qk_ym0, qk_ym1, sizeof qk_ym0) != 0;
+            }
         }
     }
     return failed;
