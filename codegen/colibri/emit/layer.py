@@ -25,7 +25,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantTensor
 from ..quant.model import LayerQuant
 from ..reference.accuracy import Analysis
 from .cnames import c_ident, c_int_array
-from .experts import ffn_kernel, fp32_layouts, kernel_params, with_layout
+from .experts import ffn_kernel, kernel_params, with_layout
 from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -58,10 +58,9 @@ def render_layer(
     weights = WeightTable(name)
     isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
     kinds: dict[tuple[str, str], dict[str, Any]] = {}
-    f32_layouts = fp32_layouts(isa, c.d_model, c.d_ff)  # the fp32 experts' ({name}_ffn)
 
     def kernel(scheme: str, act: str) -> dict[str, Any]:
-        """The FFN kernel of a quantised expert kind (and the layouts it reads)."""
+        """The FFN kernel of an expert kind (and the layouts it reads)."""
         if (scheme, act) not in kinds:
             kinds[scheme, act] = ffn_kernel(
                 name,
@@ -76,6 +75,12 @@ def render_layer(
                 group=plan.memory.max_tokens,
             )
         return kinds[scheme, act]
+
+    # the fp32 experts' kernel ({name}_ffn), written whether or not an expert uses it
+    f32_kernel = ffn_kernel(
+        name, prefix, "fp32", "fp32", c.d_model, c.d_ff, c.gated, lone_layer=True, isa=isa
+    )
+    f32_layouts = f32_kernel["layouts"]
 
     what = f"router [{c.n_experts}][{c.d_model}]"
     if qrouter.scheme == "fp32":
@@ -99,10 +104,9 @@ def render_layer(
         warg = dict(arg)
         part_bytes = {"w1": "0u", "b1": "0u", "w2": "0u", "b2": "0u", "w3": "0u"}
         for tname, t in qe.tensors():
-            if isinstance(t, QuantTensor) and qe.scheme != "fp32":
-                t = with_layout(t, tname, kernel(qe.scheme, qe.act))
-            elif isinstance(t, QuantTensor):
-                t = with_layout(t, tname, {"layouts": f32_layouts})
+            if isinstance(t, QuantTensor):
+                k = f32_kernel if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)
+                t = with_layout(t, tname, k)
             entry = weights.add_stored(
                 f"e{idx}_{tname}", t, f"expert {idx} {tname}, {qe.scheme}{pinned}{shared}", const
             )
@@ -127,7 +131,7 @@ def render_layer(
                 "act": qe.act,
                 "kernel": pl.kernel,
                 "placement": pl.placement,
-                "ffn": f"{name}_ffn" if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)["fn"],
+                "ffn": f32_kernel["fn"] if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)["fn"],
             }
         )
     ffn_kinds = [kinds[k] for k in sorted(kinds)]
@@ -175,7 +179,7 @@ def render_layer(
         "slot_floats": slot_floats,
         "bias": bias,
         "pinned_ram": pinned_ram,
-        "fp32_layouts": f32_layouts,
+        "f32_kernel": f32_kernel,
     }
     files: dict[str, FileContent] = {**render_files("layer", ctx)}
     files[WEIGHTS_BLOB["layer"]] = weights.blob()

@@ -37,7 +37,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
 from .cnames import c_float, c_ident
-from .experts import ffn_kernel, with_layout
+from .experts import ffn_kernel, fp32_expert, with_layout
 from .output import KIND, WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -62,6 +62,11 @@ def check_supported_layer(i: int, layer: DecoderLayer) -> None:
         se = moe.shared_expert
         if se is not None and (se.b1 is not None or se.b2 is not None):
             raise ConfigError(f"layer {i}: a shared expert with biases is not supported")
+
+
+#: How each stored expert matrix is described in the weights header, per scheme.
+_SHAPES = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
+_F32_SHAPES = {"w1": "gate [d][f]", "w2": "down [f][d]", "w3": "up [d][f]"}
 
 
 def _router_entry(
@@ -154,32 +159,28 @@ def render_transformer(
         if layer.moe is not None:
             m = layer.moe
             mc = m.config
-            experts = []
             stored_q = []
-            kernels: list[str] = []
-            if eq is None:
-                for j, e in enumerate(m.experts):
-                    assert e.w3 is not None
-                    experts.append(
-                        {
-                            "w1": w.add(f"l{i}_e{j}_w1", e.w1, f"expert {j} gate [d][f]"),
-                            "w2": w.add(f"l{i}_e{j}_w2", e.w2, f"expert {j} down [f][d]"),
-                            "w3": w.add(f"l{i}_e{j}_w3", e.w3, f"expert {j} up [d][f]"),
-                        }
-                    )
-            else:
-                shape = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
-                for idx, qe in sorted(eq.experts[i].items()):
-                    args = {}
-                    k = kind(qe.scheme, qe.act, mc.d_ff)
-                    for tname, t in qe.tensors():
-                        assert isinstance(t, QuantTensor)
-                        what = f"expert {idx} {shape[tname]}, {qe.scheme}"
-                        t = with_layout(t, tname, k)
-                        args[tname] = w.add_stored(f"l{i}_e{idx}_{tname}", t, what)["ref"]
-                    stored_q.append({"index": idx, "ffn": k["fn"], "args": args})
-                storage = m.storage_map()
-                kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
+            storage = m.storage_map()
+            # every scheme, fp32 included, runs a generated kernel per d_ff (emit/experts.py)
+            qexperts = (
+                eq.experts[i]
+                if eq is not None
+                else {j: fp32_expert(m.experts[j]) for j in sorted(set(storage))}
+            )
+            for idx, qe in sorted(qexperts.items()):
+                args = {}
+                k = kind(qe.scheme, qe.act, mc.d_ff)
+                for tname, t in qe.tensors():
+                    assert isinstance(t, QuantTensor)
+                    shape = (_F32_SHAPES if qe.scheme == "fp32" else _SHAPES)[tname]
+                    key, what = f"l{i}_e{idx}_{tname}", f"expert {idx} {shape}"
+                    t = with_layout(t, tname, k)
+                    if qe.scheme == "fp32" and t.layout == "rows":  # the seed layout
+                        args[tname] = w.add(key, t.data.T, what)
+                    else:
+                        args[tname] = w.add_stored(key, t, f"{what}, {qe.scheme}")["ref"]
+                stored_q.append({"index": idx, "ffn": k["fn"], "args": args})
+            kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
             entry["moe"] = len(moes)
             moes.append(
                 {
@@ -188,7 +189,6 @@ def render_transformer(
                     "c": mc,
                     "flags": m.flags,
                     "router": _router_entry(w, i, m.router_w, q.routers.get(i) if q else None),
-                    "experts": experts,
                     "stored_q": stored_q,
                     "kernels": kernels,
                 }
