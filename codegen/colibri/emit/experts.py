@@ -125,6 +125,7 @@ def ffn_kernel(
     lone_layer: bool,
     isa: str = "",
     group: int = 1,
+    shared: bool = False,
 ) -> dict[str, Any]:
     """What the ``ffn_kernel`` macro needs to write the kernel of one kind of expert (scheme,
     activation mode, d_ff) of model `name` (macro prefix `prefix`) on a core (`isa`: the weight
@@ -132,9 +133,19 @@ def ffn_kernel(
     layout read by an i-outer ``matvec_in`` helper, or layout c8). group: the most tokens whose
     int8 rows its act_q region holds (a lone layer's max_tokens; a transformer runs one token):
     an int8-activation kernel quantises that many rows, then runs each matrix over all of them
-    (colibri_matmul_*, or the inline multi-token kernel), reading the weights once per group."""
+    (colibri_matmul_*, or the inline multi-token kernel), reading the weights once per group.
+    shared: a lone layer's shared expert (its own d_ff, fp32: ``{name}_shared_ffn``)."""
     fp32 = scheme == "fp32"
     lay = fp32_layouts(isa, d_model, d_ff) if fp32 else layouts(isa, scheme, act, d_model, d_ff)
+    if lone_layer and shared:
+        return {
+            **ffn_kernel(name, prefix, scheme, act, d_model, d_ff, gated, True, isa, group),
+            "fn": f"{name}_shared_ffn",
+            "matvec_in": f"{name}_shared_matvec_in",
+            "brief": f"FFN of the shared expert (d_ff {d_ff}) over n tokens",
+            "f": str(d_ff),
+            "f_stride": f"{d_ff}u",
+        }
     if lone_layer:  # the lone layer's header has <P>_D_FF; biases are optional at run time
         return {
             "fn": f"{name}_ffn" if fp32 else f"{name}_ffn_{scheme}_{act}",
