@@ -4,14 +4,16 @@ Output (one directory): transformer_model.h (dimensions, the arena plan as macro
 API), transformer_model.c (per-layer table, one ``colibri_model_t`` per MoE block run by the
 runtime's router + sparse forward, the token step), transformer_weights.{h,c} (const arrays,
 flash on MCUs) and manifest.json with ``"kind": "transformer"`` (the SConstruct then links
-runtime_c/runner/lm_main.c). Attention / norm / MLP weights are stored one row per output
-(``[out][in]``, the Hugging Face layout); expert weights keep the MoE IR's layout, which the
-runtime's kernels read. RoPE angles are tabulated in float64 and stored as fp32 cos / sin
+runtime_c/runner/lm_main.c). Attention / norm weights are stored one row per output
+(``[out][in]``, the Hugging Face layout). Every expert (routed, shared) and dense MLP runs a
+generated kernel (:mod:`colibri.emit.experts`, ``templates/common/experts.j2``: the same code
+path as a lone layer's experts), fp32 ones in the MoE IR's layout (layout c8 on cores with an
+fp32 c8 path). RoPE angles are tabulated in float64 and stored as fp32 cos / sin
 tables of ``max_context`` positions. Deterministic.
 
 With ``--quant fp16|int8|int4`` every MoE layer's routed experts are stored in that scheme
-(colibri.quant.formats, output-channel-major) and run by generated per-expert kernels
-(``<name>_l<L>_expert_<J>``, weights baked in) on the colibri_quant.h matvecs, activations
+(colibri.quant.formats, output-channel-major) and their per-expert kernels
+(``<name>_l<L>_expert_<J>``, weights baked in) run the colibri_quant.h matvecs, activations
 quantised to int8 per block of 32 in an ``act_q`` arena row (``--act fp32`` keeps them float). The
 numpy mirror is :func:`colibri.reference.transformer.forward` with the same
 :func:`~colibri.quant.model.quantize_transformer`. ``--dense-quant fp16|int8`` stores every
@@ -148,9 +150,6 @@ def render_transformer(
             "k_norm": w.opt(f"l{i}_k_norm", a.k_norm, "QK-norm of the keys"),
             "post_norm": w.add(f"l{i}_post_norm", layer.post_norm, "RMSNorm weight"),
             "moe": -1,
-            "ffn_gate": "NULL",
-            "ffn_up": "NULL",
-            "ffn_down": "NULL",
             "ffn_d_ff": 0,
             "shared_gate": "NULL",
             "dense_ffn": None,
@@ -201,25 +200,23 @@ def render_transformer(
             prefix = "shared"
         else:
             prefix = "mlp"
-        if ffn is not None and dq is not None:
-            qf = dq.dense_ffn[i]
+        if ffn is not None:  # the same generated kernels as the routed experts
+            assert ffn.w3 is not None
+            qf = dq.dense_ffn[i] if dq is not None else fp32_expert(ffn)
             d_ff = int(ffn.w1.shape[1])
-            names = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
             args = {}
             k = kind(qf.scheme, qf.act, d_ff)
             for tname, t in qf.tensors():
                 assert isinstance(t, QuantTensor)
                 key = f"l{i}_{prefix}_{tname}"
                 t = with_layout(t, tname, k)
-                args[tname] = w.add_stored(key, t, f"SwiGLU {names[tname]}, {dense}")["ref"]
-            entry["dense_ffn"] = {"ffn": k["fn"], "args": args}
+                if qf.scheme == "fp32" and t.layout == "rows":  # the seed layout
+                    args[tname] = w.add(key, t.data.T, f"SwiGLU {_F32_SHAPES[tname]}")
+                else:
+                    what = f"SwiGLU {_SHAPES[tname]}, {qf.scheme}"
+                    args[tname] = w.add_stored(key, t, what)["ref"]
+            entry["dense_ffn"] = {"ffn": k["fn"], "args": args, "scheme": qf.scheme}
             entry["ffn_d_ff"] = d_ff
-        elif ffn is not None:
-            assert ffn.w3 is not None
-            entry["ffn_gate"] = w.add(f"l{i}_{prefix}_gate", ffn.w1.T, "SwiGLU gate [f][d]")
-            entry["ffn_up"] = w.add(f"l{i}_{prefix}_up", ffn.w3.T, "SwiGLU up [f][d]")
-            entry["ffn_down"] = w.add(f"l{i}_{prefix}_down", ffn.w2.T, "SwiGLU down [d][f]")
-            entry["ffn_d_ff"] = int(ffn.w1.shape[1])
         layers.append(entry)
     w.add("final_norm", model.final_norm, "final RMSNorm weight")
     lm_head = embed
