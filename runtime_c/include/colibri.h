@@ -152,6 +152,16 @@ typedef struct {
 typedef void (*colibri_expert_kernel_fn)(const colibri_expert_weights_t *w, const float *x,
                                          float *y, int32_t n, float *scratch);
 
+/**
+ * @brief Shared expert (Qwen2-MoE): y[n][d_model] += sigmoid(x . g) * FFN_shared(x[n][d_model])
+ *        (scale 1 without a gate), run on every token after the routed experts.
+ * @param tmp     n * d_model floats (the shared expert's output before it is added)
+ * @param scratch the workspace's hidden region and kernel_scratch_bytes (the planner sizes
+ *                kernel_scratch_bytes so the shared expert's n hidden rows fit)
+ */
+typedef void (*colibri_shared_expert_fn)(const float *x, float *y, int32_t n, float *tmp,
+                                         float *scratch);
+
 /** Loader counters (colibri_get_stats). */
 typedef struct {
     uint64_t loads;     /**< calls to colibri_load_expert */
@@ -232,6 +242,9 @@ typedef struct colibri_model {
      *  by cleanup); NULL otherwise. Private. */
     void *owned_arena;
     void *owned_slots;
+    /** Generated shared expert added to every token's output (colibri_shared_expert_fn); NULL
+     *  for none (model files never have one). Set by generated code before init. */
+    colibri_shared_expert_fn shared_expert;
 } colibri_model_t;
 
 /* ------------------------------------------------------------------------------------------ */

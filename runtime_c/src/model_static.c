@@ -178,6 +178,7 @@ colibri_status colibri_shared_attach(colibri_model_t *model, const colibri_model
     model->stored = base->stored;
     model->share = base->share;
     model->kernels = base->kernels;
+    model->shared_expert = base->shared_expert;
     model->kernel_scratch_bytes = base->kernel_scratch_bytes; /* in this handle's workspace */
     model->share_eff = base->share_eff;
     model->slot_floats = base->slot_floats;

@@ -169,6 +169,10 @@ colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input
                 return st;
             }
         }
+        if (model->shared_expert != NULL) { /* every token of the chunk, after its experts */
+            const size_t at = (size_t)t0 * (size_t)model->d_model;
+            model->shared_expert(input + at, output + at, n, ws.y_expert, ws.hidden);
+        }
     }
     return COLIBRI_OK;
 }

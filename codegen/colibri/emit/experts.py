@@ -1,4 +1,4 @@
-"""The expert kernels: one description of a quantised expert's FFN kernel for every model kind.
+"""The expert kernels: one description of an expert's FFN kernel for every model kind and scheme.
 
 A quantised expert runs a generated FFN kernel with its dimensions fixed (colibri_quant.h
 matvecs, activations quantised to int8 per block of 32 into an ``act_q`` row when its mode is
@@ -18,7 +18,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..quant.formats import QuantTensor, c8_fits, q4r4_fits, r4_fits, r4p_fits
+import numpy as np
+
+from ..ir.moe import Expert
+from ..quant.formats import QuantExpert, QuantTensor, c8_fits, q4r4_fits, r4_fits, r4p_fits
 
 #: Parts of an expert in the order of the kernels' parameters.
 PARTS = ("w1", "b1", "w2", "b2", "w3")
@@ -76,6 +79,17 @@ def fp32_layouts(isa: str, d_model: int, d_ff: int) -> dict[str, str]:
     return {"w1": up, "w3": up, "w2": down}
 
 
+def fp32_expert(e: Expert) -> QuantExpert:
+    """An fp32 expert of the MoE IR as the generated kernels take it (QuantTensor [out][in],
+    stored in the seed layout or layout c8: :func:`fp32_layouts`)."""
+
+    def t(a: np.ndarray) -> QuantTensor:
+        return QuantTensor("fp32", int(a.shape[1]), int(a.shape[0]), a.T)
+
+    w3 = t(e.w3) if e.w3 is not None else None
+    return QuantExpert("fp32", "fp32", t(e.w1), t(e.w2), w3, e.b1, e.b2)
+
+
 def with_layout(t: QuantTensor, part: str, kernel: dict[str, Any]) -> QuantTensor:
     """`t` (weight part `part` of an expert run by `kernel`) in the layout the kernel reads."""
     return replace(t, layout=kernel["layouts"].get(part, "rows"))
@@ -111,17 +125,31 @@ def ffn_kernel(
     lone_layer: bool,
     isa: str = "",
     group: int = 1,
+    shared: bool = False,
 ) -> dict[str, Any]:
-    """What the ``ffn_kernel`` macro needs to write the kernel of one kind of quantised expert
-    (scheme, activation mode, d_ff) of model `name` (macro prefix `prefix`) on a core (`isa`:
-    the weight layouts its kernel reads, :func:`layouts`). group: the most tokens whose int8
-    rows its act_q region holds (a lone layer's max_tokens; a transformer runs one token): an
-    int8-activation kernel quantises that many rows, then runs each matrix over all of them
-    (colibri_matmul_*, or the inline multi-token kernel), reading the weights once per group."""
-    lay = layouts(isa, scheme, act, d_model, d_ff)
+    """What the ``ffn_kernel`` macro needs to write the kernel of one kind of expert (scheme,
+    activation mode, d_ff) of model `name` (macro prefix `prefix`) on a core (`isa`: the weight
+    layouts its kernel reads, :func:`layouts`; fp32 experts: :func:`fp32_layouts`, the seed
+    layout read by an i-outer ``matvec_in`` helper, or layout c8). group: the most tokens whose
+    int8 rows its act_q region holds (a lone layer's max_tokens; a transformer runs one token):
+    an int8-activation kernel quantises that many rows, then runs each matrix over all of them
+    (colibri_matmul_*, or the inline multi-token kernel), reading the weights once per group.
+    shared: a lone layer's shared expert (its own d_ff, fp32: ``{name}_shared_ffn``)."""
+    fp32 = scheme == "fp32"
+    lay = fp32_layouts(isa, d_model, d_ff) if fp32 else layouts(isa, scheme, act, d_model, d_ff)
+    if lone_layer and shared:
+        return {
+            **ffn_kernel(name, prefix, scheme, act, d_model, d_ff, gated, True, isa, group),
+            "fn": f"{name}_shared_ffn",
+            "matvec_in": f"{name}_shared_matvec_in",
+            "brief": f"FFN of the shared expert (d_ff {d_ff}) over n tokens",
+            "f": str(d_ff),
+            "f_stride": f"{d_ff}u",
+        }
     if lone_layer:  # the lone layer's header has <P>_D_FF; biases are optional at run time
         return {
-            "fn": f"{name}_ffn_{scheme}_{act}",
+            "fn": f"{name}_ffn" if fp32 else f"{name}_ffn_{scheme}_{act}",
+            "matvec_in": f"{name}_matvec_in",
             "brief": f"FFN of one {scheme} expert ({act} activations) over n tokens",
             "storage": "static inline",
             "params": kernel_params(name, scheme, d_model, d_ff, bias=True),
@@ -139,7 +167,8 @@ def ffn_kernel(
             "group": group,
         }
     return {
-        "fn": f"{name}_ffn_{scheme}_{act}_f{d_ff}",
+        "fn": f"{name}_ffn_fp32_f{d_ff}" if fp32 else f"{name}_ffn_{scheme}_{act}_f{d_ff}",
+        "matvec_in": f"{name}_matvec_in_f{d_ff}",
         "brief": f"SwiGLU FFN of one {scheme} expert ({act} activations, d_ff {d_ff}) over n "
         "tokens",
         "storage": "static",

@@ -25,7 +25,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantTensor
 from ..quant.model import LayerQuant
 from ..reference.accuracy import Analysis
 from .cnames import c_ident, c_int_array
-from .experts import ffn_kernel, fp32_layouts, kernel_params, with_layout
+from .experts import ffn_kernel, fp32_expert, kernel_params, with_layout
 from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -41,7 +41,6 @@ def render_layer(
     """The emit stage of a lone MoE layer: every generated file and the manifest, from the
     quantised weights, the analysis and the plan; returns ({filename: text}, manifest)."""
     layer.validate()
-    layer.require_no_shared_expert("generated C")
     c = layer.config
     name = c_ident(options.name)
     prefix = name.upper()
@@ -58,10 +57,9 @@ def render_layer(
     weights = WeightTable(name)
     isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
     kinds: dict[tuple[str, str], dict[str, Any]] = {}
-    f32_layouts = fp32_layouts(isa, c.d_model, c.d_ff)  # the fp32 experts' ({name}_ffn)
 
     def kernel(scheme: str, act: str) -> dict[str, Any]:
-        """The FFN kernel of a quantised expert kind (and the layouts it reads)."""
+        """The FFN kernel of an expert kind (and the layouts it reads)."""
         if (scheme, act) not in kinds:
             kinds[scheme, act] = ffn_kernel(
                 name,
@@ -76,6 +74,13 @@ def render_layer(
                 group=plan.memory.max_tokens,
             )
         return kinds[scheme, act]
+
+    # the fp32 experts' kernel ({name}_ffn), written whether or not an expert uses it
+    f32_kernel = ffn_kernel(
+        name, prefix, "fp32", "fp32", c.d_model, c.d_ff, c.gated, lone_layer=True, isa=isa
+    )
+    f32_layouts = f32_kernel["layouts"]
+    shared_ex = shared_expert(layer, weights, name, prefix, isa)
 
     what = f"router [{c.n_experts}][{c.d_model}]"
     if qrouter.scheme == "fp32":
@@ -99,10 +104,9 @@ def render_layer(
         warg = dict(arg)
         part_bytes = {"w1": "0u", "b1": "0u", "w2": "0u", "b2": "0u", "w3": "0u"}
         for tname, t in qe.tensors():
-            if isinstance(t, QuantTensor) and qe.scheme != "fp32":
-                t = with_layout(t, tname, kernel(qe.scheme, qe.act))
-            elif isinstance(t, QuantTensor):
-                t = with_layout(t, tname, {"layouts": f32_layouts})
+            if isinstance(t, QuantTensor):
+                k = f32_kernel if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)
+                t = with_layout(t, tname, k)
             entry = weights.add_stored(
                 f"e{idx}_{tname}", t, f"expert {idx} {tname}, {qe.scheme}{pinned}{shared}", const
             )
@@ -127,7 +131,7 @@ def render_layer(
                 "act": qe.act,
                 "kernel": pl.kernel,
                 "placement": pl.placement,
-                "ffn": f"{name}_ffn" if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)["fn"],
+                "ffn": f32_kernel["fn"] if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)["fn"],
             }
         )
     ffn_kinds = [kinds[k] for k in sorted(kinds)]
@@ -135,6 +139,8 @@ def render_layer(
     weight_bytes = qrouter.nbytes + sum(int(s["nbytes"]) for s in stored)
     if layer.router_b is not None:
         weight_bytes += int(layer.router_b.nbytes)
+    if shared_ex is not None:
+        weight_bytes += shared_ex["nbytes"]
     pinned_ram = sum(int(s["nbytes"]) for s in stored if s["placement"] == "ram")
     fp32_bytes = int(layer.router_w.nbytes) + sum(e.nbytes for e in layer.experts)
     if layer.router_b is not None:
@@ -169,13 +175,17 @@ def render_layer(
         # int8-activation kernels quantise the rows of a group of up to max_tokens tokens into
         # their scratch (the calling handle's workspace), after the hidden rows:
         # colibri_model_t.kernel_scratch_bytes
-        "kernel_scratch": kernel_scratch_bytes(c, act_q, plan.memory.max_tokens),
+        "kernel_scratch": kernel_scratch_bytes(
+            c, act_q, plan.memory.max_tokens, shared_ex["d_ff"] if shared_ex else 0
+        ),
+        "act_q_scratch": kernel_scratch_bytes(c, act_q, plan.memory.max_tokens),
+        "shared": shared_ex,
         "cache": options.cache,
         "n_slots": n_slots,
         "slot_floats": slot_floats,
         "bias": bias,
         "pinned_ram": pinned_ram,
-        "fp32_layouts": f32_layouts,
+        "f32_kernel": f32_kernel,
     }
     files: dict[str, FileContent] = {**render_files("layer", ctx)}
     files[WEIGHTS_BLOB["layer"]] = weights.blob()
@@ -223,6 +233,36 @@ def render_layer(
             for i in range(c.n_experts)
         ]
     return files, manifest
+
+
+def shared_expert(
+    layer: MoELayer, weights: WeightTable, name: str, prefix: str, isa: str
+) -> dict[str, Any] | None:
+    """The shared expert of a Qwen2-MoE style layer (None: none): its fp32 weights (the same
+    generated fp32 kernel as the routed experts', with its own d_ff) and sigmoid gate, run on
+    every token by ``{name}_shared`` (colibri_model_t.shared_expert)."""
+    se = layer.shared_expert
+    if se is None:
+        return None
+    c = layer.config
+    d_ff = int(se.w1.shape[1])
+    k = ffn_kernel(name, prefix, "fp32", "fp32", c.d_model, d_ff, c.gated, True, isa, shared=True)
+    arg = {"w1": "NULL", "b1": "NULL", "w2": "NULL", "b2": "NULL", "w3": "NULL"}
+    nbytes = 0
+    decls = []
+    for tname, t in fp32_expert(se).tensors():
+        if isinstance(t, QuantTensor):
+            t = with_layout(t, tname, k)
+        entry = weights.add_stored(f"shared_{tname}", t, f"shared expert {tname}, fp32")
+        arg[tname] = entry["ref"]
+        nbytes += int(entry["nbytes"])
+        decls.append(entry["decl"])
+    gate = "NULL"
+    if layer.shared_gate is not None:
+        gate = weights.add("shared_gate", layer.shared_gate, f"shared-expert gate [{c.d_model}]")
+        nbytes += 4 * c.d_model
+        decls.append(f"const float {gate}[{c.d_model}]")
+    return {"kernel": k, "arg": arg, "gate": gate, "d_ff": d_ff, "nbytes": nbytes, "decls": decls}
 
 
 def _by_index(s: dict[str, Any]) -> int:

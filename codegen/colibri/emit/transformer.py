@@ -4,14 +4,16 @@ Output (one directory): transformer_model.h (dimensions, the arena plan as macro
 API), transformer_model.c (per-layer table, one ``colibri_model_t`` per MoE block run by the
 runtime's router + sparse forward, the token step), transformer_weights.{h,c} (const arrays,
 flash on MCUs) and manifest.json with ``"kind": "transformer"`` (the SConstruct then links
-runtime_c/runner/lm_main.c). Attention / norm / MLP weights are stored one row per output
-(``[out][in]``, the Hugging Face layout); expert weights keep the MoE IR's layout, which the
-runtime's kernels read. RoPE angles are tabulated in float64 and stored as fp32 cos / sin
+runtime_c/runner/lm_main.c). Attention / norm weights are stored one row per output
+(``[out][in]``, the Hugging Face layout). Every expert (routed, shared) and dense MLP runs a
+generated kernel (:mod:`colibri.emit.experts`, ``templates/common/experts.j2``: the same code
+path as a lone layer's experts), fp32 ones in the MoE IR's layout (layout c8 on cores with an
+fp32 c8 path). RoPE angles are tabulated in float64 and stored as fp32 cos / sin
 tables of ``max_context`` positions. Deterministic.
 
 With ``--quant fp16|int8|int4`` every MoE layer's routed experts are stored in that scheme
-(colibri.quant.formats, output-channel-major) and run by generated per-expert kernels
-(``<name>_l<L>_expert_<J>``, weights baked in) on the colibri_quant.h matvecs, activations
+(colibri.quant.formats, output-channel-major) and their per-expert kernels
+(``<name>_l<L>_expert_<J>``, weights baked in) run the colibri_quant.h matvecs, activations
 quantised to int8 per block of 32 in an ``act_q`` arena row (``--act fp32`` keeps them float). The
 numpy mirror is :func:`colibri.reference.transformer.forward` with the same
 :func:`~colibri.quant.model.quantize_transformer`. ``--dense-quant fp16|int8`` stores every
@@ -37,7 +39,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
 from .cnames import c_float, c_ident
-from .experts import ffn_kernel, with_layout
+from .experts import ffn_kernel, fp32_expert, with_layout
 from .output import KIND, WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -62,6 +64,11 @@ def check_supported_layer(i: int, layer: DecoderLayer) -> None:
         se = moe.shared_expert
         if se is not None and (se.b1 is not None or se.b2 is not None):
             raise ConfigError(f"layer {i}: a shared expert with biases is not supported")
+
+
+#: How each stored expert matrix is described in the weights header, per scheme.
+_SHAPES = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
+_F32_SHAPES = {"w1": "gate [d][f]", "w2": "down [f][d]", "w3": "up [d][f]"}
 
 
 def _router_entry(
@@ -143,9 +150,6 @@ def render_transformer(
             "k_norm": w.opt(f"l{i}_k_norm", a.k_norm, "QK-norm of the keys"),
             "post_norm": w.add(f"l{i}_post_norm", layer.post_norm, "RMSNorm weight"),
             "moe": -1,
-            "ffn_gate": "NULL",
-            "ffn_up": "NULL",
-            "ffn_down": "NULL",
             "ffn_d_ff": 0,
             "shared_gate": "NULL",
             "dense_ffn": None,
@@ -154,32 +158,28 @@ def render_transformer(
         if layer.moe is not None:
             m = layer.moe
             mc = m.config
-            experts = []
             stored_q = []
-            kernels: list[str] = []
-            if eq is None:
-                for j, e in enumerate(m.experts):
-                    assert e.w3 is not None
-                    experts.append(
-                        {
-                            "w1": w.add(f"l{i}_e{j}_w1", e.w1, f"expert {j} gate [d][f]"),
-                            "w2": w.add(f"l{i}_e{j}_w2", e.w2, f"expert {j} down [f][d]"),
-                            "w3": w.add(f"l{i}_e{j}_w3", e.w3, f"expert {j} up [d][f]"),
-                        }
-                    )
-            else:
-                shape = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
-                for idx, qe in sorted(eq.experts[i].items()):
-                    args = {}
-                    k = kind(qe.scheme, qe.act, mc.d_ff)
-                    for tname, t in qe.tensors():
-                        assert isinstance(t, QuantTensor)
-                        what = f"expert {idx} {shape[tname]}, {qe.scheme}"
-                        t = with_layout(t, tname, k)
-                        args[tname] = w.add_stored(f"l{i}_e{idx}_{tname}", t, what)["ref"]
-                    stored_q.append({"index": idx, "ffn": k["fn"], "args": args})
-                storage = m.storage_map()
-                kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
+            storage = m.storage_map()
+            # every scheme, fp32 included, runs a generated kernel per d_ff (emit/experts.py)
+            qexperts = (
+                eq.experts[i]
+                if eq is not None
+                else {j: fp32_expert(m.experts[j]) for j in sorted(set(storage))}
+            )
+            for idx, qe in sorted(qexperts.items()):
+                args = {}
+                k = kind(qe.scheme, qe.act, mc.d_ff)
+                for tname, t in qe.tensors():
+                    assert isinstance(t, QuantTensor)
+                    shape = (_F32_SHAPES if qe.scheme == "fp32" else _SHAPES)[tname]
+                    key, what = f"l{i}_e{idx}_{tname}", f"expert {idx} {shape}"
+                    t = with_layout(t, tname, k)
+                    if qe.scheme == "fp32" and t.layout == "rows":  # the seed layout
+                        args[tname] = w.add(key, t.data.T, what)
+                    else:
+                        args[tname] = w.add_stored(key, t, f"{what}, {qe.scheme}")["ref"]
+                stored_q.append({"index": idx, "ffn": k["fn"], "args": args})
+            kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
             entry["moe"] = len(moes)
             moes.append(
                 {
@@ -188,7 +188,6 @@ def render_transformer(
                     "c": mc,
                     "flags": m.flags,
                     "router": _router_entry(w, i, m.router_w, q.routers.get(i) if q else None),
-                    "experts": experts,
                     "stored_q": stored_q,
                     "kernels": kernels,
                 }
@@ -201,25 +200,23 @@ def render_transformer(
             prefix = "shared"
         else:
             prefix = "mlp"
-        if ffn is not None and dq is not None:
-            qf = dq.dense_ffn[i]
+        if ffn is not None:  # the same generated kernels as the routed experts
+            assert ffn.w3 is not None
+            qf = dq.dense_ffn[i] if dq is not None else fp32_expert(ffn)
             d_ff = int(ffn.w1.shape[1])
-            names = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
             args = {}
             k = kind(qf.scheme, qf.act, d_ff)
             for tname, t in qf.tensors():
                 assert isinstance(t, QuantTensor)
                 key = f"l{i}_{prefix}_{tname}"
                 t = with_layout(t, tname, k)
-                args[tname] = w.add_stored(key, t, f"SwiGLU {names[tname]}, {dense}")["ref"]
-            entry["dense_ffn"] = {"ffn": k["fn"], "args": args}
+                if qf.scheme == "fp32" and t.layout == "rows":  # the seed layout
+                    args[tname] = w.add(key, t.data.T, f"SwiGLU {_F32_SHAPES[tname]}")
+                else:
+                    what = f"SwiGLU {_SHAPES[tname]}, {qf.scheme}"
+                    args[tname] = w.add_stored(key, t, what)["ref"]
+            entry["dense_ffn"] = {"ffn": k["fn"], "args": args, "scheme": qf.scheme}
             entry["ffn_d_ff"] = d_ff
-        elif ffn is not None:
-            assert ffn.w3 is not None
-            entry["ffn_gate"] = w.add(f"l{i}_{prefix}_gate", ffn.w1.T, "SwiGLU gate [f][d]")
-            entry["ffn_up"] = w.add(f"l{i}_{prefix}_up", ffn.w3.T, "SwiGLU up [f][d]")
-            entry["ffn_down"] = w.add(f"l{i}_{prefix}_down", ffn.w2.T, "SwiGLU down [d][f]")
-            entry["ffn_d_ff"] = int(ffn.w1.shape[1])
         layers.append(entry)
     w.add("final_norm", model.final_norm, "final RMSNorm weight")
     lm_head = embed

@@ -139,7 +139,7 @@ _PARTS = (
     (r"(l\d+_)?e\d+_\w+", "routed experts"),
     (r"(l\d+_)?router_?\w*", "routers"),
     (r"rope_(cos|sin)", "RoPE tables"),
-    (r"l\d+_(shared|mlp)_\w+", "shared experts / dense MLPs"),
+    (r"(l\d+_)?(shared|mlp)_\w+", "shared experts / dense MLPs"),
 )
 
 

@@ -120,13 +120,17 @@ def _act_q_what(n: int) -> str:
     return f"float[{q8_blocks(n)}] block scales + int8[{n}] quantised activation row"
 
 
-def kernel_scratch_bytes(c: MoEConfig, act_q: bool, tokens: int = 1) -> int:
+def kernel_scratch_bytes(c: MoEConfig, act_q: bool, tokens: int = 1, shared_d_ff: int = 0) -> int:
     """colibri_model_t.kernel_scratch_bytes of a lone layer's generated kernels: the quantised
     activation rows of a group of `tokens` tokens (the chunk's max_tokens: a kernel quantises
     every row of its group before its matrix products) that kernels with int8 activations keep
     in their scratch after the hidden rows: the group's block scales, then its codes
-    (:func:`act_q_group_codes_offset`); 0 without them."""
-    return tokens * act_q_bytes(max(c.d_model, c.d_ff)) if act_q else 0
+    (:func:`act_q_group_codes_offset`); 0 without them. A shared expert wider than the routed
+    ones (shared_d_ff > d_ff: colibri_shared_expert_fn) runs a chunk's rows in the same scratch,
+    so it is at least the bytes its hidden rows need beyond the routed experts' hidden rows."""
+    ks = tokens * act_q_bytes(max(c.d_model, c.d_ff)) if act_q else 0
+    rows = 2 if c.gated else 1
+    return max(ks, 4 * tokens * rows * max(0, shared_d_ff - c.d_ff))
 
 
 def act_q_group_codes_offset(n: int, tokens: int) -> int:
@@ -143,6 +147,7 @@ def plan_memory(
     bias: bool = False,
     act_q: bool = False,
     slot_floats: int = 0,
+    shared_d_ff: int = 0,
 ) -> MemoryPlan:
     """Lay out the arena for chunks of max_tokens tokens.
 
@@ -150,13 +155,16 @@ def plan_memory(
     where colibri_init_static carves them), each of slot_floats floats (0: the fp32 expert
     size, COLIBRI_EXPERT_FLOATS); act_q: the kernels quantise activations to int8, so the
     workspace also holds their quantised row after the hidden rows (:func:`kernel_scratch_bytes`,
-    per handle: the workspace is what colibri_init_shared_static needs)."""
+    per handle: the workspace is what colibri_init_shared_static needs); shared_d_ff: d_ff of
+    a shared expert (0: none), whose hidden rows may need more kernel scratch."""
     t, d, k = max_tokens, c.d_model, c.top_k
-    ks = kernel_scratch_bytes(c, act_q, t)
+    ks = kernel_scratch_bytes(c, act_q, t, shared_d_ff)
     what = "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)"
-    if ks:
+    if ks and ks == kernel_scratch_bytes(c, act_q, t):
         n = max(d, c.d_ff)
         what += f" + the kernels' int8 activation rows ({ks} bytes: {t} x {_act_q_what(n)})"
+    elif ks:
+        what += f" + the kernels' scratch ({ks} bytes: the shared expert's hidden rows)"
     items = [
         ("input", 4 * t * d, f"float[{t}][{d}] token chunk"),
         ("output", 4 * t * d, f"float[{t}][{d}] layer output"),

@@ -87,7 +87,11 @@ def plan_layer(
     bias = layer.experts[0].b1 is not None
     act_q = any(e.act == "int8" and e.scheme != "fp32" for e in q.experts.values())
     floats = slot_floats(layer, q, bias) if n_slots and q.quantised else 0
-    memory = plan_memory(layer.config, options.max_tokens, n_slots, bias, act_q, floats)
+    se = layer.shared_expert
+    shared_d_ff = int(se.w1.shape[1]) if se is not None else 0
+    memory = plan_memory(
+        layer.config, options.max_tokens, n_slots, bias, act_q, floats, shared_d_ff
+    )
     ram_budget = options.ram_budget
     if ram_budget is None:
         ram_budget = default_ram_budget(board, memory) if analysis.calibrated else 0

@@ -25,7 +25,7 @@ from ..quant.formats import (
     q8_blocks,
 )
 from .f32 import route_gates_f32, seq_dot, silu_f32
-from .moe import Routing, activation, expert_ffn, route
+from .moe import Routing, activation, expert_ffn, route, shared_ffn
 
 
 def matvec_f16_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -217,8 +217,9 @@ def quant_moe_forward(
     """The layer with quantised experts (and router, if given): (output [T, d], the routing
     the C router chose: expert ids and fp32 gates), mirroring the generated C and
     colibri_sparse_forward: each active expert in ascending id, ``out += gate * y`` in fp32
-    from 0. Bit-exact with quantised experts; an fp32 expert runs the float64 reference (its
-    C kernel is compared within FP32_TOLERANCE). Returned as float64 for the comparisons."""
+    from 0, then the shared expert if any. Bit-exact with quantised experts; an fp32 expert
+    (and the shared expert, always fp32) runs the float64 reference (its C kernel is compared
+    within FP32_TOLERANCE). Returned as float64 for the comparisons."""
     x = np.asarray(x, dtype=np.float32)
     r = route_c(layer, x, router)
     storage = layer.storage_map()
@@ -233,4 +234,6 @@ def quant_moe_forward(
         else:
             y = quant_expert_ffn(qe, c.activation, c.gated, x[rows])
         out[rows] = out[rows] + r.gates[rows, slots, None].astype(np.float32) * y
+    if layer.shared_expert is not None:  # fp32, after the routed experts (float64 reference)
+        out = out + shared_ffn(layer, x).astype(np.float32)
     return out.astype(np.float64), r

@@ -127,12 +127,20 @@ def moe_forward(layer: MoELayer, x: np.ndarray, k: int | None = None) -> tuple[n
         rows, slots = np.nonzero(r.expert_ids == e)
         out[rows] += r.gates[rows, slots, None] * expert_ffn(layer, int(e), x[rows])
     if layer.shared_expert is not None:
-        shared = ffn(layer.shared_expert, layer, x)
-        if layer.shared_gate is not None:
-            g = x.astype(np.float64) @ layer.shared_gate.astype(np.float64)
-            shared = shared / (1.0 + np.exp(-g))[:, None]
-        out += shared
+        out += shared_ffn(layer, x)
     return out, r
+
+
+def shared_ffn(layer: MoELayer, x: np.ndarray) -> np.ndarray:
+    """The shared expert's contribution on rows x (float64 [T, d_model]): its FFN scaled by
+    sigmoid(x . shared_gate) (by 1 without a gate); zeros without a shared expert."""
+    if layer.shared_expert is None:
+        return np.zeros(np.shape(x), dtype=np.float64)
+    shared = ffn(layer.shared_expert, layer, x)
+    if layer.shared_gate is not None:
+        g = np.asarray(x, dtype=np.float64) @ layer.shared_gate.astype(np.float64)
+        shared = shared / (1.0 + np.exp(-g))[:, None]
+    return np.asarray(shared, dtype=np.float64)
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, tol: float = FP32_TOLERANCE) -> str | None:

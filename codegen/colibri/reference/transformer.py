@@ -22,7 +22,7 @@ generated transformer_model.c.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -262,7 +262,9 @@ def _mirror_ffn(
     if moe is None:
         y = _mirror_dense_ffn(layer.mlp, dense_ffn, h)
         return (x + y).astype(np.float32)
-    proj, _ = quant_moe_forward(moe, q.experts[index], h, q.routers.get(index))
+    # the routed experts only (colibri_forward; the shared expert is added below, as <name>_ffn)
+    routed = replace(moe, shared_expert=None, shared_gate=None)
+    proj, _ = quant_moe_forward(routed, q.experts[index], h, q.routers.get(index))
     proj = proj.astype(np.float32)
     if moe.shared_expert is None:
         return (x + proj).astype(np.float32)
