@@ -7,9 +7,10 @@ same kernels at another git revision (``--rev``), whose outputs must agree bit f
     python benchmarks/matvec_table.py [--board cortex-a53] [--shape 512x128] [--rev d3ac41a]
 
 Defaults: boards cortex-a53, cortex-a7, cortex-a76; shapes 512x128 and 1024x2816 (out x in).
-matvec_bench.c, runtime_c/src/kernels_q.c (with kernels_neon.h) and the board's platform are
-compiled with the board's own compiler and flags; with --rev the two kernel files are taken from
-that revision (``git show``), everything else from the work tree.
+matvec_bench.c, runtime_c/src/kernels_q.c (with kernels_neon.h), kernels_x86.c (with
+kernels_x86.h: the x86-64 levels, empty elsewhere) and the board's platform are compiled with
+the board's own compiler and flags; with --rev the kernel files are taken from that revision
+(``git show``; a file the revision lacks is left out), everything else from the work tree.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from bench_common import build_bench, count_modes  # noqa: E402
 from colibri.boards import Board, load_board  # noqa: E402
 
 KERNELS = ("fp16 x fp32", "int4 x int8", "int4 x fp32", "int8 x int8")
-KERNEL_FILES = ("kernels_q.c", "kernels_neon.h")
+KERNEL_FILES = ("kernels_q.c", "kernels_neon.h", "kernels_x86.c", "kernels_x86.h")
 
 
 def kernel_dir(rev: str | None, work: Path) -> Path:
@@ -50,6 +51,8 @@ def kernel_dir(rev: str | None, work: Path) -> Path:
 
 def build(board: Board, shape: tuple[int, int], src: Path, work: Path) -> Path:
     sources = [ROOT / "benchmarks" / "matvec_bench.c", src / "kernels_q.c"]
+    if (src / "kernels_x86.c").exists():  # the x86-64 levels kernels_q.c dispatches to
+        sources.append(src / "kernels_x86.c")
     defines = [f"MB_OUT={shape[0]}", f"MB_IN={shape[1]}"]
     return build_bench(board, sources, defines, work, "matvec_bench")
 
