@@ -34,6 +34,8 @@
 
 #ifndef COLIBRI_NO_THREADS
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #endif
 
 #define LM_HEADER_BYTES 128u
@@ -1185,13 +1187,28 @@ static void lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *ne
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Thread pool (num_threads > 1): persistent workers, condition-variable wake-ups             */
+/* Thread pool (num_threads > 1): persistent workers, a short spin, then condition variables */
 
 /* A job: every thread (the caller as tid 0, the workers 1 .. nt - 1) runs fn(lm, arg, tid, nt)
  * once; what each one computes is fixed by (tid, nt) alone, never by timing. */
 typedef colibri_status (*lm_job_fn)(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt);
 
 #ifndef COLIBRI_NO_THREADS
+/*
+ * A token step hands the pool about twenty jobs (the matrices of each layer, its experts, the LM
+ * head), each a few hundred microseconds, separated by short single-threaded steps (norms,
+ * routing, attention). A thread blocked in a condition variable takes tens of microseconds to
+ * run again once signalled (more on a virtual machine, where an idle vCPU halts), so between
+ * the jobs of a step each waiting thread (a worker for the next job, the caller for the
+ * workers to finish) first spins on the job counter for up to LM_SPIN_NS, checking the clock
+ * every LM_SPIN_CHECK polls, and only then blocks on the condition variable. An idle pool (no
+ * step running) therefore spins at most LM_SPIN_NS once, then sleeps: no busy waiting when
+ * idle. The counters are C11 atomics so the spin may read them without the mutex; every
+ * change still happens under the mutex, so the condition-variable protocol is the usual one.
+ */
+#define LM_SPIN_NS 200000L
+#define LM_SPIN_CHECK 64
+
 struct lm_pool {
     colibri_lm_t *lm;
     pthread_mutex_t mu;
@@ -1199,13 +1216,13 @@ struct lm_pool {
     pthread_cond_t done; /* pending reached 0 */
     lm_job_fn fn;
     void *arg;
-    uint64_t gen;           /* job counter */
-    int32_t pending;        /* workers still running the current job */
-    int32_t stop;           /* colibri_lm_free: workers return */
-    int32_t n_workers;      /* started */
-    colibri_status *status; /* [n_threads] each thread's status of the current job */
-    pthread_t *threads;     /* [n_workers] */
-    void *args;             /* [n_workers] lm_worker_arg */
+    _Atomic uint64_t gen;    /* job counter */
+    _Atomic int32_t pending; /* workers still running the current job */
+    _Atomic int32_t stop;    /* colibri_lm_free: workers return */
+    int32_t n_workers;       /* started */
+    colibri_status *status;  /* [n_threads] each thread's status of the current job */
+    pthread_t *threads;      /* [n_workers] */
+    void *args;              /* [n_workers] lm_worker_arg */
 };
 
 typedef struct {
@@ -1213,13 +1230,53 @@ typedef struct {
     int32_t tid;
 } lm_worker_arg;
 
+static void spin_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || (defined(__ARM_ARCH) && __ARM_ARCH >= 7)
+    __asm__ volatile("yield");
+#endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
+
+/* Spin until *gen != seen (wait_gen) or *pending == 0 (!wait_gen), at most LM_SPIN_NS; 1 if
+ * the condition came true while spinning (the caller then takes the mutex without waiting). */
+static int pool_spin(lm_pool *pool, int wait_gen, uint64_t seen)
+{
+    int64_t start = -1;
+    for (int32_t i = 1;; i++) {
+        if (wait_gen ? (atomic_load_explicit(&pool->gen, memory_order_acquire) != seen ||
+                        atomic_load_explicit(&pool->stop, memory_order_relaxed) != 0)
+                     : atomic_load_explicit(&pool->pending, memory_order_acquire) == 0) {
+            return 1;
+        }
+        spin_pause();
+        if (i % LM_SPIN_CHECK == 0) {
+            const int64_t t = now_ns();
+            if (start < 0) {
+                start = t;
+            } else if (t - start > LM_SPIN_NS) {
+                return 0;
+            }
+        }
+    }
+}
+
 static void *lm_worker(void *p)
 {
     lm_pool *pool = ((lm_worker_arg *)p)->pool;
     const int32_t tid = ((lm_worker_arg *)p)->tid;
     uint64_t seen = 0;
-    pthread_mutex_lock(&pool->mu);
     for (;;) {
+        (void)pool_spin(pool, 1, seen);
+        pthread_mutex_lock(&pool->mu);
         while (!pool->stop && pool->gen == seen) {
             pthread_cond_wait(&pool->wake, &pool->mu); /* idle: blocked, no spinning */
         }
@@ -1234,9 +1291,10 @@ static void *lm_worker(void *p)
         const colibri_status st = fn(pool->lm, arg, tid, nt);
         pthread_mutex_lock(&pool->mu);
         pool->status[tid] = st;
-        if (--pool->pending == 0) {
+        if (atomic_fetch_sub(&pool->pending, 1) == 1) {
             pthread_cond_signal(&pool->done);
         }
+        pthread_mutex_unlock(&pool->mu);
     }
     pthread_mutex_unlock(&pool->mu);
     return NULL;
@@ -1337,6 +1395,7 @@ static colibri_status lm_run(colibri_lm_t *lm, lm_job_fn fn, void *arg)
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mu);
         colibri_status st = fn(lm, arg, 0, pool->n_workers + 1);
+        (void)pool_spin(pool, 0, 0);
         pthread_mutex_lock(&pool->mu);
         while (pool->pending > 0) {
             pthread_cond_wait(&pool->done, &pool->mu);

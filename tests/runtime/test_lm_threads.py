@@ -7,6 +7,7 @@ No timing is asserted."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,20 @@ def test_prefill_with_ram_budget_and_continuation(
     with LM(clb, threads=2, prefill_batch=4) as lm:
         lm.prefill(PROMPT[:10])
         _assert_same(lm.prefill(PROMPT[10:], pos=10), ref_logits[-1], "prefill in two calls")
+
+
+def test_idle_pool_sleeps(models: dict[str, MoETransformer], tmp_path: Path) -> None:
+    """Between jobs a waiting thread spins for at most LM_SPIN_NS (0.2 ms), then blocks: an
+    idle pool of 3 workers burns (almost) no CPU time. Process CPU time over 0.5 s of idling
+    after a step stays under 50 ms (spinning all along would be 1.5 s)."""
+    clb = _container(models["mixtral"], "int8", tmp_path / "m.clb")
+    with LM(clb, threads=4) as lm:
+        lm.generate(PROMPT[:4], 2)
+        time.sleep(0.05)  # the spin ends
+        cpu0 = time.process_time()
+        time.sleep(0.5)
+        idle = time.process_time() - cpu0
+    assert idle < 0.05, f"an idle pool used {idle * 1e3:.0f} ms of CPU in 0.5 s"
 
 
 def test_bad_arguments(models: dict[str, MoETransformer], tmp_path: Path) -> None:
