@@ -25,7 +25,9 @@ Method:
 * **Bandwidth:** a small C program (compiled here with the host compiler, ``-O2
   -march=native``) sums a 1 GiB buffer 5 times with one thread, four independent 32-byte vector
   streams, and reports the best GB/s; it runs before the first and after the last round, and
-  the larger figure is used.
+  the larger figure is used. Two copies at once after the rounds give the two-thread figure
+  (their sum), printed beside it: what a second decode thread can add if decode is memory-bound.
+  The header also names the CPU and its ISA extensions (/proc/cpuinfo) and the load average.
 * **Bytes per decoded token** are read from the container's tensor table: every tensor except
   the routed experts, the embedding and the RoPE tables, plus one embedding row and
   top_k / n_experts of the routed-expert bytes per layer (exactly top_k experts run per layer
@@ -131,6 +133,32 @@ def measure_bandwidth(work: Path) -> float:
         subprocess.run([cc, "-O2", "-march=native", str(src), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     return float(out.split()[0]) * 1e9
+
+
+def measure_bandwidth_2(work: Path) -> float:
+    """Read bandwidth of two threads (two copies of the program at once, their sum): what the
+    second core adds, i.e. how far two decode threads could go if memory-bound."""
+    measure_bandwidth(work)  # builds the program
+    exe = work / "bandwidth"
+    procs = [subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate()[0] for p in procs]
+    return sum(float(o.split()[0]) for o in outs) * 1e9
+
+
+def cpu_description() -> dict[str, Any]:
+    """The CPU model and the ISA extensions the x86 kernel levels look for (Linux)."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "f16c", "avx_vnni", "avx512bw", "avx512vl", "avx512_vnni")
+    return {"model": model, "isa": [f for f in wanted if f in flags], "cores": os.cpu_count()}
 
 
 def summary(xs: list[float]) -> dict[str, float]:
@@ -310,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"prefill {got['prefill']:.1f} tok/s"
                 )
         bandwidth = max(bw_before, measure_bandwidth(root))
+        bandwidth_2 = measure_bandwidth_2(root)
     rows = []
     for e in engines:
         scheme = e.name.split()[1]
@@ -334,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         "decode_tokens": args.tokens,
         "rounds": args.rounds,
         "bandwidth_bytes_per_s": bandwidth,
+        "bandwidth_2_threads_bytes_per_s": bandwidth_2,
+        "cpu": cpu_description(),
         "load_average": os.getloadavg(),
         "rows": rows,
         # every thread count of a scheme generates the same tokens (bit-identical promise)
@@ -397,9 +428,12 @@ def _print(result: dict[str, Any]) -> None:
     print(
         f"{m['parameters'] / 1e6:.1f} M parameters; prompt {result['prompt_tokens']}, "
         f"{result['decode_tokens']} decoded tokens, {result['rounds']} interleaved rounds; "
-        f"read bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (1 thread); "
+        f"read bandwidth {result['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (1 thread), "
+        f"{result['bandwidth_2_threads_bytes_per_s'] / 1e9:.1f} GB/s (2 threads); "
         f"load average {result['load_average'][0]:.2f}"
     )
+    cpu = result["cpu"]
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores; {' '.join(cpu['isa']) or 'no AVX2'}")
     print()
     print(
         "| engine | decode tok/s (min / median / max) | prefill tok/s (median) | "

@@ -28,6 +28,9 @@ def test_host_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     result = json.loads(out.read_text())
     assert result["same_tokens"] is True
     assert 1e8 < result["bandwidth_bytes_per_s"] < 1e12
+    assert 1e8 < result["bandwidth_2_threads_bytes_per_s"] < 2e12
+    assert result["cpu"]["model"] and result["cpu"]["cores"] >= 1
+    assert "CPU: " in table and "GB/s (2 threads)" in table
     assert result["prompt_tokens"] == 12 and result["decode_tokens"] == 6
     engines = {r["engine"]: r for r in result["rows"]}
     assert set(engines) == {
