@@ -1071,30 +1071,29 @@ COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, con
  */
 /* word at w + off (row 0) and + off1 (row 1): products of the O pairs (first word: SMUAD
  * starts the sums), then of the Y pairs with the even codes */
+/* one instruction per line: clang-format would reflow the string concatenation */
+/* clang-format off */
 #define COLIBRI_QI_H4(op, p, q)                                                                    \
-#op " %[a" #p "], %[w0], %[p]" COLIBRI_QI_ACC_##op(                                            \
-        a, p) "\n" #op " %[b" #p                                                                   \
-              "], %[w1], %[p]" COLIBRI_QI_ACC_##op(                                                \
-                  b, p) "\n" #op " %[a" #q                                                         \
-                        "], %[w0], %[q]" COLIBRI_QI_ACC_##op(                                      \
-                            a, q) "\n" #op " %[b" #q                                               \
-                                  "], %[w1], %[q]" COLIBRI_QI_ACC_##op(b, q) "\n"
+    #op " %[a" #p "], %[w0], %[p]" COLIBRI_QI_ACC_##op(a, p) "\n"                                  \
+    #op " %[b" #p "], %[w1], %[p]" COLIBRI_QI_ACC_##op(b, p) "\n"                                  \
+    #op " %[a" #q "], %[w0], %[q]" COLIBRI_QI_ACC_##op(a, q) "\n"                                  \
+    #op " %[b" #q "], %[w1], %[q]" COLIBRI_QI_ACC_##op(b, q) "\n"
 #define COLIBRI_QI_ACC_smuad(r, i) ""
 #define COLIBRI_QI_ACC_smlad(r, i) ", %[" #r #i "]"
 #define COLIBRI_QI_HW(op, off, off1)                                                               \
     "ldr %[w0], [%[wr], #" #off "]\n"                                                              \
     "ldr %[w1], [%[wr], #" #off1 "]\n"                                                             \
-    "ldrd %[p], %[q], [%[xp]], #8\n" COLIBRI_QI_H4(                                                \
-        op, 0,                                                                                     \
-        1) "ldrd %[p], %[q], [%[xp]], #8\n" COLIBRI_QI_H4(op, 2,                                   \
-                                                          3) "sxtb16 %[w0], %[w0]\n"               \
-                                                             "sxtb16 %[w1], %[w1]\n"               \
-                                                             "ldrd %[p], %[q], [%[xp]], "          \
-                                                             "#8\n" COLIBRI_QI_H4(                 \
-                                                                 smlad, 0,                         \
-                                                                 1) "ldrd %[p], %[q], [%[xp]], "   \
-                                                                    "#8\n" COLIBRI_QI_H4(smlad, 2, \
-                                                                                         3)
+    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
+    COLIBRI_QI_H4(op, 0, 1)                                                                        \
+    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
+    COLIBRI_QI_H4(op, 2, 3)                                                                        \
+    "sxtb16 %[w0], %[w0]\n"                                                                        \
+    "sxtb16 %[w1], %[w1]\n"                                                                        \
+    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
+    COLIBRI_QI_H4(smlad, 0, 1)                                                                     \
+    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
+    COLIBRI_QI_H4(smlad, 2, 3)
+/* clang-format on */
 /* block sum in s<s> to its float, times the scale in s<x>, into f */
 #define COLIBRI_QI_GF(f, s, x)                                                                     \
     "vcvt.f32.s32 s" #s ", s" #s ", #8\n"                                                          \
