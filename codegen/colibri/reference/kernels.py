@@ -71,7 +71,8 @@ def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     zero = ~(amax >= np.float32(2.0**-120))
     sx = np.where(zero, np.float32(0), amax / np.float32(Q8_MAX)).astype(np.float32)
     inv = (np.float32(Q8_MAX) / np.where(zero, np.float32(1), amax)).astype(np.float32)
-    v = (blocks * inv[:, :, None]).astype(np.float32)
+    with np.errstate(invalid="ignore"):  # amax inf: inv is 0 and inf * 0 is NaN, as in C
+        v = (blocks * inv[:, :, None]).astype(np.float32)
     a = np.abs(v)
     with np.errstate(invalid="ignore"):
         a = np.where(a < np.float32(Q8_MAX), a, np.float32(Q8_MAX)).astype(np.float32)
