@@ -54,6 +54,7 @@
 #define LM_FLAGS_KNOWN 0x7u
 
 #define LM_MAX_THREADS 256
+#define LM_PAR_MIN_WORK 32768u /* lm_run_sized */
 #define LM_DEFAULT_BATCH 64
 #define LM_MAX_BATCH 4096
 
@@ -160,14 +161,15 @@ struct colibri_lm {
     /* the arena: activations of `batch` token rows ([batch][n] each; a decode step is row 0) */
     float *x, *hbuf, *q, *k, *v, *att, *proj, *shared, *ffn_scratch, *y_expert;
     float *gates, *route_temp, *logits, *kv, *sxq;
-    int32_t *ids;        /* [batch][max_k] routed experts (sorted by id), gates alongside */
-    int32_t *keys;       /* [batch * max_k] (expert, token, slot) keys grouping a layer's uses */
-    int32_t *groups;     /* [batch * max_k + 1] start of each expert's run in keys */
-    int32_t *owner;      /* [batch * max_k] the thread that runs each run */
-    int64_t *load;       /* [n_threads] rows assigned to each thread (owner's balance) */
-    int8_t *xq;          /* [batch][act_n] int8 activation rows of the dense matrices */
-    lm_scratch *scratch; /* [n_threads] */
-    lm_pool *pool;       /* NULL: n_threads == 1 */
+    int32_t *ids;          /* [batch][max_k] routed experts (sorted by id), gates alongside */
+    int32_t *keys;         /* [batch * max_k] (expert, token, slot) keys grouping a layer's uses */
+    int32_t *groups;       /* [batch * max_k + 1] start of each expert's run in keys */
+    int32_t *owner;        /* [batch * max_k] the thread that runs each run */
+    int64_t *load;         /* [n_threads] rows assigned to each thread (owner's balance) */
+    int8_t *xq;            /* [batch][act_n] int8 activation rows of the dense matrices */
+    lm_scratch *scratch;   /* [n_threads] */
+    lm_pool *pool;         /* NULL: n_threads == 1 */
+    uint64_t par_min_work; /* LM_PAR_MIN_WORK, or COLIBRI_LM_PAR_MIN_WORK from the environment */
     void *sample_ws;
     size_t arena_bytes;
     lm_expert *experts; /* every layer's, in order */
@@ -1511,6 +1513,11 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     tmp.max_ff = max_ff;
     tmp.max_k = max_k;
     tmp.n_threads = config->num_threads > 1 ? config->num_threads : 1;
+    tmp.par_min_work = LM_PAR_MIN_WORK;
+    const char *min_work = getenv("COLIBRI_LM_PAR_MIN_WORK");
+    if (min_work != NULL && min_work[0] >= '0' && min_work[0] <= '9') {
+        tmp.par_min_work = strtoull(min_work, NULL, 10);
+    }
     tmp.batch = config->prefill_batch > 0 ? config->prefill_batch : LM_DEFAULT_BATCH;
     tmp.batch = tmp.batch < tmp.max_context ? tmp.batch : tmp.max_context;
     int32_t act_n = (int32_t)h->d_model > tmp.hq ? (int32_t)h->d_model : tmp.hq;
@@ -1633,13 +1640,13 @@ void *colibri_lm_sampler_workspace(colibri_lm_t *lm)
 /* ------------------------------------------------------------------------------------------ */
 /* The token step: transformer_model.c.j2, operation for operation, on n token rows           */
 
-/* Below this many multiply-adds a job runs on the calling thread alone (same bits: what a
- * row computes never depends on the split). */
-#define LM_PAR_MIN_WORK 32768u
-
+/* Below lm->par_min_work multiply-adds (LM_PAR_MIN_WORK; the environment variable
+ * COLIBRI_LM_PAR_MIN_WORK, read by colibri_lm_init, replaces it: 0 splits every job, which the
+ * tests use so that tiny models exercise every split) a job runs on the calling thread alone
+ * (same bits: what a row computes never depends on the split). */
 static colibri_status lm_run_sized(colibri_lm_t *lm, lm_job_fn fn, void *arg, uint64_t work)
 {
-    if (work < LM_PAR_MIN_WORK) {
+    if (work < lm->par_min_work) {
         return fn(lm, arg, 0, 1);
     }
     return lm_run(lm, fn, arg);
@@ -1878,6 +1885,47 @@ static colibri_status lm_dense_ffn(colibri_lm_t *lm, const lm_layer *ly, const f
     return lin_run(lm, &j);
 }
 
+/* The attention proper of n rows (q / k / v already normed, clipped and rotated), split over
+ * the threads by KV head: the cache is [kv head][position][head_dim], so a range of KV heads
+ * and their query heads is an attention of its own, with its own part of the cache; each
+ * thread runs its range for the n rows in order (row t writes its K / V row, then attends to
+ * the rows before it), with its own scores. The same operations per head as one thread. */
+typedef struct {
+    const colibri_attention_shape_t *shape;
+    float *kc, *vc;
+    int32_t pos0, n;
+} lm_att_job;
+
+static colibri_status job_att(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
+{
+    const lm_att_job *j = (const lm_att_job *)arg;
+    const int32_t n_kv = j->shape->n_kv_heads;
+    const int32_t g0 = (int32_t)((int64_t)n_kv * tid / nt);
+    const int32_t g1 = (int32_t)((int64_t)n_kv * (tid + 1) / nt);
+    if (g1 <= g0) {
+        return COLIBRI_OK;
+    }
+    const int32_t group = j->shape->n_heads / n_kv;
+    colibri_attention_shape_t part = *j->shape;
+    part.n_kv_heads = g1 - g0;
+    part.n_heads = (g1 - g0) * group;
+    const size_t hd = (size_t)part.head_dim;
+    const size_t qo = (size_t)g0 * (size_t)group * hd; /* first query head's offset */
+    const size_t ko = (size_t)g0 * hd;
+    const size_t co = (size_t)g0 * (size_t)part.max_context * hd;
+    for (int32_t t = 0; t < j->n; t++) {
+        const colibri_status st = colibri_attention_f32(
+            &part, j->pos0 + t, lm->q + (size_t)t * (size_t)lm->hq + qo,
+            lm->k + (size_t)t * (size_t)lm->hkv + ko, lm->v + (size_t)t * (size_t)lm->hkv + ko,
+            j->kc + co, j->vc + co, lm->scratch[tid].scores,
+            lm->att + (size_t)t * (size_t)lm->hq + qo);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
+    return COLIBRI_OK;
+}
+
 /* Attention of n rows at positions pos0 .. pos0 + n - 1, one after the other: each writes its
  * K / V row and attends to the rows before it, as n token steps would. */
 static colibri_status lm_attention(colibri_lm_t *lm, const lm_layer *ly, int32_t l, int32_t pos0,
@@ -1919,11 +1967,13 @@ static colibri_status lm_attention(colibri_lm_t *lm, const lm_layer *ly, int32_t
         const float *sn = lm->rope_sin + (size_t)pos * half;
         colibri_rope_f32(q, (int32_t)h->n_heads, (int32_t)h->head_dim, cs, sn);
         colibri_rope_f32(k, (int32_t)h->n_kv_heads, (int32_t)h->head_dim, cs, sn);
-        st = colibri_attention_f32(&shape, pos, q, k, v, kc, kc + kv_floats, lm->scratch[0].scores,
-                                   lm->att + (size_t)t * (size_t)lm->hq);
-        if (st != COLIBRI_OK) {
-            return st;
-        }
+    }
+    lm_att_job j = {&shape, kc, kc + kv_floats, pos0, n};
+    /* multiply-adds: q.k and p.v over the rows attended to, per query head */
+    const uint64_t work = 2u * (uint64_t)n * (uint64_t)lm->hq * (uint64_t)(pos0 + n);
+    st = lm_run_sized(lm, job_att, &j, work);
+    if (st != COLIBRI_OK) {
+        return st;
     }
     const lm_mat *mo[1] = {&ly->wo};
     const float *bo[1] = {ly->bo};

@@ -3,7 +3,7 @@ colibri_lm_prefill; runtime_c/src/lm_file.c): logits and greedy tokens are bit-i
 1, 2, 3 and 4 threads and for a batched prefill against the token-by-token loop, on every
 scheme (fp32 included: each output row is computed exactly as before, experts combined in the
 same order), on the host (Python binding, model-file runner) and on a Cortex-A53 (qemu-user).
-No timing is asserted."""
+Every job is split, however small (COLIBRI_LM_PAR_MIN_WORK=0). No timing is asserted."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from colibri.ir.transformer import MoETransformer
 from colibri.targets.binding import LM, RuntimeStatusError
 from colibri.targets.lmrun import run_lm_file
 from conftest import require_board, run_cli
-from hf_tiny import lm_options, make_model, require_torch, save_model
+from hf_tiny import MODEL_CASES, lm_options, make_model, require_torch, save_model
 
 MAX_CONTEXT = 48
 #: 21 prompt tokens: with prefill_batch 8, chunks of 8, 8 and 5 tokens.
@@ -45,6 +45,13 @@ OVERRIDES = {
         num_experts=8,
     ),
 }
+
+
+@pytest.fixture(autouse=True)
+def split_every_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """COLIBRI_LM_PAR_MIN_WORK=0: every job is split over the threads, however small (the tiny
+    models here would otherwise run most jobs, e.g. every token step's attention, on one)."""
+    monkeypatch.setenv("COLIBRI_LM_PAR_MIN_WORK", "0")
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +111,29 @@ def test_threads_and_prefill_bit_identical(
         last, ids = _prefilled(clb, threads, batch)
         what = f"{arch} {scheme}: prefill batch {batch}, {threads} threads"
         _assert_same(last, ref_logits[-1], what)
+        assert ids == ref_ids, what
+
+
+@pytest.mark.parametrize("case", range(len(MODEL_CASES)))
+def test_attention_split_over_kv_heads(tmp_path: Path, case: int) -> None:
+    """The attention is split over the threads by KV head (prefill and token steps): every
+    tiny model of hf_tiny.MODEL_CASES (MHA, GQA, MQA with fewer KV heads than threads, sliding
+    window, QK-norm, QKV clipping, biases) gives the same bits with 3 threads as with 1."""
+    require_torch()
+    arch, kw = MODEL_CASES[case]
+    hf = make_model(arch, seed=70 + case, **kw)
+    model = load_hf_transformer(save_model(hf, tmp_path / "ckpt"))
+    clb = _container(model, "int8", tmp_path / "m.clb")
+    prompt = [t % model.config.vocab_size for t in PROMPT]
+    with LM(clb) as lm:
+        ref, ref_ids = lm.generate(prompt, N_NEW)
+    for threads, batch in ((3, 0), (3, 1), (2, 5)):
+        with LM(clb, threads=threads, prefill_batch=batch) as lm:
+            got, ids = lm.generate(prompt, N_NEW)
+            last = lm.prefill(prompt)
+        what = f"{arch} case {case}: {threads} threads, prefill batch {batch}"
+        _assert_same(got, ref, what)
+        _assert_same(last, ref[len(prompt) - 1], what + ", prefill")
         assert ids == ref_ids, what
 
 
