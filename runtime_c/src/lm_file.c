@@ -34,6 +34,7 @@
 
 #ifndef COLIBRI_NO_THREADS
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 #endif
@@ -1203,13 +1204,16 @@ typedef colibri_status (*lm_job_fn)(colibri_lm_t *lm, void *arg, int32_t tid, in
  * run again once signalled (more on a virtual machine, where an idle vCPU halts), so between
  * the jobs of a step each waiting thread (a worker for the next job, the caller for the
  * workers to finish) first spins on the job counter for up to LM_SPIN_NS, checking the clock
- * every LM_SPIN_CHECK polls, and only then blocks on the condition variable. An idle pool (no
+ * every LM_SPIN_CHECK polls (after LM_SPIN_YIELD polls each one yields the core, so that with
+ * more threads than free cores the spinning does not hold back the thread still working), and
+ * only then blocks on the condition variable. An idle pool (no
  * step running) therefore spins at most LM_SPIN_NS once, then sleeps: no busy waiting when
  * idle. The counters are C11 atomics so the spin may read them without the mutex; every
  * change still happens under the mutex, so the condition-variable protocol is the usual one.
  */
 #define LM_SPIN_NS 200000L
 #define LM_SPIN_CHECK 64
+#define LM_SPIN_YIELD 1024 /* polls with PAUSE / YIELD before each poll yields the core instead */
 
 struct lm_pool {
     colibri_lm_t *lm;
@@ -1259,7 +1263,11 @@ static int pool_spin(lm_pool *pool, int wait_gen, uint64_t seen)
                      : atomic_load_explicit(&pool->pending, memory_order_acquire) == 0) {
             return 1;
         }
-        spin_pause();
+        if (i > LM_SPIN_YIELD) {
+            sched_yield(); /* more threads than free cores: let the one still working run */
+        } else {
+            spin_pause();
+        }
         if (i % LM_SPIN_CHECK == 0) {
             const int64_t t = now_ns();
             if (start < 0) {
