@@ -721,29 +721,51 @@ KX_INLINE KX_Z512 __m128 kx_z_add4(__m128 acc, __m512 pr, int32_t nblk)
     return acc;
 }
 
+/* Word indices for _mm512_permutex2var_epi16 taking the fp16 scales of four blocks of rows
+ * (2m, 2m + 1) from 64-byte reads at each row's first block (d of block j is word 9j) to their
+ * places: word 16h + 4j + k = row 4h + k, block j (other words: don't care). */
+static const uint16_t kx_z_didx[4][32]
+    __attribute__((aligned(64))) = {{0, 32, 0, 0, 9, 41, 0, 0, 18, 50, 0, 0, 27, 59, 0, 0,
+                                     0, 0,  0, 0, 0, 0,  0, 0, 0,  0,  0, 0, 0,  0,  0, 0},
+                                    {0, 0, 0, 32, 0, 0, 9, 41, 0, 0, 18, 50, 0, 0, 27, 59,
+                                     0, 0, 0, 0,  0, 0, 0, 0,  0, 0, 0,  0,  0, 0, 0,  0},
+                                    {0, 0,  0, 0, 0, 0,  0, 0, 0,  0,  0, 0, 0,  0,  0, 0,
+                                     0, 32, 0, 0, 9, 41, 0, 0, 18, 50, 0, 0, 27, 59, 0, 0},
+                                    {0, 0, 0, 0,  0, 0, 0, 0,  0, 0, 0,  0,  0, 0, 0,  0,
+                                     0, 0, 0, 32, 0, 0, 9, 41, 0, 0, 18, 50, 0, 0, 27, 59}};
+
 /* One int4 step of eight rows (row r's blocks at blk + r * nb), nblk blocks. */
 KX_INLINE KX_Z512 void kx_z_q4_step(const colibri_block_q4_32 *blk, size_t nb, const kx_zprep *z,
-                                    __m512i gidx, int32_t nblk, __m128 *acc_lo, __m128 *acc_hi)
+                                    int32_t nblk, __m128 *acc_lo, __m128 *acc_hi)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i p[8];
+    __m512i dw[8];
     KX_UNROLL for (int32_t r = 0; r < 8; r++)
     {
-        const __m512i v = kx_z_q4_load(blk + (size_t)r * nb, nblk);
+        const colibri_block_q4_32 *br = blk + (size_t)r * nb;
+        const __m512i v = kx_z_q4_load(br, nblk);
         const __m512i lo = _mm512_and_si512(v, m4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         p[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z->corr, lo, z->x), hi, z->xh);
+        /* the blocks' scales: bytes up to the last block's d, inside the row */
+        dw[r] = (nblk == 4) ? _mm512_loadu_si512((const void *)br)
+                            : kx_z_load((const int8_t *)(const void *)br, 18 * (nblk - 1) + 2);
     }
     __m512i lo, hi;
     kx_z_reduce8(p, &lo, &hi);
-    /* fp16 scales: lane [j][k] = d of row k (+ 4), block j; the low half of a 32-bit read */
-    const __mmask16 m = (__mmask16)((1u << (4 * nblk)) - 1u);
-    const __m512i dlo =
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, gidx, (const void *)blk, 1);
-    const __m512i dhi = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, gidx,
-                                                    (const void *)(blk + 4 * nb), 1);
-    const __m512 dslo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dlo)), z->s);
-    const __m512 dshi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dhi)), z->s);
+    /* 32 fp16 scales: word 16h + 4j + k = row 4h + k, block j */
+    __m512i dp[4];
+    KX_UNROLL for (int32_t m = 0; m < 4; m++)
+    {
+        dp[m] = _mm512_permutex2var_epi16(dw[2 * m], _mm512_load_si512((const void *)kx_z_didx[m]),
+                                          dw[2 * m + 1]);
+    }
+    const __m512i d = _mm512_mask_blend_epi16(
+        (__mmask32)0xFFFF0000u, _mm512_mask_blend_epi16((__mmask32)0xCCCCCCCCu, dp[0], dp[1]),
+        _mm512_mask_blend_epi16((__mmask32)0xCCCCCCCCu, dp[2], dp[3]));
+    const __m512 dslo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(d)), z->s);
+    const __m512 dshi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(d, 1)), z->s);
     *acc_lo = kx_z_add4(*acc_lo, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), dslo), nblk);
     *acc_hi = kx_z_add4(*acc_hi, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), dshi), nblk);
 }
@@ -763,11 +785,6 @@ static KX_NOINLINE KX_Z512 void kx_matvec_q4_q8_avx512z(const colibri_block_q4_3
     if (one_chunk) {
         kx_z_prep_q4(xq, sx, n_in, nb, 0, nsteps, z);
     }
-    const size_t rb = (size_t)nb * sizeof *w; /* bytes per row */
-    const __m512i gidx = _mm512_add_epi32(
-        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3),
-                           _mm512_set1_epi32((int)rb)),
-        _mm512_setr_epi32(0, 0, 0, 0, 18, 18, 18, 18, 36, 36, 36, 36, 54, 54, 54, 54));
     for (int32_t g0 = 0; g0 < n_out; g0 += 8) {
         const int32_t o0 = (g0 + 8 <= n_out) ? g0 : n_out - 8;
         const colibri_block_q4_32 *g = w + (size_t)o0 * (size_t)nb;
@@ -786,9 +803,9 @@ static KX_NOINLINE KX_Z512 void kx_matvec_q4_q8_avx512z(const colibri_block_q4_3
                 _mm_prefetch((const char *)(pf + (size_t)k * 576u + 512u), _MM_HINT_T0);
                 const colibri_block_q4_32 *blk = g + 4 * (size_t)k;
                 if (4 * k + 4 <= nb) {
-                    kx_z_q4_step(blk, (size_t)nb, &z[k - c0], gidx, 4, &acc_lo, &acc_hi);
+                    kx_z_q4_step(blk, (size_t)nb, &z[k - c0], 4, &acc_lo, &acc_hi);
                 } else {
-                    kx_z_q4_step(blk, (size_t)nb, &z[k - c0], gidx, nb - 4 * k, &acc_lo, &acc_hi);
+                    kx_z_q4_step(blk, (size_t)nb, &z[k - c0], nb - 4 * k, &acc_lo, &acc_hi);
                 }
             }
         }
