@@ -508,7 +508,8 @@ KX_Q4_MATVEC(kx_matvec_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_block_avx512vnni)
  * than L1, measured faster from DRAM than _MM_HINT_T0 at the same distance). */
 KX_INLINE void kx_z_prefetch(uintptr_t p, int n)
 {
-    for (int k = 0; k < n; k++) {
+    _Pragma("GCC unroll 16") for (int k = 0; k < n; k++)
+    {
         _mm_prefetch((const char *)(p + (uintptr_t)k * 64u), _MM_HINT_T1);
     }
 }
