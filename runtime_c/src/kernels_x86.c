@@ -23,7 +23,10 @@
  *  - AVX-VNNI / AVX-512 VNNI (256-bit EVEX): VPDPBUSD multiplies unsigned by signed bytes, so
  *    int8 weights go in as w + 128 (w ^ 0x80) and the accumulator starts at -128 * sum(x) of
  *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
- *    Exact for every int8 value, -128 included.
+ *    Exact for every int8 value, -128 included. The AVX-512 VNNI level's one-token matvecs
+ *    (int8, block-scaled int8, int4) use 512-bit registers (kx_matvec_*_avx512z below: two or
+ *    four blocks a step, sixteen or 32 (row, block) sums per reduction); below eight rows, and
+ *    in its multi-token tiles, it runs the 256-bit code of AVX-VNNI.
  *
  * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add blocking
  * over tokens: each block of eight rows' weights unpacked once per tile of tokens (AVX2: 2..8
