@@ -10,6 +10,7 @@ import ctypes
 import numpy as np
 import pytest
 from colibri.quant.formats import (
+    BLOCK_Q4_DTYPE,
     q8_blocks,
     quantize_fp16,
     quantize_int4_blocks,
@@ -202,4 +203,94 @@ def test_levels_match_the_mirror(
             matmul(y, ldy, split, n_out)
         _same_bits(y[:, :n_out], want, f"{level} matmul {name}")
         assert (y[:, n_out:] == -7.0).all(), f"{level} matmul {name} wrote beyond n_out"
+    kq.colibri_kernel_set_level(3)
+
+
+#: shapes for the int8 / int4 x int8 matvecs of the AVX-512 VNNI level (two int8 blocks or four
+#: int4 blocks a step, groups of eight rows, the last group overlapping when n_out % 8 != 0, the
+#: 256-bit matvec below eight rows): n_out < 8, 8, odd, < 16; n_in a partial block, one block,
+#: odd block counts, not a multiple of 64 / 128, and past the prepared chunk (64 steps: int8 4096
+#: inputs, int4 8192)
+Z_SHAPES = [
+    (3, 100),
+    (7, 64),
+    (8, 32),
+    (8, 1),
+    (9, 63),
+    (11, 96),
+    (15, 130),
+    (16, 160),
+    (17, 1000),
+    (24, 1024),
+    (13, 4130),
+    (9, 8300),
+]
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+@pytest.mark.parametrize("shape", Z_SHAPES)
+def test_int_matvecs_extreme_codes(kq: ctypes.CDLL, level: str, shape: tuple[int, int]) -> None:
+    """Random codes over the whole int8 range (-128 and 127 included, weights and activations)
+    and random nibbles (past n_in too), random scales of both signs: every level's q8 x q8,
+    q8b x q8 and q4 x q8 matvec (and a matmul of five tokens: a tile and one matvec) against the
+    mirror, bit for bit."""
+    if kq.colibri_kernel_set_level(LEVELS[level]) != LEVELS[level]:
+        pytest.skip(f"this CPU has no {level} (or the host is not x86-64)")
+    n_out, n_in = shape
+    n_tok = 5
+    rng = np.random.default_rng(n_out * 131 + n_in)
+    nb = q8_blocks(n_in)
+    q = rng.integers(-128, 128, (n_out, n_in), dtype=np.int8)
+    q[0, :] = -128
+    q[-1, ::2] = 127
+    xq = rng.integers(-128, 128, (n_tok, n_in), dtype=np.int8)
+    xq[0, :] = -128
+    xq[1, ::3] = 127
+    sx = rng.standard_normal((n_tok, nb)).astype(np.float32)
+    s = rng.standard_normal(n_out).astype(np.float32)
+    sb = rng.standard_normal((n_out, nb)).astype(np.float32)
+    q4 = np.zeros((n_out, nb), dtype=BLOCK_Q4_DTYPE)
+    q4["qs"] = rng.integers(0, 256, (n_out, nb, 16), dtype=np.uint8)
+    q4["d"] = rng.standard_normal((n_out, nb)).astype(np.float16).view(np.uint16)
+    q4[0]["qs"] = 0xF0  # nibbles 0 and 15
+    cases = [
+        (
+            "q8 x q8",
+            matvec_q8_q8(q, s, xq, sx),
+            lambda t, y: kq.colibri_matvec_q8_q8(
+                _p(q), _p(s), _p(xq, t * n_in), _p(sx, t * nb * 4), _p(y), n_out, n_in
+            ),
+            lambda y: kq.colibri_matmul_q8_q8(
+                _p(q), _p(s), _p(xq), _p(sx), _p(y), n_out, n_out, n_in, n_tok
+            ),
+        ),
+        (
+            "q8b x q8",
+            matvec_q8b_q8(q, sb, xq, sx),
+            lambda t, y: kq.colibri_matvec_q8b_q8(
+                _p(q), _p(sb), _p(xq, t * n_in), _p(sx, t * nb * 4), _p(y), n_out, n_in
+            ),
+            lambda y: kq.colibri_matmul_q8b_q8(
+                _p(q), _p(sb), _p(xq), _p(sx), _p(y), n_out, n_out, n_in, n_tok
+            ),
+        ),
+        (
+            "q4 x q8",
+            matvec_q4_q8(q4, xq, sx, n_in),
+            lambda t, y: kq.colibri_matvec_q4_q8(
+                _p(q4), _p(xq, t * n_in), _p(sx, t * nb * 4), _p(y), n_out, n_in
+            ),
+            lambda y: kq.colibri_matmul_q4_q8(
+                _p(q4), _p(xq), _p(sx), _p(y), n_out, n_out, n_in, n_tok
+            ),
+        ),
+    ]
+    for name, want, matvec, matmul in cases:
+        for t in range(n_tok):
+            y = np.full(n_out, np.nan, np.float32)
+            matvec(t, y)
+            _same_bits(y, want[t], f"{level} matvec {name} row {t}")
+        y = np.full((n_tok, n_out), np.nan, np.float32)
+        matmul(y)
+        _same_bits(y, want, f"{level} matmul {name}")
     kq.colibri_kernel_set_level(3)
