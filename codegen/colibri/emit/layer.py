@@ -19,7 +19,7 @@ import numpy as np
 from ..boards import Board
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
-from ..plan.memory import act_q_group_codes_offset, kernel_scratch_bytes
+from ..plan.memory import act_q_group_codes_offset
 from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantTensor
 from ..quant.model import LayerQuant
@@ -175,10 +175,8 @@ def render_layer(
         # int8-activation kernels quantise the rows of a group of up to max_tokens tokens into
         # their scratch (the calling handle's workspace), after the hidden rows:
         # colibri_model_t.kernel_scratch_bytes
-        "kernel_scratch": kernel_scratch_bytes(
-            c, act_q, plan.memory.max_tokens, shared_ex["d_ff"] if shared_ex else 0
-        ),
-        "act_q_scratch": kernel_scratch_bytes(c, act_q, plan.memory.max_tokens),
+        "kernel_scratch": plan.memory.kernel_scratch,
+        "act_q_scratch": plan.memory.act_q_scratch,
         "shared": shared_ex,
         "cache": options.cache,
         "n_slots": n_slots,

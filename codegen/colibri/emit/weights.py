@@ -234,14 +234,18 @@ class WeightTable:
         self, key: str, t: QuantTensor | np.ndarray, what: str, const: str = "const "
     ) -> dict[str, Any]:
         """A tensor in its stored scheme (:func:`tensor_entry`: its decl, init, typedef and
-        reference); const "" places it in RAM (pinned experts)."""
+        reference); const "" places it in RAM (pinned experts). fp32 matrices in the seed
+        layout are plain float arrays (listed in ``arrays``, as :meth:`add`'s)."""
         sym = self._new_symbol(key)
         entry = tensor_entry(sym, t, self.name, const)
         self._place(sym, tensor_chunks(t), what, const == "const ")
         if entry["typedef"] is not None:
             self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
         entry["what"] = what
-        self.qarrays.append(entry)
+        if isinstance(t, QuantTensor) and t.scheme == "fp32" and t.layout == "rows":
+            self.arrays.append({"symbol": sym, "size": entry["size"], "what": what})
+        else:
+            self.qarrays.append(entry)
         self._count(key, int(entry["nbytes"]))
         return entry
 

@@ -244,10 +244,10 @@ def size_report(target: str | Path, board_name: str) -> SizeReport:
         stack = load_report(elf)
         rep.stack = stack.as_dict() if stack else None
     if path.is_dir():
+        from ..emit.output import manifest_kind
         from .build import check_generated
 
-        manifest = check_generated(path)
-        if manifest.get("kind") == "transformer":
+        if manifest_kind(manifest := check_generated(path)) == "transformer":
             rep.arena = [
                 {"name": r["name"], "size": r["size"], "what": r["what"]}
                 for r in manifest["memory"]["regions"]
