@@ -17,7 +17,6 @@ stack_size.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -306,10 +305,6 @@ def format_report(rep: SizeReport) -> str:
 
 def size_report_text(target: str | Path, board_name: str) -> str:
     return format_report(size_report(target, board_name))
-
-
-def size_report_json(target: str | Path, board_name: str) -> str:
-    return json.dumps(size_report(target, board_name).as_dict(), indent=2)
 
 
 def check_elf_budget(rep: SizeReport) -> None:
