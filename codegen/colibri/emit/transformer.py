@@ -40,7 +40,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, Quant
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
 from .cnames import c_float, c_ident
-from .experts import ffn_kernel, fp32_expert, with_layout
+from .experts import ffn_kernel, fp32_expert
 from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -77,14 +77,13 @@ def _store_ffn(
 ) -> dict[str, str]:
     """The tensors of an expert / dense MLP in the layouts of its kernel `k`; returns their
     references. fp32 in the seed layout is described without its scheme."""
-    args = {}
-    for tname, t in qe.tensors():
-        assert isinstance(t, QuantTensor)
-        t = with_layout(t, tname, k)
-        seed = qe.scheme == "fp32" and t.layout == "rows"
-        desc = f"{what} {_F32_SHAPES[tname]}" if seed else f"{what} {shapes[tname]}, {qe.scheme}"
-        args[tname] = w.add_stored(f"{key}_{tname}", t, desc)["ref"]
-    return args
+
+    def describe(part: str, t: QuantTensor | np.ndarray) -> str:
+        if qe.scheme == "fp32" and getattr(t, "layout", "rows") == "rows":  # the seed layout
+            return f"{what} {_F32_SHAPES[part]}"
+        return f"{what} {shapes[part]}, {qe.scheme}"
+
+    return {part: e["ref"] for part, e in w.add_expert(key, qe, k, describe).items()}
 
 
 def _router_entry(

@@ -14,12 +14,14 @@ costs the same whatever its weights.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..quant.formats import (
+    QuantExpert,
     QuantTensor,
     c8_order,
     q4r4_order,
@@ -28,6 +30,7 @@ from ..quant.formats import (
     r4p_order,
 )
 from .cnames import NameTable
+from .experts import with_layout
 from .output import BinaryFile
 
 #: Alignment of every tensor in the blob (the arrays were _Alignas(16) as C text).
@@ -248,6 +251,24 @@ class WeightTable:
             self.qarrays.append(entry)
         self._count(key, int(entry["nbytes"]))
         return entry
+
+    def add_expert(
+        self,
+        key: str,
+        qe: QuantExpert,
+        kernel: dict[str, Any],
+        what: Callable[[str, QuantTensor | np.ndarray], str],
+        const: str = "const ",
+    ) -> dict[str, dict[str, Any]]:
+        """Every tensor of an expert (routed or shared, of a lone layer or a transformer, or a
+        dense MLP) as ``<key>_<part>``, in the layouts its `kernel` reads and described by
+        what(part, tensor); returns the :meth:`add_stored` entries by part."""
+        entries = {}
+        for part, t in qe.tensors():
+            if isinstance(t, QuantTensor):
+                t = with_layout(t, part, kernel)
+            entries[part] = self.add_stored(f"{key}_{part}", t, what(part, t), const)
+        return entries
 
 
 def blob_context(weights: WeightTable, header: str, blob_name: str) -> dict[str, Any]:
