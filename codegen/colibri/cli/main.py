@@ -497,7 +497,8 @@ def cmd_reference(a: argparse.Namespace) -> int:
         )
     _check_output_files(a.output, a.routing)
     progress = _progress(a, a.model)
-    layer = load(a.model, a.config, a.layer, progress).layer
+    model = load(a.model, a.config, a.layer, progress)
+    layer = model.layer
     x = check_input(load_npy(a.input), layer.config.d_model, a.input)
     opts = _quant_options(a, name="reference")
     if opts.quant == "fp32" and opts.expert_quant is None and opts.router_quant == "fp32":
@@ -507,9 +508,9 @@ def cmd_reference(a: argparse.Namespace) -> int:
         ids, gates = r.expert_ids, r.gates
     else:
         from ..reference.kernels import quant_moe_forward
-        from .pipeline import quantise_layer
+        from .pipeline import quantise
 
-        lq = quantise_layer(layer, opts, progress=progress)[0]
+        lq = quantise(model, opts, progress=progress).q
         y, r = quant_moe_forward(layer, lq.experts, x, lq.router)
         ids, gates = r.expert_ids, r.gates
     save_npy(a.output, y.astype(np.float32))

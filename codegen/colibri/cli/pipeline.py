@@ -3,14 +3,16 @@
     load -> IR -> [calibrate] -> quantise -> analyse -> plan (memory, placement) -> emit ->
     [report] -> budget -> write
 
-Each stage is a pure function of the previous stages' results (:mod:`colibri.frontends`,
-:mod:`colibri.quant`, :mod:`colibri.reference`, :mod:`colibri.plan`, :mod:`colibri.emit`); the
-budget check reads the byte counts the emitter recorded, before anything is written, and the
-output directory appears atomically or not at all. With --calib the reference stage first
-collects each expert's calibration statistics (:mod:`colibri.reference.calibration`), which the
-quantisation stage uses, and the report stage draws the routing heat map of the calibration
-tokens (:mod:`colibri.report.routing`: routing.html and routing.md beside the C, a summary in the
-manifest).
+The load stage gives the one model IR (:class:`~colibri.ir.model.Model`: kind "layer", one MoE
+block alone, or "transformer", a whole decoder) and every later stage takes it, dispatching on
+its kind where the two kinds still differ. Each stage is a pure function of the previous
+stages' results (:mod:`colibri.frontends`, :mod:`colibri.quant`, :mod:`colibri.reference`,
+:mod:`colibri.plan`, :mod:`colibri.emit`); the budget check reads the byte counts the emitter
+recorded, before anything is written, and the output directory appears atomically or not at
+all. With --calib the reference stage first collects each expert's calibration statistics
+(:mod:`colibri.reference.calibration`), which the quantisation stage uses, and the report stage
+draws the routing heat map of the calibration tokens (:mod:`colibri.report.routing`:
+routing.html and routing.md beside the C, a summary in the manifest).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from ..plan.model import plan_layer, plan_whole_transformer
 from ..progress import SILENT, Progress
 from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
 from ..quant.model import (
-    LayerQuant,
     TransformerQuant,
     quantize_moe_layer,
     quantize_transformer_as_asked,
@@ -96,33 +97,6 @@ def quantise_transformer(
     return q, tstats
 
 
-def quantise_layer(
-    layer: MoELayer,
-    options: GenerateOptions,
-    calib: np.ndarray | None = None,
-    progress: Progress = SILENT,
-) -> tuple[LayerQuant, LayerCalib | None, np.ndarray | None]:
-    """The calibrate + quantise stages of a lone MoE layer as `generate` runs them: the
-    quantised layer, the calibration statistics and the calibration rows (None without
-    --calib)."""
-    stats = None
-    if calib is not None or options.calib is not None:
-        with progress.stage("calibrate"):
-            calib = load_calib(options, calib, layer.config.d_model)
-            stats = layer_calibration(layer, calib)
-    lq = quantize_moe_layer(
-        layer,
-        options.quant,
-        options.expert_quant,
-        options.act,
-        options.router_quant,
-        options.scale_search,
-        stats,
-        progress,
-    )
-    return lq, stats, calib
-
-
 @dataclass
 class Quantised:
     """What the calibrate + quantise stages give the later ones: the quantised weights (a lone
@@ -135,12 +109,31 @@ class Quantised:
 
 
 def quantise(
-    model: Model, options: GenerateOptions, calib: np.ndarray | None, progress: Progress
+    model: Model,
+    options: GenerateOptions,
+    calib: np.ndarray | None = None,
+    progress: Progress = SILENT,
 ) -> Quantised:
+    """The calibrate + quantise stages of either kind as `generate` runs them."""
     if model.decoder is not None:
         check_supported(model.decoder)
         return Quantised(*quantise_transformer(model.decoder, options, calib, progress))
-    return Quantised(*quantise_layer(model.layer, options, calib, progress))
+    layer, stats = model.layer, None
+    if calib is not None or options.calib is not None:
+        with progress.stage("calibrate"):
+            calib = load_calib(options, calib, layer.config.d_model)
+            stats = layer_calibration(layer, calib)
+    q = quantize_moe_layer(
+        layer,
+        options.quant,
+        options.expert_quant,
+        options.act,
+        options.router_quant,
+        options.scale_search,
+        stats,
+        progress,
+    )
+    return Quantised(q, stats, calib)
 
 
 def analyse(model: Model, qd: Quantised, options: GenerateOptions, progress: Progress) -> Any:
@@ -197,10 +190,9 @@ def generate(
     progress: Progress = SILENT,
 ) -> tuple[Path, dict[str, Any]]:
     """Generate the C sources of `model` (an IR, or a path for the load stage) into out_dir."""
-    if isinstance(model, (Model, MoELayer, MoETransformer)):
-        ir = as_model(model)
-    else:
-        ir = load(model, progress=progress)
+    ir = (
+        load(model, progress=progress) if isinstance(model, (str, os.PathLike)) else as_model(model)
+    )
     files, manifest = render(ir, options, calib, progress)
     check_fits(ir, manifest, load_board(options.board), options)
     with progress.stage("write"):
