@@ -35,7 +35,6 @@ from ..errors import ConfigError
 from ..ir.transformer import DecoderLayer, MoETransformer, all_tensors, transformer_hash
 from ..options import GenerateOptions
 from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
-from ..plan.model import transformer_act_q
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
@@ -259,7 +258,7 @@ def render_transformer(
         "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
         "ffn_kinds": [kinds[k] for k in sorted(kinds)],
         "act_q": plan.region_size("act_q"),
-        "act_q_codes": act_q_codes_offset(transformer_act_q(model, q)),
+        "act_q_codes": act_q_codes_offset(plan.act_q),
         "weight_bytes": weight_bytes,
         "layers": layers,
         "moes": moes,

@@ -237,9 +237,11 @@ def max_top_k(model: MoETransformer) -> int:
 
 @dataclass(frozen=True)
 class TransformerPlan(ArenaPlan):
-    """The arena of a whole transformer with a KV cache of max_context positions."""
+    """The arena of a whole transformer with a KV cache of max_context positions; act_q: the
+    values of its quantised activation row (0: none)."""
 
     max_context: int = 0
+    act_q: int = 0
 
 
 def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) -> TransformerPlan:
@@ -281,4 +283,4 @@ def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) ->
             f"float[{c.n_layers}][2][{c.n_kv_heads}][{max_context}][{c.head_dim}] KV cache",
         ),
     ]
-    return TransformerPlan(regions=lay_out(items), max_context=max_context)
+    return TransformerPlan(lay_out(items), max_context, act_q)
