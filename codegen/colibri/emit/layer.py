@@ -129,12 +129,9 @@ def render_layer(
             }
         )
     ffn_kinds = [kinds[k] for k in sorted(kinds)]
+    by_index_order = sorted(stored, key=lambda s: int(s["index"]))
     variants = sorted({(s["ffn"], s["kernel"]) for s in stored if s["kernel"] != "default"})
-    weight_bytes = qrouter.nbytes + sum(int(s["nbytes"]) for s in stored)
-    if layer.router_b is not None:
-        weight_bytes += int(layer.router_b.nbytes)
-    if shared_ex is not None:
-        weight_bytes += shared_ex["nbytes"]
+    weight_bytes = weights.nbytes  # router, experts, shared expert and gate
     pinned_ram = sum(int(s["nbytes"]) for s in stored if s["placement"] == "ram")
     fp32_bytes = int(layer.router_w.nbytes) + sum(e.nbytes for e in layer.experts)
     if layer.router_b is not None:
@@ -150,7 +147,7 @@ def render_layer(
         "router_bias": layer.router_b is not None,
         "router_scheme": qrouter.scheme,
         "router_scheme_code": ROUTER_SCHEME_CODES[qrouter.scheme],
-        "stored": sorted(stored, key=lambda s: int(s["index"])),
+        "stored": by_index_order,
         "stored_layout": stored,
         "stored_by_index": {s["index"]: s for s in stored},
         "kernel_params": {
@@ -196,7 +193,7 @@ def render_layer(
         weight_bytes,
         files,
     )
-    manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in sorted(stored, key=_by_index)]
+    manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in by_index_order]
     if ffn_kinds:  # how each quantised kernel's weights are stored (quant/formats.py LAYOUTS)
         manifest["weight_layouts"] = {k["fn"]: k["layouts"] for k in ffn_kinds}
     if any(s["scheme"] == "fp32" for s in stored):  # and the fp32 experts' ({name}_ffn)
@@ -242,18 +239,12 @@ def shared_expert(
     arg = {"w1": "NULL", "b1": "NULL", "w2": "NULL", "b2": "NULL", "w3": "NULL"}
     entries = weights.add_expert("shared", fp32_expert(se), k, "shared expert {}, fp32".format)
     arg.update({n: e["ref"] for n, e in entries.items()})
-    nbytes = sum(int(e["nbytes"]) for e in entries.values())
     decls = [e["decl"] for e in entries.values()]
     gate = "NULL"
     if layer.shared_gate is not None:
         gate = weights.add("shared_gate", layer.shared_gate, f"shared-expert gate [{c.d_model}]")
-        nbytes += 4 * c.d_model
         decls.append(f"const float {gate}[{c.d_model}]")
-    return {"kernel": k, "arg": arg, "gate": gate, "d_ff": d_ff, "nbytes": nbytes, "decls": decls}
-
-
-def _by_index(s: dict[str, Any]) -> int:
-    return int(s["index"])
+    return {"kernel": k, "arg": arg, "gate": gate, "d_ff": d_ff, "decls": decls}
 
 
 def layout_summary(
