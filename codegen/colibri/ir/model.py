@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError
 from .moe import MoELayer
 from .transformer import MoETransformer
 
@@ -33,8 +32,7 @@ class Model:
     @property
     def layer(self) -> MoELayer:
         """The MoE block of a lone layer (kind "layer")."""
-        if self.decoder is not None:
-            raise ConfigError(f"{self.decoder.source or 'model'}: a whole transformer")
+        assert self.decoder is None, "a whole transformer is not one MoE layer"
         return self.blocks[0]
 
 
