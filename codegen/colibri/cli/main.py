@@ -17,7 +17,7 @@ from .. import __version__
 from ..errors import ColibriError, ConfigError, InputError, OutputError
 from ..frontends.hf import check_architectures, is_hf_checkpoint
 from ..frontends.load import load_npy, save_npy, save_npz
-from ..ir.moe import MAX_TOP_K, MoELayer
+from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
 from ..plan.model import MAX_LRU_SLOTS
 from .argtypes import (
@@ -279,7 +279,6 @@ def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from ..boards import load_board
-    from ..ir.transformer import MoETransformer
     from .pipeline import generate, load
 
     board = load_board(a.board)
@@ -298,8 +297,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
         ram_budget=a.ram_budget,
     )
     out, manifest = generate(model, a.out, opts, force=a.force, progress=progress)
-    if isinstance(model, MoETransformer):
-        _print_transformer_summary(out, board.name, model, manifest)
+    if model.decoder is not None:
+        _print_transformer_summary(out, board.name, model.decoder, manifest)
         if "accuracy" in manifest:
             from ..reference.accuracy import format_accuracy
 
@@ -310,7 +309,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from ..reference.accuracy import format_accuracy
 
     mem = manifest["memory"]
-    c = model.config
+    c = model.layer.config
     print(
         f"generated {out} for {board.name}: {c.n_experts} experts "
         f"({manifest['model']['unique_experts']} stored), d_model {c.d_model}, d_ff {c.d_ff}, "
@@ -416,13 +415,14 @@ def _check_output_files(*paths: str | None) -> None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from ..emit.output import is_transformer_dir
+    from ..emit.output import manifest_kind
     from ..targets.build import check_generated
 
     _check_output_files(a.output, a.routing, a.logits)
     from ..targets.lmrun import is_container_file
 
-    if is_container_file(a.dir) or is_transformer_dir(check_generated(Path(a.dir).resolve())):
+    gen = Path(a.dir).resolve()
+    if is_container_file(a.dir) or manifest_kind(check_generated(gen)) == "transformer":
         from .lm import cmd_run_lm
 
         return cmd_run_lm(a)
@@ -489,7 +489,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
             )
         _check_output_files(a.logits)
         progress = _progress(a, a.model)
-        return _reference_transformer(a, load(a.model, a.config, a.layer, progress), progress)
+        return _reference_transformer(a, load(a.model, progress=progress).decoder, progress)
     if a.input is None or a.output is None or a.prompt_ids or a.logits:
         raise ConfigError(
             "a single MoE layer takes --input X.npy --output Y.npy (--prompt-ids / --logits are "
@@ -497,8 +497,8 @@ def cmd_reference(a: argparse.Namespace) -> int:
         )
     _check_output_files(a.output, a.routing)
     progress = _progress(a, a.model)
-    layer = load(a.model, a.config, a.layer, progress)
-    assert isinstance(layer, MoELayer)
+    model = load(a.model, a.config, a.layer, progress)
+    layer = model.layer
     x = check_input(load_npy(a.input), layer.config.d_model, a.input)
     opts = _quant_options(a, name="reference")
     if opts.quant == "fp32" and opts.expert_quant is None and opts.router_quant == "fp32":
@@ -508,9 +508,9 @@ def cmd_reference(a: argparse.Namespace) -> int:
         ids, gates = r.expert_ids, r.gates
     else:
         from ..reference.kernels import quant_moe_forward
-        from .pipeline import quantise_layer
+        from .pipeline import quantise
 
-        lq = quantise_layer(layer, opts, progress=progress)[0]
+        lq = quantise(model, opts, progress=progress).q
         y, r = quant_moe_forward(layer, lq.experts, x, lq.router)
         ids, gates = r.expert_ids, r.gates
     save_npy(a.output, y.astype(np.float32))

@@ -3,19 +3,22 @@
     load -> IR -> [calibrate] -> quantise -> analyse -> plan (memory, placement) -> emit ->
     [report] -> budget -> write
 
-Each stage is a pure function of the previous stages' results (:mod:`colibri.frontends`,
-:mod:`colibri.quant`, :mod:`colibri.reference`, :mod:`colibri.plan`, :mod:`colibri.emit`); the
-budget check reads the byte counts the emitter recorded, before anything is written, and the
-output directory appears atomically or not at all. With --calib the reference stage first
-collects each expert's calibration statistics (:mod:`colibri.reference.calibration`), which the
-quantisation stage uses, and the report stage draws the routing heat map of the calibration
-tokens (:mod:`colibri.report.routing`: routing.html and routing.md beside the C, a summary in the
-manifest).
+The load stage gives the one model IR (:class:`~colibri.ir.model.Model`: kind "layer", one MoE
+block alone, or "transformer", a whole decoder) and every later stage takes it, dispatching on
+its kind where the two kinds still differ. Each stage is a pure function of the previous
+stages' results (:mod:`colibri.frontends`, :mod:`colibri.quant`, :mod:`colibri.reference`,
+:mod:`colibri.plan`, :mod:`colibri.emit`); the budget check reads the byte counts the emitter
+recorded, before anything is written, and the output directory appears atomically or not at
+all. With --calib the reference stage first collects each expert's calibration statistics
+(:mod:`colibri.reference.calibration`), which the quantisation stage uses, and the report stage
+draws the routing heat map of the calibration tokens (:mod:`colibri.report.routing`:
+routing.html and routing.md beside the C, a summary in the manifest).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,31 +32,22 @@ from ..errors import ConfigError
 from ..frontends.hf import is_hf_checkpoint
 from ..frontends.hf_model import load_transformer
 from ..frontends.load import load_model
+from ..ir.model import Model, as_model
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..options import GenerateOptions
-from ..plan.budget import check_layer_budget, check_transformer_budget
+from ..plan.budget import check_fits
 from ..plan.model import plan_layer, plan_whole_transformer
 from ..progress import SILENT, Progress
 from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
 from ..quant.model import (
-    LayerQuant,
     TransformerQuant,
     quantize_moe_layer,
     quantize_transformer_as_asked,
 )
 from ..reference.accuracy import analyse_layer, load_calib, transformer_accuracy
 from ..reference.calibration import layer_calibration, load_calib_ids, transformer_calibration
-from ..report.routing import (
-    RoutingHeat,
-    layer_routing,
-    routing_files,
-    routing_summary,
-    transformer_routing,
-)
-
-#: What `generate` compiles: one MoE layer, or a whole decoder.
-Model = MoELayer | MoETransformer
+from ..report.routing import layer_routing, routing_files, routing_summary, transformer_routing
 
 
 def load(
@@ -65,9 +59,9 @@ def load(
     """The load stage: a Hugging Face checkpoint directory without --layer is a whole decoder,
     anything else one MoE layer (format detected from the content)."""
     if layer is None and config is None and is_hf_checkpoint(path):
-        return load_transformer(path, progress)
+        return as_model(load_transformer(path, progress))
     with progress.stage("load"):
-        return load_model(path, config, layer)
+        return as_model(load_model(path, config, layer))
 
 
 def quantise_transformer(
@@ -103,21 +97,33 @@ def quantise_transformer(
     return q, tstats
 
 
-def quantise_layer(
-    layer: MoELayer,
+@dataclass
+class Quantised:
+    """What the calibrate + quantise stages give the later ones: the quantised weights (a lone
+    layer's LayerQuant; a transformer's TransformerQuant, None when all fp32), the calibration
+    statistics and a lone layer's calibration rows (None without --calib)."""
+
+    q: Any
+    stats: Any = None
+    calib: Any = None
+
+
+def quantise(
+    model: Model,
     options: GenerateOptions,
     calib: np.ndarray | None = None,
     progress: Progress = SILENT,
-) -> tuple[LayerQuant, LayerCalib | None, np.ndarray | None]:
-    """The calibrate + quantise stages of a lone MoE layer as `generate` runs them: the
-    quantised layer, the calibration statistics and the calibration rows (None without
-    --calib)."""
-    stats = None
+) -> Quantised:
+    """The calibrate + quantise stages of either kind as `generate` runs them."""
+    if model.decoder is not None:
+        check_supported(model.decoder)
+        return Quantised(*quantise_transformer(model.decoder, options, calib, progress))
+    layer, stats = model.layer, None
     if calib is not None or options.calib is not None:
         with progress.stage("calibrate"):
             calib = load_calib(options, calib, layer.config.d_model)
             stats = layer_calibration(layer, calib)
-    lq = quantize_moe_layer(
+    q = quantize_moe_layer(
         layer,
         options.quant,
         options.expert_quant,
@@ -127,67 +133,56 @@ def quantise_layer(
         stats,
         progress,
     )
-    return lq, stats, calib
+    return Quantised(q, stats, calib)
+
+
+def analyse(model: Model, qd: Quantised, options: GenerateOptions, progress: Progress) -> Any:
+    """The analyse stage (the numpy reference on the quantised weights): a lone layer's
+    accuracy report and expert heat; a calibrated transformer's accuracy (else None)."""
+    if model.decoder is None:
+        with progress.stage("analyse"):
+            return analyse_layer(model.layer, qd.q, options, qd.calib, qd.stats)
+    if qd.q is None or qd.stats is None:
+        return None
+    return transformer_accuracy(model.decoder, qd.q, qd.stats)
 
 
 def render(
-    model: Model,
+    model: Model | MoELayer | MoETransformer,
     options: GenerateOptions,
     calib: np.ndarray | None = None,
     progress: Progress = SILENT,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """Every stage from the IR to the emitted files and manifest (not yet budget-checked);
     `progress` shows a line per stage (colibri.progress)."""
+    m = as_model(model)
     board = load_board(options.board)
-    if isinstance(model, MoETransformer):
-        check_supported(model)
-        q, tstats = quantise_transformer(model, options, calib, progress)
-        with progress.stage("plan"):
-            tplan = plan_whole_transformer(model, q, options.context)
-        with progress.stage("emit"):
-            files, manifest = render_transformer(model, q, tplan, board, options.name)
-        if q is not None and options.scale_search != "mse":
-            manifest["options"]["scale_search"] = options.scale_search
-        if q is not None and tstats is not None:
-            manifest["options"]["calib"] = str(options.calib or "(array)")
-            manifest["accuracy"] = transformer_accuracy(model, q, tstats)
-            add_routing_report(files, manifest, transformer_routing(model, tstats), options)
-        return files, manifest
-    lq, stats, calib = quantise_layer(model, options, calib, progress)
-    with progress.stage("analyse"):
-        analysis = analyse_layer(model, lq, options, calib, stats)
+    qd = quantise(m, options, calib, progress)
+    analysis = analyse(m, qd, options, progress)
+    files: dict[str, FileContent]
     with progress.stage("plan"):
-        lplan = plan_layer(model, lq, analysis, board, options)
+        if m.decoder is not None:
+            tplan = plan_whole_transformer(m.decoder, qd.q, options.context)
+        else:
+            lplan = plan_layer(m.layer, qd.q, analysis, board, options)
     with progress.stage("emit"):
-        files, manifest = render_layer(model, lq, analysis, lplan, options, board)
-    if calib is not None:
-        add_routing_report(files, manifest, [layer_routing(model, calib)], options)
+        if m.decoder is not None:
+            files, manifest = render_transformer(m.decoder, qd.q, analysis, tplan, options, board)
+        else:
+            files, manifest = render_layer(m.layer, qd.q, analysis, lplan, options, board)
+    if qd.stats is not None:  # the report stage of --calib: the routing heat map
+        heats = (
+            transformer_routing(m.decoder, qd.stats)
+            if m.decoder is not None
+            else [layer_routing(m.layer, qd.calib)]
+        )
+        files.update(routing_files(heats, options.name))
+        manifest["routing"] = routing_summary(heats)
     return files, manifest
 
 
-def add_routing_report(
-    files: dict[str, FileContent],
-    manifest: dict[str, Any],
-    heats: list[RoutingHeat],
-    options: GenerateOptions,
-) -> None:
-    """The report stage of `generate --calib`: the routing heat map (routing.html,
-    routing.md) beside the generated C and its summary in the manifest (the C is unchanged)."""
-    files.update(routing_files(heats, options.name))
-    manifest["routing"] = routing_summary(heats)
-
-
-def check_fits(model: Model, manifest: dict[str, Any], options: GenerateOptions) -> None:
-    """The budget stage: refuse a model that does not fit the board, naming what would."""
-    board = load_board(options.board)
-    if isinstance(model, MoETransformer):
-        check_transformer_budget(model, manifest, board)
-    else:
-        check_layer_budget(model, manifest, board, options)
-
-
 def generate(
-    model: Model | str | os.PathLike[str],
+    model: Model | MoELayer | MoETransformer | str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     options: GenerateOptions,
     force: bool = False,
@@ -195,12 +190,11 @@ def generate(
     progress: Progress = SILENT,
 ) -> tuple[Path, dict[str, Any]]:
     """Generate the C sources of `model` (an IR, or a path for the load stage) into out_dir."""
-    if isinstance(model, (MoELayer, MoETransformer)):
-        ir = model
-    else:
-        ir = load(model, progress=progress)
+    ir = (
+        load(model, progress=progress) if isinstance(model, (str, os.PathLike)) else as_model(model)
+    )
     files, manifest = render(ir, options, calib, progress)
-    check_fits(ir, manifest, options)
+    check_fits(ir, manifest, load_board(options.board), options)
     with progress.stage("write"):
         out = write_output(out_dir, files, manifest, force=force)
     return out, manifest

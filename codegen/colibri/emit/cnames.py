@@ -59,15 +59,6 @@ def c_float(v: float) -> str:
     return s + "f"
 
 
-def c_float_array(arr: np.ndarray, per_line: int = 6, indent: str = "    ") -> str:
-    """Comma-separated float32 literals, `per_line` to a line."""
-    flat = np.asarray(arr, dtype=np.float32).ravel().tolist()
-    lines = []
-    for i in range(0, len(flat), per_line):
-        lines.append(indent + ", ".join(c_float(v) for v in flat[i : i + per_line]) + ",")
-    return "\n".join(lines)
-
-
 def c_int_array(values: list[int], per_line: int = 16, indent: str = "    ") -> str:
     lines = []
     for i in range(0, len(values), per_line):

@@ -19,13 +19,13 @@ import numpy as np
 from ..boards import Board
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
-from ..plan.memory import act_q_group_codes_offset, kernel_scratch_bytes
+from ..plan.memory import act_q_group_codes_offset
 from ..plan.model import LayerPlan
-from ..quant.formats import ROUTER_SCHEME_CODES, QuantTensor
+from ..quant.formats import ROUTER_SCHEME_CODES
 from ..quant.model import LayerQuant
 from ..reference.accuracy import Analysis
 from .cnames import c_ident, c_int_array
-from .experts import ffn_kernel, fp32_expert, kernel_params, with_layout
+from .experts import ffn_kernel, fp32_expert, kernel_params
 from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
@@ -98,30 +98,24 @@ def render_layer(
         pinned = ", pinned in RAM" if pl.placement == "ram" else ""
         users = [i for i, s in enumerate(storage) if s == idx and i != idx]
         shared = f" (also used by experts {', '.join(map(str, users))})" if users else ""
-        tensors = []
         arg = {"w1": "NULL", "b1": "NULL", "w2": "NULL", "b2": "NULL", "w3": "NULL"}
         # The same pointers taken from the loader's weights (a cache slot under LRU/NONE).
         warg = dict(arg)
         part_bytes = {"w1": "0u", "b1": "0u", "w2": "0u", "b2": "0u", "w3": "0u"}
-        for tname, t in qe.tensors():
-            if isinstance(t, QuantTensor):
-                k = f32_kernel if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)
-                t = with_layout(t, tname, k)
-            entry = weights.add_stored(
-                f"e{idx}_{tname}", t, f"expert {idx} {tname}, {qe.scheme}{pinned}{shared}", const
-            )
-            sym = entry["symbol"]
-            tensors.append(entry)
+        k = f32_kernel if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)
+        describe = f"expert {idx} {{}}, {qe.scheme}{pinned}{shared}".format  # (part, tensor)
+        entries = weights.add_expert(f"e{idx}", qe, k, describe, const)
+        for tname, entry in entries.items():
             arg[tname] = entry["ref"]
             if entry["quantised"]:
                 warg[tname] = f"({entry['ptype']})(const void *)w->{tname}"
-                part_bytes[tname] = f"sizeof({sym})"
+                part_bytes[tname] = f"sizeof({entry['symbol']})"
             else:
                 warg[tname] = f"w->{tname}"
         stored.append(
             {
                 "index": idx,
-                "tensors": tensors,
+                "tensors": list(entries.values()),
                 "arg": arg,
                 "warg": warg,
                 "part_bytes": part_bytes,
@@ -131,16 +125,13 @@ def render_layer(
                 "act": qe.act,
                 "kernel": pl.kernel,
                 "placement": pl.placement,
-                "ffn": f32_kernel["fn"] if qe.scheme == "fp32" else kernel(qe.scheme, qe.act)["fn"],
+                "ffn": k["fn"],
             }
         )
     ffn_kinds = [kinds[k] for k in sorted(kinds)]
+    by_index_order = sorted(stored, key=lambda s: int(s["index"]))
     variants = sorted({(s["ffn"], s["kernel"]) for s in stored if s["kernel"] != "default"})
-    weight_bytes = qrouter.nbytes + sum(int(s["nbytes"]) for s in stored)
-    if layer.router_b is not None:
-        weight_bytes += int(layer.router_b.nbytes)
-    if shared_ex is not None:
-        weight_bytes += shared_ex["nbytes"]
+    weight_bytes = weights.nbytes  # router, experts, shared expert and gate
     pinned_ram = sum(int(s["nbytes"]) for s in stored if s["placement"] == "ram")
     fp32_bytes = int(layer.router_w.nbytes) + sum(e.nbytes for e in layer.experts)
     if layer.router_b is not None:
@@ -156,7 +147,7 @@ def render_layer(
         "router_bias": layer.router_b is not None,
         "router_scheme": qrouter.scheme,
         "router_scheme_code": ROUTER_SCHEME_CODES[qrouter.scheme],
-        "stored": sorted(stored, key=lambda s: int(s["index"])),
+        "stored": by_index_order,
         "stored_layout": stored,
         "stored_by_index": {s["index"]: s for s in stored},
         "kernel_params": {
@@ -175,10 +166,8 @@ def render_layer(
         # int8-activation kernels quantise the rows of a group of up to max_tokens tokens into
         # their scratch (the calling handle's workspace), after the hidden rows:
         # colibri_model_t.kernel_scratch_bytes
-        "kernel_scratch": kernel_scratch_bytes(
-            c, act_q, plan.memory.max_tokens, shared_ex["d_ff"] if shared_ex else 0
-        ),
-        "act_q_scratch": kernel_scratch_bytes(c, act_q, plan.memory.max_tokens),
+        "kernel_scratch": plan.memory.kernel_scratch,
+        "act_q_scratch": plan.memory.act_q_scratch,
         "shared": shared_ex,
         "cache": options.cache,
         "n_slots": n_slots,
@@ -204,7 +193,7 @@ def render_layer(
         weight_bytes,
         files,
     )
-    manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in sorted(stored, key=_by_index)]
+    manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in by_index_order]
     if ffn_kinds:  # how each quantised kernel's weights are stored (quant/formats.py LAYOUTS)
         manifest["weight_layouts"] = {k["fn"]: k["layouts"] for k in ffn_kinds}
     if any(s["scheme"] == "fp32" for s in stored):  # and the fp32 experts' ({name}_ffn)
@@ -248,25 +237,14 @@ def shared_expert(
     d_ff = int(se.w1.shape[1])
     k = ffn_kernel(name, prefix, "fp32", "fp32", c.d_model, d_ff, c.gated, True, isa, shared=True)
     arg = {"w1": "NULL", "b1": "NULL", "w2": "NULL", "b2": "NULL", "w3": "NULL"}
-    nbytes = 0
-    decls = []
-    for tname, t in fp32_expert(se).tensors():
-        if isinstance(t, QuantTensor):
-            t = with_layout(t, tname, k)
-        entry = weights.add_stored(f"shared_{tname}", t, f"shared expert {tname}, fp32")
-        arg[tname] = entry["ref"]
-        nbytes += int(entry["nbytes"])
-        decls.append(entry["decl"])
+    entries = weights.add_expert("shared", fp32_expert(se), k, "shared expert {}, fp32".format)
+    arg.update({n: e["ref"] for n, e in entries.items()})
+    decls = [e["decl"] for e in entries.values()]
     gate = "NULL"
     if layer.shared_gate is not None:
         gate = weights.add("shared_gate", layer.shared_gate, f"shared-expert gate [{c.d_model}]")
-        nbytes += 4 * c.d_model
         decls.append(f"const float {gate}[{c.d_model}]")
-    return {"kernel": k, "arg": arg, "gate": gate, "d_ff": d_ff, "nbytes": nbytes, "decls": decls}
-
-
-def _by_index(s: dict[str, Any]) -> int:
-    return int(s["index"])
+    return {"kernel": k, "arg": arg, "gate": gate, "d_ff": d_ff, "decls": decls}
 
 
 def layout_summary(

@@ -37,7 +37,6 @@ GENERATED_FILES: dict[str, tuple[str, ...]] = {
         "transformer_weights.c",
     ),
 }
-KIND = "transformer"
 #: The weights blob of each kind (bytes, linked by the generated *_weights.c with .incbin).
 WEIGHTS_BLOB: dict[str, str] = {
     "layer": "colibri_weights.bin",
@@ -46,7 +45,8 @@ WEIGHTS_BLOB: dict[str, str] = {
 
 
 def manifest_kind(manifest: dict[str, Any]) -> str:
-    """The kind of a generated directory's manifest (older layer manifests have none)."""
+    """The kind of a generated directory's manifest (:data:`colibri.ir.model.KINDS`; older
+    layer manifests have none)."""
     return str(manifest.get("kind", "layer"))
 
 
@@ -106,11 +106,6 @@ def content_size(content: bytes | BinaryFile) -> int:
 def content_sha256(content: FileContent) -> str:
     data = as_binary(content)
     return data.sha256() if isinstance(data, BinaryFile) else hashlib.sha256(data).hexdigest()
-
-
-def is_transformer_dir(manifest: dict[str, Any]) -> bool:
-    """Whether a generated directory's manifest describes a whole transformer."""
-    return manifest.get("kind") == KIND
 
 
 def write_output(

@@ -33,14 +33,14 @@ import numpy as np
 from ..boards import Board
 from ..errors import ConfigError
 from ..ir.transformer import DecoderLayer, MoETransformer, all_tensors, transformer_hash
+from ..options import GenerateOptions
 from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
-from ..plan.model import transformer_act_q
-from ..quant.formats import ROUTER_SCHEME_CODES, QuantRouter, QuantTensor
+from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
 from .cnames import c_float, c_ident
-from .experts import ffn_kernel, fp32_expert, with_layout
-from .output import KIND, WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
+from .experts import ffn_kernel, fp32_expert
+from .output import WEIGHTS_BLOB, FileContent, banner_context, new_manifest, render_files
 from .weights import WeightTable, blob_context
 
 
@@ -71,6 +71,20 @@ _SHAPES = {"w1": "gate [f][d]", "w2": "down [d][f]", "w3": "up [f][d]"}
 _F32_SHAPES = {"w1": "gate [d][f]", "w2": "down [f][d]", "w3": "up [d][f]"}
 
 
+def _store_ffn(
+    w: WeightTable, key: str, qe: QuantExpert, k: dict[str, Any], what: str, shapes: dict
+) -> dict[str, str]:
+    """The tensors of an expert / dense MLP in the layouts of its kernel `k`; returns their
+    references. fp32 in the seed layout is described without its scheme."""
+
+    def describe(part: str, t: QuantTensor | np.ndarray) -> str:
+        if qe.scheme == "fp32" and getattr(t, "layout", "rows") == "rows":  # the seed layout
+            return f"{what} {_F32_SHAPES[part]}"
+        return f"{what} {shapes[part]}, {qe.scheme}"
+
+    return {part: e["ref"] for part, e in w.add_expert(key, qe, k, describe).items()}
+
+
 def _router_entry(
     w: WeightTable, layer: int, router_w: np.ndarray, qr: QuantRouter | None
 ) -> dict[str, Any]:
@@ -90,15 +104,17 @@ def _router_entry(
 def render_transformer(
     model: MoETransformer,
     q: TransformerQuant | None,
+    accuracy: dict[str, Any] | None,
     plan: TransformerPlan,
+    opts: GenerateOptions,
     board: Board,
-    name: str,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a whole transformer: every generated file and the manifest, from the
-    quantised weights (None: all fp32) and the plan; returns ({filename: text}, manifest)."""
+    quantised weights (None: all fp32), the accuracy of a calibrated model (None: none) and the
+    plan; returns ({filename: text}, manifest)."""
     check_supported(model)
     c = model.config
-    name = c_ident(name)
+    name = c_ident(opts.name)
     max_context = plan.max_context
     quant = q.scheme if q is not None else "fp32"
     dense = q.dense_scheme if q is not None else "fp32"
@@ -167,17 +183,9 @@ def render_transformer(
                 else {j: fp32_expert(m.experts[j]) for j in sorted(set(storage))}
             )
             for idx, qe in sorted(qexperts.items()):
-                args = {}
                 k = kind(qe.scheme, qe.act, mc.d_ff)
-                for tname, t in qe.tensors():
-                    assert isinstance(t, QuantTensor)
-                    shape = (_F32_SHAPES if qe.scheme == "fp32" else _SHAPES)[tname]
-                    key, what = f"l{i}_e{idx}_{tname}", f"expert {idx} {shape}"
-                    t = with_layout(t, tname, k)
-                    if qe.scheme == "fp32" and t.layout == "rows":  # the seed layout
-                        args[tname] = w.add(key, t.data.T, what)
-                    else:
-                        args[tname] = w.add_stored(key, t, f"{what}, {qe.scheme}")["ref"]
+                shapes = _F32_SHAPES if qe.scheme == "fp32" else _SHAPES
+                args = _store_ffn(w, f"l{i}_e{idx}", qe, k, f"expert {idx}", shapes)
                 stored_q.append({"index": idx, "ffn": k["fn"], "args": args})
             kernels = [f"{name}_l{i}_expert_{storage[j]}" for j in range(mc.n_experts)]
             entry["moe"] = len(moes)
@@ -204,17 +212,8 @@ def render_transformer(
             assert ffn.w3 is not None
             qf = dq.dense_ffn[i] if dq is not None else fp32_expert(ffn)
             d_ff = int(ffn.w1.shape[1])
-            args = {}
             k = kind(qf.scheme, qf.act, d_ff)
-            for tname, t in qf.tensors():
-                assert isinstance(t, QuantTensor)
-                key = f"l{i}_{prefix}_{tname}"
-                t = with_layout(t, tname, k)
-                if qf.scheme == "fp32" and t.layout == "rows":  # the seed layout
-                    args[tname] = w.add(key, t.data.T, f"SwiGLU {_F32_SHAPES[tname]}")
-                else:
-                    what = f"SwiGLU {_SHAPES[tname]}, {qf.scheme}"
-                    args[tname] = w.add_stored(key, t, what)["ref"]
+            args = _store_ffn(w, f"l{i}_{prefix}", qf, k, "SwiGLU", _SHAPES)
             entry["dense_ffn"] = {"ffn": k["fn"], "args": args, "scheme": qf.scheme}
             entry["ffn_d_ff"] = d_ff
         layers.append(entry)
@@ -255,11 +254,11 @@ def render_transformer(
         "half": half,
         "weights": w.arrays,
         "qweights": w.qarrays,
-        **blob_context(w, "transformer_weights.h", WEIGHTS_BLOB[KIND]),
+        **blob_context(w, "transformer_weights.h", WEIGHTS_BLOB["transformer"]),
         "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
         "ffn_kinds": [kinds[k] for k in sorted(kinds)],
         "act_q": plan.region_size("act_q"),
-        "act_q_codes": act_q_codes_offset(transformer_act_q(model, q)),
+        "act_q_codes": act_q_codes_offset(plan.act_q),
         "weight_bytes": weight_bytes,
         "layers": layers,
         "moes": moes,
@@ -274,11 +273,11 @@ def render_transformer(
         "dense_ffn_layers": [entry for entry in layers if entry["dense_ffn"]],
         "architecture": c.architecture,
     }
-    files: dict[str, FileContent] = {**render_files(KIND, ctx)}
-    files[WEIGHTS_BLOB[KIND]] = w.blob()
+    files: dict[str, FileContent] = {**render_files("transformer", ctx)}
+    files[WEIGHTS_BLOB["transformer"]] = w.blob()
     kv = plan.region("kv_cache").size
     manifest = new_manifest(
-        KIND,
+        "transformer",
         {
             "source": str(model.source),
             "sha256": mhash,
@@ -298,6 +297,11 @@ def render_transformer(
     )
     if kinds:  # how each quantised kernel's weights are stored (quant/formats.py LAYOUTS)
         manifest["weight_layouts"] = {fn: kinds[fn]["layouts"] for fn in sorted(kinds)}
+    if q is not None and opts.scale_search != "mse":
+        manifest["options"]["scale_search"] = opts.scale_search
+    if accuracy is not None:
+        manifest["options"]["calib"] = str(opts.calib or "(array)")
+        manifest["accuracy"] = accuracy
     if q is not None:
         fp32_bytes = sum(int(a.nbytes) for _, a in all_tensors(model)) + rope_bytes
         others = "attention, shared experts, dense MLPs, embedding and LM head"

@@ -14,12 +14,14 @@ costs the same whatever its weights.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..quant.formats import (
+    QuantExpert,
     QuantTensor,
     c8_order,
     q4r4_order,
@@ -28,6 +30,7 @@ from ..quant.formats import (
     r4p_order,
 )
 from .cnames import NameTable
+from .experts import with_layout
 from .output import BinaryFile
 
 #: Alignment of every tensor in the blob (the arrays were _Alignas(16) as C text).
@@ -234,16 +237,38 @@ class WeightTable:
         self, key: str, t: QuantTensor | np.ndarray, what: str, const: str = "const "
     ) -> dict[str, Any]:
         """A tensor in its stored scheme (:func:`tensor_entry`: its decl, init, typedef and
-        reference); const "" places it in RAM (pinned experts)."""
+        reference); const "" places it in RAM (pinned experts). fp32 matrices in the seed
+        layout are plain float arrays (listed in ``arrays``, as :meth:`add`'s)."""
         sym = self._new_symbol(key)
         entry = tensor_entry(sym, t, self.name, const)
         self._place(sym, tensor_chunks(t), what, const == "const ")
         if entry["typedef"] is not None:
             self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
         entry["what"] = what
-        self.qarrays.append(entry)
+        if isinstance(t, QuantTensor) and t.scheme == "fp32" and t.layout == "rows":
+            self.arrays.append({"symbol": sym, "size": entry["size"], "what": what})
+        else:
+            self.qarrays.append(entry)
         self._count(key, int(entry["nbytes"]))
         return entry
+
+    def add_expert(
+        self,
+        key: str,
+        qe: QuantExpert,
+        kernel: dict[str, Any],
+        what: Callable[[str, QuantTensor | np.ndarray], str],
+        const: str = "const ",
+    ) -> dict[str, dict[str, Any]]:
+        """Every tensor of an expert (routed or shared, of a lone layer or a transformer, or a
+        dense MLP) as ``<key>_<part>``, in the layouts its `kernel` reads and described by
+        what(part, tensor); returns the :meth:`add_stored` entries by part."""
+        entries = {}
+        for part, t in qe.tensors():
+            if isinstance(t, QuantTensor):
+                t = with_layout(t, part, kernel)
+            entries[part] = self.add_stored(f"{key}_{part}", t, what(part, t), const)
+        return entries
 
 
 def blob_context(weights: WeightTable, header: str, blob_name: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..boards import Board
 from ..errors import BudgetExceeded
+from ..ir.model import Model
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..options import GenerateOptions
@@ -110,15 +111,19 @@ def schemes_that_fit(
     return fits
 
 
-def check_layer_budget(
-    layer: MoELayer, manifest: dict[str, Any], board: Board, options: GenerateOptions
+def check_fits(
+    model: Model, manifest: dict[str, Any], board: Board, options: GenerateOptions
 ) -> None:
-    """A lone layer against the board: flash and RAM (with the --quant that would fit when the
-    weights overflow the flash), and the experts pinned in RAM."""
+    """The budget stage: a model against the board, flash and RAM, naming what would fit when
+    it does not (the --quant for the weights; a lone layer's experts pinned in RAM, a whole
+    transformer's KV cache)."""
+    if model.decoder is not None:
+        check_transformer_budget(model.decoder, manifest, board)
+        return
     try:
         check_budget(manifest, board)
     except BudgetExceeded as exc:
-        hint = _quant_suggestion(layer, manifest, board, str(exc))
+        hint = _quant_suggestion(model.layer, manifest, board, str(exc))
         raise BudgetExceeded(str(exc) + hint) from None
     pinned = int(manifest.get("layout", {}).get("pinned_ram_bytes", 0))
     ram = board.memory.get("ram")

@@ -99,9 +99,12 @@ class ArenaPlan:
 
 @dataclass(frozen=True)
 class MemoryPlan(ArenaPlan):
-    """The arena of one MoE layer processed in chunks of max_tokens tokens."""
+    """The arena of one MoE layer processed in chunks of max_tokens tokens, with the kernels'
+    scratch (:func:`kernel_scratch_bytes`) and the part of it the int8 activation rows take."""
 
     max_tokens: int = 0
+    kernel_scratch: int = 0
+    act_q_scratch: int = 0
 
 
 def act_q_codes_offset(n: int) -> int:
@@ -159,8 +162,9 @@ def plan_memory(
     a shared expert (0: none), whose hidden rows may need more kernel scratch."""
     t, d, k = max_tokens, c.d_model, c.top_k
     ks = kernel_scratch_bytes(c, act_q, t, shared_d_ff)
+    aq = kernel_scratch_bytes(c, act_q, t)
     what = "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)"
-    if ks and ks == kernel_scratch_bytes(c, act_q, t):
+    if ks and ks == aq:
         n = max(d, c.d_ff)
         what += f" + the kernels' int8 activation rows ({ks} bytes: {t} x {_act_q_what(n)})"
     elif ks:
@@ -181,7 +185,7 @@ def plan_memory(
                 f"{slots} expert cache slot(s) (COLIBRI_SLOT_BYTES)",
             )
         )
-    return MemoryPlan(regions=lay_out(items), max_tokens=max_tokens)
+    return MemoryPlan(lay_out(items), max_tokens, ks, aq)
 
 
 # -- whole transformers ------------------------------------------------------------------------
@@ -233,9 +237,11 @@ def max_top_k(model: MoETransformer) -> int:
 
 @dataclass(frozen=True)
 class TransformerPlan(ArenaPlan):
-    """The arena of a whole transformer with a KV cache of max_context positions."""
+    """The arena of a whole transformer with a KV cache of max_context positions; act_q: the
+    values of its quantised activation row (0: none)."""
 
     max_context: int = 0
+    act_q: int = 0
 
 
 def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) -> TransformerPlan:
@@ -277,4 +283,4 @@ def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) ->
             f"float[{c.n_layers}][2][{c.n_kv_heads}][{max_context}][{c.head_dim}] KV cache",
         ),
     ]
-    return TransformerPlan(regions=lay_out(items), max_context=max_context)
+    return TransformerPlan(lay_out(items), max_context, act_q)

@@ -67,9 +67,6 @@ def q8_channel_dtype(n_out: int, n_in: int, n_scales: int | None = None) -> np.d
     return np.dtype([("scale", "<f4", (n_scales,)), ("q", "i1", (n_out * n_in,))], align=True)
 
 
-#: Bits of storage per weight (scales included, int8's per-channel scale excluded).
-BITS_PER_WEIGHT: dict[str, float] = {"fp32": 32.0, "fp16": 16.0, "int8": 8.0, "int4": 4.5}
-
 # -- error bounds, named in one place ---------------------------------------------------------
 
 #: fp16 round trip: relative error <= 2^-11 (half an ulp) for normal values; absolute error
@@ -842,10 +839,6 @@ class QuantPlan:
     def scheme_counts(self) -> dict[str, int]:
         return {s: self.schemes.count(s) for s in SCHEMES if s in self.schemes}
 
-    @property
-    def all_fp32(self) -> bool:
-        return all(s == "fp32" for s in self.schemes)
-
 
 def make_plan(
     n_experts: int, quant: str = "fp32", expert_quant: str | None = None, act: str | None = None
@@ -953,10 +946,6 @@ def weight_bytes_for(layer: MoELayer, scheme: str) -> int:
     bias = 4 * (c.d_ff + c.d_model) if layer.experts[0].b1 is not None else 0
     router = 4 * c.n_experts * c.d_model + (4 * c.n_experts if layer.router_b is not None else 0)
     return router + len(set(layer.storage_map())) * (mats + bias)
-
-
-def bits_per_weight(scheme: str) -> float:
-    return BITS_PER_WEIGHT[scheme]
 
 
 def stored_nbytes(t: QuantTensor | np.ndarray) -> int:

@@ -156,13 +156,13 @@ def run_lm(
 ) -> tuple[LMOutput, Any]:
     """Build (incrementally) and run a generated transformer; returns (LMOutput, RunResult)."""
     from ..boards import load_board
-    from ..emit.output import is_transformer_dir
+    from ..emit.output import manifest_kind
     from .build import build_model, check_generated
     from .qemu import run_elf
 
     gdir = Path(gen_dir).resolve()
     manifest = check_generated(gdir)
-    if not is_transformer_dir(manifest):
+    if manifest_kind(manifest) != "transformer":
         raise InputError(
             f"{gdir}: a single MoE layer, not a whole transformer; run it with --input X.npy, "
             f"or generate a Hugging Face checkpoint without --layer"

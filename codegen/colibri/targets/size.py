@@ -17,7 +17,6 @@ stack_size.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -244,10 +243,10 @@ def size_report(target: str | Path, board_name: str) -> SizeReport:
         stack = load_report(elf)
         rep.stack = stack.as_dict() if stack else None
     if path.is_dir():
+        from ..emit.output import manifest_kind
         from .build import check_generated
 
-        manifest = check_generated(path)
-        if manifest.get("kind") == "transformer":
+        if manifest_kind(manifest := check_generated(path)) == "transformer":
             rep.arena = [
                 {"name": r["name"], "size": r["size"], "what": r["what"]}
                 for r in manifest["memory"]["regions"]
@@ -306,10 +305,6 @@ def format_report(rep: SizeReport) -> str:
 
 def size_report_text(target: str | Path, board_name: str) -> str:
     return format_report(size_report(target, board_name))
-
-
-def size_report_json(target: str | Path, board_name: str) -> str:
-    return json.dumps(size_report(target, board_name).as_dict(), indent=2)
 
 
 def check_elf_budget(rep: SizeReport) -> None:
