@@ -1048,6 +1048,16 @@ KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_mm_tile_avxvnni, kx_matv
 
 enum { KX5_Q8 = 0, KX5_Q8B = 1, KX5_Q4 = 2 };
 
+/* The weights the next pack will read (sixteen rows of len bytes, stride apart, from p): the
+ * first token tile prefetches them, a line per row and block, so that memory streams while the
+ * tile computes. Past the end of the weights it reads what follows them, or nothing (addresses
+ * as integers, as kx_prefetch). */
+typedef struct {
+    uintptr_t p;
+    size_t stride;
+    size_t len;
+} kx5_pf;
+
 /* z[r]: row r in the low 256 bits, row r + 8 in the high ones (eight dwords each); after, z[k]
  * lane r = dword k of row r (r < 16). */
 KX_INLINE KX512 void kx5_transpose(__m512i z[8])
@@ -1195,9 +1205,16 @@ KX_INLINE KX512 int32_t kx5_corr1(const int8_t *x, int32_t mult)
  * sx[t * ss + j], its correction at corr[t * KX5_BCH + j]. */
 KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const __m512 *sv, int32_t nblk, const int8_t *x,
                                 size_t xs, const float *sx, size_t ss, const int32_t *corr,
-                                __m512 acc[], const int NT, const int MODE)
+                                const kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
 {
     for (int32_t j = 0; j < nblk; j++) {
+        if (pf != NULL && (size_t)j * 64u < pf->len) {
+            KX_UNROLL for (int r = 0; r < 16; r++)
+            {
+                _mm_prefetch((const char *)(pf->p + (size_t)r * pf->stride + (size_t)j * 64u),
+                             _MM_HINT_T0);
+            }
+        }
         __m512i wk[8];
         KX_UNROLL for (int k = 0; k < 8; k++)
         {
@@ -1226,8 +1243,8 @@ KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const __m512 *sv, int32_t nbl
  * tile's first token, y at the group's first row; mask: the rows stored. */
 KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b0, int32_t b1,
                               int32_t n_in, const int8_t *x, const float *sx, float *y, int32_t ldy,
-                              __mmask16 mask, int first, const float *rscale, const int NT,
-                              const int MODE)
+                              __mmask16 mask, int first, const float *rscale, const kx5_pf *pf,
+                              const int NT, const int MODE)
 {
     const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
     const int32_t full = n_in / COLIBRI_QK8;
@@ -1255,10 +1272,10 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
             first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + (size_t)t * (size_t)ldy);
     }
     kx5_blocks(wbuf, sbuf, bf - b0, x + (size_t)b0 * COLIBRI_QK8, (size_t)n_in, sx + b0, (size_t)nb,
-               corr, acc, NT, MODE);
+               corr, pf, acc, NT, MODE);
     if (bf < b1) {
         kx5_blocks(wbuf + (size_t)(bf - b0) * 8u, sbuf + (bf - b0), 1, &xpad[0][0], COLIBRI_QK8,
-                   sx + bf, (size_t)nb, corr + (bf - b0), acc, NT, MODE);
+                   sx + bf, (size_t)nb, corr + (bf - b0), NULL, acc, NT, MODE);
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
     {
@@ -1274,32 +1291,32 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
     static KX_NOINLINE KX512 void NAME(const __m512i *wbuf, const __m512 *sbuf, int32_t b0,        \
                                        int32_t b1, int32_t n_in, const int8_t *x, const float *sx, \
                                        float *y, int32_t ldy, __mmask16 mask, int first,           \
-                                       const float *rscale, int nt)                                \
+                                       const float *rscale, const kx5_pf *pf, int nt)              \
     {                                                                                              \
         switch (nt) {                                                                              \
         case 1:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 1, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 1, MODE);   \
             break;                                                                                 \
         case 2:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 2, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 2, MODE);   \
             break;                                                                                 \
         case 3:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 3, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 3, MODE);   \
             break;                                                                                 \
         case 4:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 4, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 4, MODE);   \
             break;                                                                                 \
         case 5:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 5, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 5, MODE);   \
             break;                                                                                 \
         case 6:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 6, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 6, MODE);   \
             break;                                                                                 \
         case 7:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 7, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 7, MODE);   \
             break;                                                                                 \
         default:                                                                                   \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, 8, MODE);       \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 8, MODE);   \
             break;                                                                                 \
         }                                                                                          \
     }
@@ -1338,6 +1355,15 @@ static KX_NOINLINE KX512 void kx5_matmul(const void *w, const float *scale, cons
                     sbuf[b - b0] = _mm512_i32gather_ps(vidx, scale + b, 4);
                 }
             }
+            /* the next pack: this group's next blocks, else the next sixteen rows' first */
+            const int32_t nb0 = (b1 < nb) ? b1 : 0;
+            const int32_t nb1 = (nb - nb0 < KX5_BCH) ? nb : nb0 + KX5_BCH;
+            const int32_t no0 = (b1 < nb) ? o0 : o0 + 16;
+            const size_t bbytes = (mode == KX5_Q4) ? sizeof(colibri_block_q4_32) : COLIBRI_QK8;
+            kx5_pf pf;
+            pf.stride = (mode == KX5_Q4) ? (size_t)nb * bbytes : (size_t)n_in;
+            pf.p = (uintptr_t)w + (size_t)no0 * pf.stride + (size_t)nb0 * bbytes;
+            pf.len = (size_t)(nb1 - nb0) * bbytes;
             const int first = b0 == 0;
             const float *rs = (mode == KX5_Q8 && b1 == nb) ? scale + o0 : NULL;
             for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {
@@ -1346,11 +1372,14 @@ static KX_NOINLINE KX512 void kx5_matmul(const void *w, const float *scale, cons
                 const float *st = sx + (size_t)t0 * (size_t)nb;
                 float *yt = y + (size_t)t0 * (size_t)ldy + (size_t)o0;
                 if (mode == KX5_Q8) {
-                    kx5_tile_q8(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, rs, nt);
+                    kx5_tile_q8(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, rs,
+                                t0 == 0 ? &pf : NULL, nt);
                 } else if (mode == KX5_Q8B) {
-                    kx5_tile_q8b(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL, nt);
+                    kx5_tile_q8b(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL,
+                                 t0 == 0 ? &pf : NULL, nt);
                 } else {
-                    kx5_tile_q4(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL, nt);
+                    kx5_tile_q4(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL,
+                                t0 == 0 ? &pf : NULL, nt);
                 }
             }
         }
