@@ -1140,26 +1140,50 @@ static KX_NOINLINE KX512 void kx5_pack_q8(const int8_t *q, int32_t n_in, int32_t
     }
 }
 
-/* int4 rows (nr of them at w, nb blocks each), blocks [b0, b1): the nibbles, and d per lane. */
+/* int4 rows (nr of them at w, nb blocks each; the others row 0 again), blocks [b0, b1): the
+ * nibbles, and d per lane. Each row's 16 bytes of nibbles in a 128-bit lane (rows g, g + 4,
+ * g + 8, g + 12 in a[g]); a 4 x 4 transpose of dwords within the lanes leaves lane r of q[j] =
+ * bytes 4j..4j+3 of row r. */
 static KX_NOINLINE KX512 void kx5_pack_q4(const colibri_block_q4_32 *w, int32_t nb, int32_t nr,
                                           int32_t b0, int32_t b1, __m512i *wbuf, __m512 *sbuf)
 {
+    const colibri_block_q4_32 *row[16];
     int32_t idx[16];
-    for (int r = 0; r < 16; r++) {
+    KX_UNROLL for (int r = 0; r < 16; r++)
+    {
+        row[r] = w + (size_t)(r < nr ? r : 0) * (size_t)nb;
         idx[r] = (r < nr ? r : 0) * nb * (int32_t)sizeof *w;
     }
     const __m512i vidx = _mm512_loadu_si512((const void *)idx);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int32_t b = b0; b < b1; b++) {
-        const char *base = (const char *)(const void *)(w + b);
+        __m512i a[4];
+        KX_UNROLL for (int g = 0; g < 4; g++)
+        {
+#define KX5_QS(r) _mm_loadu_si128((const __m128i *)(const void *)row[r][b].qs)
+            a[g] = _mm512_inserti32x4(
+                _mm512_inserti32x4(
+                    _mm512_inserti32x4(_mm512_castsi128_si512(KX5_QS(g)), KX5_QS(g + 4), 1),
+                    KX5_QS(g + 8), 2),
+                KX5_QS(g + 12), 3);
+#undef KX5_QS
+        }
+        const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]);
+        const __m512i t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]);
+        const __m512i t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+        __m512i q[4];
+        q[0] = _mm512_unpacklo_epi64(t0, t2);
+        q[1] = _mm512_unpackhi_epi64(t0, t2);
+        q[2] = _mm512_unpacklo_epi64(t1, t3);
+        q[3] = _mm512_unpackhi_epi64(t1, t3);
+        __m512i *dst = &wbuf[(size_t)(b - b0) * 8u];
         KX_UNROLL for (int j = 0; j < 4; j++)
         {
-            const __m512i v = _mm512_i32gather_epi32(vidx, base + 2 + 4 * j, 1);
-            __m512i *dst = &wbuf[(size_t)(b - b0) * 8u];
-            _mm512_store_si512(&dst[j], _mm512_and_si512(v, m4));
-            _mm512_store_si512(&dst[j + 4], _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            _mm512_store_si512(&dst[j], _mm512_and_si512(q[j], m4));
+            _mm512_store_si512(&dst[j + 4], _mm512_and_si512(_mm512_srli_epi16(q[j], 4), m4));
         }
-        const __m512i dv = _mm512_i32gather_epi32(vidx, base, 1);
+        const __m512i dv = _mm512_i32gather_epi32(vidx, (const void *)(w + b), 1);
         sbuf[b - b0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dv));
     }
 }
