@@ -1048,15 +1048,31 @@ KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_mm_tile_avxvnni, kx_matv
 
 enum { KX5_Q8 = 0, KX5_Q8B = 1, KX5_Q4 = 2 };
 
-/* The weights the next pack will read (sixteen rows of len bytes, stride apart, from p): the
- * first token tile prefetches them, a line per row and block, so that memory streams while the
- * tile computes. Past the end of the weights it reads what follows them, or nothing (addresses
- * as integers, as kx_prefetch). */
+/* The weights the next pack will read (sixteen rows of len bytes, stride apart, from p),
+ * prefetched while the tiles compute: `per` lines a block step, spread over all the token tiles,
+ * row by row (the cursor: row r, byte off), so that memory streams while the tiles compute. Past
+ * the end of the weights it reads what follows them, or nothing (addresses as integers, as
+ * kx_prefetch). */
 typedef struct {
     uintptr_t p;
     size_t stride;
     size_t len;
+    int per;
+    int r;
+    size_t off;
 } kx5_pf;
+
+KX_INLINE void kx5_prefetch(kx5_pf *pf)
+{
+    for (int i = 0; i < pf->per && pf->r < 16; i++) {
+        _mm_prefetch((const char *)(pf->p + (size_t)pf->r * pf->stride + pf->off), _MM_HINT_T0);
+        pf->off += 64u;
+        if (pf->off >= pf->len) {
+            pf->off = 0;
+            pf->r++;
+        }
+    }
+}
 
 /* z[r]: row r in the low 256 bits, row r + 8 in the high ones (eight dwords each); after, z[k]
  * lane r = dword k of row r (r < 16). */
@@ -1085,57 +1101,52 @@ KX_INLINE KX512 void kx5_transpose(__m512i z[8])
     }
 }
 
+/* One block of sixteen rows (row r at p + r * rs) to dst[0..8): lane r of dst[k] = bytes
+ * 4k..4k+3 of row r, plus 128. */
+KX_INLINE KX512 void kx5_pack_q8_block(const int8_t *p, size_t rs, __m512i *dst)
+{
+    __m512i z[8];
+    KX_UNROLL for (int r = 0; r < 8; r++)
+    {
+        z[r] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(const void *)(p + (size_t)r * rs))),
+            _mm256_loadu_si256((const __m256i *)(const void *)(p + (size_t)(r + 8) * rs)), 1);
+    }
+    kx5_transpose(z);
+    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    KX_UNROLL for (int k = 0; k < 8; k++)
+    {
+        _mm512_store_si512(&dst[k], _mm512_xor_si512(z[k], k80));
+    }
+}
+
 /* int8 rows (nr of them at q, stride n_in; the others row 0 again), blocks [b0, b1). */
 static KX_NOINLINE KX512 void kx5_pack_q8(const int8_t *q, int32_t n_in, int32_t nr, int32_t b0,
                                           int32_t b1, __m512i *wbuf)
 {
     const int32_t full = n_in / COLIBRI_QK8;
-    const int8_t *row[16];
-    KX_UNROLL for (int r = 0; r < 16; r++)
-    {
-        row[r] = q + (size_t)(r < nr ? r : 0) * (size_t)n_in;
-    }
-    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    const size_t rs = (size_t)n_in;
     for (int32_t b = b0; b < b1; b++) {
-        int8_t wpad[16][COLIBRI_QK8];
-        const int8_t *src[16];
-        size_t off = (size_t)b * COLIBRI_QK8;
-        KX_UNROLL for (int r = 0; r < 16; r++)
-        {
-            src[r] = row[r];
-        }
-        if (b >= full) { /* the partial last block: zero-padded copies */
-            for (int r = 0; r < 16; r++) {
-                memset(wpad[r], 0, sizeof wpad[r]);
-                memcpy(wpad[r], row[r] + off, (size_t)(n_in - full * COLIBRI_QK8));
-            }
-            KX_UNROLL for (int r = 0; r < 16; r++)
-            {
-                src[r] = wpad[r];
-            }
-            off = 0;
-        }
+        const size_t off = (size_t)b * COLIBRI_QK8;
+        __m512i *dst = &wbuf[(size_t)(b - b0) * 8u];
         if ((b & 1) == 0) { /* sixteen streams from memory: each a line KX5_PF bytes ahead */
             KX_UNROLL for (int r = 0; r < 16; r++)
             {
-                _mm_prefetch(
-                    (const char *)((uintptr_t)row[r] + (uintptr_t)b * COLIBRI_QK8 + KX5_PF),
-                    _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)q + (size_t)r * rs + off + KX5_PF),
+                             _MM_HINT_T0);
             }
         }
-        __m512i z[8];
-        KX_UNROLL for (int r = 0; r < 8; r++)
-        {
-            z[r] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(
-                    _mm256_loadu_si256((const __m256i *)(const void *)(src[r] + off))),
-                _mm256_loadu_si256((const __m256i *)(const void *)(src[r + 8] + off)), 1);
-        }
-        kx5_transpose(z);
-        KX_UNROLL for (int k = 0; k < 8; k++)
-        {
-            _mm512_store_si512(&wbuf[(size_t)(b - b0) * 8u + (size_t)k],
-                               _mm512_xor_si512(z[k], k80));
+        if (nr == 16 && b < full) {
+            kx5_pack_q8_block(q + off, rs, dst);
+        } else { /* rows past nr (row 0 again) or the partial last block: zero-padded copies */
+            const size_t n = (b < full) ? COLIBRI_QK8 : (size_t)(n_in - full * COLIBRI_QK8);
+            int8_t wpad[16][COLIBRI_QK8];
+            memset(wpad, 0, sizeof wpad);
+            for (int r = 0; r < 16; r++) {
+                memcpy(wpad[r], q + (size_t)(r < nr ? r : 0) * rs + off, n);
+            }
+            kx5_pack_q8_block(&wpad[0][0], COLIBRI_QK8, dst);
         }
     }
 }
@@ -1229,15 +1240,11 @@ KX_INLINE KX512 int32_t kx5_corr1(const int8_t *x, int32_t mult)
  * sx[t * ss + j], its correction at corr[t * KX5_BCH + j]. */
 KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const __m512 *sv, int32_t nblk, const int8_t *x,
                                 size_t xs, const float *sx, size_t ss, const int32_t *corr,
-                                const kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
+                                kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
 {
     for (int32_t j = 0; j < nblk; j++) {
-        if (pf != NULL && (size_t)j * 64u < pf->len) {
-            KX_UNROLL for (int r = 0; r < 16; r++)
-            {
-                _mm_prefetch((const char *)(pf->p + (size_t)r * pf->stride + (size_t)j * 64u),
-                             _MM_HINT_T0);
-            }
+        if (pf != NULL) {
+            kx5_prefetch(pf);
         }
         __m512i wk[8];
         KX_UNROLL for (int k = 0; k < 8; k++)
@@ -1267,7 +1274,7 @@ KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const __m512 *sv, int32_t nbl
  * tile's first token, y at the group's first row; mask: the rows stored. */
 KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b0, int32_t b1,
                               int32_t n_in, const int8_t *x, const float *sx, float *y, int32_t ldy,
-                              __mmask16 mask, int first, const float *rscale, const kx5_pf *pf,
+                              __mmask16 mask, int first, const float *rscale, kx5_pf *pf,
                               const int NT, const int MODE)
 {
     const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
@@ -1315,7 +1322,7 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
     static KX_NOINLINE KX512 void NAME(const __m512i *wbuf, const __m512 *sbuf, int32_t b0,        \
                                        int32_t b1, int32_t n_in, const int8_t *x, const float *sx, \
                                        float *y, int32_t ldy, __mmask16 mask, int first,           \
-                                       const float *rscale, const kx5_pf *pf, int nt)              \
+                                       const float *rscale, kx5_pf *pf, int nt)                    \
     {                                                                                              \
         switch (nt) {                                                                              \
         case 1:                                                                                    \
@@ -1388,6 +1395,14 @@ static KX_NOINLINE KX512 void kx5_matmul(const void *w, const float *scale, cons
             pf.stride = (mode == KX5_Q4) ? (size_t)nb * bbytes : (size_t)n_in;
             pf.p = (uintptr_t)w + (size_t)no0 * pf.stride + (size_t)nb0 * bbytes;
             pf.len = (size_t)(nb1 - nb0) * bbytes;
+            pf.r = 0;
+            pf.off = 0;
+            { /* the lines, over (tiles x blocks) block steps */
+                const size_t lines = 16u * ((pf.len + 63u) / 64u);
+                const size_t steps =
+                    (size_t)((n_tok + KX5_TILE - 1) / KX5_TILE) * (size_t)(b1 - b0);
+                pf.per = (int)((lines + steps - 1u) / steps);
+            }
             const int first = b0 == 0;
             const float *rs = (mode == KX5_Q8 && b1 == nb) ? scale + o0 : NULL;
             for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {
@@ -1396,14 +1411,14 @@ static KX_NOINLINE KX512 void kx5_matmul(const void *w, const float *scale, cons
                 const float *st = sx + (size_t)t0 * (size_t)nb;
                 float *yt = y + (size_t)t0 * (size_t)ldy + (size_t)o0;
                 if (mode == KX5_Q8) {
-                    kx5_tile_q8(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, rs,
-                                t0 == 0 ? &pf : NULL, nt);
+                    kx5_tile_q8(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, rs, &pf,
+                                nt);
                 } else if (mode == KX5_Q8B) {
-                    kx5_tile_q8b(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL,
-                                 t0 == 0 ? &pf : NULL, nt);
+                    kx5_tile_q8b(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL, &pf,
+                                 nt);
                 } else {
-                    kx5_tile_q4(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL,
-                                t0 == 0 ? &pf : NULL, nt);
+                    kx5_tile_q4(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL, &pf,
+                                nt);
                 }
             }
         }
