@@ -27,8 +27,10 @@
  *
  * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add blocking
  * over tokens: each block of eight rows' weights unpacked once per tile of tokens (AVX2: 2..8
- * tokens, a single token left over runs the matvec; VNNI: tiles of KX_TOK_TILE (4), the 1-3 left
- * run the matvec); per token the same float steps as the matvec, so the same bits.
+ * tokens, a single token left over runs the matvec; AVX-VNNI: tiles of KX_TOK_TILE (4), the 1-3
+ * left run the matvec; AVX-512 VNNI: sixteen rows per ZMM register, one lane per row, the
+ * weights repacked once per 32 blocks for all the tokens, tiles of 1..8 tokens, see kx5_matmul);
+ * per token the same float steps as the matvec, so the same bits.
  */
 #include "kernels_x86.h"
 
