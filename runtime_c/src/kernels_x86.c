@@ -1427,10 +1427,27 @@ static KX_NOINLINE KX512 void kx5_matmul(const void *w, const float *scale, cons
     }
 }
 
+/* Fewer than KX5_MIN_TOK tokens run the matvec token by token: the repacking costs about as much
+ * as the tile saves for two or three tokens (measured with the weights in cache). */
+#define KX5_MIN_TOK 4
+#define KX5_MATVECS(CALL)                                                                          \
+    do {                                                                                           \
+        const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
+        for (int32_t t = 0; t < n_tok; t++) {                                                      \
+            CALL;                                                                                  \
+        }                                                                                          \
+        return;                                                                                    \
+    } while (0)
+
 static KX512 void kx_matmul_q8_q8_avx512(const int8_t *q, const float *scale, const int8_t *xq,
                                          const float *sx, float *y, int32_t ldy, int32_t n_out,
                                          int32_t n_in, int32_t n_tok)
 {
+    if (n_tok < KX5_MIN_TOK) {
+        KX5_MATVECS(kx_matvec_q8_q8_avx512vnni(q, scale, xq + (size_t)t * (size_t)n_in,
+                                               sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy,
+                                               n_out, n_in));
+    }
     kx5_matmul(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, KX5_Q8);
 }
 
@@ -1438,6 +1455,11 @@ static KX512 void kx_matmul_q8b_q8_avx512(const int8_t *q, const float *scale, c
                                           const float *sx, float *y, int32_t ldy, int32_t n_out,
                                           int32_t n_in, int32_t n_tok)
 {
+    if (n_tok < KX5_MIN_TOK) {
+        KX5_MATVECS(kx_matvec_q8b_q8_avx512vnni(q, scale, xq + (size_t)t * (size_t)n_in,
+                                                sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy,
+                                                n_out, n_in));
+    }
     kx5_matmul(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, KX5_Q8B);
 }
 
@@ -1445,6 +1467,11 @@ static KX512 void kx_matmul_q4_q8_avx512(const colibri_block_q4_32 *w, const int
                                          const float *sx, float *y, int32_t ldy, int32_t n_out,
                                          int32_t n_in, int32_t n_tok)
 {
+    if (n_tok < KX5_MIN_TOK) {
+        KX5_MATVECS(kx_matvec_q4_q8_avx512vnni(w, xq + (size_t)t * (size_t)n_in,
+                                               sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy,
+                                               n_out, n_in));
+    }
     kx5_matmul(w, NULL, xq, sx, y, ldy, n_out, n_in, n_tok, KX5_Q4);
 }
 #endif
