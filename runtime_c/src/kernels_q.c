@@ -503,15 +503,16 @@ void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out,
 /* -- multi-token kernels ------------------------------------------------------------------- */
 
 /* Rows per chunk of the multi-token kernels: about COLIBRI_MATMUL_CHUNK bytes of weights (a
- * multiple of 8 rows, at least 8), which every token of the group runs over while they are in
- * cache. Each chunk is an ordinary matvec over a subset of rows, so row t of the result is the
- * matvec of row t bit for bit, on every kernel path. */
+ * multiple of 16 rows, at least 16: the AVX-512 kernels take rows sixteen at a time), which every
+ * token of the group runs over while they are in cache. Each chunk is an ordinary matvec over a
+ * subset of rows, so row t of the result is the matvec of row t bit for bit, on every kernel path.
+ */
 #define COLIBRI_MATMUL_CHUNK 16384u
 
 static int32_t matmul_chunk_rows(size_t row_bytes, int32_t n_out)
 {
     size_t rows = (row_bytes > 0u) ? COLIBRI_MATMUL_CHUNK / row_bytes : (size_t)n_out;
-    rows = (rows < 8u) ? 8u : rows & ~(size_t)7u;
+    rows = (rows < 16u) ? 16u : rows & ~(size_t)15u;
     return (rows >= (size_t)n_out) ? n_out : (int32_t)rows;
 }
 

@@ -25,13 +25,16 @@
  *    each 4-byte group; int4 nibbles are already unsigned (accumulator starts at -8 * sum(x)).
  *    Exact for every int8 value, -128 included. The AVX-512 VNNI level's one-token matvecs
  *    (int8, block-scaled int8, int4) use 512-bit registers (kx_matvec_*_avx512z below: two or
- *    four blocks a step, sixteen or 32 (row, block) sums per reduction); below eight rows, and
- *    in its multi-token tiles, it runs the 256-bit code of AVX-VNNI.
+ *    four blocks a step, sixteen or 32 (row, block) sums per reduction); below eight rows it
+ *    runs the 256-bit code of AVX-VNNI.
  *
  * The multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8, from two tokens) add blocking
  * over tokens: each block of eight rows' weights unpacked once per tile of tokens (AVX2: 2..8
- * tokens, a single token left over runs the matvec; VNNI: tiles of KX_TOK_TILE (4), the 1-3 left
- * run the matvec); per token the same float steps as the matvec, so the same bits.
+ * tokens, a single token left over runs the matvec; AVX-VNNI: tiles of KX_TOK_TILE (4), the 1-3
+ * left run the matvec; AVX-512 VNNI: sixteen rows per ZMM register, one lane per row, the
+ * weights repacked once per 32 blocks for all the tokens, tiles of 1..8 tokens, see kx5_matmul;
+ * fewer than 4 tokens run the 512-bit matvec token by token);
+ * per token the same float steps as the matvec, so the same bits.
  */
 #include "kernels_x86.h"
 
@@ -965,7 +968,6 @@ KX_INLINE KX_AVX2 kx_v2 kx_q4_w_avx2(const colibri_block_q4_32 *blk)
                  kx_prod_##SUFFIX)
 
 KX_VNNI_PARTS(avxvnni, KX_AVXVNNI, KX_DPBUSD_AVX)
-KX_VNNI_PARTS(avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
 #endif
 
 /* Zero-padded copies of the partial last block of `rows` rows (n bytes from src + r * ss each,
@@ -1404,14 +1406,452 @@ KX_Q8_MATMUL(kx_matmul_q8b_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_mat
 KX_Q4_MATMUL_TILE(kx_q4_mm_tile_avxvnni, KX_AVXVNNI, kx_q4_tile_avxvnni)
 KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_mm_tile_avxvnni, kx_matvec_q4_q8_avxvnni,
              KX_TOK_TILE, KX_TOK_TILE)
-KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avx512vnni, KX_AVX512VNNI, kx_q8_tile_avx512vnni)
-KX_Q8_MATMUL(kx_matmul_q8_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
-             kx_matvec_q8_q8_avx512z, 0, KX_TOK_TILE, KX_TOK_TILE)
-KX_Q8_MATMUL(kx_matmul_q8b_q8_avx512vnni, KX_AVX512VNNI, kx_q8_mm_tile_avx512vnni,
-             kx_matvec_q8b_q8_avx512z, 1, KX_TOK_TILE, KX_TOK_TILE)
-KX_Q4_MATMUL_TILE(kx_q4_mm_tile_avx512vnni, KX_AVX512VNNI, kx_q4_tile_avx512vnni)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avx512vnni, KX_AVX512VNNI, kx_q4_mm_tile_avx512vnni,
-             kx_matvec_q4_q8_avx512z, KX_TOK_TILE, KX_TOK_TILE)
+
+/*
+ * AVX-512 VNNI multi-token kernels (colibri_matmul_q8_q8 / q8b_q8 / q4_q8): sixteen rows per ZMM
+ * register, one lane per row, so a row's block sum needs no horizontal reduction. Per group of
+ * sixteen rows and range of up to KX5_BCH blocks, the weights are repacked once into a stack
+ * buffer: for block b, eight registers W[k] with lane r = the four bytes 4k..4k+3 of row r's block
+ * as unsigned bytes (int8: w ^ 0x80 = w + 128; int4: the nibbles 0..15). Every token of the call
+ * then runs over the buffer in tiles of up to KX5_TILE tokens: per token and block, eight VPDPBUSD
+ * of the eight W[k] with the token's four codes 4k..4k+3 broadcast (a memory operand), starting
+ * from the token's correction -128 (or -8) * the sum of the block's codes, computed once per tile
+ * and block range for all sixteen rows. The lanes hold the exact int32 block sums of the matvec;
+ * the float steps per lane are the matvec's (acc += (float)isum * sx[b], or * (ws[b] * sx[b]),
+ * or * (d * sx[b]), blocks in order, separate multiply and add; int8: y = acc * scale[o]).
+ * Between block ranges the accumulators wait in y. Rows past n_out are computed on row 0 again
+ * and not stored (masked stores); a partial last block runs on zero-padded copies.
+ */
+#define KX5_TILE 8
+#define KX5_BCH 32
+#define KX5_PF 512u
+#define KX512 KX_AVX512VNNI
+
+enum { KX5_Q8 = 0, KX5_Q8B = 1, KX5_Q4 = 2 };
+
+/* The weights the next pack will read (sixteen rows of len bytes, stride apart, from p),
+ * prefetched while the tiles compute: `per` lines a block step, spread over all the token tiles,
+ * row by row (the cursor: row r, byte off), so that memory streams while the tiles compute. Past
+ * the end of the weights it reads what follows them, or nothing (addresses as integers, as
+ * kx_prefetch). */
+typedef struct {
+    uintptr_t p;
+    size_t stride;
+    size_t len;
+    int per;
+    int r;
+    size_t off;
+} kx5_pf;
+
+KX_INLINE void kx5_prefetch(kx5_pf *pf)
+{
+    for (int i = 0; i < pf->per && pf->r < 16; i++) {
+        _mm_prefetch((const char *)(pf->p + (size_t)pf->r * pf->stride + pf->off), _MM_HINT_T0);
+        pf->off += 64u;
+        if (pf->off >= pf->len) {
+            pf->off = 0;
+            pf->r++;
+        }
+    }
+}
+
+/* z[r]: row r in the low 256 bits, row r + 8 in the high ones (eight dwords each); after, z[k]
+ * lane r = dword k of row r (r < 16). */
+KX_INLINE KX512 void kx5_transpose(__m512i z[8])
+{
+    __m512i t[8];
+    __m512i u[8];
+    KX_UNROLL for (int i = 0; i < 4; i++)
+    {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+    KX_UNROLL for (int h = 0; h < 2; h++)
+    {
+        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    KX_UNROLL for (int k = 0; k < 4; k++)
+    {
+        z[k] = _mm512_permutex2var_epi64(u[k], lo, u[k + 4]);
+        z[k + 4] = _mm512_permutex2var_epi64(u[k], hi, u[k + 4]);
+    }
+}
+
+/* One block of sixteen rows (row r at p + r * rs) to dst[0..8): lane r of dst[k] = bytes
+ * 4k..4k+3 of row r, plus 128. */
+KX_INLINE KX512 void kx5_pack_q8_block(const int8_t *p, size_t rs, __m512i *dst)
+{
+    __m512i z[8];
+    KX_UNROLL for (int r = 0; r < 8; r++)
+    {
+        z[r] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(const void *)(p + (size_t)r * rs))),
+            _mm256_loadu_si256((const __m256i *)(const void *)(p + (size_t)(r + 8) * rs)), 1);
+    }
+    kx5_transpose(z);
+    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    KX_UNROLL for (int k = 0; k < 8; k++)
+    {
+        _mm512_store_si512(&dst[k], _mm512_xor_si512(z[k], k80));
+    }
+}
+
+/* int8 rows (nr of them at q, stride n_in; the others row 0 again), blocks [b0, b1). */
+static KX_NOINLINE KX512 void kx5_pack_q8(const int8_t *q, int32_t n_in, int32_t nr, int32_t b0,
+                                          int32_t b1, __m512i *wbuf)
+{
+    const int32_t full = n_in / COLIBRI_QK8;
+    const size_t rs = (size_t)n_in;
+    for (int32_t b = b0; b < b1; b++) {
+        const size_t off = (size_t)b * COLIBRI_QK8;
+        __m512i *dst = &wbuf[(size_t)(b - b0) * 8u];
+        if ((b & 1) == 0) { /* sixteen streams from memory: each a line KX5_PF bytes ahead */
+            KX_UNROLL for (int r = 0; r < 16; r++)
+            {
+                _mm_prefetch((const char *)((uintptr_t)q + (size_t)r * rs + off + KX5_PF),
+                             _MM_HINT_T0);
+            }
+        }
+        if (nr == 16 && b < full) {
+            kx5_pack_q8_block(q + off, rs, dst);
+        } else { /* rows past nr (row 0 again) or the partial last block: zero-padded copies */
+            const size_t n = (b < full) ? COLIBRI_QK8 : (size_t)(n_in - full * COLIBRI_QK8);
+            int8_t wpad[16][COLIBRI_QK8];
+            memset(wpad, 0, sizeof wpad);
+            for (int r = 0; r < 16; r++) {
+                memcpy(wpad[r], q + (size_t)(r < nr ? r : 0) * rs + off, n);
+            }
+            kx5_pack_q8_block(&wpad[0][0], COLIBRI_QK8, dst);
+        }
+    }
+}
+
+/* int4 rows (nr of them at w, nb blocks each; the others row 0 again), blocks [b0, b1): the
+ * nibbles, and d per lane. Each row's 16 bytes of nibbles in a 128-bit lane (rows g, g + 4,
+ * g + 8, g + 12 in a[g]); a 4 x 4 transpose of dwords within the lanes leaves lane r of q[j] =
+ * bytes 4j..4j+3 of row r. */
+static KX_NOINLINE KX512 void kx5_pack_q4(const colibri_block_q4_32 *w, int32_t nb, int32_t nr,
+                                          int32_t b0, int32_t b1, __m512i *wbuf, __m512 *sbuf)
+{
+    const colibri_block_q4_32 *row[16];
+    int32_t idx[16];
+    KX_UNROLL for (int r = 0; r < 16; r++)
+    {
+        row[r] = w + (size_t)(r < nr ? r : 0) * (size_t)nb;
+        idx[r] = (r < nr ? r : 0) * nb * (int32_t)sizeof *w;
+    }
+    const __m512i vidx = _mm512_loadu_si512((const void *)idx);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int32_t b = b0; b < b1; b++) {
+        __m512i a[4];
+        KX_UNROLL for (int g = 0; g < 4; g++)
+        {
+#define KX5_QS(r) _mm_loadu_si128((const __m128i *)(const void *)row[r][b].qs)
+            a[g] = _mm512_inserti32x4(
+                _mm512_inserti32x4(
+                    _mm512_inserti32x4(_mm512_castsi128_si512(KX5_QS(g)), KX5_QS(g + 4), 1),
+                    KX5_QS(g + 8), 2),
+                KX5_QS(g + 12), 3);
+#undef KX5_QS
+        }
+        const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]);
+        const __m512i t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]);
+        const __m512i t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+        __m512i q[4];
+        q[0] = _mm512_unpacklo_epi64(t0, t2);
+        q[1] = _mm512_unpackhi_epi64(t0, t2);
+        q[2] = _mm512_unpacklo_epi64(t1, t3);
+        q[3] = _mm512_unpackhi_epi64(t1, t3);
+        __m512i *dst = &wbuf[(size_t)(b - b0) * 8u];
+        KX_UNROLL for (int j = 0; j < 4; j++)
+        {
+            _mm512_store_si512(&dst[j], _mm512_and_si512(q[j], m4));
+            _mm512_store_si512(&dst[j + 4], _mm512_and_si512(_mm512_srli_epi16(q[j], 4), m4));
+        }
+        const __m512i dv = _mm512_i32gather_epi32(vidx, (const void *)(w + b), 1);
+        sbuf[b - b0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dv));
+    }
+}
+
+/* out[j] (j < 8) = mult * the sum of the 32 codes of block j at x (eight whole blocks). */
+KX_INLINE KX512 void kx5_corr8(const int8_t *x, int32_t mult, int32_t *out)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i d[4];
+    KX_UNROLL for (int i = 0; i < 4; i++)
+    {
+        d[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones,
+                                   _mm512_loadu_si512((const void *)(x + 64 * i)));
+    }
+    /* 128-bit lane L of d[i] is a quarter of block 2i + (L >> 1) */
+    const __m512i e0 =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(d[0], d[1]), _mm512_unpackhi_epi32(d[0], d[1]));
+    const __m512i e1 =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(d[2], d[3]), _mm512_unpackhi_epi32(d[2], d[3]));
+    const __m512i f =
+        _mm512_add_epi32(_mm512_unpacklo_epi64(e0, e1), _mm512_unpackhi_epi64(e0, e1));
+    /* lane L, dword i: the sum of lane L of d[i]; pairs of lanes L, L ^ 1 added */
+    const __m512i g = _mm512_add_epi32(f, _mm512_shuffle_i32x4(f, f, 0xB1));
+    /* dwords 0..3: blocks 0, 2, 4, 6; dwords 8..11: blocks 1, 3, 5, 7 */
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i s =
+        _mm512_mullo_epi32(_mm512_permutexvar_epi32(order, g), _mm512_set1_epi32(mult));
+    _mm256_storeu_si256((__m256i *)(void *)out, _mm512_castsi512_si256(s));
+}
+
+/* mult * the sum of the 32 codes at x. */
+KX_INLINE KX512 int32_t kx5_corr1(const int8_t *x, int32_t mult)
+{
+    const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
+                                          _mm256_loadu_si256((const __m256i *)(const void *)x));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+    return mult * _mm_cvtsi128_si32(h);
+}
+
+/* nblk blocks of NT tokens: token t's codes of block j at x + t * xs + 32 j, its scale at
+ * sx[t * ss + j], its correction at corr[t * KX5_BCH + j]. */
+KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const __m512 *sv, int32_t nblk, const int8_t *x,
+                                size_t xs, const float *sx, size_t ss, const int32_t *corr,
+                                kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
+{
+    for (int32_t j = 0; j < nblk; j++) {
+        if (pf != NULL) {
+            kx5_prefetch(pf);
+        }
+        __m512i wk[8];
+        KX_UNROLL for (int k = 0; k < 8; k++)
+        {
+            wk[k] = _mm512_load_si512(&wb[(size_t)j * 8u + (size_t)k]);
+        }
+        const __m512 s16 = (MODE != KX5_Q8) ? sv[j] : _mm512_setzero_ps();
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+        {
+            const int8_t *xb = x + (size_t)t * xs + (size_t)j * COLIBRI_QK8;
+            __m512i a = _mm512_set1_epi32(corr[t * KX5_BCH + j]);
+            KX_UNROLL for (int k = 0; k < 8; k++)
+            {
+                int32_t x4;
+                memcpy(&x4, xb + 4 * k, sizeof x4);
+                a = _mm512_dpbusd_epi32(a, wk[k], _mm512_set1_epi32(x4));
+            }
+            const __m512 s = _mm512_set1_ps(sx[(size_t)t * ss + (size_t)j]);
+            acc[t] =
+                _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(a),
+                                                    (MODE != KX5_Q8) ? _mm512_mul_ps(s16, s) : s));
+        }
+    }
+}
+
+/* One tile of NT tokens over the repacked blocks [b0, b1) of sixteen rows: x / sx / y at the
+ * tile's first token, y at the group's first row; mask: the rows stored. */
+KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b0, int32_t b1,
+                              int32_t n_in, const int8_t *x, const float *sx, float *y, int32_t ldy,
+                              __mmask16 mask, int first, const float *rscale, kx5_pf *pf,
+                              const int NT, const int MODE)
+{
+    const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t bf = (b1 < full) ? b1 : full;
+    const int32_t mult = (MODE == KX5_Q4) ? -8 : -128;
+    int32_t corr[KX5_TILE * KX5_BCH];
+    int8_t xpad[KX5_TILE][COLIBRI_QK8];
+    __m512 acc[KX5_TILE];
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+    {
+        const int8_t *xt = x + (size_t)t * (size_t)n_in;
+        int32_t b = b0;
+        for (; b + 8 <= bf; b += 8) {
+            kx5_corr8(xt + (size_t)b * COLIBRI_QK8, mult, &corr[t * KX5_BCH + (b - b0)]);
+        }
+        for (; b < bf; b++) {
+            corr[t * KX5_BCH + (b - b0)] = kx5_corr1(xt + (size_t)b * COLIBRI_QK8, mult);
+        }
+        if (bf < b1) {
+            kx_pad_rows(xpad[t], COLIBRI_QK8, xt + (size_t)bf * COLIBRI_QK8, (size_t)n_in, 1,
+                        (size_t)(n_in - bf * COLIBRI_QK8));
+            corr[t * KX5_BCH + (bf - b0)] = kx5_corr1(xpad[t], mult);
+        }
+        acc[t] =
+            first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + (size_t)t * (size_t)ldy);
+    }
+    kx5_blocks(wbuf, sbuf, bf - b0, x + (size_t)b0 * COLIBRI_QK8, (size_t)n_in, sx + b0, (size_t)nb,
+               corr, pf, acc, NT, MODE);
+    if (bf < b1) {
+        kx5_blocks(wbuf + (size_t)(bf - b0) * 8u, sbuf + (bf - b0), 1, &xpad[0][0], COLIBRI_QK8,
+                   sx + bf, (size_t)nb, corr + (bf - b0), NULL, acc, NT, MODE);
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+    {
+        __m512 v = acc[t];
+        if (rscale != NULL) {
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, rscale));
+        }
+        _mm512_mask_storeu_ps(y + (size_t)t * (size_t)ldy, mask, v);
+    }
+}
+
+#define KX5_TILE_FN(NAME, MODE)                                                                    \
+    static KX_NOINLINE KX512 void NAME(const __m512i *wbuf, const __m512 *sbuf, int32_t b0,        \
+                                       int32_t b1, int32_t n_in, const int8_t *x, const float *sx, \
+                                       float *y, int32_t ldy, __mmask16 mask, int first,           \
+                                       const float *rscale, kx5_pf *pf, int nt)                    \
+    {                                                                                              \
+        switch (nt) {                                                                              \
+        case 1:                                                                                    \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 1, MODE);   \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 2, MODE);   \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 3, MODE);   \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 4, MODE);   \
+            break;                                                                                 \
+        case 5:                                                                                    \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 5, MODE);   \
+            break;                                                                                 \
+        case 6:                                                                                    \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 6, MODE);   \
+            break;                                                                                 \
+        case 7:                                                                                    \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 7, MODE);   \
+            break;                                                                                 \
+        default:                                                                                   \
+            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 8, MODE);   \
+            break;                                                                                 \
+        }                                                                                          \
+    }
+
+KX5_TILE_FN(kx5_tile_q8, KX5_Q8)
+KX5_TILE_FN(kx5_tile_q8b, KX5_Q8B)
+KX5_TILE_FN(kx5_tile_q4, KX5_Q4)
+
+/* MODE KX5_Q8 / KX5_Q8B: w = the int8 rows, scale per row / per row and block; KX5_Q4: w = the
+ * int4 blocks (scale unused). */
+static KX_NOINLINE KX512 void kx5_matmul(const void *w, const float *scale, const int8_t *xq,
+                                         const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                         int32_t n_in, int32_t n_tok, int mode)
+{
+    const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    __m512i wbuf[KX5_BCH * 8];
+    __m512 sbuf[KX5_BCH];
+    for (int32_t o0 = 0; o0 < n_out; o0 += 16) {
+        const int32_t nr = (n_out - o0 < 16) ? n_out - o0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << nr) - 1u);
+        for (int32_t b0 = 0; b0 < nb; b0 += KX5_BCH) {
+            const int32_t b1 = (nb - b0 < KX5_BCH) ? nb : b0 + KX5_BCH;
+            if (mode == KX5_Q4) {
+                kx5_pack_q4((const colibri_block_q4_32 *)w + (size_t)o0 * (size_t)nb, nb, nr, b0,
+                            b1, wbuf, sbuf);
+            } else {
+                kx5_pack_q8((const int8_t *)w + (size_t)o0 * (size_t)n_in, n_in, nr, b0, b1, wbuf);
+            }
+            if (mode == KX5_Q8B) {
+                int32_t idx[16];
+                for (int r = 0; r < 16; r++) {
+                    idx[r] = (o0 + (r < nr ? r : 0)) * nb;
+                }
+                const __m512i vidx = _mm512_loadu_si512((const void *)idx);
+                for (int32_t b = b0; b < b1; b++) {
+                    sbuf[b - b0] = _mm512_i32gather_ps(vidx, scale + b, 4);
+                }
+            }
+            /* the next pack: this group's next blocks, else the next sixteen rows' first */
+            const int32_t nb0 = (b1 < nb) ? b1 : 0;
+            const int32_t nb1 = (nb - nb0 < KX5_BCH) ? nb : nb0 + KX5_BCH;
+            const int32_t no0 = (b1 < nb) ? o0 : o0 + 16;
+            const size_t bbytes = (mode == KX5_Q4) ? sizeof(colibri_block_q4_32) : COLIBRI_QK8;
+            kx5_pf pf;
+            pf.stride = (mode == KX5_Q4) ? (size_t)nb * bbytes : (size_t)n_in;
+            pf.p = (uintptr_t)w + (size_t)no0 * pf.stride + (size_t)nb0 * bbytes;
+            pf.len = (size_t)(nb1 - nb0) * bbytes;
+            pf.r = 0;
+            pf.off = 0;
+            { /* the lines, over (tiles x blocks) block steps */
+                const size_t lines = 16u * ((pf.len + 63u) / 64u);
+                const size_t steps =
+                    (size_t)((n_tok + KX5_TILE - 1) / KX5_TILE) * (size_t)(b1 - b0);
+                pf.per = (int)((lines + steps - 1u) / steps);
+            }
+            const int first = b0 == 0;
+            const float *rs = (mode == KX5_Q8 && b1 == nb) ? scale + o0 : NULL;
+            for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {
+                nt = (n_tok - t0 < KX5_TILE) ? n_tok - t0 : KX5_TILE;
+                const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;
+                const float *st = sx + (size_t)t0 * (size_t)nb;
+                float *yt = y + (size_t)t0 * (size_t)ldy + (size_t)o0;
+                if (mode == KX5_Q8) {
+                    kx5_tile_q8(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, rs, &pf,
+                                nt);
+                } else if (mode == KX5_Q8B) {
+                    kx5_tile_q8b(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL, &pf,
+                                 nt);
+                } else {
+                    kx5_tile_q4(wbuf, sbuf, b0, b1, n_in, xt, st, yt, ldy, mask, first, NULL, &pf,
+                                nt);
+                }
+            }
+        }
+    }
+}
+
+/* Fewer than KX5_MIN_TOK tokens run the matvec token by token: the repacking costs about as much
+ * as the tile saves for two or three tokens (measured with the weights in cache). */
+#define KX5_MIN_TOK 4
+#define KX5_MATVECS(CALL)                                                                          \
+    do {                                                                                           \
+        const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
+        for (int32_t t = 0; t < n_tok; t++) {                                                      \
+            CALL;                                                                                  \
+        }                                                                                          \
+        return;                                                                                    \
+    } while (0)
+
+static KX512 void kx_matmul_q8_q8_avx512(const int8_t *q, const float *scale, const int8_t *xq,
+                                         const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                         int32_t n_in, int32_t n_tok)
+{
+    if (n_tok < KX5_MIN_TOK) {
+        KX5_MATVECS(kx_matvec_q8_q8_avx512z(q, scale, xq + (size_t)t * (size_t)n_in,
+                                            sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy, n_out,
+                                            n_in));
+    }
+    kx5_matmul(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, KX5_Q8);
+}
+
+static KX512 void kx_matmul_q8b_q8_avx512(const int8_t *q, const float *scale, const int8_t *xq,
+                                          const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                          int32_t n_in, int32_t n_tok)
+{
+    if (n_tok < KX5_MIN_TOK) {
+        KX5_MATVECS(kx_matvec_q8b_q8_avx512z(q, scale, xq + (size_t)t * (size_t)n_in,
+                                             sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy,
+                                             n_out, n_in));
+    }
+    kx5_matmul(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, KX5_Q8B);
+}
+
+static KX512 void kx_matmul_q4_q8_avx512(const colibri_block_q4_32 *w, const int8_t *xq,
+                                         const float *sx, float *y, int32_t ldy, int32_t n_out,
+                                         int32_t n_in, int32_t n_tok)
+{
+    if (n_tok < KX5_MIN_TOK) {
+        KX5_MATVECS(kx_matvec_q4_q8_avx512z(w, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                                            y + (size_t)t * (size_t)ldy, n_out, n_in));
+    }
+    kx5_matmul(w, NULL, xq, sx, y, ldy, n_out, n_in, n_tok, KX5_Q4);
+}
 #endif
 
 /* -- the levels and the choice ------------------------------------------------------------- */
@@ -1428,8 +1868,8 @@ static const colibri_x86_kernels_t kx_levels[4] = {
                                  kx_matmul_q8b_q8_avxvnni, kx_matmul_q4_q8_avxvnni},
     [COLIBRI_KERNEL_AVX512_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                     kx_matvec_q8_q8_avx512z, kx_matvec_q8b_q8_avx512z,
-                                    kx_matvec_q4_q8_avx512z, kx_matmul_q8_q8_avx512vnni,
-                                    kx_matmul_q8b_q8_avx512vnni, kx_matmul_q4_q8_avx512vnni},
+                                    kx_matvec_q4_q8_avx512z, kx_matmul_q8_q8_avx512,
+                                    kx_matmul_q8b_q8_avx512, kx_matmul_q4_q8_avx512},
 #endif
 };
 

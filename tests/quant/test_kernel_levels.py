@@ -33,8 +33,9 @@ from conftest import host_kernels
 LEVELS = {"base": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
 SHAPES = [(1, 1), (7, 31), (9, 64), (17, 100), (24, 257)]
 #: tokens per matmul (kernels_x86.c): AVX2 runs tiles of 2..8 tokens (the token loop four at a
-#: time, then one by one) and the matvec for one left: 9 = 8 + 1, 17 = 8 + 8 + 1; the VNNI levels
-#: tiles of 4 and the matvec for the 1-3 left: 2 and 3 the matvec only, 7 = 4 + 3, 9 = 4 + 4 + 1
+#: time, then one by one) and the matvec for one left: 9 = 8 + 1, 17 = 8 + 8 + 1; AVX-VNNI tiles
+#: of 4 and the matvec for the 1-3 left: 2 and 3 the matvec only, 7 = 4 + 3, 9 = 4 + 4 + 1;
+#: AVX-512 VNNI tiles of 1..8 (test_int_matmuls_every_token_count below runs 1..17)
 N_TOKS = [2, 3, 4, 5, 7, 8, 9, 17]
 
 
@@ -293,4 +294,55 @@ def test_int_matvecs_extreme_codes(kq: ctypes.CDLL, level: str, shape: tuple[int
         y = np.full((n_tok, n_out), np.nan, np.float32)
         matmul(y)
         _same_bits(y, want, f"{level} matmul {name}")
+    kq.colibri_kernel_set_level(3)
+
+
+#: multi-token int kernels (the AVX-512 VNNI level: sixteen rows per register, weights repacked
+#: 32 blocks at a time, token tiles of 1..8): n_out below, at and off 16 (the masked last group),
+#: n_in with a partial last block and more than one range of 32 blocks
+INT_SHAPES = [(5, 40), (16, 32), (33, 1100), (19, 2090)]
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+@pytest.mark.parametrize("shape", INT_SHAPES)
+@pytest.mark.parametrize("extremes", [False, True])
+def test_int_matmuls_every_token_count(
+    kq: ctypes.CDLL, level: str, shape: tuple[int, int], extremes: bool
+) -> None:
+    """colibri_matmul_q8_q8 / q8b_q8 / q4_q8 for 1..17 tokens, bit for bit with the mirror;
+    extremes: int8 weights and codes all -128 / 127, int4 nibbles 0 / 15."""
+    if kq.colibri_kernel_set_level(LEVELS[level]) != LEVELS[level]:
+        pytest.skip(f"this CPU has no {level} (or the host is not x86-64)")
+    n_out, n_in = shape
+    n_max = 17
+    rng = np.random.default_rng(n_out * 131 + n_in + int(extremes))
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    x = rng.standard_normal((n_max, n_in)).astype(np.float32)
+    xq, sx = quantize_rows_q8(x)
+    q, s = quantize_int8_per_channel(w)
+    qb = quantize_matrix(w, "int8", blocks=True)
+    assert qb.scale is not None
+    qbd, sb = np.ascontiguousarray(qb.data), np.ascontiguousarray(qb.scale)
+    q4 = np.ascontiguousarray(quantize_int4_blocks(w))
+    if extremes:
+        xq = rng.choice(np.array([-128, 127], np.int8), size=xq.shape)
+        q = rng.choice(np.array([-128, 127], np.int8), size=q.shape)
+        qbd = rng.choice(np.array([-128, 127], np.int8), size=qbd.shape)
+        q4["qs"] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), size=q4["qs"].shape)
+    xq, sx = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+    ldy = n_out + 3
+    for n_tok in range(1, n_max + 1):
+        cases = [
+            ("q8 x q8", matvec_q8_q8(q, s, xq[:n_tok], sx[:n_tok]), kq.colibri_matmul_q8_q8,
+             (_p(q), _p(s))),
+            ("q8b x q8", matvec_q8b_q8(qbd, sb, xq[:n_tok], sx[:n_tok]),
+             kq.colibri_matmul_q8b_q8, (_p(qbd), _p(sb))),
+            ("q4 x q8", matvec_q4_q8(q4, xq[:n_tok], sx[:n_tok], n_in), kq.colibri_matmul_q4_q8,
+             (_p(q4),)),
+        ]  # fmt: skip
+        for name, want, fn, wargs in cases:
+            y = np.full((n_tok, ldy), -7.0, np.float32)
+            fn(*wargs, _p(xq), _p(sx), _p(y), ldy, n_out, n_in, n_tok)
+            _same_bits(y[:, :n_out], want, f"{level} matmul {name} n_tok {n_tok}")
+            assert (y[:, n_out:] == -7.0).all(), f"{level} matmul {name} wrote beyond n_out"
     kq.colibri_kernel_set_level(3)
