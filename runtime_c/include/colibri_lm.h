@@ -133,6 +133,8 @@ typedef struct {
     int32_t max_context; /**< positions this handle's KV cache holds */
     size_t arena_bytes;  /**< bytes allocated for activations, KV cache and sampler */
     size_t weight_bytes; /**< bytes of the mapped file */
+    size_t packed_bytes; /**< bytes allocated at init for the matrices repacked for the CPU's
+                              kernels (x86-64 with AVX-512 VNNI; 0: none) */
 } colibri_lm_info_t;
 
 /** Largest n_layers / heads a file may declare (sanity limits checked before allocation). */

@@ -1427,7 +1427,7 @@ KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_mm_tile_avxvnni, kx_matv
 #define KX5_PF 512u
 #define KX512 KX_AVX512VNNI
 
-enum { KX5_Q8 = 0, KX5_Q8B = 1, KX5_Q4 = 2 };
+enum { KX5_Q8 = 0, KX5_Q8B = 1, KX5_Q4 = 2, KX5_P4 = 3 };
 
 /* The weights the next pack will read (sixteen rows of len bytes, stride apart, from p),
  * prefetched while the tiles compute: `per` lines a block step, spread over all the token tiles,
@@ -1532,10 +1532,34 @@ static KX_NOINLINE KX512 void kx5_pack_q8(const int8_t *q, int32_t n_in, int32_t
     }
 }
 
+/* Block b of sixteen int4 rows (row[r]): lane r of q[j] = bytes 4j..4j+3 of row r's nibbles.
+ * Each row's 16 bytes in a 128-bit lane (rows g, g + 4, g + 8, g + 12 in a[g]), then a 4 x 4
+ * transpose of dwords within the lanes. */
+KX_INLINE KX512 void kx5_q4_quads(const colibri_block_q4_32 *const row[16], int32_t b, __m512i q[4])
+{
+    __m512i a[4];
+    KX_UNROLL for (int g = 0; g < 4; g++)
+    {
+#define KX5_QS(r) _mm_loadu_si128((const __m128i *)(const void *)row[r][b].qs)
+        a[g] = _mm512_inserti32x4(
+            _mm512_inserti32x4(
+                _mm512_inserti32x4(_mm512_castsi128_si512(KX5_QS(g)), KX5_QS(g + 4), 1),
+                KX5_QS(g + 8), 2),
+            KX5_QS(g + 12), 3);
+#undef KX5_QS
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]);
+    const __m512i t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]);
+    const __m512i t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    q[0] = _mm512_unpacklo_epi64(t0, t2);
+    q[1] = _mm512_unpackhi_epi64(t0, t2);
+    q[2] = _mm512_unpacklo_epi64(t1, t3);
+    q[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
 /* int4 rows (nr of them at w, nb blocks each; the others row 0 again), blocks [b0, b1): the
- * nibbles, and d per lane. Each row's 16 bytes of nibbles in a 128-bit lane (rows g, g + 4,
- * g + 8, g + 12 in a[g]); a 4 x 4 transpose of dwords within the lanes leaves lane r of q[j] =
- * bytes 4j..4j+3 of row r. */
+ * nibbles split into eight registers (kx5_q4_quads), and d per lane as float. */
 static KX_NOINLINE KX512 void kx5_pack_q4(const colibri_block_q4_32 *w, int32_t nb, int32_t nr,
                                           int32_t b0, int32_t b1, __m512i *wbuf, __m512 *sbuf)
 {
@@ -1549,26 +1573,8 @@ static KX_NOINLINE KX512 void kx5_pack_q4(const colibri_block_q4_32 *w, int32_t 
     const __m512i vidx = _mm512_loadu_si512((const void *)idx);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int32_t b = b0; b < b1; b++) {
-        __m512i a[4];
-        KX_UNROLL for (int g = 0; g < 4; g++)
-        {
-#define KX5_QS(r) _mm_loadu_si128((const __m128i *)(const void *)row[r][b].qs)
-            a[g] = _mm512_inserti32x4(
-                _mm512_inserti32x4(
-                    _mm512_inserti32x4(_mm512_castsi128_si512(KX5_QS(g)), KX5_QS(g + 4), 1),
-                    KX5_QS(g + 8), 2),
-                KX5_QS(g + 12), 3);
-#undef KX5_QS
-        }
-        const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]);
-        const __m512i t1 = _mm512_unpackhi_epi32(a[0], a[1]);
-        const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]);
-        const __m512i t3 = _mm512_unpackhi_epi32(a[2], a[3]);
         __m512i q[4];
-        q[0] = _mm512_unpacklo_epi64(t0, t2);
-        q[1] = _mm512_unpackhi_epi64(t0, t2);
-        q[2] = _mm512_unpacklo_epi64(t1, t3);
-        q[3] = _mm512_unpackhi_epi64(t1, t3);
+        kx5_q4_quads(row, b, q);
         __m512i *dst = &wbuf[(size_t)(b - b0) * 8u];
         KX_UNROLL for (int j = 0; j < 4; j++)
         {
@@ -1618,25 +1624,44 @@ KX_INLINE KX512 int32_t kx5_corr1(const int8_t *x, int32_t mult)
 }
 
 /* nblk blocks of NT tokens: token t's codes of block j at x + t * xs + 32 j, its scale at
- * sx[t * ss + j], its correction at corr[t * KX5_BCH + j]. */
-KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const __m512 *sv, int32_t nblk, const int8_t *x,
+ * sx[t * ss + j], its correction at corr[t * cs + j]. wb: eight registers a block (KX5_P4: four,
+ * the packed nibbles, split here); sv: the row scales of a block (KX5_Q8B / KX5_Q4: sixteen
+ * floats, KX5_P4: sixteen fp16, KX5_Q8: unused). */
+KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk, const int8_t *x,
                                 size_t xs, const float *sx, size_t ss, const int32_t *corr,
-                                kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
+                                size_t cs, kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
 {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int32_t j = 0; j < nblk; j++) {
         if (pf != NULL) {
             kx5_prefetch(pf);
         }
         __m512i wk[8];
-        KX_UNROLL for (int k = 0; k < 8; k++)
-        {
-            wk[k] = _mm512_load_si512(&wb[(size_t)j * 8u + (size_t)k]);
+        if (MODE == KX5_P4) {
+            const __m512i *p = &wb[(size_t)j * 4u];
+            KX_UNROLL for (int k = 0; k < 4; k++)
+            {
+                const __m512i v = _mm512_load_si512(&p[k]);
+                wk[k] = _mm512_and_si512(v, m4);
+                wk[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+        } else {
+            const __m512i *p = &wb[(size_t)j * 8u];
+            KX_UNROLL for (int k = 0; k < 8; k++)
+            {
+                wk[k] = _mm512_load_si512(&p[k]);
+            }
         }
-        const __m512 s16 = (MODE != KX5_Q8) ? sv[j] : _mm512_setzero_ps();
+        __m512 s16 = _mm512_setzero_ps();
+        if (MODE == KX5_P4) {
+            s16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv + j));
+        } else if (MODE != KX5_Q8) {
+            s16 = ((const __m512 *)sv)[j];
+        }
         _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
         {
             const int8_t *xb = x + (size_t)t * xs + (size_t)j * COLIBRI_QK8;
-            __m512i a = _mm512_set1_epi32(corr[t * KX5_BCH + j]);
+            __m512i a = _mm512_set1_epi32(corr[(size_t)t * cs + (size_t)j]);
             KX_UNROLL for (int k = 0; k < 8; k++)
             {
                 int32_t x4;
@@ -1684,10 +1709,10 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
             first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + (size_t)t * (size_t)ldy);
     }
     kx5_blocks(wbuf, sbuf, bf - b0, x + (size_t)b0 * COLIBRI_QK8, (size_t)n_in, sx + b0, (size_t)nb,
-               corr, pf, acc, NT, MODE);
+               corr, KX5_BCH, pf, acc, NT, MODE);
     if (bf < b1) {
         kx5_blocks(wbuf + (size_t)(bf - b0) * 8u, sbuf + (bf - b0), 1, &xpad[0][0], COLIBRI_QK8,
-                   sx + bf, (size_t)nb, corr + (bf - b0), NULL, acc, NT, MODE);
+                   sx + bf, (size_t)nb, corr + (bf - b0), KX5_BCH, NULL, acc, NT, MODE);
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
     {
@@ -1852,6 +1877,188 @@ static KX512 void kx_matmul_q4_q8_avx512(const colibri_block_q4_32 *w, const int
     }
     kx5_matmul(w, NULL, xq, sx, y, ldy, n_out, n_in, n_tok, KX5_Q4);
 }
+
+/*
+ * Packed matrices (colibri_x86_pack): the layout kx5_matmul builds on the stack for each call,
+ * built once when a model is loaded, so that a token's matvec streams one contiguous run of
+ * weights (one stream for the hardware prefetcher instead of eight or sixteen rows) and sums each
+ * (row, block) in one lane (no horizontal reductions). G = ceil(n_out / 16) groups of sixteen
+ * rows (rows past n_out: the group's first row again, never stored), nb = n_in / 32 blocks:
+ *  - codes: group g, block b at register (g * nb + b) * R: int8 R = 8 (kx5_pack_q8: lane r of
+ *    register k = bytes 4k..4k+3 of row r, plus 128); int4 R = 4 (kx5_q4_quads: the nibbles
+ *    unsplit, half the bytes; kx5_blocks splits them);
+ *  - then the row scales of each (group, block), sixteen lanes: block-scaled int8 as floats,
+ *    int4 d as fp16 (the bytes of the blocks' own d). Per-row int8 scales stay in the model.
+ * The packed matrix has the bytes of the stored one (int8: plus the padding rows of the last
+ * group). Per token and block the float steps are kx5_tile's, so every output has the bits of
+ * the matvec; the tokens' corrections are computed once per call for all groups. No software
+ * prefetch: on Zen 4 the hardware prefetcher alone streamed 32-35 GB/s from huge pages, and
+ * every prefetch distance tried (0.5-16 KB ahead, into L1) was slower (16-25 GB/s).
+ */
+#define KXP_CORR 4096 /* (token, block) corrections per batch of tokens: 16 KB of stack */
+
+KX_INLINE size_t kxp_regs(int32_t kind)
+{
+    return (kind == COLIBRI_X86_PACK_Q4) ? 4u : 8u;
+}
+
+KX_INLINE size_t kxp_scale_bytes(int32_t kind)
+{
+    return (kind == COLIBRI_X86_PACK_Q4) ? 32u : (kind == COLIBRI_X86_PACK_Q8B) ? 64u : 0u;
+}
+
+static KX_NOINLINE KX512 void kxp_pack(int32_t kind, const void *w, const float *scale,
+                                       int32_t n_out, int32_t n_in, void *dst)
+{
+    const int32_t nb = n_in / COLIBRI_QK8;
+    const int32_t groups = (n_out + 15) / 16;
+    const size_t regs = kxp_regs(kind);
+    __m512i *codes = (__m512i *)dst;
+    unsigned char *sc = (unsigned char *)dst + (size_t)groups * (size_t)nb * regs * 64u;
+    for (int32_t g = 0; g < groups; g++) {
+        const int32_t o0 = 16 * g;
+        const int32_t nr = (n_out - o0 < 16) ? n_out - o0 : 16;
+        __m512i *cg = codes + (size_t)g * (size_t)nb * regs;
+        if (kind == COLIBRI_X86_PACK_Q4) {
+            const colibri_block_q4_32 *base =
+                (const colibri_block_q4_32 *)w + (size_t)o0 * (size_t)nb;
+            const colibri_block_q4_32 *row[16];
+            int32_t idx[16];
+            for (int r = 0; r < 16; r++) {
+                row[r] = base + (size_t)(r < nr ? r : 0) * (size_t)nb;
+                idx[r] = (r < nr ? r : 0) * nb * (int32_t)sizeof *base;
+            }
+            const __m512i vidx = _mm512_loadu_si512((const void *)idx);
+            uint16_t *dg = (uint16_t *)(void *)(sc + (size_t)g * (size_t)nb * 32u);
+            for (int32_t b = 0; b < nb; b++) {
+                __m512i q[4];
+                kx5_q4_quads(row, b, q);
+                KX_UNROLL for (int j = 0; j < 4; j++)
+                {
+                    _mm512_store_si512(&cg[(size_t)b * 4u + (size_t)j], q[j]);
+                }
+                const __m512i dv = _mm512_i32gather_epi32(vidx, (const void *)(base + b), 1);
+                _mm256_storeu_si256((__m256i *)(void *)(dg + (size_t)b * 16u),
+                                    _mm512_cvtepi32_epi16(dv));
+            }
+        } else {
+            kx5_pack_q8((const int8_t *)w + (size_t)o0 * (size_t)n_in, n_in, nr, 0, nb, cg);
+            if (kind == COLIBRI_X86_PACK_Q8B) {
+                float *sg = (float *)(void *)(sc + (size_t)g * (size_t)nb * 64u);
+                for (int32_t b = 0; b < nb; b++) {
+                    for (int32_t r = 0; r < 16; r++) {
+                        sg[(size_t)b * 16u + (size_t)r] =
+                            scale[(size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb + (size_t)b];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* NT tokens (the first at x / sx / corr, strides nb * 32, nb, nb) over the nb blocks of one
+ * group; y at the group's first row, mask: the rows stored. */
+KX_INLINE KX512 void kxp_tile(const __m512i *cg, const void *sg, int32_t nb, const int8_t *x,
+                              const float *sx, const int32_t *corr, float *y, int32_t ldy,
+                              __mmask16 mask, const float *rscale, const int NT, const int MODE)
+{
+    __m512 acc[KX5_TILE];
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+    {
+        acc[t] = _mm512_setzero_ps();
+    }
+    kx5_blocks(cg, sg, nb, x, (size_t)nb * COLIBRI_QK8, sx, (size_t)nb, corr, (size_t)nb, NULL, acc,
+               NT, MODE);
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+    {
+        __m512 v = acc[t];
+        if (rscale != NULL) {
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, rscale));
+        }
+        _mm512_mask_storeu_ps(y + (size_t)t * (size_t)ldy, mask, v);
+    }
+}
+
+#define KXP_CASE(N, MODE)                                                                          \
+    case N:                                                                                        \
+        kxp_tile(cg, sg, nb, x, sx, corr, y, ldy, mask, rscale, N, MODE);                          \
+        break;
+#define KXP_TILE_FN(NAME, MODE)                                                                    \
+    static KX_NOINLINE KX512 void NAME(                                                            \
+        const __m512i *cg, const void *sg, int32_t nb, const int8_t *x, const float *sx,           \
+        const int32_t *corr, float *y, int32_t ldy, __mmask16 mask, const float *rscale, int nt)   \
+    {                                                                                              \
+        switch (nt) {                                                                              \
+            KXP_CASE(1, MODE)                                                                      \
+            KXP_CASE(2, MODE)                                                                      \
+            KXP_CASE(3, MODE)                                                                      \
+            KXP_CASE(4, MODE)                                                                      \
+            KXP_CASE(5, MODE)                                                                      \
+            KXP_CASE(6, MODE)                                                                      \
+            KXP_CASE(7, MODE)                                                                      \
+        default:                                                                                   \
+            kxp_tile(cg, sg, nb, x, sx, corr, y, ldy, mask, rscale, 8, MODE);                      \
+            break;                                                                                 \
+        }                                                                                          \
+    }
+
+KXP_TILE_FN(kxp_tile_q8, KX5_Q8)
+KXP_TILE_FN(kxp_tile_q8b, KX5_Q8B)
+KXP_TILE_FN(kxp_tile_q4, KX5_P4)
+
+static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const float *rscale,
+                                         int32_t n_out, int32_t n_in, int32_t r0, int32_t r1,
+                                         const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                                         int32_t n_tok)
+{
+    const int32_t nb = n_in / COLIBRI_QK8;
+    const size_t regs = kxp_regs(kind);
+    const size_t groups = (size_t)(n_out + 15) / 16u;
+    const __m512i *codes = (const __m512i *)packed;
+    const unsigned char *sc = (const unsigned char *)packed + groups * (size_t)nb * regs * 64u;
+    const int32_t mult = (kind == COLIBRI_X86_PACK_Q4) ? -8 : -128;
+    int32_t corr[KXP_CORR];
+    int32_t batch = KXP_CORR / nb; /* nb <= KXP_CORR: colibri_x86_packed_bytes */
+    if (batch > KX5_TILE) {
+        batch -= batch % KX5_TILE;
+    }
+    for (int32_t t0 = 0; t0 < n_tok; t0 += batch) {
+        const int32_t tn = (n_tok - t0 < batch) ? n_tok - t0 : batch;
+        for (int32_t t = 0; t < tn; t++) {
+            const int8_t *xt = xq + (size_t)(t0 + t) * (size_t)n_in;
+            int32_t *ct = corr + (size_t)t * (size_t)nb;
+            int32_t b = 0;
+            for (; b + 8 <= nb; b += 8) {
+                kx5_corr8(xt + (size_t)b * COLIBRI_QK8, mult, ct + b);
+            }
+            for (; b < nb; b++) {
+                ct[b] = kx5_corr1(xt + (size_t)b * COLIBRI_QK8, mult);
+            }
+        }
+        for (int32_t o0 = r0; o0 < r1; o0 += 16) {
+            const size_t g = (size_t)o0 / 16u;
+            const int32_t nr = (r1 - o0 < 16) ? r1 - o0 : 16;
+            const __mmask16 mask = (__mmask16)((1u << nr) - 1u);
+            const __m512i *cg = codes + g * (size_t)nb * regs;
+            const void *sg = sc + g * (size_t)nb * kxp_scale_bytes(kind);
+            for (int32_t tt = 0, nt = 0; tt < tn; tt += nt) {
+                nt = (tn - tt < KX5_TILE) ? tn - tt : KX5_TILE;
+                const size_t t = (size_t)(t0 + tt);
+                const int8_t *x = xq + t * (size_t)n_in;
+                const float *s = sx + t * (size_t)nb;
+                const int32_t *c = corr + (size_t)tt * (size_t)nb;
+                float *yt = y + t * (size_t)ldy + (size_t)(o0 - r0);
+                if (kind == COLIBRI_X86_PACK_Q8) {
+                    kxp_tile_q8(cg, sg, nb, x, s, c, yt, ldy, mask, rscale + (o0 - r0), nt);
+                } else if (kind == COLIBRI_X86_PACK_Q8B) {
+                    kxp_tile_q8b(cg, sg, nb, x, s, c, yt, ldy, mask, NULL, nt);
+                } else {
+                    kxp_tile_q4(cg, sg, nb, x, s, c, yt, ldy, mask, NULL, nt);
+                }
+            }
+        }
+    }
+}
 #endif
 
 /* -- the levels and the choice ------------------------------------------------------------- */
@@ -1993,6 +2200,61 @@ int32_t colibri_kernel_set_level(int32_t level)
 const char *colibri_kernel_level_name(int32_t level)
 {
     return (level >= 0 && level < 4) ? kx_names[level] : "unknown";
+}
+
+size_t colibri_x86_packed_bytes(int32_t kind, int32_t n_out, int32_t n_in)
+{
+#if defined(KX_HAVE_VNNI)
+    if (colibri_kernel_level() != COLIBRI_KERNEL_AVX512_VNNI || kind < COLIBRI_X86_PACK_Q8 ||
+        kind > COLIBRI_X86_PACK_Q4 || n_out < 16 || n_in <= 0 || n_in % COLIBRI_QK8 != 0 ||
+        n_in / COLIBRI_QK8 > KXP_CORR) {
+        return 0u;
+    }
+    const size_t blocks = (size_t)(n_out + 15) / 16u * (size_t)(n_in / COLIBRI_QK8);
+    return blocks * (kxp_regs(kind) * 64u + kxp_scale_bytes(kind));
+#else
+    (void)kind;
+    (void)n_out;
+    (void)n_in;
+    return 0u;
+#endif
+}
+
+void colibri_x86_pack(int32_t kind, const void *w, const float *scale, int32_t n_out, int32_t n_in,
+                      void *dst)
+{
+#if defined(KX_HAVE_VNNI)
+    kxp_pack(kind, w, scale, n_out, n_in, dst);
+#else
+    (void)kind;
+    (void)w;
+    (void)scale;
+    (void)n_out;
+    (void)n_in;
+    (void)dst;
+#endif
+}
+
+void colibri_x86_matmul_packed(int32_t kind, const void *packed, const float *rscale, int32_t n_out,
+                               int32_t n_in, int32_t r0, int32_t r1, const int8_t *xq,
+                               const float *sx, float *y, int32_t ldy, int32_t n_tok)
+{
+#if defined(KX_HAVE_VNNI)
+    kxp_matmul(kind, packed, rscale, n_out, n_in, r0, r1, xq, sx, y, ldy, n_tok);
+#else
+    (void)kind;
+    (void)packed;
+    (void)rscale;
+    (void)n_out;
+    (void)n_in;
+    (void)r0;
+    (void)r1;
+    (void)xq;
+    (void)sx;
+    (void)y;
+    (void)ldy;
+    (void)n_tok;
+#endif
 }
 
 #else

@@ -40,6 +40,28 @@ typedef struct {
 /** @brief The table of the level in use (chosen by CPUID on the first call; thread-safe). */
 const colibri_x86_kernels_t *colibri_x86_kernels(void);
 
+/** Packed matrices: a layout of a quantised matrix built once (when a model is loaded) for the
+ *  level's kernels, see kernels_x86.c. */
+enum { COLIBRI_X86_PACK_Q8 = 0, COLIBRI_X86_PACK_Q8B = 1, COLIBRI_X86_PACK_Q4 = 2 };
+
+/** @brief Bytes of the packed copy of an int8 (scale per row: PACK_Q8; per row and block:
+ *         PACK_Q8B) or int4 (PACK_Q4) matrix [n_out][n_in] for the level in use; 0 when the level
+ *         has no packed kernels (only AVX-512 VNNI has) or the shape does not pack (n_out < 16,
+ *         n_in not a multiple of 32). */
+size_t colibri_x86_packed_bytes(int32_t kind, int32_t n_out, int32_t n_in);
+
+/** @brief Write the packed copy of w (int8 codes or int4 blocks; scale: the PACK_Q8B block
+ *         scales, else unused) to dst: colibri_x86_packed_bytes of it, 64-byte aligned. */
+void colibri_x86_pack(int32_t kind, const void *w, const float *scale, int32_t n_out, int32_t n_in,
+                      void *dst);
+
+/** @brief Rows [r0, r1) (r0 a multiple of 16) of W x for n_tok int8 activation rows (xq / sx as
+ *         colibri_matmul_q8_q8's): output row t at y + t * ldy, y and rscale (PACK_Q8: the per-row
+ *         scales) at row r0. Every value has the bits colibri_matvec_* gives it. */
+void colibri_x86_matmul_packed(int32_t kind, const void *packed, const float *rscale, int32_t n_out,
+                               int32_t n_in, int32_t r0, int32_t r1, const int8_t *xq,
+                               const float *sx, float *y, int32_t ldy, int32_t n_tok);
+
 /** @brief In a public kernel of kernels_q.c: run the level's version when it has one. */
 #define COLIBRI_X86_KERNEL(name, args)                                                             \
     do {                                                                                           \

@@ -346,3 +346,79 @@ def test_int_matmuls_every_token_count(
             _same_bits(y[:, :n_out], want, f"{level} matmul {name} n_tok {n_tok}")
             assert (y[:, n_out:] == -7.0).all(), f"{level} matmul {name} wrote beyond n_out"
     kq.colibri_kernel_set_level(3)
+
+
+#: packed matrices (colibri_x86_pack, the AVX-512 VNNI level): n_out at and off 16 (a masked
+#: last group), n_in one block, a few, and more than one batch of corrections for 64 tokens
+PACKED_SHAPES = [(16, 32), (17, 96), (45, 160), (100, 1024), (33, 8192)]
+PACK_KINDS = {"q8 x q8": 0, "q8b x q8": 1, "q4 x q8": 2}
+
+
+@pytest.mark.parametrize("shape", PACKED_SHAPES)
+@pytest.mark.parametrize("extremes", [False, True])
+def test_packed_matrices_match_the_mirror(
+    kq: ctypes.CDLL, shape: tuple[int, int], extremes: bool
+) -> None:
+    """The packed layout whole models use on AVX-512 VNNI (lm_file.c packs every int8 / int4
+    matrix with int8 activations at init): packed once, then 1..9 and 64 tokens, the rows
+    split at every multiple of 16 as the threads split them (two calls), bit for bit with the
+    mirror; extremes: int8 weights and codes all -128 / 127, int4 nibbles 0 / 15."""
+    kq.colibri_x86_packed_bytes.restype = ctypes.c_size_t
+    if kq.colibri_kernel_set_level(LEVELS["avx512vnni"]) != LEVELS["avx512vnni"]:
+        assert kq.colibri_x86_packed_bytes(0, 16, 32) == 0, "packed kernels below AVX-512 VNNI"
+        pytest.skip("this CPU has no avx512vnni (or the host is not x86-64): nothing is packed")
+    n_out, n_in = shape
+    nb = q8_blocks(n_in)
+    rng = np.random.default_rng(n_out * 17 + n_in + int(extremes))
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    q, s = quantize_int8_per_channel(w)
+    qb = quantize_matrix(w, "int8", blocks=True)
+    assert qb.scale is not None
+    qbd, sb = np.ascontiguousarray(qb.data), np.ascontiguousarray(qb.scale)
+    q4 = np.ascontiguousarray(quantize_int4_blocks(w))
+    xq, sx = quantize_rows_q8(rng.standard_normal((64, n_in)).astype(np.float32))
+    if extremes:
+        xq = rng.choice(np.array([-128, 127], np.int8), size=xq.shape)
+        q = rng.choice(np.array([-128, 127], np.int8), size=q.shape)
+        qbd = rng.choice(np.array([-128, 127], np.int8), size=qbd.shape)
+        q4["qs"] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), size=q4["qs"].shape)
+    xq, sx = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+    mats = {"q8 x q8": (q, s), "q8b x q8": (qbd, sb), "q4 x q8": (q4, s)}
+    ldy = n_out + 5
+    for name, kind in PACK_KINDS.items():
+        wq, sc = mats[name]
+        size = kq.colibri_x86_packed_bytes(kind, n_out, n_in)
+        groups = (n_out + 15) // 16
+        per_block = {0: 512, 1: 512 + 64, 2: 256 + 32}[kind]
+        assert size == groups * nb * per_block, name
+        raw = np.zeros(size + 64, np.uint8)
+        packed = raw[(-raw.ctypes.data) % 64 :][:size]  # 64-byte aligned
+        kq.colibri_x86_pack(kind, _p(wq), _p(sc), n_out, n_in, _p(packed))
+        for n_tok in [*range(1, 10), 64]:
+            if name == "q8 x q8":
+                want = matvec_q8_q8(q, s, xq[:n_tok], sx[:n_tok])
+            elif name == "q8b x q8":
+                want = matvec_q8b_q8(qbd, sb, xq[:n_tok], sx[:n_tok])
+            else:
+                want = matvec_q4_q8(q4, xq[:n_tok], sx[:n_tok], n_in)
+            for split in range(0, n_out, 16):
+                y = np.full((n_tok, ldy), np.nan, np.float32)
+                for r0, r1 in ((0, split), (split, n_out)):
+                    kq.colibri_x86_matmul_packed(
+                        kind,
+                        _p(packed),
+                        _p(s, 4 * r0),
+                        n_out,
+                        n_in,
+                        r0,
+                        r1,
+                        _p(xq),
+                        _p(sx),
+                        _p(y, 4 * r0),
+                        ldy,
+                        n_tok,
+                    )
+                _same_bits(y[:, :n_out], want, f"packed {name} {n_tok} tokens, split {split}")
+                assert np.isnan(y[:, n_out:]).all(), f"packed {name}: wrote past n_out"
+    assert kq.colibri_x86_packed_bytes(0, 15, 32) == 0  # fewer than 16 rows: not packed
+    assert kq.colibri_x86_packed_bytes(0, 16, 40) == 0  # a partial block: not packed

@@ -7,6 +7,7 @@ Every job is split, however small (COLIBRI_LM_PAR_MIN_WORK=0). No timing is asse
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,44 @@ def test_runner_under_sanitizers(
         if want_logits:
             assert out.logits is not None
             _assert_same(out.logits, ref_logits, f"{sanitizer}: runner prompt logits")
+
+
+def _has_avx512_vnni() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4", "int8-dense-int8"])
+def test_packed_matrices_same_bits(
+    models: dict[str, MoETransformer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    scheme: str,
+) -> None:
+    """On x86-64 with AVX-512 VNNI colibri_lm_init repacks every int8 / int4 matrix that runs
+    with int8 activations (experts, attention, dense MLP, LM head) for the packed kernels
+    (lm_file.c lm_pack); COLIBRI_LM_PACK=0 keeps the row-major kernels. Logits and tokens are the
+    same bits either way: token loop, batched prefill, 1-3 threads; both architectures."""
+    packs = _has_avx512_vnni() and "COLIBRI_X86_LEVEL" not in os.environ
+    for arch, model in models.items():
+        clb = _container(model, scheme, tmp_path / f"{arch}.clb")
+        monkeypatch.setenv("COLIBRI_LM_PACK", "0")
+        with LM(clb) as lm:
+            assert lm.packed_bytes == 0
+            ref, ref_ids = lm.generate(PROMPT, N_NEW)
+        monkeypatch.delenv("COLIBRI_LM_PACK")
+        for threads, batch in ((1, 0), (2, 8), (3, 5)):
+            with LM(clb, threads=threads, prefill_batch=batch) as lm:
+                if packs:
+                    assert lm.packed_bytes > 0, f"{arch} {scheme}: nothing packed"
+                else:
+                    assert lm.packed_bytes == 0
+                got, ids = lm.generate(PROMPT, N_NEW)
+                last = lm.prefill(PROMPT)
+            what = f"{arch} {scheme}: packed, {threads} threads, prefill batch {batch}"
+            _assert_same(got, ref, what)
+            _assert_same(last, ref[len(PROMPT) - 1], what + ", prefill")
+            assert ids == ref_ids, what

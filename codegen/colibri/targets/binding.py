@@ -135,6 +135,7 @@ class _LMInfo(ctypes.Structure):
         ("max_context", ctypes.c_int32),
         ("arena_bytes", ctypes.c_size_t),
         ("weight_bytes", ctypes.c_size_t),
+        ("packed_bytes", ctypes.c_size_t),
     ]
 
 
@@ -398,6 +399,8 @@ class LM(_Handle):
         self.vocab_size, self.d_model = info.vocab_size, info.d_model
         self.n_layers, self.max_context = info.n_layers, info.max_context
         self.arena_bytes = int(info.arena_bytes)
+        #: bytes of the matrices repacked at init for the CPU's kernels (0: none)
+        self.packed_bytes = int(info.packed_bytes)
 
     def forward(self, token: int, pos: int) -> np.ndarray:
         """The next-token logits [vocab] (a copy) after `token` at position `pos`."""
