@@ -31,21 +31,21 @@ static inline char *fmt_u32(char *buf, uint32_t v)
 /** @brief Print "colibri: <a><num><b>" on the console. */
 static inline void say(const char *a, uint32_t num, const char *b)
 {
-    char line[160];
+    char line[168]; /* 9 + 70 + 10 + 70 + 2 */
     char *p = line;
     const char *parts[2] = {"colibri: ", a};
     for (int i = 0; i < 2; ++i) {
         size_t len = strlen(parts[i]);
-        if (len > 60u) {
-            len = 60u;
+        if (len > 70u) {
+            len = 70u;
         }
         memcpy(p, parts[i], len);
         p += len;
     }
     p = fmt_u32(p, num);
     size_t blen = strlen(b);
-    if (blen > 80u) {
-        blen = 80u;
+    if (blen > 70u) {
+        blen = 70u;
     }
     memcpy(p, b, blen);
     p[blen] = '\n';

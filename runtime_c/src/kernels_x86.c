@@ -35,6 +35,11 @@
  * weights repacked once per 32 blocks for all the tokens, tiles of 1..8 tokens, see kx5_matmul;
  * fewer than 4 tokens run the 512-bit matvec token by token);
  * per token the same float steps as the matvec, so the same bits.
+ *
+ * Packed matrices (AVX-512 VNNI; kernels_x86.h colibri_x86_pack / colibri_x86_matmul_packed):
+ * whole models (lm_file.c) copy their int8 / int4 matrices once at load into kx5_matmul's
+ * sixteen-rows-per-register layout, so one token's matvec streams one contiguous run per matrix
+ * with no horizontal reductions and no repacking; see kxp_matmul.
  */
 #include "kernels_x86.h"
 

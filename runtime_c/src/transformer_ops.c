@@ -87,13 +87,12 @@ colibri_status colibri_attention_f32(const colibri_attention_shape_t *shape, int
         const float *qh = q + (size_t)h * (size_t)hd;
         const size_t base = (size_t)(h / group) * (size_t)ctx;
         float max = -INFINITY;
+        /* q . k_t for every t: each a sum in ascending i from 0.0f (colibri_matvec_f32's bits on
+         * every kernel path), the positions side by side in SIMD lanes where the CPU has them */
+        colibri_matvec_f32(k_cache + (base + (size_t)first) * (size_t)hd, qh, scores + first,
+                           pos - first + 1, hd);
         for (int32_t t = first; t <= pos; t++) {
-            const float *kt = k_cache + (base + (size_t)t) * (size_t)hd;
-            float acc = 0.0f;
-            for (int32_t i = 0; i < hd; i++) {
-                acc += qh[i] * kt[i];
-            }
-            scores[t] = acc * scale;
+            scores[t] = scores[t] * scale;
             max = scores[t] > max ? scores[t] : max;
         }
         float sum = 0.0f;
