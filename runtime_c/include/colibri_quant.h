@@ -140,6 +140,13 @@ void colibri_matvec_q8b_f32(const int8_t *q, const float *scale, const float *x,
  *         product of colibri_linear_f32 without its bias. */
 void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out, int32_t n_in);
 
+/** @brief h[j] = colibri_silu(h[j]) * g[j] for j < n (SwiGLU's mix), the bits of the scalar
+ *         colibri_math.h functions on every kernel path. */
+void colibri_silu_mul_f32(float *h, const float *g, size_t n);
+
+/** @brief y[i] = y[i] + a * x[i] for i < n (a multiply, then an add: no FMA). */
+void colibri_axpy_f32(float *y, float a, const float *x, int32_t n);
+
 /*
  * Multi-token kernels (batched prefill, tokens grouped by expert): n_tok activation rows at once,
  * the weights read once per group of tokens (rows are taken in chunks of a few KB that stay in

@@ -15,6 +15,7 @@
  * aarch64), each bit-identical to the portable C (the same float operations in the same order per
  * row); a signalling-NaN fp16 converts to a quiet NaN there (the portable code keeps its bits).
  */
+#include "colibri_math.h"
 #include "colibri_quant.h"
 #include "kernels_x86.h"
 
@@ -497,6 +498,22 @@ void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out,
             acc += row[i] * x[i];
         }
         y[o] = acc;
+    }
+}
+
+void colibri_silu_mul_f32(float *h, const float *g, size_t n)
+{
+    COLIBRI_X86_KERNEL(silu_mul_f32, (h, g, n));
+    for (size_t j = 0; j < n; ++j) {
+        h[j] = colibri_silu(h[j]) * g[j];
+    }
+}
+
+void colibri_axpy_f32(float *y, float a, const float *x, int32_t n)
+{
+    COLIBRI_X86_KERNEL(axpy_f32, (y, a, x, n));
+    for (int32_t i = 0; i < n; i++) {
+        y[i] += a * x[i];
     }
 }
 

@@ -43,6 +43,7 @@
  */
 #include "kernels_x86.h"
 
+#include "colibri_math.h"
 #include "colibri_quant.h"
 
 #include <stddef.h>
@@ -183,6 +184,63 @@ KX_INLINE void kx_prefetch(uintptr_t p, int n)
 #define KX_SCALAR_F16(v) colibri_f16_to_f32(v)
 
 KX_FLOAT_MATVEC(kx_matvec_f32_avx2, KX_AVX2, float, KX_LOAD_F32, KX_SCALAR_F32)
+
+/* colibri_expf (colibri_math.h) on eight lanes, operation for operation: the same bits. */
+KX_INLINE KX_AVX2 __m256 kx_expf8(__m256 x)
+{
+    const __m256 t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(COLIBRI_EXP_LOG2E)),
+                                   _mm256_set1_ps(COLIBRI_EXP_ROUND));
+    const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(COLIBRI_EXP_ROUND));
+    const __m256 r =
+        _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(COLIBRI_EXP_LN2_HI))),
+                      _mm256_mul_ps(n, _mm256_set1_ps(COLIBRI_EXP_LN2_LO)));
+    const __m256 z = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_set1_ps(COLIBRI_EXP_P0);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(COLIBRI_EXP_P1));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(COLIBRI_EXP_P2));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(COLIBRI_EXP_P3));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(COLIBRI_EXP_P4));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(COLIBRI_EXP_P5));
+    const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), _mm256_set1_ps(1.0f));
+    const __m256 top = _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_GT_OQ);
+    /* bits - top + (127 - ROUND_BITS), shifted: top is all ones (-1) where n > 127 */
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_castps_si256(top)),
+                         _mm256_set1_epi32((int32_t)(127u - COLIBRI_EXP_ROUND_BITS))),
+        23);
+    const __m256 ys = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    __m256 e = _mm256_blendv_ps(ys, _mm256_mul_ps(ys, _mm256_set1_ps(2.0f)), top);
+    e = _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(COLIBRI_EXP_MAX), _CMP_GT_OQ));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(COLIBRI_EXP_MIN), _CMP_LT_OQ), e);
+}
+
+static KX_AVX2 void kx_silu_mul_f32_avx2(float *h, const float *g, size_t n)
+{
+    size_t j = 0;
+    for (; j + 8u <= n; j += 8u) {
+        const __m256 v = _mm256_loadu_ps(h + j);
+        const __m256 e = kx_expf8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        const __m256 s = _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(h + j, _mm256_mul_ps(s, _mm256_loadu_ps(g + j)));
+    }
+    for (; j < n; ++j) {
+        h[j] = colibri_silu(h[j]) * g[j];
+    }
+}
+
+static KX_AVX2 void kx_axpy_f32_avx2(float *y, float a, const float *x, int32_t n)
+{
+    const __m256 av = _mm256_set1_ps(a);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i),
+                                              _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
+    }
+    for (; i < n; i++) {
+        y[i] += a * x[i];
+    }
+}
 KX_FLOAT_MATVEC(kx_matvec_f16_f32_avx2, KX_AVX2, uint16_t, KX_LOAD_F16, KX_SCALAR_F16)
 
 /* -- int8 weights x int8 activations ------------------------------------------------------- */
@@ -1729,6 +1787,10 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
     }
 }
 
+#define KX5_CASE(N, MODE)                                                                          \
+    case N:                                                                                        \
+        kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, N, MODE);       \
+        break;
 #define KX5_TILE_FN(NAME, MODE)                                                                    \
     static KX_NOINLINE KX512 void NAME(const __m512i *wbuf, const __m512 *sbuf, int32_t b0,        \
                                        int32_t b1, int32_t n_in, const int8_t *x, const float *sx, \
@@ -1736,27 +1798,13 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
                                        const float *rscale, kx5_pf *pf, int nt)                    \
     {                                                                                              \
         switch (nt) {                                                                              \
-        case 1:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 1, MODE);   \
-            break;                                                                                 \
-        case 2:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 2, MODE);   \
-            break;                                                                                 \
-        case 3:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 3, MODE);   \
-            break;                                                                                 \
-        case 4:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 4, MODE);   \
-            break;                                                                                 \
-        case 5:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 5, MODE);   \
-            break;                                                                                 \
-        case 6:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 6, MODE);   \
-            break;                                                                                 \
-        case 7:                                                                                    \
-            kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 7, MODE);   \
-            break;                                                                                 \
+            KX5_CASE(1, MODE)                                                                      \
+            KX5_CASE(2, MODE)                                                                      \
+            KX5_CASE(3, MODE)                                                                      \
+            KX5_CASE(4, MODE)                                                                      \
+            KX5_CASE(5, MODE)                                                                      \
+            KX5_CASE(6, MODE)                                                                      \
+            KX5_CASE(7, MODE)                                                                      \
         default:                                                                                   \
             kx5_tile(wbuf, sbuf, b0, b1, n_in, x, sx, y, ldy, mask, first, rscale, pf, 8, MODE);   \
             break;                                                                                 \
@@ -2069,19 +2117,22 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
 /* -- the levels and the choice ------------------------------------------------------------- */
 
 static const colibri_x86_kernels_t kx_levels[4] = {
-    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     [COLIBRI_KERNEL_AVX2] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2, kx_matvec_q8_q8_avx2,
                              kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2, kx_matmul_q8_q8_avx2,
-                             kx_matmul_q8b_q8_avx2, kx_matmul_q4_q8_avx2},
+                             kx_matmul_q8b_q8_avx2, kx_matmul_q4_q8_avx2, kx_silu_mul_f32_avx2,
+                             kx_axpy_f32_avx2},
 #if defined(KX_HAVE_VNNI)
     [COLIBRI_KERNEL_AVX_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                  kx_matvec_q8_q8_avxvnni, kx_matvec_q8b_q8_avxvnni,
                                  kx_matvec_q4_q8_avxvnni, kx_matmul_q8_q8_avxvnni,
-                                 kx_matmul_q8b_q8_avxvnni, kx_matmul_q4_q8_avxvnni},
+                                 kx_matmul_q8b_q8_avxvnni, kx_matmul_q4_q8_avxvnni,
+                                 kx_silu_mul_f32_avx2, kx_axpy_f32_avx2},
     [COLIBRI_KERNEL_AVX512_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                     kx_matvec_q8_q8_avx512z, kx_matvec_q8b_q8_avx512z,
                                     kx_matvec_q4_q8_avx512z, kx_matmul_q8_q8_avx512,
-                                    kx_matmul_q8b_q8_avx512, kx_matmul_q4_q8_avx512},
+                                    kx_matmul_q8b_q8_avx512, kx_matmul_q4_q8_avx512,
+                                    kx_silu_mul_f32_avx2, kx_axpy_f32_avx2},
 #endif
 };
 

@@ -1257,15 +1257,27 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
 }
 
-/* Spin until *gen != seen (wait_gen) or *pending == 0 (!wait_gen), at most LM_SPIN_NS; 1 if
- * the condition came true while spinning (the caller then takes the mutex without waiting). */
-static int pool_spin(lm_pool *pool, int wait_gen, uint64_t seen)
+/* A new job was posted (or the pool stops) since generation `seen`: a worker's wait. */
+static int job_posted(lm_pool *pool, uint64_t seen)
+{
+    return atomic_load_explicit(&pool->gen, memory_order_acquire) != seen ||
+           atomic_load_explicit(&pool->stop, memory_order_relaxed) != 0;
+}
+
+/* Every worker finished the current job: the caller's wait. */
+static int jobs_done(lm_pool *pool, uint64_t seen)
+{
+    (void)seen;
+    return atomic_load_explicit(&pool->pending, memory_order_acquire) == 0;
+}
+
+/* Spin until ready(pool, seen), at most LM_SPIN_NS; 1 if it came true while spinning (the
+ * caller then takes the mutex without waiting). */
+static int pool_spin(lm_pool *pool, int (*ready)(lm_pool *, uint64_t), uint64_t seen)
 {
     int64_t start = -1;
     for (int32_t i = 1;; i++) {
-        if (wait_gen ? (atomic_load_explicit(&pool->gen, memory_order_acquire) != seen ||
-                        atomic_load_explicit(&pool->stop, memory_order_relaxed) != 0)
-                     : atomic_load_explicit(&pool->pending, memory_order_acquire) == 0) {
+        if (ready(pool, seen)) {
             return 1;
         }
         if (i > LM_SPIN_YIELD) {
@@ -1290,10 +1302,10 @@ static void *lm_worker(void *p)
     const int32_t tid = ((lm_worker_arg *)p)->tid;
     uint64_t seen = 0;
     for (;;) {
-        (void)pool_spin(pool, 1, seen);
+        (void)pool_spin(pool, job_posted, seen);
         pthread_mutex_lock(&pool->mu);
         while (!pool->stop && pool->gen == seen) {
-            pthread_cond_wait(&pool->wake, &pool->mu); /* idle: blocked, no spinning */
+            pthread_cond_wait(&pool->wake, &pool->mu); /* idle past the spin: blocked */
         }
         if (pool->stop) {
             break;
@@ -1410,7 +1422,7 @@ static colibri_status lm_run(colibri_lm_t *lm, lm_job_fn fn, void *arg)
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mu);
         colibri_status st = fn(lm, arg, 0, pool->n_workers + 1);
-        (void)pool_spin(pool, 0, 0);
+        (void)pool_spin(pool, jobs_done, 0);
         pthread_mutex_lock(&pool->mu);
         while (pool->pending > 0) {
             pthread_cond_wait(&pool->done, &pool->mu);
@@ -1952,12 +1964,6 @@ static colibri_status lm_linear(colibri_lm_t *lm, int32_t n_mats, const lm_mat *
 }
 
 /* hh[j] = silu(hh[j]) * g[j] over n values. */
-static void swiglu_mix(float *hh, const float *g, size_t n)
-{
-    for (size_t j = 0; j < n; ++j) {
-        hh[j] = colibri_silu(hh[j]) * g[j];
-    }
-}
 
 /* SwiGLU of n rows with w1 / w2 / w3 [out][in] in any scheme (fp32: colibri_swiglu_f32's
  * operations; else the generated <name>_ffn_<scheme>_<act>_f<d_ff> kernel), on the calling
@@ -1973,7 +1979,7 @@ static void ffn_rows(const lm_mat *w, int32_t act, const float *x, float *y, int
     }
     mat_rows(&w[0], act, NULL, x, xq, sx, hh, f, 0, f, n);
     mat_rows(&w[2], act, NULL, x, xq, sx, g, f, 0, f, n);
-    swiglu_mix(hh, g, (size_t)n * (size_t)f);
+    colibri_silu_mul_f32(hh, g, (size_t)n * (size_t)f);
     if (act == 1) {
         quantize_rows(hh, xq, sx, f, n);
     }
@@ -2008,7 +2014,7 @@ static colibri_status lm_dense_ffn(colibri_lm_t *lm, const lm_layer *ly, const f
     if (st != COLIBRI_OK) {
         return st;
     }
-    swiglu_mix(hh, g, (size_t)n * (size_t)f);
+    colibri_silu_mul_f32(hh, g, (size_t)n * (size_t)f);
     if (act == 1) {
         quantize_rows(hh, lm->xq, lm->sxq, f, n);
     }

@@ -105,11 +105,7 @@ colibri_status colibri_attention_f32(const colibri_attention_shape_t *shape, int
             oh[i] = 0.0f;
         }
         for (int32_t t = first; t <= pos; t++) {
-            const float p = scores[t] / sum;
-            const float *vt = v_cache + (base + (size_t)t) * (size_t)hd;
-            for (int32_t i = 0; i < hd; i++) {
-                oh[i] += p * vt[i];
-            }
+            colibri_axpy_f32(oh, scores[t] / sum, v_cache + (base + (size_t)t) * (size_t)hd, hd);
         }
     }
     return COLIBRI_OK;

@@ -422,3 +422,41 @@ def test_packed_matrices_match_the_mirror(
                 assert np.isnan(y[:, n_out:]).all(), f"packed {name}: wrote past n_out"
     assert kq.colibri_x86_packed_bytes(0, 15, 32) == 0  # fewer than 16 rows: not packed
     assert kq.colibri_x86_packed_bytes(0, 16, 40) == 0  # a partial block: not packed
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_elementwise_match_the_base(kq: ctypes.CDLL, level: str) -> None:
+    """colibri_silu_mul_f32 (SwiGLU's mix, colibri_expf inside) and colibri_axpy_f32 (the
+    attention's weighted sum of values): every level the same bits as the base level's scalar
+    code, over lengths off the SIMD width and inputs across colibri_expf's branches (below
+    -87, above ln FLT_MAX, where 2^n overflows, infinities, NaN)."""
+    kq.colibri_axpy_f32.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_int32,
+    ]
+    kq.colibri_silu_mul_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    rng = np.random.default_rng(5)
+    edges = np.array(
+        [0.0, -0.0, 87.0, -87.0, 87.5, -88.72, -88.73, -88.7228394, 88.7228394, 200.0, -200.0,
+         1e-30, -1e-30, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1.0, -1.0],
+        np.float32,
+    )  # fmt: skip
+    for n in (1, 7, 8, 9, 64, 1000, 2816):
+        h0 = (rng.standard_normal(n) * rng.choice([1.0, 10.0, 100.0], n)).astype(np.float32)
+        h0[: min(n, edges.size)] = edges[: min(n, edges.size)]
+        g = rng.standard_normal(n).astype(np.float32)
+        x = rng.standard_normal(n).astype(np.float32)
+        y0 = rng.standard_normal(n).astype(np.float32)
+        out = {}
+        for lv in ("base", level):
+            if kq.colibri_kernel_set_level(LEVELS[lv]) != LEVELS[lv]:
+                pytest.skip(f"this CPU has no {lv} (or the host is not x86-64)")
+            h, y = h0.copy(), y0.copy()
+            kq.colibri_silu_mul_f32(_p(h), _p(g), n)
+            kq.colibri_axpy_f32(_p(y), 0.37, _p(x), n)
+            out[lv] = (h, y)
+        _same_bits(out[level][0], out["base"][0], f"{level} silu_mul n={n}")
+        _same_bits(out[level][1], out["base"][1], f"{level} axpy n={n}")
+    kq.colibri_kernel_set_level(3)
