@@ -1739,6 +1739,21 @@ KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk,
     }
 }
 
+/* The NT accumulators to rows y + t * ldy (the mask's lanes), times rscale (int8: the per-row
+ * scales) when not NULL. */
+KX_INLINE KX512 void kx5_store(const __m512 acc[], float *y, int32_t ldy, __mmask16 mask,
+                               const float *rscale, const int NT)
+{
+    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+    {
+        __m512 v = acc[t];
+        if (rscale != NULL) {
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, rscale));
+        }
+        _mm512_mask_storeu_ps(y + (size_t)t * (size_t)ldy, mask, v);
+    }
+}
+
 /* One tile of NT tokens over the repacked blocks [b0, b1) of sixteen rows: x / sx / y at the
  * tile's first token, y at the group's first row; mask: the rows stored. */
 KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b0, int32_t b1,
@@ -1777,14 +1792,7 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
         kx5_blocks(wbuf + (size_t)(bf - b0) * 8u, sbuf + (bf - b0), 1, &xpad[0][0], COLIBRI_QK8,
                    sx + bf, (size_t)nb, corr + (bf - b0), KX5_BCH, NULL, acc, NT, MODE);
     }
-    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
-    {
-        __m512 v = acc[t];
-        if (rscale != NULL) {
-            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, rscale));
-        }
-        _mm512_mask_storeu_ps(y + (size_t)t * (size_t)ldy, mask, v);
-    }
+    kx5_store(acc, y, ldy, mask, rscale, NT);
 }
 
 #define KX5_CASE(N, MODE)                                                                          \
@@ -2022,14 +2030,7 @@ KX_INLINE KX512 void kxp_tile(const __m512i *cg, const void *sg, int32_t nb, con
     }
     kx5_blocks(cg, sg, nb, x, (size_t)nb * COLIBRI_QK8, sx, (size_t)nb, corr, (size_t)nb, NULL, acc,
                NT, MODE);
-    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
-    {
-        __m512 v = acc[t];
-        if (rscale != NULL) {
-            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, rscale));
-        }
-        _mm512_mask_storeu_ps(y + (size_t)t * (size_t)ldy, mask, v);
-    }
+    kx5_store(acc, y, ldy, mask, rscale, NT);
 }
 
 #define KXP_CASE(N, MODE)                                                                          \

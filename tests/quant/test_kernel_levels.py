@@ -297,6 +297,24 @@ def test_int_matvecs_extreme_codes(kq: ctypes.CDLL, level: str, shape: tuple[int
     kq.colibri_kernel_set_level(3)
 
 
+def _int_mats(
+    rng: np.random.Generator, w: np.ndarray, xq: np.ndarray, sx: np.ndarray, extremes: bool
+) -> tuple[np.ndarray, ...]:
+    """w quantised three ways (int8 per row: q, s; int8 per block: qbd, sb; int4: q4) and the
+    activation rows; extremes: int8 weights and codes all -128 / 127, int4 nibbles 0 / 15."""
+    q, s = quantize_int8_per_channel(w)
+    qb = quantize_matrix(w, "int8", blocks=True)
+    assert qb.scale is not None
+    qbd, sb = np.ascontiguousarray(qb.data), np.ascontiguousarray(qb.scale)
+    q4 = np.ascontiguousarray(quantize_int4_blocks(w))
+    if extremes:
+        xq = rng.choice(np.array([-128, 127], np.int8), size=xq.shape)
+        q = rng.choice(np.array([-128, 127], np.int8), size=q.shape)
+        qbd = rng.choice(np.array([-128, 127], np.int8), size=qbd.shape)
+        q4["qs"] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), size=q4["qs"].shape)
+    return q, s, qbd, sb, q4, np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+
+
 #: multi-token int kernels (the AVX-512 VNNI level: sixteen rows per register, weights repacked
 #: 32 blocks at a time, token tiles of 1..8): n_out below, at and off 16 (the masked last group),
 #: n_in with a partial last block and more than one range of 32 blocks
@@ -319,17 +337,7 @@ def test_int_matmuls_every_token_count(
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     x = rng.standard_normal((n_max, n_in)).astype(np.float32)
     xq, sx = quantize_rows_q8(x)
-    q, s = quantize_int8_per_channel(w)
-    qb = quantize_matrix(w, "int8", blocks=True)
-    assert qb.scale is not None
-    qbd, sb = np.ascontiguousarray(qb.data), np.ascontiguousarray(qb.scale)
-    q4 = np.ascontiguousarray(quantize_int4_blocks(w))
-    if extremes:
-        xq = rng.choice(np.array([-128, 127], np.int8), size=xq.shape)
-        q = rng.choice(np.array([-128, 127], np.int8), size=q.shape)
-        qbd = rng.choice(np.array([-128, 127], np.int8), size=qbd.shape)
-        q4["qs"] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), size=q4["qs"].shape)
-    xq, sx = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+    q, s, qbd, sb, q4, xq, sx = _int_mats(rng, w, xq, sx, extremes)
     ldy = n_out + 3
     for n_tok in range(1, n_max + 1):
         cases = [
@@ -371,18 +379,8 @@ def test_packed_matrices_match_the_mirror(
     nb = q8_blocks(n_in)
     rng = np.random.default_rng(n_out * 17 + n_in + int(extremes))
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
-    q, s = quantize_int8_per_channel(w)
-    qb = quantize_matrix(w, "int8", blocks=True)
-    assert qb.scale is not None
-    qbd, sb = np.ascontiguousarray(qb.data), np.ascontiguousarray(qb.scale)
-    q4 = np.ascontiguousarray(quantize_int4_blocks(w))
     xq, sx = quantize_rows_q8(rng.standard_normal((64, n_in)).astype(np.float32))
-    if extremes:
-        xq = rng.choice(np.array([-128, 127], np.int8), size=xq.shape)
-        q = rng.choice(np.array([-128, 127], np.int8), size=q.shape)
-        qbd = rng.choice(np.array([-128, 127], np.int8), size=qbd.shape)
-        q4["qs"] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), size=q4["qs"].shape)
-    xq, sx = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+    q, s, qbd, sb, q4, xq, sx = _int_mats(rng, w, xq, sx, extremes)
     mats = {"q8 x q8": (q, s), "q8b x q8": (qbd, sb), "q4 x q8": (q4, s)}
     ldy = n_out + 5
     for name, kind in PACK_KINDS.items():

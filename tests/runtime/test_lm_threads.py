@@ -97,6 +97,26 @@ def _prefilled(clb: Path, threads: int, batch: int, **kw: Any) -> tuple[np.ndarr
         return last, out
 
 
+def _generate_same(
+    clb: Path,
+    prompt: list[int],
+    threads: int,
+    batch: int,
+    ref: tuple[np.ndarray, list[int]],
+    what: str,
+) -> int:
+    """Greedy generation and a batched prefill at (threads, batch) give ref's logits and tokens
+    bit for bit; returns the handle's packed bytes."""
+    with LM(clb, threads=threads, prefill_batch=batch) as lm:
+        got, ids = lm.generate(prompt, N_NEW)
+        last = lm.prefill(prompt)
+        packed = lm.packed_bytes
+    _assert_same(got, ref[0], what)
+    _assert_same(last, ref[0][len(prompt) - 1], what + ", prefill")
+    assert ids == ref[1], what
+    return packed
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("arch", OVERRIDES)
 def test_threads_and_prefill_bit_identical(
@@ -129,13 +149,8 @@ def test_attention_split_over_kv_heads(tmp_path: Path, case: int) -> None:
     with LM(clb) as lm:
         ref, ref_ids = lm.generate(prompt, N_NEW)
     for threads, batch in ((3, 0), (3, 1), (2, 5)):
-        with LM(clb, threads=threads, prefill_batch=batch) as lm:
-            got, ids = lm.generate(prompt, N_NEW)
-            last = lm.prefill(prompt)
         what = f"{arch} case {case}: {threads} threads, prefill batch {batch}"
-        _assert_same(got, ref, what)
-        _assert_same(last, ref[len(prompt) - 1], what + ", prefill")
-        assert ids == ref_ids, what
+        _generate_same(clb, prompt, threads, batch, (ref, ref_ids), what)
 
 
 def test_prefill_with_ram_budget_and_continuation(
@@ -315,14 +330,6 @@ def test_packed_matrices_same_bits(
             ref, ref_ids = lm.generate(PROMPT, N_NEW)
         monkeypatch.delenv("COLIBRI_LM_PACK")
         for threads, batch in ((1, 0), (2, 8), (3, 5)):
-            with LM(clb, threads=threads, prefill_batch=batch) as lm:
-                if packs:
-                    assert lm.packed_bytes > 0, f"{arch} {scheme}: nothing packed"
-                else:
-                    assert lm.packed_bytes == 0
-                got, ids = lm.generate(PROMPT, N_NEW)
-                last = lm.prefill(PROMPT)
             what = f"{arch} {scheme}: packed, {threads} threads, prefill batch {batch}"
-            _assert_same(got, ref, what)
-            _assert_same(last, ref[len(PROMPT) - 1], what + ", prefill")
-            assert ids == ref_ids, what
+            packed = _generate_same(clb, PROMPT, threads, batch, (ref, ref_ids), what)
+            assert (packed > 0) == packs, f"{what}: {packed} bytes packed"
