@@ -1490,7 +1490,7 @@ KX_Q4_MATMUL(kx_matmul_q4_q8_avxvnni, KX_AVXVNNI, kx_q4_mm_tile_avxvnni, kx_matv
 #define KX5_PF 512u
 #define KX512 KX_AVX512VNNI
 
-enum { KX5_Q8 = 0, KX5_Q8B = 1, KX5_Q4 = 2, KX5_P4 = 3 };
+enum { KX5_Q8 = 0, KX5_Q8B = 1, KX5_Q4 = 2, KX5_P8B = 3, KX5_P4 = 4 };
 
 /* The weights the next pack will read (sixteen rows of len bytes, stride apart, from p),
  * prefetched while the tiles compute: `per` lines a block step, spread over all the token tiles,
@@ -1565,15 +1565,16 @@ KX_INLINE KX512 void kx5_pack_q8_block(const int8_t *p, size_t rs, __m512i *dst)
     }
 }
 
-/* int8 rows (nr of them at q, stride n_in; the others row 0 again), blocks [b0, b1). */
+/* int8 rows (nr of them at q, stride n_in; the others row 0 again), blocks [b0, b1): block b's
+ * eight registers at wbuf + (b - b0) * stride. */
 static KX_NOINLINE KX512 void kx5_pack_q8(const int8_t *q, int32_t n_in, int32_t nr, int32_t b0,
-                                          int32_t b1, __m512i *wbuf)
+                                          int32_t b1, __m512i *wbuf, size_t stride)
 {
     const int32_t full = n_in / COLIBRI_QK8;
     const size_t rs = (size_t)n_in;
     for (int32_t b = b0; b < b1; b++) {
         const size_t off = (size_t)b * COLIBRI_QK8;
-        __m512i *dst = &wbuf[(size_t)(b - b0) * 8u];
+        __m512i *dst = &wbuf[(size_t)(b - b0) * stride];
         if ((b & 1) == 0) { /* sixteen streams from memory: each a line KX5_PF bytes ahead */
             KX_UNROLL for (int r = 0; r < 16; r++)
             {
@@ -1687,9 +1688,11 @@ KX_INLINE KX512 int32_t kx5_corr1(const int8_t *x, int32_t mult)
 }
 
 /* nblk blocks of NT tokens: token t's codes of block j at x + t * xs + 32 j, its scale at
- * sx[t * ss + j], its correction at corr[t * cs + j]. wb: eight registers a block (KX5_P4: four,
- * the packed nibbles, split here); sv: the row scales of a block (KX5_Q8B / KX5_Q4: sixteen
- * floats, KX5_P4: sixteen fp16, KX5_Q8: unused). */
+ * sx[t * ss + j], its correction at corr[t * cs + j]. wb: eight registers a block, sv: the row
+ * scales of a block (KX5_Q8B / KX5_Q4: sixteen floats, KX5_Q8: unused); the packed layouts
+ * (kxp_pack) carry their scales: KX5_P8B nine registers a block (the codes, the sixteen float
+ * scales), KX5_P4 nine a pair of blocks (the two blocks' nibbles in four registers each, split
+ * here, then their sixteen fp16 d each). */
 KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk, const int8_t *x,
                                 size_t xs, const float *sx, size_t ss, const int32_t *corr,
                                 size_t cs, kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
@@ -1700,26 +1703,29 @@ KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk,
             kx5_prefetch(pf);
         }
         __m512i wk[8];
+        __m512 s16 = _mm512_setzero_ps();
         if (MODE == KX5_P4) {
-            const __m512i *p = &wb[(size_t)j * 4u];
+            const __m512i *pair = &wb[(size_t)(j >> 1) * 9u];
+            const __m512i *p = pair + (size_t)(j & 1) * 4u;
             KX_UNROLL for (int k = 0; k < 4; k++)
             {
                 const __m512i v = _mm512_load_si512(&p[k]);
                 wk[k] = _mm512_and_si512(v, m4);
                 wk[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
+            s16 = _mm512_cvtph_ps(
+                _mm256_load_si256((const __m256i *)(const void *)(pair + 8) + (j & 1)));
         } else {
-            const __m512i *p = &wb[(size_t)j * 8u];
+            const __m512i *p = &wb[(size_t)j * ((MODE == KX5_P8B) ? 9u : 8u)];
             KX_UNROLL for (int k = 0; k < 8; k++)
             {
                 wk[k] = _mm512_load_si512(&p[k]);
             }
-        }
-        __m512 s16 = _mm512_setzero_ps();
-        if (MODE == KX5_P4) {
-            s16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv + j));
-        } else if (MODE != KX5_Q8) {
-            s16 = ((const __m512 *)sv)[j];
+            if (MODE == KX5_P8B) {
+                s16 = _mm512_castsi512_ps(_mm512_load_si512(&p[8]));
+            } else if (MODE != KX5_Q8) {
+                s16 = ((const __m512 *)sv)[j];
+            }
         }
         _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
         {
@@ -1841,7 +1847,8 @@ static KX_NOINLINE KX512 void kx5_matmul(const void *w, const float *scale, cons
                 kx5_pack_q4((const colibri_block_q4_32 *)w + (size_t)o0 * (size_t)nb, nb, nr, b0,
                             b1, wbuf, sbuf);
             } else {
-                kx5_pack_q8((const int8_t *)w + (size_t)o0 * (size_t)n_in, n_in, nr, b0, b1, wbuf);
+                kx5_pack_q8((const int8_t *)w + (size_t)o0 * (size_t)n_in, n_in, nr, b0, b1, wbuf,
+                            8u);
             }
             if (mode == KX5_Q8B) {
                 int32_t idx[16];
@@ -1944,28 +1951,30 @@ static KX512 void kx_matmul_q4_q8_avx512(const colibri_block_q4_32 *w, const int
  * built once when a model is loaded, so that a token's matvec streams one contiguous run of
  * weights (one stream for the hardware prefetcher instead of eight or sixteen rows) and sums each
  * (row, block) in one lane (no horizontal reductions). G = ceil(n_out / 16) groups of sixteen
- * rows (rows past n_out: the group's first row again, never stored), nb = n_in / 32 blocks:
- *  - codes: group g, block b at register (g * nb + b) * R: int8 R = 8 (kx5_pack_q8: lane r of
- *    register k = bytes 4k..4k+3 of row r, plus 128); int4 R = 4 (kx5_q4_quads: the nibbles
- *    unsplit, half the bytes; kx5_blocks splits them);
- *  - then the row scales of each (group, block), sixteen lanes: block-scaled int8 as floats,
- *    int4 d as fp16 (the bytes of the blocks' own d). Per-row int8 scales stay in the model.
- * The packed matrix has the bytes of the stored one (int8: plus the padding rows of the last
- * group). Per token and block the float steps are kx5_tile's, so every output has the bits of
- * the matvec; the tokens' corrections are computed once per call for all groups. No software
- * prefetch: on Zen 4 the hardware prefetcher alone streamed 32-35 GB/s from huge pages, and
- * every prefetch distance tried (0.5-16 KB ahead, into L1) was slower (16-25 GB/s).
+ * rows (rows past n_out: the group's first row again, never stored), nb = n_in / 32 blocks, each
+ * group kxp_group_regs registers of 64 bytes, block by block:
+ *  - int8, a scale per row: 8 registers a block (kx5_pack_q8: lane r of register k = bytes
+ *    4k..4k+3 of row r, plus 128); the per-row scales stay in the model;
+ *  - int8, a scale per row and block: the same 8, then the block's sixteen float scales;
+ *  - int4: 9 registers a pair of blocks: the two blocks' nibbles, unsplit (kx5_q4_quads, 4
+ *    registers each; kx5_blocks splits them), then their sixteen fp16 d each (the bytes of the
+ *    blocks' own d); an odd nb leaves the last pair's second half unused.
+ * A block's scales sit next to its codes: as a second stream (all scales after all codes) they
+ * cost a quarter of the int4 matvec's speed (26-28 against 36-39 GB/s, Zen 4, huge pages). The
+ * packed matrix has the bytes of the stored one (plus the padding rows of the last group). Per
+ * token and block the float steps are kx5_tile's, so every output has the bits of the matvec; the
+ * tokens' corrections are computed once per call for all groups. No software prefetch: on Zen 4 the
+ * hardware prefetcher alone streamed 32-35 GB/s from huge pages, and every prefetch distance tried
+ * (0.5-16 KB ahead, into L1) was slower (16-25 GB/s).
  */
 #define KXP_CORR 4096 /* (token, block) corrections per batch of tokens: 16 KB of stack */
 
-KX_INLINE size_t kxp_regs(int32_t kind)
+/* 64-byte registers of one group of sixteen rows */
+KX_INLINE size_t kxp_group_regs(int32_t kind, int32_t nb)
 {
-    return (kind == COLIBRI_X86_PACK_Q4) ? 4u : 8u;
-}
-
-KX_INLINE size_t kxp_scale_bytes(int32_t kind)
-{
-    return (kind == COLIBRI_X86_PACK_Q4) ? 32u : (kind == COLIBRI_X86_PACK_Q8B) ? 64u : 0u;
+    return (kind == COLIBRI_X86_PACK_Q4)    ? 9u * (size_t)((nb + 1) / 2)
+           : (kind == COLIBRI_X86_PACK_Q8B) ? 9u * (size_t)nb
+                                            : 8u * (size_t)nb;
 }
 
 static KX_NOINLINE KX512 void kxp_pack(int32_t kind, const void *w, const float *scale,
@@ -1973,13 +1982,11 @@ static KX_NOINLINE KX512 void kxp_pack(int32_t kind, const void *w, const float 
 {
     const int32_t nb = n_in / COLIBRI_QK8;
     const int32_t groups = (n_out + 15) / 16;
-    const size_t regs = kxp_regs(kind);
-    __m512i *codes = (__m512i *)dst;
-    unsigned char *sc = (unsigned char *)dst + (size_t)groups * (size_t)nb * regs * 64u;
+    const size_t regs = kxp_group_regs(kind, nb);
     for (int32_t g = 0; g < groups; g++) {
         const int32_t o0 = 16 * g;
         const int32_t nr = (n_out - o0 < 16) ? n_out - o0 : 16;
-        __m512i *cg = codes + (size_t)g * (size_t)nb * regs;
+        __m512i *cg = (__m512i *)dst + (size_t)g * regs;
         if (kind == COLIBRI_X86_PACK_Q4) {
             const colibri_block_q4_32 *base =
                 (const colibri_block_q4_32 *)w + (size_t)o0 * (size_t)nb;
@@ -1990,27 +1997,29 @@ static KX_NOINLINE KX512 void kxp_pack(int32_t kind, const void *w, const float 
                 idx[r] = (r < nr ? r : 0) * nb * (int32_t)sizeof *base;
             }
             const __m512i vidx = _mm512_loadu_si512((const void *)idx);
-            uint16_t *dg = (uint16_t *)(void *)(sc + (size_t)g * (size_t)nb * 32u);
+            if (nb % 2 != 0) { /* the unused half of the last pair */
+                memset(&cg[(size_t)(nb / 2) * 9u], 0, 9u * sizeof(__m512i));
+            }
             for (int32_t b = 0; b < nb; b++) {
+                __m512i *pair = &cg[(size_t)(b >> 1) * 9u];
                 __m512i q[4];
                 kx5_q4_quads(row, b, q);
                 KX_UNROLL for (int j = 0; j < 4; j++)
                 {
-                    _mm512_store_si512(&cg[(size_t)b * 4u + (size_t)j], q[j]);
+                    _mm512_store_si512(&pair[(size_t)(b & 1) * 4u + (size_t)j], q[j]);
                 }
                 const __m512i dv = _mm512_i32gather_epi32(vidx, (const void *)(base + b), 1);
-                _mm256_storeu_si256((__m256i *)(void *)(dg + (size_t)b * 16u),
-                                    _mm512_cvtepi32_epi16(dv));
+                _mm256_store_si256((__m256i *)(void *)(pair + 8) + (b & 1),
+                                   _mm512_cvtepi32_epi16(dv));
             }
         } else {
-            kx5_pack_q8((const int8_t *)w + (size_t)o0 * (size_t)n_in, n_in, nr, 0, nb, cg);
-            if (kind == COLIBRI_X86_PACK_Q8B) {
-                float *sg = (float *)(void *)(sc + (size_t)g * (size_t)nb * 64u);
-                for (int32_t b = 0; b < nb; b++) {
-                    for (int32_t r = 0; r < 16; r++) {
-                        sg[(size_t)b * 16u + (size_t)r] =
-                            scale[(size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb + (size_t)b];
-                    }
+            const int blocked = kind == COLIBRI_X86_PACK_Q8B;
+            kx5_pack_q8((const int8_t *)w + (size_t)o0 * (size_t)n_in, n_in, nr, 0, nb, cg,
+                        blocked ? 9u : 8u);
+            for (int32_t b = 0; b < nb && blocked; b++) {
+                float *sb = (float *)(void *)&cg[(size_t)b * 9u + 8u];
+                for (int32_t r = 0; r < 16; r++) {
+                    sb[r] = scale[(size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb + (size_t)b];
                 }
             }
         }
@@ -2019,28 +2028,28 @@ static KX_NOINLINE KX512 void kxp_pack(int32_t kind, const void *w, const float 
 
 /* NT tokens (the first at x / sx / corr, strides nb * 32, nb, nb) over the nb blocks of one
  * group; y at the group's first row, mask: the rows stored. */
-KX_INLINE KX512 void kxp_tile(const __m512i *cg, const void *sg, int32_t nb, const int8_t *x,
-                              const float *sx, const int32_t *corr, float *y, int32_t ldy,
-                              __mmask16 mask, const float *rscale, const int NT, const int MODE)
+KX_INLINE KX512 void kxp_tile(const __m512i *cg, int32_t nb, const int8_t *x, const float *sx,
+                              const int32_t *corr, float *y, int32_t ldy, __mmask16 mask,
+                              const float *rscale, const int NT, const int MODE)
 {
     __m512 acc[KX5_TILE];
     _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
     {
         acc[t] = _mm512_setzero_ps();
     }
-    kx5_blocks(cg, sg, nb, x, (size_t)nb * COLIBRI_QK8, sx, (size_t)nb, corr, (size_t)nb, NULL, acc,
-               NT, MODE);
+    kx5_blocks(cg, NULL, nb, x, (size_t)nb * COLIBRI_QK8, sx, (size_t)nb, corr, (size_t)nb, NULL,
+               acc, NT, MODE);
     kx5_store(acc, y, ldy, mask, rscale, NT);
 }
 
 #define KXP_CASE(N, MODE)                                                                          \
     case N:                                                                                        \
-        kxp_tile(cg, sg, nb, x, sx, corr, y, ldy, mask, rscale, N, MODE);                          \
+        kxp_tile(cg, nb, x, sx, corr, y, ldy, mask, rscale, N, MODE);                              \
         break;
 #define KXP_TILE_FN(NAME, MODE)                                                                    \
-    static KX_NOINLINE KX512 void NAME(                                                            \
-        const __m512i *cg, const void *sg, int32_t nb, const int8_t *x, const float *sx,           \
-        const int32_t *corr, float *y, int32_t ldy, __mmask16 mask, const float *rscale, int nt)   \
+    static KX_NOINLINE KX512 void NAME(const __m512i *cg, int32_t nb, const int8_t *x,             \
+                                       const float *sx, const int32_t *corr, float *y,             \
+                                       int32_t ldy, __mmask16 mask, const float *rscale, int nt)   \
     {                                                                                              \
         switch (nt) {                                                                              \
             KXP_CASE(1, MODE)                                                                      \
@@ -2051,13 +2060,13 @@ KX_INLINE KX512 void kxp_tile(const __m512i *cg, const void *sg, int32_t nb, con
             KXP_CASE(6, MODE)                                                                      \
             KXP_CASE(7, MODE)                                                                      \
         default:                                                                                   \
-            kxp_tile(cg, sg, nb, x, sx, corr, y, ldy, mask, rscale, 8, MODE);                      \
+            kxp_tile(cg, nb, x, sx, corr, y, ldy, mask, rscale, 8, MODE);                          \
             break;                                                                                 \
         }                                                                                          \
     }
 
 KXP_TILE_FN(kxp_tile_q8, KX5_Q8)
-KXP_TILE_FN(kxp_tile_q8b, KX5_Q8B)
+KXP_TILE_FN(kxp_tile_q8b, KX5_P8B)
 KXP_TILE_FN(kxp_tile_q4, KX5_P4)
 
 static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const float *rscale,
@@ -2066,10 +2075,8 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
                                          int32_t n_tok)
 {
     const int32_t nb = n_in / COLIBRI_QK8;
-    const size_t regs = kxp_regs(kind);
-    const size_t groups = (size_t)(n_out + 15) / 16u;
-    const __m512i *codes = (const __m512i *)packed;
-    const unsigned char *sc = (const unsigned char *)packed + groups * (size_t)nb * regs * 64u;
+    const size_t regs = kxp_group_regs(kind, nb);
+    (void)n_out;
     const int32_t mult = (kind == COLIBRI_X86_PACK_Q4) ? -8 : -128;
     int32_t corr[KXP_CORR];
     int32_t batch = KXP_CORR / nb; /* nb <= KXP_CORR: colibri_x86_packed_bytes */
@@ -2093,8 +2100,7 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
             const size_t g = (size_t)o0 / 16u;
             const int32_t nr = (r1 - o0 < 16) ? r1 - o0 : 16;
             const __mmask16 mask = (__mmask16)((1u << nr) - 1u);
-            const __m512i *cg = codes + g * (size_t)nb * regs;
-            const void *sg = sc + g * (size_t)nb * kxp_scale_bytes(kind);
+            const __m512i *cg = (const __m512i *)packed + g * regs;
             for (int32_t tt = 0, nt = 0; tt < tn; tt += nt) {
                 nt = (tn - tt < KX5_TILE) ? tn - tt : KX5_TILE;
                 const size_t t = (size_t)(t0 + tt);
@@ -2103,11 +2109,11 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
                 const int32_t *c = corr + (size_t)tt * (size_t)nb;
                 float *yt = y + t * (size_t)ldy + (size_t)(o0 - r0);
                 if (kind == COLIBRI_X86_PACK_Q8) {
-                    kxp_tile_q8(cg, sg, nb, x, s, c, yt, ldy, mask, rscale + (o0 - r0), nt);
+                    kxp_tile_q8(cg, nb, x, s, c, yt, ldy, mask, rscale + (o0 - r0), nt);
                 } else if (kind == COLIBRI_X86_PACK_Q8B) {
-                    kxp_tile_q8b(cg, sg, nb, x, s, c, yt, ldy, mask, NULL, nt);
+                    kxp_tile_q8b(cg, nb, x, s, c, yt, ldy, mask, NULL, nt);
                 } else {
-                    kxp_tile_q4(cg, sg, nb, x, s, c, yt, ldy, mask, NULL, nt);
+                    kxp_tile_q4(cg, nb, x, s, c, yt, ldy, mask, NULL, nt);
                 }
             }
         }
@@ -2267,8 +2273,7 @@ size_t colibri_x86_packed_bytes(int32_t kind, int32_t n_out, int32_t n_in)
         n_in / COLIBRI_QK8 > KXP_CORR) {
         return 0u;
     }
-    const size_t blocks = (size_t)(n_out + 15) / 16u * (size_t)(n_in / COLIBRI_QK8);
-    return blocks * (kxp_regs(kind) * 64u + kxp_scale_bytes(kind));
+    return (size_t)(n_out + 15) / 16u * kxp_group_regs(kind, n_in / COLIBRI_QK8) * 64u;
 #else
     (void)kind;
     (void)n_out;

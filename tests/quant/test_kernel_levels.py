@@ -357,8 +357,9 @@ def test_int_matmuls_every_token_count(
 
 
 #: packed matrices (colibri_x86_pack, the AVX-512 VNNI level): n_out at and off 16 (a masked
-#: last group), n_in one block, a few, and more than one batch of corrections for 64 tokens
-PACKED_SHAPES = [(16, 32), (17, 96), (45, 160), (100, 1024), (33, 8192)]
+#: last group), n_in one block, a few (odd: a half-used int4 pair), and more than one batch of
+#: corrections for 64 tokens
+PACKED_SHAPES = [(16, 32), (17, 96), (45, 160), (100, 1024), (33, 8192), (20, 2848)]
 PACK_KINDS = {"q8 x q8": 0, "q8b x q8": 1, "q4 x q8": 2}
 
 
@@ -386,9 +387,10 @@ def test_packed_matrices_match_the_mirror(
     for name, kind in PACK_KINDS.items():
         wq, sc = mats[name]
         size = kq.colibri_x86_packed_bytes(kind, n_out, n_in)
-        groups = (n_out + 15) // 16
-        per_block = {0: 512, 1: 512 + 64, 2: 256 + 32}[kind]
-        assert size == groups * nb * per_block, name
+        # 64-byte registers per group of 16 rows: int8 8 a block (+ 1 of block scales), int4 9
+        # a pair of blocks (two blocks' nibbles, their fp16 d)
+        regs = {0: 8 * nb, 1: 9 * nb, 2: 9 * ((nb + 1) // 2)}[kind]
+        assert size == (n_out + 15) // 16 * regs * 64, name
         raw = np.zeros(size + 64, np.uint8)
         packed = raw[(-raw.ctypes.data) % 64 :][:size]  # 64-byte aligned
         kq.colibri_x86_pack(kind, _p(wq), _p(sc), n_out, n_in, _p(packed))
