@@ -147,6 +147,10 @@ void colibri_silu_mul_f32(float *h, const float *g, size_t n);
 /** @brief y[i] = y[i] + a * x[i] for i < n (a multiply, then an add: no FMA). */
 void colibri_axpy_f32(float *y, float a, const float *x, int32_t n);
 
+/** @brief The first index of the largest of x[0..n) (n >= 1), or -1 when one is NaN or
+ *         infinite (greedy sampling's argmax and its finiteness check in one pass). */
+int32_t colibri_argmax_f32(const float *x, int32_t n);
+
 /*
  * Multi-token kernels (batched prefill, tokens grouped by expert): n_tok activation rows at once,
  * the weights read once per group of tokens (rows are taken in chunks of a few KB that stay in

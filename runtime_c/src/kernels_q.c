@@ -517,6 +517,26 @@ void colibri_axpy_f32(float *y, float a, const float *x, int32_t n)
     }
 }
 
+int32_t colibri_argmax_f32(const float *x, int32_t n)
+{
+#if defined(COLIBRI_X86_DISPATCH)
+    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+    if (kx->argmax_f32 != NULL) {
+        return kx->argmax_f32(x, n);
+    }
+#endif
+    int32_t best = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) {
+            return -1;
+        }
+        if (x[i] > x[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
 /* -- multi-token kernels ------------------------------------------------------------------- */
 
 /* Rows per chunk of the multi-token kernels: about COLIBRI_MATMUL_CHUNK bytes of weights (a

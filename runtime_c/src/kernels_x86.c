@@ -229,6 +229,50 @@ static KX_AVX2 void kx_silu_mul_f32_avx2(float *h, const float *g, size_t n)
     }
 }
 
+/* Two passes over x (in cache for a vocabulary of logits): the largest value and whether any
+ * is NaN / infinite (exponent all ones), then the first index holding it. */
+static KX_AVX2 int32_t kx_argmax_f32_avx2(const float *x, int32_t n)
+{
+    const __m256i expo = _mm256_set1_epi32(0x7F800000);
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    __m256i bad = _mm256_setzero_si256();
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256i e = _mm256_and_si256(_mm256_castps_si256(v), expo);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, expo));
+        mx = _mm256_max_ps(mx, v);
+    }
+    float m[8];
+    _mm256_storeu_ps(m, mx);
+    float best = m[0];
+    for (int k = 1; k < 8; k++) {
+        best = (m[k] > best) ? m[k] : best;
+    }
+    if (!_mm256_testz_si256(bad, bad)) {
+        return -1;
+    }
+    for (int32_t j = i; j < n; j++) {
+        if (!isfinite(x[j])) {
+            return -1;
+        }
+        best = (x[j] > best) ? x[j] : best;
+    }
+    const __m256 bv = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), bv, _CMP_EQ_OQ));
+        if (hit != 0) {
+            return i + __builtin_ctz((unsigned)hit);
+        }
+    }
+    for (; i < n; i++) {
+        if (x[i] == best) {
+            break;
+        }
+    }
+    return i;
+}
+
 static KX_AVX2 void kx_axpy_f32_avx2(float *y, float a, const float *x, int32_t n)
 {
     const __m256 av = _mm256_set1_ps(a);
@@ -2124,22 +2168,22 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
 /* -- the levels and the choice ------------------------------------------------------------- */
 
 static const colibri_x86_kernels_t kx_levels[4] = {
-    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    [COLIBRI_KERNEL_BASE] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     [COLIBRI_KERNEL_AVX2] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2, kx_matvec_q8_q8_avx2,
                              kx_matvec_q8b_q8_avx2, kx_matvec_q4_q8_avx2, kx_matmul_q8_q8_avx2,
                              kx_matmul_q8b_q8_avx2, kx_matmul_q4_q8_avx2, kx_silu_mul_f32_avx2,
-                             kx_axpy_f32_avx2},
+                             kx_axpy_f32_avx2, kx_argmax_f32_avx2},
 #if defined(KX_HAVE_VNNI)
     [COLIBRI_KERNEL_AVX_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                  kx_matvec_q8_q8_avxvnni, kx_matvec_q8b_q8_avxvnni,
                                  kx_matvec_q4_q8_avxvnni, kx_matmul_q8_q8_avxvnni,
                                  kx_matmul_q8b_q8_avxvnni, kx_matmul_q4_q8_avxvnni,
-                                 kx_silu_mul_f32_avx2, kx_axpy_f32_avx2},
+                                 kx_silu_mul_f32_avx2, kx_axpy_f32_avx2, kx_argmax_f32_avx2},
     [COLIBRI_KERNEL_AVX512_VNNI] = {kx_matvec_f32_avx2, kx_matvec_f16_f32_avx2,
                                     kx_matvec_q8_q8_avx512z, kx_matvec_q8b_q8_avx512z,
                                     kx_matvec_q4_q8_avx512z, kx_matmul_q8_q8_avx512,
                                     kx_matmul_q8b_q8_avx512, kx_matmul_q4_q8_avx512,
-                                    kx_silu_mul_f32_avx2, kx_axpy_f32_avx2},
+                                    kx_silu_mul_f32_avx2, kx_axpy_f32_avx2, kx_argmax_f32_avx2},
 #endif
 };
 

@@ -38,6 +38,7 @@ typedef struct {
     /* element-wise (colibri_silu_mul_f32, colibri_axpy_f32) */
     void (*silu_mul_f32)(float *h, const float *g, size_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int32_t n);
+    int32_t (*argmax_f32)(const float *x, int32_t n);
 } colibri_x86_kernels_t;
 
 /** @brief The table of the level in use (chosen by CPUID on the first call; thread-safe). */

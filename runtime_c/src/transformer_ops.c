@@ -206,14 +206,9 @@ colibri_status colibri_sample(const float *logits, int32_t n, const colibri_samp
         sampler->top_p > 1.0f) {
         return COLIBRI_ERR_ARG;
     }
-    int32_t best = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (!isfinite(logits[i])) {
-            return COLIBRI_ERR_NAN;
-        }
-        if (logits[i] > logits[best]) {
-            best = i;
-        }
+    const int32_t best = colibri_argmax_f32(logits, n);
+    if (best < 0) {
+        return COLIBRI_ERR_NAN;
     }
     if (sampler->temperature == 0.0f) {
         *out_token = best;

@@ -460,3 +460,27 @@ def test_elementwise_match_the_base(kq: ctypes.CDLL, level: str) -> None:
         _same_bits(out[level][0], out["base"][0], f"{level} silu_mul n={n}")
         _same_bits(out[level][1], out["base"][1], f"{level} axpy n={n}")
     kq.colibri_kernel_set_level(3)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_argmax_matches_the_base(kq: ctypes.CDLL, level: str) -> None:
+    """colibri_argmax_f32 (greedy sampling): the first index of the largest value at every
+    level, ties and +-0 included, lengths off 8, and -1 for NaN or an infinity anywhere
+    (the SIMD body or the scalar tail)."""
+    if kq.colibri_kernel_set_level(LEVELS[level]) != LEVELS[level]:
+        pytest.skip(f"this CPU has no {level} (or the host is not x86-64)")
+    kq.colibri_argmax_f32.restype = ctypes.c_int32
+    rng = np.random.default_rng(11)
+    for n in (1, 5, 8, 9, 17, 1000, 32000):
+        x = rng.standard_normal(n).astype(np.float32)
+        assert kq.colibri_argmax_f32(_p(x), n) == int(np.argmax(x)), n
+        x[:] = np.round(x)  # many ties: the first wins
+        assert kq.colibri_argmax_f32(_p(x), n) == int(np.argmax(x)), n
+        for bad in (np.nan, np.inf, -np.inf):
+            for at in {0, n // 2, n - 1}:
+                y = x.copy()
+                y[at] = bad
+                assert kq.colibri_argmax_f32(_p(y), n) == -1, (n, bad, at)
+    z = np.array([-1.0, -0.0, 0.0, -0.0], np.float32)
+    assert kq.colibri_argmax_f32(_p(z), 4) == 1
+    kq.colibri_kernel_set_level(3)
