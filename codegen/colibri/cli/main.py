@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import ColibriError, ConfigError, InputError, OutputError
-from ..frontends.hf import check_architectures, is_hf_checkpoint
+from ..frontends.hf import check_architectures, is_whole
 from ..frontends.load import load_npy, save_npy, save_npz
 from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
@@ -210,7 +210,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from ..frontends.container import write_container
     from ..frontends.load import load_model
 
-    if a.layer is None and a.config is None and is_hf_checkpoint(a.model):
+    if is_whole(a.model, a.config, a.layer):
         return _convert_whole(a)
     asked = [
         flag
@@ -283,7 +283,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     board = load_board(a.board)
     check_architectures(a.model)
-    whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
+    whole = is_whole(a.model, a.config, a.layer)
     _check_generate_options(a, whole)
     progress = _progress(a, a.model)
     model = load(a.model, a.config, a.layer, progress)
@@ -474,7 +474,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     from ..frontends.load import check_input
     from .pipeline import load
 
-    whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
+    whole = is_whole(a.model, a.config, a.layer)
     if whole:
         if a.input or a.output or a.routing:
             raise ConfigError(
@@ -668,7 +668,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     from .export import export
 
     progress = _progress(a, a.source)
-    if a.layer is None and a.config is None and is_hf_checkpoint(a.source):
+    if is_whole(a.source, a.config, a.layer):
         from .export import export_whole
 
         whole = export_whole(a.source, a.out, a.check_tokens, a.seed, progress)

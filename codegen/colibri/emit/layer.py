@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..boards import Board
+from ..ir.model import Model
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
-from ..plan.memory import act_q_group_codes_offset
+from ..plan.memory import TransformerPlan, act_q_group_codes_offset
 from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES
 from ..quant.model import LayerQuant
@@ -31,15 +32,17 @@ from .weights import WeightTable, blob_context
 
 
 def render_layer(
-    layer: MoELayer,
+    model: Model,
     q: LayerQuant,
     analysis: Analysis,
-    plan: LayerPlan,
+    plan: LayerPlan | TransformerPlan,
     options: GenerateOptions,
     board: Board,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a lone MoE layer: every generated file and the manifest, from the
     quantised weights, the analysis and the plan; returns ({filename: text}, manifest)."""
+    assert isinstance(plan, LayerPlan)
+    layer = model.layer
     layer.validate()
     c = layer.config
     name = c_ident(options.name)

@@ -32,9 +32,11 @@ import numpy as np
 
 from ..boards import Board
 from ..errors import ConfigError
+from ..ir.model import Model
 from ..ir.transformer import DecoderLayer, MoETransformer, all_tensors, transformer_hash
 from ..options import GenerateOptions
 from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
+from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
@@ -102,16 +104,18 @@ def _router_entry(
 
 
 def render_transformer(
-    model: MoETransformer,
+    ir: Model,
     q: TransformerQuant | None,
     accuracy: dict[str, Any] | None,
-    plan: TransformerPlan,
+    plan: LayerPlan | TransformerPlan,
     opts: GenerateOptions,
     board: Board,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a whole transformer: every generated file and the manifest, from the
     quantised weights (None: all fp32), the accuracy of a calibrated model (None: none) and the
     plan; returns ({filename: text}, manifest)."""
+    model = ir.decoder
+    assert model is not None and isinstance(plan, TransformerPlan)
     check_supported(model)
     c = model.config
     name = c_ident(opts.name)
