@@ -114,10 +114,8 @@ def _convert_whole(a: argparse.Namespace) -> int:
     Without --calib (which runs the whole model) the layers are read, quantised and written one
     at a time (:func:`_convert_streamed`), so memory holds one layer, not the model."""
     from ..emit.lmfile import write_lm_container
-    from ..emit.transformer import check_supported
-    from ..frontends.hf_model import load_transformer
     from ..reference.calibration import expert_heat
-    from .pipeline import quantise_transformer
+    from .pipeline import load, quantise
 
     if a.expert_quant is not None:
         raise ConfigError(
@@ -132,10 +130,11 @@ def _convert_whole(a: argparse.Namespace) -> int:
     if opts.calib is None:
         path, c, q = _convert_streamed(a, opts, tok_bytes, progress)
     else:
-        model = load_transformer(a.model, progress)
-        check_supported(model)
-        q, tstats = quantise_transformer(model, opts, progress=progress)
-        heat = expert_heat(model, tstats) if tstats else None  # pinned under --ram-budget
+        ir = load(a.model, progress=progress)
+        qd = quantise(ir, opts, progress=progress)  # checks the model (check_supported)
+        model, q = ir.decoder, qd.q
+        assert model is not None
+        heat = expert_heat(model, qd.stats) if qd.stats else None  # pinned under --ram-budget
         with progress.stage("write"):
             path = write_lm_container(model, q, a.out, opts.context, tok_bytes, heat)
         c = model.config

@@ -50,7 +50,7 @@ def render_layer(
     qplan, qexperts, qrouter = q.plan, q.experts, q.router
     storage = layer.storage_map()
     quantised = q.quantised
-    n_slots, slot_floats, act_q = plan.n_slots, plan.slot_floats, plan.act_q
+    n_slots, slot_floats = plan.n_slots, plan.slot_floats
     bias = layer.experts[0].b1 is not None
     report, heat, accuracy = analysis.report, analysis.heat, analysis.accuracy
     placements = plan.placements
@@ -123,7 +123,6 @@ def render_layer(
                 "warg": warg,
                 "part_bytes": part_bytes,
                 "nbytes": qe.nbytes,
-                "users": [i for i, s in enumerate(storage) if s == idx],
                 "scheme": qe.scheme,
                 "act": qe.act,
                 "kernel": pl.kernel,
@@ -164,7 +163,6 @@ def render_layer(
         **blob_context(weights, "colibri_weights.h", WEIGHTS_BLOB["layer"]),
         "ffn_kinds": ffn_kinds,
         "variants": variants,
-        "act_q": act_q,
         "act_q_codes": act_q_group_codes_offset(max(c.d_model, c.d_ff), plan.memory.max_tokens),
         # int8-activation kernels quantise the rows of a group of up to max_tokens tokens into
         # their scratch (the calling handle's workspace), after the hidden rows:
@@ -176,7 +174,6 @@ def render_layer(
         "n_slots": n_slots,
         "slot_floats": slot_floats,
         "bias": bias,
-        "pinned_ram": pinned_ram,
         "f32_kernel": f32_kernel,
     }
     files: dict[str, FileContent] = {**render_files("layer", ctx)}

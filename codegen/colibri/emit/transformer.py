@@ -114,9 +114,8 @@ def render_transformer(
     """The emit stage of a whole transformer: every generated file and the manifest, from the
     quantised weights (None: all fp32), the accuracy of a calibrated model (None: none) and the
     plan; returns ({filename: text}, manifest)."""
-    model = ir.decoder
+    model = ir.decoder  # checked by the quantise stage (check_supported)
     assert model is not None and isinstance(plan, TransformerPlan)
-    check_supported(model)
     c = model.config
     name = c_ident(opts.name)
     max_context = plan.max_context
@@ -261,7 +260,6 @@ def render_transformer(
         **blob_context(w, "transformer_weights.h", WEIGHTS_BLOB["transformer"]),
         "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
         "ffn_kinds": [kinds[k] for k in sorted(kinds)],
-        "act_q": plan.region_size("act_q"),
         "act_q_codes": act_q_codes_offset(plan.act_q),
         "weight_bytes": weight_bytes,
         "layers": layers,
