@@ -282,8 +282,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     board = load_board(a.board)
     check_architectures(a.model)
-    whole = is_whole(a.model, a.config, a.layer)
-    _check_generate_options(a, whole)
+    _check_generate_options(a, is_whole(a.model, a.config, a.layer))
     progress = _progress(a, a.model)
     model = load(a.model, a.config, a.layer, progress)
     opts = _quant_options(
@@ -473,8 +472,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     from ..frontends.load import check_input
     from .pipeline import load
 
-    whole = is_whole(a.model, a.config, a.layer)
-    if whole:
+    if is_whole(a.model, a.config, a.layer):
         if a.input or a.output or a.routing:
             raise ConfigError(
                 f"{a.model} is a whole transformer: pass --prompt-ids 1,5,9 with --logits L.npy "

@@ -77,13 +77,12 @@ def plan(
 ) -> LayerPlan | TransformerPlan:
     """The planning stage: `q` and `analysis` are what the quantise and analyse stages gave."""
     if model.decoder is not None:
-        max_context = options.context
-        if isinstance(max_context, bool) or not 1 <= max_context <= MAX_CONTEXT_LIMIT:
+        n = options.context
+        if isinstance(n, bool) or not 1 <= n <= MAX_CONTEXT_LIMIT:
             raise ConfigError(
-                f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got "
-                f"{max_context}"
+                f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {n}"
             )
-        return plan_transformer(model.decoder, max_context, transformer_act_q(model.decoder, q))
+        return plan_transformer(model.decoder, n, transformer_act_q(model.decoder, q))
     layer = model.layer
     if options.cache not in CACHE_POLICIES:
         raise ConfigError(
