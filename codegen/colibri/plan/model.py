@@ -43,7 +43,6 @@ class LayerPlan:
     placements: list[Placement]
     n_slots: int
     slot_floats: int
-    act_q: bool
 
 
 def default_ram_budget(board: Board, plan: MemoryPlan) -> int:
@@ -106,7 +105,7 @@ def plan(
     if ram_budget is None:
         ram_budget = default_ram_budget(board, memory) if analysis.calibrated else 0
     placements = plan_placement(layer, q.experts, analysis.heat, ram_budget, analysis.calibrated)
-    return LayerPlan(memory, placements, n_slots, floats, act_q)
+    return LayerPlan(memory, placements, n_slots, floats)
 
 
 def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
