@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import ColibriError, ConfigError, InputError, OutputError
-from ..frontends.hf import check_architectures, is_hf_checkpoint
+from ..frontends.hf import check_architectures, is_whole
 from ..frontends.load import load_npy, save_npy, save_npz
 from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
@@ -114,10 +114,8 @@ def _convert_whole(a: argparse.Namespace) -> int:
     Without --calib (which runs the whole model) the layers are read, quantised and written one
     at a time (:func:`_convert_streamed`), so memory holds one layer, not the model."""
     from ..emit.lmfile import write_lm_container
-    from ..emit.transformer import check_supported
-    from ..frontends.hf_model import load_transformer
     from ..reference.calibration import expert_heat
-    from .pipeline import quantise_transformer
+    from .pipeline import load, quantise
 
     if a.expert_quant is not None:
         raise ConfigError(
@@ -132,10 +130,11 @@ def _convert_whole(a: argparse.Namespace) -> int:
     if opts.calib is None:
         path, c, q = _convert_streamed(a, opts, tok_bytes, progress)
     else:
-        model = load_transformer(a.model, progress)
-        check_supported(model)
-        q, tstats = quantise_transformer(model, opts, progress=progress)
-        heat = expert_heat(model, tstats) if tstats else None  # pinned under --ram-budget
+        ir = load(a.model, progress=progress)
+        qd = quantise(ir, opts, progress=progress)  # checks the model (check_supported)
+        model, q = ir.decoder, qd.q
+        assert model is not None
+        heat = expert_heat(model, qd.stats) if qd.stats else None  # pinned under --ram-budget
         with progress.stage("write"):
             path = write_lm_container(model, q, a.out, opts.context, tok_bytes, heat)
         c = model.config
@@ -210,7 +209,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from ..frontends.container import write_container
     from ..frontends.load import load_model
 
-    if a.layer is None and a.config is None and is_hf_checkpoint(a.model):
+    if is_whole(a.model, a.config, a.layer):
         return _convert_whole(a)
     asked = [
         flag
@@ -283,8 +282,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     board = load_board(a.board)
     check_architectures(a.model)
-    whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
-    _check_generate_options(a, whole)
+    _check_generate_options(a, is_whole(a.model, a.config, a.layer))
     progress = _progress(a, a.model)
     model = load(a.model, a.config, a.layer, progress)
     opts = _quant_options(
@@ -474,8 +472,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     from ..frontends.load import check_input
     from .pipeline import load
 
-    whole = a.layer is None and a.config is None and is_hf_checkpoint(a.model)
-    if whole:
+    if is_whole(a.model, a.config, a.layer):
         if a.input or a.output or a.routing:
             raise ConfigError(
                 f"{a.model} is a whole transformer: pass --prompt-ids 1,5,9 with --logits L.npy "
@@ -668,7 +665,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     from .export import export
 
     progress = _progress(a, a.source)
-    if a.layer is None and a.config is None and is_hf_checkpoint(a.source):
+    if is_whole(a.source, a.config, a.layer):
         from .export import export_whole
 
         whole = export_whole(a.source, a.out, a.check_tokens, a.seed, progress)

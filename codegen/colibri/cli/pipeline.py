@@ -29,7 +29,7 @@ from ..emit.layer import render_layer
 from ..emit.output import FileContent, write_output
 from ..emit.transformer import check_supported, render_transformer
 from ..errors import ConfigError
-from ..frontends.hf import is_hf_checkpoint
+from ..frontends.hf import is_whole
 from ..frontends.hf_model import load_transformer
 from ..frontends.load import load_model
 from ..ir.model import Model, as_model
@@ -37,7 +37,7 @@ from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..options import GenerateOptions
 from ..plan.budget import check_fits
-from ..plan.model import plan_layer, plan_whole_transformer
+from ..plan.model import plan
 from ..progress import SILENT, Progress
 from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
 from ..quant.model import (
@@ -58,7 +58,7 @@ def load(
 ) -> Model:
     """The load stage: a Hugging Face checkpoint directory without --layer is a whole decoder,
     anything else one MoE layer (format detected from the content)."""
-    if layer is None and config is None and is_hf_checkpoint(path):
+    if is_whole(path, config, layer):
         return as_model(load_transformer(path, progress))
     with progress.stage("load"):
         return as_model(load_model(path, config, layer))
@@ -159,17 +159,11 @@ def render(
     board = load_board(options.board)
     qd = quantise(m, options, calib, progress)
     analysis = analyse(m, qd, options, progress)
-    files: dict[str, FileContent]
     with progress.stage("plan"):
-        if m.decoder is not None:
-            tplan = plan_whole_transformer(m.decoder, qd.q, options.context)
-        else:
-            lplan = plan_layer(m.layer, qd.q, analysis, board, options)
+        p = plan(m, qd.q, analysis, board, options)
+    emit = render_transformer if m.decoder is not None else render_layer
     with progress.stage("emit"):
-        if m.decoder is not None:
-            files, manifest = render_transformer(m.decoder, qd.q, analysis, tplan, options, board)
-        else:
-            files, manifest = render_layer(m.layer, qd.q, analysis, lplan, options, board)
+        files, manifest = emit(m, qd.q, analysis, p, options, board)
     if qd.stats is not None:  # the report stage of --calib: the routing heat map
         heats = (
             transformer_routing(m.decoder, qd.stats)

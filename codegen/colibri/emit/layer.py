@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..boards import Board
+from ..ir.model import Model
 from ..ir.moe import MoELayer, model_hash
 from ..options import GenerateOptions
-from ..plan.memory import act_q_group_codes_offset
+from ..plan.memory import TransformerPlan, act_q_group_codes_offset
 from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES
 from ..quant.model import LayerQuant
@@ -31,15 +32,17 @@ from .weights import WeightTable, blob_context
 
 
 def render_layer(
-    layer: MoELayer,
+    model: Model,
     q: LayerQuant,
     analysis: Analysis,
-    plan: LayerPlan,
+    plan: LayerPlan | TransformerPlan,
     options: GenerateOptions,
     board: Board,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a lone MoE layer: every generated file and the manifest, from the
     quantised weights, the analysis and the plan; returns ({filename: text}, manifest)."""
+    assert isinstance(plan, LayerPlan)
+    layer = model.layer
     layer.validate()
     c = layer.config
     name = c_ident(options.name)
@@ -47,7 +50,7 @@ def render_layer(
     qplan, qexperts, qrouter = q.plan, q.experts, q.router
     storage = layer.storage_map()
     quantised = q.quantised
-    n_slots, slot_floats, act_q = plan.n_slots, plan.slot_floats, plan.act_q
+    n_slots, slot_floats = plan.n_slots, plan.slot_floats
     bias = layer.experts[0].b1 is not None
     report, heat, accuracy = analysis.report, analysis.heat, analysis.accuracy
     placements = plan.placements
@@ -120,7 +123,6 @@ def render_layer(
                 "warg": warg,
                 "part_bytes": part_bytes,
                 "nbytes": qe.nbytes,
-                "users": [i for i, s in enumerate(storage) if s == idx],
                 "scheme": qe.scheme,
                 "act": qe.act,
                 "kernel": pl.kernel,
@@ -161,7 +163,6 @@ def render_layer(
         **blob_context(weights, "colibri_weights.h", WEIGHTS_BLOB["layer"]),
         "ffn_kinds": ffn_kinds,
         "variants": variants,
-        "act_q": act_q,
         "act_q_codes": act_q_group_codes_offset(max(c.d_model, c.d_ff), plan.memory.max_tokens),
         # int8-activation kernels quantise the rows of a group of up to max_tokens tokens into
         # their scratch (the calling handle's workspace), after the hidden rows:
@@ -173,7 +174,6 @@ def render_layer(
         "n_slots": n_slots,
         "slot_floats": slot_floats,
         "bias": bias,
-        "pinned_ram": pinned_ram,
         "f32_kernel": f32_kernel,
     }
     files: dict[str, FileContent] = {**render_files("layer", ctx)}

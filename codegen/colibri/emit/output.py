@@ -174,10 +174,13 @@ def banner_context(
 
 
 def render_files(kind: str, ctx: dict[str, Any]) -> dict[str, str]:
-    """Every generated file of a model of `kind` from templates/<kind>/<file>.j2."""
+    """Every generated file of a model of `kind` from templates/<kind>/<file>.j2; the weights
+    file of both kinds from templates/common/weights.c.j2."""
     env = environment()
     return {
-        f: env.get_template(f"{kind}/{f}.j2").render(filename=f, **ctx)
+        f: env.get_template(
+            "common/weights.c.j2" if f.endswith("_weights.c") else f"{kind}/{f}.j2"
+        ).render(filename=f, **ctx)
         for f in GENERATED_FILES[kind]
     }
 

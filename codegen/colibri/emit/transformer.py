@@ -32,9 +32,11 @@ import numpy as np
 
 from ..boards import Board
 from ..errors import ConfigError
+from ..ir.model import Model
 from ..ir.transformer import DecoderLayer, MoETransformer, all_tensors, transformer_hash
 from ..options import GenerateOptions
 from ..plan.memory import TransformerPlan, act_q_codes_offset, max_top_k
+from ..plan.model import LayerPlan
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, QuantTensor
 from ..quant.model import TransformerQuant
 from ..reference.transformer import rope_tables
@@ -102,17 +104,18 @@ def _router_entry(
 
 
 def render_transformer(
-    model: MoETransformer,
+    ir: Model,
     q: TransformerQuant | None,
     accuracy: dict[str, Any] | None,
-    plan: TransformerPlan,
+    plan: LayerPlan | TransformerPlan,
     opts: GenerateOptions,
     board: Board,
 ) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """The emit stage of a whole transformer: every generated file and the manifest, from the
     quantised weights (None: all fp32), the accuracy of a calibrated model (None: none) and the
     plan; returns ({filename: text}, manifest)."""
-    check_supported(model)
+    model = ir.decoder  # checked by the quantise stage (check_supported)
+    assert model is not None and isinstance(plan, TransformerPlan)
     c = model.config
     name = c_ident(opts.name)
     max_context = plan.max_context
@@ -257,7 +260,6 @@ def render_transformer(
         **blob_context(w, "transformer_weights.h", WEIGHTS_BLOB["transformer"]),
         "typedefs": [w.typedefs[k] for k in sorted(w.typedefs)],
         "ffn_kinds": [kinds[k] for k in sorted(kinds)],
-        "act_q": plan.region_size("act_q"),
         "act_q_codes": act_q_codes_offset(plan.act_q),
         "weight_bytes": weight_bytes,
         "layers": layers,

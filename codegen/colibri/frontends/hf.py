@@ -227,6 +227,12 @@ def is_hf_checkpoint(path: str | os.PathLike[str]) -> bool:
     return isinstance(data, dict) and "architectures" in data
 
 
+def is_whole(path: str | os.PathLike[str], config: str | None, layer: int | None) -> bool:
+    """Whether the CLI reads `path` as a whole decoder: a Hugging Face checkpoint directory
+    given without --layer and --config (anything else is one MoE layer)."""
+    return layer is None and config is None and is_hf_checkpoint(path)
+
+
 def check_architectures(path: str | os.PathLike[str]) -> None:
     """Refuse a directory that holds a Hugging Face checkpoint's weights (model.safetensors or
     its index) beside a config.json without "architectures": a ConfigError naming the field

@@ -1,23 +1,25 @@
 """Planning a model for a board: memory (one static arena), expert placement, cache slots.
 
-:func:`plan_layer` is the planning stage of a lone MoE layer: the cache policy and its slots,
-the arena (:func:`~colibri.plan.memory.plan_memory`), the RAM budget for pinned experts and
-each stored expert's placement and kernel variant (:func:`~colibri.plan.placement.plan_placement`).
-:func:`plan_whole_transformer` plans a whole decoder's arena with its KV cache.
+:func:`plan` is the planning stage of every model: a lone MoE layer gets the cache policy and
+its slots, the arena (:func:`~colibri.plan.memory.plan_memory`), the RAM budget for pinned
+experts and each stored expert's placement and kernel variant
+(:func:`~colibri.plan.placement.plan_placement`); a whole decoder its arena with a KV cache of
+--max-context positions (:func:`~colibri.plan.memory.plan_transformer`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..boards import Board
 from ..errors import ConfigError
+from ..ir.model import Model
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..options import CACHE_POLICIES, MAX_CONTEXT_LIMIT, GenerateOptions
 from ..quant.formats import stored_nbytes
 from ..quant.model import LayerQuant, TransformerQuant
-from ..reference.accuracy import Analysis
 from .memory import (
     MemoryPlan,
     TransformerPlan,
@@ -41,7 +43,6 @@ class LayerPlan:
     placements: list[Placement]
     n_slots: int
     slot_floats: int
-    act_q: bool
 
 
 def default_ram_budget(board: Board, plan: MemoryPlan) -> int:
@@ -70,10 +71,18 @@ def slot_floats(layer: MoELayer, q: LayerQuant, bias: bool) -> int:
     return align16(largest) // 4
 
 
-def plan_layer(
-    layer: MoELayer, q: LayerQuant, analysis: Analysis, board: Board, options: GenerateOptions
-) -> LayerPlan:
-    """The planning stage of a lone MoE layer."""
+def plan(
+    model: Model, q: Any, analysis: Any, board: Board, options: GenerateOptions
+) -> LayerPlan | TransformerPlan:
+    """The planning stage: `q` and `analysis` are what the quantise and analyse stages gave."""
+    if model.decoder is not None:
+        n = options.context
+        if isinstance(n, bool) or not 1 <= n <= MAX_CONTEXT_LIMIT:
+            raise ConfigError(
+                f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {n}"
+            )
+        return plan_transformer(model.decoder, n, transformer_act_q(model.decoder, q))
+    layer = model.layer
     if options.cache not in CACHE_POLICIES:
         raise ConfigError(
             f"--cache: unknown policy '{options.cache}'; supported: {', '.join(CACHE_POLICIES)}"
@@ -96,7 +105,7 @@ def plan_layer(
     if ram_budget is None:
         ram_budget = default_ram_budget(board, memory) if analysis.calibrated else 0
     placements = plan_placement(layer, q.experts, analysis.heat, ram_budget, analysis.calibrated)
-    return LayerPlan(memory, placements, n_slots, floats, act_q)
+    return LayerPlan(memory, placements, n_slots, floats)
 
 
 def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
@@ -118,14 +127,3 @@ def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
     if q.dense_scheme != "fp32" and q.dense_act == "int8":
         rows.append(max(c.d_model, c.n_heads * c.head_dim))
     return max(rows, default=0)
-
-
-def plan_whole_transformer(
-    model: MoETransformer, q: TransformerQuant | None, max_context: int
-) -> TransformerPlan:
-    """The planning stage of a whole decoder: its arena with a KV cache of max_context."""
-    if isinstance(max_context, bool) or not 1 <= max_context <= MAX_CONTEXT_LIMIT:
-        raise ConfigError(
-            f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {max_context}"
-        )
-    return plan_transformer(model, max_context, transformer_act_q(model, q))
