@@ -1731,6 +1731,18 @@ KX_INLINE KX512 int32_t kx5_corr1(const int8_t *x, int32_t mult)
     return mult * _mm_cvtsi128_si32(h);
 }
 
+/* out[b - b0] = mult * the sum of the codes of whole block b at x, for b in [b0, b1). */
+KX_INLINE KX512 void kx5_corrs(const int8_t *x, int32_t b0, int32_t b1, int32_t mult, int32_t *out)
+{
+    int32_t b = b0;
+    for (; b + 8 <= b1; b += 8) {
+        kx5_corr8(x + (size_t)b * COLIBRI_QK8, mult, out + (b - b0));
+    }
+    for (; b < b1; b++) {
+        out[b - b0] = kx5_corr1(x + (size_t)b * COLIBRI_QK8, mult);
+    }
+}
+
 /* nblk blocks of NT tokens: token t's codes of block j at x + t * xs + 32 j, its scale at
  * sx[t * ss + j], its correction at corr[t * cs + j]. wb: eight registers a block, sv: the row
  * scales of a block (KX5_Q8B / KX5_Q4: sixteen floats, KX5_Q8: unused); the packed layouts
@@ -1821,13 +1833,7 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
     _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
     {
         const int8_t *xt = x + (size_t)t * (size_t)n_in;
-        int32_t b = b0;
-        for (; b + 8 <= bf; b += 8) {
-            kx5_corr8(xt + (size_t)b * COLIBRI_QK8, mult, &corr[t * KX5_BCH + (b - b0)]);
-        }
-        for (; b < bf; b++) {
-            corr[t * KX5_BCH + (b - b0)] = kx5_corr1(xt + (size_t)b * COLIBRI_QK8, mult);
-        }
+        kx5_corrs(xt, b0, bf, mult, &corr[t * KX5_BCH]);
         if (bf < b1) {
             kx_pad_rows(xpad[t], COLIBRI_QK8, xt + (size_t)bf * COLIBRI_QK8, (size_t)n_in, 1,
                         (size_t)(n_in - bf * COLIBRI_QK8));
@@ -2130,15 +2136,8 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
     for (int32_t t0 = 0; t0 < n_tok; t0 += batch) {
         const int32_t tn = (n_tok - t0 < batch) ? n_tok - t0 : batch;
         for (int32_t t = 0; t < tn; t++) {
-            const int8_t *xt = xq + (size_t)(t0 + t) * (size_t)n_in;
-            int32_t *ct = corr + (size_t)t * (size_t)nb;
-            int32_t b = 0;
-            for (; b + 8 <= nb; b += 8) {
-                kx5_corr8(xt + (size_t)b * COLIBRI_QK8, mult, ct + b);
-            }
-            for (; b < nb; b++) {
-                ct[b] = kx5_corr1(xt + (size_t)b * COLIBRI_QK8, mult);
-            }
+            kx5_corrs(xq + (size_t)(t0 + t) * (size_t)n_in, 0, nb, mult,
+                      corr + (size_t)t * (size_t)nb);
         }
         for (int32_t o0 = r0; o0 < r1; o0 += 16) {
             const size_t g = (size_t)o0 / 16u;

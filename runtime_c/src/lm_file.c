@@ -1963,8 +1963,6 @@ static colibri_status lm_linear(colibri_lm_t *lm, int32_t n_mats, const lm_mat *
     return lin_run(lm, &j);
 }
 
-/* hh[j] = silu(hh[j]) * g[j] over n values. */
-
 /* SwiGLU of n rows with w1 / w2 / w3 [out][in] in any scheme (fp32: colibri_swiglu_f32's
  * operations; else the generated <name>_ffn_<scheme>_<act>_f<d_ff> kernel), on the calling
  * thread: hh holds 2 * n * d_ff floats, xq / sx n int8 rows of max(d, d_ff). */

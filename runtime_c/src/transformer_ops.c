@@ -118,9 +118,7 @@ void colibri_swiglu_f32(const float *x, const float *w_gate, const float *w_up, 
     float *u = scratch + f;
     colibri_linear_f32(x, w_gate, NULL, g, d, f);
     colibri_linear_f32(x, w_up, NULL, u, d, f);
-    for (int32_t j = 0; j < f; j++) {
-        g[j] = colibri_silu(g[j]) * u[j];
-    }
+    colibri_silu_mul_f32(g, u, (size_t)f);
     colibri_linear_f32(g, w_down, NULL, y, f, d);
 }
 
