@@ -17,6 +17,7 @@ import argparse
 import json
 import struct
 import zipfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,11 +140,7 @@ def _layer_format(p: Path, layer: MoELayer) -> tuple[str, dict[str, int]]:
         head = f.read(8)
     if head.startswith(CONTAINER_MAGIC[:7]):
         _, entries, _ = read_table(p.read_bytes(), str(p))
-        dtypes: dict[str, int] = {}
-        for t in entries:
-            name = CONTAINER_DTYPES[t.dtype].name
-            dtypes[name] = dtypes.get(name, 0) + 1
-        return "Colibri container", dtypes
+        return "Colibri container", dict(Counter(CONTAINER_DTYPES[t.dtype].name for t in entries))
     if head.startswith(b"PK"):
         return "numpy .npz", _npz_dtypes(p)
     if len(head) >= 4 and struct.unpack_from("<I", head)[0] == SEED_MAGIC:
@@ -389,10 +386,7 @@ def hf_report(path: Path, max_context: int) -> Report:
     total = sum(int(a.size) for _, a in all_tensors(model))
     routed = sum(routed_params(m) for _, m in moes)
     active = total - routed + sum(m.config.top_k * m.experts[0].nbytes // 4 for _, m in moes)
-    dtypes: dict[str, int] = {}
-    for name in ckpt.names():
-        dt = _ST_NAMES.get(ckpt.dtype(name), ckpt.dtype(name))
-        dtypes[dt] = dtypes.get(dt, 0) + 1
+    dtypes = dict(Counter(_ST_NAMES.get(ckpt.dtype(n), ckpt.dtype(n)) for n in ckpt.names()))
     dims: dict[str, Any] = {
         "layers": c.n_layers,
         "d_model": c.d_model,

@@ -31,6 +31,7 @@ from safetensors.numpy import save_file
 
 from ..errors import ConfigError, ModelFormatError, ShapeError
 from ..ir.moe import Expert, MoEConfig, MoELayer
+from .seed import read_config_json
 
 CONFIG_NAME = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -294,11 +295,7 @@ class HFConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
-        try:
-            cfg = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-        return cls(cfg, str(path))
+        return cls(read_config_json(path), str(path))
 
     def get_int(self, key: str, minimum: int = 1) -> int:
         return config_int(self.config, key, self.config_source, minimum)
@@ -378,11 +375,7 @@ class HFCheckpoint(HFConfig):
         cfg_path = self.path / CONFIG_NAME
         if not cfg_path.is_file():
             raise ConfigError(f"{self.path}: no config.json; not a Hugging Face checkpoint")
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise ConfigError(f"{cfg_path}: not valid JSON ({exc})") from exc
-        super().__init__(cfg, str(cfg_path))
+        super().__init__(read_config_json(cfg_path), str(cfg_path))
         self._files: dict[str, SafetensorsFile] = {}
         self._where: dict[str, str] = {}
         index = self.path / INDEX_FILE
@@ -479,7 +472,7 @@ class TensorSource(Protocol):
     def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray: ...
 
 
-def _swiglu(src: TensorSource, prefix: str, names: tuple[str, str, str], d: int, f: int) -> Expert:
+def read_ffn(src: TensorSource, prefix: str, names: tuple[str, str, str], d: int, f: int) -> Expert:
     g, u, dn = names
     w1 = src.tensor(f"{prefix}{g}.weight", (f, d)).T.copy()
     w3 = src.tensor(f"{prefix}{u}.weight", (f, d)).T.copy()
@@ -553,12 +546,12 @@ def moe_layer_from_tensors(
             )
     else:
         for e in range(n_exp):
-            experts.append(_swiglu(src, f"{prefix}experts.{e}.", arch.expert_names, d, f))
+            experts.append(read_ffn(src, f"{prefix}experts.{e}.", arch.expert_names, d, f))
     shared: Expert | None = None
     shared_gate: np.ndarray | None = None
     if arch.has_shared_expert:
         f_s = cfg.get_int("shared_expert_intermediate_size")
-        shared = _swiglu(src, f"{prefix}shared_expert.", arch.expert_names, d, f_s)
+        shared = read_ffn(src, f"{prefix}shared_expert.", arch.expert_names, d, f_s)
         shared_gate = src.tensor(f"{prefix}shared_expert_gate.weight", (1, d))[0].copy()
     meta: dict[str, Any] = {"architecture": arch.name}
     if layer_index is not None:

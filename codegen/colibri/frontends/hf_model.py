@@ -17,7 +17,7 @@ from ..hostmem import check_memory
 from ..ir.moe import Expert, MoELayer
 from ..ir.transformer import Attention, DecoderLayer, MoETransformer, TransformerConfig
 from ..progress import SILENT, Progress
-from .hf import HFCheckpoint, load_hf_moe_layer
+from .hf import HFCheckpoint, load_hf_moe_layer, read_ffn
 
 #: rope theta when config.json names none (the transformers defaults per architecture).
 DEFAULT_ROPE_THETA = {
@@ -202,10 +202,7 @@ def read_head(ckpt: HFCheckpoint, c: TransformerConfig) -> MoETransformer:
     MoETransformer without layers (:func:`read_decoder_layer` reads those one at a time)."""
     d = c.d_model
     embed = ckpt.tensor("model.embed_tokens.weight", (c.vocab_size, d))
-    if c.tie_word_embeddings:
-        lm_head = embed
-    else:
-        lm_head = ckpt.tensor("lm_head.weight", (c.vocab_size, d))
+    lm_head = embed if c.tie_word_embeddings else ckpt.tensor("lm_head.weight", (c.vocab_size, d))
     return MoETransformer(
         config=c,
         embed=embed,
@@ -225,12 +222,8 @@ def read_decoder_layer(ckpt: HFCheckpoint, c: TransformerConfig, i: int) -> Deco
         moe = load_hf_moe_layer(ckpt, i)
     else:
         f = ckpt.get_int("intermediate_size")
-        p = f"model.layers.{i}.mlp"
-        mlp = Expert(
-            w1=ckpt.tensor(f"{p}.gate_proj.weight", (f, d)).T.copy(),
-            w3=ckpt.tensor(f"{p}.up_proj.weight", (f, d)).T.copy(),
-            w2=ckpt.tensor(f"{p}.down_proj.weight", (d, f)).T.copy(),
-        )
+        names = ("gate_proj", "up_proj", "down_proj")
+        mlp = read_ffn(ckpt, f"model.layers.{i}.mlp.", names, d, f)
     return DecoderLayer(
         input_norm=ckpt.tensor(f"model.layers.{i}.input_layernorm.weight", (d,)),
         attention=_attention(ckpt, c, i),

@@ -35,11 +35,15 @@ def load_config(path: str | os.PathLike[str]) -> MoEConfig:
             f"{path}: config file not found; the seed layout needs a config.json beside the "
             f"model (or pass --config PATH)"
         )
+    return parse_config(read_config_json(path), str(path))
+
+
+def read_config_json(path: Path) -> Any:
+    """The JSON value of a config file; ConfigError when it is not UTF-8 JSON."""
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
-    return parse_config(cfg, str(path))
 
 
 def _expert_floats(c: MoEConfig) -> int:

@@ -100,6 +100,13 @@ def round_half_away(x: np.ndarray) -> np.ndarray:
     return np.sign(x64) * np.floor(np.abs(x64) + 0.5)
 
 
+def check_choice(value: str, choices: tuple[str, ...], what: str, kind: str = "scheme") -> str:
+    """value if it is one of choices, else the ConfigError naming the option and the choices."""
+    if value not in choices:
+        raise ConfigError(f"{what}: unknown {kind} '{value}'; supported: {', '.join(choices)}")
+    return value
+
+
 def check_scheme(scheme: str, what: str = "--quant") -> str:
     s = scheme.lower()
     if s not in SCHEMES:
@@ -282,11 +289,7 @@ IMPORTANCE_FLOOR = 1e-2
 
 
 def check_scale_search(search: str) -> str:
-    if search not in SCALE_SEARCHES:
-        raise ConfigError(
-            f"--scale-search: unknown method '{search}'; supported: {', '.join(SCALE_SEARCHES)}"
-        )
-    return search
+    return check_choice(search, SCALE_SEARCHES, "--scale-search", "method")
 
 
 def normalise_importance(importance: np.ndarray | None, n_in: int, name: str) -> np.ndarray | None:
@@ -788,8 +791,7 @@ def quantize_expert(
     (e.g. calibration E[x^2] and E[h^2]) when given."""
     scheme = check_scheme(scheme)
     act = DEFAULT_ACT[scheme] if act is None else act
-    if act not in ACT_MODES:
-        raise ConfigError(f"--act: unknown mode '{act}'; supported: {', '.join(ACT_MODES)}")
+    check_choice(act, ACT_MODES, "--act", "mode")
 
     def q(w: np.ndarray, what: str, imp: np.ndarray | None) -> QuantTensor:
         return quantize_matrix(w.T, scheme, f"{name}.{what}", search, imp)
@@ -846,8 +848,8 @@ def make_plan(
     """Per-expert schemes from --quant / --expert-quant; act overrides the default mode."""
     base = check_scheme(quant)
     over = parse_expert_quant(expert_quant, n_experts)
-    if act is not None and act not in ACT_MODES:
-        raise ConfigError(f"--act: unknown mode '{act}'; supported: {', '.join(ACT_MODES)}")
+    if act is not None:
+        check_choice(act, ACT_MODES, "--act", "mode")
     schemes = [over.get(i, base) for i in range(n_experts)]
     acts = [
         "fp32" if s in ("fp32", "fp16") else (act or DEFAULT_ACT[s]) for s in schemes
@@ -904,11 +906,7 @@ class QuantRouter:
 
 
 def check_router_scheme(scheme: str) -> str:
-    if scheme not in ROUTER_SCHEMES:
-        raise ConfigError(
-            f"--router-quant: unknown scheme '{scheme}'; supported: {', '.join(ROUTER_SCHEMES)}"
-        )
-    return scheme
+    return check_choice(scheme, ROUTER_SCHEMES, "--router-quant")
 
 
 def quantize_router(w: np.ndarray, scheme: str) -> QuantRouter:

@@ -135,24 +135,14 @@ def _plugin_args(elf: str | Path, out_file: Path, count_prefix: str | None = Non
     return ["-plugin", f"{plugin},{where},out={out}", "-d", "plugin"]
 
 
-def _parse_plugin_output(path: Path) -> int | None:
+def _parse_plugin_output(path: Path, what: str = "region", calls: str = "pairs") -> int | None:
+    """The plugin's count `what` (region: the marked region; sub: the sub_prefix calls), None
+    without a completed region / call (`calls` = 0) or output file."""
     try:
         text = path.read_text()
     except OSError:
         return None
-    match = re.search(r"region=(\d+) pairs=(\d+)", text)
-    if match is None or int(match.group(2)) == 0:
-        return None
-    return int(match.group(1))
-
-
-def _parse_plugin_sub(path: Path) -> int | None:
-    """The plugin's sub_prefix count, None without a completed call."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    match = re.search(r"sub=(\d+) calls=(\d+)", text)
+    match = re.search(rf"{what}=(\d+) {calls}=(\d+)", text)
     if match is None or int(match.group(2)) == 0:
         return None
     return int(match.group(1))
@@ -279,7 +269,7 @@ def run_elf(
             else:
                 instructions = _parse_plugin_output(tmp / "icount.txt")
                 if count_prefix:
-                    prefix_instructions = _parse_plugin_sub(tmp / "icount.txt")
+                    prefix_instructions = _parse_plugin_output(tmp / "icount.txt", "sub", "calls")
         if count_prefix and count_instructions and board.kind == "host" and code == 0:
             sub_dir = tmp / "prefix"
             sub_dir.mkdir()
