@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -195,51 +195,30 @@ def library() -> ctypes.CDLL:
     global _LIB
     if _LIB is None:
         lib = ctypes.CDLL(str(shared_library()))
-        lib.colibri_init.argtypes = [ctypes.POINTER(_Config), ctypes.POINTER(ctypes.c_void_p)]
-        lib.colibri_init.restype = ctypes.c_int
-        lib.colibri_cleanup.argtypes = [ctypes.c_void_p]
-        lib.colibri_cleanup.restype = None
-        lib.colibri_strerror.argtypes = [ctypes.c_int]
-        lib.colibri_strerror.restype = ctypes.c_char_p
         f32 = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
         i32 = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
-        lib.colibri_forward.argtypes = [
-            ctypes.c_void_p,
-            f32,
-            f32,
-            ctypes.c_int32,
-            ctypes.c_int32,
-            ctypes.c_int32,
-            i32,
-            f32,
-            f32,
-        ]
-        lib.colibri_forward.restype = ctypes.c_int
-        lib.colibri_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Stats)]
-        lib.colibri_get_stats.restype = ctypes.c_int
-        lib.colibri_lm_init.argtypes = [ctypes.POINTER(_LMConfig), ctypes.POINTER(ctypes.c_void_p)]
-        lib.colibri_lm_init.restype = ctypes.c_int
-        lib.colibri_lm_forward.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int32,
-            ctypes.c_int32,
-            ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
-        ]
-        lib.colibri_lm_forward.restype = ctypes.c_int
-        lib.colibri_lm_prefill.argtypes = [
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_int32),
-            ctypes.c_int32,
-            ctypes.c_int32,
-            ctypes.POINTER(ctypes.POINTER(ctypes.c_float)),
-        ]
-        lib.colibri_lm_prefill.restype = ctypes.c_int
-        lib.colibri_lm_info.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMInfo)]
-        lib.colibri_lm_info.restype = ctypes.c_int
-        lib.colibri_lm_get_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_LMStats)]
-        lib.colibri_lm_get_stats.restype = ctypes.c_int
-        lib.colibri_lm_free.argtypes = [ctypes.c_void_p]
-        lib.colibri_lm_free.restype = None
+        status, int32, handle = ctypes.c_int, ctypes.c_int32, ctypes.c_void_p
+        handle_out = ctypes.POINTER(ctypes.c_void_p)
+        logits_out = ctypes.POINTER(ctypes.POINTER(ctypes.c_float))
+        signatures: dict[str, tuple[Any, list[Any]]] = {  # name: (restype, argtypes)
+            "colibri_init": (status, [ctypes.POINTER(_Config), handle_out]),
+            "colibri_cleanup": (None, [handle]),
+            "colibri_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+            "colibri_forward": (status, [handle, f32, f32, int32, int32, int32, i32, f32, f32]),
+            "colibri_get_stats": (status, [handle, ctypes.POINTER(_Stats)]),
+            "colibri_lm_init": (status, [ctypes.POINTER(_LMConfig), handle_out]),
+            "colibri_lm_forward": (status, [handle, int32, int32, logits_out]),
+            "colibri_lm_prefill": (
+                status,
+                [handle, ctypes.POINTER(int32), int32, int32, logits_out],
+            ),
+            "colibri_lm_info": (status, [handle, ctypes.POINTER(_LMInfo)]),
+            "colibri_lm_get_stats": (status, [handle, ctypes.POINTER(_LMStats)]),
+            "colibri_lm_free": (None, [handle]),
+        }
+        for name, (restype, argtypes) in signatures.items():
+            getattr(lib, name).restype = restype
+            getattr(lib, name).argtypes = argtypes
         _LIB = lib
     return _LIB
 
