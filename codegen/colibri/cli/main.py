@@ -15,10 +15,11 @@ import numpy as np
 
 from .. import __version__
 from ..errors import ColibriError, ConfigError, InputError, OutputError
-from ..frontends.hf import check_architectures, is_whole
-from ..frontends.load import load_npy, save_npy, save_npz
+from ..frontends.hf import HFCheckpoint, check_architectures, is_whole
+from ..frontends.load import check_input, load_model, load_npy, save_npy, save_npz
 from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
+from ..options import GenerateOptions
 from ..plan.model import MAX_LRU_SLOTS
 from .argtypes import (
     MAX_CHECK_TOKENS,
@@ -158,7 +159,6 @@ def _convert_streamed(
     from collections.abc import Iterator
 
     from ..emit.lmfile import check_max_context, write_lm_container_streamed
-    from ..frontends.hf import HFCheckpoint
     from ..frontends.hf_model import (
         check_fits_memory_streamed,
         load_hf_config,
@@ -207,7 +207,6 @@ def _convert_streamed(
 
 def cmd_convert(a: argparse.Namespace) -> int:
     from ..frontends.container import write_container
-    from ..frontends.load import load_model
 
     if is_whole(a.model, a.config, a.layer):
         return _convert_whole(a)
@@ -375,7 +374,6 @@ def run_model(
     """Build (incrementally) and run a generated model on a board; returns (RunOutput, result)
     (`progress`: a colibri.progress reporter for the build and run steps)."""
     from ..boards import load_board
-    from ..frontends.load import check_input
     from ..progress import SILENT
     from ..targets.build import build_model, check_generated
     from ..targets.qemu import run_elf
@@ -450,8 +448,6 @@ def cmd_run(a: argparse.Namespace) -> int:
 def _quant_options(a: argparse.Namespace, **extra: Any) -> Any:
     """GenerateOptions from the flags add_quant_args defines (shared by generate and
     reference, so the two always quantise alike) plus the command's own fields."""
-    from ..options import GenerateOptions
-
     return GenerateOptions(
         quant=a.quant,
         expert_quant=a.expert_quant,
@@ -469,7 +465,6 @@ def cmd_reference(a: argparse.Namespace) -> int:
     """The numpy reference of what `generate` would store with the same flags: a layer's
     output on --input rows, or a whole transformer's logits on --prompt-ids (and its greedy
     continuation), so a user can check their build (`colibri run`) against it."""
-    from ..frontends.load import check_input
     from .pipeline import load
 
     if is_whole(a.model, a.config, a.layer):
@@ -599,7 +594,6 @@ def cmd_size(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """The README's main job: toy model -> generate -> build + run on host and a Cortex-M."""
-    from ..frontends.load import load_model
     from ..frontends.seed import write_seed
     from ..frontends.toy import make_toy
     from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
@@ -618,7 +612,6 @@ def cmd_demo(a: argparse.Namespace) -> int:
     ref, routing = moe_forward(layer, x)
     failures = 0
     for step, board in enumerate(("host", a.board), start=2):
-        from ..options import GenerateOptions
         from .pipeline import generate
 
         gen = work / f"gen-{board}"

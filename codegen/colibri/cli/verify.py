@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import ModelFormatError
+from ..errors import ModelFormatError, ToolchainNotFound
 from ..frontends.container import MAGIC as CONTAINER_MAGIC
 from ..frontends.container import read_container, read_table
 from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint
@@ -57,19 +57,12 @@ def _verify_hf(path: Path, say: Callable[[str], None]) -> None:
     )
 
 
-def _is_whole_model(p: Path) -> bool:
-    from ..emit.lmfile import is_lm_container
-
-    return is_lm_container(p)
-
-
 def _verify_lm_file(p: Path, say: Callable[[str], None]) -> None:
     """A whole-model container (version 2): the Python reader's checks, NaN / Inf, then the C
     runtime's colibri_lm_init (every tensor the model uses, with its dtype and shape)."""
     import numpy as np
 
     from ..emit.lmfile import read_lm_container
-    from ..errors import ToolchainNotFound
     from ..targets.binding import LM, RuntimeStatusError
 
     c = read_lm_container(p)
@@ -115,7 +108,9 @@ def verify_model(
     if p.is_file():
         with open(p, "rb") as f:
             head = f.read(8)
-    if head.startswith(CONTAINER_MAGIC[:7]) and _is_whole_model(p):
+    from ..emit.lmfile import is_lm_container
+
+    if head.startswith(CONTAINER_MAGIC[:7]) and is_lm_container(p):
         _verify_lm_file(p, say)
         return
     if head.startswith(CONTAINER_MAGIC[:7]):

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ColibriError, ConfigError, ModelFormatError
 from ..ir.moe import MoELayer
 from .hf import (
+    ARCHITECTURES,
     ArrayTensors,
     HFCheckpoint,
     HFConfig,
@@ -147,8 +148,7 @@ def read_block(
         layer = load_hf_moe_layer(ckpt, layer_index)
         cfg: HFConfig = ckpt
         prefix = moe_prefix(ckpt, layer_index)
-        state = {k: ckpt.tensor(prefix + k) for k in _checkpoint_block_names(ckpt, prefix)}
-        state = _to_module_layout(layer, state, ckpt.arch.name)
+        state = {n[len(prefix) :]: ckpt.tensor(n) for n in ckpt.names() if n.startswith(prefix)}
     else:
         if layer_index is not None:
             raise ConfigError("--layer applies to checkpoint directories, not state_dict files")
@@ -164,12 +164,7 @@ def read_block(
             cfg, ArrayTensors(arrays, str(src)), prefix, f"{src} ({cfg.arch.name} block)"
         )
         state = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-        state = _to_module_layout(layer, state, cfg.arch.name)
-    return layer, cfg, state
-
-
-def _checkpoint_block_names(ckpt: HFCheckpoint, prefix: str) -> list[str]:
-    return [n[len(prefix) :] for n in ckpt.names() if n.startswith(prefix)]
+    return layer, cfg, _to_module_layout(layer, state, cfg.arch.name)
 
 
 def _to_module_layout(
@@ -180,8 +175,6 @@ def _to_module_layout(
     exactly as transformers' loader does; other names pass through unchanged."""
     if "experts.gate_up_proj" in state:
         return state
-    from .hf import ARCHITECTURES
-
     g, u, dn = ARCHITECTURES[arch].expert_names
     n = layer.config.n_experts
     out = {k: v for k, v in state.items() if not k.startswith("experts.")}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..boards import Board, load_board
 from ..emit.output import MANIFEST
-from ..errors import BuildError, ColibriError, ToolchainNotFound
+from ..errors import BudgetExceeded, BuildError, ColibriError, StackUsageError, ToolchainNotFound
 from ..paths import resource_dir
 from ..progress import SILENT, Progress
 
@@ -109,18 +109,12 @@ def _fail(proc: subprocess.CompletedProcess[str], what: str) -> None:
     tail = "\n".join((errors or out)[-25:])
     stack = [line for line in out if line.startswith("colibri: stack ")]
     if stack:  # the SConstruct's stack check (colibri/targets/stack.py)
-        from ..errors import StackUsageError
-
         message = stack[-1][len("colibri: ") :]
         if message.startswith("stack budget exceeded"):
-            from ..errors import BudgetExceeded
-
             raise BudgetExceeded(f"{what}: {message}")
         raise StackUsageError(f"{what}: {message}")
     overflow = [line for line in out if "overflow" in line.lower()]
     if overflow:
-        from ..errors import BudgetExceeded
-
         raise BudgetExceeded(
             f"{what}: the firmware does not fit the board:\n"
             + "\n".join(overflow[-5:])

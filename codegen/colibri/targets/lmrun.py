@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ColibriError, InputError
+from ..errors import ColibriError, InputError, ModelFormatError
 from ..progress import SILENT, Progress
 
 if TYPE_CHECKING:
@@ -292,8 +292,6 @@ def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> Co
     runtime status (exit 10 + -status) a ModelFormatError with the runner's last `colibri:`
     line, any other exit (a bad request: context overflow, token ids) an InputError with its
     last line."""
-    from ..errors import ModelFormatError
-
     code = result.returncode
     if code == EXIT_BUDGET and pinned:
         return InputError(
