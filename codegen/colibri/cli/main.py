@@ -14,13 +14,16 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..boards import list_boards, load_board
 from ..errors import ColibriError, ConfigError, InputError, OutputError
 from ..frontends.hf import HFCheckpoint, check_architectures, is_whole
 from ..frontends.load import check_input, load_model, load_npy, save_npy, save_npz
+from ..frontends.seed import write_seed
 from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
 from ..options import GenerateOptions
 from ..plan.model import MAX_LRU_SLOTS
+from ..progress import SILENT, model_bytes, progress_for
 from .argtypes import (
     MAX_CHECK_TOKENS,
     MAX_LAYER,
@@ -55,8 +58,6 @@ def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
     """The command's progress reporter (colibri.progress): silent unless stderr is a terminal
     and --quiet was not given; every stage shows for a model file (or checkpoint directory) of
     PROGRESS_MIN_BYTES or more."""
-    from ..progress import model_bytes, progress_for
-
     return progress_for(sys.stderr, a.quiet, model_bytes(model) if model else 0)
 
 
@@ -64,7 +65,6 @@ def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
 
 
 def cmd_make_toy(a: argparse.Namespace) -> int:
-    from ..frontends.seed import write_seed
     from ..frontends.toy import make_toy
 
     out = Path(a.out)
@@ -276,7 +276,6 @@ def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from ..boards import load_board
     from .pipeline import generate, load
 
     board = load_board(a.board)
@@ -373,8 +372,6 @@ def run_model(
 ) -> tuple[Any, Any]:
     """Build (incrementally) and run a generated model on a board; returns (RunOutput, result)
     (`progress`: a colibri.progress reporter for the build and run steps)."""
-    from ..boards import load_board
-    from ..progress import SILENT
     from ..targets.build import build_model, check_generated
     from ..targets.qemu import run_elf
     from ..targets.runio import read_output, write_input
@@ -546,8 +543,6 @@ def _reference_transformer(a: argparse.Namespace, model: Any, progress: Any) -> 
 
 
 def cmd_boards(a: argparse.Namespace) -> int:
-    from ..boards import list_boards
-
     rows = []
     for b in list_boards():
         ok_build, _ = b.can_build()
@@ -594,7 +589,6 @@ def cmd_size(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """The README's main job: toy model -> generate -> build + run on host and a Cortex-M."""
-    from ..frontends.seed import write_seed
     from ..frontends.toy import make_toy
     from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
 
