@@ -240,9 +240,8 @@ def boards_dir() -> Path:
 
 
 def _check_type(where: str, key: str, value: Any, expected: type | tuple[type, ...]) -> None:
-    if isinstance(value, bool) and expected is not bool and bool not in _as_tuple(expected):
-        raise BoardError(f"{where}: '{key}' must be {_type_name(expected)}, got {value!r}")
-    if not isinstance(value, expected):
+    wrong_bool = isinstance(value, bool) and bool not in _as_tuple(expected)  # bool is an int
+    if wrong_bool or not isinstance(value, expected):
         raise BoardError(f"{where}: '{key}' must be {_type_name(expected)}, got {value!r}")
     if isinstance(value, list) and not all(isinstance(v, str) for v in value):
         raise BoardError(f"{where}: '{key}' must be a list of strings, got {value!r}")

@@ -17,7 +17,7 @@ its measured output error (:func:`colibri.quant.calib.quantize_expert_calibrated
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError
 from ..ir.moe import MoELayer
@@ -286,14 +286,7 @@ def quantize_layer_all(
 ) -> TransformerQuant:
     """Everything of layer `i` (experts, router, dense matrices) into a copy of q's schemes
     holding only that layer: what a container streamed one layer at a time stores for it."""
-    lq = TransformerQuant(
-        scheme=q.scheme,
-        act=q.act,
-        experts={},
-        dense_scheme=q.dense_scheme,
-        dense_act=q.dense_act,
-        router_scheme=q.router_scheme,
-    )
+    lq = replace(q, experts={}, dense={}, dense_ffn={}, routers={})
     quantize_layer_experts(lq, i, layer, search)
     quantize_layer_dense(lq, i, layer, search)
     return lq
