@@ -9,7 +9,7 @@ manifest records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 DEFAULT_MAX_TOKENS = 32
@@ -49,28 +49,13 @@ class GenerateOptions:
         return DEFAULT_MAX_CONTEXT if self.max_context is None else self.max_context
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "board": self.board,
-            "name": self.name,
-            "max_tokens": self.max_tokens,
-        }
-        # Only non-defaults, so that fp32 outputs stay byte-identical to earlier versions.
-        extra = {
-            "quant": (self.quant, "fp32"),
-            "expert_quant": (self.expert_quant, None),
-            "act": (self.act, None),
-            "cache": (self.cache, "pinned"),
-            "cache_slots": (self.cache_slots, 0),
-            "calib": (self.calib, None),
-            "ram_budget": (self.ram_budget, None),
-            "router_quant": (self.router_quant, "fp32"),
-            "max_context": (self.max_context, None),
-            "dense_quant": (self.dense_quant, "fp32"),
-            "scale_search": (self.scale_search, "mse"),
-        }
-        for key, (value, default) in extra.items():
-            if value != default:
-                out[key] = value
+        """board, name and max_tokens, then only the fields that differ from their defaults, so
+        that fp32 outputs stay byte-identical to earlier versions."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("board", "name", "max_tokens") or value != f.default:
+                out[f.name] = value
         return out
 
 
