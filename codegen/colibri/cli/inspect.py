@@ -30,7 +30,7 @@ from ..frontends.container import DTYPES as CONTAINER_DTYPES
 from ..frontends.container import MAGIC as CONTAINER_MAGIC
 from ..frontends.container import read_table
 from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint, moe_block_config
-from ..frontends.hf_model import load_hf_config
+from ..frontends.hf_model import attention_biases, load_hf_config
 from ..frontends.load import load_model
 from ..frontends.seed import SEED_MAGIC
 from ..ir.moe import Expert, MoEConfig, MoELayer
@@ -267,13 +267,7 @@ def _moe_block(s: _Shapes, i: int, mc: MoEConfig) -> MoELayer:
 def _attention(s: _Shapes, i: int, arch: str, d: int, hq: int, hkv: int, qk: bool) -> Attention:
     """The attention of layer i as colibri.frontends.hf_model reads it (biases per config)."""
     p = f"model.layers.{i}.self_attn"
-    cfg = s.ckpt.config
-    if arch == "Qwen2MoeForCausalLM":
-        qkv_bias, o_bias = bool(cfg.get("qkv_bias", True)), False
-    elif arch == "OlmoeForCausalLM":
-        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
-    else:
-        qkv_bias = o_bias = False
+    qkv_bias, o_bias = attention_biases(s.ckpt.config, arch)
 
     def bias(name: str, n: int, present: bool) -> np.ndarray | None:
         return s.need(f"{p}.{name}.bias", (n,)) if present else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,16 +107,20 @@ def load_hf_config(ckpt: HFCheckpoint) -> TransformerConfig:
     )
 
 
+def attention_biases(cfg: dict[str, Any], architecture: str) -> tuple[bool, bool]:
+    """Whether the q/k/v and the o projections have biases, per architecture and config."""
+    if architecture == "Qwen2MoeForCausalLM":
+        return bool(cfg.get("qkv_bias", True)), False
+    if architecture == "OlmoeForCausalLM":
+        bias = bool(cfg.get("attention_bias", False))
+        return bias, bias
+    return False, False
+
+
 def _attention(ckpt: HFCheckpoint, c: TransformerConfig, i: int) -> Attention:
     p = f"model.layers.{i}.self_attn"
     d, hq, hkv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    cfg = ckpt.config
-    if c.architecture == "Qwen2MoeForCausalLM":
-        qkv_bias, o_bias = bool(cfg.get("qkv_bias", True)), False
-    elif c.architecture == "OlmoeForCausalLM":
-        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
-    else:
-        qkv_bias = o_bias = False
+    qkv_bias, o_bias = attention_biases(ckpt.config, c.architecture)
 
     def bias(name: str, n: int, present: bool) -> np.ndarray | None:
         return ckpt.tensor(f"{p}.{name}.bias", (n,)) if present else None
