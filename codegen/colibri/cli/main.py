@@ -41,6 +41,7 @@ from .argtypes import (
 
 #: --layer of every command: a decoder layer index (checked against the model when it is read).
 LAYER = int_range(0, MAX_LAYER, "decoder layer index")
+MOE_LAYER_HELP = "Hugging Face checkpoint: the decoder layer whose MoE block to use"
 
 
 def add_quiet(s: argparse.ArgumentParser) -> None:
@@ -814,11 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="RAM for pinning the hottest experts (with --calib; 0..2**32-1, default 0: all "
         "in flash)",
     )
-    s.add_argument(
-        "--layer",
-        type=LAYER,
-        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
-    )
+    s.add_argument("--layer", type=LAYER, help=MOE_LAYER_HELP)
     add_quiet(s)
     s.set_defaults(func=cmd_generate)
 
@@ -877,11 +874,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="whole transformer: greedy tokens to generate after the prompt (printed)",
     )
     add_quant_args(s)
-    s.add_argument(
-        "--layer",
-        type=LAYER,
-        help="Hugging Face checkpoint: the decoder layer whose MoE block to use",
-    )
+    s.add_argument("--layer", type=LAYER, help=MOE_LAYER_HELP)
     add_quiet(s)
     s.set_defaults(func=cmd_reference)
 
