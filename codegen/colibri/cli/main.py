@@ -277,6 +277,7 @@ def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
+    from ..reference.accuracy import format_accuracy
     from .pipeline import generate, load
 
     board = load_board(a.board)
@@ -297,13 +298,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if model.decoder is not None:
         _print_transformer_summary(out, board.name, model.decoder, manifest)
         if "accuracy" in manifest:
-            from ..reference.accuracy import format_accuracy
-
             print(format_accuracy(manifest["accuracy"]))
         _print_routing(manifest)
         return 0
     from ..plan.placement import format_placement_report
-    from ..reference.accuracy import format_accuracy
 
     mem = manifest["memory"]
     c = model.layer.config
