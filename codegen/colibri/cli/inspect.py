@@ -32,7 +32,7 @@ from ..frontends.container import read_table
 from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint, moe_block_config
 from ..frontends.hf_model import attention_biases, load_hf_config
 from ..frontends.load import load_model
-from ..frontends.seed import SEED_MAGIC
+from ..frontends.seed import SEED_MAGIC, npz_members
 from ..ir.moe import Expert, MoEConfig, MoELayer
 from ..ir.transformer import Attention, DecoderLayer, MoETransformer, all_tensors
 from ..options import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_TOKENS, MAX_CONTEXT_LIMIT
@@ -105,22 +105,12 @@ class Report:
 
 def _npz_dtypes(path: Path) -> dict[str, int]:
     """dtype -> number of arrays, from the members' .npy headers (the config text left out)."""
-    out: dict[str, int] = {}
     try:
         with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if not info.filename.endswith(".npy") or info.filename == "config.npy":
-                    continue
-                with zf.open(info) as f:
-                    version = np.lib.format.read_magic(f)
-                    if version == (1, 0):
-                        _, _, dtype = np.lib.format.read_array_header_1_0(f)
-                    else:
-                        _, _, dtype = np.lib.format.read_array_header_2_0(f)
-                out[dtype.name] = out.get(dtype.name, 0) + 1
+            members = [(info.filename, dtype.name) for info, _, dtype in npz_members(zf)]
     except (OSError, ValueError, zipfile.BadZipFile) as exc:  # load_model read it already
         raise ModelFormatError(f"{path}: not a readable .npz file ({exc})") from None
-    return out
+    return dict(Counter(dtype for name, dtype in members if name != "config.npy"))
 
 
 def _layer_tensor_count(layer: MoELayer) -> int:

@@ -13,6 +13,7 @@ import os
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,20 +176,25 @@ _NPZ_ERRORS = (
 )
 
 
+def npz_members(zf: zipfile.ZipFile) -> Iterator[tuple[zipfile.ZipInfo, Any, np.dtype]]:
+    """(member, shape, dtype) of every .npy member of an .npz, from its header alone."""
+    for info in zf.infolist():
+        if info.filename.endswith(".npy"):
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            yield info, shape, dtype
+
+
 def _read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of an .npz, each member's header checked against its stored size before the
     array is read (a header cannot make numpy allocate more than the archive holds)."""
     try:
         with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if not info.filename.endswith(".npy"):
-                    continue
-                with zf.open(info) as f:
-                    version = np.lib.format.read_magic(f)
-                    if version == (1, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-                    else:
-                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            for info, shape, dtype in npz_members(zf):
                 need = math.prod(shape) * dtype.itemsize
                 if dtype.hasobject or need > info.file_size:
                     raise ModelFormatError(
