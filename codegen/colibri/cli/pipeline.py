@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from ..boards import load_board
-from ..emit.layer import render_layer
+from ..emit.model import check_supported
+from ..emit.model import render as emit
 from ..emit.output import FileContent, write_output
-from ..emit.transformer import check_supported, render_transformer
 from ..errors import ConfigError
 from ..frontends.hf import is_whole
 from ..frontends.hf_model import load_transformer
@@ -161,7 +161,6 @@ def render(
     analysis = analyse(m, qd, options, progress)
     with progress.stage("plan"):
         p = plan(m, qd.q, analysis, board, options)
-    emit = render_transformer if m.decoder is not None else render_layer
     with progress.stage("emit"):
         files, manifest = emit(m, qd.q, analysis, p, options, board)
     if qd.stats is not None:  # the report stage of --calib: the routing heat map

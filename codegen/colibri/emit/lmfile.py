@@ -3,7 +3,7 @@
 The file holds exactly the weights the generated C of the same model and quantisation flags
 holds (:func:`colibri.quant.model.quantize_transformer`, the same scale search), in the layouts
 the runtime's kernels read, plus the RoPE tables of ``max_context`` positions computed in
-float64 as :mod:`colibri.emit.transformer` does, so the runtime's file entry point
+float64 as :mod:`colibri.emit.model` does, so the runtime's file entry point
 (``colibri_lm_init`` / ``colibri_lm_forward``, runtime_c/src/lm_file.c) gives the generated C's
 logits bit for bit, without compiling anything per model. Byte layout: docs/format.md section 1b.
 
@@ -170,7 +170,7 @@ def model_tensors(
     """(name, array, expert index, logical shape or ()) of every tensor, in file order; `heat`
     (calibration heat per MoE layer, :func:`colibri.reference.calibration.expert_heat`) adds
     ``layer.{i}.heat``."""
-    from .transformer import check_supported
+    from .model import check_supported
 
     check_supported(model)
     out = head_tensors(model, q, max_context)
@@ -435,7 +435,7 @@ def write_lm_container_streamed(
     spool = Path(path).resolve().parent
 
     def tensors() -> Iterator[Tensor]:
-        from .transformer import check_supported_layer
+        from .model import check_supported_layer
 
         yield from head_tensors(head, q, max_context)
         # not enumerate(): it keeps the last item until the next one is made, so two layers

@@ -175,12 +175,11 @@ def banner_context(
 
 def render_files(kind: str, ctx: dict[str, Any]) -> dict[str, str]:
     """Every generated file of a model of `kind` from templates/<kind>/<file>.j2; the weights
-    file of both kinds from templates/common/weights.c.j2."""
+    files of both kinds from templates/common/weights.{h,c}.j2."""
     env = environment()
+    weights = {"_weights.h": "common/weights.h.j2", "_weights.c": "common/weights.c.j2"}
     return {
-        f: env.get_template(
-            "common/weights.c.j2" if f.endswith("_weights.c") else f"{kind}/{f}.j2"
-        ).render(filename=f, **ctx)
+        f: env.get_template(weights.get(f[-10:], f"{kind}/{f}.j2")).render(filename=f, **ctx)
         for f in GENERATED_FILES[kind]
     }
 

@@ -148,19 +148,17 @@ _PARTS = (
 
 class WeightTable:
     """The tensors of a generated weights file, each named ``<model>_<key>`` once (NameTable),
-    with their bytes counted per part of the model: fp32 arrays (:meth:`add`, listed in
-    ``arrays``) and stored tensors in any scheme (:meth:`add_stored`, in ``qarrays``, their
-    typedefs in ``typedefs``)."""
+    with their bytes counted per part of the model and their C declarations in blob order
+    (``blob_entries``): fp32 arrays (:meth:`add`), integer codes (:meth:`add_codes`) and stored
+    tensors in any scheme (:meth:`add_stored`, their typedefs in ``typedefs``)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.names = NameTable()
-        self.arrays: list[dict[str, Any]] = []
         self.keys: set[str] = set()
-        self.qarrays: list[dict[str, Any]] = []
         self.typedefs: dict[str, str] = {}
         self.parts: dict[str, int] = {}
-        #: Every tensor in blob order: symbol, offset, size, section, what.
+        #: Every tensor in blob order: symbol, C declaration, offset, size, section, what.
         self.blob_entries: list[dict[str, Any]] = []
         self._blob: list[bytes | memoryview] = []
         self._blob_size = 0
@@ -168,12 +166,13 @@ class WeightTable:
     def _place(
         self,
         sym: str,
+        decl: str,
         data: bytes | memoryview | list[bytes | memoryview],
         what: str,
         const: bool = True,
     ) -> None:
         """Append a tensor's bytes (one buffer or several) to the blob at the next 16-byte
-        boundary."""
+        boundary; `decl` declares it in C."""
         chunks = data if isinstance(data, list) else [data]
         pad = -self._blob_size % BLOB_ALIGN
         if pad:
@@ -182,6 +181,7 @@ class WeightTable:
         self.blob_entries.append(
             {
                 "symbol": sym,
+                "decl": decl,
                 "offset": self._blob_size,
                 "size": sum(memoryview(c).nbytes for c in chunks),
                 "section": (".rodata." if const else ".data.") + sym,
@@ -217,16 +217,17 @@ class WeightTable:
         """An fp32 array (listed in ``arrays``: symbol, size); returns its symbol."""
         sym = self._new_symbol(key)
         a = np.ascontiguousarray(arr, dtype="<f4")  # a view when it already is
-        self.arrays.append({"symbol": sym, "size": int(a.size), "what": what})
-        self._place(sym, a.data.cast("B"), what)
+        self._place(sym, f"const float {sym}[{a.size}]", a.data.cast("B"), what)
         self._count(key, int(a.nbytes))
         return sym
 
     def add_codes(self, key: str, arr: np.ndarray, what: str) -> str:
-        """Integer codes (fp16 bits, int8) declared by the template; returns the symbol."""
+        """Integer codes (fp16 bits as uint16, int8); returns the symbol."""
         sym = self._new_symbol(key)
         a = np.ascontiguousarray(arr)
-        self._place(sym, a.astype(a.dtype.newbyteorder("<")).tobytes(), what)
+        ctype = {"i": "int", "u": "uint"}[a.dtype.kind] + f"{8 * a.dtype.itemsize}_t"
+        decl = f"const {ctype} {sym}[{a.size}]"
+        self._place(sym, decl, a.astype(a.dtype.newbyteorder("<")).tobytes(), what)
         self._count(key, int(a.nbytes))
         return sym
 
@@ -241,14 +242,10 @@ class WeightTable:
         layout are plain float arrays (listed in ``arrays``, as :meth:`add`'s)."""
         sym = self._new_symbol(key)
         entry = tensor_entry(sym, t, self.name, const)
-        self._place(sym, tensor_chunks(t), what, const == "const ")
+        self._place(sym, entry["decl"], tensor_chunks(t), what, const == "const ")
         if entry["typedef"] is not None:
             self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
         entry["what"] = what
-        if isinstance(t, QuantTensor) and t.scheme == "fp32" and t.layout == "rows":
-            self.arrays.append({"symbol": sym, "size": entry["size"], "what": what})
-        else:
-            self.qarrays.append(entry)
         self._count(key, int(entry["nbytes"]))
         return entry
 
@@ -272,8 +269,11 @@ class WeightTable:
 
 
 def blob_context(weights: WeightTable, header: str, blob_name: str) -> dict[str, Any]:
-    """What templates/common/weights.c.j2 needs to link the table's blob."""
+    """What templates/common/weights.{h,c}.j2 need to declare the table's tensors and link its
+    blob."""
     return {
+        "typedefs": [weights.typedefs[k] for k in sorted(weights.typedefs)],
+        "integer_weights": any("float" not in e["decl"] for e in weights.blob_entries),
         "weights_header": header,
         "blob_name": blob_name,
         "blob_entries": weights.blob_entries,
