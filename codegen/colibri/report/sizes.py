@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..targets.size import SizeReport
+from ..targets.size import SizeReport, report_tables
 from ..targets.stack import StackReport, format_stack
 from .html import PALETTE, budget_bar, esc, legend, page, svg, table, usage_text
 from .treemap import Node, treemap_svg
@@ -113,45 +113,8 @@ def size_html(rep: SizeReport) -> str:
     body.append("</ul>")
     body.append(legend([(PALETTE[g], GROUP_LABELS[g]) for g in GROUP_LABELS]))
     body.append(svg(WIDTH, figure_height(), figure(rep), title))
-    body.append("<h2>Sections</h2>")
-    body.append(
-        table(
-            ["section", "bytes", "flash", "RAM"],
-            [
-                [s["name"], s["size"], "x" if s["flash"] else "", "x" if s["ram"] else ""]
-                for s in rep.sections
-            ],
-            numeric=[1],
-        )
-    )
-    if rep.modules:
-        body.append("<h2>Runtime modules</h2>")
-        body.append(
-            table(
-                ["runtime module", "code", "data"],
-                [[m, v["code"], v["data"]] for m, v in rep.modules.items()],
-                numeric=[1, 2],
-            )
-        )
-    if rep.experts:
-        body.append("<h2>Experts</h2>")
-        body.append(
-            table(
-                ["expert", "weights", "kernel"],
-                [[f"expert {e}", v["weights"], v["code"]] for e, v in rep.experts.items()],
-                numeric=[1, 2],
-            )
-        )
-    if rep.model:
-        body.append("<h2>Model (other symbols)</h2>")
-        body.append(table(["symbol", "bytes"], list(rep.model.items()), numeric=[1]))
-    if rep.arena:
-        body.append("<h2>Arena regions</h2>")
-        body.append(
-            table(
-                ["arena region", "bytes", "what"],
-                [[r["name"], r["size"], r["what"]] for r in rep.arena],
-                numeric=[1],
-            )
-        )
+    for name, head, rows in report_tables(rep):
+        numeric = [i for i, v in enumerate(rows[0] if rows else []) if isinstance(v, int)]
+        body.append(f"<h2>{esc(name)}</h2>")
+        body.append(table(head, rows, numeric=numeric))
     return page(title, body)

@@ -254,6 +254,37 @@ def size_report(target: str | Path, board_name: str) -> SizeReport:
     return rep
 
 
+def report_tables(rep: SizeReport) -> list[tuple[str, list[str], list[list[Any]]]]:
+    """The report's tables, (title, header, rows), for the text report and the HTML page."""
+    t: list[tuple[str, list[str], list[list[Any]]]] = [
+        (
+            "Sections",
+            ["section", "bytes", "flash", "RAM"],
+            [
+                [s["name"], s["size"], "x" if s["flash"] else "", "x" if s["ram"] else ""]
+                for s in rep.sections
+            ],
+        ),
+        (
+            "Runtime modules",
+            ["runtime module", "code", "data"],
+            [[m, v["code"], v["data"]] for m, v in rep.modules.items()],
+        ),
+        (
+            "Experts",
+            ["expert", "weights", "kernel"],
+            [[f"expert {e}", v["weights"], v["code"]] for e, v in rep.experts.items()],
+        ),
+        ("Model (other symbols)", ["model (other)", "bytes"], [list(x) for x in rep.model.items()]),
+        (
+            "Arena regions",
+            ["arena region", "bytes", "what"],
+            [[r["name"], r["size"], r["what"]] for r in rep.arena],
+        ),
+    ]
+    return [t[0]] + [x for x in t[1:] if x[2]]
+
+
 def _fmt_row(cols: list[str], widths: list[int]) -> str:
     return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths)))
 
@@ -270,36 +301,10 @@ def format_report(rep: SizeReport) -> str:
         from .stack import StackReport, format_stack
 
         lines.extend(format_stack(StackReport.from_dict(rep.stack)))
-    lines.append("")
-    widths = [22, 10, 6, 6]
-    lines.append(_fmt_row(["section", "bytes", "flash", "RAM"], widths))
-    for s in rep.sections:
-        lines.append(
-            _fmt_row(
-                [s["name"], str(s["size"]), "x" if s["flash"] else "", "x" if s["ram"] else ""],
-                widths,
-            )
-        )
-    if rep.modules:
+    for _, head, rows in report_tables(rep):
+        widths = [22] + [6 if h in ("flash", "RAM") else 0 if h == "what" else 10 for h in head[1:]]
         lines.append("")
-        lines.append(_fmt_row(["runtime module", "code", "data"], [22, 10, 10]))
-        for mod, v in rep.modules.items():
-            lines.append(_fmt_row([mod, str(v["code"]), str(v["data"])], [22, 10, 10]))
-    if rep.experts:
-        lines.append("")
-        lines.append(_fmt_row(["expert", "weights", "kernel"], [22, 10, 10]))
-        for e, v in rep.experts.items():
-            lines.append(_fmt_row([f"expert {e}", str(v["weights"]), str(v["code"])], [22, 10, 10]))
-    if rep.model:
-        lines.append("")
-        lines.append(_fmt_row(["model (other)", "bytes"], [22, 10]))
-        for n, nbytes in rep.model.items():
-            lines.append(_fmt_row([n, str(nbytes)], [22, 10]))
-    if rep.arena:
-        lines.append("")
-        lines.append(_fmt_row(["arena region", "bytes"], [22, 10]) + "  what")
-        for r in rep.arena:
-            lines.append(_fmt_row([r["name"], str(r["size"])], [22, 10]) + "  " + r["what"])
+        lines.extend(_fmt_row([str(c) for c in row], widths) for row in [head, *rows])
     return "\n".join(lines)
 
 
