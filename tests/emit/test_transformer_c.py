@@ -1,4 +1,4 @@
-"""The whole decoder-only MoE transformer in generated C (colibri/emit/transformer.py, lm_main.c):
+"""The whole decoder-only MoE transformer in generated C (colibri/emit/model.py, lm_main.c):
 logits at every prompt position vs transformers, greedy generation identical to transformers on
 the host and under QEMU, context overflow, seeded sampling, the CLI and the size report."""
 

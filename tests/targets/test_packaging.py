@@ -37,7 +37,7 @@ def test_wheel_carries_resources_and_works(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
         "colibri/cli/main.py",
-        "colibri/emit/layer.py",
+        "colibri/emit/model.py",
         "colibri/data/templates/common/experts.j2",
         "colibri/data/SConstruct",
         "colibri/data/boards/host.toml",

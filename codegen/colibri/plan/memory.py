@@ -92,10 +92,6 @@ class ArenaPlan:
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
 
-    def region_size(self, name: str) -> int:
-        """Bytes of region `name`, 0 when the plan has none."""
-        return next((r.size for r in self.regions if r.name == name), 0)
-
 
 @dataclass(frozen=True)
 class MemoryPlan(ArenaPlan):

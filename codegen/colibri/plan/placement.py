@@ -23,7 +23,6 @@ import numpy as np
 from ..ir.moe import MoELayer
 from ..quant.formats import QuantExpert
 
-PLACEMENTS = ("flash", "ram")
 KERNELS = ("default", "speed", "compact")
 
 
