@@ -6,12 +6,12 @@ for a block wherever it sits (a lone layer, or layer 17 of a transformer): its r
 stored experts in their schemes and layouts (:mod:`colibri.quant.formats`), each run by a
 generated FFN kernel (:mod:`colibri.emit.experts`, ``templates/common/experts.j2``), the
 per-expert wrappers, dispatch table and sharing map and the ``colibri_model_t`` fields the
-runtime's router + sparse forward take (``templates/common/block.j2``). A whole decoder adds
-what surrounds its blocks (:func:`_decoder`): token embedding, attention, norms, shared experts
-and dense MLPs (the same generated kernels), the LM head and RoPE tables (float64, stored as
-fp32 cos / sin of ``max_context`` positions). Every tensor goes through the one weights writer
-(:class:`~colibri.emit.weights.WeightTable`). Deterministic: the same model and options give
-byte-identical files.
+runtime's router + sparse forward take (the ``block_tables`` / ``block_fields`` macros of
+``experts.j2``). A whole decoder adds what surrounds its blocks (:func:`_decoder`): token
+embedding, attention, norms, shared experts and dense MLPs (the same generated kernels), the LM
+head and RoPE tables (float64, stored as fp32 cos / sin of ``max_context`` positions). Every
+tensor goes through the one weights writer (:class:`~colibri.emit.weights.WeightTable`).
+Deterministic: the same model and options give byte-identical files.
 
 Output per kind (:data:`colibri.emit.output.GENERATED_FILES`): a lone layer ("layer") writes
 colibri_model.{h,c} + colibri_weights.{h,c,bin}; a decoder ("transformer") transformer_model.{h,c}
@@ -123,7 +123,7 @@ def emit_block(
     stored expert in flash, in index order, default kernel) and `cache` (the loader's policy:
     other than "pinned", the wrappers take the weights the loader hands them); `macros`: the
     prefix of the header's dimension macros (a lone layer's), else the numbers. Returns what
-    templates/common/block.j2 writes: the wrappers, tables and colibri_model_t fields."""
+    experts.j2's block_tables / block_fields write: wrappers, tables, colibri_model_t fields."""
     c = m.config
     storage = m.storage_map()
     if placements is None:
