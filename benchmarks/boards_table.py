@@ -22,7 +22,7 @@ from colibri.boards import list_boards
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate
 from colibri.errors import ColibriError
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.options import GenerateOptions
 from colibri.reference.moe import compare, moe_forward
 from colibri.targets.size import size_report

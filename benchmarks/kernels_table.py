@@ -5,7 +5,7 @@ pass, per board and scheme, plus the router's instructions per token (issue 11).
     python benchmarks/kernels_table.py [--board host] [--board cortex-m4] [--scheme int8]
                                        [--json kernels.json] [--tiny] [--workdir DIR]
 
-The model is the issue's: the seed toy (colibri.frontends.toy.make_toy, 2 experts) with
+The model is the issue's: the seed toy (colibri.frontends.seed.make_toy, 2 experts) with
 d_model 128, d_ff 512, relu, top-k 1, generated with ``--quant SCHEME`` (fp32: no --quant) and
 default flags (but --max-tokens 9) for each board, built by the usual model build and run by
 the usual runner on 1, 8 and 9 tokens. A token costs 2 * d_model * d_ff MACs (w1 and w2 of
@@ -66,13 +66,13 @@ import router_table  # noqa: E402
 from colibri.boards import Board, load_board  # noqa: E402
 from colibri.cli.pipeline import generate  # noqa: E402
 from colibri.errors import BudgetExceeded, ColibriError  # noqa: E402
-from colibri.frontends.toy import make_toy  # noqa: E402
+from colibri.frontends.seed import make_toy  # noqa: E402
 from colibri.ir.moe import MoELayer  # noqa: E402
 from colibri.options import GenerateOptions  # noqa: E402
 from colibri.reference.moe import route  # noqa: E402
 from colibri.targets.build import build_model  # noqa: E402
+from colibri.targets.lmrun import read_output, write_input  # noqa: E402
 from colibri.targets.qemu import run_elf  # noqa: E402
-from colibri.targets.runio import read_output, write_input  # noqa: E402
 
 BOARDS = (
     "host",
@@ -94,7 +94,7 @@ COLUMNS = ("kernel@1", "kernel@8", "kslope", "pass@1", "pass@8", "slope", "group
 def model_shape(tiny: bool) -> dict[str, Any]:
     d_model, d_ff = (32, 64) if tiny else (128, 512)
     return {
-        "source": "colibri.frontends.toy.make_toy (seed layout)",
+        "source": "colibri.frontends.seed.make_toy (seed layout)",
         "experts": 2,
         "d_model": d_model,
         "d_ff": d_ff,

@@ -38,7 +38,7 @@ from colibri.boards import load_board  # noqa: E402
 from colibri.cli.main import run_model  # noqa: E402
 from colibri.cli.pipeline import generate, render  # noqa: E402
 from colibri.errors import BudgetExceeded  # noqa: E402
-from colibri.frontends.toy import make_toy  # noqa: E402
+from colibri.frontends.seed import make_toy  # noqa: E402
 from colibri.options import GenerateOptions  # noqa: E402
 from colibri.plan.budget import check_budget  # noqa: E402
 from colibri.quant.formats import make_plan, quantize_layer  # noqa: E402

@@ -130,8 +130,7 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
 @pytest.fixture
 def toy_dir(tmp_path: Path) -> Path:
     """The seed toy (2 experts, d_model 8, d_ff 16, k 1) in the seed layout."""
-    from colibri.frontends.seed import write_seed
-    from colibri.frontends.toy import make_toy
+    from colibri.frontends.seed import make_toy, write_seed
 
     write_seed(make_toy(), tmp_path / "toy")
     return tmp_path / "toy"

@@ -28,8 +28,7 @@ from colibri.errors import BudgetExceeded, OutputError
 from colibri.frontends.container import write_container
 from colibri.frontends.hf import write_safetensors
 from colibri.frontends.load import save_npy
-from colibri.frontends.seed import write_seed
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy, write_seed
 from colibri.plan.budget import MAX_ARENA_BYTES, check_budget, check_transformer_budget
 from hf_tiny import MIXTRAL_1LAYER_CONFIG, mixtral_tensors_1layer
 

@@ -12,8 +12,7 @@ import pytest
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate
 from colibri.frontends.container import write_container
-from colibri.frontends.seed import write_seed
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy, write_seed
 from colibri.options import GenerateOptions
 from colibri.reference.moe import FP32_TOLERANCE, compare, moe_forward
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.ir.moe import Expert, MoELayer
 from colibri.options import GenerateOptions
 from colibri.quant.formats import LAYER_TOLERANCE, make_plan, quantize_layer

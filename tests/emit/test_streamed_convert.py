@@ -32,7 +32,7 @@ from colibri.frontends.container import (  # noqa: E402
     write_container_streamed,
 )
 from colibri.frontends.hf_model import load_transformer  # noqa: E402
-from colibri.frontends.toy import make_toy  # noqa: E402
+from colibri.frontends.seed import make_toy  # noqa: E402
 from colibri.options import GenerateOptions  # noqa: E402
 from colibri.quant.model import quantize_transformer_as_asked  # noqa: E402
 from colibri.reference.transformer import forward  # noqa: E402

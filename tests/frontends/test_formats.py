@@ -11,8 +11,7 @@ import pytest
 from colibri.errors import ColibriError, ConfigError, ModelFormatError, ShapeError
 from colibri.frontends.container import read_container, write_container
 from colibri.frontends.load import load_model
-from colibri.frontends.seed import write_seed
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy, write_seed
 from colibri.ir.moe import Expert, MoELayer
 
 

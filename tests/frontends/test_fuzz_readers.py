@@ -32,8 +32,7 @@ from colibri.errors import ColibriError
 from colibri.frontends.container import write_container
 from colibri.frontends.hf import SafetensorsFile, write_safetensors
 from colibri.frontends.load import load_model
-from colibri.frontends.seed import load_config, write_seed
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import load_config, make_toy, write_seed
 from hf_tiny import MIXTRAL_1LAYER_CONFIG, mixtral_tensors_1layer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

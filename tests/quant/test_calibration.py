@@ -17,7 +17,7 @@ from colibri.cli.main import main
 from colibri.cli.pipeline import generate
 from colibri.errors import ConfigError, InputError
 from colibri.frontends.hf_model import load_hf_transformer
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.ir.moe import MoELayer
 from colibri.options import GenerateOptions
 from colibri.quant.calib import (

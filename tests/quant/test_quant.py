@@ -16,7 +16,7 @@ import pytest
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate, render
 from colibri.errors import BudgetExceeded, ModelFormatError, ShapeError
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.options import GenerateOptions
 from colibri.quant.formats import (
     BLOCK_Q4_DTYPE,

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 from colibri.errors import ConfigError, ShapeError
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.quant.formats import (
     BLOCK_Q4_DTYPE,
     QK4,

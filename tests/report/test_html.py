@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from colibri.cli.pipeline import generate
 from colibri.errors import OutputError
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.options import GenerateOptions
 from colibri.report.html import budget_bar, write_report
 from colibri.report.treemap import Node, Rect, layout, squarify

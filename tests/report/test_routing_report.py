@@ -15,8 +15,7 @@ from colibri.cli.main import main
 from colibri.cli.pipeline import generate, render
 from colibri.emit.output import GENERATED_FILES
 from colibri.frontends.hf_model import load_hf_transformer
-from colibri.frontends.seed import write_seed
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy, write_seed
 from colibri.ir.moe import MoELayer
 from colibri.options import GenerateOptions
 from colibri.report.routing import MAX_TOKENS_SHOWN, ROUTING_HTML, ROUTING_MD, layer_routing

@@ -12,7 +12,7 @@ from colibri.boards import load_board, matrix_boards
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate
 from colibri.errors import BudgetExceeded
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.ir.moe import MoELayer
 from colibri.options import GenerateOptions
 from colibri.reference.moe import FP32_TOLERANCE, compare, moe_forward

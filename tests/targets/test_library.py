@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from colibri.boards import matrix_boards
 from colibri.frontends.load import load_model
-from colibri.frontends.seed import write_seed
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy, write_seed
 from colibri.reference.moe import compare, moe_forward
 from colibri.targets.build import build_library, scons
 from colibri.targets.size import _ar_members

@@ -13,7 +13,7 @@ import pytest
 from colibri.boards import matrix_boards
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.options import GenerateOptions
 from colibri.quant.formats import LAYER_TOLERANCE, make_plan, quantize_layer
 from colibri.reference.kernels import quant_moe_forward

@@ -14,7 +14,7 @@ import pytest
 from colibri.boards import list_boards, load_board
 from colibri.cli.pipeline import generate
 from colibri.errors import BudgetExceeded, QemuError
-from colibri.frontends.toy import make_toy
+from colibri.frontends.seed import make_toy
 from colibri.options import GenerateOptions
 from conftest import require_board
 
@@ -30,8 +30,8 @@ def _toy(board: str, where: Path) -> tuple[Path, np.ndarray]:
 
 
 def _run(board: str, elf: Path, x: np.ndarray, work: Path) -> object:
+    from colibri.targets.lmrun import write_input
     from colibri.targets.qemu import run_elf
-    from colibri.targets.runio import write_input
 
     work.mkdir(parents=True, exist_ok=True)
     write_input(work / "input.bin", x)

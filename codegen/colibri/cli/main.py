@@ -66,7 +66,7 @@ def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
 
 
 def cmd_make_toy(a: argparse.Namespace) -> int:
-    from ..frontends.toy import make_toy
+    from ..frontends.seed import make_toy
 
     out = Path(a.out)
     if out.exists() and not out.is_dir():
@@ -372,8 +372,8 @@ def run_model(
     """Build (incrementally) and run a generated model on a board; returns (RunOutput, result)
     (`progress`: a colibri.progress reporter for the build and run steps)."""
     from ..targets.build import build_model, check_generated
+    from ..targets.lmrun import read_output, write_input
     from ..targets.qemu import run_elf
-    from ..targets.runio import read_output, write_input
 
     gdir = Path(gen_dir).resolve()
     manifest = check_generated(gdir)
@@ -588,7 +588,7 @@ def cmd_size(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """The README's main job: toy model -> generate -> build + run on host and a Cortex-M."""
-    from ..frontends.toy import make_toy
+    from ..frontends.seed import make_toy
     from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
 
     progress = _progress(a)
