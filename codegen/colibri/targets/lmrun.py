@@ -440,8 +440,8 @@ def resolve_tokenizer(manifest: dict[str, Any], explicit: str | None) -> Tokeniz
 
 
 # -- the MoE-layer runner's file protocol (runtime_c/runner/main.c): token input, output + routing
-IN_MAGIC = 0x49424C43  # "CLBI"
-OUT_MAGIC = 0x4F424C43  # "CLBO"
+LAYER_IN_MAGIC = 0x49424C43  # "CLBI"
+LAYER_OUT_MAGIC = 0x4F424C43  # "CLBO"
 
 
 @dataclass
@@ -453,7 +453,9 @@ class RunOutput:
 
 def write_input(path: Path, x: np.ndarray) -> None:
     t, d = x.shape
-    path.write_bytes(struct.pack("<III", IN_MAGIC, t, d) + np.ascontiguousarray(x, "<f4").tobytes())
+    path.write_bytes(
+        struct.pack("<III", LAYER_IN_MAGIC, t, d) + np.ascontiguousarray(x, "<f4").tobytes()
+    )
 
 
 def read_output(path: Path) -> RunOutput:
@@ -463,7 +465,7 @@ def read_output(path: Path) -> RunOutput:
     if len(raw) < 20:
         raise ColibriError(f"{path}: output file truncated ({len(raw)} bytes)")
     magic, t, d, k, chunk = struct.unpack_from("<5I", raw)
-    if magic != OUT_MAGIC:
+    if magic != LAYER_OUT_MAGIC:
         raise ColibriError(f"{path}: not a runner output file (magic 0x{magic:08X})")
     out = np.empty((t, d), np.float32)
     ids = np.empty((t, k), np.int32)
