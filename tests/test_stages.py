@@ -77,7 +77,7 @@ def test_every_folder_is_a_stage_with_a_map() -> None:
     folders = sorted(p for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert [f.name for f in folders] == sorted(STAGES[1:])
     for folder in [PACKAGE, *folders]:
-        modules = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+        modules = list(folder.glob("*.py"))  # __init__ / __main__ included
         assert len(modules) <= MAX_MODULES_PER_FOLDER, f"{folder}: {len(modules)} modules"
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
         assert doc and len(doc.split()) >= 20, f"{folder}/__init__.py: no docstring map"
