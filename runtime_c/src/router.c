@@ -296,29 +296,66 @@ int colibri_router_weights_ok(const colibri_model_t *model)
     }
 }
 
-/* x . Wg[e] accumulated in fp32 in index order; quantised weights are dequantised to fp32
- * first (fp16 exactly; int8 as (float)q * scale[e]), which colibri/reference/moe.py mirrors. */
-static float router_dot(const colibri_model_t *model, int32_t e, const float *x, size_t d)
+/* out[j] = x . Wg[e0 + j] for j < R (R <= 4, a constant where inlined), each accumulated in
+ * fp32 in index order; quantised weights are dequantised to fp32 first (fp16 exactly; int8 as
+ * (float)q * scale[e]), which colibri/reference/moe.py mirrors. The R rows' sums are
+ * independent chains run side by side (each in its own order, so the same bits as one row at a
+ * time): a chain's adds wait for each other, R chains overlap, and x[i] is loaded once for R
+ * rows. */
+static inline __attribute__((always_inline)) void router_dots(const colibri_model_t *model,
+                                                              int32_t e0, const float *x, size_t d,
+                                                              float *out, const int32_t R)
 {
-    float acc = 0.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (model->router_scheme == COLIBRI_QUANT_F16) {
-        const uint16_t *wq = (const uint16_t *)model->router_wq + (size_t)e * d;
+        const uint16_t *wq = (const uint16_t *)model->router_wq + (size_t)e0 * d;
         for (size_t i = 0; i < d; i++) {
-            acc += x[i] * colibri_f16_to_f32(wq[i]);
+            for (int32_t j = 0; j < R; j++) {
+                acc[j] += x[i] * colibri_f16_to_f32(wq[(size_t)j * d + i]);
+            }
         }
     } else if (model->router_scheme == COLIBRI_QUANT_Q8) {
-        const int8_t *wq = (const int8_t *)model->router_wq + (size_t)e * d;
-        const float s = model->router_scale[e];
+        const int8_t *wq = (const int8_t *)model->router_wq + (size_t)e0 * d;
+        const float *s = model->router_scale + e0;
         for (size_t i = 0; i < d; i++) {
-            acc += x[i] * ((float)wq[i] * s);
+            for (int32_t j = 0; j < R; j++) {
+                acc[j] += x[i] * ((float)wq[(size_t)j * d + i] * s[j]);
+            }
         }
     } else {
-        const float *wg = model->router_w + (size_t)e * d;
+        const float *wg = model->router_w + (size_t)e0 * d;
         for (size_t i = 0; i < d; i++) {
-            acc += x[i] * wg[i];
+            for (int32_t j = 0; j < R; j++) {
+                acc[j] += x[i] * wg[(size_t)j * d + i];
+            }
         }
     }
-    return acc;
+    for (int32_t j = 0; j < R; j++) {
+        out[j] = acc[j];
+    }
+}
+
+/* logits[j] = x . Wg[e0 + j] for j < n: four rows at a time, then the last 1..3 together. */
+static void router_logits(const colibri_model_t *model, int32_t e0, int32_t n, const float *x,
+                          size_t d, float *logits)
+{
+    int32_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        router_dots(model, e0 + j, x, d, logits + j, 4);
+    }
+    switch (n - j) {
+    case 3:
+        router_dots(model, e0 + j, x, d, logits + j, 3);
+        break;
+    case 2:
+        router_dots(model, e0 + j, x, d, logits + j, 2);
+        break;
+    case 1:
+        router_dots(model, e0 + j, x, d, logits + j, 1);
+        break;
+    default:
+        break;
+    }
 }
 
 colibri_status colibri_route(const colibri_model_t *model, const float *input,
@@ -351,9 +388,11 @@ colibri_status colibri_route(const colibri_model_t *model, const float *input,
         for (int32_t e0 = 0; e0 < n_exp; e0 += ROUTE_BLOCK) {
             const int32_t n = (n_exp - e0 < ROUTE_BLOCK) ? n_exp - e0 : ROUTE_BLOCK;
             float logits[ROUTE_BLOCK];
-            for (int32_t j = 0; j < n; j++) {
-                const float acc = router_dot(model, e0 + j, x, d);
-                logits[j] = (bias != NULL) ? acc + bias[e0 + j] : acc;
+            router_logits(model, e0, n, x, d, logits);
+            if (bias != NULL) {
+                for (int32_t j = 0; j < n; j++) {
+                    logits[j] = logits[j] + bias[e0 + j];
+                }
             }
             if (!route_block(&rs, logits, e0, n)) {
                 return COLIBRI_ERR_NAN;
