@@ -177,10 +177,13 @@ def render_files(kind: str, ctx: dict[str, Any]) -> dict[str, str]:
     """Every generated file of a model of `kind` from templates/<kind>/<file>.j2; the weights
     files of both kinds from templates/common/weights.{h,c}.j2."""
     env = environment()
-    weights = {"_weights.h": "common/weights.h.j2", "_weights.c": "common/weights.c.j2"}
+
+    def template(f: str) -> str:
+        tail = f.rsplit("_", 1)[-1]  # weights.h / weights.c: one template for both kinds
+        return f"common/{tail}.j2" if tail.startswith("weights.") else f"{kind}/{f}.j2"
+
     return {
-        f: env.get_template(weights.get(f[-10:], f"{kind}/{f}.j2")).render(filename=f, **ctx)
-        for f in GENERATED_FILES[kind]
+        f: env.get_template(template(f)).render(filename=f, **ctx) for f in GENERATED_FILES[kind]
     }
 
 

@@ -214,7 +214,7 @@ class WeightTable:
         return sum(self.parts.values())
 
     def add(self, key: str, arr: np.ndarray, what: str) -> str:
-        """An fp32 array (listed in ``arrays``: symbol, size); returns its symbol."""
+        """An fp32 array, declared ``const float <symbol>[size]``; returns its symbol."""
         sym = self._new_symbol(key)
         a = np.ascontiguousarray(arr, dtype="<f4")  # a view when it already is
         self._place(sym, f"const float {sym}[{a.size}]", a.data.cast("B"), what)
@@ -239,7 +239,7 @@ class WeightTable:
     ) -> dict[str, Any]:
         """A tensor in its stored scheme (:func:`tensor_entry`: its decl, init, typedef and
         reference); const "" places it in RAM (pinned experts). fp32 matrices in the seed
-        layout are plain float arrays (listed in ``arrays``, as :meth:`add`'s)."""
+        layout are declared as plain float arrays, as :meth:`add`'s."""
         sym = self._new_symbol(key)
         entry = tensor_entry(sym, t, self.name, const)
         self._place(sym, entry["decl"], tensor_chunks(t), what, const == "const ")

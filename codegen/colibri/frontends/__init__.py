@@ -3,7 +3,6 @@
 ``load`` detects a file's format from its content and opens it (and .npy arrays); ``seed``
 (the seed articles' flat layout, its directory variant, .npz, seeded toy models),
 ``container`` (the Colibri ``.clb``, read and written), ``hf`` (safetensors and Hugging Face
-configs, one MoE block),
-``hf_model`` (a whole Hugging Face causal LM), ``export`` (PyTorch state_dicts and
-transformers' block modules), and ``tokenizer`` (``tokenizer.json``).
+configs, one MoE block), ``hf_model`` (a whole Hugging Face causal LM), ``export`` (PyTorch
+state_dicts and transformers' block modules) and ``tokenizer`` (``tokenizer.json``).
 """
