@@ -1783,19 +1783,28 @@ KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk,
                 s16 = ((const __m512 *)sv)[j];
             }
         }
+        /* k outer, tokens inner: consecutive VPDPBUSD go to different tokens' sums, so the
+         * NT dependency chains overlap instead of each token's eight running back to back */
+        __m512i a[KX5_TILE];
         _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
         {
-            const int8_t *xb = x + (size_t)t * xs + (size_t)j * COLIBRI_QK8;
-            __m512i a = _mm512_set1_epi32(corr[(size_t)t * cs + (size_t)j]);
-            KX_UNROLL for (int k = 0; k < 8; k++)
+            a[t] = _mm512_set1_epi32(corr[(size_t)t * cs + (size_t)j]);
+        }
+        KX_UNROLL for (int k = 0; k < 8; k++)
+        {
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
             {
                 int32_t x4;
-                memcpy(&x4, xb + 4 * k, sizeof x4);
-                a = _mm512_dpbusd_epi32(a, wk[k], _mm512_set1_epi32(x4));
+                memcpy(&x4, x + (size_t)t * xs + (size_t)j * COLIBRI_QK8 + 4u * (size_t)k,
+                       sizeof x4);
+                a[t] = _mm512_dpbusd_epi32(a[t], wk[k], _mm512_set1_epi32(x4));
             }
+        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+        {
             const __m512 s = _mm512_set1_ps(sx[(size_t)t * ss + (size_t)j]);
             acc[t] =
-                _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(a),
+                _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(a[t]),
                                                     (MODE != KX5_Q8) ? _mm512_mul_ps(s16, s) : s));
         }
     }
