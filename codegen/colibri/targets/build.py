@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..boards import Board, load_board
@@ -57,13 +59,39 @@ def scons(
     line counting its steps)."""
     cmd = [sys.executable, "-m", "SCons", "-Q", "-C", str(resource_dir()), *args]
     env = dict(os.environ)
-    if progress.visible and not verbose:
-        proc = _scons_counted(cmd, env, progress)
-    else:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    with _build_dir_lock(args):
+        if progress.visible and not verbose:
+            proc = _scons_counted(cmd, env, progress)
+        else:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if verbose:
         sys.stderr.write(proc.stdout + proc.stderr)
     return proc
+
+
+@contextmanager
+def _build_dir_lock(args: list[str]) -> Iterator[None]:
+    """Hold an exclusive lock on the build directory named by ``build_dir=`` while SCons runs:
+    two colibri commands (or two test workers) building the same library or model-file runner
+    at once wait for each other instead of writing the same objects together. The lock is
+    ``<build_dir>/.colibri.lock`` (flock, released with the process). No lock without
+    ``build_dir=`` (every caller here names one) or without fcntl (not POSIX)."""
+    named = [a.split("=", 1)[1] for a in args if a.startswith("build_dir=")]
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        named = []
+    if not named:
+        yield
+        return
+    target = Path(named[-1]).resolve()
+    target.mkdir(parents=True, exist_ok=True)
+    with open(target / ".colibri.lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 #: A build step as the SConstruct prints it: "CC      [host] path/to/file.o".
