@@ -53,12 +53,17 @@ def _require_clang() -> None:
         pytest.skip(message)
 
 
-def _build(out: Path, *sources: Path) -> None:
+def _build(out: Path, *sources: Path, objects: Path | None = None) -> None:
+    """fuzz/build.sh into out; objects: the runtime objects of an earlier build to link."""
+    env = dict(os.environ)
+    if objects is not None:
+        env["FUZZ_OBJ_DIR"] = str(objects)
     result = subprocess.run(
         ["bash", str(FUZZ_DIR / "build.sh"), str(out), *map(str, sources)],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=env,
         check=False,
     )
     assert result.returncode == 0, f"fuzz/build.sh failed:\n{result.stdout}{result.stderr}"
@@ -108,9 +113,8 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_allocation_limit_trips(tmp_path: Path) -> None:
+def test_allocation_limit_trips(harness_dir: Path, tmp_path: Path) -> None:
     """The hook is live: a harness that allocates past the limit while armed is a crash."""
-    _require_clang()
     canary = tmp_path / "fuzz_canary.c"
     canary.write_text(
         '#include "fuzz_common.h"\n'
@@ -123,7 +127,7 @@ def test_allocation_limit_trips(tmp_path: Path) -> None:
         "    void *volatile p = malloc(size + 1u);\n"
         "    fuzz_disarm();\n    free(p);\n    return 0;\n}\n"
     )
-    _build(tmp_path, canary)
+    _build(tmp_path, canary, objects=harness_dir / "obj")
     sample = tmp_path / "input"
     sample.write_bytes(b"x" * 100)
     result = _run(tmp_path / "fuzz_canary", [str(sample)], tmp_path, timeout=60)
