@@ -968,14 +968,14 @@ static KX_NOINLINE KX_Z512 void kx_matvec_q4_q8_avx512z(const colibri_block_q4_3
 
 /*
  * colibri_matmul_q8_q8 / q8b_q8 / q4_q8 on one chunk of rows: tokens in tiles (AVX2: 2 to
- * KX_AVX2_TILE tokens, kx_q8_mm_tile_avx2 / kx_q4_mm_tile_avx2 below; VNNI: KX_TOK_TILE, with
- * KX_TILE_SUMS), rows in groups of eight. Each block of a group's eight rows is loaded
- * and unpacked once and multiplied against the activation codes of every token of the tile. Per
- * token and row the float steps are those of the matvec above (blocks in order, the same multiplies
- * and adds lane by lane), so row t of the result is the matvec of token t bit for bit: only the
- * order of the exact integer sums differs. The tokens after the last whole tile, and the last
- * group of rows when n_out is not a multiple of eight, run the matvec itself. One tile width and
- * one non-inlined tile function per weight format and level (q8 / q8b share theirs, BLOCKED an
+ * KX_AVX2_TILE tokens, kx_q8_mm_tile_avx2, or KX_AVX2_Q4_TILE, kx_q4_mm_tile_avx2, below; VNNI:
+ * KX_TOK_TILE, with KX_TILE_SUMS), rows in groups of eight. Each block of a group's eight rows
+ * is loaded and unpacked once and multiplied against the activation codes of every token of the
+ * tile. Per token and row the float steps are those of the matvec above (blocks in order, the same
+ * multiplies and adds lane by lane), so row t of the result is the matvec of token t bit for bit:
+ * only the order of the exact integer sums differs. The tokens after the last whole tile, and the
+ * last group of rows when n_out is not a multiple of eight, run the matvec itself. One tile width
+ * and one non-inlined tile function per weight format and level (q8 / q8b share theirs, BLOCKED an
  * argument) keep this file quick to compile: each width more is another copy of every tile.
  *
  * A VNNI level supplies, for one block: XPREP (a token's codes, unpacked once per block and tile),
@@ -1094,10 +1094,11 @@ static KX_NOINLINE void kx_pad_rows(int8_t *dst, size_t width, const int8_t *src
     (((left) >= (MINT)) ? (((left) < (MAXT)) ? (left) : (MAXT)) : 1)
 
 /*
- * AVX2 tiles: 2..KX_AVX2_TILE tokens, eight rows. Per block, the eight rows' weights are unpacked
- * once into a stack buffer, then a loop over the tokens multiplies them (memory operands) by the
- * token's codes (registers) and reduces the eight rows at once, so the loop's values fit the 16
- * YMM registers: no spills, and one tile of up to eight tokens unpacks each weight block once.
+ * AVX2 int8 tiles: 2..KX_AVX2_TILE tokens, eight rows. Per block, the eight rows' weights are
+ * unpacked once into a stack buffer, then a loop over the tokens multiplies them (memory operands)
+ * by the token's codes (registers) and reduces the eight rows at once, so the loop's values fit
+ * the 16 YMM registers: no spills, and one tile of up to eight tokens unpacks each weight block
+ * once. (int4: kx_q4_mm_tile_avx2 below, tiles of up to KX_AVX2_Q4_TILE.)
  */
 #define KX_AVX2_TILE 8
 
@@ -1218,115 +1219,152 @@ static KX_NOINLINE KX_AVX2 void kx_q8_mm_tile_avx2(const int8_t *q, const float 
     }
 }
 
-/* A row's block for the tile: its weights - 8 (-8..7) to *dst, and the sums of each pair of them
- * (int16 lanes, for the correction of x + 128). */
-KX_INLINE KX_AVX2 __m256i kx_q4_wrow_avx2(const colibri_block_q4_32 *blk, __m256i *dst)
+/*
+ * The AVX2 int4 tile (kx_q4_mm_tile_avx2 below) transposes each block of eight rows once so that
+ * no horizontal sum is left per token: register W[k] holds, in 32-bit lane r, row r's weights
+ * 4k..4k+3 minus 8 (signed bytes -8..7). A token's codes go in as x + 128 (unsigned), the four
+ * codes 4k..4k+3 broadcast to every lane, so VPMADDUBSW(x, W[k]) gives each row the pair sums of
+ * those four products. The eight k add up in int16 (sixteen products of |(x + 128)(w - 8)| <=
+ * 2040: within +-32640, no overflow), one VPMADDWD by 1 makes lane r row r's int32 sum, and
+ * 128 * (sum of the row's block weights - 8), the same for every token, comes off: the exact block
+ * sum of the matvec, whose float steps follow in its order.
+ */
+#define KX_Q4_BCH 32 /* blocks a range: the tile's biased codes (up to 16 KiB) stay in L1 */
+#define KX_AVX2_Q4_TILE 16
+
+/* Rows r and r + 4's blocks (stride rs blocks) as W[0..7] (see above); returns 128 * each
+ * row's sum of its weights - 8, lane r. */
+KX_INLINE KX_AVX2 __m256i kx_q4_pack8_avx2(const colibri_block_q4_32 *blk, size_t rs, __m256i W[8])
 {
-    /* the 16 bytes in both halves, the high half shifted by 4: low nibbles, then high ones */
-    const __m256i v =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)blk->qs));
-    const __m256i nib = _mm256_and_si256(
-        _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
-    const __m256i w = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
-    _mm256_store_si256(dst, w);
-    return _mm256_maddubs_epi16(_mm256_set1_epi8(1), w);
+    __m256i a[4];
+    KX_UNROLL for (int r = 0; r < 4; r++)
+    {
+        a[r] = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(
+                _mm_loadu_si128((const __m128i *)(const void *)blk[(size_t)r * rs].qs)),
+            _mm_loadu_si128((const __m128i *)(const void *)blk[(size_t)(r + 4) * rs].qs), 1);
+    }
+    /* per 128-bit half, a 4 x 4 transpose of 32-bit words: p[j] lane r = row r's bytes 4j..4j+3,
+     * whose low nibbles are weights 4j..4j+3 and high nibbles weights 16 + 4j..16 + 4j + 3 */
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]);
+    const __m256i t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]);
+    const __m256i t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    const __m256i p[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    const __m256i e8 = _mm256_set1_epi8(8);
+    KX_UNROLL for (int j = 0; j < 4; j++)
+    {
+        W[j] = _mm256_sub_epi8(_mm256_and_si256(p[j], m), e8);
+        W[j + 4] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(p[j], 4), m), e8);
+    }
+    /* the eight W summed bytewise: |sum| <= 64, exact in int8 */
+    const __m256i s =
+        _mm256_add_epi8(_mm256_add_epi8(_mm256_add_epi8(W[0], W[1]), _mm256_add_epi8(W[2], W[3])),
+                        _mm256_add_epi8(_mm256_add_epi8(W[4], W[5]), _mm256_add_epi8(W[6], W[7])));
+    const __m256i c =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), s), _mm256_set1_epi16(1));
+    return _mm256_slli_epi32(c, 7);
 }
 
-/* Token x's block (codes at xt) times the eight rows' weights - 8 (wv): lane r = row r's int32
- * sum. The codes go in as x + 128 (unsigned), so c0123 / c4567 (128 * the sums of each eight
- * weights, in the lanes of h0123 / h4567) come off. */
-KX_INLINE KX_AVX2 __m256i kx_q4_tok_avx2(const __m256i wv[8], const int8_t *xt, __m256i c0123,
-                                         __m256i c4567)
+/* acc + v as VADDPS with acc the first source, as the matvec's acc += v: when both are NaN the
+ * result carries acc's payload (x86 keeps the first source's). An accumulator kept in memory
+ * would otherwise become the second source (only it can be a memory operand). */
+KX_INLINE KX_AVX2 __m256 kx_acc_add_avx2(__m256 acc, __m256 v)
 {
-    const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)xt),
-                                        _mm256_set1_epi8((char)0x80));
-#define KX_Q4_ROW(r) _mm256_maddubs_epi16(xu, _mm256_load_si256(&wv[r]))
-    /* int16 lanes of each 128-bit half: [row 4h + k: elements 0..7, 8..15] */
-    const __m256i h0123 = _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(0), KX_Q4_ROW(1)),
-                                            _mm256_hadd_epi16(KX_Q4_ROW(2), KX_Q4_ROW(3)));
-    const __m256i h4567 = _mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_ROW(4), KX_Q4_ROW(5)),
-                                            _mm256_hadd_epi16(KX_Q4_ROW(6), KX_Q4_ROW(7)));
-#undef KX_Q4_ROW
-    const __m256i a = _mm256_madd_epi16(_mm256_sub_epi16(h0123, c0123), _mm256_set1_epi16(1));
-    const __m256i c = _mm256_madd_epi16(_mm256_sub_epi16(h4567, c4567), _mm256_set1_epi16(1));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x21), _mm256_blend_epi32(a, c, 0xF0));
+    __asm__("vaddps {%1, %0, %0|%0, %0, %1}" : "+x"(acc) : "x"(v));
+    return acc;
+}
+
+/* A token's int32 block sums for the eight rows: xu its block's codes + 128 (32 bytes). */
+KX_INLINE KX_AVX2 __m256i kx_q4_tok8_avx2(const __m256i W[8], const uint8_t *xu, __m256i corr)
+{
+    const int32_t *xw = (const int32_t *)(const void *)xu;
+#define KX_Q4_K(k) _mm256_maddubs_epi16(_mm256_set1_epi32(xw[k]), _mm256_load_si256(&W[k]))
+    const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(KX_Q4_K(0), KX_Q4_K(1)),
+                                                        _mm256_add_epi16(KX_Q4_K(2), KX_Q4_K(3))),
+                                       _mm256_add_epi16(_mm256_add_epi16(KX_Q4_K(4), KX_Q4_K(5)),
+                                                        _mm256_add_epi16(KX_Q4_K(6), KX_Q4_K(7))));
+#undef KX_Q4_K
+    return _mm256_sub_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), corr);
 }
 
 /*
- * int4 weights x int8 codes, rows [0, n_out) (a multiple of 8) for nt tokens. Per block, each
- * row's nibbles minus 8 (-8..7, signed) go to a stack buffer, and each token's codes in as
- * x + 128 (unsigned) for VPMADDUBSW; its products are summed in int16 (VPHADDW: a sum of eight
- * products is within +-16320, no overflow) and the 128 * (sum of each eight weights) the x + 128
- * added is taken off per row, once per block for all the tokens. The int32 block sums are those
- * of the matvec (exact), and the float steps per token are the matvec's, in its order.
+ * int4 weights x int8 codes, rows [0, n_out) (a multiple of 8) for nt (2..KX_AVX2_Q4_TILE) tokens.
+ * Blocks go in ranges of KX_Q4_BCH: the tile's codes of the range are biased (+ 128, the partial
+ * last block zero-padded first) once into a stack buffer, then every group of eight rows runs
+ * over it, its accumulators waiting in y between ranges (the order of the float steps is the
+ * matvec's: acc += (float)isum * (d * sx[b]), blocks in order).
  */
 static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w, const int8_t *xq,
                                                    const float *sx, float *y, int32_t ldy,
                                                    int32_t n_out, int32_t n_in, int nt)
 {
     const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
-    const int32_t full = n_in / COLIBRI_QK4;
-    int8_t xpad[KX_AVX2_TILE][COLIBRI_QK4];
-    __m256i wv[8]; /* row r's weights - 8, in the order of x */
-    __m256 acc[KX_AVX2_TILE];
-    if (full < nb) {
-        kx_pad_rows(&xpad[0][0], COLIBRI_QK4, xq + (size_t)full * COLIBRI_QK4, (size_t)n_in, nt,
-                    (size_t)(n_in - full * COLIBRI_QK4));
-    }
-    /* byte offsets of the eight rows' blocks from row 0's; the low 2 bytes of each 4 */
-    const __m256i doff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32(nb * (int32_t)sizeof *w));
-    const __m256i dpick =
-        _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9,
-                         12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
-        const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;
+    _Alignas(32) uint8_t xu[KX_AVX2_Q4_TILE][KX_Q4_BCH][COLIBRI_QK4];
+    _Alignas(32) __m256i W[8];
+    __m256 acc[KX_AVX2_Q4_TILE];
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int32_t b0 = 0; b0 < nb; b0 += KX_Q4_BCH) {
+        const int32_t nbr = (nb - b0 < KX_Q4_BCH) ? nb - b0 : KX_Q4_BCH;
         for (int t = 0; t < nt; t++) {
-            acc[t] = _mm256_setzero_ps();
+            const int8_t *src = xq + (size_t)t * (size_t)n_in + (size_t)b0 * COLIBRI_QK4;
+            const int32_t n = (n_in - b0 * COLIBRI_QK4 < nbr * COLIBRI_QK4)
+                                  ? n_in - b0 * COLIBRI_QK4
+                                  : nbr * COLIBRI_QK4;
+            int32_t i = 0;
+            for (; i + 32 <= n; i += 32) {
+                _mm256_store_si256(
+                    (__m256i *)(void *)&xu[t][i / 32][0],
+                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(src + i)),
+                                     bias));
+            }
+            if (i < n) { /* the partial last block: zero-padded, then biased */
+                memset(&xu[t][i / 32][0], 0, COLIBRI_QK4);
+                memcpy(&xu[t][i / 32][0], src + i, (size_t)(n - i));
+                _mm256_store_si256(
+                    (__m256i *)(void *)&xu[t][i / 32][0],
+                    _mm256_xor_si256(
+                        _mm256_load_si256((const __m256i *)(const void *)&xu[t][i / 32][0]), bias));
+            }
         }
-        for (int32_t b = 0; b < nb; b++) {
-            const colibri_block_q4_32 *blk = row + b;
-            const int pad = b >= full; /* the partial last block reads zero-padded x */
-            const int8_t *xt = pad ? &xpad[0][0] : xq + (size_t)b * COLIBRI_QK4;
-            const size_t xstride = pad ? (size_t)COLIBRI_QK4 : (size_t)n_in;
-            /* 128 * the sums of each eight weights, in the lanes of the products' sums below */
-#define KX_Q4_W(r) kx_q4_wrow_avx2(blk + (size_t)(r) * (size_t)nb, &wv[r])
-            const __m256i c0123 =
-                _mm256_slli_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_W(0), KX_Q4_W(1)),
-                                                    _mm256_hadd_epi16(KX_Q4_W(2), KX_Q4_W(3))),
-                                  7);
-            const __m256i c4567 =
-                _mm256_slli_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(KX_Q4_W(4), KX_Q4_W(5)),
-                                                    _mm256_hadd_epi16(KX_Q4_W(6), KX_Q4_W(7))),
-                                  7);
-#undef KX_Q4_W
-            /* the eight rows' d: 4 bytes gathered at each (d, the first two nibble bytes), their
-             * low 16 bits (x86: little-endian) packed into the low 128 bits */
-            const __m256i dw = _mm256_shuffle_epi8(
-                _mm256_i32gather_epi32((const int *)(const void *)&blk->d, doff, 1), dpick);
-            const __m256 d =
-                _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dw, 0x08)));
-            const float *st = sx + b;
-            /* four tokens an iteration */
+        for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
+            const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;
+            for (int t = 0; t < nt; t++) {
+                acc[t] = (b0 == 0) ? _mm256_setzero_ps()
+                                   : _mm256_loadu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0);
+            }
+            for (int32_t bi = 0; bi < nbr; bi++) {
+                const int32_t b = b0 + bi;
+                const colibri_block_q4_32 *blk = row + b;
+                const __m256i corr = kx_q4_pack8_avx2(blk, (size_t)nb, W);
+                const size_t rs = (size_t)nb;
+                const __m256 d = _mm256_cvtph_ps(
+                    _mm_setr_epi16((short)blk[0].d, (short)blk[rs].d, (short)blk[2 * rs].d,
+                                   (short)blk[3 * rs].d, (short)blk[4 * rs].d, (short)blk[5 * rs].d,
+                                   (short)blk[6 * rs].d, (short)blk[7 * rs].d));
+                const float *st = sx + b;
 #define KX_Q4_TOKEN(k)                                                                             \
-    acc[t + (k)] = _mm256_add_ps(                                                                  \
+    acc[t + (k)] = kx_acc_add_avx2(                                                                \
         acc[t + (k)],                                                                              \
-        _mm256_mul_ps(_mm256_cvtepi32_ps(kx_q4_tok_avx2(wv, xt + (k)*xstride, c0123, c4567)),      \
+        _mm256_mul_ps(_mm256_cvtepi32_ps(kx_q4_tok8_avx2(W, xu[t + (k)][bi], corr)),               \
                       _mm256_mul_ps(d, _mm256_set1_ps(st[(size_t)(k) * (size_t)nb]))))
-            int t = 0;
-            for (; t + 4 <= nt; t += 4, xt += 4 * xstride, st += 4 * (size_t)nb) {
-                KX_Q4_TOKEN(0);
-                KX_Q4_TOKEN(1);
-                KX_Q4_TOKEN(2);
-                KX_Q4_TOKEN(3);
-            }
-            for (; t < nt; t++, xt += xstride, st += nb) {
-                KX_Q4_TOKEN(0);
-            }
+                int t = 0;
+                for (; t + 4 <= nt; t += 4, st += 4 * (size_t)nb) {
+                    KX_Q4_TOKEN(0);
+                    KX_Q4_TOKEN(1);
+                    KX_Q4_TOKEN(2);
+                    KX_Q4_TOKEN(3);
+                }
+                for (; t < nt; t++, st += nb) {
+                    KX_Q4_TOKEN(0);
+                }
 #undef KX_Q4_TOKEN
-        }
-        for (int t = 0; t < nt; t++) {
-            _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);
+            }
+            for (int t = 0; t < nt; t++) {
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + (size_t)o0, acc[t]);
+            }
         }
     }
 }
@@ -1502,8 +1540,8 @@ KX_Q8_MATMUL(kx_matmul_q8_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8_q8_
              KX_AVX2_TILE, 2)
 KX_Q8_MATMUL(kx_matmul_q8b_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2, kx_matvec_q8b_q8_avx2, 1,
              KX_AVX2_TILE, 2)
-KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_mm_tile_avx2, kx_matvec_q4_q8_avx2, KX_AVX2_TILE,
-             2)
+KX_Q4_MATMUL(kx_matmul_q4_q8_avx2, KX_AVX2, kx_q4_mm_tile_avx2, kx_matvec_q4_q8_avx2,
+             KX_AVX2_Q4_TILE, 2)
 #if defined(KX_HAVE_VNNI)
 KX_Q8_MATMUL_TILE(kx_q8_mm_tile_avxvnni, KX_AVXVNNI, kx_q8_tile_avxvnni)
 KX_Q8_MATMUL(kx_matmul_q8_q8_avxvnni, KX_AVXVNNI, kx_q8_mm_tile_avxvnni, kx_matvec_q8_q8_avxvnni, 0,

@@ -32,10 +32,11 @@ from conftest import host_kernels
 
 LEVELS = {"base": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
 SHAPES = [(1, 1), (7, 31), (9, 64), (17, 100), (24, 257)]
-#: tokens per matmul (kernels_x86.c): AVX2 runs tiles of 2..8 tokens (the token loop four at a
-#: time, then one by one) and the matvec for one left: 9 = 8 + 1, 17 = 8 + 8 + 1; AVX-VNNI tiles
-#: of 4 and the matvec for the 1-3 left: 2 and 3 the matvec only, 7 = 4 + 3, 9 = 4 + 4 + 1;
-#: AVX-512 VNNI tiles of 1..8 (test_int_matmuls_every_token_count below runs 1..17)
+#: tokens per matmul (kernels_x86.c): AVX2 runs tiles of 2..8 tokens (int4: 2..16; the token loop
+#: four at a time, then one by one) and the matvec for one left: 9 = 8 + 1, 17 = 8 + 8 + 1
+#: (int4: 16 + 1); AVX-VNNI tiles of 4 and the matvec for the 1-3 left: 2 and 3 the matvec
+#: only, 7 = 4 + 3, 9 = 4 + 4 + 1;
+#: AVX-512 VNNI tiles of 1..8 (test_int_matmuls_every_token_count below runs 1..34)
 N_TOKS = [2, 3, 4, 5, 7, 8, 9, 17]
 
 
@@ -327,12 +328,12 @@ INT_SHAPES = [(5, 40), (16, 32), (33, 1100), (19, 2090)]
 def test_int_matmuls_every_token_count(
     kq: ctypes.CDLL, level: str, shape: tuple[int, int], extremes: bool
 ) -> None:
-    """colibri_matmul_q8_q8 / q8b_q8 / q4_q8 for 1..17 tokens, bit for bit with the mirror;
+    """colibri_matmul_q8_q8 / q8b_q8 / q4_q8 for 1..34 tokens, bit for bit with the mirror;
     extremes: int8 weights and codes all -128 / 127, int4 nibbles 0 / 15."""
     if kq.colibri_kernel_set_level(LEVELS[level]) != LEVELS[level]:
         pytest.skip(f"this CPU has no {level} (or the host is not x86-64)")
     n_out, n_in = shape
-    n_max = 17
+    n_max = 34  # the AVX2 int4 tiles of 16: 17 = 16 + 1, 33 = 16 + 16 + 1, 34 = 16 + 16 + 2
     rng = np.random.default_rng(n_out * 131 + n_in + int(extremes))
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     x = rng.standard_normal((n_max, n_in)).astype(np.float32)
