@@ -1280,8 +1280,9 @@ KX_INLINE KX_AVX2 __m256 kx_acc_add_avx2(__m256 acc, __m256 v)
 /* A token's int32 block sums for the eight rows: xu its block's codes + 128 (32 bytes). */
 KX_INLINE KX_AVX2 __m256i kx_q4_tok8_avx2(const __m256i W[8], const uint8_t *xu, __m256i corr)
 {
-    const int32_t *xw = (const int32_t *)(const void *)xu;
-#define KX_Q4_K(k) _mm256_maddubs_epi16(_mm256_set1_epi32(xw[k]), _mm256_load_si256(&W[k]))
+#define KX_Q4_K(k)                                                                                 \
+    _mm256_maddubs_epi16(_mm256_broadcastd_epi32(_mm_loadu_si32(xu + 4 * (k))),                    \
+                         _mm256_load_si256(&W[k]))
     const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(KX_Q4_K(0), KX_Q4_K(1)),
                                                         _mm256_add_epi16(KX_Q4_K(2), KX_Q4_K(3))),
                                        _mm256_add_epi16(_mm256_add_epi16(KX_Q4_K(4), KX_Q4_K(5)),
@@ -1313,20 +1314,16 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
             const int32_t n = (n_in - b0 * COLIBRI_QK4 < nbr * COLIBRI_QK4)
                                   ? n_in - b0 * COLIBRI_QK4
                                   : nbr * COLIBRI_QK4;
-            int32_t i = 0;
-            for (; i + 32 <= n; i += 32) {
+            for (int32_t i = 0; i < n; i += COLIBRI_QK4) {
+                uint8_t *dst = &xu[t][i / COLIBRI_QK4][0];
+                const void *from = src + i;
+                if (n - i < COLIBRI_QK4) { /* the partial last block: zero-padded in place */
+                    kx_pad_rows((int8_t *)(void *)dst, COLIBRI_QK4, src + i, 0, 1, (size_t)(n - i));
+                    from = dst;
+                }
                 _mm256_store_si256(
-                    (__m256i *)(void *)&xu[t][i / 32][0],
-                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(src + i)),
-                                     bias));
-            }
-            if (i < n) { /* the partial last block: zero-padded, then biased */
-                memset(&xu[t][i / 32][0], 0, COLIBRI_QK4);
-                memcpy(&xu[t][i / 32][0], src + i, (size_t)(n - i));
-                _mm256_store_si256(
-                    (__m256i *)(void *)&xu[t][i / 32][0],
-                    _mm256_xor_si256(
-                        _mm256_load_si256((const __m256i *)(const void *)&xu[t][i / 32][0]), bias));
+                    (__m256i *)(void *)dst,
+                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)from), bias));
             }
         }
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
@@ -1338,8 +1335,8 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
             for (int32_t bi = 0; bi < nbr; bi++) {
                 const int32_t b = b0 + bi;
                 const colibri_block_q4_32 *blk = row + b;
-                const __m256i corr = kx_q4_pack8_avx2(blk, (size_t)nb, W);
                 const size_t rs = (size_t)nb;
+                const __m256i corr = kx_q4_pack8_avx2(blk, rs, W);
                 const __m256 d = _mm256_cvtph_ps(
                     _mm_setr_epi16((short)blk[0].d, (short)blk[rs].d, (short)blk[2 * rs].d,
                                    (short)blk[3 * rs].d, (short)blk[4 * rs].d, (short)blk[5 * rs].d,
