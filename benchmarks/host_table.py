@@ -19,9 +19,21 @@ Method:
 * **PyTorch eager fp32** runs in this process (`torch.set_num_threads(threads)`, no grad):
   one forward over the prompt (prefill), then one token at a time with the KV cache (decode),
   greedy, each timed with ``time.perf_counter``.
+* **llama.cpp** (``--llama-cpp SRC``, optional: a llama.cpp source tree with its tools built,
+  e.g. the one the ``llama-cpp-python`` sdist vendors, built with ``cmake -B build
+  -DGGML_NATIVE=ON && cmake --build build --target llama-bench llama-quantize``): the same
+  checkpoint converted by llama.cpp's own ``convert_hf_to_gguf.py`` to an f32 GGUF (the random
+  checkpoint has no tokenizer, so llama.cpp's bundled 32000-token LLaMA vocabulary names the
+  tokens; nothing reads them), quantised by ``llama-quantize`` with its defaults to the type of
+  each scheme (int8: Q8_0, int4: Q4_0), timed by ``llama-bench`` (one repetition a round):
+  prefill = its ``pp`` test of the prompt, decode = its ``tg`` test of the decoded tokens at a
+  context depth of the prompt (``-d``), as Colibri decodes after the prompt. Its bytes per
+  token come from the GGUF's tensor table (the vendored ``gguf-py`` reads it) with the same rule
+  as Colibri's (the ``*_exps`` tensors are the routed experts).
 * **Interleaving:** per round every engine runs once (Colibri int8 / int4 / ... at 1 thread,
-  then 2 threads, then PyTorch at 1 and 2 threads), ``--rounds`` rounds; min / median / max
-  per engine. The page cache is warm (each container was just written and run once).
+  then 2 threads, then llama.cpp, then PyTorch at 1 and 2 threads), ``--rounds`` rounds;
+  min / median / max per engine. The page cache is warm (each container was just written and
+  run once).
 * **Bandwidth:** a small C program (compiled here with the host compiler, ``-O2
   -march=native``) sums a 1 GiB buffer 5 times with one thread, four independent 32-byte vector
   streams, and reports the best GB/s; it runs before the first and after the last round, and
@@ -36,7 +48,8 @@ Method:
   Fraction of bandwidth = bytes per token x tok/s / bandwidth.
 
     python benchmarks/host_table.py [--schemes int8,int4] [--threads 1,2] [--rounds 5]
-        [--tokens 64] [--prompt 64] [--no-torch] [--json FILE] [--tiny] [--out DIR]
+        [--tokens 64] [--prompt 64] [--no-torch] [--llama-cpp SRC [--llama-cpp-bin DIR]]
+        [--json FILE] [--tiny] [--out DIR]
 """
 
 from __future__ import annotations
@@ -73,6 +86,8 @@ GOALS = {
     "prefill_vs_decode": 4.0,
     "two_threads": 1.6,
 }
+#: llama.cpp's quantisation type beside each Colibri scheme (the same bits per weight class).
+LLAMA_TYPES = {"int8": "Q8_0", "int4": "Q4_0", "fp32": "F32"}
 TIMING = re.compile(r"colibri: timing: prefill (\d+) tokens (\d+) ns, decode (\d+) tokens (\d+) ns")
 
 BANDWIDTH_C = r"""
@@ -218,6 +233,115 @@ class ColibriEngine:
         return {"prefill": p_n / (p_ns * 1e-9), "decode": d_n / (d_ns * 1e-9)}, tokens
 
 
+#: Runs llama.cpp's convert_hf_to_gguf.py (argv: SRC, then the converter's arguments) with
+#: llama.cpp's bundled LLaMA SentencePiece vocabulary in place of the checkpoint's tokenizer
+#: (the random checkpoint has none).
+LLAMA_CONVERT = """
+import runpy, sys
+src = sys.argv.pop(1)
+sys.path[:0] = [src, src + "/gguf-py"]
+import conversion.llama
+def set_vocab(self):
+    self._set_vocab_builtin("llama-spm", self.hparams["vocab_size"])
+conversion.llama.LlamaModel.set_vocab = set_vocab
+sys.argv[0] = src + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def llama_tool(bindir: Path, name: str) -> Path:
+    exe = bindir / name
+    if not exe.is_file():
+        raise SystemExit(
+            f"--llama-cpp: {exe} is missing; build it in the llama.cpp tree with "
+            f"`cmake -B build -DGGML_NATIVE=ON && cmake --build build --target llama-bench "
+            f"llama-quantize` (or name the directory of the binaries with --llama-cpp-bin)"
+        )
+    return exe
+
+
+def llama_gguf(src: Path, bindir: Path, ckpt: Path, root: Path, qtype: str) -> Path:
+    """The checkpoint as a GGUF of llama.cpp type qtype (F32, Q8_0, Q4_0): converted once to
+    F32 by llama.cpp's converter, then quantised by llama-quantize with its default rules."""
+    f32 = root / "llama-F32.gguf"
+    if not f32.exists():
+        tmp = f32.with_suffix(".part")
+        subprocess.run(
+            [sys.executable, "-c", LLAMA_CONVERT, str(src), str(ckpt), "--outtype", "f32"]
+            + ["--outfile", str(tmp)],
+            check=True,
+            capture_output=True,
+        )
+        tmp.replace(f32)
+    if qtype == "F32":
+        return f32
+    out = root / f"llama-{qtype}.gguf"
+    if not out.exists():
+        tmp = out.with_suffix(".part")
+        quantize = llama_tool(bindir, "llama-quantize")
+        subprocess.run([str(quantize), str(f32), str(tmp), qtype], check=True, capture_output=True)
+        tmp.replace(out)
+    return out
+
+
+def gguf_bytes_per_token(
+    tensors: list[tuple[str, int]], top_k: int, n_experts: int, vocab: int
+) -> int:
+    """Weight bytes one decoded token reads from a GGUF's (name, bytes) tensor table, by the rule
+    of decode_bytes_per_token: the routed experts (``*_exps``) top_k / n_experts of them, one row
+    of the token embedding, everything else whole."""
+    dense = experts = embed = 0
+    for name, nbytes in tensors:
+        if "_exps" in name:
+            experts += nbytes
+        elif name.startswith("token_embd"):
+            embed += nbytes
+        else:
+            dense += nbytes
+    return dense + embed // vocab + experts * top_k // n_experts
+
+
+def gguf_tensors(src: Path, gguf: Path) -> list[tuple[str, int]]:
+    """(name, bytes) of every tensor of a GGUF, read by the gguf-py of the llama.cpp tree."""
+    sys.path.insert(0, str(src / "gguf-py"))
+    try:
+        from gguf import GGUFReader  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(src / "gguf-py"))
+    return [(t.name, int(t.n_bytes)) for t in GGUFReader(str(gguf), "r").tensors]
+
+
+def llama_bench_rate(report: list[dict[str, Any]], n_prompt: int, n_gen: int) -> float:
+    """tokens/s of the llama-bench test (JSON output) with n_prompt and n_gen."""
+    for test in report:
+        if int(test["n_prompt"]) == n_prompt and int(test["n_gen"]) == n_gen:
+            return float(test["avg_ts"])
+    raise RuntimeError(f"llama-bench reported no test with n_prompt {n_prompt}, n_gen {n_gen}")
+
+
+class LlamaCppEngine:
+    """llama.cpp's llama-bench on one GGUF, at a thread count: prefill = the pp test of the
+    prompt, decode = the tg test of the decoded tokens after the prompt (context depth)."""
+
+    def __init__(self, bench: Path, gguf: Path, qtype: str, threads: int) -> None:
+        self.bench, self.gguf, self.threads = bench, gguf, threads
+        self.name = f"llama.cpp {qtype} x{threads}"
+
+    def _run(self, args: list[str]) -> list[dict[str, Any]]:
+        cmd = [str(self.bench), "-m", str(self.gguf), "-t", str(self.threads), "-r", "1"]
+        proc = subprocess.run([*cmd, "-o", "json", *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{self.name}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
+        report: list[dict[str, Any]] = json.loads(proc.stdout)
+        return report
+
+    def run(self, prompt: list[int], max_new: int) -> tuple[dict[str, float], list[int]]:
+        n_p, n_d = len(prompt), max_new - 1  # the first new token comes out of the prefill
+        pp = llama_bench_rate(self._run(["-p", str(n_p), "-n", "0"]), n_p, 0)
+        tg = llama_bench_rate(self._run(["-p", "0", "-n", str(n_d), "-d", str(n_p)]), 0, n_d)
+        return {"prefill": pp, "decode": tg}, []
+
+
 class TorchEngine:
     """transformers' Mixtral in fp32, eager, greedy with the KV cache."""
 
@@ -268,6 +392,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="decoded tokens per run")
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens (prefill)")
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    ap.add_argument(
+        "--llama-cpp", type=Path, metavar="SRC", help="a llama.cpp source tree with its tools built"
+    )
+    ap.add_argument(
+        "--llama-cpp-bin",
+        type=Path,
+        metavar="DIR",
+        help="where llama-bench and llama-quantize are (default: SRC/build/bin)",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--tiny", action="store_true", help="a small model (for the test)")
     args = ap.parse_args(argv)
@@ -316,6 +449,18 @@ def main(argv: list[str] | None = None) -> int:
                 engines.append(
                     ColibriEngine(f"colibri {s} x{t}", runner, clb, t, root / s / f"t{t}")
                 )
+        if args.llama_cpp is not None:
+            bindir = args.llama_cpp_bin or args.llama_cpp / "build" / "bin"
+            bench = llama_tool(bindir, "llama-bench")
+            for s in schemes:
+                qtype = LLAMA_TYPES[s]
+                log(f"[llama.cpp {qtype}] convert and quantise")
+                gguf = llama_gguf(args.llama_cpp, bindir, ckpt, root, qtype)
+                bytes_per_token[qtype] = gguf_bytes_per_token(
+                    gguf_tensors(args.llama_cpp, gguf), top_k, n_exp, int(cfg["vocab_size"])
+                )
+                for t in threads:
+                    engines.append(LlamaCppEngine(bench, gguf, qtype, t))
         if not args.no_torch:
             for t in threads:
                 engines.append(TorchEngine(ckpt, t))
@@ -409,18 +554,27 @@ def _torch_skip_bytes(ckpt: Path) -> int:
 
 
 def _ratios(rows: list[dict[str, Any]]) -> None:
-    """Per row: speed against PyTorch fp32 at the same thread count, and against itself at one
-    thread (medians of the same run)."""
+    """Per row: speed against PyTorch fp32 at the same thread count, against itself at one
+    thread, and (Colibri rows) against llama.cpp's type of the same scheme at the same thread
+    count, decode and prefill (medians of the same run)."""
     by = {
         (r["scheme"] if not r["engine"].startswith("pytorch") else "torch", r["threads"]): r
         for r in rows
     }
+
+    def med(r: dict[str, Any], what: str = "decode") -> float:
+        return float(r[f"{what}_tokens_per_s"]["median"])
+
     for r in rows:
         torch_row = by.get(("torch", r["threads"]))
         base = by.get((r["scheme"] if not r["engine"].startswith("pytorch") else "torch", 1))
-        med = r["decode_tokens_per_s"]["median"]
-        r["vs_torch"] = med / torch_row["decode_tokens_per_s"]["median"] if torch_row else None
-        r["vs_one_thread"] = med / base["decode_tokens_per_s"]["median"] if base else None
+        r["vs_torch"] = med(r) / med(torch_row) if torch_row else None
+        r["vs_one_thread"] = med(r) / med(base) if base else None
+        llama = None
+        if r["engine"].startswith("colibri") and r["scheme"] in LLAMA_TYPES:
+            llama = by.get((LLAMA_TYPES[r["scheme"]], r["threads"]))
+        r["vs_llama_cpp"] = med(r) / med(llama) if llama else None
+        r["prefill_vs_llama_cpp"] = med(r, "prefill") / med(llama, "prefill") if llama else None
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -435,20 +589,26 @@ def _print(result: dict[str, Any]) -> None:
     cpu = result["cpu"]
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores; {' '.join(cpu['isa']) or 'no AVX2'}")
     print()
-    print(
+    llama = any(r.get("vs_llama_cpp") is not None for r in result["rows"])
+    head = (
         "| engine | decode tok/s (min / median / max) | prefill tok/s (median) | "
         "prefill ÷ decode | MB / token | fraction of bandwidth | × PyTorch | × 1 thread |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print(head + (" × llama.cpp (decode / prefill) |" if llama else ""))
+    print("|---" * (9 if llama else 8) + "|")
     for r in result["rows"]:
         d = r["decode_tokens_per_s"]
         vt = f"{r['vs_torch']:.2f}" if r["vs_torch"] is not None else "–"
         v1 = f"{r['vs_one_thread']:.2f}" if r["vs_one_thread"] is not None else "–"
-        print(
+        line = (
             f"| {r['engine']} | {d['min']:.1f} / {d['median']:.1f} / {d['max']:.1f} | "
             f"{r['prefill_tokens_per_s']['median']:.1f} | {r['prefill_vs_decode']:.2f} | "
             f"{r['bytes_per_token'] / 1e6:.1f} | {r['bandwidth_fraction']:.2f} | {vt} | {v1} |"
         )
+        if llama:
+            vl = r.get("vs_llama_cpp")
+            line += f" {vl:.2f} / {r['prefill_vs_llama_cpp']:.2f} |" if vl is not None else " – |"
+        print(line)
 
 
 if __name__ == "__main__":

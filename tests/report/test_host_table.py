@@ -51,3 +51,70 @@ def test_host_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     )
     assert engines["colibri int8 x1"]["vs_torch"] is not None
     assert engines["colibri int8 x2"]["vs_one_thread"] is not None
+
+
+def test_llama_cpp_bytes_per_token_rule() -> None:
+    """The GGUF rule is Colibri's: routed experts top_k / n_experts of them, one embedding row,
+    the rest whole."""
+    tensors = [
+        ("token_embd.weight", 32000 * 100),
+        ("output.weight", 5000),
+        ("blk.0.attn_q.weight", 300),
+        ("blk.0.ffn_gate_inp.weight", 40),
+        ("blk.0.ffn_up_exps.weight", 8000),
+        ("blk.0.ffn_down_exps.weight", 8000),
+        ("blk.0.ffn_gate_exps.weight", 8000),
+    ]
+    got = host_table.gguf_bytes_per_token(tensors, top_k=2, n_experts=8, vocab=32000)
+    assert got == 5000 + 300 + 40 + 100 + 3 * 8000 * 2 // 8
+
+
+def test_llama_cpp_engine_reads_llama_bench(tmp_path: Path) -> None:
+    """LlamaCppEngine runs llama-bench twice a round (the prompt's pp test; the tg test of the
+    decoded tokens at the prompt's depth) and reads the rates from its JSON; here a stand-in
+    llama-bench records its arguments."""
+    log = tmp_path / "args.txt"
+    bench = tmp_path / "llama-bench"
+    bench.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "a = sys.argv[1:]\n"
+        "p, n = int(a[a.index('-p') + 1]), int(a[a.index('-n') + 1])\n"
+        "print(json.dumps([{'n_prompt': p, 'n_gen': n, 'avg_ts': 100.0 + p + n}]))\n"
+    )
+    bench.chmod(0o755)
+    engine = host_table.LlamaCppEngine(bench, tmp_path / "m.gguf", "Q8_0", 2)
+    assert engine.name == "llama.cpp Q8_0 x2"
+    rates, tokens = engine.run(list(range(12)), 6)
+    assert rates == {"prefill": 112.0, "decode": 105.0} and tokens == []
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2
+    for call in calls:
+        assert f"-m {tmp_path / 'm.gguf'} -t 2 -r 1 -o json" in call
+    assert calls[0].endswith("-p 12 -n 0") and calls[1].endswith("-p 0 -n 5 -d 12")
+    with pytest.raises(RuntimeError, match="no test with n_prompt 3"):
+        host_table.llama_bench_rate([{"n_prompt": 0, "n_gen": 5, "avg_ts": 1.0}], 3, 0)
+
+
+def test_ratios_against_llama_cpp() -> None:
+    def row(engine: str, scheme: str, threads: int, dec: float, pre: float) -> dict[str, object]:
+        return {
+            "engine": engine,
+            "scheme": scheme,
+            "threads": threads,
+            "decode_tokens_per_s": {"median": dec},
+            "prefill_tokens_per_s": {"median": pre},
+        }
+
+    rows = [
+        row("colibri int8 x1", "int8", 1, 120.0, 400.0),
+        row("colibri int4 x1", "int4", 1, 150.0, 450.0),
+        row("llama.cpp Q8_0 x1", "Q8_0", 1, 100.0, 500.0),
+        row("pytorch fp32 x1", "fp32", 1, 30.0, 200.0),
+    ]
+    host_table._ratios(rows)
+    assert rows[0]["vs_llama_cpp"] == 1.2 and rows[0]["prefill_vs_llama_cpp"] == 0.8
+    assert rows[1]["vs_llama_cpp"] is None  # no Q4_0 row in this run
+    assert rows[2]["vs_llama_cpp"] is None and rows[2]["vs_torch"] == 100.0 / 30.0
+    assert rows[0]["vs_torch"] == 4.0
