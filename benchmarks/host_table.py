@@ -235,18 +235,33 @@ class ColibriEngine:
 
 #: Runs llama.cpp's convert_hf_to_gguf.py (argv: SRC, then the converter's arguments) with
 #: llama.cpp's bundled LLaMA SentencePiece vocabulary in place of the checkpoint's tokenizer
-#: (the random checkpoint has none).
+#: (the random checkpoint has none). LlamaModel is in the script itself in older trees and in
+#: its conversion package in newer ones.
 LLAMA_CONVERT = """
-import runpy, sys
+import importlib.util, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src, src + "/gguf-py"]
-import conversion.llama
+sys.argv[0] = src + "/convert_hf_to_gguf.py"
+spec = importlib.util.spec_from_file_location("convert_hf_to_gguf", sys.argv[0])
+mod = importlib.util.module_from_spec(spec)
+sys.modules["convert_hf_to_gguf"] = mod
+spec.loader.exec_module(mod)
+llama = getattr(mod, "LlamaModel", None)
+if llama is None:
+    import conversion.llama
+    llama = conversion.llama.LlamaModel
 def set_vocab(self):
     self._set_vocab_builtin("llama-spm", self.hparams["vocab_size"])
-conversion.llama.LlamaModel.set_vocab = set_vocab
-sys.argv[0] = src + "/convert_hf_to_gguf.py"
-runpy.run_path(sys.argv[0], run_name="__main__")
+llama.set_vocab = set_vocab
+mod.main()
 """
+
+
+def _run_llama_step(what: str, cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise SystemExit(f"--llama-cpp: {what} failed (exit {proc.returncode}):\n{tail}")
 
 
 def llama_tool(bindir: Path, name: str) -> Path:
@@ -266,11 +281,10 @@ def llama_gguf(src: Path, bindir: Path, ckpt: Path, root: Path, qtype: str) -> P
     f32 = root / "llama-F32.gguf"
     if not f32.exists():
         tmp = f32.with_suffix(".part")
-        subprocess.run(
+        _run_llama_step(
+            "llama.cpp's convert_hf_to_gguf.py",
             [sys.executable, "-c", LLAMA_CONVERT, str(src), str(ckpt), "--outtype", "f32"]
             + ["--outfile", str(tmp)],
-            check=True,
-            capture_output=True,
         )
         tmp.replace(f32)
     if qtype == "F32":
@@ -279,7 +293,7 @@ def llama_gguf(src: Path, bindir: Path, ckpt: Path, root: Path, qtype: str) -> P
     if not out.exists():
         tmp = out.with_suffix(".part")
         quantize = llama_tool(bindir, "llama-quantize")
-        subprocess.run([str(quantize), str(f32), str(tmp), qtype], check=True, capture_output=True)
+        _run_llama_step("llama-quantize", [str(quantize), str(f32), str(tmp), qtype])
         tmp.replace(out)
     return out
 

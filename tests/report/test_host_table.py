@@ -118,3 +118,13 @@ def test_ratios_against_llama_cpp() -> None:
     assert rows[1]["vs_llama_cpp"] is None  # no Q4_0 row in this run
     assert rows[2]["vs_llama_cpp"] is None and rows[2]["vs_torch"] == 100.0 / 30.0
     assert rows[0]["vs_torch"] == 4.0
+
+
+def test_llama_cpp_errors_name_the_fix(tmp_path: Path) -> None:
+    """A missing llama.cpp tool names how to build it; a failing conversion step shows its
+    output instead of a bare CalledProcessError."""
+    with pytest.raises(SystemExit, match="llama-bench is missing; build it"):
+        host_table.llama_tool(tmp_path, "llama-bench")
+    with pytest.raises(SystemExit, match=r"llama-quantize failed \(exit 3\):\n.*no such type"):
+        fail = "import sys; print('no such type'); sys.exit(3)"
+        host_table._run_llama_step("llama-quantize", [sys.executable, "-c", fail])
