@@ -1156,11 +1156,18 @@ static KX_NOINLINE KX_AVX2 void kx_q8_mm_tile_avx2(const int8_t *q, const float 
         for (int t = 0; t < nt; t++) {
             acc[t] = _mm256_setzero_ps();
         }
+        /* The next group of rows (contiguous), 256 bytes per block, as the matvec: a group's
+         * rows are too short for the hardware's stream prefetch to warm up, and streaming the
+         * weights from DRAM cost the tile about a sixth of its speed. */
+        const uintptr_t pf = (uintptr_t)(row + 8u * (size_t)n_in);
         for (int32_t b = 0; b < nb; b++) {
             const int8_t *wb = row + (size_t)b * COLIBRI_QK8;
             size_t wstride = (size_t)n_in;
             const int8_t *xb = xq + (size_t)b * COLIBRI_QK8;
             size_t xstride = (size_t)n_in;
+            if (o0 + 8 < n_out) {
+                kx_prefetch(pf + (size_t)b * 256u, 4);
+            }
             if (b >= full) { /* the partial last block: zero-padded copies */
                 kx_pad_rows(&wpad[0][0], COLIBRI_QK8, row + (size_t)full * COLIBRI_QK8,
                             (size_t)n_in, 8, (size_t)tail);
@@ -1336,6 +1343,14 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
                 const int32_t b = b0 + bi;
                 const colibri_block_q4_32 *blk = row + b;
                 const size_t rs = (size_t)nb;
+                if (bi % 3 == 0 && o0 + 8 < n_out) {
+                    /* the next row group's blocks of this range (rows apart), every third
+                     * block: 54 bytes apart, so every 64-byte line is asked for once or twice */
+                    KX_UNROLL for (int r = 0; r < 8; r++)
+                    {
+                        _mm_prefetch((const char *)(blk + (size_t)(8 + r) * rs), _MM_HINT_T0);
+                    }
+                }
                 const __m256i corr = kx_q4_pack8_avx2(blk, rs, W);
                 const __m256 d = _mm256_cvtph_ps(
                     _mm_setr_epi16((short)blk[0].d, (short)blk[rs].d, (short)blk[2 * rs].d,
