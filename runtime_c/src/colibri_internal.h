@@ -93,11 +93,13 @@ typedef struct {
     uint32_t t[8][256];
 } colibri_crc32_tables;
 
-/** @brief Fill the CRC-32 tables. Defined in model_file.c (as the two below). */
+/** @brief Fill the CRC-32 tables. Defined in model_file.c (as the three below). */
 void colibri_crc32_tables_init(colibri_crc32_tables *ct);
 
-/** @brief zlib's CRC-32 of n bytes. */
+/** @brief zlib's CRC-32 of n bytes (PCLMULQDQ folding where an x86-64 CPU has it). */
 uint32_t colibri_crc32(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n);
+/** colibri_crc32 by the tables alone (what it does without PCLMULQDQ): for the tests. */
+uint32_t colibri_crc32_portable(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n);
 
 /** @brief 1 when all n little-endian fp32 values at p (4-aligned) are finite. */
 int colibri_f32_all_finite(const unsigned char *p, uint64_t n);
