@@ -153,10 +153,18 @@ static uint32_t crc32_update(const crc32_tables *ct, uint32_t c, const unsigned 
 #define CRC_K128_LO 0xAE689191u /* x^159 */
 #define CRC_K128_HI 0xCCAA009Eu /* x^95 */
 
+/* CPUID once per process (a VM exit costs microseconds, and a container has a blob per
+ * tensor): 0 unknown, 1 without, 2 with. Racing first calls store the same answer. */
 static int crc32_have_clmul(void)
 {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 1) & 1u);
+    static atomic_int known;
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k == 0) {
+        unsigned a, b, c, d;
+        k = (__get_cpuid(1, &a, &b, &c, &d) && ((c >> 1) & 1u)) ? 2 : 1;
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k == 2;
 }
 
 __attribute__((target("pclmul"))) static __m128i crc32_fold(__m128i x, __m128i k)
