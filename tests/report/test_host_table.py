@@ -44,7 +44,7 @@ def test_host_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         assert 0 < d["min"] <= d["median"] <= d["max"]
         assert r["prefill_tokens_per_s"]["median"] > 0
         assert r["bytes_per_token"] > 0 and r["bandwidth_fraction"] > 0
-        # the fraction is taken against the faster buffer: never above the 1 GiB one's
+        # the fraction is taken against the fastest read: never above the 1 GiB one's
         assert 0 < r["bandwidth_fraction"] <= r["bandwidth_fraction_1gib"]
         assert 1e8 < r["working_set_bandwidth_bytes_per_s"] < 1e13
         assert r["working_set_bytes"] > 0
