@@ -1141,43 +1141,46 @@ COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, con
 
 #if defined(COLIBRI_QI_SIMD32)
 /*
- * The multi-token R4P tile (Cortex-M4 / M7): 2 rows of an R4P group times 4 tokens over one
- * block of 32 inputs. Per word of 4 inputs: one LDR of each row's stored word, which first
- * multiplies (raw) the 4 tokens' O pairs, then is turned in place into its even codes (one
- * SXTB16) for their Y pairs; the pairs come two tokens per LDRD and each serves both rows:
- * 24 instructions per 32 MACs, in 14 core registers (8 sums, the 2 weight words, 2 pairs and
- * the two pointers). Then the block's float steps in a second statement (one asm takes at most
- * 30 operands): the 8 sums to s0..s7 (one VMOV per two), VCVT with 8 fraction bits (the dot
- * products' floats, as colibri_qi_r4p_float), the 4 tokens' block scales in one VLDM and
- * VMLA into the running sums (colibri_qi_mla's operation, in the same order).
+ * The multi-token R4P tile (Cortex-M4 / M7): one row of an R4P group times 4 tokens over one
+ * block of 32 inputs. Per step of 8 inputs: one LDRD of the row's two stored words; each word
+ * first multiplies (raw) the 4 tokens' O pairs, then is turned in place into its even codes (one
+ * SXTB16) for their Y pairs; the step's 16 pairs come in three LDM (6, 6 and 4 registers). An LDM
+ * fills registers in ascending order, so the pairs go to r0..r5 by name, clobbered (local
+ * register variables made GCC 12 fail with an internal error on small shapes). 22 instructions
+ * per 32 MACs, in 14 core registers (4 sums, the 2 weight words, 6 pairs and the two pointers).
+ * With two rows per tile (the pairs shared by both rows) the 14 registers leave room for two
+ * pairs at a time only: 24 per 32. Then the block's float steps in a second statement: the 4
+ * sums to s0..s3 (one VMOV per two), VCVT with 8 fraction bits (the dot products' floats, as
+ * colibri_qi_r4p_float), the 4 tokens' block scales in one VLDM and VMLA into the running sums
+ * (colibri_qi_mla's operation, in the same order).
  * The activations of a chunk sit on the stack as, per block: for each word k the O pairs of
  * tokens 0..3, then their Y pairs (colibri_qi_r4p_unpack), then the 4 block scales
  * (COLIBRI_QI_GBLOCK bytes).
  */
-/* word at w + off (row 0) and + off1 (row 1): products of the O pairs (first word: SMUAD
- * starts the sums), then of the Y pairs with the even codes */
 /* one instruction per line: clang-format would reflow the string concatenation */
 /* clang-format off */
-#define COLIBRI_QI_H4(op, p, q)                                                                    \
-    #op " %[a" #p "], %[w0], %[p]" COLIBRI_QI_ACC_##op(a, p) "\n"                                  \
-    #op " %[b" #p "], %[w1], %[p]" COLIBRI_QI_ACC_##op(b, p) "\n"                                  \
-    #op " %[a" #q "], %[w0], %[q]" COLIBRI_QI_ACC_##op(a, q) "\n"                                  \
-    #op " %[b" #q "], %[w1], %[q]" COLIBRI_QI_ACC_##op(b, q) "\n"
-#define COLIBRI_QI_ACC_smuad(r, i) ""
-#define COLIBRI_QI_ACC_smlad(r, i) ", %[" #r #i "]"
-#define COLIBRI_QI_HW(op, off, off1)                                                               \
-    "ldr %[w0], [%[wr], #" #off "]\n"                                                              \
-    "ldr %[w1], [%[wr], #" #off1 "]\n"                                                             \
-    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
-    COLIBRI_QI_H4(op, 0, 1)                                                                        \
-    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
-    COLIBRI_QI_H4(op, 2, 3)                                                                        \
-    "sxtb16 %[w0], %[w0]\n"                                                                        \
-    "sxtb16 %[w1], %[w1]\n"                                                                        \
-    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
-    COLIBRI_QI_H4(smlad, 0, 1)                                                                     \
-    "ldrd %[p], %[q], [%[xp]], #8\n"                                                               \
-    COLIBRI_QI_H4(smlad, 2, 3)
+#define COLIBRI_QI_ACC_smuad(i) ""
+#define COLIBRI_QI_ACC_smlad(i) ", %[a" #i "]"
+/* sum i += word w times the pair in register x (op smuad: sum i = ...) */
+#define COLIBRI_QI_M(op, i, w, x)                                                                  \
+    #op " %[a" #i "], %[" #w "], " #x COLIBRI_QI_ACC_##op(i) "\n"
+/* the step of 8 inputs at wr + off (words a, b): O pairs of word a (r0..r3) and Y pairs of tokens
+ * 0, 1 (r4, r5); Y of tokens 2, 3 (r0, r1) and O of word b (r2..r5); Y of word b (r0..r3) */
+#define COLIBRI_QI_S1(op, off)                                                                     \
+    "ldrd %[wa], %[wb], [%[wr], #" #off "]\n"                                                      \
+    "ldmia %[xp]!, {r0-r5}\n"                                   \
+    COLIBRI_QI_M(op, 0, wa, r0) COLIBRI_QI_M(op, 1, wa, r1)                                        \
+    COLIBRI_QI_M(op, 2, wa, r2) COLIBRI_QI_M(op, 3, wa, r3)                                        \
+    "sxtb16 %[wa], %[wa]\n"                                                                        \
+    COLIBRI_QI_M(smlad, 0, wa, r4) COLIBRI_QI_M(smlad, 1, wa, r5)                                  \
+    "ldmia %[xp]!, {r0-r5}\n"                                   \
+    COLIBRI_QI_M(smlad, 2, wa, r0) COLIBRI_QI_M(smlad, 3, wa, r1)                                  \
+    COLIBRI_QI_M(smlad, 0, wb, r2) COLIBRI_QI_M(smlad, 1, wb, r3)                                  \
+    COLIBRI_QI_M(smlad, 2, wb, r4) COLIBRI_QI_M(smlad, 3, wb, r5)                                  \
+    "sxtb16 %[wb], %[wb]\n"                                                                        \
+    "ldmia %[xp]!, {r0-r3}\n"                                                 \
+    COLIBRI_QI_M(smlad, 0, wb, r0) COLIBRI_QI_M(smlad, 1, wb, r1)                                  \
+    COLIBRI_QI_M(smlad, 2, wb, r2) COLIBRI_QI_M(smlad, 3, wb, r3)
 /* clang-format on */
 /* block sum in s<s> to its float, times the scale in s<x>, into f */
 #define COLIBRI_QI_GF(f, s, x)                                                                     \
@@ -1195,52 +1198,42 @@ COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, con
 /** Words of a chunk's activations on the stack (xu: the tile's last argument). */
 #define COLIBRI_QI_GWORDS (COLIBRI_QI_R4P_GCHUNK / COLIBRI_QK8 * COLIBRI_QI_GBLOCK / 4)
 
-/** Rows r and r + 1 of an R4P group (wr = group + block * 128 + 16 r) times one block of 4
- *  tokens at *xpp (COLIBRI_QI_GBLOCK bytes of xu; *xpp is advanced past them): f[t] =
- *  mla(f[t], row r's dot product with token t, xs_t), g[t] the same for row r + 1. */
+/** Row r of an R4P group (wr = group + block * 128 + 16 r) times one block of 4 tokens at *xpp
+ *  (COLIBRI_QI_GBLOCK bytes of xu; *xpp is advanced past them): f[t] = mla(f[t], the row's dot
+ *  product with token t, xs_t). */
 COLIBRI_QI_INLINE void colibri_qi_r4p_tile(const int8_t *wr, const uint32_t **xpp, float f[4],
-                                           float g[4], const uint32_t *xu)
+                                           const uint32_t *xu)
 {
     const uint32_t *xp = *xpp;
-    int32_t a0, a1, a2, a3, b0, b1, b2, b3;
-    uint32_t w0, w1, p, q;
-    float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3], g0 = g[0], g1 = g[1], g2 = g[2], g3 = g[3];
-    __asm__(COLIBRI_QI_HW(smuad, 0, 16) COLIBRI_QI_HW(smlad, 4, 20) COLIBRI_QI_HW(smlad, 8, 24)
-                COLIBRI_QI_HW(smlad, 12, 28) COLIBRI_QI_HW(smlad, 64, 80)
-                    COLIBRI_QI_HW(smlad, 68, 84) COLIBRI_QI_HW(smlad, 72, 88)
-                        COLIBRI_QI_HW(smlad, 76, 92)
-            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [b0] "=&r"(b0),
-              [b1] "=&r"(b1), [b2] "=&r"(b2), [b3] "=&r"(b3), [w0] "=&r"(w0), [w1] "=&r"(w1),
-              [p] "=&r"(p), [q] "=&r"(q), [xp] "+r"(xp)
-            : [wr] "r"(wr), "m"(*(const int8_t(*)[96])wr),
-              "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu));
+    int32_t a0, a1, a2, a3;
+    uint32_t wa, wb;
+    float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3];
+    __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_S1(smlad, 8) COLIBRI_QI_S1(smlad, 64)
+                COLIBRI_QI_S1(smlad, 72)
+            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [wa] "=&r"(wa),
+              [wb] "=&r"(wb), [xp] "+r"(xp)
+            : [wr] "r"(wr), "m"(*(const int8_t(*)[80])wr),
+              "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu)
+            : "r0", "r1", "r2", "r3", "r4", "r5");
     __asm__("vmov s0, s1, %[a0], %[a1]\n"
             "vmov s2, s3, %[a2], %[a3]\n"
-            "vmov s4, s5, %[b0], %[b1]\n"
-            "vmov s6, s7, %[b2], %[b3]\n"
             "vldmia %[xp]!, {s8-s11}\n" COLIBRI_QI_GF(f0, 0, 8) COLIBRI_QI_GF(f1, 1, 9)
-                COLIBRI_QI_GF(f2, 2, 10) COLIBRI_QI_GF(f3, 3, 11) COLIBRI_QI_GF(g0, 4, 8)
-                    COLIBRI_QI_GF(g1, 5, 9) COLIBRI_QI_GF(g2, 6, 10) COLIBRI_QI_GF(g3, 7, 11)
-            : [xp] "+r"(xp), [f0] "+t"(f0), [f1] "+t"(f1), [f2] "+t"(f2), [f3] "+t"(f3),
-              [g0] "+t"(g0), [g1] "+t"(g1), [g2] "+t"(g2), [g3] "+t"(g3)
-            : [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [a3] "r"(a3), [b0] "r"(b0), [b1] "r"(b1),
-              [b2] "r"(b2), [b3] "r"(b3), "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu)
-            : "d0", "d1", "d2", "d3", "d4", "d5");
+                COLIBRI_QI_GF(f2, 2, 10) COLIBRI_QI_GF(f3, 3, 11)
+            : [xp] "+r"(xp), [f0] "+t"(f0), [f1] "+t"(f1), [f2] "+t"(f2), [f3] "+t"(f3)
+            : [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [a3] "r"(a3),
+              "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu)
+            : "d0", "d1", "d4", "d5");
     *xpp = xp;
     f[0] = f0;
     f[1] = f1;
     f[2] = f2;
     f[3] = f3;
-    g[0] = g0;
-    g[1] = g1;
-    g[2] = g2;
-    g[3] = g3;
 }
 
 /** One pass of colibri_qi_mm_q8_q8_r4p_act (per-row scales) over 4 tokens: per chunk of inputs,
  *  the tokens' activation pairs and block scales are laid out on the stack once, then every
- *  pair of rows of the groups runs its tiles over the chunk's blocks, the running sums waiting
- *  in y between chunks (a float stored and loaded back is the same float). */
+ *  row of the groups runs its tiles over the chunk's blocks, the running sums waiting in y
+ *  between chunks (a float stored and loaded back is the same float). */
 COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale, const int8_t *xq,
                                             const float *sx, float *y, int32_t ldy, int32_t n_out,
                                             int32_t n_in, const float *bias, int relu)
@@ -1269,54 +1262,49 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale,
                 memcpy(&xb[64 + t], &sx[(size_t)t * nb + (size_t)(b0 + b)], sizeof(float));
             }
         }
-        /* pointers walk the row pairs: wr = the pair's first weight of the chunk, yo = the
-         * output of its first row */
+        /* pointers walk the rows: wr = the row's first weight of the chunk, yo = its output (a
+         * tile per row: two rows per loop would need more registers than the tile leaves) */
         const int8_t *wg = q + (size_t)c0 * 4u;
         const int last = c0 + cn >= n_in;
         float *yo = y;
-        for (int32_t o = 0; o < rows; o += 2, yo += 2) {
+        for (int32_t o = 0; o < rows; o++, yo++) {
             const int8_t *wr = wg + 16u * (size_t)(o % COLIBRI_R4_ROWS);
-            float f[4], g[4];
+            float f[4];
 #pragma GCC unroll 4
             for (int32_t t = 0; t < 4; t++) {
                 f[t] = (c0 > 0) ? yo[(size_t)t * (size_t)ldy] : 0.0f;
-                g[t] = (c0 > 0) ? yo[(size_t)t * (size_t)ldy + 1u] : 0.0f;
             }
             const uint32_t *xp = xu;
             const int8_t *wend = wr + (size_t)cb * 128u;
             do {
-                colibri_qi_r4p_tile(wr, &xp, f, g, xu);
+                colibri_qi_r4p_tile(wr, &xp, f, xu);
                 wr += 128;
             } while (wr != wend);
             if (last) {
-                const float sc0 = scale[o], sc1 = scale[o + 1];
+                const float sc = scale[o];
 #pragma GCC unroll 4
                 for (int32_t t = 0; t < 4; t++) {
-                    f[t] = f[t] * sc0;
-                    g[t] = g[t] * sc1;
+                    f[t] = f[t] * sc;
                 }
                 if (bias != NULL) {
-                    const float bb0 = bias[o], bb1 = bias[o + 1];
+                    const float bb = bias[o];
 #pragma GCC unroll 4
                     for (int32_t t = 0; t < 4; t++) {
-                        f[t] = f[t] + bb0;
-                        g[t] = g[t] + bb1;
+                        f[t] = f[t] + bb;
                     }
                 }
                 if (relu) {
 #pragma GCC unroll 4
                     for (int32_t t = 0; t < 4; t++) {
                         f[t] = f[t] > 0.0f ? f[t] : 0.0f;
-                        g[t] = g[t] > 0.0f ? g[t] : 0.0f;
                     }
                 }
             }
 #pragma GCC unroll 4
             for (int32_t t = 0; t < 4; t++) {
                 yo[(size_t)t * (size_t)ldy] = f[t];
-                yo[(size_t)t * (size_t)ldy + 1u] = g[t];
             }
-            if (o % COLIBRI_R4_ROWS == 2) {
+            if (o % COLIBRI_R4_ROWS == 3) {
                 wg += COLIBRI_R4_ROWS * (size_t)n_in;
             }
         }
