@@ -141,6 +141,46 @@ KX_INLINE void kx_prefetch(uintptr_t p, int n)
     }
 }
 
+#if defined(KX_HAVE_VNNI)
+/* n lines from p on into L2 (PREFETCHT1), for the packed matrices' one stream (kxp_matmul). */
+KX_INLINE void kx_prefetch_l2(uintptr_t p, int n)
+{
+    for (int k = 0; k < n; k++) {
+        _mm_prefetch((const char *)(p + (uintptr_t)k * 64u), _MM_HINT_T1);
+    }
+}
+
+/* How many bytes ahead of the packed matrices' stream their kernels prefetch into L2 (0: none):
+ * COLIBRI_X86_PREFETCH=<bytes> in the environment (0 turns it off; at most 1 MiB), else 8192 on
+ * Intel CPUs and 0 elsewhere, chosen on the first call. On a Xeon (Sapphire Rapids family, one
+ * core) the hardware prefetchers alone streamed a packed int8 model at 14.6 GB/s, the speed of a
+ * plain read loop; 4-18 KB ahead into L2 took decode from 121-125 to 161-183 tokens/s (int4: 151
+ * to 187-229); into L1 only to 137-149. On a Zen 4 every distance tried into L1 was slower than
+ * none (see the packed matrices' comment), so AMD CPUs keep the hardware's stream alone. Outputs
+ * do not depend on it. */
+static atomic_int kx_ahead_bytes = -1;
+
+static int32_t kx_ahead(void)
+{
+    int v = atomic_load_explicit(&kx_ahead_bytes, memory_order_relaxed);
+    if (v < 0) { /* every racing thread computes the same value */
+        const char *env = getenv("COLIBRI_X86_PREFETCH");
+        if (env != NULL && env[0] != '\0') {
+            const long n = strtol(env, NULL, 10);
+            v = (n <= 0) ? 0 : (n > (1L << 20)) ? (1 << 20) : (int)n;
+        } else {
+            unsigned a, b, c, d;
+            /* vendor "GenuineIntel": EBX, EDX, ECX of leaf 0 */
+            const int intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756E6547u &&
+                              d == 0x49656E69u && c == 0x6C65746Eu;
+            v = intel ? 8192 : 0;
+        }
+        atomic_store_explicit(&kx_ahead_bytes, v, memory_order_relaxed);
+    }
+    return v;
+}
+#endif
+
 /* -- fp32 and fp16 weights x fp32: eight rows per register, each lane in i order ------------- */
 
 /* Rows beyond n_out read row 0 of the group again (valid memory); their lanes are not stored. */
@@ -1801,7 +1841,8 @@ KX_INLINE KX512 void kx5_corrs(const int8_t *x, int32_t b0, int32_t b1, int32_t 
  * here, then their sixteen fp16 d each). */
 KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk, const int8_t *x,
                                 size_t xs, const float *sx, size_t ss, const int32_t *corr,
-                                size_t cs, kx5_pf *pf, __m512 acc[], const int NT, const int MODE)
+                                size_t cs, kx5_pf *pf, uintptr_t ahead, __m512 acc[], const int NT,
+                                const int MODE)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int32_t j = 0; j < nblk; j++) {
@@ -1821,8 +1862,14 @@ KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk,
             }
             s16 = _mm512_cvtph_ps(
                 _mm256_load_si256((const __m256i *)(const void *)(pair + 8) + (j & 1)));
+            if (ahead != 0u && (j & 1) == 0) {
+                kx_prefetch_l2((uintptr_t)pair + ahead, 9);
+            }
         } else {
             const __m512i *p = &wb[(size_t)j * ((MODE == KX5_P8B) ? 9u : 8u)];
+            if (ahead != 0u) {
+                kx_prefetch_l2((uintptr_t)p + ahead, (MODE == KX5_P8B) ? 9 : 8);
+            }
             KX_UNROLL for (int k = 0; k < 8; k++)
             {
                 wk[k] = _mm512_load_si512(&p[k]);
@@ -1902,10 +1949,10 @@ KX_INLINE KX512 void kx5_tile(const __m512i *wbuf, const __m512 *sbuf, int32_t b
             first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + (size_t)t * (size_t)ldy);
     }
     kx5_blocks(wbuf, sbuf, bf - b0, x + (size_t)b0 * COLIBRI_QK8, (size_t)n_in, sx + b0, (size_t)nb,
-               corr, KX5_BCH, pf, acc, NT, MODE);
+               corr, KX5_BCH, pf, 0u, acc, NT, MODE);
     if (bf < b1) {
         kx5_blocks(wbuf + (size_t)(bf - b0) * 8u, sbuf + (bf - b0), 1, &xpad[0][0], COLIBRI_QK8,
-                   sx + bf, (size_t)nb, corr + (bf - b0), KX5_BCH, NULL, acc, NT, MODE);
+                   sx + bf, (size_t)nb, corr + (bf - b0), KX5_BCH, NULL, 0u, acc, NT, MODE);
     }
     kx5_store(acc, y, ldy, mask, rscale, NT);
 }
@@ -2072,9 +2119,11 @@ static KX512 void kx_matmul_q4_q8_avx512(const colibri_block_q4_32 *w, const int
  * cost a quarter of the int4 matvec's speed (26-28 against 36-39 GB/s, Zen 4, huge pages). The
  * packed matrix has the bytes of the stored one (plus the padding rows of the last group). Per
  * token and block the float steps are kx5_tile's, so every output has the bits of the matvec; the
- * tokens' corrections are computed once per call for all groups. No software prefetch: on Zen 4 the
- * hardware prefetcher alone streamed 32-35 GB/s from huge pages, and every prefetch distance tried
- * (0.5-16 KB ahead, into L1) was slower (16-25 GB/s).
+ * tokens' corrections are computed once per call for all groups. Software prefetch into L2 some KB
+ * ahead of the stream, on Intel CPUs only (kx_ahead): on Zen 4 the hardware prefetcher alone
+ * streamed 32-35 GB/s from huge pages, and every prefetch distance tried (0.5-16 KB ahead, into
+ * L1) was slower (16-25 GB/s); on a Xeon the hardware alone stopped at a plain loop's 14.6 GB/s
+ * and L2 prefetch 8 KB ahead took int8 decode 1.4x faster.
  */
 #define KXP_CORR 4096 /* (token, block) corrections per batch of tokens: 16 KB of stack */
 
@@ -2139,7 +2188,7 @@ static KX_NOINLINE KX512 void kxp_pack(int32_t kind, const void *w, const float 
  * group; y at the group's first row, mask: the rows stored. */
 KX_INLINE KX512 void kxp_tile(const __m512i *cg, int32_t nb, const int8_t *x, const float *sx,
                               const int32_t *corr, float *y, int32_t ldy, __mmask16 mask,
-                              const float *rscale, const int NT, const int MODE)
+                              const float *rscale, uintptr_t ahead, const int NT, const int MODE)
 {
     __m512 acc[KX5_TILE];
     _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
@@ -2147,18 +2196,18 @@ KX_INLINE KX512 void kxp_tile(const __m512i *cg, int32_t nb, const int8_t *x, co
         acc[t] = _mm512_setzero_ps();
     }
     kx5_blocks(cg, NULL, nb, x, (size_t)nb * COLIBRI_QK8, sx, (size_t)nb, corr, (size_t)nb, NULL,
-               acc, NT, MODE);
+               ahead, acc, NT, MODE);
     kx5_store(acc, y, ldy, mask, rscale, NT);
 }
 
 #define KXP_CASE(N, MODE)                                                                          \
     case N:                                                                                        \
-        kxp_tile(cg, nb, x, sx, corr, y, ldy, mask, rscale, N, MODE);                              \
+        kxp_tile(cg, nb, x, sx, corr, y, ldy, mask, rscale, ahead, N, MODE);                       \
         break;
 #define KXP_TILE_FN(NAME, MODE)                                                                    \
-    static KX_NOINLINE KX512 void NAME(const __m512i *cg, int32_t nb, const int8_t *x,             \
-                                       const float *sx, const int32_t *corr, float *y,             \
-                                       int32_t ldy, __mmask16 mask, const float *rscale, int nt)   \
+    static KX_NOINLINE KX512 void NAME(                                                            \
+        const __m512i *cg, int32_t nb, const int8_t *x, const float *sx, const int32_t *corr,      \
+        float *y, int32_t ldy, __mmask16 mask, const float *rscale, uintptr_t ahead, int nt)       \
     {                                                                                              \
         switch (nt) {                                                                              \
             KXP_CASE(1, MODE)                                                                      \
@@ -2169,7 +2218,7 @@ KX_INLINE KX512 void kxp_tile(const __m512i *cg, int32_t nb, const int8_t *x, co
             KXP_CASE(6, MODE)                                                                      \
             KXP_CASE(7, MODE)                                                                      \
         default:                                                                                   \
-            kxp_tile(cg, nb, x, sx, corr, y, ldy, mask, rscale, 8, MODE);                          \
+            kxp_tile(cg, nb, x, sx, corr, y, ldy, mask, rscale, ahead, 8, MODE);                   \
             break;                                                                                 \
         }                                                                                          \
     }
@@ -2187,6 +2236,7 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
     const size_t regs = kxp_group_regs(kind, nb);
     (void)n_out;
     const int32_t mult = (kind == COLIBRI_X86_PACK_Q4) ? -8 : -128;
+    const uintptr_t ahead = (uintptr_t)kx_ahead();
     int32_t corr[KXP_CORR];
     int32_t batch = KXP_CORR / nb; /* nb <= KXP_CORR: colibri_x86_packed_bytes */
     if (batch > KX5_TILE) {
@@ -2211,11 +2261,11 @@ static KX_NOINLINE KX512 void kxp_matmul(int32_t kind, const void *packed, const
                 const int32_t *c = corr + (size_t)tt * (size_t)nb;
                 float *yt = y + t * (size_t)ldy + (size_t)(o0 - r0);
                 if (kind == COLIBRI_X86_PACK_Q8) {
-                    kxp_tile_q8(cg, nb, x, s, c, yt, ldy, mask, rscale + (o0 - r0), nt);
+                    kxp_tile_q8(cg, nb, x, s, c, yt, ldy, mask, rscale + (o0 - r0), ahead, nt);
                 } else if (kind == COLIBRI_X86_PACK_Q8B) {
-                    kxp_tile_q8b(cg, nb, x, s, c, yt, ldy, mask, NULL, nt);
+                    kxp_tile_q8b(cg, nb, x, s, c, yt, ldy, mask, NULL, ahead, nt);
                 } else {
-                    kxp_tile_q4(cg, nb, x, s, c, yt, ldy, mask, NULL, nt);
+                    kxp_tile_q4(cg, nb, x, s, c, yt, ldy, mask, NULL, ahead, nt);
                 }
             }
         }

@@ -333,3 +333,48 @@ def test_packed_matrices_same_bits(
             what = f"{arch} {scheme}: packed, {threads} threads, prefill batch {batch}"
             packed = _generate_same(clb, PROMPT, threads, batch, (ref, ref_ids), what)
             assert (packed > 0) == packs, f"{what}: {packed} bytes packed"
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8-dense-int8"])
+def test_l2_prefetch_distance_same_bits(
+    models: dict[str, MoETransformer], tmp_path: Path, scheme: str
+) -> None:
+    """The packed x86 kernels prefetch into L2 some bytes ahead of their stream
+    (COLIBRI_X86_PREFETCH: 8192 by default on Intel CPUs, 0 elsewhere): the model-file runner
+    gives the same logits and tokens with it off, the default, a distance under a line, one far
+    past the end of every matrix and a malformed value (read as 0), prompt prefilled in
+    batches, 1 and 2 threads."""
+    import os
+    import subprocess
+
+    from colibri.targets.lmrun import (
+        SamplingOptions,
+        lmfile_args,
+        lmfile_runner,
+        read_lm_output,
+        write_lm_input,
+    )
+
+    exe = lmfile_runner("host")
+    clb = _container(models["qwen2_moe"], scheme, tmp_path / "m.clb")
+    write_lm_input(tmp_path / "in.bin", PROMPT, N_NEW, SamplingOptions(), True)
+    _, ref_ids = _token_loop(clb, 1)
+    outputs: dict[tuple[str | None, int], bytes] = {}
+    for value in (None, "0", "8", "8192", "1048576", "junk"):
+        env = {k: v for k, v in os.environ.items() if k != "COLIBRI_X86_PREFETCH"}
+        if value is not None:
+            env["COLIBRI_X86_PREFETCH"] = value
+        for threads in (1, 2):
+            out_bin = tmp_path / "out.bin"
+            args = lmfile_args(clb, tmp_path / "in.bin", out_bin, threads=threads, prefill_batch=8)
+            r = subprocess.run(
+                [str(exe), *args], capture_output=True, text=True, env=env, timeout=300
+            )
+            assert r.returncode == 0, (value, threads, r.stdout[-2000:], r.stderr[-2000:])
+            out = read_lm_output(out_bin, N_NEW)
+            assert out.tokens.tolist() == ref_ids, (value, threads)
+            assert out.logits is not None
+            outputs[(value, threads)] = out_bin.read_bytes()
+    first = outputs[(None, 1)]
+    for key, raw in outputs.items():
+        assert raw == first, f"COLIBRI_X86_PREFETCH={key[0]}, {key[1]} threads: other bits"
