@@ -169,7 +169,7 @@ static int32_t kx_ahead(void)
             const long n = strtol(env, NULL, 10);
             v = (n <= 0) ? 0 : (n > (1L << 20)) ? (1 << 20) : (int)n;
         } else {
-            unsigned a, b, c, d;
+            unsigned a = 0u, b = 0u, c = 0u, d = 0u;
             /* vendor "GenuineIntel": EBX, EDX, ECX of leaf 0 */
             const int intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756E6547u &&
                               d == 0x49656E69u && c == 0x6C65746Eu;
