@@ -142,22 +142,15 @@ KX_INLINE void kx_prefetch(uintptr_t p, int n)
 }
 
 #if defined(KX_HAVE_VNNI)
-/* n lines from p on into L2 (PREFETCHT1), for the packed matrices' one stream (kxp_matmul). */
-KX_INLINE void kx_prefetch_l2(uintptr_t p, int n)
-{
-    for (int k = 0; k < n; k++) {
-        _mm_prefetch((const char *)(p + (uintptr_t)k * 64u), _MM_HINT_T1);
-    }
-}
-
 /* How many bytes ahead of the packed matrices' stream their kernels prefetch into L2 (0: none):
  * COLIBRI_X86_PREFETCH=<bytes> in the environment (0 turns it off; at most 1 MiB), else 8192 on
  * Intel CPUs and 0 elsewhere, chosen on the first call. On a Xeon (Sapphire Rapids family, one
  * core) the hardware prefetchers alone streamed a packed int8 model at 14.6 GB/s, the speed of a
- * plain read loop; 4-18 KB ahead into L2 took decode from 121-125 to 161-183 tokens/s (int4: 151
- * to 187-229); into L1 only to 137-149. On a Zen 4 every distance tried into L1 was slower than
- * none (see the packed matrices' comment), so AMD CPUs keep the hardware's stream alone. Outputs
- * do not depend on it. */
+ * plain read loop; 8 KB ahead into L2 took issue 13's int8 decode from 121-134 to 135-157
+ * tokens/s and int4 from 142-152 to 217-234 (interleaved runs); into L1 int8 reached only
+ * 137-149. On a Zen 4 every distance tried into L1 was slower than none (see the packed
+ * matrices' comment), so AMD CPUs keep the hardware's stream alone. Outputs do not depend on
+ * it. */
 static atomic_int kx_ahead_bytes = -1;
 
 static int32_t kx_ahead(void)
@@ -1863,12 +1856,12 @@ KX_INLINE KX512 void kx5_blocks(const __m512i *wb, const void *sv, int32_t nblk,
             s16 = _mm512_cvtph_ps(
                 _mm256_load_si256((const __m256i *)(const void *)(pair + 8) + (j & 1)));
             if (ahead != 0u && (j & 1) == 0) {
-                kx_prefetch_l2((uintptr_t)pair + ahead, 9);
+                kx_z_prefetch((uintptr_t)pair + ahead, 9);
             }
         } else {
             const __m512i *p = &wb[(size_t)j * ((MODE == KX5_P8B) ? 9u : 8u)];
             if (ahead != 0u) {
-                kx_prefetch_l2((uintptr_t)p + ahead, (MODE == KX5_P8B) ? 9 : 8);
+                kx_z_prefetch((uintptr_t)p + ahead, (MODE == KX5_P8B) ? 9 : 8);
             }
             KX_UNROLL for (int k = 0; k < 8; k++)
             {
@@ -2123,7 +2116,7 @@ static KX512 void kx_matmul_q4_q8_avx512(const colibri_block_q4_32 *w, const int
  * ahead of the stream, on Intel CPUs only (kx_ahead): on Zen 4 the hardware prefetcher alone
  * streamed 32-35 GB/s from huge pages, and every prefetch distance tried (0.5-16 KB ahead, into
  * L1) was slower (16-25 GB/s); on a Xeon the hardware alone stopped at a plain loop's 14.6 GB/s
- * and L2 prefetch 8 KB ahead took int8 decode 1.4x faster.
+ * (figures at kx_ahead).
  */
 #define KXP_CORR 4096 /* (token, block) corrections per batch of tokens: 16 KB of stack */
 
