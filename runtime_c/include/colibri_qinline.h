@@ -1168,17 +1168,17 @@ COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, con
  * 0, 1 (r4, r5); Y of tokens 2, 3 (r0, r1) and O of word b (r2..r5); Y of word b (r0..r3) */
 #define COLIBRI_QI_S1(op, off)                                                                     \
     "ldrd %[wa], %[wb], [%[wr], #" #off "]\n"                                                      \
-    "ldmia %[xp]!, {r0-r5}\n"                                   \
+    "ldmia %[xp]!, {r0-r5}\n"                                                                      \
     COLIBRI_QI_M(op, 0, wa, r0) COLIBRI_QI_M(op, 1, wa, r1)                                        \
     COLIBRI_QI_M(op, 2, wa, r2) COLIBRI_QI_M(op, 3, wa, r3)                                        \
     "sxtb16 %[wa], %[wa]\n"                                                                        \
     COLIBRI_QI_M(smlad, 0, wa, r4) COLIBRI_QI_M(smlad, 1, wa, r5)                                  \
-    "ldmia %[xp]!, {r0-r5}\n"                                   \
+    "ldmia %[xp]!, {r0-r5}\n"                                                                      \
     COLIBRI_QI_M(smlad, 2, wa, r0) COLIBRI_QI_M(smlad, 3, wa, r1)                                  \
     COLIBRI_QI_M(smlad, 0, wb, r2) COLIBRI_QI_M(smlad, 1, wb, r3)                                  \
     COLIBRI_QI_M(smlad, 2, wb, r4) COLIBRI_QI_M(smlad, 3, wb, r5)                                  \
     "sxtb16 %[wb], %[wb]\n"                                                                        \
-    "ldmia %[xp]!, {r0-r3}\n"                                                 \
+    "ldmia %[xp]!, {r0-r3}\n"                                                                      \
     COLIBRI_QI_M(smlad, 0, wb, r0) COLIBRI_QI_M(smlad, 1, wb, r1)                                  \
     COLIBRI_QI_M(smlad, 2, wb, r2) COLIBRI_QI_M(smlad, 3, wb, r3)
 /* clang-format on */
