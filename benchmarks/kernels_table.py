@@ -269,7 +269,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--board", action="append", help=f"board (repeatable; default {BOARDS})")
     p.add_argument("--scheme", action="append", choices=SCHEMES, help="(repeatable; default all)")
     p.add_argument("--json", help="also write the table as JSON to this path")

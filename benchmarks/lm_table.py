@@ -124,7 +124,7 @@ def _host_tokens_per_s(gen: Path, n: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__.rsplit("\n\n", 1)[0])  # not the usage line
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--host-tokens", type=int, default=256)
     ap.add_argument("--untrained", action="store_true", help="random std-0.3 weights")

@@ -69,7 +69,7 @@ def count(board: Board, elf: Path) -> list[tuple[int, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--board", action="append", help="board (repeatable)")
     p.add_argument("--shape", action="append", help="OUTxIN (repeatable)")
     p.add_argument("--rev", help="also count the kernels of this git revision")

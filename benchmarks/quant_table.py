@@ -50,7 +50,7 @@ EXTRA = [("int8", "fp32"), ("int4", "fp32")]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--board", default="cortex-m4")
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--hidden", type=int, default=128)

@@ -72,7 +72,7 @@ def table(board: Board, counts: list[int], tokens: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--board", action="append", help="board name (repeatable; default host)")
     p.add_argument("--tokens", type=int, default=0, help="0: 1024 hosted, 256 bare metal")
     p.add_argument("--rounds", type=int, default=2)

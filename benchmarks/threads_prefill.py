@@ -57,7 +57,7 @@ def container(ckpt: Path, scheme: str, out: Path, max_context: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--ff", type=int, default=1408)
     ap.add_argument("--layers", type=int, default=4)
