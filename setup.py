@@ -1,6 +1,7 @@
 """Packaging hook: the C runtime, templates, boards and SConstruct travel inside the wheel as
-colibri/data/, so `pip install .` (not only `-e`) gives a CLI that can generate and build.
-All metadata lives in pyproject.toml."""
+colibri/data/, so `pip install .` (not only `-e`) gives a CLI that can generate and build;
+LICENSE goes there too (for `scons install` from an installed package) besides the wheel's
+.dist-info, where setuptools puts it by default. All metadata lives in pyproject.toml."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-DATA = ("SConstruct", "boards", "templates", "runtime_c", "tools")
+DATA = ("SConstruct", "boards", "templates", "runtime_c", "tools", "LICENSE")
 IGNORE = shutil.ignore_patterns("build", "__pycache__", "*.o", "*.a", "*.so", "*.elf")
 
 

@@ -26,6 +26,7 @@ INSTALLED = [
     "lib/cmake/colibri/colibriConfig.cmake",
     "lib/cmake/colibri/colibriConfigVersion.cmake",
     "lib/pkgconfig/colibri.pc",
+    "share/licenses/colibri/LICENSE",
 ]
 
 CMAKE_PROJECT = """\

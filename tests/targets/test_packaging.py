@@ -48,6 +48,12 @@ def test_wheel_carries_resources_and_works(tmp_path: Path) -> None:
     ):
         assert needed in names, needed
     assert not any("/build/" in n or n.endswith((".o", ".a", ".elf")) for n in names)
+    # the MIT licence (pyproject.toml's license) travels in the wheel's metadata and data
+    licences = [n for n in names if ".dist-info/" in n and n.rsplit("/", 1)[-1] == "LICENSE"]
+    assert licences, sorted(n for n in names if ".dist-info/" in n)
+    assert "colibri/data/LICENSE" in names
+    text = zipfile.ZipFile(wheel).read(licences[0]).decode()
+    assert text.startswith("MIT License") and "Copyright (c) 2026 The Colibri authors" in text
 
     target = tmp_path / "site"
     proc = subprocess.run(
