@@ -45,6 +45,7 @@ if str(ROOT / "codegen") not in sys.path:
     sys.path.insert(0, str(ROOT / "codegen"))
 
 from colibri.boards import load_board  # noqa: E402
+from colibri.cli.argtypes import add_board_argument  # noqa: E402
 from colibri.cli.pipeline import generate as generate_c  # noqa: E402
 from colibri.cli.pipeline import quantise_transformer  # noqa: E402
 from colibri.errors import ColibriError, InputError  # noqa: E402
@@ -340,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tokenizer", type=Path, help="tokenizer.json (default the checkpoint's)")
     ap.add_argument("--windows", type=int, default=DEFAULT_WINDOWS)
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW)
-    ap.add_argument("--board", default="host")
+    add_board_argument(ap, "host")
     ap.add_argument(
         "--schemes", nargs="+", choices=sorted(SCHEMES), help=f"default {DEFAULT_SCHEMES}"
     )

@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import router_table  # noqa: E402
 from colibri.boards import Board, load_board  # noqa: E402
+from colibri.cli.argtypes import add_board_argument, board_help  # noqa: E402
 from colibri.cli.pipeline import generate  # noqa: E402
 from colibri.errors import BudgetExceeded, ColibriError  # noqa: E402
 from colibri.frontends.seed import make_toy  # noqa: E402
@@ -270,7 +271,12 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--board", action="append", help=f"board (repeatable; default {BOARDS})")
+    add_board_argument(
+        p,
+        None,
+        action="append",
+        help=board_help(None, f"board (repeatable; default {', '.join(BOARDS)})"),
+    )
     p.add_argument("--scheme", action="append", choices=SCHEMES, help="(repeatable; default all)")
     p.add_argument("--json", help="also write the table as JSON to this path")
     p.add_argument("--tiny", action="store_true", help="small model, short router run (tests)")

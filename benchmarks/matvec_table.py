@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_common import build_bench, count_modes  # noqa: E402
 from colibri.boards import Board, load_board  # noqa: E402
+from colibri.cli.argtypes import add_board_argument, board_help  # noqa: E402
 
 KERNELS = ("fp16 x fp32", "int4 x int8", "int4 x fp32", "int8 x int8")
 KERNEL_FILES = ("kernels_q.c", "kernels_neon.h", "kernels_x86.c", "kernels_x86.h")
@@ -70,7 +71,12 @@ def count(board: Board, elf: Path) -> list[tuple[int, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--board", action="append", help="board (repeatable)")
+    add_board_argument(
+        p,
+        None,
+        action="append",
+        help=board_help(None, "board (repeatable; default the Cortex-A boards)"),
+    )
     p.add_argument("--shape", action="append", help="OUTxIN (repeatable)")
     p.add_argument("--rev", help="also count the kernels of this git revision")
     p.add_argument("--workdir", default=str(ROOT / "build" / "matvec_table"))

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from colibri.boards import load_board  # noqa: E402
+from colibri.cli.argtypes import add_board_argument  # noqa: E402
 from colibri.cli.main import run_model  # noqa: E402
 from colibri.cli.pipeline import generate, render  # noqa: E402
 from colibri.errors import BudgetExceeded  # noqa: E402
@@ -51,7 +52,7 @@ EXTRA = [("int8", "fp32"), ("int4", "fp32")]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--board", default="cortex-m4")
+    add_board_argument(p, "cortex-m4")
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--ff", type=int, default=512)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_common import build_bench, build_library, count_modes  # noqa: E402
 from colibri.boards import Board, load_board  # noqa: E402
+from colibri.cli.argtypes import add_board_argument, board_help  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
 
 WAYS = ("qsort + take-k + softmax", "plain two-pass loop", "colibri_route_gate")
@@ -73,7 +74,9 @@ def table(board: Board, counts: list[int], tokens: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--board", action="append", help="board name (repeatable; default host)")
+    add_board_argument(
+        p, None, action="append", help=board_help(None, "board (repeatable; default host)")
+    )
     p.add_argument("--tokens", type=int, default=0, help="0: 1024 hosted, 256 bare metal")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workdir", default=str(ROOT / "build" / "router_table"))

@@ -337,12 +337,21 @@ def board_from_file(path: Path) -> Board:
     return board
 
 
+def board_names() -> list[str]:
+    """The names of the board files (``boards/<name>.toml``), sorted; no file is parsed."""
+    return sorted(p.stem for p in boards_dir().glob("*.toml"))
+
+
+def unknown_board(name: str) -> str:
+    """The message for a board name without a board file: it lists the boards there are."""
+    return f"unknown board '{name}'; available boards: {', '.join(board_names()) or 'none'}"
+
+
 def load_board(name: str) -> Board:
     """Load ``boards/<name>.toml``; unknown names list the boards that exist."""
     path = boards_dir() / f"{name}.toml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in boards_dir().glob("*.toml")))
-        raise BoardError(f"unknown board '{name}'; available boards: {known or 'none'}")
+    if not name or "/" in name or not path.is_file():
+        raise BoardError(unknown_board(name))
     return board_from_file(path)
 
 

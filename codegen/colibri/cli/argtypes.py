@@ -13,7 +13,9 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
+
+from ..boards import board_names, unknown_board
 
 #: Ranges of the numeric options (inclusive). README "Using it" documents them.
 MAX_TOKENS = 1 << 20  # generate --max-tokens: tokens per chunk
@@ -121,3 +123,28 @@ def float_range(
 
     parse.__name__ = "number"
     return parse
+
+
+def board_name(text: str) -> str:
+    """An argparse type: the name of a board file (boards/<name>.toml); an unknown name is the
+    one-line error listing the boards."""
+    name = text.strip()
+    if name not in board_names():
+        raise argparse.ArgumentTypeError(unknown_board(text))
+    return name
+
+
+board_name.__name__ = "board"
+
+
+def board_help(default: str | None = None, what: str = "board") -> str:
+    """The help text of a --board option: the boards there are (boards/*.toml) and the
+    default."""
+    said = f" (default {default})" if default else ""
+    return f"{what}{said}: {', '.join(board_names())}; `colibri boards` lists them"
+
+
+def add_board_argument(s: argparse.ArgumentParser, default: str | None, **kw: Any) -> None:
+    """--board with its type check and the list of boards in its help (every command's)."""
+    help_text = kw.pop("help", None) or board_help(default)
+    s.add_argument("--board", type=board_name, default=default, help=help_text, **kw)

@@ -35,6 +35,7 @@ from .argtypes import (
     MAX_TOY_DIM,
     MAX_TOY_EXPERTS,
     ColibriArgumentParser,
+    add_board_argument,
     float_range,
     int_range,
 )
@@ -782,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("generate", help="emit C specialised to a model for a board")
     s.add_argument("model")
     s.add_argument("--config", help="config.json (default: beside the model)")
-    s.add_argument("--board", default="host")
+    add_board_argument(s, "host")
     s.add_argument("--out", required=True, help="output directory")
     s.add_argument("--name", help="C name of the model (default: the output directory's name)")
     s.add_argument(
@@ -819,14 +820,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("build", help="build a generated model for a board (SCons)")
     s.add_argument("dir")
-    s.add_argument("--board", default="host")
+    add_board_argument(s, "host")
     s.add_argument("-v", "--verbose", action="store_true")
     add_quiet(s)
     s.set_defaults(func=cmd_build)
 
     s = sub.add_parser("run", help="build and run a generated model on a board")
     s.add_argument("dir")
-    s.add_argument("--board", default="host")
+    add_board_argument(s, "host")
     s.add_argument("--input", help="MoE layer: [T, d_model] float32 .npy")
     s.add_argument(
         "--output",
@@ -915,7 +916,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("size", help="flash/RAM report of a built ELF or generated directory")
     s.add_argument("target", help="firmware ELF, or a generated directory (built if needed)")
-    s.add_argument("--board", default="host")
+    add_board_argument(s, "host")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument(
         "--html",
@@ -927,7 +928,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_size)
 
     s = sub.add_parser("demo", help="toy model on the host and a Cortex-M board, with sizes")
-    s.add_argument("--board", default="cortex-m4")
+    add_board_argument(s, "cortex-m4")
     s.add_argument("--workdir", default="build/demo")
     add_quiet(s)
     s.set_defaults(func=cmd_demo)
