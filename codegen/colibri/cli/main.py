@@ -811,8 +811,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--ram-budget",
         type=int_range(0, MAX_RAM_BUDGET, "bytes"),
         metavar="BYTES",
-        help="RAM for pinning the hottest experts (with --calib; 0..2**32-1, default 0: all "
-        "in flash)",
+        help="RAM for pinning the hottest experts in (0..2**32-1). Default: without --calib "
+        "0, every expert in flash; with --calib on a board with flash and RAM, half of the RAM "
+        "the arena, the stack and 4 KB of runtime statics leave (the hottest experts that fit "
+        "are pinned: a small model's all of them), on hosted boards 0. --ram-budget 0 keeps "
+        "every expert in flash.",
     )
     s.add_argument("--layer", type=LAYER, help=MOE_LAYER_HELP)
     add_quiet(s)
