@@ -59,6 +59,27 @@ def test_export_block_state_dict(tmp_path: Path, cli: Any, arch: str) -> None:
     assert compare(y_torch, moe_forward(exported, x)[0], EXPORT_TOLERANCE) is None
 
 
+def test_export_of_zero_experts_says_the_check_was_vacuous(tmp_path: Path, cli: Any) -> None:
+    """Issue 39: a block whose experts are all zero gives zeros in PyTorch and in the reference;
+    equal zeros verify nothing, so export must not print OK (it warns, and keeps the file)."""
+    import torch
+
+    model = make_model("mixtral", seed=37)
+    ckpt = save_model(model, tmp_path / "ckpt")
+    state = {
+        k: torch.zeros_like(v) if k.startswith("experts.") else v
+        for k, v in model.model.layers[0].mlp.state_dict().items()
+    }
+    assert any(k.startswith("experts.") for k in state)
+    torch.save(state, tmp_path / "zero.pt")
+    r = cli("export", str(tmp_path / "zero.pt"), "--config", str(ckpt / "config.json"),
+            "--out", str(tmp_path / "zero.clb"))  # fmt: skip
+    assert "OK" not in r.stdout, r.stdout
+    assert "VACUOUS" in r.stdout and "every expert's weights are zero" in r.stdout
+    assert r.stderr.startswith("colibri: warning: ") and "nothing was verified" in r.stderr
+    assert (tmp_path / "zero.clb").is_file()
+
+
 def test_export_checkpoint_layer(tmp_path: Path, cli: Any) -> None:
     ckpt = save_model(make_model("mixtral", seed=32), tmp_path / "m", max_shard_size="8KB")
     r = cli("export", str(ckpt), "--layer", "0", "--out", str(tmp_path / "l0.clb"),

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..frontends.container import read_container, write_container
 from ..frontends.export import DEFAULT_CHECK_TOKENS, ExportCheckFailed, read_block
@@ -56,6 +58,19 @@ class ExportResult:
     max_abs_output: float
     tokens: int
 
+    @property
+    def vacuous(self) -> bool:
+        """PyTorch's output was all zeros: equal outputs verify nothing (issue 39: a block
+        whose experts are all zero printed OK with nothing compared)."""
+        return not self.max_abs_output > 0.0
+
+    def vacuous_reason(self) -> str:
+        """Why the check compared only zeros, for the warning."""
+        experts = self.layer.experts
+        if all(not np.any(a) for e in experts for _, a in e.tensors()):
+            return "every expert's weights are zero"
+        return "the block's output is zero on every check token"
+
 
 def export(
     source: str | os.PathLike[str],
@@ -89,6 +104,12 @@ class WholeExportResult:
     layers: int
     max_abs_diff: float
     tokens: int
+    max_abs_logit: float = 1.0
+
+    @property
+    def vacuous(self) -> bool:
+        """The reference logits were all zeros: the comparison verified nothing."""
+        return not self.max_abs_logit > 0.0
 
 
 def export_whole(
@@ -102,8 +123,6 @@ def export_whole(
     check it: the C runtime's colibri_lm_forward on the written file (Python binding) against
     the float64 numpy reference, a seeded prompt of min(tokens, 64) ids, within
     LOGIT_TOLERANCE; a file that does not match is removed."""
-    import numpy as np
-
     from ..emit.lmfile import write_lm_container
     from ..frontends.hf_model import load_transformer
     from ..reference.transformer import LOGIT_TOLERANCE, forward
@@ -114,19 +133,20 @@ def export_whole(
     with progress.stage("load"):
         model = load_transformer(source)
 
-    def check(path: Path) -> float:
+    def check(path: Path) -> tuple[float, float]:
         ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, n).tolist()
         with LM(path) as lm:
             got = lm.logits(ids)
-        diff = float(np.abs(got - forward(model, ids)).max())
+        ref = forward(model, ids)
+        diff = float(np.abs(got - ref).max())
         if not diff <= LOGIT_TOLERANCE:
             raise ExportCheckFailed(
                 f"{path}: the C runtime's logits on the written file differ from the numpy "
                 f"reference by {diff:.3g} > {LOGIT_TOLERANCE}; the file was removed"
             )
-        return diff
+        return diff, float(np.abs(ref).max())
 
-    path, diff = _write_checked(
+    path, (diff, scale) = _write_checked(
         progress, lambda: write_lm_container(model, None, out, max(n, 64)), check
     )
-    return WholeExportResult(path, model.config.n_layers, diff, n)
+    return WholeExportResult(path, model.config.n_layers, diff, n, scale)

@@ -656,11 +656,17 @@ def cmd_export(a: argparse.Namespace) -> int:
         from .export import export_whole
 
         whole = export_whole(a.source, a.out, a.check_tokens, a.seed, progress)
+        check = f"check of the C runtime on the file vs the numpy reference ({whole.tokens} tokens)"
         print(
             f"wrote {whole.path}: whole model, {whole.layers} layers (container version 2, fp32); "
-            f"check of the C runtime on the file vs the numpy reference ({whole.tokens} tokens): "
-            f"max |logit diff| {whole.max_abs_diff:.3g} OK"
+            + (
+                f"{check}: VACUOUS, every reference logit is 0, so equal logits verify nothing"
+                if whole.vacuous
+                else f"{check}: max |logit diff| {whole.max_abs_diff:.3g} OK"
+            )
         )
+        if whole.vacuous:
+            _warn_vacuous(whole.path, "every logit of the model is zero")
         return 0
     res = export(a.source, a.out, a.layer, a.config, a.check_tokens, a.seed, progress)
     c = res.layer.config
@@ -668,11 +674,27 @@ def cmd_export(a: argparse.Namespace) -> int:
         f"wrote {res.path}: {c.n_experts} experts, d_model {c.d_model}, d_ff {c.d_ff}, "
         f"k {c.top_k}, {res.layer.metadata.get('architecture', 'PyTorch')} block"
     )
+    if res.vacuous:  # zeros against zeros: no OK for a check that verified nothing
+        print(
+            f"check vs PyTorch ({res.tokens} tokens): VACUOUS, PyTorch's output is all zeros "
+            f"({res.vacuous_reason()}), so equal outputs verify nothing; the file is unchecked"
+        )
+        _warn_vacuous(res.path, res.vacuous_reason())
+        return 0
     print(
         f"check vs PyTorch ({res.tokens} tokens): max |diff| {res.max_abs_diff:.3g} "
         f"(max |y| {res.max_abs_output:.3g}, tolerance {EXPORT_TOLERANCE} x max |y|) OK"
     )
     return 0
+
+
+def _warn_vacuous(path: Path, reason: str) -> None:
+    """The stderr line of an export whose check compared only zeros."""
+    print(
+        f"colibri: warning: {path}: the export check compared only zeros ({reason}); the file "
+        f"was written but nothing was verified: check that the state_dict holds trained weights",
+        file=sys.stderr,
+    )
 
 
 # -- parser ------------------------------------------------------------------------------------
