@@ -20,6 +20,8 @@ from colibri.frontends.hf import write_safetensors
 from colibri.progress import (
     PROGRESS_MIN_BYTES,
     SILENT,
+    Progress,
+    Stage,
     TerminalProgress,
     model_bytes,
     progress_for,
@@ -302,3 +304,84 @@ def test_generate_a_transformer_counts_layers_and_experts(tmp_path: Path) -> Non
     percents = [int(d.split("]")[1].split("%")[0]) for d in draws]
     assert percents == sorted(percents) and percents[-1] == 100
     check_quiet_cases(args, out)
+
+
+# -- calibration (issue 39: the calibrate stage drew nothing for a minute) ------------------------
+
+
+class Recorder(Progress):
+    """Every draw of every stage: (stage, done, total, detail, final)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, float, float | None, str, bool]] = []
+
+    def draw(self, stage: Stage, final: bool, failed: bool = False) -> None:
+        self.calls.append((stage.name, stage.done, stage.total, stage.detail, final))
+
+    def of(self, name: str) -> list[tuple[str, float, float | None, str, bool]]:
+        return [c for c in self.calls if c[0] == name]
+
+
+def check_counts(calls: list[tuple[str, float, float | None, str, bool]]) -> None:
+    """Counts only grow, and the stage ends with its total done."""
+    done = [c[1] for c in calls]
+    assert done == sorted(done), done
+    *_, (_, last, total, _, final) = calls
+    assert final and total and last == total
+
+
+def test_calibrating_a_layer_reports_each_expert() -> None:
+    from colibri.cli.pipeline import quantise
+    from colibri.frontends.seed import make_toy
+    from colibri.ir.model import as_model
+    from colibri.options import GenerateOptions
+
+    layer = make_toy(experts=6, hidden=16, ff=32, top_k=2, seed=4)
+    x = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)
+    rec = Recorder()
+    quantise(as_model(layer), GenerateOptions(quant="int8"), calib=x, progress=rec)
+    calls = rec.of("calibrate")
+    updates = [c for c in calls if not c[4]]
+    assert len(updates) >= 2 * 6, calls  # every expert's batch statistics and its samples
+    assert any(c[3].startswith("40 tokens  expert ") for c in updates), updates
+    assert updates[-1][3] == "statistics  expert 6/6"
+    check_counts(calls)
+
+
+def test_calibrating_a_transformer_reports_batches_layers_and_experts(tmp_path: Path) -> None:
+    from colibri.cli.pipeline import quantise_transformer
+    from colibri.frontends.hf_model import load_transformer
+    from colibri.options import GenerateOptions
+
+    ckpt = tmp_path / "mixtral"
+    ckpt.mkdir()
+    layers, experts = 2, 4
+    config = {
+        "architectures": ["MixtralForCausalLM"],
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_local_experts": experts,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+        "rms_norm_eps": 1e-5,
+    }
+    (ckpt / "config.json").write_text(json.dumps(config))
+    write_safetensors(mixtral_tensors(layers, 16, 32, experts, 64), ckpt / "model.safetensors")
+    model = load_transformer(ckpt)
+    ids = np.random.default_rng(1).integers(0, 64, (3, 10))
+    rec = Recorder()
+    opts = GenerateOptions(quant="int8", max_context=16)
+    quantise_transformer(model, opts, calib=ids, progress=rec)
+    calls = rec.of("calibrate")
+    details = [c[3] for c in calls if not c[4]]
+    for b in (1, 2, 3):  # every batch (sequence) through every MoE layer
+        for layer in (1, 2):
+            assert any(d.startswith(f"batch {b}/3  layer {layer}/2  expert ") for d in details)
+    for layer in (1, 2):  # then every stored expert's statistics
+        assert f"statistics  layer {layer}/2  expert {experts}/{experts}" in details
+    assert calls[-1][2] == 3 * 2 + 2 * experts
+    check_counts(calls)

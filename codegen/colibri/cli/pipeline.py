@@ -81,9 +81,9 @@ def quantise_transformer(
                 f"--calib calibrates the routed experts' int8 / int4 scales, but --quant is "
                 f"{options.quant}: pass --quant int8 or --quant int4 (or drop --calib)"
             )
-        with progress.stage("calibrate"):
+        with progress.stage("calibrate") as st:
             ids = load_calib_ids(source, model, options.context)
-            tstats = transformer_calibration(model, ids)
+            tstats = transformer_calibration(model, ids, st)
     q = quantize_transformer_as_asked(
         model,
         options.quant,
@@ -120,9 +120,9 @@ def quantise(
         return Quantised(*quantise_transformer(model.decoder, options, calib, progress))
     layer, stats = model.layer, None
     if calib is not None or options.calib is not None:
-        with progress.stage("calibrate"):
+        with progress.stage("calibrate") as st:
             calib = load_calib(options, calib, layer.config.d_model)
-            stats = layer_calibration(layer, calib)
+            stats = layer_calibration(layer, calib, st)
     q = quantize_moe_layer(
         layer,
         options.quant,

@@ -28,6 +28,7 @@ from ..frontends.load import load_npy
 from ..frontends.tokenizer import load_tokenizer
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
+from ..progress import Stage, Tick
 from ..quant.calib import ExpertCalib, ExpertRunner, LayerCalib
 from ..quant.formats import QuantExpert
 from .kernels import quant_expert_ffn
@@ -98,13 +99,22 @@ class _LayerStats:
         self.samples = [_Sample(MAX_EXPERT_ROWS) for _ in range(c.n_experts)]
         self.inputs = _Sample(MAX_LAYER_ROWS)
 
-    def add(self, x: np.ndarray) -> None:
+    @property
+    def n_stored(self) -> int:
+        return len(set(self.storage))
+
+    def add(self, x: np.ndarray, tick: Tick | None = None) -> None:
+        """Add a batch of the layer's input rows; `tick(k, n)` after each of the n experts the
+        batch reaches."""
         x = np.asarray(x, dtype=np.float32)
         self.tokens += x.shape[0]
         self.inputs.add(x)
         r = route(self.layer, x)
         owners = np.asarray(self.storage)[r.expert_ids]
-        for e in np.unique(owners):
+        chosen = np.unique(owners)
+        for k, e in enumerate(chosen):
+            if tick is not None:
+                tick(k + 1, chosen.size)
             rows = np.nonzero(np.any(owners == e, axis=1))[0]
             xe = x[rows]
             h = hidden(self.layer.experts[int(e)], self.layer, xe)
@@ -114,10 +124,14 @@ class _LayerStats:
             self.habs[e] += np.sum(np.abs(h), axis=0)
             self.samples[e].add(xe)
 
-    def result(self) -> LayerCalib:
+    def result(self, tick: Tick | None = None) -> LayerCalib:
+        """The statistics; `tick(k, n)` after each of the n stored experts."""
         layer, c = self.layer, self.layer.config
         experts: dict[int, ExpertCalib] = {}
-        for e in sorted(set(self.storage)):
+        stored = sorted(set(self.storage))
+        for k, e in enumerate(stored):
+            if tick is not None:
+                tick(k + 1, len(stored))
             n = int(self.hits[e])
             rows = self.samples[e].array(c.d_model)
             target = ffn(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_model))
@@ -129,26 +143,77 @@ class _LayerStats:
         return LayerCalib(self.tokens, experts, expert_runner(layer), self.inputs.array(c.d_model))
 
 
-def layer_calibration(layer: MoELayer, x: np.ndarray) -> LayerCalib:
-    """Calibration statistics of a lone MoE layer from its input rows x [T, d_model]."""
+def layer_calibration(layer: MoELayer, x: np.ndarray, stage: Stage | None = None) -> LayerCalib:
+    """Calibration statistics of a lone MoE layer from its input rows x [T, d_model].
+    `stage` (a colibri.progress line) counts the experts: the batch's statistics of each
+    expert it reaches, then each stored expert's sample outputs."""
     stats = _LayerStats(layer)
-    stats.add(x)
-    return stats.result()
+    n = stats.n_stored
+    if stage is not None:
+        stage.total = 2 * n
+
+    def tick(part: int, label: str) -> Tick:
+        def update(k: int, total: int) -> None:
+            if stage is not None:
+                stage.update(part * n + k * n / max(total, 1), f"{label}  expert {k}/{total}")
+
+        return update
+
+    stats.add(x, tick(0, f"{x.shape[0]} tokens"))
+    return stats.result(tick(1, "statistics"))
 
 
 def transformer_calibration(
-    model: MoETransformer, sequences: list[np.ndarray]
+    model: MoETransformer, sequences: list[np.ndarray], stage: Stage | None = None
 ) -> dict[int, LayerCalib]:
     """Calibration statistics of every MoE layer (by layer index) from the fp32 reference
-    forward over each token-id sequence (a fresh KV cache each)."""
+    forward over each token-id sequence (a fresh KV cache each). `stage` (a colibri.progress
+    line) counts each sequence's pass through each MoE layer, then each stored expert's
+    statistics: ``calibrate  batch 3/8  layer 2/4  expert 5/8``."""
     stats = {i: _LayerStats(layer.moe) for i, layer in enumerate(model.layers) if layer.moe}
-
-    def capture(i: int, h: np.ndarray) -> None:
-        stats[i].add(h)
-
+    counter = _Counter(stage, stats, len(sequences))
     for seq in sequences:
-        forward(model, seq, capture=capture)
-    return {i: s.result() for i, s in stats.items()}
+        counter.batch += 1
+        forward(model, seq, capture=counter.capture)
+    out: dict[int, LayerCalib] = {}
+    for i, s in stats.items():
+        counter.layer = i
+        out[i] = s.result(counter.tick_result)
+        counter.done += s.n_stored
+    return out
+
+
+class _Counter:
+    """The progress of :func:`transformer_calibration`: a unit per sequence and MoE layer,
+    then one per stored expert's statistics."""
+
+    def __init__(self, stage: Stage | None, stats: dict[int, _LayerStats], batches: int) -> None:
+        self.stage = stage
+        self.stats = stats
+        self.order = {i: k + 1 for k, i in enumerate(stats)}
+        self.batches = batches
+        self.batch = 0
+        self.layer = 0
+        self.done = 0.0
+        if stage is not None:
+            stage.total = batches * len(stats) + sum(s.n_stored for s in stats.values())
+
+    def where(self) -> str:
+        return f"layer {self.order[self.layer]}/{len(self.stats)}"
+
+    def capture(self, i: int, h: np.ndarray) -> None:
+        self.layer = i
+        self.stats[i].add(h, self.tick_batch)
+        self.done += 1
+
+    def tick_batch(self, k: int, n: int) -> None:
+        if self.stage is not None:
+            detail = f"batch {self.batch}/{self.batches}  {self.where()}  expert {k}/{n}"
+            self.stage.update(self.done + k / max(n, 1), detail)
+
+    def tick_result(self, k: int, n: int) -> None:
+        if self.stage is not None:
+            self.stage.update(self.done + k, f"statistics  {self.where()}  expert {k}/{n}")
 
 
 def expert_heat(model: MoETransformer, calib: dict[int, LayerCalib]) -> dict[int, np.ndarray]:
