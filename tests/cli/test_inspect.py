@@ -206,6 +206,49 @@ def test_hf_checkpoint(arch: str, tmp_path: Path) -> None:
     assert proc.returncode == 1 and "RAM: needs" in proc.stderr
 
 
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_whole_model_container(arch: str, tmp_path: Path) -> None:
+    """Issue 39: `inspect lm.clb` (a whole-model container, version 2) describes it like the
+    checkpoint it came from: the same dims and parameters, the stored schemes, the weight bytes
+    and arena `generate` with the same flags gives, and the boards it fits."""
+    from hf_tiny import make_model, require_torch, save_model
+
+    require_torch()
+    extra = {"mlp_only_layers": [0]} if arch == "qwen2_moe" else {}
+    ckpt = save_model(make_model(arch, **extra), tmp_path / arch)
+    hf = inspect_json(str(ckpt), "--max-context", "32")
+    flags = ("--quant", "int8", "--dense-quant", "int8", "--max-context", "32")
+    clb = tmp_path / "lm.clb"
+    run_cli("convert", str(ckpt), "--out", str(clb), *flags)
+    rep = inspect_json(str(clb))
+    assert rep["format"].startswith("Colibri container (version 2, whole model")
+    assert rep["architecture"] == hf["architecture"]
+    assert rep["dims"] == hf["dims"]
+    assert rep["parameters"] == hf["parameters"]
+    assert rep["budget_at"] == {"max_context": 32}
+    assert rep["file"]["file_bytes"] == clb.stat().st_size
+    assert rep["file"]["schemes"]["experts"] == "int8"
+    assert rep["file"]["schemes"]["dense"] == "int8"
+    assert "host" in rep["file"]["runs_on"] and "cortex-m4" not in rep["file"]["runs_on"]
+    assert set(rep["dtypes"]) == {"float32", "int8", "int32"}
+    mem = generated(ckpt, tmp_path / "gen", *flags, "--board", "host")
+    assert rep["schemes"] == {
+        "int8+dense-int8": {
+            "quant": "int8",
+            "dense_quant": "int8",
+            "weight_bytes": mem["weight_bytes"],
+            "arena_bytes": mem["arena_size"],
+        }
+    }
+    assert rep["boards"] == {
+        b: {"int8+dense-int8": v["int8+dense-int8"]} for b, v in hf["boards"].items()
+    }
+    text = run_cli("inspect", str(clb)).stdout
+    assert "routed experts int8" in text and "runs as a model file" in text
+    proc = run_cli("inspect", str(clb), "--max-context", "8", check=False)
+    assert_clean_error(proc, "carries its own config and --max-context")
+
+
 def test_hf_reads_headers_only(tmp_path: Path) -> None:
     """A checkpoint whose data section is garbage (NaN everywhere) still inspects: only the
     headers are read. A header that lies is a one-line error."""

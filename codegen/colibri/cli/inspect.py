@@ -25,6 +25,17 @@ from typing import Any
 import numpy as np
 
 from ..boards import Board, list_boards
+from ..emit.lmfile import (
+    DTYPE_Q4,
+    EXPERT_COLUMNS,
+    HEAT_TENSOR,
+    LAYER_DESC,
+    SCHEME_CODES,
+    TOKENIZER_TENSOR,
+    LMTableEntry,
+    is_lm_container,
+    read_lm_table,
+)
 from ..errors import BudgetExceeded, ConfigError, ModelFormatError, ShapeError
 from ..frontends.container import DTYPES as CONTAINER_DTYPES
 from ..frontends.container import MAGIC as CONTAINER_MAGIC
@@ -33,8 +44,14 @@ from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint, 
 from ..frontends.hf_model import attention_biases, load_hf_config
 from ..frontends.load import load_model
 from ..frontends.seed import SEED_MAGIC, npz_members
-from ..ir.moe import Expert, MoEConfig, MoELayer
-from ..ir.transformer import Attention, DecoderLayer, MoETransformer, all_tensors
+from ..ir.moe import FLAG_GATED, FLAG_NORM_TOPK, Expert, MoEConfig, MoELayer
+from ..ir.transformer import (
+    Attention,
+    DecoderLayer,
+    MoETransformer,
+    TransformerConfig,
+    all_tensors,
+)
 from ..options import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_TOKENS, MAX_CONTEXT_LIMIT
 from ..plan.budget import check_budget
 from ..plan.memory import ArenaPlan, plan_memory, plan_transformer
@@ -63,7 +80,9 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return self.quant if self.dense_quant == "fp32" else f"{self.quant}+dense-int8"
+        return (
+            self.quant if self.dense_quant == "fp32" else f"{self.quant}+dense-{self.dense_quant}"
+        )
 
 
 @dataclass
@@ -77,6 +96,9 @@ class Report:
     limit: dict[str, int]  # {"max_tokens": N} or {"max_context": N}
     variants: list[Variant] = field(default_factory=list)
     fits: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: A whole-model container (version 2): its file bytes, stored schemes and the boards whose
+    #: model-file runner reads it (`colibri run F.clb --board B`); None for other inputs.
+    file: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +119,7 @@ class Report:
                 for v in self.variants
             },
             "boards": self.fits,
+            **({"file": self.file} if self.file is not None else {}),
         }
 
 
@@ -427,6 +450,179 @@ def hf_report(path: Path, max_context: int) -> Report:
     )
 
 
+# -- a whole-model container (version 2), from its header and tensor table ----------------------
+
+#: Table dtype codes -> the names the report uses.
+_FILE_DTYPES = {0: "float32", 1: "float16", 2: "int8", DTYPE_Q4: "int4 (q4_32 blocks)", 4: "int32"}
+_SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
+#: Tensors of a container that are not weights (descriptors, tables, tokenizer, RoPE tables).
+_NOT_PARAMETERS = (".desc", ".experts", f".{HEAT_TENSOR}", ".scale")
+
+
+def _is_parameter(e: LMTableEntry) -> bool:
+    return e.name not in (TOKENIZER_TENSOR, "rope.cos", "rope.sin") and not e.name.endswith(
+        _NOT_PARAMETERS
+    )
+
+
+def _file_model(
+    config: TransformerConfig, names: set[str], arrays: dict[str, np.ndarray]
+) -> MoETransformer:
+    """The container's model as shape-only arrays (from its config and layer descriptors), for
+    the arena planner (colibri.plan.memory.plan_transformer)."""
+    c = config
+    d, hq, hkv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+
+    def swiglu(f: int) -> Expert:
+        return Expert(w1=_shaped((d, f)), w2=_shaped((f, d)), w3=_shaped((d, f)))
+
+    def opt(name: str, n: int) -> np.ndarray | None:
+        return _shaped((n,)) if name in names else None
+
+    layers = []
+    for i in range(c.n_layers):
+        desc = dict(zip(LAYER_DESC, (int(v) for v in arrays[f"layer.{i}.desc"])))
+        p = f"layer.{i}.attn"
+        att = Attention(
+            wq=_shaped((d, hq)),
+            wk=_shaped((d, hkv)),
+            wv=_shaped((d, hkv)),
+            wo=_shaped((hq, d)),
+            bq=opt(f"{p}.q_bias", hq),
+            bk=opt(f"{p}.k_bias", hkv),
+            bv=opt(f"{p}.v_bias", hkv),
+            bo=opt(f"{p}.o_bias", d),
+            q_norm=opt(f"{p}.q_norm", hq),
+            k_norm=opt(f"{p}.k_norm", hkv),
+        )
+        moe: MoELayer | None = None
+        mlp: Expert | None = None
+        ffn = swiglu(desc["ffn_d_ff"]) if desc["ffn_d_ff"] else None
+        if desc["is_moe"]:
+            e = desc["n_experts"]
+            flags = desc["moe_flags"]
+            mc = MoEConfig(
+                e,
+                desc["top_k"],
+                d,
+                desc["d_ff"],
+                gated=bool(flags & FLAG_GATED),
+                norm_topk_prob=bool(flags & FLAG_NORM_TOPK),
+            )
+            gate = _shaped((d,)) if desc["has_shared_gate"] else None
+            moe = MoELayer(
+                mc, _shaped((e, d)), None, [swiglu(mc.d_ff)] * e, None, shared_expert=ffn,
+                shared_gate=gate,
+            )  # fmt: skip
+        else:
+            mlp = ffn
+        layers.append(
+            DecoderLayer(_shaped((d,)), att, _shaped((d,)), moe=moe, mlp=mlp)
+        )  # fmt: skip
+    embed = _shaped((c.vocab_size, d))
+    return MoETransformer(c, embed, layers, _shaped((d,)), embed, "")
+
+
+def lm_file_report(path: Path) -> Report:
+    """`colibri inspect F.clb` of a whole-model container: everything from its header, metadata
+    and tensor table (descriptors and expert tables read, CRC-checked; no weight is read)."""
+    h, meta, entries, arrays = read_lm_table(path, (".desc", ".experts"))
+    cfg = meta.get("config")
+    fields = set(TransformerConfig.__dataclass_fields__)
+    if not isinstance(cfg, dict) or not set(cfg) <= fields:
+        raise ModelFormatError(f"{path}: the container's metadata has no model config")
+    config = TransformerConfig(**cfg)
+    names = {e.name for e in entries}
+    for i in range(config.n_layers):
+        if f"layer.{i}.desc" not in arrays or arrays[f"layer.{i}.desc"].size != len(LAYER_DESC):
+            raise ModelFormatError(f"{path}: layer {i} has no descriptor")
+    model = _file_model(config, names, arrays)
+    size = {e.name: int(np.prod(e.shape)) for e in entries if _is_parameter(e)}
+    total = sum(size.values())
+    routed = active = 0
+    expert_schemes: Counter[str] = Counter()
+    moes = [(i, layer.moe) for i, layer in enumerate(model.layers) if layer.moe is not None]
+    for i, m in moes:
+        table = arrays.get(f"layer.{i}.experts")
+        if table is None or table.shape != (m.config.n_experts, len(EXPERT_COLUMNS)):
+            raise ModelFormatError(f"{path}: layer {i} has no expert table")
+        per = {
+            int(o): sum(v for n, v in size.items() if n.startswith(f"layer.{i}.expert.{o}."))
+            for o in set(table[:, 0].tolist())
+        }
+        routed += sum(per[int(o)] for o in table[:, 0])
+        active += m.config.top_k * max(per.values(), default=0)
+        expert_schemes.update(_SCHEME_NAMES.get(int(code), "?") for code in table[:, 1])
+    active += total - sum(v for n, v in size.items() if ".expert." in n)
+    q = meta.get("quantization") or {}
+    scheme, dense = str(q.get("scheme", "fp32")), str(q.get("dense_scheme", "fp32"))
+    router = str(q.get("router_scheme", "fp32"))
+    max_context = int(h["max_context"])
+    dims: dict[str, Any] = {
+        "layers": config.n_layers,
+        "d_model": config.d_model,
+        "heads": config.n_heads,
+        "kv_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "vocab": config.vocab_size,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "moe_layers": [i for i, _ in moes],
+    }
+    if moes:
+        mc = moes[0][1].config
+        dims.update(
+            d_ff=mc.d_ff,
+            experts=mc.n_experts,
+            top_k=mc.top_k,
+            activation="swiglu" if mc.gated else "?",
+            norm_topk_prob=mc.norm_topk_prob,
+        )
+    shared = [m.shared_expert for _, m in moes if m.shared_expert is not None]
+    dims["shared_experts"] = (
+        {"layers": len(shared), "d_ff": int(shared[0].w1.shape[1])} if shared else None
+    )
+    dense_layers = [i for i, layer in enumerate(model.layers) if layer.mlp is not None]
+    mlp = model.layers[dense_layers[0]].mlp if dense_layers else None
+    dims["dense_layers"] = (
+        {"layers": dense_layers, "d_ff": int(mlp.w1.shape[1])} if mlp is not None else None
+    )
+    # what `generate` with the same flags stores: not the runtime's descriptors and expert
+    # tables, the calibration heat or the tokenizer
+    weights = sum(
+        e.nbytes
+        for e in entries
+        if e.name != TOKENIZER_TENSOR
+        and not e.name.endswith((".desc", ".experts", f".{HEAT_TENSOR}"))
+    )
+    plan = plan_transformer(model, max_context, _act_q_bytes(model, scheme, dense))
+    runs = [b.name for b in list_boards() if not b.is_baremetal and b.has_mmap]
+    return Report(
+        path=str(path),
+        format=f"Colibri container (version 2, whole model, {int(h['file_size'])} bytes)",
+        architecture=config.architecture,
+        dims=dims,
+        dtypes=dict(Counter(_FILE_DTYPES.get(e.dtype, str(e.dtype)) for e in entries)),
+        parameters={"total": total, "routed_experts": routed, "active_per_token": active},
+        limit={"max_context": max_context},
+        variants=[Variant(scheme, dense, weights, plan)],
+        file={
+            "file_bytes": int(h["file_size"]),
+            "schemes": {
+                "experts": scheme,
+                "expert_mix": dict(sorted(expert_schemes.items())),
+                "act": str(q.get("act", "fp32")),
+                "dense": dense,
+                "router": router,
+            },
+            "tokenizer": TOKENIZER_TENSOR in names,
+            "calibration_heat": any(n.endswith(f".{HEAT_TENSOR}") for n in names),
+            "source": str(meta.get("source") or ""),
+            "producer": str(meta.get("producer") or ""),
+            "runs_on": runs,
+        },
+    )
+
+
 # -- boards --------------------------------------------------------------------------------------
 
 
@@ -459,6 +655,17 @@ def inspect_model(
     p = Path(path)
     if not p.exists():
         raise ModelFormatError(f"{p}: no such file or directory")
+    if is_lm_container(p):  # a whole model, as `colibri convert CKPT` writes it
+        if config is not None or max_tokens is not None or max_context is not None:
+            raise ConfigError(
+                f"{p}: a whole-model container carries its own config and --max-context (set "
+                f"by `colibri convert`); inspect it without --config / --max-tokens / "
+                f"--max-context"
+            )
+        report = lm_file_report(p)
+        for board in list_boards():
+            report.fits[board.name] = {v.label: fit(v, board, 1) for v in report.variants}
+        return report
     check_architectures(p)
     whole = p.is_dir() and is_hf_checkpoint(p)
     if whole and config is not None:
@@ -534,11 +741,32 @@ def format_report(r: Report) -> str:
         f"parameters: {p['total']} total, {p['routed_experts']} in routed experts, "
         f"{p['active_per_token']} active per token"
     )
+    if r.file is not None:
+        f = r.file
+        sc = f["schemes"]
+        mix = ", ".join(f"{k} {n}" for k, n in sc["expert_mix"].items())
+        lines.append(
+            f"stored schemes: routed experts {sc['experts']} ({sc['act']} activations"
+            + (f"; per expert: {mix}" if mix else "")
+            + f"), dense {sc['dense']}, routers {sc['router']}"
+            + (", with tokenizer.json" if f["tokenizer"] else "")
+            + (", with calibration heat" if f["calibration_heat"] else "")
+        )
+        lines.append(
+            f"runs as a model file (`colibri run {r.path} --board B --prompt-ids ...`) on: "
+            + ", ".join(f["runs_on"])
+        )
     ((key, n),) = r.limit.items()
     rest = "everything else fp32" if key == "max_tokens" else "the rest fp32 unless dense-int8"
-    lines.append(
-        f"bytes (routed experts in the scheme, {rest}; arena at --{key.replace('_', '-')} {n}):"
-    )
+    if r.file is not None:
+        lines.append(
+            f"bytes (weights as stored, what `generate` with these flags stores; arena at the "
+            f"file's --max-context {n}):"
+        )
+    else:
+        lines.append(
+            f"bytes (routed experts in the scheme, {rest}; arena at --{key.replace('_', '-')} {n}):"
+        )
     rows = [["scheme", "weights", "arena"]]
     rows += [[v.label, str(v.weight_bytes), str(v.plan.arena_size)] for v in r.variants]
     lines += _table(rows)

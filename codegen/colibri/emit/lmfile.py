@@ -551,6 +551,57 @@ def read_lm_header(path: str | os.PathLike[str]) -> tuple[dict[str, int | float]
     return h, meta if isinstance(meta, dict) else {}
 
 
+@dataclass(frozen=True)
+class LMTableEntry:
+    """One tensor of a version-2 container's table: name, dtype code, logical shape, bytes."""
+
+    name: str
+    dtype: int
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+    crc: int
+
+
+def read_lm_table(
+    path: str | os.PathLike[str], small: Iterable[str] = ()
+) -> tuple[dict[str, int | float], dict, list[LMTableEntry], dict[str, np.ndarray]]:
+    """The header, metadata and tensor table of a version-2 container, and the tensors whose
+    names end with one of `small` (e.g. ``.desc``: int32 descriptors), CRC-32 checked; the
+    weights themselves are not read (`colibri inspect`)."""
+    source = str(path)
+    h, meta = read_lm_header(path)
+    n = int(h["n_tensors"])
+    suffixes = tuple(small)
+    entries: list[LMTableEntry] = []
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with open(path, "rb") as f:
+            f.seek(HEADER_SIZE)
+            table = f.read(ENTRY_SIZE * n)
+            if len(table) != ENTRY_SIZE * n:
+                raise ModelFormatError(f"{source}: truncated tensor table")
+            for i in range(n):
+                name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _e, crc = ENTRY.unpack_from(
+                    table, i * ENTRY_SIZE
+                )
+                if not 1 <= ndim <= 4:
+                    raise ModelFormatError(f"{source}: tensor {i} has {ndim} dimensions")
+                name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+                e = LMTableEntry(name, dtype, (s0, s1, s2, s3)[:ndim], nb, off, crc)
+                entries.append(e)
+                if suffixes and name.endswith(suffixes) and dtype in _ITEM_DTYPES:
+                    f.seek(off)
+                    data = f.read(nb)
+                    dt = _ITEM_DTYPES[dtype]
+                    if len(data) != nb or zlib.crc32(data) != crc or nb % dt.itemsize:
+                        raise ModelFormatError(f"{source}: tensor '{name}' is truncated or corrupt")
+                    arrays[name] = np.frombuffer(data, dt).reshape(e.shape).copy()
+    except OSError as exc:
+        raise ModelFormatError(f"{source}: cannot read ({exc.strerror})") from None
+    return h, meta, entries, arrays
+
+
 def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
     """Read a version-2 container back: header, tensors (CRC-32 checked), metadata; a
     ModelFormatError names what is wrong."""
