@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from colibri.boards import load_board
 from colibri.cli.main import build_parser
 from colibri.cli.pipeline import generate
@@ -51,3 +52,85 @@ def test_ram_budget_help_states_the_real_default(tmp_path: Path) -> None:
     assert set(placements(tmp_path, "cortex-m4", calib=True)) == {"ram"}  # all fit
     assert set(placements(tmp_path, "cortex-m4", calib=True, ram_budget=0)) == {"flash"}
     assert set(placements(tmp_path, "host", calib=True)) == {"flash"}
+
+
+# -- colibri reference lm.clb: the numpy reference of the whole model the file stores ----------
+
+
+def mixtral_checkpoint(path: Path) -> Path:
+    """A 1-layer Mixtral checkpoint written with numpy only (tests/hf_tiny.py)."""
+    import json
+
+    from colibri.frontends.hf import write_safetensors
+    from hf_tiny import MIXTRAL_1LAYER_CONFIG, mixtral_tensors_1layer
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(MIXTRAL_1LAYER_CONFIG))
+    write_safetensors(mixtral_tensors_1layer(), path / "model.safetensors")
+    return path
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        (),
+        ("--quant", "int8", "--dense-quant", "int8"),
+        ("--quant", "int4", "--router-quant", "fp16"),
+    ],
+    ids=["fp32", "int8-dense-int8", "int4-router-fp16"],
+)
+def test_reference_of_a_whole_model_container(flags: tuple[str, ...], tmp_path: Path) -> None:
+    """Issue 39: `reference lm.clb --prompt-ids` answered with the single-layer usage; it runs
+    the numpy reference of the whole model the file stores, which is exactly `reference CKPT`
+    with the flags the file was converted with."""
+    from conftest import run_cli
+
+    ckpt = mixtral_checkpoint(tmp_path / "ckpt")
+    clb = tmp_path / "lm.clb"
+    run_cli("convert", str(ckpt), "--out", str(clb), "--max-context", "16", *flags)
+    gen = ("--prompt-ids", "1,5,9", "--max-new-tokens", "4")
+    got = run_cli("reference", str(clb), *gen, "--logits", str(tmp_path / "a.npy"))
+    want = run_cli(
+        "reference", str(ckpt), *gen, "--logits", str(tmp_path / "b.npy"), "--max-context", "16",
+        *flags,
+    )  # fmt: skip
+    assert got.stdout.replace("a.npy", "b.npy") == want.stdout
+    assert "generated ids: " in got.stdout
+    a, b = np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")
+    assert a.shape == (3, 16) and np.array_equal(a, b)
+
+
+def test_reference_of_a_container_is_what_run_computes(tmp_path: Path) -> None:
+    """On integer schemes the C runtime on the file gives the reference's logits bit for bit:
+    `reference lm.clb` is what a user checks `run lm.clb` against."""
+    from conftest import require_board, run_cli
+
+    require_board("host")
+    ckpt = mixtral_checkpoint(tmp_path / "ckpt")
+    clb = tmp_path / "lm.clb"
+    run_cli("convert", str(ckpt), "--out", str(clb), "--quant", "int8", "--dense-quant", "int8")
+    gen = ("--prompt-ids", "1,5,9", "--max-new-tokens", "4")
+    ran = run_cli("run", str(clb), "--board", "host", *gen, "--logits", str(tmp_path / "r.npy"))
+    ref = run_cli("reference", str(clb), *gen, "--logits", str(tmp_path / "a.npy"))
+    assert ref.stdout.splitlines()[-1] == "generated ids: " + ran.stdout.split("\n")[0].replace(
+        " ", ","
+    )
+    assert np.array_equal(np.load(tmp_path / "r.npy"), np.load(tmp_path / "a.npy"))
+
+
+def test_reference_of_a_container_refuses_what_the_file_fixed(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    ckpt = mixtral_checkpoint(tmp_path / "ckpt")
+    clb = tmp_path / "lm.clb"
+    run_cli("convert", str(ckpt), "--out", str(clb), "--quant", "int8")
+    for extra, needle in (
+        (("--prompt-ids", "1,5", "--logits", "x.npy", "--quant", "int4"), "--quant: "),
+        (("--input", "x.npy", "--output", "y.npy"), "--input, --output: "),
+        (("--prompt-ids", "1,5"), "needs --prompt-ids 1,5,9 and --logits"),
+        (("--prompt-ids", "1,5", "--max-new-tokens", "64"), "exceed --max-context 64"),
+    ):
+        proc = run_cli("reference", str(clb), *extra, check=False)
+        assert proc.returncode == 1, proc.stdout
+        assert proc.stderr.startswith("colibri: error: ") and needle in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "single MoE layer" not in proc.stderr

@@ -462,8 +462,11 @@ def cmd_reference(a: argparse.Namespace) -> int:
     """The numpy reference of what `generate` would store with the same flags: a layer's
     output on --input rows, or a whole transformer's logits on --prompt-ids (and its greedy
     continuation), so a user can check their build (`colibri run`) against it."""
+    from ..emit.lmfile import is_lm_container
     from .pipeline import load
 
+    if is_lm_container(a.model):
+        return _reference_lm_file(a)
     if is_whole(a.model, a.config, a.layer):
         if a.input or a.output or a.routing:
             raise ConfigError(
@@ -509,20 +512,78 @@ def cmd_reference(a: argparse.Namespace) -> int:
     return 0
 
 
+def _reference_lm_file(a: argparse.Namespace) -> int:
+    """`colibri reference F.clb --prompt-ids ...` of a whole-model container (version 2): the
+    numpy reference on the weights the file stores, quantised as they are (the flags it was
+    converted with), so its logits are those of `colibri reference CKPT` with those flags."""
+    from ..emit.lmfile import read_lm_model
+
+    asked = [
+        flag
+        for flag, on in (
+            ("--input", a.input is not None),
+            ("--output", a.output is not None),
+            ("--routing", a.routing is not None),
+            ("--config", a.config is not None),
+            ("--layer", a.layer is not None),
+            ("--quant", a.quant != "fp32"),
+            ("--expert-quant", a.expert_quant is not None),
+            ("--router-quant", a.router_quant != "fp32"),
+            ("--act", a.act is not None),
+            ("--dense-quant", a.dense_quant != "fp32"),
+            ("--calib", a.calib is not None),
+            ("--scale-search", a.scale_search != "mse"),
+            ("--max-context", a.max_context is not None),
+        )
+        if on
+    ]
+    if asked:
+        raise ConfigError(
+            f"{', '.join(asked)}: {a.model} is a whole-model container, whose weights, "
+            f"quantisation and --max-context were fixed by `colibri convert`; pass only "
+            f"--prompt-ids 1,5,9 with --logits L.npy and/or --max-new-tokens N"
+        )
+    if a.prompt_ids is None or (a.logits is None and not a.max_new_tokens):
+        raise ConfigError(
+            f"colibri reference {a.model} needs --prompt-ids 1,5,9 and --logits L.npy and/or "
+            f"--max-new-tokens N"
+        )
+    _check_output_files(a.logits)
+    progress = _progress(a, a.model)
+    with progress.stage("load"):
+        model, q, max_context = read_lm_model(a.model)
+    return _reference_generate(a, model, q, max_context, progress)
+
+
 def _reference_transformer(a: argparse.Namespace, model: Any, progress: Any) -> int:
-    from ..reference.transformer import KVCache, forward
-    from ..targets.lmrun import parse_ids
     from .pipeline import quantise_transformer
 
     opts = _quant_options(a, name="reference")
+    _check_context(a, opts.context)
+    q, _ = quantise_transformer(model, opts, progress=progress)
+    return _reference_generate(a, model, q, opts.context, progress)
+
+
+def _check_context(a: argparse.Namespace, max_context: int) -> list[int]:
+    """The prompt ids; with --max-new-tokens they must fit the KV cache, as the C checks."""
+    from ..targets.lmrun import parse_ids
+
     prompt = parse_ids(a.prompt_ids)
-    max_context = opts.context
     if len(prompt) + a.max_new_tokens > max_context:
         raise InputError(
             f"{len(prompt)} prompt + {a.max_new_tokens} new tokens exceed --max-context "
             f"{max_context} (the generated C refuses the same request): raise --max-context"
         )
-    q, _ = quantise_transformer(model, opts, progress=progress)
+    return prompt
+
+
+def _reference_generate(
+    a: argparse.Namespace, model: Any, q: Any, max_context: int, progress: Any
+) -> int:
+    """The prompt's logits and the greedy continuation of the numpy reference."""
+    from ..reference.transformer import KVCache, forward
+
+    prompt = _check_context(a, max_context)
     cache = KVCache()
     new: list[int] = []
     with progress.stage("forward", 1 + a.max_new_tokens) as st:
@@ -881,7 +942,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the numpy reference (the generated C's mirror, with the same quantisation "
         "flags as generate) on an input or a prompt",
     )
-    s.add_argument("model")
+    s.add_argument(
+        "model",
+        help="a single MoE layer (seed layout, .npz, container), a Hugging Face checkpoint "
+        "directory, or a whole-model container (`colibri convert CKPT --out lm.clb`: its stored "
+        "weights as quantised, no quantisation flags)",
+    )
     s.add_argument("--config")
     s.add_argument("--input", help="single MoE layer: input rows [T, d_model] .npy")
     s.add_argument("--output", help="single MoE layer: write the output [T, d_model] .npy")

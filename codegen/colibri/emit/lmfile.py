@@ -21,7 +21,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -99,6 +99,8 @@ class LMContainer:
     header: dict[str, int | float]
     tensors: dict[str, np.ndarray]
     meta: dict
+    #: Each tensor's logical shape from the table (an int4 matrix: [out, in], not its blocks).
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def _matrix(
@@ -631,6 +633,7 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
     ):
         raise ModelFormatError(f"{source}: inconsistent header offsets")
     tensors: dict[str, np.ndarray] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     end = int(h["data_offset"])
     for i in range(n):
         name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _expert, crc = ENTRY.unpack_from(
@@ -661,9 +664,185 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
         else:
             raise ModelFormatError(f"{source}: tensor '{name}' has unknown dtype {dtype}")
         tensors[name] = arr.copy()
+        shapes[name] = tuple(shape)
     mo = int(h["meta_offset"])
     try:
         meta = json.loads(data[mo : mo + int(h["meta_bytes"])].decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFormatError(f"{source}: metadata is not valid JSON ({exc})") from exc
-    return LMContainer(h, tensors, meta)
+    return LMContainer(h, tensors, meta, shapes)
+
+
+# -- the model back from a container (`colibri reference F.clb`) -----------------------------------
+
+
+def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
+    """The matrix `name` [out, in] as stored: its scheme from its dtype (fp32, fp16 bits,
+    int8 with `name.scale`, int4 blocks), exactly the QuantTensor the writer was given."""
+    arr = lm.tensors.get(name)
+    if arr is None:
+        raise ModelFormatError(f"tensor '{name}' is missing")
+    shape = lm.shapes[name]
+    if len(shape) != 2:
+        raise ModelFormatError(f"tensor '{name}' is not a matrix")
+    n_out, n_in = shape
+    if arr.dtype == BLOCK_Q4_DTYPE:
+        return QuantTensor("int4", n_out, n_in, arr)
+    if arr.dtype == np.dtype("<u2"):
+        return QuantTensor("fp16", n_out, n_in, arr)
+    if arr.dtype == np.dtype("i1"):
+        scale = lm.tensors.get(f"{name}.scale")
+        if scale is None:
+            raise ModelFormatError(f"int8 tensor '{name}' has no '{name}.scale'")
+        return QuantTensor("int8", n_out, n_in, arr, scale.astype(np.float32))
+    if arr.dtype == np.dtype("<f4"):
+        return QuantTensor("fp32", n_out, n_in, arr)
+    raise ModelFormatError(f"tensor '{name}' has dtype {arr.dtype}, not a matrix scheme")
+
+
+def _f32_of(t: QuantTensor) -> np.ndarray:
+    """A stored matrix as the IR's fp32 [in, out] weights (dequantised when quantised)."""
+    return np.ascontiguousarray(t.dequantize().T, np.float32)
+
+
+def _stored_ffn(lm: LMContainer, prefix: str, act: str) -> QuantExpert:
+    """A SwiGLU FFN stored out-major (`prefix.w1` / `.w2` / `.w3`, optional fp32 biases)."""
+    w1, w2, w3 = (_stored_matrix(lm, f"{prefix}.{n}") for n in ("w1", "w2", "w3"))
+    b1, b2 = (lm.tensors.get(f"{prefix}.{n}") for n in ("b1", "b2"))
+    return QuantExpert(w1.scheme, act, w1, w2, w3, b1, b2)
+
+
+def read_lm_model(
+    path: str | os.PathLike[str],
+) -> tuple[MoETransformer, TransformerQuant | None, int]:
+    """A version-2 container back as the model and quantisation it was written from: (the
+    model IR, with quantised matrices dequantised to fp32; the TransformerQuant of its stored
+    weights, None when everything is fp32; its max_context). The numpy reference
+    (:func:`colibri.reference.transformer.forward` with ``quant=``) on these gives what it gives
+    on the checkpoint with the flags the file was converted with (`colibri reference F.clb`)."""
+    source = str(path)
+    lm = read_lm_container(path)
+    try:
+        return _lm_model(lm, source)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelFormatError(f"{source}: not a whole model this version reads ({exc})") from None
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{source}: {exc}") from None
+
+
+def _lm_model(lm: LMContainer, source: str) -> tuple[MoETransformer, TransformerQuant | None, int]:
+    from ..ir.moe import FLAG_GATED, FLAG_NORM_TOPK, Expert, MoEConfig, MoELayer
+    from ..ir.transformer import Attention, TransformerConfig
+    from ..quant.formats import QuantRouter, quantize_expert
+
+    h, t = lm.header, lm.tensors
+    c = TransformerConfig(**lm.meta["config"])
+    qm = lm.meta.get("quantization") or {}
+    scheme, act = str(qm.get("scheme", "fp32")), str(qm.get("act", "fp32"))
+    dense, router = str(qm.get("dense_scheme", "fp32")), str(qm.get("router_scheme", "fp32"))
+    dense_act = str(qm.get("dense_act", "fp32"))
+    quantised = scheme != "fp32" or dense != "fp32" or router != "fp32"
+    q = TransformerQuant(scheme, act, {}, dense, dense_act, router_scheme=router)
+    acts = {v: k for k, v in ACT_CODES.items()}
+    schemes = {v: k for k, v in SCHEME_CODES.items()}
+
+    def mat(name: str, key: str) -> np.ndarray:
+        m = _stored_matrix(lm, name)
+        if m.scheme != "fp32":
+            q.dense[key] = m
+        return _f32_of(m)
+
+    embed_t = _stored_matrix(lm, "embed")
+    if embed_t.scheme != "fp32":
+        q.dense["embed"] = embed_t
+    embed = np.ascontiguousarray(embed_t.dequantize(), np.float32)  # [vocab, d] as stored
+    lm_head = embed
+    if not c.tie_word_embeddings:
+        head_t = _stored_matrix(lm, "lm_head")
+        if head_t.scheme != "fp32":
+            q.dense["lm_head"] = head_t
+        lm_head = np.ascontiguousarray(head_t.dequantize(), np.float32)
+    layers = []
+    for i in range(c.n_layers):
+        p = f"layer.{i}"
+        desc = dict(zip(LAYER_DESC, (int(v) for v in t[f"{p}.desc"])))
+
+        def opt(name: str) -> np.ndarray | None:
+            return t.get(name)
+
+        att = Attention(
+            wq=mat(f"{p}.attn.q", f"l{i}.wq"),
+            wk=mat(f"{p}.attn.k", f"l{i}.wk"),
+            wv=mat(f"{p}.attn.v", f"l{i}.wv"),
+            wo=mat(f"{p}.attn.o", f"l{i}.wo"),
+            bq=opt(f"{p}.attn.q_bias"),
+            bk=opt(f"{p}.attn.k_bias"),
+            bv=opt(f"{p}.attn.v_bias"),
+            bo=opt(f"{p}.attn.o_bias"),
+            q_norm=opt(f"{p}.attn.q_norm"),
+            k_norm=opt(f"{p}.attn.k_norm"),
+        )
+        ffn: Expert | None = None
+        if desc["ffn_d_ff"]:
+            qf = _stored_ffn(lm, f"{p}.ffn", acts[desc["ffn_act"]])
+            assert qf.w3 is not None
+            ffn = Expert(w1=_f32_of(qf.w1), w2=_f32_of(qf.w2), w3=_f32_of(qf.w3))
+            if qf.scheme != "fp32":
+                q.dense_ffn[i] = qf
+        moe: MoELayer | None = None
+        if desc["is_moe"]:
+            e, flags = desc["n_experts"], desc["moe_flags"]
+            mc = MoEConfig(
+                e,
+                desc["top_k"],
+                c.d_model,
+                desc["d_ff"],
+                activation="silu",
+                gated=bool(flags & FLAG_GATED),
+                norm_topk_prob=bool(flags & FLAG_NORM_TOPK),
+                vocab_size=c.vocab_size,
+            )
+            rt = _stored_matrix(lm, f"{p}.router")
+            router_w = np.ascontiguousarray(rt.dequantize(), np.float32)  # [E, d]
+            if rt.scheme != "fp32":
+                q.routers[i] = QuantRouter(rt.scheme, rt.data, rt.scale)
+            table = t[f"{p}.experts"].reshape(e, len(EXPERT_COLUMNS))
+            owners = [int(o) for o in table[:, 0]]
+            stored: dict[int, Expert] = {}
+            qexperts: dict[int, QuantExpert] = {}
+            for j in sorted(set(owners)):
+                ep = f"{p}.expert.{j}"
+                es, ea = schemes[int(table[j, 1])], acts[int(table[j, 2])]
+                if es == "fp32":
+                    stored[j] = Expert(
+                        w1=t[f"{ep}.w1"], w2=t[f"{ep}.w2"], w3=t.get(f"{ep}.w3"),
+                        b1=t.get(f"{ep}.b1"), b2=t.get(f"{ep}.b2"),
+                    )  # fmt: skip
+                    qexperts[j] = quantize_expert(stored[j], "fp32", "fp32")
+                else:
+                    qe = _stored_ffn(lm, ep, ea)
+                    assert qe.w3 is not None
+                    stored[j] = Expert(
+                        w1=_f32_of(qe.w1), w2=_f32_of(qe.w2), w3=_f32_of(qe.w3),
+                        b1=qe.b1, b2=qe.b2,
+                    )  # fmt: skip
+                    qexperts[j] = qe
+            q.experts[i] = qexperts
+            moe = MoELayer(
+                mc,
+                router_w,
+                None,
+                [stored[o] for o in owners],
+                sharing_map=owners,
+                source=source,
+                shared_expert=ffn,
+                shared_gate=t.get(f"{p}.shared_gate"),
+            )
+            ffn_mlp = None
+        else:
+            ffn_mlp = ffn
+        layers.append(
+            DecoderLayer(t[f"{p}.input_norm"], att, t[f"{p}.post_norm"], moe=moe, mlp=ffn_mlp)
+        )
+    model = MoETransformer(c, embed, layers, t["final_norm"], lm_head, source)
+    return model, (q if quantised else None), int(h["max_context"])
