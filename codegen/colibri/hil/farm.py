@@ -19,6 +19,8 @@ Protocol (one request at a time per board; a second connection while one runs ge
             <console bytes><output.bin bytes>
         or  COLIBRI-ERROR message=<bytes>\\n<message>      (QEMU fault, timeout, bad request)
         or  COLIBRI-BUSY\\n                                (another client is using the board)
+
+    client: COLIBRI-STATS\\n   board: COLIBRI-STATS runs=<n> collisions=<n>\\n  (board_stats)
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from ..errors import ColibriError
 from .core import Firmware, HilResult, input_bytes, parse_output
 
 MAX_IMAGE = 64 * 1024 * 1024
+#: Where this process's next place search starts, per coordinator (runs spread over the farm).
+_ROTATION: dict[str, int] = {}
 
 
 class FarmError(ColibriError):
@@ -62,18 +66,20 @@ class _BoardHandler(socketserver.StreamRequestHandler):
     server: _BoardServer
 
     def handle(self) -> None:
+        line = self.rfile.readline(4096)
+        if line.startswith(b"COLIBRI-STATS"):
+            s = self.server
+            self.wfile.write(f"COLIBRI-STATS runs={s.runs} collisions={s.collisions}\n".encode())
+            return
         if not self.server.busy.acquire(blocking=False):
             self.wfile.write(b"COLIBRI-BUSY\n")
             self.server.collisions += 1
             return
         try:
-            while True:
+            while line:
+                if line.strip():
+                    self._serve(line.decode(errors="replace"))
                 line = self.rfile.readline(4096)
-                if not line:
-                    return
-                if not line.strip():
-                    continue
-                self._serve(line.decode(errors="replace"))
         except (ConnectionError, OSError):
             return
         finally:
@@ -192,7 +198,10 @@ class FarmBackend:
         deadline = time.monotonic() + self.acquire_timeout
         why: dict[str, str] = {}
         while True:
-            for place in self.places:
+            # start at the next place each time: consecutive runs spread over the farm
+            start = _ROTATION.get(self.coordinator, 0) % len(self.places)
+            _ROTATION[self.coordinator] = start + 1
+            for place in self.places[start:] + self.places[:start]:
                 code, text = self._client(place, "acquire")
                 if code == 0:
                     return place
@@ -213,8 +222,30 @@ class FarmBackend:
     def release(self, place: str) -> None:
         self._client(place, "release")
 
+    def _sync(self) -> None:
+        """Let this process's labgrid session (RemotePlace's) see the acquire that
+        labgrid-client just made: a sync round trip with the coordinator."""
+        import asyncio
+
+        from labgrid.resource.remote import RemotePlaceManager
+
+        manager = RemotePlaceManager.get()
+        session = getattr(manager, "session", None)
+        if session is None:
+            return  # the first RemotePlace starts the session, which reads the current state
+        try:
+            session.loop.run_until_complete(
+                asyncio.wait_for(session.sync_with_coordinator(), self.io_timeout)
+            )
+        except (asyncio.TimeoutError, OSError) as exc:
+            raise FarmError(
+                f"labgrid coordinator {self.coordinator} did not answer in time: {exc}"
+            ) from exc
+
     def _target(self, place: str) -> Any:
         from labgrid import Environment
+
+        self._sync()
 
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
             fh.write(
@@ -323,6 +354,14 @@ class _Link:
             self._more(deadline)
         data, self.buf = self.buf[:n], self.buf[n:]
         return data
+
+
+def board_stats(host: str, port: int, timeout: float = 10.0) -> dict[str, int]:
+    """A farm board's counters: runs served and collisions (a client refused as BUSY)."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(b"COLIBRI-STATS\n")
+        reply = sock.makefile("rb").readline().decode()
+    return {k: int(v) for k, v in _fields(reply, "COLIBRI-STATS").items()}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
