@@ -79,7 +79,8 @@ def load_firmware(
 ) -> Firmware:
     """The firmware for ``board`` from ``path``: a ``colibri generate`` output directory (built
     with ``colibri build``'s code, incrementally), or a model file / seed directory that is
-    generated for ``board`` first (into ``work_dir``, default a cache under the system temp)."""
+    generated for ``board`` first (into ``work_dir``, default a cache under the system temp,
+    keyed by the model's path, size and modification time)."""
     from ..emit.output import manifest_kind
     from ..targets.build import build_model, check_generated
 
@@ -91,7 +92,9 @@ def load_firmware(
     else:
         from ..cli.main import main as colibri_main
 
-        key = hashlib.sha256(f"{src}:{board}:{max_tokens}".encode()).hexdigest()[:12]
+        files = sorted(src.rglob("*")) if src.is_dir() else [src]
+        stamp = ";".join(f"{f}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for f in files)
+        key = hashlib.sha256(f"{src}:{board}:{max_tokens}:{stamp}".encode()).hexdigest()[:12]
         base = work_dir or Path(tempfile.gettempdir()) / "colibri-hil"
         gen = base / f"{src.stem or 'model'}-{board}-{key}"
         if not _is_generated(gen):
