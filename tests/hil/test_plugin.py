@@ -143,3 +143,31 @@ def test_farm_link_times_out_with_a_clear_message() -> None:
 
     with pytest.raises(FarmError, match="closed the connection"):
         _Link(Closed(), "farm place farm-a").exact(4, time.monotonic() + 5)
+
+
+def test_labgrid_backend_times_out_then_runs_again(tmp_path: Path) -> None:
+    """In process: a run past its timeout raises (QEMU killed, the driver deactivated and its
+    kernel / extra_args restored); the same target then runs the firmware, with the built-in
+    runner's outputs and instruction count."""
+    require_module("labgrid")
+    require_board("cortex-m3")
+    from colibri.errors import QemuError
+    from colibri.hil.backends import LabgridQemuBackend, QemuBackend
+    from labgrid import Environment
+
+    target = Environment(str(ROOT / "examples" / "hil" / "env.yaml")).get_target("cortex-m3")
+    drv = target.get_driver("QEMUDriver", activate=False)
+    before = (drv.kernel, drv.extra_args)
+    fw = _firmware(tmp_path, "cortex-m3")
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    backend = LabgridQemuBackend(target)
+    many = np.zeros((20000, 8), np.float32)  # seconds of guest time
+    with pytest.raises(QemuError, match="timed out after 0.3 s"):
+        backend.run(fw, many, timeout=0.3)  # type: ignore[arg-type]
+    assert (drv.kernel, drv.extra_args) == before and drv._child is None
+    got = backend.run(fw, x, count_instructions=True, timeout=30)  # type: ignore[arg-type]
+    ref = QemuBackend().run(fw, x, count_instructions=True)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(got.output, ref.output)
+    np.testing.assert_array_equal(got.expert_ids, ref.expert_ids)
+    assert got.instructions == ref.instructions and got.instructions is not None
+    assert "4 tokens done" in got.console

@@ -175,9 +175,9 @@ class LabgridQemuBackend:
                         os.chdir(cwd)
                 child = drv._child  # the QEMU process the driver started
                 deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
+                while (left := deadline - time.monotonic()) > 0:
                     try:
-                        serial += drv.read(size=4096, timeout=0.2)
+                        serial += drv.read(size=4096, timeout=min(0.2, left))
                     except Exception:  # pexpect TIMEOUT: nothing on the serial console
                         pass
                     if child.poll() is not None:
