@@ -52,6 +52,23 @@ def _wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes], what: s
     raise RuntimeError(f"{what} did not listen on {HOST}:{port} within {timeout:g} s")
 
 
+def _descendants(pid: int) -> list[int]:
+    """Process ids of pid's children, grandchildren, ... (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
 class LocalFarm:
     """Coordinator + exporters + boards on 127.0.0.1 (a context manager)."""
 
@@ -135,9 +152,17 @@ class LocalFarm:
         )
 
     def kill_machine(self, m: str) -> None:
-        """Farm machine m goes down: its exporter and its board are killed (SIGKILL)."""
+        """Farm machine m goes down: its exporter, its board and the QEMU the board may be
+        running (its own process group) are killed (SIGKILL)."""
+        board = self.procs.get(f"board-{m}")
+        children = _descendants(board.pid) if board is not None else []
         for name in (f"exporter-{m}", f"board-{m}"):
             self._kill(name, signal.SIGKILL)
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _kill(self, name: str, sig: int = signal.SIGTERM) -> None:
         proc = self.procs.get(name)

@@ -7,6 +7,7 @@ Every subprocess is bounded by a timeout and the farm is torn down by its fixtur
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -105,10 +106,58 @@ def test_two_runs_share_the_farm_without_collisions(farm: object, tmp_path: Path
     assert all(after[m]["collisions"] == before[m]["collisions"] for m in after), after
 
 
+CLIENT = """
+import sys
+from pathlib import Path
+
+import numpy as np
+from colibri.hil.core import load_firmware
+from colibri.hil.farm import FarmBackend
+
+coordinator, model, work = sys.argv[1:4]
+fw = load_firmware(model, "cortex-m3", Path(work))
+backend = FarmBackend(coordinator, ["farm-b"], acquire_timeout=30, io_timeout=10)
+try:
+    backend.run(fw, np.zeros((20000, 16), np.float32), count_instructions=False, timeout=100)
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc)
+    sys.exit(3)
+print("no error")
+"""
+
+
 def test_killed_farm_machine_fails_its_tests_clearly(farm: object, tmp_path: Path) -> None:
-    """Runs last in this module: machine b (its exporter and its board) is killed; a run bound
-    to its place fails within seconds, naming the place and why."""
-    farm.kill_machine("b")  # type: ignore[attr-defined]
+    """Runs last in this module. Machine b dies in the middle of a run on its place: the run
+    fails at once naming the place (not at its 100 s timeout), and releases the place. Then a
+    run bound to the dead machine's place fails within seconds, naming the place and why."""
+    from conftest import run_cli
+
+    run_cli("make-toy", "--out", str(tmp_path / "toy"), "--hidden", "16", "--ff", "32")
+    (tmp_path / "client.py").write_text(CLIENT)
+    client = subprocess.Popen(
+        [sys.executable, str(tmp_path / "client.py"), farm.coordinator,  # type: ignore[attr-defined]
+         str(tmp_path / "toy"), str(tmp_path / "gen")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    runs = _stats(farm)["b"]["runs"]
+    try:
+        deadline = time.monotonic() + 60
+        while _stats(farm)["b"]["runs"] == runs:  # until board b has started the firmware
+            assert client.poll() is None and time.monotonic() < deadline, client.stdout.read()  # type: ignore[union-attr]
+            time.sleep(0.05)
+        farm.kill_machine("b")  # type: ignore[attr-defined]
+        start = time.monotonic()
+        out, _ = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert client.returncode == 3, out
+    assert "ERROR FarmError farm place farm-b" in out, out
+    assert "connection to the board broke" in out or "closed the connection" in out, out
+    assert time.monotonic() - start < 20
+    assert "acquired: None" in farm.client("-p", "farm-b", "show").stdout  # type: ignore[attr-defined]
+
     start = time.monotonic()
     proc = user_suite(tmp_path, *_farm_args(farm, places="farm-b", acquire=20), boards="cortex-m3")
     elapsed = time.monotonic() - start

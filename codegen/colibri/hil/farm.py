@@ -251,7 +251,7 @@ class FarmBackend:
             fh.write(
                 "targets:\n  main:\n    resources:\n      RemotePlace:\n"
                 f"        name: {place}\n    drivers:\n      SerialDriver:\n"
-                f"        timeout: {self.io_timeout}\n"
+                f"        timeout: {float(self.io_timeout)!r}\n"
                 f"options:\n  coordinator_address: '{self.coordinator}'\n"
             )
         try:
