@@ -421,7 +421,11 @@ def _scan_code(text: str, funcs: list[FunctionInfo], machine: str, elf: Any) -> 
                     literal_regs[reg] = value
                 continue
             if re.match(r"^call(0|4|8|12)$", mnem) and target is not None:
-                fn.calls.add(target.addr)
+                # a call enters a function at its start; one into the middle of a function is
+                # data inside the code (jump padding, a literal) that the linear disassembly
+                # misread as an instruction (seen in windowed-ABI code: "call12 <f+0x13c>")
+                if tgt is not None and int(tgt.group(1), 16) == target.addr:
+                    fn.calls.add(target.addr)
             elif re.match(r"^callx(0|4|8|12)$", mnem):
                 value = literal_regs.get(reg)
                 if value is not None and value in by_addr:
