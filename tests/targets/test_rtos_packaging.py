@@ -320,7 +320,7 @@ def test_esp_idf_example_runs_on_esp32s3_qemu(models: dict[str, Path], tmp_path:
     script = render_linker_script(board, tmp_path / "esp32s3.ld")
     elf = tmp_path / "app.elf"
     run_ok(
-        [cc, "-mlongcalls", "-nostartfiles", "-Wl,--gc-sections", "-T", str(script)]
+        [cc, *board.link_flags(), "-T", str(script)]
         + [str(start), *map(str, objs), "-Wl,--start-group", "-lm", "-lc", "-lgcc"]
         + ["-Wl,--end-group", "-o", str(elf)]
     )

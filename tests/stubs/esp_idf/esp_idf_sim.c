@@ -19,13 +19,16 @@
 
 void app_main(void);
 int main(int argc, char **argv);
-int _write(int fd, const char *buf, int n);
-int _read(int fd, char *buf, int n);
-int _close(int fd);
-int _lseek(int fd, int offset, int whence);
-int _fstat(int fd, struct stat *st);
-int _isatty(int fd);
-void *_sbrk(ptrdiff_t increment);
+int write(int fd, const char *buf, int n);
+int read(int fd, char *buf, int n);
+int close(int fd);
+int lseek(int fd, int offset, int whence);
+int fstat(int fd, struct stat *st);
+int isatty(int fd);
+void *sbrk(ptrdiff_t increment);
+void _exit(int code);
+int kill(int pid, int sig);
+int getpid(void);
 
 int64_t esp_timer_get_time(void)
 {
@@ -53,24 +56,25 @@ int main(int argc, char **argv)
     return 0;
 }
 
-/* newlib's system hooks (built without its own syscalls). */
+/* newlib's system hooks: built without its own system calls (--disable-newlib-supplied-syscalls),
+ * it calls these by their POSIX names. */
 
-int _write(int fd, const char *buf, int n)
+int write(int fd, const char *buf, int n)
 {
     return (int)clb_platform_write(fd, buf, (uint32_t)n);
 }
 
-int _read(int fd, char *buf, int n)
+int read(int fd, char *buf, int n)
 {
     return (int)clb_platform_read(fd, buf, (uint32_t)n);
 }
 
-int _close(int fd)
+int close(int fd)
 {
     return (int)clb_platform_close(fd);
 }
 
-int _lseek(int fd, int offset, int whence)
+int lseek(int fd, int offset, int whence)
 {
     (void)fd;
     (void)offset;
@@ -79,19 +83,19 @@ int _lseek(int fd, int offset, int whence)
     return -1;
 }
 
-int _fstat(int fd, struct stat *st)
+int fstat(int fd, struct stat *st)
 {
     (void)fd;
     st->st_mode = S_IFCHR;
     return 0;
 }
 
-int _isatty(int fd)
+int isatty(int fd)
 {
     return fd <= 2;
 }
 
-void *_sbrk(ptrdiff_t increment)
+void *sbrk(ptrdiff_t increment)
 {
     static _Alignas(16) unsigned char heap[16384];
     static size_t used;
@@ -102,4 +106,20 @@ void *_sbrk(ptrdiff_t increment)
     void *start = heap + used;
     used += (size_t)increment;
     return start;
+}
+
+void _exit(int code)
+{
+    clb_platform_exit(code);
+}
+
+int kill(int pid, int sig)
+{
+    (void)pid;
+    clb_platform_exit(128 + sig);
+}
+
+int getpid(void)
+{
+    return 1;
 }
