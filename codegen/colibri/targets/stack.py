@@ -35,10 +35,15 @@ Exception handlers are reported but not added to the bound: the arm_semihost fau
 stack of its own above the main stack (``__fault_stack_top - _estack`` bytes) before its C part
 runs, and the program ends there (only the 32-byte hardware exception frame, 104 with FP state,
 lands below the faulting SP). :func:`check_fault_stack` fails a build whose handler's worst case
-does not fit that fault stack, whatever ``stack_check`` says. The report also gives the guard below the stack
-(``__stack_limit - __stack_guard``) and the largest frame reachable from the entry point:
-``colibri size`` warns when that frame is not smaller than an MPU guard (>= 32 bytes), as an
-overflow inside such a frame could step over the guard without touching it.
+does not fit that fault stack, whatever ``stack_check`` says. The report also gives the guard
+below the stack (``__stack_limit - __stack_guard``) and the largest frames reachable from the
+entry point. An MPU guard (ARMv7-M) catches an overflow only if some store lands in it: a
+function whose frame moves SP into the guard without storing there, then calls a leaf whose
+frame ends below the guard and stores only there, steps over it. So the guard must hold the two
+largest frames plus 8 bytes: :func:`mpu_guard_size` sizes it from the ``.su`` files before the
+link (the SConstruct renders each model runner's linker script with it) and :func:`check_guard`
+fails a build whose reachable frames (libc's read from the disassembly too) do not fit, whatever
+``stack_check`` says.
 """
 
 from __future__ import annotations
@@ -123,6 +128,9 @@ class StackReport:
     #: Bytes of the fault handler's own stack above the main stack (``__fault_stack_top -
     #: _estack``; 0 if none).
     fault_stack: int = 0
+    #: The two largest frames reachable from the entry point, added, plus 8: the least MPU guard
+    #: no overflow can step over (see the module doc).
+    guard_need: int = 0
 
     @property
     def worst(self) -> int:
@@ -147,6 +155,7 @@ class StackReport:
             "guard": self.guard,
             "largest_frame": list(self.largest_frame) if self.largest_frame else None,
             "fault_stack": self.fault_stack,
+            "guard_need": self.guard_need,
         }
 
     @classmethod
@@ -170,6 +179,7 @@ class StackReport:
             guard=int(d.get("guard", 0)),
             largest_frame=(str(lf[0]), int(lf[1])) if (lf := d.get("largest_frame")) else None,
             fault_stack=int(d.get("fault_stack", 0)),
+            guard_need=int(d.get("guard_need", 0)),
         )
 
 
@@ -480,7 +490,10 @@ def analyse_stack(
     for (_src, name), value in su.items():
         su_by_name.setdefault(name, []).append(value)
     rep = StackReport(
-        board.name, str(elf_path), stack_size or board.stack_size, guard=guard,
+        board.name,
+        str(elf_path),
+        stack_size or board.stack_size,
+        guard=guard,
         fault_stack=fault_stack,
     )
     for fn in funcs:
@@ -562,6 +575,8 @@ def analyse_stack(
     if memo:
         big = max((by_addr[a] for a in memo), key=lambda fn: (fn.frame, fn.name))
         rep.largest_frame = (big.name, big.frame)
+        frames = sorted((by_addr[a].frame for a in memo), reverse=True)
+        rep.guard_need = sum(frames[:2]) + 8
     for fn in funcs:
         if fn.name in API_ENTRY_POINTS or fn.name.endswith(API_ENTRY_SUFFIXES):
             if fn.addr != entry_addr and (files.get(fn.addr) is None):
@@ -621,15 +636,46 @@ def format_stack(rep: StackReport) -> list[str]:
             + ", ".join(f"{n} {b}" for n, b in est)
             + (f", ... ({len(rep.estimated)} in all)" if len(rep.estimated) > 5 else "")
         )
-    if rep.guard >= 32 and rep.largest_frame and rep.largest_frame[1] > rep.guard - 8:
+    if rep.guard >= 32 and rep.largest_frame and rep.guard_need > rep.guard:
         name, nbytes = rep.largest_frame
         lines.append(
-            f"    WARNING: {name} has a {nbytes}-byte frame, not below the {rep.guard}-byte MPU "
-            f"guard under the stack minus 8: an overflow in it could step over the guard"
+            f"    WARNING: the two largest frames + 8 ({rep.guard_need} bytes; {name} {nbytes}) "
+            f"exceed the {rep.guard}-byte MPU guard under the stack: an overflow could step "
+            f"over the guard"
         )
     for p in rep.problems:
         lines.append(f"    PROBLEM: {p}")
     return lines
+
+
+#: The smallest MPU guard: what the linker script uses when nothing asks for more.
+MIN_MPU_GUARD = 512
+
+
+def mpu_guard_size(board: Board, su_files: list[str | Path]) -> int | None:
+    """ARMv7-M: bytes of the MPU guard below the stack for a program whose frames are in
+    ``su_files`` (before the link): the least power of two >= the two largest frames + 8 bytes,
+    at least MIN_MPU_GUARD (see the module doc). None elsewhere (the template's default)."""
+    if board.arch not in ("armv7-m", "armv7e-m"):
+        return None
+    frames = sorted((f for f, _ in read_su_files(su_files).values()), reverse=True)
+    need = sum(frames[:2]) + 8
+    size = MIN_MPU_GUARD
+    while size < need:
+        size *= 2
+    return size
+
+
+def check_guard(rep: StackReport) -> None:
+    """Fail (StackUsageError) when an MPU guard (>= 32 bytes) is smaller than the two largest
+    reachable frames + 8: an overflow could step over it. Applies with ``stack_check=0`` too."""
+    if rep.guard >= 32 and rep.guard_need > rep.guard:
+        name, nbytes = rep.largest_frame or ("?", 0)
+        raise StackUsageError(
+            f"stack guard on {rep.board}: the {rep.guard}-byte MPU guard below the stack is "
+            f"smaller than the two largest frames + 8 ({rep.guard_need} bytes; the largest: "
+            f"{name}, {nbytes}): an overflow could step over it"
+        )
 
 
 def check_fault_stack(rep: StackReport) -> None:
