@@ -9,10 +9,11 @@
  * (templates/linker/cortex_m.ld.j2) with CLB_STACK_PAINT; at a normal exit the high-water mark
  * is printed ("stack high-water: N of M bytes"). Three mechanisms report an overflow as
  * "colibri: stack overflow: ..." with exit code 98:
- * - ARMv7-M (Cortex-M3/M4/M7) with an MPU: the guard (512 bytes, aligned to 512) is made
- *   no-access, execute-never MPU memory (MPU region 0, no subregions; default memory map
- *   elsewhere, MemManage enabled), so the first store into it faults: a frame smaller than the
- *   guard cannot step over it.
+ * - ARMv7-M (Cortex-M3/M4/M7) with an MPU: the guard (a power of two >= 512 bytes aligned to
+ *   its size, holding the program's two largest frames + 8: templates/linker/cortex_m.ld.j2) is
+ *   made no-access, execute-never MPU memory (MPU region 0, no subregions; default memory map
+ *   elsewhere, MemManage enabled), so the first store into it faults and no frame can step over
+ *   it.
  * - v8-M mainline (Cortex-M33/M55): MSPLIM = __stack_limit; the first push below the stack
  *   faults (UsageFault STKOF).
  * - Everywhere (the only guard when MPU_TYPE reports no MPU regions): the painted guard is
