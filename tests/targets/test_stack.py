@@ -181,14 +181,14 @@ def test_dynamic_frame_and_recursion_fail(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def m8_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The issue's 8-expert d32/ff64 model, generated and built once per board (cached for the
-    module; each stack size then only relinks)."""
+    """Where stack_sweep.prepare generates and builds the issue's 8-expert d32/ff64 model, once
+    per board (each stack size then only relinks the runner)."""
     return {"root": tmp_path_factory.mktemp("stack_m8")}
 
 
 def _boundary_sizes(bound: int) -> list[int]:
     """Sizes where the guard used to fail (the cortex-m4 layout of the issue: a hang from 392,
-    'cannot open the input file' at 616-760 and lost console lines at 880-984 before the fix),
+    'cannot open the input file' at 616-760 and lost console lines at 872-984 before the fix),
     the smallest, and the bound and the sizes just below it."""
     sizes = {64, 392, 616, 752, 880, 984, bound - 64, bound - 16, bound - 8, bound}
     return sorted(s for s in sizes if 64 <= s <= bound)
