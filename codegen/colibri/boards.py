@@ -439,8 +439,10 @@ def linker_template_dir() -> Path:
     return resource_dir() / "templates" / "linker"
 
 
-def render_linker_script(board: Board, path: str | Path) -> Path:
-    """Render the board's linker script (bare metal) to ``path`` and return it."""
+def render_linker_script(board: Board, path: str | Path, guard_size: int | None = None) -> Path:
+    """Render the board's linker script (bare metal) to ``path`` and return it. ``guard_size``:
+    bytes of the stack guard below the stack (None: the template's default; the SConstruct
+    passes :func:`colibri.targets.stack.mpu_guard_size` for model runners)."""
     import jinja2
 
     if not board.linker_template:
@@ -460,7 +462,9 @@ def render_linker_script(board: Board, path: str | Path) -> Path:
             f"board {board.name}: linker template '{board.linker_template}' not found in "
             f"{linker_template_dir()}"
         ) from None
-    text = template.render(board=board, memory=board.memory, stack_size=board.stack_size)
+    text = template.render(
+        board=board, memory=board.memory, stack_size=board.stack_size, guard_size=guard_size
+    )
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.is_file() or out.read_text() != text:  # keep the timestamp when unchanged
