@@ -26,6 +26,15 @@ class InputError(ColibriError):
     """Run-time input (activations, routing arguments) is invalid."""
 
 
+class BindingValueError(InputError, ValueError):
+    """An argument of a Python binding call (colibri.targets.binding) has the right type but a
+    bad value: out of range, the wrong shape, NaN / Inf; checked before the C runtime sees it."""
+
+
+class BindingTypeError(InputError, TypeError):
+    """An argument of a Python binding call has the wrong type or dtype."""
+
+
 class BoardError(ColibriError):
     """Unknown board or invalid board file."""
 

@@ -39,6 +39,10 @@ FLAG_LOGITS = 0x1
 EXIT_CONTEXT_OVERFLOW = 4
 
 
+#: The largest --temperature (the CLI's range; also refuses inf, whose softmax is NaN).
+MAX_TEMPERATURE = 10000.0
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     """Greedy when temperature is 0; top_k 0 keeps every token; top_p 1 cuts nothing."""
@@ -49,9 +53,14 @@ class SamplingOptions:
     seed: int = 0
 
     def check(self, vocab: int) -> None:
-        if not self.temperature >= 0.0 or not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
+        if (
+            not 0.0 <= self.temperature <= MAX_TEMPERATURE
+            or not 0.0 < self.top_p <= 1.0
+            or not 0 <= self.top_k < 2**31
+        ):
             raise InputError(
-                f"sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k >= 0; got "
+                f"sampling needs 0 <= --temperature <= {MAX_TEMPERATURE:g}, 0 < --top-p <= 1 "
+                f"and --top-k >= 0; got "
                 f"temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}"
             )
         if not 0 <= self.seed < 2**64:
