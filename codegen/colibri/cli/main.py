@@ -66,9 +66,11 @@ def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
 
 
 def cmd_make_toy(a: argparse.Namespace) -> int:
+    from ..frontends.container import check_output_file
     from ..frontends.seed import make_toy
 
     out = Path(a.out)
+    check_output_file(out)  # not a device, FIFO, socket or a link out of its directory
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out}: is a file; make-toy --out takes a directory")
     floats = a.experts * (3 * a.hidden * a.ff + a.hidden + a.ff) + a.experts * (a.hidden + 1)
@@ -207,8 +209,9 @@ def _convert_streamed(
 
 
 def cmd_convert(a: argparse.Namespace) -> int:
-    from ..frontends.container import write_container
+    from ..frontends.container import check_output_file, write_container
 
+    check_output_file(a.out)  # before any work (the write checks again)
     if is_whole(a.model, a.config, a.layer):
         return _convert_whole(a)
     asked = [
@@ -395,11 +398,14 @@ def run_model(
 
 def _check_output_files(*paths: str | None) -> None:
     """Refuse, before any work, output files that cannot be written where asked: a directory,
-    or a path under a file."""
-    from ..frontends.container import check_output_parent
+    a path under a file, a socket, block device or a link out of its directory (an existing
+    character device or FIFO is written into: these outputs stream)."""
+    from ..frontends.container import check_output_file, check_output_parent
 
     for p in paths:
         if p is None:
+            continue
+        if check_output_file(p, stream=True):
             continue
         if Path(p).is_dir():
             raise OutputError(f"{p}: is a directory; pass a file path")
