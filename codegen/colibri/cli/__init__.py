@@ -5,3 +5,27 @@ plan -> emit -> budget -> write), ``export`` is `colibri export` (read a PyTorch
 the container, check it against PyTorch), ``main`` parses the command line and prints one-line
 errors.
 """
+
+from __future__ import annotations
+
+import sys
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT), no traceback."""
+    try:
+        print("colibri: interrupted", file=sys.stderr)
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+    return 130
+
+
+def entry() -> int:
+    """The `colibri` console script and `python -m colibri`: imports the command line (numpy
+    and the rest take a moment) inside the Ctrl-C guard, then runs it; a Ctrl-C at any moment
+    ends it quietly (:func:`interrupted`)."""
+    try:
+        from .main import main
+    except KeyboardInterrupt:
+        return interrupted()
+    return main()

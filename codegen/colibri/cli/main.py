@@ -24,6 +24,7 @@ from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
 from ..options import GenerateOptions
 from ..plan.model import MAX_LRU_SLOTS
 from ..progress import SILENT, model_bytes, progress_for
+from . import interrupted
 from .argtypes import (
     MAX_CHECK_TOKENS,
     MAX_LAYER,
@@ -941,6 +942,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; every error is one line, Ctrl-C at any moment (parsing included)
+    is `colibri: interrupted` and status 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return interrupted()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -967,6 +977,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:
-        print("colibri: interrupted", file=sys.stderr)
-        return 130
