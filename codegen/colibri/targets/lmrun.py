@@ -78,17 +78,31 @@ class LMOutput:
 
 
 def parse_ids(text: str) -> list[int]:
-    """'1,5,9' (or spaces) -> [1, 5, 9], with a clear error for anything else."""
-    parts = [p for p in text.replace(",", " ").split() if p]
-    try:
-        ids = [int(p) for p in parts]
-    except ValueError:
-        raise InputError(
-            f"--prompt-ids {text!r}: expected comma-separated integers such as 1,5,9"
-        ) from None
-    if not ids:
-        raise InputError("--prompt-ids is empty: pass at least one token id")
+    """'1,5,9' (or '1 5 9') -> [1, 5, 9]. Every comma-separated item must be one decimal
+    integer (ASCII digits, an optional minus: the vocabulary check names a negative id); an
+    empty item ('1,,2', a trailing comma) or anything else is an InputError naming the item."""
+    if not text.strip():
+        raise InputError("--prompt-ids is empty: pass at least one token id, e.g. 1,5,9")
+    items = text.split(",") if "," in text else text.split()
+    ids = []
+    for i, item in enumerate(items, 1):
+        word = item.strip()
+        if not word:
+            raise InputError(
+                f"--prompt-ids {text!r}: item {i} is empty; pass comma-separated integers such "
+                f"as 1,5,9 (no empty items, no trailing comma)"
+            )
+        if not _ID.fullmatch(word):
+            raise InputError(
+                f"--prompt-ids {text!r}: item {i} is {word!r}, not an integer; pass "
+                f"comma-separated integers such as 1,5,9"
+            )
+        ids.append(int(word))
     return ids
+
+
+#: One token id of --prompt-ids: ASCII decimal digits (int() would also take '1_0', ' ٢ ').
+_ID = re.compile(r"-?[0-9]+")
 
 
 def check_request(
