@@ -325,6 +325,35 @@ def strerror(status: int) -> str:
     return library().colibri_strerror(status).decode()
 
 
+#: colibri_status COLIBRI_ERR_CONFIG; its C text names config.json, which a container has not.
+ERR_CONFIG = -7
+#: What COLIBRI_ERR_CONFIG means for a container file.
+CONTAINER_CONFIG_WHY = (
+    "the model config stored in the file has a field missing or out of range (a size, a head "
+    "count, rms_norm_eps, rope_theta, ...); the file was written from an unchecked config: "
+    "convert it again with this Colibri, which range-checks every field of the checkpoint's config"
+)
+
+
+def _is_container(path: bytes) -> bool:
+    from ..frontends.container import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def init_error(function: str, path: bytes, status: int) -> RuntimeStatusError:
+    """The error of a failed colibri_init / colibri_lm_init on `path`: the C status text, but
+    for a container COLIBRI_ERR_CONFIG says what is wrong (not "config.json missing")."""
+    why = strerror(status)
+    if status == ERR_CONFIG and _is_container(path):
+        why = CONTAINER_CONFIG_WHY
+    return RuntimeStatusError(status, f"{os.fsdecode(path)}: {function}: {why} ({status})")
+
+
 _H = TypeVar("_H", bound="_Handle")
 
 
@@ -430,7 +459,7 @@ class Runtime(_Handle):
         if st != 0:
             if share is not None and st == _ERR_EXPERT:
                 self._check_map_length(path, share)
-            raise RuntimeStatusError(st, f"{model_path}: colibri_init: {strerror(st)} ({st})")
+            raise init_error("colibri_init", path, st)
         self._handle = handle
         head = ctypes.cast(handle, ctypes.POINTER(_ModelHead)).contents
         self.n_experts, self.d_model = head.n_experts, head.d_model
@@ -533,7 +562,7 @@ class LM(_Handle):
         handle = ctypes.c_void_p()
         st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
         if st != 0:
-            raise RuntimeStatusError(st, f"{model_path}: colibri_lm_init: {strerror(st)} ({st})")
+            raise init_error("colibri_lm_init", path, st)
         self._handle = handle
         info = _LMInfo()
         lib.colibri_lm_info(handle, ctypes.byref(info))

@@ -317,6 +317,8 @@ def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> Co
     runtime status (exit 10 + -status) a ModelFormatError with the runner's last `colibri:`
     line, any other exit (a bad request: context overflow, token ids) an InputError with its
     last line."""
+    from .binding import CONTAINER_CONFIG_WHY, ERR_CONFIG
+
     code = result.returncode
     if code == EXIT_BUDGET and pinned:
         return InputError(
@@ -334,6 +336,8 @@ def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> Co
             f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
             f"of a layer; pass a larger budget (or 0: every expert resident)"
         )
+    if code == EXIT_RUNTIME_ERROR - ERR_CONFIG:  # not "config.json missing": a container
+        return ModelFormatError(f"{path}: {CONTAINER_CONFIG_WHY}")
     if code >= EXIT_RUNTIME_ERROR:
         lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
         why = lines[-1][len("colibri: ") :] if lines else f"exit code {code}"
