@@ -154,6 +154,24 @@ def _convert_whole(a: argparse.Namespace) -> int:
     return 0
 
 
+def _streamed_bytes(
+    model: str, context: int, quant: str, dense: str, tokenizer: bytes | None
+) -> int:
+    """About the disk space a layer-by-layer convert needs: twice the file (its tensors go
+    to a spool file beside it, then are copied in), the file's size estimated as `colibri
+    inspect` does from the safetensors headers (weights of the scheme, RoPE tables)."""
+    from ..frontends.container import ALIGN, ENTRY_SIZE, HEADER_SIZE
+    from .inspect import hf_report
+
+    rep = hf_report(Path(model), context)
+    v = next(v for v in rep.variants if v.quant == quant and v.dense_quant == dense)
+    # a table entry and alignment per tensor: the checkpoint's, and as many again (scales,
+    # layer descriptors), plus the header and metadata
+    tensors = 2 * len(HFCheckpoint(model).names())
+    overhead = HEADER_SIZE + tensors * (ENTRY_SIZE + ALIGN) + 4096
+    return 2 * (v.weight_bytes + len(tokenizer or b"") + overhead)
+
+
 def _convert_streamed(
     a: argparse.Namespace, opts: Any, tok_bytes: bytes | None, progress: Any
 ) -> tuple[Path, Any, Any]:
@@ -205,7 +223,12 @@ def _convert_streamed(
                 yield layer, lq
                 del layer, lq
 
-        path = write_lm_container_streamed(a.out, head, q, opts.context, layers(), tok_bytes)
+        def needed() -> int:  # only for a full disk's message
+            return _streamed_bytes(a.model, opts.context, quant, dense, tok_bytes)
+
+        path = write_lm_container_streamed(
+            a.out, head, q, opts.context, layers(), tok_bytes, needed
+        )
     return path, c, q
 
 

@@ -400,10 +400,25 @@ def check_output_file(path: str | os.PathLike[str], stream: bool = False) -> boo
     return False
 
 
+#: Bytes an output needs: a number, or a function estimating it (called only for a full
+#: disk's message: outputs written piece by piece whose size is known only at the end).
+Needed = int | Callable[[], int] | None
+
+
+def _needed_bytes(files_bytes: int, needed: Needed) -> tuple[int | None, bool]:
+    """(bytes, whether an estimate) of a full disk's message."""
+    about = callable(needed)
+    try:
+        extra = needed() if callable(needed) else (needed or 0)
+    except Exception:  # an estimate that fails leaves the number out, not the message
+        return None, False
+    return (files_bytes + extra) or None, about
+
+
 def write_file_atomic(
     path: str | os.PathLike[str],
     data: bytes | bytearray | Callable[[BinaryIO], None],
-    needed: int | None = None,
+    needed: Needed = None,
     stream: bool = False,
 ) -> Path:
     """Write `data` (bytes, or a function writing to a binary file, `needed` bytes if known) to
@@ -415,7 +430,9 @@ def write_file_atomic(
     return write_files_atomic({path: data}, needed, stream)[0]
 
 
-def _write_into(target: Path, data: bytes | bytearray | Callable[[BinaryIO], None]) -> None:
+def _write_into(
+    target: Path, data: bytes | bytearray | Callable[[BinaryIO], None], needed: Needed
+) -> None:
     """Write `data` into an existing character device or FIFO (no temporary, no rename; a
     writer function writes to memory first: np.save asks a file for its position)."""
     if isinstance(data, (bytes, bytearray)):
@@ -428,26 +445,25 @@ def _write_into(target: Path, data: bytes | bytearray | Callable[[BinaryIO], Non
         with open(target, "wb") as f:
             f.write(blob)
     except OSError as exc:
-        raise output_error(target, exc) from None
+        raise output_error(target, exc, *_needed_bytes(len(blob), needed)) from None
 
 
 def write_files_atomic(
     files: Mapping[str | os.PathLike[str], bytes | bytearray | Callable[[BinaryIO], None]],
-    needed: int | None = None,
+    needed: Needed = None,
     stream: bool = False,
 ) -> list[Path]:
     """:func:`write_file_atomic` for several files that belong together (a model and its
     config): every one is written to a temporary first and renamed into place only when all
     are written, so a failure leaves all previous files as they were."""
-    total = sum(len(d) for d in files.values() if isinstance(d, (bytes, bytearray)))
-    total += needed or 0
+    known = sum(len(d) for d in files.values() if isinstance(d, (bytes, bytearray)))
     temps: list[tuple[str, Path, Path]] = []  # temporary, absolute destination, as given
     into = [Path(p) for p in files if check_output_file(p, stream)]  # all checked first
     try:
         for path, data in files.items():
             target = Path(path)
             if target in into:
-                _write_into(target, data)
+                _write_into(target, data, needed)
                 continue
             full = check_output_parent(target)
             if full.is_dir():
@@ -457,7 +473,7 @@ def write_files_atomic(
             try:
                 fd, tmp = tempfile.mkstemp(dir=full.parent, prefix=f".{full.name}.", suffix=".tmp")
             except OSError as exc:
-                raise output_error(target, exc, total or None) from None
+                raise output_error(target, exc, *_needed_bytes(known, needed)) from None
             temps.append((tmp, full, target))
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -469,12 +485,12 @@ def write_files_atomic(
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as exc:
-                raise output_error(target, exc, total or None) from None
+                raise output_error(target, exc, *_needed_bytes(known, needed)) from None
         for tmp, full, target in temps:
             try:
                 os.replace(tmp, full)
             except OSError as exc:
-                raise output_error(target, exc) from None
+                raise output_error(target, exc, *_needed_bytes(known, needed)) from None
     except BaseException:
         for tmp, _, _ in temps:
             Path(tmp).unlink(missing_ok=True)
