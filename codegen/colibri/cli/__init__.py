@@ -8,16 +8,7 @@ errors.
 
 from __future__ import annotations
 
-import sys
-
-
-def interrupted() -> int:
-    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT), no traceback."""
-    try:
-        print("colibri: interrupted", file=sys.stderr)
-    except (OSError, ValueError, KeyboardInterrupt):
-        pass
-    return 130
+from .argtypes import interrupted
 
 
 def entry() -> int:

@@ -4,7 +4,8 @@ Each numeric option of every command takes one of the argparse ``type`` function
 bad value (``--max-tokens 0``, ``--top-p 2``, ``--timeout nan``) is refused before anything is
 read or written, with one line naming the option, the value and the range.
 :class:`ColibriArgumentParser` prints argparse's own errors (unknown option, missing argument)
-as that same one line, ``colibri: error: ...``, with exit status 2.
+as that same one line, ``colibri: error: ...``, with exit status 2; :func:`interrupted` is
+Ctrl-C's one line.
 """
 
 from __future__ import annotations
@@ -121,3 +122,13 @@ def float_range(
 
     parse.__name__ = "number"
     return parse
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT), no traceback (shared by the
+    console-script entry, colibri.cli.entry, and colibri.cli.main)."""
+    try:
+        print("colibri: interrupted", file=sys.stderr)
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+    return 130

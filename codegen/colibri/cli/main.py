@@ -24,7 +24,6 @@ from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
 from ..options import GenerateOptions
 from ..plan.model import MAX_LRU_SLOTS
 from ..progress import SILENT, model_bytes, progress_for
-from . import interrupted
 from .argtypes import (
     MAX_CHECK_TOKENS,
     MAX_LAYER,
@@ -38,6 +37,7 @@ from .argtypes import (
     ColibriArgumentParser,
     float_range,
     int_range,
+    interrupted,
 )
 
 #: --layer of every command: a decoder layer index (checked against the model when it is read).
