@@ -243,8 +243,14 @@ def test_lm_integer_arguments(lm_file: Path) -> None:
             lm.prefill([])
         with pytest.raises(BindingValueError, match="context overflow"):
             lm.prefill([1] * (ctx + 1))
+        with pytest.raises(BindingValueError, match=r"pos must be in 0\.\.1, got 5: positions"):
+            lm.forward(1, 5)  # positions 1..4 never run: C attended to garbage (NaN logits)
+        lm.prefill([1] * (ctx - 1))
         with pytest.raises(BindingValueError, match="context overflow"):
             lm.prefill([1, 2], pos=ctx - 1)
+        lm.forward(1, 0)  # a rewind: position 1 is to be run again
+        with pytest.raises(BindingValueError, match=r"pos must be in 0\.\.1, got 2"):
+            lm.forward(1, 2)
         with pytest.raises(BindingTypeError, match="ids must be a 1-D array of integers"):
             lm.prefill(np.ones(3, np.float32))  # type: ignore[arg-type]
         with pytest.raises(BindingValueError, match="max_new must be in"):
@@ -267,19 +273,32 @@ def test_lm_integer_arguments(lm_file: Path) -> None:
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    token=st.one_of(st.integers(-(2**40), 2**40), st.integers(-2, 300)),
-    pos=st.one_of(st.integers(-(2**40), 2**40), st.integers(-2, 20)),
+    calls=st.lists(
+        st.tuples(
+            st.one_of(st.integers(-(2**40), 2**40), st.integers(-2, 300)),
+            st.one_of(st.integers(-(2**40), 2**40), st.integers(-2, 20)),
+        ),
+        min_size=1,
+        max_size=8,
+    )
 )
-def test_lm_forward_property(lm_file: Path, token: int, pos: int) -> None:
+def test_lm_forward_property(lm_file: Path, calls: list[tuple[int, int]]) -> None:
+    """Random token / position calls on one handle: a good one (an id of the vocabulary, a
+    position no later than the first not yet run) gives finite logits, any other a named
+    error and leaves the handle usable."""
     with LM(lm_file) as lm:
-        if 0 <= token < lm.vocab_size and 0 <= pos < lm.max_context:
-            assert lm.forward(token, pos).shape == (lm.vocab_size,)
-        else:
-            with pytest.raises(BindingValueError, match="token|pos"):
-                lm.forward(token, pos)
+        filled = 0
+        for token, pos in calls:
+            if 0 <= token < lm.vocab_size and 0 <= pos < lm.max_context and pos <= filled:
+                row = lm.forward(token, pos)
+                assert row.shape == (lm.vocab_size,) and np.isfinite(row).all()
+                filled = pos + 1
+            else:
+                with pytest.raises(BindingValueError, match="token|pos"):
+                    lm.forward(token, pos)
 
 
 @pytest.mark.parametrize(

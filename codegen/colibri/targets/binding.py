@@ -564,6 +564,7 @@ class LM(_Handle):
         if st != 0:
             raise init_error("colibri_lm_init", path, st)
         self._handle = handle
+        self._filled = 0  # positions 0..filled - 1 of the KV cache hold this sequence
         info = _LMInfo()
         lib.colibri_lm_info(handle, ctypes.byref(info))
         self.vocab_size, self.d_model = info.vocab_size, info.d_model
@@ -572,17 +573,33 @@ class LM(_Handle):
         #: bytes of the matrices repacked at init for the CPU's kernels (0: none)
         self.packed_bytes = int(info.packed_bytes)
 
+    def _check_pos(self, pos: object) -> int:
+        """A position to run next: 0..max_context - 1 and no later than the first position
+        not yet run (the KV cache holds 0..filled - 1: a later one would attend to positions
+        never computed; an earlier one rewinds, and the positions after it are dropped)."""
+        pos = check_int("pos", pos, 0, self.max_context - 1)
+        if pos > self._filled:
+            raise BindingValueError(
+                f"pos must be in 0..{self._filled}, got {pos}: positions 0..{pos - 1} must be "
+                f"run first (the KV cache holds {self._filled} positions; run the tokens in "
+                f"order, or prefill them)"
+            )
+        return pos
+
     def forward(self, token: int, pos: int) -> np.ndarray:
         """The next-token logits [vocab] (a copy) after `token` (0..vocab - 1) at position
-        `pos` (0..max_context - 1)."""
+        `pos`: 0..max_context - 1, at most one past the last position run (a smaller one
+        rewinds)."""
         if self._handle is None:
             raise InputError("model was closed")
         token = check_int("token", token, 0, self.vocab_size - 1)
-        pos = check_int("pos", pos, 0, self.max_context - 1)
+        pos = self._check_pos(pos)
         out = ctypes.POINTER(ctypes.c_float)()
         st = self._lib.colibri_lm_forward(self._handle, token, pos, ctypes.byref(out))
         if st != 0:
+            self._filled = min(self._filled, pos)
             raise RuntimeStatusError(st, f"colibri_lm_forward: {strerror(st)} ({st})")
+        self._filled = pos + 1
         return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
 
     def prefill(self, ids: list[int], pos: int = 0) -> np.ndarray:
@@ -594,7 +611,7 @@ class LM(_Handle):
         ids = check_token_ids("ids", ids, self.vocab_size)
         if not ids:
             raise BindingValueError("ids is empty: pass at least one token id")
-        pos = check_int("pos", pos, 0, self.max_context - 1)
+        pos = self._check_pos(pos)
         if pos + len(ids) > self.max_context:
             raise BindingValueError(
                 f"context overflow: pos {pos} + {len(ids)} ids = {pos + len(ids)} positions, "
@@ -604,7 +621,9 @@ class LM(_Handle):
         out = ctypes.POINTER(ctypes.c_float)()
         st = self._lib.colibri_lm_prefill(self._handle, arr, len(ids), pos, ctypes.byref(out))
         if st != 0:
+            self._filled = min(self._filled, pos)
             raise RuntimeStatusError(st, f"colibri_lm_prefill: {strerror(st)} ({st})")
+        self._filled = pos + len(ids)
         return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
 
     def logits(self, ids: list[int]) -> np.ndarray:
