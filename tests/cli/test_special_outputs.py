@@ -120,10 +120,12 @@ def test_symlink_inside_the_output_directory_is_followed(
 
 
 def test_other_writers_refuse_a_fifo(cli: Cli, toy: Path, tmp_path: Path, fifo: Path) -> None:
-    """generate (a directory), make-toy and export go through the same check."""
+    """generate (a directory), make-toy and export go through the same check (export's before
+    it reads its source)."""
     for argv in (
         ["generate", str(toy), "--out", str(fifo)],
         ["make-toy", "--out", str(fifo)],
+        ["export", str(toy.parent / "block.pt"), "--out", str(fifo)],  # before the source
     ):
         proc = cli(*argv, check=False)
         assert_one_line_error(proc, str(fifo))

@@ -677,9 +677,11 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
+    from ..frontends.container import check_output_file
     from ..frontends.export import EXPORT_TOLERANCE
     from .export import export
 
+    check_output_file(a.out)  # before PyTorch is loaded (the write checks again)
     progress = _progress(a, a.source)
     if is_whole(a.source, a.config, a.layer):
         from .export import export_whole
