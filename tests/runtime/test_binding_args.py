@@ -128,6 +128,7 @@ def test_init_arguments(toy: tuple[Any, Path]) -> None:
         ([0, -1, 2, 3], "sharing_map\\[1\\] must be in 0..3, got -1"),
         ([0, 2**32, 2, 3], "sharing_map\\[1\\] must be in 0..3"),
         ([], "sharing_map must have one entry per expert"),
+        ([1, 2, 2, 3], "sharing_map\\[0\\] = 1 but sharing_map\\[1\\] = 2"),
     ],
 )
 def test_sharing_map_length_and_values(toy: tuple[Any, Path], share: list[int], msg: str) -> None:

@@ -434,6 +434,12 @@ class Runtime(_Handle):
                 check_int(f"sharing_map[{i}]", v, 0, len(sharing_map) - 1)
                 for i, v in enumerate(sharing_map)
             ]
+            for i, j in enumerate(share):
+                if share[j] != j:
+                    raise BindingValueError(
+                        f"sharing_map[{i}] = {j} but sharing_map[{j}] = {share[j]}: an expert "
+                        f"must share the weights of one that keeps its own (sharing_map[j] = j)"
+                    )
         lib = library()
         self._lib = lib
         # The C loader reads n_experts entries of the map, a number only the file knows: the
