@@ -76,7 +76,10 @@ def check_activations(name: str, x: object, d_model: int) -> np.ndarray:
     try:
         arr = np.asarray(x)
     except (ValueError, TypeError) as exc:  # ragged lists
-        raise BindingTypeError(f"{name} must be a 2-D array of floats, got {exc}") from None
+        raise BindingTypeError(
+            f"{name} must be a 2-D array of floats (tokens, d_model), got a ragged or mixed "
+            f"sequence ({exc})"
+        ) from None
     if arr.dtype.kind not in "fiu":
         raise BindingTypeError(
             f"{name} must hold real numbers (float32, or float16/float64/integers, converted to "
@@ -96,7 +99,7 @@ def check_activations(name: str, x: object, d_model: int) -> np.ndarray:
     if not finite.all():
         where = tuple(int(i) for i in np.argwhere(~finite)[0])
         raise BindingValueError(
-            f"{name}{list(where)} is {arr[where]!r}"
+            f"{name}{list(where)} is {arr[where].item()!r}"
             f"{' (beyond the float32 range)' if np.isfinite(arr[where]) else ''}: the runtime "
             f"needs finite activations"
         )
