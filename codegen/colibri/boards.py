@@ -264,8 +264,14 @@ class Board:
         binary = self.qemu_binary()
         if binary is not None:
             return True, f"board {self.name}: {binary}"
-        candidates = [b for b in (shutil.which(self.qemu.binary), *(
-            shutil.which(self.qemu.binary, path=str(d)) for d in self.search_dirs())) if b]
+        candidates = [
+            b
+            for b in (
+                shutil.which(self.qemu.binary),
+                *(shutil.which(self.qemu.binary, path=str(d)) for d in self.search_dirs()),
+            )
+            if b
+        ]
         if not candidates:
             return False, (
                 f"board {self.name}: emulator '{self.qemu.binary}' not found on PATH. "

@@ -291,18 +291,18 @@ static inline int32_t colibri_dot4_simd32(uint32_t wa, uint32_t wb, int32_t acc)
  * of at most 256 codes is read out (ACC / 65536, exact) and ACC cleared. a and b are 4-byte
  * aligned and n a multiple of 4. ACC is the core's (ESP-IDF saves it with a task's context). */
 /* One word of each operand: unpack both into masked halves, four MULAs. */
-#define CLB_MAC16_WORD(off)                                                                       \
-    "l32i   %[x], %[pa], " #off "\n\t"                                                           \
-    "l32i   %[y], %[pb], " #off "\n\t"                                                           \
-    "and    %[xh], %[x], %[m]\n\t"                                                                \
-    "and    %[yh], %[y], %[m]\n\t"                                                                \
-    "slli   %[x], %[x], 8\n\t"                                                                    \
-    "slli   %[y], %[y], 8\n\t"                                                                    \
-    "and    %[x], %[x], %[m]\n\t"                                                                 \
-    "and    %[y], %[y], %[m]\n\t"                                                                 \
-    "mula.aa.hh %[xh], %[yh]\n\t"                                                                 \
-    "mula.aa.ll %[xh], %[yh]\n\t"                                                                 \
-    "mula.aa.hh %[x], %[y]\n\t"                                                                   \
+#define CLB_MAC16_WORD(off)                                                                        \
+    "l32i   %[x], %[pa], " #off "\n\t"                                                             \
+    "l32i   %[y], %[pb], " #off "\n\t"                                                             \
+    "and    %[xh], %[x], %[m]\n\t"                                                                 \
+    "and    %[yh], %[y], %[m]\n\t"                                                                 \
+    "slli   %[x], %[x], 8\n\t"                                                                     \
+    "slli   %[y], %[y], 8\n\t"                                                                     \
+    "and    %[x], %[x], %[m]\n\t"                                                                  \
+    "and    %[y], %[y], %[m]\n\t"                                                                  \
+    "mula.aa.hh %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.ll %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.hh %[x], %[y]\n\t"                                                                    \
     "mula.aa.ll %[x], %[y]\n\t"
 
 static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *a, const int8_t *b,

@@ -87,7 +87,8 @@ def _hide_esp32s3_tools(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict
     """An environment where no xtensa-esp32s3-elf-gcc / esp32s3 QEMU can be found: PATH without
     them, HOME and the cache variables pointing at an empty folder."""
     path = os.pathsep.join(
-        d for d in os.environ.get("PATH", "").split(os.pathsep)
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
         if d and not Path(d, "xtensa-esp32s3-elf-gcc").exists()
     )
     env = {"PATH": path, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache"),
@@ -97,9 +98,7 @@ def _hide_esp32s3_tools(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict
     return env
 
 
-def test_esp32s3_reports_what_is_missing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_esp32s3_reports_what_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _hide_esp32s3_tools(monkeypatch, tmp_path)
     board = load_board("esp32s3")
     ok, why = board.can_build()

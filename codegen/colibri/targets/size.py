@@ -151,9 +151,7 @@ def analyse(
                         lma = paddr + sec["sh_offset"] - off
                         break
             if flash and ram:
-                in_flash = not nobits and any(
-                    r.origin <= lma < r.end for r in flash_windows
-                )
+                in_flash = not nobits and any(r.origin <= lma < r.end for r in flash_windows)
                 in_ram = ram.origin <= vma < ram.origin + ram.size
             else:
                 in_flash = not nobits
