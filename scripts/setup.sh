@@ -9,8 +9,14 @@
 #      libgcc/config/xtensa/lib1funcs.S plus tools/xtensa_libgcc/int64.c
 #   3. build/tools/libicount.so: the QEMU TCG plugin that counts guest instructions
 #   4. .venv with `pip install -e '.[test]'` (when pyproject.toml exists)
+#   5. the ESP32-S3 toolchain and QEMU core (scripts/build_esp32s3.sh): built once from Debian's
+#      source packages and the core overlay (COLIBRI_XTENSA_OVERLAY, default
+#      ../shared/third_party/xtensa-overlays) into ~/.cache/colibri/esp32s3, about 12 minutes on
+#      2 cores the first time, seconds afterwards; nothing when ESP-IDF's are on PATH or there is
+#      no overlay (the esp32s3 board then skips, saying how to get either)
 #
-# Environment: COLIBRI_SKIP_APT=1 skips step 1; PYTHON=python3.11 picks the venv's interpreter.
+# Environment: COLIBRI_SKIP_APT=1 skips step 1; PYTHON=python3.11 picks the venv's interpreter;
+# COLIBRI_SKIP_ESP32S3=1 skips step 5.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -143,8 +149,18 @@ setup_venv() {
     info "installed colibri (editable) with test extras (log: ${log#"$ROOT"/})"
 }
 
+build_esp32s3() {
+    if [[ "${COLIBRI_SKIP_ESP32S3:-0}" == 1 ]]; then
+        step "ESP32-S3 toolchain and QEMU core"
+        info "skipped (COLIBRI_SKIP_ESP32S3=1)"
+        return
+    fi
+    "$ROOT/scripts/build_esp32s3.sh"
+}
+
 install_packages
 build_xtensa_libgcc
 build_icount_plugin
 setup_venv
+build_esp32s3
 step "done"

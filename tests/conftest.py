@@ -14,8 +14,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
-#: Boards whose toolchain cannot be installed from the registries reachable here.
-NOT_INSTALLABLE = {"esp32s3"}
+
+
+def _esp32s3_installable() -> bool:
+    """scripts/setup.sh builds the esp32s3 toolchain and QEMU core when the ESP32-S3 core
+    overlay is there (COLIBRI_XTENSA_OVERLAY, default ../shared/third_party/xtensa-overlays);
+    an ESP-IDF toolchain on PATH counts too."""
+    overlay = os.environ.get("COLIBRI_XTENSA_OVERLAY") or str(
+        ROOT.parent / "shared" / "third_party" / "xtensa-overlays"
+    )
+    return Path(overlay).exists() or shutil.which("xtensa-esp32s3-elf-gcc") is not None
+
+
+#: Boards whose toolchain scripts/setup.sh cannot install on this machine (it may skip them,
+#: even with CI=true, saying how to get it): esp32s3 without its core overlay or ESP-IDF.
+NOT_INSTALLABLE = set() if _esp32s3_installable() else {"esp32s3"}
 
 
 def require_board(name: str, run: bool = True) -> None:

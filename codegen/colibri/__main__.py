@@ -1,5 +1,8 @@
-"""`python -m colibri` entry point."""
+"""`python -m colibri` entry point (Ctrl-C is quiet from here on, also during the imports)."""
 
-from .cli.main import main
+try:
+    from .cli import entry
+except KeyboardInterrupt:  # pragma: no cover - a window of microseconds
+    raise SystemExit(130) from None
 
-raise SystemExit(main())
+raise SystemExit(entry())

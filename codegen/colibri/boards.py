@@ -9,6 +9,7 @@ and to every bare-metal board (section GC, no libc pattern replacement) are defi
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ _OPTIONAL: dict[str, _TypeSpec] = {
     "cc": str,
     "defines": list,
     "tool_libs": list,
+    "tool_dirs": list,
     "linker_template": str,
     "apt_packages": list,
     "memory": dict,
@@ -93,6 +95,14 @@ class QemuConfig:
     args: list[str]
     timeout: float = 120.0
     install_hint: str = ""
+
+    @property
+    def cpu(self) -> str | None:
+        """The ``-cpu`` model, if the command selects one."""
+        for i, arg in enumerate(self.args[:-1]):
+            if arg == "-cpu":
+                return self.args[i + 1].split(",")[0]
+        return None
 
     @property
     def machine(self) -> str | None:
@@ -130,6 +140,10 @@ class Board:
     cc: str = "gcc"
     defines: list[str] = field(default_factory=list)
     tool_libs: list[str] = field(default_factory=list)
+    #: Folders searched after PATH for the toolchain and the emulator (``$VAR`` and ``~``
+    #: expanded; an entry naming an unset variable is skipped): where scripts/setup.sh builds a
+    #: toolchain no registry has (esp32s3).
+    tool_dirs: list[str] = field(default_factory=list)
     linker_template: str = ""
     apt_packages: list[str] = field(default_factory=list)
     memory: dict[str, MemoryRegion] = field(default_factory=dict)
@@ -148,8 +162,43 @@ class Board:
         return ".elf" if self.is_baremetal else ""
 
     def tool(self, name: str) -> str:
-        """Name of a toolchain program, e.g. ``tool("ar")`` -> ``arm-none-eabi-ar``."""
-        return self.toolchain_prefix + name
+        """A toolchain program, e.g. ``tool("ar")`` -> ``arm-none-eabi-ar``: the bare name when
+        it is on PATH (or nowhere), else its full path in the first of ``tool_dirs`` holding it."""
+        program = self.toolchain_prefix + name
+        if shutil.which(program) is None:
+            for folder in self.search_dirs():
+                if shutil.which(program, path=str(folder)):
+                    return str(folder / program)
+        return program
+
+    def search_dirs(self) -> list[Path]:
+        """``tool_dirs`` expanded: entries whose variables are unset are left out."""
+        dirs = []
+        for entry in self.tool_dirs:
+            expanded = os.path.expanduser(os.path.expandvars(entry))
+            if "$" not in expanded:
+                dirs.append(Path(expanded))
+        return dirs
+
+    def qemu_binary(self) -> str | None:
+        """The emulator to run this board's programs: the first ``qemu.binary`` on PATH, then in
+        ``tool_dirs``, that has the board's ``-M`` machine and ``-cpu`` CPU; None if none has."""
+        if self.qemu is None:
+            return None
+        seen: list[str] = []
+        path = os.environ.get("PATH", "").split(os.pathsep)
+        for folder in [*path, *(str(d) for d in self.search_dirs())]:
+            found = shutil.which(self.qemu.binary, path=folder) if folder else None
+            if found is None or found in seen:
+                continue
+            seen.append(found)
+            machine, cpu = self.qemu.machine, self.qemu.cpu
+            if machine is not None and machine not in _qemu_machines(found):
+                continue
+            if cpu is not None and cpu not in _qemu_cpus(found):
+                continue
+            return found
+        return None
 
     @property
     def compiler(self) -> str:
@@ -190,9 +239,11 @@ class Board:
 
     def can_build(self) -> tuple[bool, str]:
         """Whether this board's toolchain is installed; the message says what is missing."""
-        if shutil.which(self.compiler) is None:
+        compiler = shutil.which(self.compiler)
+        if compiler is None:
+            where = "on PATH" + "".join(f" or in {d}" for d in self.search_dirs())
             return False, (
-                f"board {self.name}: C compiler '{self.compiler}' not found on PATH. "
+                f"board {self.name}: C compiler '{self.compiler}' not found {where}. "
                 f"Install: {self.install_hint}"
             )
         for lib in self.tool_lib_paths():
@@ -201,7 +252,7 @@ class Board:
                     f"board {self.name}: helper library {lib} is missing (the toolchain lacks "
                     f"functions it needs); run scripts/setup.sh to build it"
                 )
-        return True, f"board {self.name}: {shutil.which(self.compiler)}"
+        return True, f"board {self.name}: {compiler}"
 
     def can_run(self) -> tuple[bool, str]:
         """Whether programs for this board can be run here (host, or the QEMU it needs)."""
@@ -210,18 +261,42 @@ class Board:
         if self.qemu is None:
             return False, f"board {self.name}: no [qemu] section in {self.path}"
         hint = self.qemu.install_hint or self.install_hint
-        binary = shutil.which(self.qemu.binary)
-        if binary is None:
+        binary = self.qemu_binary()
+        if binary is not None:
+            return True, f"board {self.name}: {binary}"
+        candidates = [
+            b
+            for b in (
+                shutil.which(self.qemu.binary),
+                *(shutil.which(self.qemu.binary, path=str(d)) for d in self.search_dirs()),
+            )
+            if b
+        ]
+        if not candidates:
             return False, (
                 f"board {self.name}: emulator '{self.qemu.binary}' not found on PATH. "
                 f"Install: {hint}"
             )
-        machine = self.qemu.machine
-        if machine is not None and machine not in _qemu_machines(binary):
-            return False, (
-                f"board {self.name}: {binary} has no machine '{machine}'. Install: {hint}"
-            )
-        return True, f"board {self.name}: {binary}"
+        lacks = []
+        for found in dict.fromkeys(candidates):
+            missing = []
+            if self.qemu.machine is not None and self.qemu.machine not in _qemu_machines(found):
+                missing.append(f"machine '{self.qemu.machine}'")
+            if self.qemu.cpu is not None and self.qemu.cpu not in _qemu_cpus(found):
+                missing.append(f"CPU '{self.qemu.cpu}'")
+            lacks.append(f"{found} has no {' and no '.join(missing)}")
+        return False, f"board {self.name}: {'; '.join(lacks)}. Install: {hint}"
+
+
+@functools.cache
+def _qemu_cpus(binary: str) -> frozenset[str]:
+    try:
+        out = subprocess.run(
+            [binary, "-cpu", "help"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(line.split()[0] for line in out.splitlines() if line.strip())
 
 
 @functools.cache
@@ -370,8 +445,10 @@ def linker_template_dir() -> Path:
     return resource_dir() / "templates" / "linker"
 
 
-def render_linker_script(board: Board, path: str | Path) -> Path:
-    """Render the board's linker script (bare metal) to ``path`` and return it."""
+def render_linker_script(board: Board, path: str | Path, guard_size: int | None = None) -> Path:
+    """Render the board's linker script (bare metal) to ``path`` and return it. ``guard_size``:
+    bytes of the stack guard below the stack (None: the template's default; the SConstruct
+    passes :func:`colibri.targets.stack.mpu_guard_size` for model runners)."""
     import jinja2
 
     if not board.linker_template:
@@ -391,7 +468,9 @@ def render_linker_script(board: Board, path: str | Path) -> Path:
             f"board {board.name}: linker template '{board.linker_template}' not found in "
             f"{linker_template_dir()}"
         ) from None
-    text = template.render(board=board, memory=board.memory, stack_size=board.stack_size)
+    text = template.render(
+        board=board, memory=board.memory, stack_size=board.stack_size, guard_size=guard_size
+    )
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.is_file() or out.read_text() != text:  # keep the timestamp when unchanged
@@ -419,4 +498,4 @@ def qemu_command(board: Board, elf: str | Path, extra: list[str] | None = None) 
             )
         value = elf if arg == "{elf}" else elf.replace(",", ",,")
         args.append(arg.replace("{elf}", value))
-    return [board.qemu.binary, *(extra or []), *args]
+    return [board.qemu_binary() or board.qemu.binary, *(extra or []), *args]

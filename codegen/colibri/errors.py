@@ -26,6 +26,15 @@ class InputError(ColibriError):
     """Run-time input (activations, routing arguments) is invalid."""
 
 
+class BindingValueError(InputError, ValueError):
+    """An argument of a Python binding call (colibri.targets.binding) has the right type but a
+    bad value: out of range, the wrong shape, NaN / Inf; checked before the C runtime sees it."""
+
+
+class BindingTypeError(InputError, TypeError):
+    """An argument of a Python binding call has the wrong type or dtype."""
+
+
 class BoardError(ColibriError):
     """Unknown board or invalid board file."""
 
@@ -63,14 +72,19 @@ class OutputError(ColibriError):
 
 
 def output_error(
-    path: str | os.PathLike[str], exc: OSError, needed: int | None = None
+    path: str | os.PathLike[str],
+    exc: OSError,
+    needed: int | None = None,
+    about: bool = False,
 ) -> OutputError:
     """An OSError raised while writing `path` as an OutputError naming the path, the cause and
-    the fix (outputs are written to a temporary file first, so the previous one is intact)."""
+    the fix (outputs are written to a temporary file first, so the previous one is intact).
+    The one full-disk message of every output: the path and `needed` bytes ("about" with
+    `about`: an estimate, for outputs whose size is known only once written)."""
     code = exc.errno
     keep = "; the previous output, if any, is unchanged"
     if code in (errno.ENOSPC, errno.EDQUOT):
-        need = f" ({needed} bytes needed)" if needed else ""
+        need = f" ({'about ' if about else ''}{needed} bytes needed)" if needed else ""
         return OutputError(
             f"{path}: no space left on device{need}; free some space or choose another output "
             f"path{keep}"

@@ -8,7 +8,9 @@
  * (as CMSIS-NN does): Helium / MVE (Cortex-M55: VMLADAVA, 16 MACs), Neon (Cortex-A: VMULL +
  * VPADAL, 16 MACs; SDOT where the core has the dot-product extension, __ARM_FEATURE_DOTPROD),
  * SSE2 on x86-64 hosts (PMADDWD, 16 MACs), the 32-bit SIMD / DSP extension (Cortex-M4 / M7, and
- * int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), else portable C. Integer sums do not depend on
+ * int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), the Xtensa MAC16 option where the board says
+ * the core has it (COLIBRI_XTENSA_MAC16: ESP32-S3; 40-bit accumulator, 16 x 16-bit MULA), else
+ * portable C. Integer sums do not depend on
  * their order, so every path returns exactly what the portable loop returns (tests/platform/
  * kernels.c checks it on every board). On Neon cores kernels_neon.h adds the int4 blocks, the
  * hardware fp16 conversion, and the fp16 and int4 x fp32 matvecs (four rows per register on
@@ -33,6 +35,9 @@
 #elif defined(__SSE2__)
 #include <emmintrin.h>
 #define COLIBRI_DOT_SSE2 1
+#endif
+#if defined(COLIBRI_XTENSA_MAC16) && defined(__XTENSA__)
+#define COLIBRI_DOT_MAC16 1
 #endif
 #if defined(__ARM_FEATURE_SIMD32) && !defined(COLIBRI_DOT_NEON)
 /* Cortex-M4 / M7 (and int4 blocks on M55); on Neon cores GCC vectorises the portable loops. */
@@ -277,6 +282,78 @@ static inline int32_t colibri_dot4_simd32(uint32_t wa, uint32_t wb, int32_t acc)
 }
 #endif
 
+#if defined(COLIBRI_DOT_MAC16)
+/* Xtensa MAC16: MULA.AA.HH / .LL add the product of the high (low) signed 16-bit halves of two
+ * address registers to the 40-bit accumulator ACC. A word of four int8 codes [c3 c2 c1 c0] masked
+ * with 0xFF00FF00 holds 256*c3 and 256*c1 in its halves, and shifted left by 8 first, 256*c2 and
+ * 256*c0: exact 16-bit values, so four MULAs add 65536 times the four products, for 3 instructions
+ * of unpacking per operand word. |65536 a b| <= 2^30, so ACC (2^39) holds 256 of them: each piece
+ * of at most 256 codes is read out (ACC / 65536, exact) and ACC cleared. a and b are 4-byte
+ * aligned and n a multiple of 4. ACC is the core's (ESP-IDF saves it with a task's context). */
+/* One word of each operand: unpack both into masked halves, four MULAs. */
+#define CLB_MAC16_WORD(off)                                                                        \
+    "l32i   %[x], %[pa], " #off "\n\t"                                                             \
+    "l32i   %[y], %[pb], " #off "\n\t"                                                             \
+    "and    %[xh], %[x], %[m]\n\t"                                                                 \
+    "and    %[yh], %[y], %[m]\n\t"                                                                 \
+    "slli   %[x], %[x], 8\n\t"                                                                     \
+    "slli   %[y], %[y], 8\n\t"                                                                     \
+    "and    %[x], %[x], %[m]\n\t"                                                                  \
+    "and    %[y], %[y], %[m]\n\t"                                                                  \
+    "mula.aa.hh %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.ll %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.hh %[x], %[y]\n\t"                                                                    \
+    "mula.aa.ll %[x], %[y]\n\t"
+
+static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *a, const int8_t *b,
+                                                                  int32_t n)
+{
+    const int8_t *pa = a;
+    const int8_t *pb = b;
+    const uint32_t mask = 0xFF00FF00u;
+    int32_t acc = 0;
+    for (int32_t left = n; left > 0;) {
+        const int32_t words = (left < 256 ? left : 256) / 4;
+        int32_t quads = words / 4;
+        uint32_t x;
+        uint32_t y;
+        uint32_t xh;
+        uint32_t yh;
+        __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+        /* A branch loop, not the zero-overhead LOOP: GCC may turn an enclosing loop into one,
+         * and LOOP registers do not nest. */
+        if (quads > 0) {
+            __asm__ volatile("1:\n\t" CLB_MAC16_WORD(0) CLB_MAC16_WORD(4) CLB_MAC16_WORD(8)
+                                 CLB_MAC16_WORD(12) "addi   %[pa], %[pa], 16\n\t"
+                                                    "addi   %[pb], %[pb], 16\n\t"
+                                                    "addi   %[q], %[q], -1\n\t"
+                                                    "bnez   %[q], 1b"
+                             : [pa] "+a"(pa), [pb] "+a"(pb), [q] "+a"(quads), [x] "=&a"(x),
+                               [y] "=&a"(y), [xh] "=&a"(xh), [yh] "=&a"(yh)
+                             : [m] "a"(mask)
+                             : "memory");
+        }
+        for (int32_t j = 0; j < words % 4; j++) {
+            __asm__ volatile(CLB_MAC16_WORD(0) "addi   %[pa], %[pa], 4\n\t"
+                                               "addi   %[pb], %[pb], 4"
+                             : [pa] "+a"(pa), [pb] "+a"(pb), [x] "=&a"(x), [y] "=&a"(y),
+                               [xh] "=&a"(xh), [yh] "=&a"(yh)
+                             : [m] "a"(mask)
+                             : "memory");
+        }
+        uint32_t lo;
+        uint32_t hi;
+        __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
+        /* ACC / 65536: bits 39..16, a 24-bit two's complement value */
+        const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
+        acc += (int32_t)(piece << 8) >> 8;
+        left -= words * 4;
+    }
+    return acc;
+}
+#undef CLB_MAC16_WORD
+#endif
+
 /* The integer dot product, inlined where n is a constant (full blocks of COLIBRI_QK8), so the
  * compiler drops the loops that cannot run. */
 static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *a, const int8_t *b,
@@ -326,6 +403,11 @@ static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *a, con
     int32_t lanes[4];
     _mm_storeu_si128((__m128i *)(void *)lanes, acc4);
     acc = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#elif defined(COLIBRI_DOT_MAC16)
+    if ((((uintptr_t)a | (uintptr_t)b) & 3u) == 0) {
+        acc = dot_q8_mac16(a, b, n & ~3);
+        i = n & ~3;
+    }
 #elif defined(COLIBRI_HAVE_SIMD32)
     for (; i + 8 <= n; i += 8) {
         acc = colibri_dot4_simd32(colibri_load4(a + i), colibri_load4(b + i), acc);

@@ -362,6 +362,24 @@ def test_disk_full_keeps_the_previous_output(
     assert sorted(p.name for p in fs.iterdir()) == ["filler", "gen", "m.clb", "y.npy"]
 
 
+def test_disk_full_whole_model_convert_names_the_bytes(
+    cli: Cli, tmp_path: Path, mount_tmpfs: Callable[..., Path]
+) -> None:
+    """The whole-model convert writes layer by layer (its size unknown until the end): its
+    full-disk error is the same line as every output's, with the bytes needed (issue 37)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(MIXTRAL_1LAYER_CONFIG))
+    write_safetensors(mixtral_tensors_1layer(), ckpt / "model.safetensors")
+    fs = mount_tmpfs("full", "size=64k")
+    fill(fs)
+    proc = cli("convert", str(ckpt), "--out", str(fs / "lm.clb"), check=False)
+    assert_one_line_error(
+        proc, f"{fs / 'lm.clb'}: no space left on device (about ", " bytes needed)"
+    )
+    assert sorted(p.name for p in fs.iterdir()) == ["filler"]
+
+
 def test_disk_full_in_process_writers(mount_tmpfs: Callable[..., Path]) -> None:
     """The writers behind `export` (write_container) and `run --output` (save_npy)."""
     fs = mount_tmpfs("full", "size=64k")

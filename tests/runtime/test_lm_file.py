@@ -20,6 +20,7 @@ from colibri.emit.lmfile import (
     read_lm_container,
     write_lm_container,
 )
+from colibri.errors import BindingValueError
 from colibri.frontends.container import ENTRY, ENTRY_SIZE, HEADER_SIZE
 from colibri.frontends.hf_model import load_hf_transformer
 from colibri.ir.transformer import MoETransformer
@@ -340,9 +341,8 @@ def test_header_fields_and_context_option(good_file: Path) -> None:
     assert set(HEADER_FIELDS) <= set(h)
     with LM(good_file, max_context=8) as lm:
         assert lm.max_context == 8
-        with pytest.raises(RuntimeStatusError) as err:
-            lm.forward(1, 8)
-        assert err.value.status == -11  # context overflow
+        with pytest.raises(BindingValueError, match="pos must be in 0..7"):
+            lm.forward(1, 8)  # context overflow, refused by the binding (issue 37)
     with pytest.raises(RuntimeStatusError) as err:
         LM(good_file, max_context=MAX_CONTEXT + 1)  # beyond the RoPE tables
     assert err.value.status == -1

@@ -170,11 +170,3 @@ def test_size_report_json(tmp_path: Path) -> None:
     assert rep["flash_used"] > weights and rep["ram_used"] > 8192
     board = load_board("cortex-m4")
     assert rep["flash_size"] == board.memory["flash"].size
-
-
-def test_esp32s3_reports_what_is_missing() -> None:
-    board = load_board("esp32s3")
-    ok, why = board.can_build()
-    if ok:
-        pytest.skip("xtensa-esp32s3-elf-gcc is installed here")
-    assert "xtensa-esp32s3-elf-gcc" in why and ("ESP-IDF" in why or "Zephyr" in why)

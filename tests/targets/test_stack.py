@@ -1,13 +1,16 @@
 """Worst-case stack on the Cortex-M boards: the static bound (call graph + -fstack-usage) is
 reported and covers the measured high-water mark, a budget below it fails the build naming the
-deepest path, and a too-small stack forced past the check is caught at run time (MSPLIM on the
-v8-M cortex-m55, a no-access MPU region below the stack on the ARMv7-M boards) with a clear
-error and a non-zero exit."""
+deepest path (and deletes the ELF), and a too-small stack forced past the check is caught at run
+time (MSPLIM on the v8-M cortex-m55, a no-access MPU region below the stack on the ARMv7-M
+boards) with a clear error and exit 98, the console intact: never a hang, another exit code or
+a lost line (benchmarks/stack_sweep.py sweeps every size; here a few around the boundaries)."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +19,11 @@ from colibri.cli.pipeline import generate
 from colibri.errors import BudgetExceeded, QemuError
 from colibri.frontends.seed import make_toy
 from colibri.options import GenerateOptions
-from conftest import require_board
+from conftest import ROOT, require_board
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import stack_sweep  # noqa: E402
 
 #: Bare-metal boards whose runner platform carries the stack guard (arm_semihost start-up).
 GUARDED = [b.name for b in list_boards() if b.is_baremetal and b.platform == "arm_semihost"]
@@ -74,12 +81,17 @@ def test_stack_budget_below_bound_fails_build(board: str, tmp_path: Path) -> Non
     from colibri.targets.build import build_model
 
     gen, _ = _toy(board, tmp_path / "toy")
+    bdir = tmp_path / "b"
     with pytest.raises(
         BudgetExceeded,
         match=r"stack budget exceeded on .*: worst case \d+ bytes > stack_size 256 .*"
-        r"deepest path: clb_reset_handler \(\d+\) -> main \(\d+\) -> ",
+        r"deepest path: clb_reset_handler \(\d+\) -> main \(\d+\) -> .*"
+        r"\(the ELF .*colibri_runner\.elf was deleted\)",
     ):
-        build_model(gen, board, stack_size=256, build_dir=tmp_path / "b")
+        build_model(gen, board, stack_size=256, build_dir=bdir)
+    # the refused ELF is gone (it could be run, or taken for the next build's), the report stays
+    assert not list(bdir.rglob("colibri_runner.elf")), list(bdir.rglob("colibri_runner.elf"))
+    assert list(bdir.rglob("colibri_runner.elf.stack.json"))
 
 
 #: Stack sizes forced past the build-time check: all below the toy runner's worst case (~800
@@ -110,8 +122,9 @@ def test_too_small_stack_is_caught_at_run_time(board: str, tmp_path: Path) -> No
         worst = rep.worst
         assert size < worst, (size, worst)
         if board != "cortex-m55":
-            assert rep.guard == 512, rep.guard
-            assert rep.largest_frame is not None and rep.largest_frame[1] < rep.guard - 8
+            assert rep.guard >= 512 and rep.guard & (rep.guard - 1) == 0, rep.guard
+            assert 0 < rep.guard_need <= rep.guard, (rep.guard_need, rep.guard)
+            assert rep.fault_stack == 512
         try:
             result = _run(board, elf, x, tmp_path / f"run{size}")
         except QemuError as exc:
@@ -164,3 +177,36 @@ def test_dynamic_frame_and_recursion_fail(tmp_path: Path) -> None:
     message = str(info.value)
     assert "function vla has a dynamic stack frame" in message, message
     assert "recursion: fact -> fact" in message, message
+
+
+@pytest.fixture(scope="module")
+def m8_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Where stack_sweep.prepare generates and builds the issue's 8-expert d32/ff64 model, once
+    per board (each stack size then only relinks the runner)."""
+    return {"root": tmp_path_factory.mktemp("stack_m8")}
+
+
+def _boundary_sizes(bound: int) -> list[int]:
+    """Sizes where the guard used to fail (the cortex-m4 layout of the issue: a hang from 392,
+    'cannot open the input file' at 616-760 and lost console lines at 872-984 before the fix),
+    the smallest, and the bound and the sizes just below it."""
+    sizes = {64, 392, 616, 752, 880, 984, bound - 64, bound - 16, bound - 8, bound}
+    return sorted(s for s in sizes if 64 <= s <= bound)
+
+
+@pytest.mark.parametrize("board", GUARDED)
+def test_stack_sizes_around_the_boundaries(board: str, m8_models: dict[str, Any]) -> None:
+    """Every stack size ends in one of two documented ways: exit 0 with the reference output and
+    both console lines, or exit 98 with "colibri: stack overflow: ..." on the console (QEMU's
+    stdout); at the static bound it passes. No hang (20 s timeout), no other exit code."""
+    require_board(board)
+    prep = stack_sweep.prepare(board, "m8", m8_models["root"])
+    bound = (prep.worst + 7) // 8 * 8
+    how = "MSPLIM stack limit hit" if board == "cortex-m55" else "MPU guard below the stack hit"
+    bad = []
+    for size in _boundary_sizes(bound):
+        kind, detail = stack_sweep.probe(prep, size, timeout=20)
+        ok = kind == "pass" or (kind == "overflow" and how in detail and size < bound)
+        if not ok:
+            bad.append(f"{size}: {kind}: {detail}")
+    assert not bad, f"{board} (static bound {prep.worst}):\n" + "\n".join(bad)

@@ -5,3 +5,18 @@ plan -> emit -> budget -> write), ``export`` is `colibri export` (read a PyTorch
 the container, check it against PyTorch), ``main`` parses the command line and prints one-line
 errors.
 """
+
+from __future__ import annotations
+
+from .argtypes import interrupted
+
+
+def entry() -> int:
+    """The `colibri` console script and `python -m colibri`: imports the command line (numpy
+    and the rest take a moment) inside the Ctrl-C guard, then runs it; a Ctrl-C at any moment
+    ends it quietly (:func:`interrupted`)."""
+    try:
+        from .main import main
+    except KeyboardInterrupt:
+        return interrupted()
+    return main()

@@ -4,7 +4,8 @@ Each numeric option of every command takes one of the argparse ``type`` function
 bad value (``--max-tokens 0``, ``--top-p 2``, ``--timeout nan``) is refused before anything is
 read or written, with one line naming the option, the value and the range.
 :class:`ColibriArgumentParser` prints argparse's own errors (unknown option, missing argument)
-as that same one line, ``colibri: error: ...``, with exit status 2.
+as that same one line, ``colibri: error: ...``, with exit status 2; :func:`interrupted` is
+Ctrl-C's one line.
 """
 
 from __future__ import annotations
@@ -148,3 +149,13 @@ def add_board_argument(s: argparse.ArgumentParser, default: str | None, **kw: An
     """--board with its type check and the list of boards in its help (every command's)."""
     help_text = kw.pop("help", None) or board_help(default)
     s.add_argument("--board", type=board_name, default=default, help=help_text, **kw)
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT), no traceback (shared by the
+    console-script entry, colibri.cli.entry, and colibri.cli.main)."""
+    try:
+        print("colibri: interrupted", file=sys.stderr)
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+    return 130

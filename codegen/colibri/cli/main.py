@@ -38,6 +38,7 @@ from .argtypes import (
     add_board_argument,
     float_range,
     int_range,
+    interrupted,
 )
 
 #: --layer of every command: a decoder layer index (checked against the model when it is read).
@@ -67,9 +68,11 @@ def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
 
 
 def cmd_make_toy(a: argparse.Namespace) -> int:
+    from ..frontends.container import check_output_file
     from ..frontends.seed import make_toy
 
     out = Path(a.out)
+    check_output_file(out)  # not a device, FIFO, socket or a link out of its directory
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out}: is a file; make-toy --out takes a directory")
     floats = a.experts * (3 * a.hidden * a.ff + a.hidden + a.ff) + a.experts * (a.hidden + 1)
@@ -152,6 +155,24 @@ def _convert_whole(a: argparse.Namespace) -> int:
     return 0
 
 
+def _streamed_bytes(
+    model: str, context: int, quant: str, dense: str, tokenizer: bytes | None
+) -> int:
+    """About the disk space a layer-by-layer convert needs: twice the file (its tensors go
+    to a spool file beside it, then are copied in), the file's size estimated as `colibri
+    inspect` does from the safetensors headers (weights of the scheme, RoPE tables)."""
+    from ..frontends.container import ALIGN, ENTRY_SIZE, HEADER_SIZE
+    from .inspect import hf_report
+
+    rep = hf_report(Path(model), context)
+    v = next(v for v in rep.variants if v.quant == quant and v.dense_quant == dense)
+    # a table entry and alignment per tensor: the checkpoint's, and as many again (scales,
+    # layer descriptors), plus the header and metadata
+    tensors = 2 * len(HFCheckpoint(model).names())
+    overhead = HEADER_SIZE + tensors * (ENTRY_SIZE + ALIGN) + 4096
+    return 2 * (v.weight_bytes + len(tokenizer or b"") + overhead)
+
+
 def _convert_streamed(
     a: argparse.Namespace, opts: Any, tok_bytes: bytes | None, progress: Any
 ) -> tuple[Path, Any, Any]:
@@ -203,13 +224,19 @@ def _convert_streamed(
                 yield layer, lq
                 del layer, lq
 
-        path = write_lm_container_streamed(a.out, head, q, opts.context, layers(), tok_bytes)
+        def needed() -> int:  # only for a full disk's message
+            return _streamed_bytes(a.model, opts.context, quant, dense, tok_bytes)
+
+        path = write_lm_container_streamed(
+            a.out, head, q, opts.context, layers(), tok_bytes, needed
+        )
     return path, c, q
 
 
 def cmd_convert(a: argparse.Namespace) -> int:
-    from ..frontends.container import write_container
+    from ..frontends.container import check_output_file, write_container
 
+    check_output_file(a.out)  # before any work (the write checks again)
     if is_whole(a.model, a.config, a.layer):
         return _convert_whole(a)
     asked = [
@@ -396,11 +423,14 @@ def run_model(
 
 def _check_output_files(*paths: str | None) -> None:
     """Refuse, before any work, output files that cannot be written where asked: a directory,
-    or a path under a file."""
-    from ..frontends.container import check_output_parent
+    a path under a file, a socket, block device or a link out of its directory (an existing
+    character device or FIFO is written into: these outputs stream)."""
+    from ..frontends.container import check_output_file, check_output_parent
 
     for p in paths:
         if p is None:
+            continue
+        if check_output_file(p, stream=True):
             continue
         if Path(p).is_dir():
             raise OutputError(f"{p}: is a directory; pass a file path")
@@ -709,9 +739,11 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
+    from ..frontends.container import check_output_file
     from ..frontends.export import EXPORT_TOLERANCE
     from .export import export
 
+    check_output_file(a.out)  # before PyTorch is loaded (the write checks again)
     progress = _progress(a, a.source)
     if is_whole(a.source, a.config, a.layer):
         from .export import export_whole
@@ -1027,6 +1059,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; every error is one line, Ctrl-C at any moment (parsing included)
+    is `colibri: interrupted` and status 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return interrupted()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -1053,6 +1094,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:
-        print("colibri: interrupted", file=sys.stderr)
-        return 130

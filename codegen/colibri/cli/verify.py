@@ -1,18 +1,23 @@
 """`colibri verify FILE`: read a model with every check the readers have and say what passed.
 
-A Colibri container (header fields, tensor table, each tensor's CRC-32, shapes, NaN / Inf), the
-seed layout and its directory variant, numpy .npz (config, sizes, shapes, NaN / Inf) or a
-Hugging Face checkpoint directory (config.json, every safetensors header, every tensor read and
-checked for NaN / Inf, then the whole model's shapes against its config). Each step that passed
-is reported through `say`; the first problem is raised as the reader's ColibriError.
+A Colibri container (header fields, tensor table, each tensor's CRC-32, the metadata JSON
+against the header, shapes, NaN / Inf), the seed layout and its directory variant, numpy .npz
+(config, sizes, shapes, NaN / Inf) or a Hugging Face checkpoint directory (config.json, every
+safetensors header, every tensor read and checked for NaN / Inf, then the whole model's shapes
+against its config). Each step that passed is reported through `say`; the first problem is
+raised as the reader's ColibriError.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ..errors import ModelFormatError, ToolchainNotFound
 from ..frontends.container import MAGIC as CONTAINER_MAGIC
@@ -21,6 +26,112 @@ from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint
 from ..frontends.load import load_model
 from ..frontends.seed import SEED_MAGIC
 from ..ir.moe import MoELayer
+
+
+def _same(header: object, meta: object) -> bool:
+    """A metadata value equals the header's: the same kind (a bool is not 0 / 1) and value;
+    floats as the header stores them (float32 or float64)."""
+    if isinstance(header, bool) or isinstance(meta, bool) or header is None or meta is None:
+        return type(header) is type(meta) and header == meta
+    if isinstance(header, float):
+        if isinstance(meta, bool) or not isinstance(meta, (int, float)):
+            return False
+        return header == meta or float(np.float32(meta)) == header
+    if isinstance(header, int):
+        return isinstance(meta, int) and header == meta
+    return bool(header == meta)
+
+
+def check_meta_against_header(
+    source: str, meta: dict[str, Any], fields: list[tuple[str, str, object]], section: str
+) -> int:
+    """Every field present in both the metadata JSON (`meta[key]`) and the header (`fields`:
+    key, the header's name for it, its value there) must agree; a contradiction is a
+    ModelFormatError naming both. Returns how many fields were compared."""
+    n = 0
+    for key, hname, hval in fields:
+        if key not in meta:
+            continue
+        n += 1
+        if not _same(hval, meta[key]):
+            raise ModelFormatError(
+                f"{source}: metadata {section}.{key} = {json.dumps(meta[key])} contradicts the "
+                f"header's {hname} = {json.dumps(hval)}; the file is corrupt or was edited: "
+                f"convert the model again"
+            )
+    return n
+
+
+def _check_v1_meta(source: str, data: bytes) -> int:
+    from ..ir.moe import ACTIVATIONS, FLAG_GATED, FLAG_NORM_TOPK, GATED_ACTIVATION
+
+    (e, k, d, f, act, flags), _, meta = read_table(data, source)
+    cfg = meta.get("config")
+    if not isinstance(cfg, dict):
+        raise ModelFormatError(f"{source}: metadata has no 'config' object; the file is corrupt")
+    vocab = struct.unpack_from("<I", data, 80)[0]  # the header's vocab_size (0: none)
+    if act >= len(ACTIVATIONS):
+        raise ModelFormatError(f"{source}: unknown activation code {act}")
+    activation = GATED_ACTIVATION if flags & FLAG_GATED else ACTIVATIONS[act]
+    return check_meta_against_header(
+        source,
+        cfg,
+        [
+            ("n_experts", "n_experts", e),
+            ("k", "top_k", k),
+            ("hidden_size", "d_model", d),
+            ("intermediate_size", "d_ff", f),
+            ("activation", "activation and flags", activation),
+            ("norm_topk_prob", "flags (norm_topk_prob)", bool(flags & FLAG_NORM_TOPK)),
+            ("vocab_size", "vocab_size", vocab or None),
+        ],
+        "config",
+    )
+
+
+def _check_v2_meta(source: str, h: dict[str, Any], meta: dict[str, Any]) -> int:
+    from ..emit.lmfile import ACT_CODES, FLAG_CLIP_QKV, FLAG_QK_NORM, FLAG_TIED, SCHEME_CODES
+
+    if not isinstance(meta, dict):
+        raise ModelFormatError(f"{source}: metadata is not a JSON object; the file is corrupt")
+    cfg, quant = meta.get("config"), meta.get("quantization")
+    if not isinstance(cfg, dict) or not isinstance(quant, dict):
+        raise ModelFormatError(
+            f"{source}: metadata has no 'config' / 'quantization' object; the file is corrupt"
+        )
+    flags = int(h["flags"])
+    n = check_meta_against_header(
+        source,
+        cfg,
+        [
+            (key, key, int(h[key]))
+            for key in ("n_layers", "vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim")
+        ]
+        + [
+            ("rms_norm_eps", "rms_norm_eps", float(h["rms_norm_eps"])),
+            ("rope_theta", "rope_theta", float(h["rope_theta"])),
+            ("tie_word_embeddings", "flags (tied)", bool(flags & FLAG_TIED)),
+            ("qk_norm", "flags (qk_norm)", bool(flags & FLAG_QK_NORM)),
+            (
+                "clip_qkv",
+                "clip_qkv and flags",
+                float(h["clip_qkv"]) if flags & FLAG_CLIP_QKV else None,
+            ),
+            ("sliding_window", "sliding_window", int(h["sliding_window"]) or None),
+        ],
+        "config",
+    )
+    schemes = {v: k for k, v in SCHEME_CODES.items()}
+    acts = {v: k for k, v in ACT_CODES.items()}
+    return n + check_meta_against_header(
+        source,
+        quant,
+        [
+            ("dense_scheme", "dense_scheme", schemes.get(int(h["dense_scheme"]))),
+            ("dense_act", "dense_act", acts.get(int(h["dense_act"]))),
+        ],
+        "quantization",
+    )
 
 
 def _layer_summary(layer: MoELayer) -> str:
@@ -77,6 +188,8 @@ def _verify_lm_file(p: Path, say: Callable[[str], None]) -> None:
         if arr.dtype == np.float32 and not np.isfinite(arr).all():
             raise ModelFormatError(f"{p}: tensor '{name}' holds NaN or Inf")
     say("weights: no fp32 value NaN or Inf")
+    n = _check_v2_meta(str(p), h, c.meta)
+    say(f"metadata agrees with the header ({n} fields in both)")
     try:
         with LM(p) as lm:
             say(
@@ -122,6 +235,8 @@ def verify_model(
             f"tensor table: {len(entries)} entries inside the file, 64-byte aligned, sizes "
             "match shapes, CRC-32 of each"
         )
+        n = _check_v1_meta(str(p), data)
+        say(f"metadata agrees with the header ({n} fields in both)")
         layer = read_container(p)
     else:
         kind = "directory" if p.is_dir() else "file"

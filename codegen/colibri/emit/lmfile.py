@@ -39,6 +39,7 @@ from ..frontends.container import (
     NO_EXPERT,
     ContainerImage,
     HeaderFn,
+    Needed,
     TableEntry,
     byte_view,
     container_image,
@@ -424,14 +425,15 @@ def write_lm_container_streamed(
     max_context: int,
     layers: Iterable[tuple[DecoderLayer, TransformerQuant | None]],
     tokenizer: bytes | None = None,
-    needed: int | None = None,
+    needed: Needed = None,
 ) -> Path:
     """Write the version-2 container of a model whose decoder layers come one at a time: `head`
     holds the config, embedding, LM head and final norm (its `layers` unused), `q` the
     quantised embedding / LM head, and `layers` yields each layer in order with its quantised
     weights (keyed by its index), which are dropped once written. The file is byte for byte
     :func:`write_lm_container` of the whole model; memory holds one layer. `needed`: the
-    file's size if known (for a full disk's message)."""
+    bytes the write needs if known, or a function estimating them (for a full disk's
+    message)."""
     check_max_context(max_context)
     meta, header = lm_meta_header(head, q, max_context)
     spool = Path(path).resolve().parent

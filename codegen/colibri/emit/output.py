@@ -22,7 +22,7 @@ import jinja2
 
 from .. import __version__
 from ..errors import OutputExistsError, output_error
-from ..frontends.container import check_output_parent, dir_mode
+from ..frontends.container import check_output_file, check_output_parent, dir_mode
 from ..paths import resource_dir
 from ..plan.memory import ArenaPlan
 
@@ -117,6 +117,7 @@ def write_output(
     """Write files + manifest into out_dir atomically (temp dir, then rename). The directory
     gets the normal mode (0777 & ~umask); a full disk or an unwritable or file parent is an
     OutputError naming the path, and a previous output stays as it was."""
+    check_output_file(out_dir)  # not a device, FIFO, socket or a link out of its directory
     out = Path(out_dir).resolve()
     if out.exists():
         if not out.is_dir():

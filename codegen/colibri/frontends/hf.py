@@ -268,6 +268,21 @@ def config_int(cfg: dict[str, Any], key: str, source: str, minimum: int = 1) -> 
     return v
 
 
+def config_positive_float(source: str, key: str, v: Any) -> float:
+    """A number field of an HF config.json that must be finite and > 0 (rms_norm_eps,
+    rope_theta, clip_qkv: 0, NaN or Inf would make every output NaN); errors name the field,
+    the value and the range."""
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not 0 < v < math.inf  # also refuses NaN
+    ):
+        raise ConfigError(
+            f"{source}: field '{key}' = {v!r} is out of range; it must be a finite number > 0"
+        )
+    return float(v)
+
+
 class HFConfig:
     """A Hugging Face config.json: its architecture and checked fields."""
 

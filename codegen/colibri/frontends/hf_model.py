@@ -18,7 +18,7 @@ from ..hostmem import check_memory
 from ..ir.moe import Expert, MoELayer
 from ..ir.transformer import Attention, DecoderLayer, MoETransformer, TransformerConfig
 from ..progress import SILENT, Progress
-from .hf import HFCheckpoint, load_hf_moe_layer, read_ffn
+from .hf import HFCheckpoint, config_positive_float, load_hf_moe_layer, read_ffn
 
 #: rope theta when config.json names none (the transformers defaults per architecture).
 DEFAULT_ROPE_THETA = {
@@ -47,9 +47,7 @@ def _rope_theta(ckpt: HFCheckpoint) -> float:
         )
     if theta is None:
         theta = DEFAULT_ROPE_THETA[ckpt.arch.name]
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise ConfigError(f"{ckpt.config_source}: rope_theta must be a number > 0, got {theta!r}")
-    return float(theta)
+    return config_positive_float(ckpt.config_source, "rope_theta", theta)
 
 
 def _sliding_window(ckpt: HFCheckpoint) -> int | None:
@@ -81,15 +79,33 @@ def load_hf_config(ckpt: HFCheckpoint) -> TransformerConfig:
             f"{ckpt.config_source}: num_attention_heads={n_heads} is not a multiple of "
             f"num_key_value_heads={n_kv}"
         )
-    head_dim = ckpt.config.get("head_dim") or d // n_heads
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim % 2:
+    head_dim = ckpt.config.get("head_dim")
+    if head_dim is None:
+        if d % n_heads:
+            raise ConfigError(
+                f"{ckpt.config_source}: field 'num_attention_heads' = {n_heads} does not divide "
+                f"hidden_size = {d} (and there is no head_dim); the config is corrupt"
+            )
+        head_dim = d // n_heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
         raise ConfigError(
-            f"{ckpt.config_source}: head_dim={head_dim!r} must be an even integer (rotary pairs)"
+            f"{ckpt.config_source}: field 'head_dim' = {head_dim!r} must be an even integer >= 2 "
+            f"(rotary pairs)"
         )
-    eps = ckpt.config.get("rms_norm_eps", 1e-6)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-        raise ConfigError(f"{ckpt.config_source}: rms_norm_eps must be a number >= 0")
+    eps = config_positive_float(
+        ckpt.config_source, "rms_norm_eps", ckpt.config.get("rms_norm_eps", 1e-6)
+    )
+    positions = ckpt.config.get("max_position_embeddings")
+    if positions is not None:
+        ckpt.get_int("max_position_embeddings")  # >= 1 (the RoPE tables are --max-context's)
+    tie = ckpt.config.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ConfigError(
+            f"{ckpt.config_source}: field 'tie_word_embeddings' must be true or false, got {tie!r}"
+        )
     clip = ckpt.config.get("clip_qkv")
+    if clip is not None:
+        clip = config_positive_float(ckpt.config_source, "clip_qkv", clip)
     return TransformerConfig(
         architecture=ckpt.arch.name,
         vocab_size=ckpt.get_int("vocab_size"),
@@ -99,8 +115,8 @@ def load_hf_config(ckpt: HFCheckpoint) -> TransformerConfig:
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rope_theta=_rope_theta(ckpt),
-        rms_norm_eps=float(eps),
-        tie_word_embeddings=bool(ckpt.config.get("tie_word_embeddings", False)),
+        rms_norm_eps=eps,
+        tie_word_embeddings=tie,
         qk_norm=ckpt.arch.qk_norm,
         clip_qkv=None if clip is None else float(clip),
         sliding_window=_sliding_window(ckpt),

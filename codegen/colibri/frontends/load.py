@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ConfigError, InputError, ModelFormatError
 from ..ir.moe import MoELayer
 from .container import MAGIC as CONTAINER_MAGIC
-from .container import read_container, write_file_atomic
+from .container import check_output_file, read_container, write_file_atomic
 from .hf import HFCheckpoint, check_architectures, is_hf_checkpoint, load_hf_moe_layer
 from .seed import SEED_MAGIC, read_npz, read_seed_dir, read_seed_file
 
@@ -102,22 +102,26 @@ def load_npy(path: str | Path, what: str = "input file", expected: str = "") -> 
 
 def save_npy(path: str | os.PathLike[str], arr: np.ndarray) -> Path:
     """Write one array as .npy atomically (".npy" appended when missing, as np.save does); a
-    full disk or an unwritable path is an OutputError and a previous file stays intact."""
+    full disk or an unwritable path is an OutputError and a previous file stays intact. An
+    existing character device or FIFO (/dev/null, a pipe) is written into as it is."""
     p = Path(path)
-    if p.suffix != ".npy":
+    if p.suffix != ".npy" and not check_output_file(p, stream=True):
         p = p.with_name(p.name + ".npy")
     arr = np.asanyarray(arr)
-    return write_file_atomic(p, lambda f: np.save(f, arr, allow_pickle=False), arr.nbytes + 128)
+    return write_file_atomic(
+        p, lambda f: np.save(f, arr, allow_pickle=False), arr.nbytes + 128, stream=True
+    )
 
 
 def save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> Path:
-    """Write arrays as an .npz archive atomically (".npz" appended when missing)."""
+    """Write arrays as an .npz archive atomically (".npz" appended when missing); an existing
+    character device or FIFO is written into."""
     p = Path(path)
-    if p.suffix != ".npz":
+    if p.suffix != ".npz" and not check_output_file(p, stream=True):
         p = p.with_name(p.name + ".npz")
     needed = sum(np.asanyarray(a).nbytes for a in arrays.values()) + 256 * len(arrays)
     members: dict[str, Any] = dict(arrays)  # numpy's stubs type **kwds as savez's own options
-    return write_file_atomic(p, lambda f: np.savez(f, **members), needed)
+    return write_file_atomic(p, lambda f: np.savez(f, **members), needed, stream=True)
 
 
 def check_input(x: np.ndarray, d_model: int, source: str = "input") -> np.ndarray:

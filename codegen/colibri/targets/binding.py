@@ -11,18 +11,119 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import operator
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import BuildError, ColibriError, InputError, ToolchainNotFound
+from ..errors import (
+    BindingTypeError,
+    BindingValueError,
+    BuildError,
+    ColibriError,
+    InputError,
+    ToolchainNotFound,
+)
 from ..paths import resource_dir, tools_dir
 
 CACHE_POLICIES = {"none": 0, "lru": 1, "pinned": 2}
+#: The largest int32 (every count and index the C API takes is an int32_t).
+INT32_MAX = 2**31 - 1
+#: colibri.h limits: top-k, LRU slots, experts of a file (the sharing map's longest length).
+MAX_TOP_K, MAX_LRU_SLOTS, MAX_EXPERTS = 64, 256, 65535
+#: colibri_lm.h limits: threads, prefill_batch.
+MAX_THREADS, MAX_PREFILL_BATCH = 256, 4096
+
+
+# -- argument checks: every argument is checked here, before the C runtime sees it ------------
+
+
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
+    """`value` as an int in lo..hi: a Python or numpy integer (not a bool, not a float), else
+    BindingTypeError; out of range, BindingValueError. Both name the argument."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise BindingTypeError(
+            f"{name} must be an integer in {lo}..{hi}, got {type(value).__name__} {value!r}"
+        )
+    v = operator.index(value)
+    if not lo <= v <= hi:
+        raise BindingValueError(f"{name} must be in {lo}..{hi}, got {v}")
+    return v
+
+
+def check_path(name: str, value: object) -> bytes:
+    """A file path (str, bytes or os.PathLike) as bytes for C; a NUL byte (C would cut the
+    path there and open another file) is a BindingValueError."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise BindingTypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    raw = os.fsencode(value)
+    if not raw or b"\0" in raw:
+        raise BindingValueError(f"{name} must be a non-empty path without NUL bytes, got {value!r}")
+    return raw
+
+
+def check_activations(name: str, x: object, d_model: int) -> np.ndarray:
+    """`x` as a C-contiguous float32 array [T, d_model] (T >= 0). Real numbers of any numpy
+    dtype (float16/32/64, integers) are converted to float32; bool, complex, object and string
+    arrays are a BindingTypeError. The wrong number of dimensions or width, and NaN / Inf
+    (including a float64 beyond the float32 range), are a BindingValueError naming the first
+    bad element: the C router would read past a short row or route on garbage."""
+    try:
+        arr = np.asarray(x)
+    except (ValueError, TypeError) as exc:  # ragged lists
+        raise BindingTypeError(
+            f"{name} must be a 2-D array of floats (tokens, d_model), got a ragged or mixed "
+            f"sequence ({exc})"
+        ) from None
+    if arr.dtype.kind not in "fiu":
+        raise BindingTypeError(
+            f"{name} must hold real numbers (float32, or float16/float64/integers, converted to "
+            f"float32), got dtype {arr.dtype}"
+        )
+    if arr.ndim != 2 or arr.shape[1] != d_model:
+        hint = " (one token: x.reshape(1, -1))" if arr.ndim == 1 else ""
+        raise BindingValueError(
+            f"{name} must have shape (tokens, {d_model}) (the model's d_model), got shape "
+            f"{tuple(arr.shape)}{hint}"
+        )
+    if arr.shape[0] > INT32_MAX:
+        raise BindingValueError(f"{name} has {arr.shape[0]} tokens; at most {INT32_MAX}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    finite = np.isfinite(out)
+    if not finite.all():
+        where = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise BindingValueError(
+            f"{name}{list(where)} is {arr[where].item()!r}"
+            f"{' (beyond the float32 range)' if np.isfinite(arr[where]) else ''}: the runtime "
+            f"needs finite activations"
+        )
+    return out
+
+
+def check_token_ids(name: str, ids: object, vocab: int) -> list[int]:
+    """A sequence (list, tuple, 1-D integer array) of token ids, each an integer in
+    0..vocab - 1, as a list of ints."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise BindingTypeError(
+                f"{name} must be a 1-D array of integers, got shape {ids.shape} dtype {ids.dtype}"
+            )
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise BindingTypeError(f"{name} must be a sequence of token ids, got {ids!r}")
+    return [check_int(f"{name}[{i}]", t, 0, vocab - 1) for i, t in enumerate(ids)]
+
+
+def check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise BindingTypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 class RuntimeStatusError(ColibriError):
@@ -93,7 +194,7 @@ def pin_setting(pin: int | str) -> tuple[int, int]:
         return 0, 0
     if isinstance(pin, int) and not isinstance(pin, bool) and 0 <= pin <= MAX_PIN:
         return (pin, 0) if pin > 0 else (0, LM_NO_PIN)
-    raise InputError(f"pin must be 'auto' or a slot count 0..{MAX_PIN}, got {pin!r}")
+    raise BindingValueError(f"pin must be 'auto' or a slot count 0..{MAX_PIN}, got {pin!r}")
 
 
 #: colibri_lm_stats_t field names, in order (colibri_lm.h).
@@ -227,6 +328,35 @@ def strerror(status: int) -> str:
     return library().colibri_strerror(status).decode()
 
 
+#: colibri_status COLIBRI_ERR_CONFIG; its C text names config.json, which a container has not.
+ERR_CONFIG = -7
+#: What COLIBRI_ERR_CONFIG means for a container file.
+CONTAINER_CONFIG_WHY = (
+    "the model config stored in the file has a field missing or out of range (a size, a head "
+    "count, rms_norm_eps, rope_theta, ...); the file was written from an unchecked config: "
+    "convert it again with this Colibri, which range-checks every field of the checkpoint's config"
+)
+
+
+def _is_container(path: bytes) -> bool:
+    from ..frontends.container import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def init_error(function: str, path: bytes, status: int) -> RuntimeStatusError:
+    """The error of a failed colibri_init / colibri_lm_init on `path`: the C status text, but
+    for a container COLIBRI_ERR_CONFIG says what is wrong (not "config.json missing")."""
+    why = strerror(status)
+    if status == ERR_CONFIG and _is_container(path):
+        why = CONTAINER_CONFIG_WHY
+    return RuntimeStatusError(status, f"{os.fsdecode(path)}: {function}: {why} ({status})")
+
+
 _H = TypeVar("_H", bound="_Handle")
 
 
@@ -258,6 +388,17 @@ class _Handle:
             pass
 
 
+#: colibri_status COLIBRI_ERR_EXPERT (an expert id out of range or a sharing map invalid).
+_ERR_EXPERT = -12
+
+
+def _map_length_error(given: int, n_experts: int) -> BindingValueError:
+    return BindingValueError(
+        f"sharing_map has {given} entries but the model has {n_experts} experts: pass one "
+        f"entry per expert"
+    )
+
+
 class Runtime(_Handle):
     """A model loaded by the C runtime from a file (mmap, zero-copy)."""
 
@@ -268,58 +409,113 @@ class Runtime(_Handle):
         lru_cache_size: int = 0,
         sharing_map: list[int] | None = None,
     ) -> None:
+        path = check_path("model_path", model_path)
+        if not isinstance(cache_policy, str) or cache_policy not in CACHE_POLICIES:
+            raise BindingValueError(
+                f"cache_policy must be one of {', '.join(map(repr, CACHE_POLICIES))}, got "
+                f"{cache_policy!r}"
+            )
+        lru = check_int("lru_cache_size", lru_cache_size, 0, MAX_LRU_SLOTS)
+        if cache_policy == "lru" and lru < 1:
+            raise BindingValueError(
+                f"lru_cache_size must be in 1..{MAX_LRU_SLOTS} with cache_policy 'lru', got {lru}"
+            )
+        share: list[int] | None = None
+        if sharing_map is not None:
+            if isinstance(sharing_map, np.ndarray):
+                sharing_map = sharing_map.tolist() if sharing_map.ndim == 1 else sharing_map
+            if isinstance(sharing_map, (str, bytes)) or not isinstance(sharing_map, Sequence):
+                raise BindingTypeError(
+                    f"sharing_map must be a list of expert indices, got {sharing_map!r}"
+                )
+            if not 1 <= len(sharing_map) <= MAX_EXPERTS:
+                raise BindingValueError(
+                    f"sharing_map must have one entry per expert (1..{MAX_EXPERTS}), got "
+                    f"{len(sharing_map)} entries"
+                )
+            share = [
+                check_int(f"sharing_map[{i}]", v, 0, len(sharing_map) - 1)
+                for i, v in enumerate(sharing_map)
+            ]
+            for i, j in enumerate(share):
+                if share[j] != j:
+                    raise BindingValueError(
+                        f"sharing_map[{i}] = {j} but sharing_map[{j}] = {share[j]}: an expert "
+                        f"must share the weights of one that keeps its own (sharing_map[j] = j)"
+                    )
         lib = library()
         self._lib = lib
-        self._share = (ctypes.c_int32 * len(sharing_map))(*sharing_map) if sharing_map else None
+        # The C loader reads n_experts entries of the map, a number only the file knows: the
+        # array is padded with -1 to the most experts a file can have, so a short map is read
+        # inside the array and refused (COLIBRI_ERR_EXPERT), never past its end.
+        self._share = None
+        if share is not None:
+            self._share = (ctypes.c_int32 * MAX_EXPERTS)(*share, *[-1] * (MAX_EXPERTS - len(share)))
         cfg = _Config(
-            model_path=str(model_path).encode(),
+            model_path=path,
             cache_policy=CACHE_POLICIES[cache_policy],
-            lru_cache_size=lru_cache_size,
+            lru_cache_size=lru,
             num_threads=1,
             load_flags=0,  # verify checksums and NaN / Inf
             expert_sharing_map=(
-                ctypes.cast(self._share, ctypes.POINTER(ctypes.c_int32)) if self._share else None
+                ctypes.cast(self._share, ctypes.POINTER(ctypes.c_int32))
+                if self._share is not None
+                else None
             ),
         )
         handle = ctypes.c_void_p()
         st = lib.colibri_init(ctypes.byref(cfg), ctypes.byref(handle))
         if st != 0:
-            raise RuntimeStatusError(st, f"{model_path}: colibri_init: {strerror(st)} ({st})")
+            if share is not None and st == _ERR_EXPERT:
+                self._check_map_length(path, share)
+            raise init_error("colibri_init", path, st)
         self._handle = handle
         head = ctypes.cast(handle, ctypes.POINTER(_ModelHead)).contents
         self.n_experts, self.d_model = head.n_experts, head.d_model
         self.d_ff, self.top_k = head.d_ff, head.top_k
+        if share is not None and len(share) != self.n_experts:
+            self.close()
+            raise _map_length_error(len(share), self.n_experts)
+
+    def _check_map_length(self, path: bytes, share: list[int]) -> None:
+        """After COLIBRI_ERR_EXPERT with a sharing map: a map of the wrong length is named as
+        such (the number of experts read by a second init without the map)."""
+        handle = ctypes.c_void_p()
+        cfg = _Config(model_path=path, cache_policy=2, lru_cache_size=0, num_threads=1)
+        if self._lib.colibri_init(ctypes.byref(cfg), ctypes.byref(handle)) == 0:
+            n = ctypes.cast(handle, ctypes.POINTER(_ModelHead)).contents.n_experts
+            self._lib.colibri_cleanup(handle)
+            if n != len(share):
+                raise _map_length_error(len(share), n)
 
     def forward(
         self, x: np.ndarray, top_k: int | None = None, d_model: int | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Returns (output [T, d], expert_ids [T, k], gates [T, k])."""
+        """Returns (output [T, d], expert_ids [T, k], gates [T, k]) of activations `x` of
+        shape (T, d_model), T >= 0: float32, or real numbers converted to float32 (see
+        :func:`check_activations`), all finite. `top_k`: 1..min(n_experts, 64), default the
+        model's; `d_model`, if given, must be the model's. A bad argument raises
+        BindingTypeError / BindingValueError before the C runtime is called."""
         if self._handle is None:
             raise InputError("model was closed")
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        t = x.shape[0]
+        if d_model is not None:
+            check_int("d_model", d_model, self.d_model, self.d_model)
         k = self.top_k if top_k is None else top_k
-        kk = max(k, 1)
+        k = check_int("top_k", k, 1, min(self.n_experts, MAX_TOP_K))
+        x = check_activations("x", x, self.d_model)
+        t = x.shape[0]
         y = np.zeros((t, self.d_model), np.float32)
-        ids = np.zeros((t, kk), np.int32)
-        gates = np.zeros((t, kk), np.float32)
+        ids = np.zeros((t, k), np.int32)
+        gates = np.zeros((t, k), np.float32)
         temp = np.zeros(max(t, 1), np.float32)
-        st = self._lib.colibri_forward(
-            self._handle,
-            x,
-            y,
-            t,
-            self.d_model if d_model is None else d_model,
-            k,
-            ids,
-            gates,
-            temp,
-        )
+        st = self._lib.colibri_forward(self._handle, x, y, t, self.d_model, k, ids, gates, temp)
         if st != 0:
             raise RuntimeStatusError(st, f"colibri_forward: {strerror(st)} ({st})")
         return y, ids, gates
 
     def stats(self) -> dict[str, int]:
+        if self._handle is None:
+            raise InputError("model was closed")
         s = _Stats()
         st = self._lib.colibri_get_stats(self._handle, ctypes.byref(s))
         if st != 0:
@@ -354,12 +550,16 @@ class LM(_Handle):
         pin: int | str = "auto",
     ) -> None:
         pinned, no_pin = pin_setting(pin)
+        path = check_path("model_path", model_path)
+        max_context = check_int("max_context", max_context, 0, INT32_MAX)
+        ram_budget = check_int("ram_budget", ram_budget, 0, 2**64 - 1)
+        threads = check_int("threads", threads, 0, MAX_THREADS)
+        prefill_batch = check_int("prefill_batch", prefill_batch, 0, MAX_PREFILL_BATCH)
+        verify, prefetch = check_flag("verify", verify), check_flag("prefetch", prefetch)
         lib = library()
         self._lib = lib
-        if not 0 <= ram_budget < 2**64:
-            raise InputError(f"ram_budget must be between 0 and 2**64 - 1, got {ram_budget}")
         cfg = _LMConfig(
-            model_path=str(model_path).encode(),
+            model_path=path,
             max_context=max_context,
             load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
             expert_ram_budget=ram_budget,
@@ -371,8 +571,9 @@ class LM(_Handle):
         handle = ctypes.c_void_p()
         st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
         if st != 0:
-            raise RuntimeStatusError(st, f"{model_path}: colibri_lm_init: {strerror(st)} ({st})")
+            raise init_error("colibri_lm_init", path, st)
         self._handle = handle
+        self._filled = 0  # positions 0..filled - 1 of the KV cache hold this sequence
         info = _LMInfo()
         lib.colibri_lm_info(handle, ctypes.byref(info))
         self.vocab_size, self.d_model = info.vocab_size, info.d_model
@@ -381,34 +582,82 @@ class LM(_Handle):
         #: bytes of the matrices repacked at init for the CPU's kernels (0: none)
         self.packed_bytes = int(info.packed_bytes)
 
+    def _check_pos(self, pos: object) -> int:
+        """A position to run next: 0..max_context - 1 and no later than the first position
+        not yet run (the KV cache holds 0..filled - 1: a later one would attend to positions
+        never computed; an earlier one rewinds, and the positions after it are dropped)."""
+        pos = check_int("pos", pos, 0, self.max_context - 1)
+        if pos > self._filled:
+            raise BindingValueError(
+                f"pos must be in 0..{self._filled}, got {pos}: positions 0..{pos - 1} must be "
+                f"run first (the KV cache holds {self._filled} positions; run the tokens in "
+                f"order, or prefill them)"
+            )
+        return pos
+
     def forward(self, token: int, pos: int) -> np.ndarray:
-        """The next-token logits [vocab] (a copy) after `token` at position `pos`."""
+        """The next-token logits [vocab] (a copy) after `token` (0..vocab - 1) at position
+        `pos`: 0..max_context - 1, at most one past the last position run (a smaller one
+        rewinds)."""
         if self._handle is None:
             raise InputError("model was closed")
+        token = check_int("token", token, 0, self.vocab_size - 1)
+        pos = self._check_pos(pos)
         out = ctypes.POINTER(ctypes.c_float)()
         st = self._lib.colibri_lm_forward(self._handle, token, pos, ctypes.byref(out))
         if st != 0:
+            self._filled = min(self._filled, pos)
             raise RuntimeStatusError(st, f"colibri_lm_forward: {strerror(st)} ({st})")
+        self._filled = pos + 1
         return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
 
     def prefill(self, ids: list[int], pos: int = 0) -> np.ndarray:
         """The next-token logits [vocab] (a copy) after `ids` at positions pos, pos + 1, ...
-        run as batches (colibri_lm_prefill): those of the last forward() of a token loop."""
+        run as batches (colibri_lm_prefill): those of the last forward() of a token loop.
+        `ids`: at least one id, each 0..vocab - 1; pos + len(ids) <= max_context."""
         if self._handle is None:
             raise InputError("model was closed")
-        arr = (ctypes.c_int32 * max(len(ids), 1))(*[int(t) for t in ids])
+        ids = check_token_ids("ids", ids, self.vocab_size)
+        if not ids:
+            raise BindingValueError("ids is empty: pass at least one token id")
+        pos = self._check_pos(pos)
+        if pos + len(ids) > self.max_context:
+            raise BindingValueError(
+                f"context overflow: pos {pos} + {len(ids)} ids = {pos + len(ids)} positions, "
+                f"but this handle's max_context is {self.max_context}"
+            )
+        arr = (ctypes.c_int32 * len(ids))(*ids)
         out = ctypes.POINTER(ctypes.c_float)()
         st = self._lib.colibri_lm_prefill(self._handle, arr, len(ids), pos, ctypes.byref(out))
         if st != 0:
+            self._filled = min(self._filled, pos)
             raise RuntimeStatusError(st, f"colibri_lm_prefill: {strerror(st)} ({st})")
+        self._filled = pos + len(ids)
         return np.ctypeslib.as_array(out, shape=(self.vocab_size,)).copy()
 
     def logits(self, ids: list[int]) -> np.ndarray:
-        """Logits [T, vocab] of every position of `ids`, from position 0."""
+        """Logits [T, vocab] of every position of `ids` (at least one), from position 0."""
+        ids = check_token_ids("ids", ids, self.vocab_size)
+        if not ids:
+            raise BindingValueError("ids is empty: pass at least one token id")
+        if len(ids) > self.max_context:
+            raise BindingValueError(
+                f"context overflow: {len(ids)} ids, but this handle's max_context is "
+                f"{self.max_context}"
+            )
         return np.stack([self.forward(int(t), p) for p, t in enumerate(ids)])
 
     def generate(self, prompt: list[int], max_new: int) -> tuple[np.ndarray, list[int]]:
-        """(prompt logits [T, vocab], max_new greedy ids: argmax, ties to the lower id)."""
+        """(prompt logits [T, vocab], max_new greedy ids: argmax, ties to the lower id);
+        len(prompt) + max_new - 1 positions must fit max_context."""
+        prompt = check_token_ids("prompt", prompt, self.vocab_size)
+        max_new = check_int("max_new", max_new, 0, INT32_MAX)
+        if len(prompt) + max(max_new - 1, 0) > self.max_context:
+            raise BindingValueError(
+                f"context overflow: {len(prompt)} prompt ids + {max_new} new tokens need "
+                f"{len(prompt) + max(max_new - 1, 0)} positions, but this handle's max_context "
+                f"is {self.max_context}"
+            )
         logits = self.logits(prompt)
         row, out = logits[-1], []
         for i in range(max_new):

@@ -39,6 +39,10 @@ FLAG_LOGITS = 0x1
 EXIT_CONTEXT_OVERFLOW = 4
 
 
+#: The largest --temperature (the CLI's range; also refuses inf, whose softmax is NaN).
+MAX_TEMPERATURE = 10000.0
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     """Greedy when temperature is 0; top_k 0 keeps every token; top_p 1 cuts nothing."""
@@ -49,9 +53,14 @@ class SamplingOptions:
     seed: int = 0
 
     def check(self, vocab: int) -> None:
-        if not self.temperature >= 0.0 or not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
+        if (
+            not 0.0 <= self.temperature <= MAX_TEMPERATURE
+            or not 0.0 < self.top_p <= 1.0
+            or not 0 <= self.top_k < 2**31
+        ):
             raise InputError(
-                f"sampling needs --temperature >= 0, 0 < --top-p <= 1 and --top-k >= 0; got "
+                f"sampling needs 0 <= --temperature <= {MAX_TEMPERATURE:g}, 0 < --top-p <= 1 "
+                f"and --top-k >= 0; got "
                 f"temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}"
             )
         if not 0 <= self.seed < 2**64:
@@ -69,17 +78,31 @@ class LMOutput:
 
 
 def parse_ids(text: str) -> list[int]:
-    """'1,5,9' (or spaces) -> [1, 5, 9], with a clear error for anything else."""
-    parts = [p for p in text.replace(",", " ").split() if p]
-    try:
-        ids = [int(p) for p in parts]
-    except ValueError:
-        raise InputError(
-            f"--prompt-ids {text!r}: expected comma-separated integers such as 1,5,9"
-        ) from None
-    if not ids:
-        raise InputError("--prompt-ids is empty: pass at least one token id")
+    """'1,5,9' (or '1 5 9') -> [1, 5, 9]. Every comma-separated item must be one decimal
+    integer (ASCII digits, an optional minus: the vocabulary check names a negative id); an
+    empty item ('1,,2', a trailing comma) or anything else is an InputError naming the item."""
+    if not text.strip():
+        raise InputError("--prompt-ids is empty: pass at least one token id, e.g. 1,5,9")
+    items = text.split(",") if "," in text else text.split()
+    ids = []
+    for i, item in enumerate(items, 1):
+        word = item.strip()
+        if not word:
+            raise InputError(
+                f"--prompt-ids {text!r}: item {i} is empty; pass comma-separated integers such "
+                f"as 1,5,9 (no empty items, no trailing comma)"
+            )
+        if not _ID.fullmatch(word):
+            raise InputError(
+                f"--prompt-ids {text!r}: item {i} is {word!r}, not an integer; pass "
+                f"comma-separated integers such as 1,5,9"
+            )
+        ids.append(int(word))
     return ids
+
+
+#: One token id of --prompt-ids: ASCII decimal digits (int() would also take '1_0', ' ٢ ').
+_ID = re.compile(r"-?[0-9]+")
 
 
 def check_request(
@@ -294,6 +317,8 @@ def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> Co
     runtime status (exit 10 + -status) a ModelFormatError with the runner's last `colibri:`
     line, any other exit (a bad request: context overflow, token ids) an InputError with its
     last line."""
+    from .binding import CONTAINER_CONFIG_WHY, ERR_CONFIG
+
     code = result.returncode
     if code == EXIT_BUDGET and pinned:
         return InputError(
@@ -311,6 +336,8 @@ def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> Co
             f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
             f"of a layer; pass a larger budget (or 0: every expert resident)"
         )
+    if code == EXIT_RUNTIME_ERROR - ERR_CONFIG:  # not "config.json missing": a container
+        return ModelFormatError(f"{path}: {CONTAINER_CONFIG_WHY}")
     if code >= EXIT_RUNTIME_ERROR:
         lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("colibri:")]
         why = lines[-1][len("colibri: ") :] if lines else f"exit code {code}"

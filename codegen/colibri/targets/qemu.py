@@ -309,7 +309,9 @@ def run_elf(
             f"signal {-code}\n{_tail(out, err)}"
         )
     qemu_error = [
-        line for line in err.splitlines() if board.qemu and line.startswith(board.qemu.binary + ":")
+        line
+        for line in err.splitlines()
+        if board.qemu and line.split(":", 1)[0].endswith(board.qemu.binary)
     ]
     if qemu_error and code != expected_returncode:
         raise QemuError(f"{what}: QEMU failed: {qemu_error[0]}\n{_tail(out, err)}")

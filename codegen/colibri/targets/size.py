@@ -133,6 +133,9 @@ def analyse(
     flash = board.memory.get("flash")
     ram = board.memory.get("ram")
     rep = SizeReport(board.name, str(elf_path), flash.size if flash else 0, ram.size if ram else 0)
+    # The flash chip may be seen through several windows (esp32s3: `flash` for data,
+    # `flash_code` for instructions); every one counts against the flash budget.
+    flash_windows = [r for n, r in board.memory.items() if n == "flash" or n.startswith("flash_")]
     with open(elf_path, "rb") as f:
         elf = ELFFile(f)
         loads = _lma_map(elf)
@@ -148,7 +151,7 @@ def analyse(
                         lma = paddr + sec["sh_offset"] - off
                         break
             if flash and ram:
-                in_flash = not nobits and flash.origin <= lma < flash.origin + flash.size
+                in_flash = not nobits and any(r.origin <= lma < r.end for r in flash_windows)
                 in_ram = ram.origin <= vma < ram.origin + ram.size
             else:
                 in_flash = not nobits

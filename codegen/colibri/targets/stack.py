@@ -31,13 +31,19 @@ on their own. :func:`check_stack_budget` fails a build whose bound exceeds the b
 ``stack_size``, naming the deepest path.
 
 Exception handlers are reported but not added to the bound: the arm_semihost fault handler
-(``runtime_c/platform/arm_semihost/startup.c``) disables the stack guards and moves SP back to
-the top of the stack before its C part runs, and the program ends there, so its frames replace
-the main path's instead of stacking on it (only the 32-byte hardware exception frame, 104 with
-FP state, lands below the faulting SP). The report also gives the guard below the stack
-(``__stack_limit - __stack_guard``) and the largest frame reachable from the entry point:
-``colibri size`` warns when that frame is not smaller than an MPU guard (>= 32 bytes), as an
-overflow inside such a frame could step over the guard without touching it.
+(``runtime_c/platform/arm_semihost/startup.c``) disables the stack guards and moves SP to a fault
+stack of its own above the main stack (``__fault_stack_top - _estack`` bytes) before its C part
+runs, and the program ends there (only the 32-byte hardware exception frame, 104 with FP state,
+lands below the faulting SP). :func:`check_fault_stack` fails a build whose handler's worst case
+does not fit that fault stack, whatever ``stack_check`` says. The report also gives the guard
+below the stack (``__stack_limit - __stack_guard``) and the largest frames reachable from the
+entry point. An MPU guard (ARMv7-M) catches an overflow only if some store lands in it: a
+function whose frame moves SP into the guard without storing there, then calls a leaf whose
+frame ends below the guard and stores only there, steps over it. So the guard must hold the two
+largest frames plus 8 bytes: :func:`mpu_guard_size` sizes it from the ``.su`` files before the
+link (the SConstruct renders each model runner's linker script with it) and :func:`check_guard`
+fails a build whose reachable frames (libc's read from the disassembly too) do not fit, whatever
+``stack_check`` says.
 """
 
 from __future__ import annotations
@@ -119,6 +125,12 @@ class StackReport:
     guard: int = 0
     #: The largest frame reachable from the entry point: (function, bytes).
     largest_frame: tuple[str, int] | None = None
+    #: Bytes of the fault handler's own stack above the main stack (``__fault_stack_top -
+    #: _estack``; 0 if none).
+    fault_stack: int = 0
+    #: The two largest frames reachable from the entry point, added, plus 8: the least MPU guard
+    #: no overflow can step over (see the module doc).
+    guard_need: int = 0
 
     @property
     def worst(self) -> int:
@@ -142,6 +154,8 @@ class StackReport:
             "problems": self.problems,
             "guard": self.guard,
             "largest_frame": list(self.largest_frame) if self.largest_frame else None,
+            "fault_stack": self.fault_stack,
+            "guard_need": self.guard_need,
         }
 
     @classmethod
@@ -164,6 +178,8 @@ class StackReport:
             problems=list(d["problems"]),
             guard=int(d.get("guard", 0)),
             largest_frame=(str(lf[0]), int(lf[1])) if (lf := d.get("largest_frame")) else None,
+            fault_stack=int(d.get("fault_stack", 0)),
+            guard_need=int(d.get("guard_need", 0)),
         )
 
 
@@ -258,17 +274,22 @@ def _address_taken(
     return taken, vectors
 
 
-def _stack_guard_size(elf: Any) -> int:
-    """Bytes between ``__stack_guard`` and ``__stack_limit`` (the linker script's guard below
-    the stack), 0 when the ELF has no such symbols."""
+def _symbol_span(elf: Any, low: str, high: str) -> int:
+    """Bytes between the symbols ``low`` and ``high``, 0 when the ELF lacks either."""
     symtab = elf.get_section_by_name(".symtab")
     addr = {}
-    for name in ("__stack_guard", "__stack_limit"):
+    for name in (low, high):
         syms = symtab.get_symbol_by_name(name) if symtab is not None else None
         if not syms:
             return 0
         addr[name] = int(syms[0]["st_value"])
-    return max(0, addr["__stack_limit"] - addr["__stack_guard"])
+    return max(0, addr[high] - addr[low])
+
+
+def _stack_guard_size(elf: Any) -> int:
+    """Bytes between ``__stack_guard`` and ``__stack_limit`` (the linker script's guard below
+    the stack), 0 when the ELF has no such symbols."""
+    return _symbol_span(elf, "__stack_guard", "__stack_limit")
 
 
 def _reg_count(reglist: str) -> tuple[int, int]:
@@ -421,7 +442,11 @@ def _scan_code(text: str, funcs: list[FunctionInfo], machine: str, elf: Any) -> 
                     literal_regs[reg] = value
                 continue
             if re.match(r"^call(0|4|8|12)$", mnem) and target is not None:
-                fn.calls.add(target.addr)
+                # a call enters a function at its start; one into the middle of a function is
+                # data inside the code (jump padding, a literal) that the linear disassembly
+                # misread as an instruction (seen in windowed-ABI code: "call12 <f+0x13c>")
+                if tgt is not None and int(tgt.group(1), 16) == target.addr:
+                    fn.calls.add(target.addr)
             elif re.match(r"^callx(0|4|8|12)$", mnem):
                 value = literal_regs.get(reg)
                 if value is not None and value in by_addr:
@@ -461,13 +486,20 @@ def analyse_stack(
         by_addr = {fn.addr: fn for fn in funcs}
         taken, vectors = _address_taken(elf, by_addr, machine == "EM_ARM")
         guard = _stack_guard_size(elf)
+        fault_stack = _symbol_span(elf, "_estack", "__fault_stack_top")
     finally:
         fh.close()
     su = read_su_files(su_files)
     su_by_name: dict[str, list[tuple[int, str]]] = {}
     for (_src, name), value in su.items():
         su_by_name.setdefault(name, []).append(value)
-    rep = StackReport(board.name, str(elf_path), stack_size or board.stack_size, guard=guard)
+    rep = StackReport(
+        board.name,
+        str(elf_path),
+        stack_size or board.stack_size,
+        guard=guard,
+        fault_stack=fault_stack,
+    )
     for fn in funcs:
         hit = None
         src = files.get(fn.addr)
@@ -547,6 +579,8 @@ def analyse_stack(
     if memo:
         big = max((by_addr[a] for a in memo), key=lambda fn: (fn.frame, fn.name))
         rep.largest_frame = (big.name, big.frame)
+        frames = sorted((by_addr[a].frame for a in memo), reverse=True)
+        rep.guard_need = sum(frames[:2]) + 8
     for fn in funcs:
         if fn.name in API_ENTRY_POINTS or fn.name.endswith(API_ENTRY_SUFFIXES):
             if fn.addr != entry_addr and (files.get(fn.addr) is None):
@@ -594,8 +628,11 @@ def format_stack(rep: StackReport) -> list[str]:
     lines.append(head)
     if rep.entry:
         lines.append(f"    deepest path: {rep.entry.path_text()}")
-    for e in [*rep.api, *rep.handlers]:
+    for e in rep.api:
         lines.append(f"    {e.name}: {e.bound} bytes")
+    for e in rep.handlers:
+        on = f" (on the {rep.fault_stack}-byte fault stack)" if rep.fault_stack else ""
+        lines.append(f"    {e.name}: {e.bound} bytes{on}")
     if rep.estimated:
         est = sorted(rep.estimated.items(), key=lambda kv: -kv[1])[:5]
         lines.append(
@@ -603,15 +640,61 @@ def format_stack(rep: StackReport) -> list[str]:
             + ", ".join(f"{n} {b}" for n, b in est)
             + (f", ... ({len(rep.estimated)} in all)" if len(rep.estimated) > 5 else "")
         )
-    if rep.guard >= 32 and rep.largest_frame and rep.largest_frame[1] > rep.guard - 8:
+    if rep.guard >= 32 and rep.largest_frame and rep.guard_need > rep.guard:
         name, nbytes = rep.largest_frame
         lines.append(
-            f"    WARNING: {name} has a {nbytes}-byte frame, not below the {rep.guard}-byte MPU "
-            f"guard under the stack minus 8: an overflow in it could step over the guard"
+            f"    WARNING: the two largest frames + 8 ({rep.guard_need} bytes; {name} {nbytes}) "
+            f"exceed the {rep.guard}-byte MPU guard under the stack: an overflow could step "
+            f"over the guard"
         )
     for p in rep.problems:
         lines.append(f"    PROBLEM: {p}")
     return lines
+
+
+#: The smallest MPU guard: what the linker script uses when nothing asks for more.
+MIN_MPU_GUARD = 512
+
+
+def mpu_guard_size(board: Board, su_files: list[str | Path]) -> int | None:
+    """ARMv7-M: bytes of the MPU guard below the stack for a program whose frames are in
+    ``su_files`` (before the link): the least power of two >= the two largest frames + 8 bytes,
+    at least MIN_MPU_GUARD (see the module doc). None elsewhere (the template's default)."""
+    if board.arch not in ("armv7-m", "armv7e-m"):
+        return None
+    frames = sorted((f for f, _ in read_su_files(su_files).values()), reverse=True)
+    need = sum(frames[:2]) + 8
+    size = MIN_MPU_GUARD
+    while size < need:
+        size *= 2
+    return size
+
+
+def check_guard(rep: StackReport) -> None:
+    """Fail (StackUsageError) when an MPU guard (>= 32 bytes) is smaller than the two largest
+    reachable frames + 8: an overflow could step over it. Applies with ``stack_check=0`` too."""
+    if rep.guard >= 32 and rep.guard_need > rep.guard:
+        name, nbytes = rep.largest_frame or ("?", 0)
+        raise StackUsageError(
+            f"stack guard on {rep.board}: the {rep.guard}-byte MPU guard below the stack is "
+            f"smaller than the two largest frames + 8 ({rep.guard_need} bytes; the largest: "
+            f"{name}, {nbytes}): an overflow could step over it"
+        )
+
+
+def check_fault_stack(rep: StackReport) -> None:
+    """Fail (StackUsageError) when an exception handler's worst case does not fit the fault stack
+    it runs on (``rep.fault_stack`` bytes; no check when the firmware has none): the overflow
+    report itself would overflow. Applies with ``stack_check=0`` too."""
+    if rep.fault_stack <= 0:
+        return
+    for h in rep.handlers:
+        if h.bound > rep.fault_stack:
+            raise StackUsageError(
+                f"stack of the fault handler on {rep.board}: {h.name} needs {h.bound} bytes > "
+                f"the {rep.fault_stack}-byte fault stack (templates/linker/cortex_m.ld.j2); "
+                f"deepest path: {h.path_text()}"
+            )
 
 
 def check_stack_budget(rep: StackReport) -> None:

@@ -87,10 +87,16 @@ CLB_PLATFORM_MARKER void clb_platform_bench_end(void)
     clb_stack_guard_check();
 }
 
+/* SYS_EXIT_EXTENDED returns only when the host refuses it (e.g. it cannot read the block);
+ * then SYS_EXIT, whose reason travels in r1 (no memory to read), still ends the program: exit 0
+ * or 1 instead of the code, never a hang. */
 _Noreturn void clb_platform_exit(int32_t code)
 {
     uint32_t block[2] = {CLB_SH_ADP_STOPPED_APPLICATION_EXIT, (uint32_t)code};
+    const uintptr_t reason =
+        code == 0 ? CLB_SH_ADP_STOPPED_APPLICATION_EXIT : CLB_SH_ADP_STOPPED_RUN_TIME_ERROR;
     for (;;) {
         (void)clb_semihost_call(CLB_SH_SYS_EXIT_EXTENDED, block);
+        (void)clb_semihost_call(CLB_SH_SYS_EXIT, (const void *)reason);
     }
 }

@@ -9,16 +9,20 @@
  * (templates/linker/cortex_m.ld.j2) with CLB_STACK_PAINT; at a normal exit the high-water mark
  * is printed ("stack high-water: N of M bytes"). Three mechanisms report an overflow as
  * "colibri: stack overflow: ..." with exit code 98:
- * - ARMv7-M (Cortex-M3/M4/M7) with an MPU: the guard (512 bytes, 64-byte aligned) is made
- *   no-access, execute-never MPU memory (two regions with subregions; default memory map
- *   elsewhere, MemManage enabled), so the first store into it faults: a frame smaller than the
- *   guard cannot step over it.
+ * - ARMv7-M (Cortex-M3/M4/M7) with an MPU: the guard (a power of two >= 512 bytes aligned to
+ *   its size, holding the program's two largest frames + 8: templates/linker/cortex_m.ld.j2) is
+ *   made no-access, execute-never MPU memory (MPU region 0, no subregions; default memory map
+ *   elsewhere, MemManage enabled), so the first store into it faults and no frame can step over
+ *   it.
  * - v8-M mainline (Cortex-M33/M55): MSPLIM = __stack_limit; the first push below the stack
  *   faults (UsageFault STKOF).
  * - Everywhere (the only guard when MPU_TYPE reports no MPU regions): the painted guard is
  *   checked by clb_stack_guard_check() after each forward pass and at exit.
- * The fault handler never runs on the overflowed stack: it disables the MPU, lifts MSPLIM and
- * moves SP back to the top of the stack before calling C (the program ends anyway).
+ * The fault handler never runs on the overflowed stack, nor in the guard: it disables the MPU,
+ * lifts MSPLIM and moves SP to a fault stack of its own above the stack (__fault_stack_top; the
+ * build checks that the handler's worst case fits it) before calling C, so the report and the exit
+ * work at every stack size. The semihosting calls (semihost.h) turn the MPU off while the host
+ * serves them: QEMU could not read their blocks in the guard's 1 KB page otherwise.
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -28,12 +32,12 @@
 
 /* Symbols of templates/linker/cortex_m.ld.j2. */
 extern uint32_t __data_start[], __data_end[], __data_load[], __bss_start[], __bss_end[];
-extern uint32_t _estack[], __stack_limit[], __stack_guard[];
+extern uint32_t _estack[], __stack_limit[], __stack_guard[], __fault_stack_top[];
 
 int main(int argc, char **argv);
 
 void clb_reset_handler(void);
-void clb_fault_report(uint32_t sp, uint32_t exc_return, uint32_t pc, uint32_t lr);
+void clb_fault_report(uint32_t sp, uint32_t exc_return);
 
 #define CLB_SCB_CPACR (*(volatile uint32_t *)0xE000ED88u)
 #define CLB_SCB_CFSR (*(volatile uint32_t *)0xE000ED28u)
@@ -123,35 +127,31 @@ void clb_stack_guard_check(void)
 }
 
 /** @brief ARMv7-M: make the guard below the stack no-access, execute-never MPU memory and enable
- *         the MPU with the default memory map elsewhere and MemManage faults. The guard (size G a
- *         power of two >= 256, base aligned to G/8: the linker script sees to both) is covered
- *         by regions 0 and 1 of size G, aligned to G, with the subregions (G/8 each) outside the
- *         guard disabled; so the linker pads at most G/8 - 8 bytes, not G - 8. Nothing happens
- *         without an MPU (MPU_TYPE.DREGION < 2) or with a guard the MPU cannot cover. */
+ *         the MPU with the default memory map elsewhere and MemManage faults. The guard is one
+ *         MPU region (region 0): its size G a power of two >= 32 and its base aligned to G (the
+ *         linker script sees to both). No subregions: QEMU (7.2 here, and its source today)
+ *         maps a whole 1 KB page through the background region when an access falls in a
+ *         disabled subregion of a region smaller than a page, after which stores to the enabled
+ *         subregions of that page no longer fault (the two 512-byte regions with subregions used
+ *         before missed overflows on cortex-m3). Nothing happens without an MPU
+ *         (MPU_TYPE.DREGION == 0) or with a guard the MPU cannot cover. */
 static void clb_stack_guard_mpu(void)
 {
 #if CLB_HAS_PMSAV7
     const uint32_t guard = (uint32_t)(uintptr_t)__stack_guard;
     const uint32_t size = (uint32_t)((uintptr_t)__stack_limit - (uintptr_t)__stack_guard);
-    const uint32_t sub = size / 8u;
-    if (((CLB_MPU_TYPE >> 8) & 0xFFu) < 2u || size < 256u || (size & (size - 1u)) != 0u ||
-        (guard & (sub - 1u)) != 0u) {
+    if (((CLB_MPU_TYPE >> 8) & 0xFFu) < 1u || size < 32u || (size & (size - 1u)) != 0u ||
+        (guard & (size - 1u)) != 0u) {
         return;
     }
     uint32_t log2 = 0u;
     while ((1u << log2) < size) {
         ++log2;
     }
-    const uint32_t base = guard & ~(size - 1u);
-    const uint32_t below = (1u << ((guard - base) / sub)) - 1u; /* subregions below the guard */
-    const uint32_t rasr = CLB_MPU_RASR_XN | ((log2 - 1u) << 1) | CLB_MPU_RASR_ENABLE;
     CLB_MPU_CTRL = 0u;
     CLB_MPU_RNR = 0u;
-    CLB_MPU_RBAR = base;
-    CLB_MPU_RASR = rasr | (below << 8); /* SRD: a set bit disables that subregion */
-    CLB_MPU_RNR = 1u;
-    CLB_MPU_RBAR = base + size;
-    CLB_MPU_RASR = below != 0u ? rasr | ((~below & 0xFFu) << 8) : 0u;
+    CLB_MPU_RBAR = guard;
+    CLB_MPU_RASR = CLB_MPU_RASR_XN | ((log2 - 1u) << 1) | CLB_MPU_RASR_ENABLE;
     CLB_SCB_SHCSR |= CLB_SCB_SHCSR_MEMFAULTENA;
     CLB_MPU_CTRL = CLB_MPU_CTRL_PRIVDEFENA | CLB_MPU_CTRL_ENABLE;
     __asm__ volatile("dsb\n\tisb" ::: "memory");
@@ -203,8 +203,9 @@ static const char *const clb_exception_names[16] = {
 };
 
 /** @brief Report a fault as a stack overflow when it is one: MSPLIM hit (v8-M), a store into
- *         the MPU guard, or an exception frame below the stack. */
-static void clb_fault_stack_check(uint32_t sp, uint32_t cfsr, uint32_t pc)
+ *         the MPU guard, or an exception frame below the stack. `stacked`: the exception frame
+ *         lies inside the stack (pc was read from it). */
+static void clb_fault_stack_check(uint32_t sp, uint32_t cfsr, uint32_t pc, int stacked)
 {
     if ((cfsr & CLB_SCB_CFSR_STKOF) != 0u) {
         clb_stack_overflow(0u, "MSPLIM stack limit hit");
@@ -216,7 +217,7 @@ static void clb_fault_stack_check(uint32_t sp, uint32_t cfsr, uint32_t pc)
     if (!in_guard && sp >= limit) {
         return;
     }
-    char how[120];
+    char how[96];
     char *p = clb_append(how, clb_mpu_guard_on != 0u ? "MPU guard below the stack hit"
                                                      : "exception frame below the stack");
     if (in_guard) {
@@ -225,7 +226,7 @@ static void clb_fault_stack_check(uint32_t sp, uint32_t cfsr, uint32_t pc)
     }
     p = clb_append(p, ", sp=");
     p = clb_append_hex(p, sp);
-    if (sp >= limit || sp + 32u <= guard) { /* else the frame was not stacked (guarded) */
+    if (stacked) {
         p = clb_append(p, " pc=");
         p = clb_append_hex(p, pc);
     }
@@ -234,16 +235,21 @@ static void clb_fault_stack_check(uint32_t sp, uint32_t cfsr, uint32_t pc)
 }
 
 /** @brief Print "colibri: <Fault> pc=... lr=... cfsr=... hfsr=..." and exit with 99 (98 and
- *         "colibri: stack overflow: ..." for a stack overflow). Runs on a fresh stack: sp is
- *         where the exception frame was pushed, pc and lr were read from it. */
-__attribute__((used)) void clb_fault_report(uint32_t sp, uint32_t exc_return, uint32_t pc,
-                                            uint32_t lr)
+ *         "colibri: stack overflow: ..." for a stack overflow). Runs on the fault stack with the
+ *         MPU off and MSPLIM lifted: sp is where the exception frame was pushed. pc and lr are
+ *         read from that frame only when it lies inside the stack (a frame in the guard or below
+ *         was not stacked; a wild sp could fault again); else they print as 0. */
+__attribute__((used)) void clb_fault_report(uint32_t sp, uint32_t exc_return)
 {
     uint32_t ipsr;
     __asm__ volatile("mrs %0, ipsr" : "=r"(ipsr));
     ipsr &= 0x1FFu;
     const uint32_t cfsr = CLB_SCB_CFSR;
-    clb_fault_stack_check(sp, cfsr, pc);
+    const int stacked = sp >= (uint32_t)(uintptr_t)__stack_limit && (sp & 3u) == 0u &&
+                        sp + 32u <= (uint32_t)(uintptr_t)_estack;
+    const uint32_t pc = stacked ? ((const uint32_t *)(uintptr_t)sp)[6] : 0u;
+    const uint32_t lr = stacked ? ((const uint32_t *)(uintptr_t)sp)[5] : 0u;
+    clb_fault_stack_check(sp, cfsr, pc, stacked);
     const char *name =
         (ipsr < 16u && clb_exception_names[ipsr] != 0) ? clb_exception_names[ipsr] : "interrupt";
     char msg[160];
@@ -268,8 +274,9 @@ __attribute__((used)) void clb_fault_report(uint32_t sp, uint32_t exc_return, ui
 }
 
 /* Every exception lands here. The stack it was taken on may have overflowed (its frame may sit
- * in the MPU guard), so before any C: lift MSPLIM (v8-M), disable the MPU (v7-M), read pc and lr
- * from the exception frame, and move SP back to the top of the stack. */
+ * in the MPU guard or below the stack), so before any C: lift MSPLIM (v8-M), disable the MPU
+ * (v7-M) and move SP to the fault stack above the main stack (templates/linker/cortex_m.ld.j2),
+ * which an overflow of the main stack cannot reach; the guard is not touched. */
 __attribute__((naked)) static void clb_fault_handler(void)
 {
 #if CLB_HAS_MSPLIM
@@ -289,10 +296,8 @@ __attribute__((naked)) static void clb_fault_handler(void)
                      "mrseq r0, msp\n\t"
                      "mrsne r0, psp\n\t"
                      "mov r1, lr\n\t"
-                     "ldr r2, [r0, #24]\n\t" /* stacked pc */
-                     "ldr r3, [r0, #20]\n\t" /* stacked lr */
-                     "movw r12, #:lower16:_estack\n\t"
-                     "movt r12, #:upper16:_estack\n\t"
+                     "movw r12, #:lower16:__fault_stack_top\n\t"
+                     "movt r12, #:upper16:__fault_stack_top\n\t"
                      "mov sp, r12\n\t"
                      "b clb_fault_report\n\t");
 }
