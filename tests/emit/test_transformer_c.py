@@ -106,7 +106,7 @@ def test_board_greedy_matches_transformers(
 
 
 #: The remaining runnable boards, checked on one architecture (Mixtral).
-OTHER_BOARDS = ("cortex-a7", "cortex-m3", "cortex-m4", "cortex-m55", "xtensa-lx106")
+OTHER_BOARDS = ("cortex-a7", "cortex-m3", "cortex-m4", "cortex-m55", "xtensa-lx106", "esp32s3")
 
 
 @pytest.mark.parametrize("board", OTHER_BOARDS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .argtypes import interrupted
 
 
-def entry() -> int:
+def entry(argv: list[str] | None = None) -> int:
     """The `colibri` console script and `python -m colibri`: imports the command line (numpy
     and the rest take a moment) inside the Ctrl-C guard, then runs it; a Ctrl-C at any moment
     ends it quietly (:func:`interrupted`)."""
@@ -19,4 +19,4 @@ def entry() -> int:
         from .main import main
     except KeyboardInterrupt:
         return interrupted()
-    return main()
+    return main(argv)
