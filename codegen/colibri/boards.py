@@ -289,25 +289,25 @@ class Board:
 
 
 @functools.cache
-def _qemu_cpus(binary: str) -> frozenset[str]:
+def _qemu_names(binary: str, option: str) -> frozenset[str]:
+    """The first word of each line of ``binary <option> help`` (its machines or CPUs)."""
     try:
         out = subprocess.run(
-            [binary, "-cpu", "help"], capture_output=True, text=True, timeout=30, check=False
+            [binary, option, "help"], capture_output=True, text=True, timeout=30, check=False
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return frozenset()
     return frozenset(line.split()[0] for line in out.splitlines() if line.strip())
 
 
-@functools.cache
+def _qemu_cpus(binary: str) -> frozenset[str]:
+    return _qemu_names(binary, "-cpu")
+
+
 def _qemu_machines(binary: str) -> frozenset[str]:
-    try:
-        out = subprocess.run(
-            [binary, "-machine", "help"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return frozenset()
-    return frozenset(line.split()[0] for line in out.splitlines()[1:] if line.strip())
+    """Machine names (the list's heading line, "Supported machines are:", gives "Supported",
+    which no board names)."""
+    return _qemu_names(binary, "-machine")
 
 
 def boards_dir() -> Path:

@@ -325,14 +325,7 @@ def test_esp_idf_example_runs_on_esp32s3_qemu(models: dict[str, Path], tmp_path:
         + ["-Wl,--end-group", "-o", str(elf)]
     )
     out = run_elf(board, elf, tmp_path, timeout=120).stdout
-    assert "done" in out, out
-    y_ref, ids_ref, gates_ref = _reference(models, tmp_path)
-    np.testing.assert_array_equal(_parse_rows(out, "experts"), ids_ref)
-    np.testing.assert_allclose(_parse_rows(out, "gates"), gates_ref, rtol=0, atol=1e-6)
-    scale = float(np.max(np.abs(y_ref)))
-    np.testing.assert_allclose(
-        _parse_rows(out, "output"), y_ref, rtol=1e-5, atol=2e-6 + 1e-5 * scale
-    )
+    _assert_matches_reference(out, models, tmp_path)
 
 
 @pytest.mark.parametrize("case", sorted(CROSS))
@@ -363,6 +356,19 @@ def _reference(
     return np.load(tmp_path / "y.npy"), routing["expert_ids"], routing["gates"]
 
 
+def _assert_matches_reference(out: str, models: dict[str, Path], tmp_path: Path) -> None:
+    """An example's console: it finished, and its experts, gates and outputs are the numpy
+    reference's (routing exact, fp32 outputs within the float tolerance)."""
+    assert "done" in out, out
+    y_ref, ids_ref, gates_ref = _reference(models, tmp_path)
+    np.testing.assert_array_equal(_parse_rows(out, "experts"), ids_ref)
+    np.testing.assert_allclose(_parse_rows(out, "gates"), gates_ref, rtol=0, atol=1e-6)
+    scale = float(np.max(np.abs(y_ref)))
+    np.testing.assert_allclose(
+        _parse_rows(out, "output"), y_ref, rtol=1e-5, atol=2e-6 + 1e-5 * scale
+    )
+
+
 def _parse_rows(out: str, label: str) -> np.ndarray:
     rows = re.findall(rf"^{label}\[(\d+)\]:(.*)$", out, re.MULTILINE)
     assert [int(t) for t, _ in rows] == list(range(DEMO_TOKENS)), out
@@ -390,13 +396,6 @@ def test_example_runs_on_host(
         + [*map(str, RUNTIME_SOURCES), "-lm", "-o", str(exe)]
     )
     out = run_ok([str(exe)], timeout=60).stdout
-    assert "done" in out, out
-    y_ref, ids_ref, gates_ref = _reference(models, tmp_path)
-    np.testing.assert_array_equal(_parse_rows(out, "experts"), ids_ref)
-    np.testing.assert_allclose(_parse_rows(out, "gates"), gates_ref, rtol=0, atol=1e-6)
-    scale = float(np.max(np.abs(y_ref)))
-    np.testing.assert_allclose(
-        _parse_rows(out, "output"), y_ref, rtol=1e-5, atol=2e-6 + 1e-5 * scale
-    )
+    _assert_matches_reference(out, models, tmp_path)
     if variant == "host-lru":
         assert re.search(r"colibri: \d+ loads, \d+ hits, [1-9]\d* misses", out), out
