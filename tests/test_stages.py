@@ -1,7 +1,8 @@
 """The package's shape is its data flow: one folder per stage, imports only point backwards.
 
 Stages in order (README "Design"): the core modules at the package root (errors, paths, boards,
-options), then ir -> frontends -> quant -> reference -> plan -> emit -> targets -> report -> cli.
+options), then ir -> frontends -> quant -> reference -> plan -> emit -> targets -> report -> cli
+-> hil (the pytest plugin, which drives the CLI and the runners from a user's test suite).
 Every import of a colibri module, at module level or inside a function, must name a module of the
 same or an earlier stage, and the import graph has no cycle.
 """
@@ -25,6 +26,7 @@ STAGES = (
     "targets",
     "report",
     "cli",
+    "hil",
 )
 MAX_MODULES_PER_FOLDER = 8
 
