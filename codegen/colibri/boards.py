@@ -180,25 +180,33 @@ class Board:
                 dirs.append(Path(expanded))
         return dirs
 
+    def _qemu_candidates(self) -> list[str]:
+        """Every distinct ``qemu.binary`` on PATH, then in ``tool_dirs``, in that order."""
+        assert self.qemu is not None
+        path = os.environ.get("PATH", "").split(os.pathsep)
+        found = (
+            shutil.which(self.qemu.binary, path=folder)
+            for folder in [*path, *(str(d) for d in self.search_dirs())]
+            if folder
+        )
+        return list(dict.fromkeys(b for b in found if b))
+
+    def _qemu_lacks(self, binary: str) -> list[str]:
+        """What ``binary`` lacks of the board's ``-M`` machine and ``-cpu`` CPU."""
+        assert self.qemu is not None
+        missing = []
+        if self.qemu.machine is not None and self.qemu.machine not in _qemu_machines(binary):
+            missing.append(f"machine '{self.qemu.machine}'")
+        if self.qemu.cpu is not None and self.qemu.cpu not in _qemu_cpus(binary):
+            missing.append(f"CPU '{self.qemu.cpu}'")
+        return missing
+
     def qemu_binary(self) -> str | None:
         """The emulator to run this board's programs: the first ``qemu.binary`` on PATH, then in
         ``tool_dirs``, that has the board's ``-M`` machine and ``-cpu`` CPU; None if none has."""
         if self.qemu is None:
             return None
-        seen: list[str] = []
-        path = os.environ.get("PATH", "").split(os.pathsep)
-        for folder in [*path, *(str(d) for d in self.search_dirs())]:
-            found = shutil.which(self.qemu.binary, path=folder) if folder else None
-            if found is None or found in seen:
-                continue
-            seen.append(found)
-            machine, cpu = self.qemu.machine, self.qemu.cpu
-            if machine is not None and machine not in _qemu_machines(found):
-                continue
-            if cpu is not None and cpu not in _qemu_cpus(found):
-                continue
-            return found
-        return None
+        return next((b for b in self._qemu_candidates() if not self._qemu_lacks(b)), None)
 
     @property
     def compiler(self) -> str:
@@ -264,27 +272,13 @@ class Board:
         binary = self.qemu_binary()
         if binary is not None:
             return True, f"board {self.name}: {binary}"
-        candidates = [
-            b
-            for b in (
-                shutil.which(self.qemu.binary),
-                *(shutil.which(self.qemu.binary, path=str(d)) for d in self.search_dirs()),
-            )
-            if b
-        ]
+        candidates = self._qemu_candidates()
         if not candidates:
             return False, (
                 f"board {self.name}: emulator '{self.qemu.binary}' not found on PATH. "
                 f"Install: {hint}"
             )
-        lacks = []
-        for found in dict.fromkeys(candidates):
-            missing = []
-            if self.qemu.machine is not None and self.qemu.machine not in _qemu_machines(found):
-                missing.append(f"machine '{self.qemu.machine}'")
-            if self.qemu.cpu is not None and self.qemu.cpu not in _qemu_cpus(found):
-                missing.append(f"CPU '{self.qemu.cpu}'")
-            lacks.append(f"{found} has no {' and no '.join(missing)}")
+        lacks = [f"{b} has no {' and no '.join(self._qemu_lacks(b))}" for b in candidates]
         return False, f"board {self.name}: {'; '.join(lacks)}. Install: {hint}"
 
 
