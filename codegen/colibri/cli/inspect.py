@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..boards import Board, list_boards
-from ..emit.lmfile import (
+from ..errors import BudgetExceeded, ConfigError, ModelFormatError, ShapeError
+from ..frontends.container import (
     DTYPE_Q4,
     EXPERT_COLUMNS,
     HEAT_TENSOR,
@@ -35,11 +36,10 @@ from ..emit.lmfile import (
     LMTableEntry,
     is_lm_container,
     read_lm_table,
+    read_table,
 )
-from ..errors import BudgetExceeded, ConfigError, ModelFormatError, ShapeError
 from ..frontends.container import DTYPES as CONTAINER_DTYPES
 from ..frontends.container import MAGIC as CONTAINER_MAGIC
-from ..frontends.container import read_table
 from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint, moe_block_config
 from ..frontends.hf_model import attention_biases, load_hf_config
 from ..frontends.load import load_model

@@ -22,6 +22,7 @@ from ..frontends.seed import write_seed
 from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
 from ..options import GenerateOptions
+from ..paths import check_output_file, check_output_parent, write_files_atomic
 from ..plan.model import MAX_LRU_SLOTS
 from ..progress import SILENT, model_bytes, progress_for
 from .argtypes import (
@@ -68,7 +69,6 @@ def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
 
 
 def cmd_make_toy(a: argparse.Namespace) -> int:
-    from ..frontends.container import check_output_file
     from ..frontends.seed import make_toy
 
     out = Path(a.out)
@@ -95,7 +95,7 @@ def cmd_make_toy(a: argparse.Namespace) -> int:
     created = not out.exists()
     try:
         if layer.config.gated:
-            from ..frontends.container import container_bytes, write_files_atomic
+            from ..emit.container import container_bytes
 
             path = out / "model.clb"
             text = json.dumps(layer.config.to_json(), indent=2) + "\n"
@@ -234,7 +234,7 @@ def _convert_streamed(
 
 
 def cmd_convert(a: argparse.Namespace) -> int:
-    from ..frontends.container import check_output_file, write_container
+    from ..emit.container import write_container
 
     check_output_file(a.out)  # before any work (the write checks again)
     if is_whole(a.model, a.config, a.layer):
@@ -425,7 +425,6 @@ def _check_output_files(*paths: str | None) -> None:
     """Refuse, before any work, output files that cannot be written where asked: a directory,
     a path under a file, a socket, block device or a link out of its directory (an existing
     character device or FIFO is written into: these outputs stream)."""
-    from ..frontends.container import check_output_file, check_output_parent
 
     for p in paths:
         if p is None:
@@ -492,7 +491,7 @@ def cmd_reference(a: argparse.Namespace) -> int:
     """The numpy reference of what `generate` would store with the same flags: a layer's
     output on --input rows, or a whole transformer's logits on --prompt-ids (and its greedy
     continuation), so a user can check their build (`colibri run`) against it."""
-    from ..emit.lmfile import is_lm_container
+    from ..frontends.container import is_lm_container
     from .pipeline import load
 
     if is_lm_container(a.model):
@@ -739,7 +738,6 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from ..frontends.container import check_output_file
     from ..frontends.export import EXPORT_TOLERANCE
     from .export import export
 
