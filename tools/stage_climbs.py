@@ -8,13 +8,16 @@ standard library is credited to the colibri code that made it). Each module is m
 stage by tests/test_stages.py (STAGES, stage_of: the one list of stages). It prints:
 
 - modules: the distinct colibri modules the command runs code of;
-- climbs: the distinct (caller module -> callee module) edges where the callee's stage is
-  earlier than the caller's, not counting calls into the core modules (errors, progress,
-  boards, options, ...: read by every stage by design) nor calls made by the driver
-  (cli: it runs the stages, so every call it makes goes "back"). A climb is a stage handing
-  work back to an earlier one (quant asking the IR to re-derive something, reference
-  re-quantising, emit reading the container format out of frontends) — what the data flow
-  of DESIGN.md ("one direction, no back and forth") says should not happen.
+- climbs: the distinct (caller module -> callee function) edges where the callee is a
+  module-level function of an earlier stage than the caller's, not counting calls into the
+  core modules (errors, progress, boards, options, paths: read by every stage by design) nor
+  calls made by the driver (cli: it runs the stages, so every call it makes goes "back"). A
+  climb is a stage handing work back to an earlier one (emit asking the reference for RoPE
+  tables, quant asking the container format for block counts, a budget re-derived outside the
+  planner) — what the data flow of DESIGN.md ("one direction, no back and forth") says should
+  not happen. Reading the data an earlier stage produced (a method or property of the IR, a
+  plan, a quantised tensor, a dataclass constructor) is the flow itself and is not counted;
+- with --all, also the edges of every call (methods and constructors too), by module.
 
 Usage: PYTHONPATH=codegen python tools/stage_climbs.py [--edges]
 """
@@ -42,10 +45,14 @@ MODEL = ROOT / "tests" / "data" / "trained_moe"
 FLAGS = ["--quant", "int4", "--dense-quant", "int8", "-q"]
 
 
-def trace(run: Callable[[], Any]) -> tuple[set[str], Counter[tuple[str, str]]]:
-    """(modules visited, climbs counted per (caller, callee) module edge) of `run()`."""
+def trace(
+    run: Callable[[], Any],
+) -> tuple[set[str], Counter[tuple[str, str]], set[tuple[str, str]]]:
+    """(modules visited, climbs counted per (caller module, callee function) edge, every
+    (caller, callee) module edge to an earlier stage, methods included) of `run()`."""
     visited: set[str] = set()
     climbs: Counter[tuple[str, str]] = Counter()
+    every: set[tuple[str, str]] = set()
     core, cli = STAGES.index("core"), STAGES.index("cli")
 
     def colibri_module(frame: FrameType | None) -> str | None:
@@ -68,14 +75,16 @@ def trace(run: Callable[[], Any]) -> tuple[set[str], Counter[tuple[str, str]]]:
             return
         s_callee, s_caller = stage_of(callee), stage_of(caller)
         if s_callee < s_caller and s_callee != core and s_caller != cli:
-            climbs[(caller, callee)] += 1
+            every.add((caller, callee))
+            if "." not in frame.f_code.co_qualname:  # a module-level function
+                climbs[(caller, f"{callee}.{frame.f_code.co_qualname}")] += 1
 
     sys.setprofile(profile)
     try:
         run()
     finally:
         sys.setprofile(None)
-    return visited, climbs
+    return visited, climbs, every
 
 
 def run_cli(argv: list[str]) -> Callable[[], None]:
@@ -90,11 +99,14 @@ def run_cli(argv: list[str]) -> Callable[[], None]:
     return run
 
 
-def measure() -> dict[str, tuple[set[str], Counter[tuple[str, str]]]]:
+Trace = tuple[set[str], Counter[tuple[str, str]], set[tuple[str, str]]]
+
+
+def measure() -> dict[str, Trace]:
     """The trace of `generate` and of `convert` (each in a fresh temporary directory)."""
     import colibri.cli.main  # noqa: F401  (imports are not calls: load them outside the trace)
 
-    out: dict[str, tuple[set[str], Counter[tuple[str, str]]]] = {}
+    out: dict[str, Trace] = {}
     with tempfile.TemporaryDirectory() as tmp:
         gen = ["generate", str(MODEL), "--board", "cortex-a53", "--out", f"{tmp}/gen", *FLAGS]
         out["generate"] = trace(run_cli(gen))
@@ -103,17 +115,16 @@ def measure() -> dict[str, tuple[set[str], Counter[tuple[str, str]]]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--edges", action="store_true", help="list every climb edge")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--edges", action="store_true", help="list every climb")
+    ap.add_argument("--all", action="store_true", help="also count method and constructor calls")
     a = ap.parse_args()
-    for command, (visited, climbs) in measure().items():
-        print(f"{command}: {len(visited)} modules, {len(climbs)} climbs")
+    for command, (visited, climbs, every) in measure().items():
+        extra = f" ({len(every)} module edges counting every call)" if a.all else ""
+        print(f"{command}: {len(visited)} modules, {len(climbs)} climbs{extra}")
         if a.edges:
             for (caller, callee), n in sorted(climbs.items()):
-                print(
-                    f"  {caller} ({STAGES[stage_of(caller)]}) -> {callee} "
-                    f"({STAGES[stage_of(callee)]}): {n} calls"
-                )
+                print(f"  {caller} ({STAGES[stage_of(caller)]}) -> {callee}: {n} calls")
     return 0
 
 
