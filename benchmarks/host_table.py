@@ -209,11 +209,17 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 def decode_bytes_per_token(clb: Path, top_k: int, n_experts: int) -> dict[str, int]:
     """Weight bytes one decoded token reads, from the container's tensor table."""
-    from colibri.emit.lmfile import _HEADER2, HEADER_FIELDS
-    from colibri.frontends.container import ENTRY, ENTRY_SIZE, HEADER_SIZE, NO_EXPERT
+    from colibri.frontends.container import (
+        ENTRY,
+        ENTRY_SIZE,
+        HEADER_FIELDS,
+        HEADER_SIZE,
+        LM_HEADER,
+        NO_EXPERT,
+    )
 
     with open(clb, "rb") as f:
-        head = dict(zip(HEADER_FIELDS, _HEADER2.unpack_from(f.read(HEADER_SIZE), 0)))
+        head = dict(zip(HEADER_FIELDS, LM_HEADER.unpack_from(f.read(HEADER_SIZE), 0)))
         table = f.read(ENTRY_SIZE * int(head["n_tensors"]))
     dense = expert = embed = 0
     for i in range(int(head["n_tensors"])):

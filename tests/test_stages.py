@@ -118,3 +118,18 @@ def test_the_checker_sees_a_later_import() -> None:
         STAGES.index(s) for s in ("core", "ir", "frontends", "quant", "reference", "plan", "emit")
     }
     assert stage_of("colibri.plan.memory") > stage_of("colibri.ir.moe")
+
+
+def test_generate_and_convert_climb_back_rarely() -> None:
+    """Following `generate` and `convert` through the code (tools/stage_climbs.py: the calls,
+    traced, of a function of an earlier stage than the caller's, the driver and the core
+    modules left out) finds at most 10 places where a stage hands work back (issue 36)."""
+    import sys
+
+    sys.path.insert(0, str(PACKAGE.parent.parent / "tools"))
+    import stage_climbs
+
+    for command, (_, climbs, _) in stage_climbs.measure().items():
+        assert len(climbs) <= 10, f"{command}: {len(climbs)} climbs:\n" + "\n".join(
+            f"  {caller} -> {callee}" for caller, callee in sorted(climbs)
+        )

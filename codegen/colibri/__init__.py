@@ -9,10 +9,10 @@ stages; tests/test_stages.py checks it):
     ir -> frontends -> quant -> reference -> plan -> emit -> targets -> report -> cli
 
 The modules at this level are read by every stage: ``errors`` (the ColibriError family),
-``paths`` (where boards, templates and the runtime live), ``boards`` (boards/*.toml, also read
-by the SConstruct), ``options`` (what `colibri generate` was asked for), ``progress`` (the
-progress lines of long steps, silent unless the command line asks) and ``hostmem`` (the memory
-this machine has, checked before a long step).
+``paths`` (where boards, templates and the runtime live, and the atomic writer of every output
+file), ``boards`` (boards/*.toml, also read by the SConstruct), ``options`` (what `colibri
+generate` was asked for), ``progress`` (the progress lines of long steps, silent unless the
+command line asks) and ``hostmem`` (the memory this machine has, checked before a long step).
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from colibri.boards import load_board
 from colibri.cli.main import build_parser, main
+from colibri.emit.container import write_container
 from colibri.errors import BudgetExceeded, OutputError
-from colibri.frontends.container import write_container
 from colibri.frontends.hf import write_safetensors
 from colibri.frontends.load import save_npy
 from colibri.frontends.seed import make_toy, write_seed

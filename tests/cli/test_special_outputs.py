@@ -19,11 +19,11 @@ from subprocess import CompletedProcess
 
 import numpy as np
 import pytest
+from colibri import paths
 from colibri.errors import OutputError
-from colibri.frontends import container
-from colibri.frontends.container import check_output_file, write_file_atomic
 from colibri.frontends.load import save_npy
 from colibri.frontends.seed import make_toy, write_seed
+from colibri.paths import check_output_file, write_file_atomic
 
 Cli = Callable[..., CompletedProcess[str]]
 
@@ -138,14 +138,14 @@ def test_helper_refuses_a_char_device_with_mocked_stat(
     """The check on a (mocked) character device: refused before any temporary is made."""
     target = tmp_path / "dev"
     target.write_bytes(b"x")
-    real = container._stat_kind
+    real = paths._stat_kind
 
     def fake(p: Path, follow: bool) -> int | None:
         if Path(p) == target:
             return stat.S_IFCHR
         return real(p, follow)
 
-    monkeypatch.setattr(container, "_stat_kind", fake)
+    monkeypatch.setattr(paths, "_stat_kind", fake)
     with pytest.raises(OutputError, match=r"dev: is a character device, not a regular file"):
         write_file_atomic(target, b"new")
     assert target.read_bytes() == b"x"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from colibri.cli.main import main
+from colibri.emit.container import write_container
 from colibri.emit.lmfile import write_lm_container
-from colibri.frontends.container import write_container
 from colibri.frontends.hf import write_safetensors
 from colibri.frontends.hf_model import load_hf_transformer
 from colibri.frontends.seed import make_toy

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from colibri.cli.main import run_model
 from colibri.cli.pipeline import generate
-from colibri.frontends.container import write_container
+from colibri.emit.container import write_container
 from colibri.frontends.seed import make_toy, write_seed
 from colibri.options import GenerateOptions
 from colibri.reference.moe import FP32_TOLERANCE, compare, moe_forward

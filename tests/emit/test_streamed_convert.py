@@ -21,9 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import mixtral_ckpt  # noqa: E402
 from colibri.cli.main import main  # noqa: E402
-from colibri.emit.lmfile import lm_container_bytes  # noqa: E402
-from colibri.frontends.container import (  # noqa: E402
-    ALIGN,
+from colibri.emit.container import (  # noqa: E402
     TableEntry,
     byte_view,
     container_bytes,
@@ -31,6 +29,8 @@ from colibri.frontends.container import (  # noqa: E402
     write_container,
     write_container_streamed,
 )
+from colibri.emit.lmfile import lm_container_bytes  # noqa: E402
+from colibri.frontends.container import ALIGN  # noqa: E402
 from colibri.frontends.hf_model import load_transformer  # noqa: E402
 from colibri.frontends.seed import make_toy  # noqa: E402
 from colibri.options import GenerateOptions  # noqa: E402

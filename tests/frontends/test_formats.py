@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from colibri.emit.container import write_container
 from colibri.errors import ColibriError, ConfigError, ModelFormatError, ShapeError
-from colibri.frontends.container import read_container, write_container
+from colibri.frontends.container import read_container
 from colibri.frontends.load import load_model
 from colibri.frontends.seed import make_toy, write_seed
 from colibri.ir.moe import Expert, MoELayer

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from colibri.emit.container import write_container
 from colibri.errors import ColibriError
-from colibri.frontends.container import write_container
 from colibri.frontends.hf import SafetensorsFile, write_safetensors
 from colibri.frontends.load import load_model
 from colibri.frontends.seed import load_config, make_toy, write_seed

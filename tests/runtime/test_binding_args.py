@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from colibri.emit.container import write_container
 from colibri.errors import BindingTypeError, BindingValueError, InputError
-from colibri.frontends.container import write_container
 from colibri.frontends.seed import make_toy
 from colibri.reference.moe import moe_forward
 from colibri.targets.binding import LM, Runtime

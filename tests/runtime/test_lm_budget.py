@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.cli.pipeline import quantise_transformer
-from colibri.emit.lmfile import read_lm_container, write_lm_container
+from colibri.emit.lmfile import write_lm_container
+from colibri.frontends.container import read_lm_container
 from colibri.frontends.hf_model import load_hf_transformer
 from colibri.targets.binding import LM, RuntimeStatusError
 from hf_tiny import lm_options, make_model, require_torch, save_model

@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.cli.pipeline import quantise_transformer
-from colibri.emit.lmfile import (
-    HEADER_FIELDS,
-    lm_container_bytes,
-    read_lm_container,
-    write_lm_container,
-)
+from colibri.emit.lmfile import lm_container_bytes, write_lm_container
 from colibri.errors import BindingValueError
-from colibri.frontends.container import ENTRY, ENTRY_SIZE, HEADER_SIZE
+from colibri.frontends.container import (
+    ENTRY,
+    ENTRY_SIZE,
+    HEADER_FIELDS,
+    HEADER_SIZE,
+    read_lm_container,
+)
 from colibri.frontends.hf_model import load_hf_transformer
 from colibri.ir.transformer import MoETransformer
 from colibri.targets.binding import LM, RuntimeStatusError

@@ -16,8 +16,9 @@ from typing import TypeVar
 
 import numpy as np
 
+from ..emit.container import write_container
 from ..errors import ConfigError
-from ..frontends.container import read_container, write_container
+from ..frontends.container import read_container
 from ..frontends.export import DEFAULT_CHECK_TOKENS, ExportCheckFailed, read_block
 from ..ir.moe import MoELayer
 from ..progress import SILENT, Progress

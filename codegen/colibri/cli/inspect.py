@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..boards import Board, list_boards
-from ..emit.lmfile import (
+from ..errors import BudgetExceeded, ConfigError, ModelFormatError, ShapeError
+from ..frontends.container import (
     DTYPE_Q4,
     EXPERT_COLUMNS,
     HEAT_TENSOR,
@@ -35,11 +36,10 @@ from ..emit.lmfile import (
     LMTableEntry,
     is_lm_container,
     read_lm_table,
+    read_table,
 )
-from ..errors import BudgetExceeded, ConfigError, ModelFormatError, ShapeError
 from ..frontends.container import DTYPES as CONTAINER_DTYPES
 from ..frontends.container import MAGIC as CONTAINER_MAGIC
-from ..frontends.container import read_table
 from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint, moe_block_config
 from ..frontends.hf_model import attention_biases, load_hf_config
 from ..frontends.load import load_model
@@ -53,14 +53,13 @@ from ..ir.transformer import (
     all_tensors,
 )
 from ..options import DEFAULT_MAX_CONTEXT, DEFAULT_MAX_TOKENS, MAX_CONTEXT_LIMIT
-from ..plan.budget import check_budget
+from ..plan.budget import check_budget, dense_int8_saving
 from ..plan.memory import ArenaPlan, plan_memory, plan_transformer
+from ..plan.model import transformer_act_q_for
 from ..quant.formats import (
     DEFAULT_ACT,
     SCHEMES,
     expert_matrix_bytes,
-    q8_blocks,
-    q8_channel_dtype,
 )
 from ..quant.formats import weight_bytes_for as layer_weight_bytes
 from .argtypes import MAX_TOKENS, int_range
@@ -342,44 +341,6 @@ def shape_model(ckpt: HFCheckpoint) -> MoETransformer:
     )
 
 
-def _q8_saving(n_out: int, n_in: int, blocks: bool = False) -> int:
-    """Bytes an [out, in] fp32 matrix saves as the int8 struct (per output channel, or with
-    one scale per block of 32 inputs)."""
-    n_scales = n_out * q8_blocks(n_in) if blocks else n_out
-    return 4 * n_out * n_in - q8_channel_dtype(n_out, n_in, n_scales).itemsize
-
-
-def _dense_int8_saving(model: MoETransformer) -> int:
-    """Bytes --dense-quant int8 saves: embedding, LM head, attention, shared experts and dense
-    MLPs as int8 structs (norms, biases, routers and the shared-expert gate stay fp32)."""
-    c = model.config
-    saved = _q8_saving(c.vocab_size, c.d_model, True) * (1 if c.tie_word_embeddings else 2)
-    for layer in model.layers:
-        a = layer.attention
-        for w in (a.wq, a.wk, a.wv, a.wo):
-            saved += _q8_saving(int(w.shape[1]), int(w.shape[0]), True)  # stored [out, in]
-        ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
-        if ffn is not None:
-            f = int(ffn.w1.shape[1])
-            saved += 2 * _q8_saving(f, c.d_model) + _q8_saving(c.d_model, f)
-    return saved
-
-
-def _act_q_bytes(model: MoETransformer, quant: str, dense: str) -> int:
-    """The int8 activation row of a whole transformer (colibri.plan.model.transformer_act_q)."""
-    c = model.config
-    rows = []
-    for layer in model.layers:
-        if layer.moe is not None and DEFAULT_ACT[quant] == "int8":
-            rows.append(max(c.d_model, layer.moe.config.d_ff))
-        ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
-        if dense == "int8" and ffn is not None:
-            rows.append(max(c.d_model, int(ffn.w1.shape[1])))
-    if dense == "int8":
-        rows.append(max(c.d_model, c.n_heads * c.head_dim))
-    return max(rows, default=0)
-
-
 def routed_params(m: MoELayer) -> int:
     """Parameters of a block's routed experts (shape-only float32 arrays: 4 bytes each)."""
     return sum(e.nbytes // 4 for e in m.experts)
@@ -425,7 +386,7 @@ def hf_report(path: Path, max_context: int) -> Report:
     rope = 2 * max_context * (c.head_dim // 2) * 4  # fp32 cos / sin tables
     fp32 = sum(int(a.nbytes) for _, a in all_tensors(model)) + rope
     others = fp32 - sum(4 * routed_params(m) for _, m in moes)
-    saved = _dense_int8_saving(model)
+    saved = dense_int8_saving(model)
     variants = []
     for dense_q in ("fp32", "int8"):
         for scheme in SCHEMES:
@@ -434,7 +395,7 @@ def hf_report(path: Path, max_context: int) -> Report:
                 for _, m in moes
             )
             wb = others + experts - (saved if dense_q == "int8" else 0)
-            act_q = _act_q_bytes(model, scheme, dense_q)
+            act_q = transformer_act_q_for(model, scheme, dense_q)
             variants.append(
                 Variant(scheme, dense_q, wb, plan_transformer(model, max_context, act_q))
             )
@@ -594,7 +555,7 @@ def lm_file_report(path: Path) -> Report:
         if e.name != TOKENIZER_TENSOR
         and not e.name.endswith((".desc", ".experts", f".{HEAT_TENSOR}"))
     )
-    plan = plan_transformer(model, max_context, _act_q_bytes(model, scheme, dense))
+    plan = plan_transformer(model, max_context, transformer_act_q_for(model, scheme, dense))
     runs = [b.name for b in list_boards() if not b.is_baremetal and b.has_mmap]
     return Report(
         path=str(path),

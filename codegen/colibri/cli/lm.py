@@ -131,7 +131,7 @@ def _embedded_tokenizer(path: str, manifest: dict[str, Any]) -> Tokenizer | None
     or None."""
     import tempfile
 
-    from ..emit.lmfile import read_lm_tokenizer
+    from ..frontends.container import read_lm_tokenizer
     from ..frontends.tokenizer import load_tokenizer
 
     data = read_lm_tokenizer(path)

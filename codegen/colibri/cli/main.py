@@ -1,4 +1,17 @@
-"""The `colibri` command line."""
+"""The `colibri` command line.
+
+Imports: the modules every command line loads anyway (the argument types, the front ends, the
+quantiser's schemes; :mod:`.inspect` and :mod:`.lm` add their parsers) are imported here. A
+module only some commands need and that costs start-up time is imported inside the command
+that uses it, so `colibri boards`, `--help` or a refused option answer without loading it
+(measured after this module's imports, on an idle core): the pipeline (:mod:`.pipeline`,
+~85 ms: Jinja2, the numpy reference, the reports), the ELF size report (``targets.size`` and
+``report.sizes``, pyelftools, ~60 ms), the PyTorch export (:mod:`.export`, ~30 ms), the
+builder (``targets.build``, ~20 ms), the version-2 model reader and the transformer reference
+(``emit.lmfile``, ``reference.transformer``, ~25 ms), ``emit.output`` (Jinja2, ~25 ms) and the
+accuracy and routing reports of `generate` (loaded with the pipeline). The console script
+(:func:`colibri.cli.entry`) imports this module inside its Ctrl-C guard.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +28,25 @@ import numpy as np
 
 from .. import __version__
 from ..boards import list_boards, load_board
+from ..emit.container import container_bytes
 from ..errors import ColibriError, ConfigError, InputError, OutputError
-from ..frontends.hf import HFCheckpoint, check_architectures, is_whole
+from ..frontends.container import is_lm_container
+from ..frontends.export import EXPORT_TOLERANCE
+from ..frontends.hf import check_architectures, is_whole
 from ..frontends.load import check_input, load_model, load_npy, save_npy, save_npz
-from ..frontends.seed import write_seed
+from ..frontends.seed import make_toy, write_seed
 from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
 from ..options import GenerateOptions
+from ..paths import check_output_file, check_output_parent, write_files_atomic
 from ..plan.model import MAX_LRU_SLOTS
+from ..plan.placement import format_placement_report
 from ..progress import SILENT, model_bytes, progress_for
+from ..reference.kernels import quant_moe_forward
+from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
+from ..report.html import write_report
+from ..targets.lmrun import is_container_file, parse_ids, read_output, write_input
+from ..targets.qemu import run_elf
 from .argtypes import (
     MAX_CHECK_TOKENS,
     MAX_LAYER,
@@ -40,6 +63,9 @@ from .argtypes import (
     int_range,
     interrupted,
 )
+from .inspect import add_parser as add_inspect_parser
+from .lm import add_run_arguments, cmd_run_lm
+from .verify import verify_model
 
 #: --layer of every command: a decoder layer index (checked against the model when it is read).
 LAYER = int_range(0, MAX_LAYER, "decoder layer index")
@@ -68,9 +94,6 @@ def _progress(a: argparse.Namespace, model: str | None = None) -> Any:
 
 
 def cmd_make_toy(a: argparse.Namespace) -> int:
-    from ..frontends.container import check_output_file
-    from ..frontends.seed import make_toy
-
     out = Path(a.out)
     check_output_file(out)  # not a device, FIFO, socket or a link out of its directory
     if out.exists() and not out.is_dir():
@@ -95,8 +118,6 @@ def cmd_make_toy(a: argparse.Namespace) -> int:
     created = not out.exists()
     try:
         if layer.config.gated:
-            from ..frontends.container import container_bytes, write_files_atomic
-
             path = out / "model.clb"
             text = json.dumps(layer.config.to_json(), indent=2) + "\n"
             write_files_atomic({path: container_bytes(layer), out / "config.json": text.encode()})
@@ -114,159 +135,31 @@ def cmd_make_toy(a: argparse.Namespace) -> int:
     return 0
 
 
-def _convert_whole(a: argparse.Namespace) -> int:
-    """`colibri convert CKPT --out F.clb` of a whole Hugging Face checkpoint: the container
-    version 2 holds exactly what `generate` with the same flags stores (colibri.emit.lmfile).
-    Without --calib (which runs the whole model) the layers are read, quantised and written one
-    at a time (:func:`_convert_streamed`), so memory holds one layer, not the model."""
-    from ..emit.lmfile import write_lm_container
-    from ..reference.calibration import expert_heat
-    from .pipeline import load, quantise
+def cmd_convert(a: argparse.Namespace) -> int:
+    """`colibri convert`: the pipeline (:func:`colibri.cli.pipeline.convert`), then one line
+    saying what was written."""
+    from .pipeline import convert
 
-    if a.expert_quant is not None:
-        raise ConfigError(
-            "--expert-quant: a single MoE layer option (pass --layer N); a whole transformer "
-            "takes --quant, --act, --calib, --router-quant and --dense-quant"
-        )
-    progress = _progress(a, a.model)
+    check_output_file(a.out)  # before any work (the write checks again)
     opts = _quant_options(a)
-    tok = Path(a.model) / "tokenizer.json"
-    tok_bytes = tok.read_bytes() if tok.is_file() else None
-    heat = None
-    if opts.calib is None:
-        path, c, q = _convert_streamed(a, opts, tok_bytes, progress)
-    else:
-        ir = load(a.model, progress=progress)
-        qd = quantise(ir, opts, progress=progress)  # checks the model (check_supported)
-        model, q = ir.decoder, qd.q
-        assert model is not None
-        heat = expert_heat(model, qd.stats) if qd.stats else None  # pinned under --ram-budget
-        with progress.stage("write"):
-            path = write_lm_container(model, q, a.out, opts.context, tok_bytes, heat)
-        c = model.config
+    done = convert(a.model, a.out, opts, a.config, a.layer, _progress(a, a.model))
+    path = done.path
+    if done.layer is not None:
+        stored = len(set(done.layer.storage_map()))
+        print(
+            f"wrote {path}: {path.stat().st_size} bytes, {done.layer.config.n_experts} experts "
+            f"({stored} stored), 64-byte aligned blobs"
+        )
+        return 0
+    c, q = done.config, done.q
+    assert c is not None
     scheme = "fp32" if q is None else f"experts {q.scheme}, dense {q.dense_scheme}"
     print(
         f"wrote {path}: {path.stat().st_size} bytes, whole {c.architecture} ({c.n_layers} "
         f"layers, vocab {c.vocab_size}, {scheme}), RoPE tables for {opts.context} positions"
-        f"{', tokenizer.json' if tok_bytes is not None else ''}"
-        f"{', expert heat (hot experts pinned under --ram-budget)' if heat else ''}; run it "
+        f"{', tokenizer.json' if done.tokenizer else ''}"
+        f"{', expert heat (hot experts pinned under --ram-budget)' if done.heat else ''}; run it "
         f"with `colibri run {a.out} --prompt-ids 1,5,9`"
-    )
-    return 0
-
-
-def _streamed_bytes(
-    model: str, context: int, quant: str, dense: str, tokenizer: bytes | None
-) -> int:
-    """About the disk space a layer-by-layer convert needs: twice the file (its tensors go
-    to a spool file beside it, then are copied in), the file's size estimated as `colibri
-    inspect` does from the safetensors headers (weights of the scheme, RoPE tables)."""
-    from ..frontends.container import ALIGN, ENTRY_SIZE, HEADER_SIZE
-    from .inspect import hf_report
-
-    rep = hf_report(Path(model), context)
-    v = next(v for v in rep.variants if v.quant == quant and v.dense_quant == dense)
-    # a table entry and alignment per tensor: the checkpoint's, and as many again (scales,
-    # layer descriptors), plus the header and metadata
-    tensors = 2 * len(HFCheckpoint(model).names())
-    overhead = HEADER_SIZE + tensors * (ENTRY_SIZE + ALIGN) + 4096
-    return 2 * (v.weight_bytes + len(tokenizer or b"") + overhead)
-
-
-def _convert_streamed(
-    a: argparse.Namespace, opts: Any, tok_bytes: bytes | None, progress: Any
-) -> tuple[Path, Any, Any]:
-    """Convert one decoder layer at a time: read it, quantise it, write it, drop it (the file
-    is byte for byte the whole-model conversion's). Returns the path, config and the
-    quantisation (its schemes; None: all fp32)."""
-    from collections.abc import Iterator
-
-    from ..emit.lmfile import check_max_context, write_lm_container_streamed
-    from ..frontends.hf_model import (
-        check_fits_memory_streamed,
-        load_hf_config,
-        read_decoder_layer,
-        read_head,
-    )
-    from ..ir.transformer import DecoderLayer
-    from ..quant.formats import check_scheme
-    from ..quant.model import (
-        TransformerQuant,
-        check_dense_scheme,
-        new_transformer_quant,
-        quantize_head,
-        quantize_layer_all,
-    )
-
-    ckpt = HFCheckpoint(a.model)
-    c = load_hf_config(ckpt)
-    check_max_context(opts.context)
-    quant, dense = check_scheme(opts.quant), check_dense_scheme(opts.dense_quant)
-    q: TransformerQuant | None = None
-    if quant != "fp32" or dense != "fp32" or opts.router_quant != "fp32":
-        q = new_transformer_quant(quant, opts.act, dense, opts.router_quant, opts.scale_search)
-    if opts.act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
-        raise ConfigError(
-            "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"
-        )
-    check_fits_memory_streamed(ckpt)
-    with progress.stage("convert", c.n_layers + 1) as st:
-        st.update(0, "embedding / LM head")
-        head = read_head(ckpt, c)
-        if q is not None:
-            quantize_head(q, head, opts.scale_search)
-
-        def layers() -> Iterator[tuple[DecoderLayer, TransformerQuant | None]]:
-            for i in range(c.n_layers):
-                st.update(i + 1, f"layer {i + 1}/{c.n_layers}")
-                layer = read_decoder_layer(ckpt, c, i)
-                lq = quantize_layer_all(q, i, layer, opts.scale_search) if q is not None else None
-                yield layer, lq
-                del layer, lq
-
-        def needed() -> int:  # only for a full disk's message
-            return _streamed_bytes(a.model, opts.context, quant, dense, tok_bytes)
-
-        path = write_lm_container_streamed(
-            a.out, head, q, opts.context, layers(), tok_bytes, needed
-        )
-    return path, c, q
-
-
-def cmd_convert(a: argparse.Namespace) -> int:
-    from ..frontends.container import check_output_file, write_container
-
-    check_output_file(a.out)  # before any work (the write checks again)
-    if is_whole(a.model, a.config, a.layer):
-        return _convert_whole(a)
-    asked = [
-        flag
-        for flag, on in (
-            ("--quant", a.quant != "fp32"),
-            ("--expert-quant", a.expert_quant is not None),
-            ("--router-quant", a.router_quant != "fp32"),
-            ("--act", a.act is not None),
-            ("--dense-quant", a.dense_quant != "fp32"),
-            ("--calib", a.calib is not None),
-            ("--max-context", a.max_context is not None),
-        )
-        if on
-    ]
-    if asked:
-        raise ConfigError(
-            f"{', '.join(asked)}: a single-block container (version 1) stores fp32 weights; "
-            f"quantised containers are whole models (a Hugging Face checkpoint without --layer), "
-            f"or generate C (`colibri generate ... --quant`)"
-        )
-    progress = _progress(a, a.model)
-    with progress.stage("load"):
-        layer = load_model(a.model, a.config, a.layer)
-    with progress.stage("write"):
-        path = write_container(layer, a.out)
-    stored = len(set(layer.storage_map()))
-    print(
-        f"wrote {path}: {path.stat().st_size} bytes, {layer.config.n_experts} experts "
-        f"({stored} stored), 64-byte aligned blobs"
     )
     return 0
 
@@ -329,8 +222,6 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(format_accuracy(manifest["accuracy"]))
         _print_routing(manifest)
         return 0
-    from ..plan.placement import format_placement_report
-
     mem = manifest["memory"]
     c = model.layer.config
     print(
@@ -400,8 +291,6 @@ def run_model(
     """Build (incrementally) and run a generated model on a board; returns (RunOutput, result)
     (`progress`: a colibri.progress reporter for the build and run steps)."""
     from ..targets.build import build_model, check_generated
-    from ..targets.lmrun import read_output, write_input
-    from ..targets.qemu import run_elf
 
     gdir = Path(gen_dir).resolve()
     manifest = check_generated(gdir)
@@ -425,7 +314,6 @@ def _check_output_files(*paths: str | None) -> None:
     """Refuse, before any work, output files that cannot be written where asked: a directory,
     a path under a file, a socket, block device or a link out of its directory (an existing
     character device or FIFO is written into: these outputs stream)."""
-    from ..frontends.container import check_output_file, check_output_parent
 
     for p in paths:
         if p is None:
@@ -442,12 +330,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     from ..targets.build import check_generated
 
     _check_output_files(a.output, a.routing, a.logits)
-    from ..targets.lmrun import is_container_file
 
     gen = Path(a.dir).resolve()
     if is_container_file(a.dir) or manifest_kind(check_generated(gen)) == "transformer":
-        from .lm import cmd_run_lm
-
         return cmd_run_lm(a)
     if a.input is None or a.output is None:
         raise InputError(
@@ -492,7 +377,6 @@ def cmd_reference(a: argparse.Namespace) -> int:
     """The numpy reference of what `generate` would store with the same flags: a layer's
     output on --input rows, or a whole transformer's logits on --prompt-ids (and its greedy
     continuation), so a user can check their build (`colibri run`) against it."""
-    from ..emit.lmfile import is_lm_container
     from .pipeline import load
 
     if is_lm_container(a.model):
@@ -524,12 +408,9 @@ def cmd_reference(a: argparse.Namespace) -> int:
     x = check_input(load_npy(a.input), layer.config.d_model, a.input)
     opts = _quant_options(a, name="reference")
     if opts.quant == "fp32" and opts.expert_quant is None and opts.router_quant == "fp32":
-        from ..reference.moe import moe_forward
-
         y, r = moe_forward(layer, x)
         ids, gates = r.expert_ids, r.gates
     else:
-        from ..reference.kernels import quant_moe_forward
         from .pipeline import quantise
 
         lq = quantise(model, opts, progress=progress).q
@@ -596,8 +477,6 @@ def _reference_transformer(a: argparse.Namespace, model: Any, progress: Any) -> 
 
 def _check_context(a: argparse.Namespace, max_context: int) -> list[int]:
     """The prompt ids; with --max-new-tokens they must fit the KV cache, as the C checks."""
-    from ..targets.lmrun import parse_ids
-
     prompt = parse_ids(a.prompt_ids)
     if len(prompt) + a.max_new_tokens > max_context:
         raise InputError(
@@ -667,7 +546,6 @@ def cmd_size(a: argparse.Namespace) -> int:
     else:
         print(format_report(rep))
     if a.html or a.svg:  # written before the budget check: most useful when it does not fit
-        from ..report.html import write_report
         from ..report.sizes import size_html, size_svg
 
         for path, text in ((a.html, size_html), (a.svg, size_svg)):
@@ -680,9 +558,6 @@ def cmd_size(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """The README's main job: toy model -> generate -> build + run on host and a Cortex-M."""
-    from ..frontends.seed import make_toy
-    from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
-
     progress = _progress(a)
     work = Path(a.workdir).resolve()
     if work.exists():
@@ -731,16 +606,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from .verify import verify_model
-
     verify_model(a.model, a.config, say=lambda line: print(line, flush=True))
     print("ok")
     return 0
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from ..frontends.container import check_output_file
-    from ..frontends.export import EXPORT_TOLERANCE
     from .export import export
 
     check_output_file(a.out)  # before PyTorch is loaded (the write checks again)
@@ -963,8 +834,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds (> 0 and <= 604800; default: the board's)",
     )
     s.add_argument("-v", "--verbose", action="store_true")
-    from .lm import add_run_arguments
-
     add_run_arguments(s)
     add_quiet(s)
     s.set_defaults(func=cmd_run)
@@ -1028,8 +897,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--config", help="config.json (default: beside the model)")
     s.set_defaults(func=cmd_verify)
-
-    from .inspect import add_parser as add_inspect_parser
 
     add_inspect_parser(sub)
 

@@ -1,7 +1,23 @@
-"""`colibri generate` as one pipeline: its stages in order, data flowing one way.
+"""`colibri generate` and `colibri convert` as pipelines: their stages in order, data flowing
+one way.
+
+generate:
 
     load -> IR -> [calibrate] -> quantise -> analyse -> plan (memory, placement) -> emit ->
     [report] -> budget -> write
+
+convert (:func:`convert`), a single MoE block (container version 1):
+
+    check options -> load -> IR -> write
+
+convert, a whole Hugging Face checkpoint (container version 2), layer by layer (memory holds
+one layer):
+
+    check options -> config -> check memory -> [read -> quantise -> write] per layer -> file
+
+and with --calib (the calibration runs the whole model):
+
+    check options -> load -> IR -> calibrate -> quantise -> heat -> write
 
 The load stage gives the one model IR (:class:`~colibri.ir.model.Model`: kind "layer", one MoE
 block alone, or "transformer", a whole decoder) and every later stage takes it, dispatching on
@@ -18,6 +34,7 @@ routing.html and routing.md beside the C, a summary in the manifest).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,29 +42,49 @@ from typing import Any
 import numpy as np
 
 from ..boards import load_board
+from ..emit.container import write_container
+from ..emit.lmfile import check_max_context, write_lm_container, write_lm_container_streamed
 from ..emit.model import check_supported
 from ..emit.model import render as emit
 from ..emit.output import FileContent, write_output
 from ..errors import ConfigError
-from ..frontends.hf import is_whole
-from ..frontends.hf_model import load_transformer
+from ..frontends.container import ALIGN, ENTRY_SIZE, HEADER_SIZE
+from ..frontends.hf import HFCheckpoint, is_whole
+from ..frontends.hf_model import (
+    check_fits_memory_streamed,
+    load_hf_config,
+    load_transformer,
+    read_decoder_layer,
+    read_head,
+)
 from ..frontends.load import load_model
 from ..ir.model import Model, as_model
 from ..ir.moe import MoELayer
-from ..ir.transformer import MoETransformer
+from ..ir.transformer import DecoderLayer, MoETransformer, TransformerConfig
 from ..options import GenerateOptions
 from ..plan.budget import check_fits
 from ..plan.model import plan
 from ..progress import SILENT, Progress
 from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
+from ..quant.formats import check_scheme
 from ..quant.model import (
     TransformerQuant,
+    check_dense_scheme,
+    quantize_head,
+    quantize_layer_all,
     quantize_moe_layer,
     quantize_transformer_as_asked,
+    transformer_quant_as_asked,
 )
 from ..reference.accuracy import analyse_layer, load_calib, transformer_accuracy
-from ..reference.calibration import layer_calibration, load_calib_ids, transformer_calibration
+from ..reference.calibration import (
+    expert_heat,
+    layer_calibration,
+    load_calib_ids,
+    transformer_calibration,
+)
 from ..report.routing import layer_routing, routing_files, routing_summary, transformer_routing
+from .inspect import hf_report
 
 
 def load(
@@ -191,3 +228,158 @@ def generate(
     with progress.stage("write"):
         out = write_output(out_dir, files, manifest, force=force)
     return out, manifest
+
+
+# -- convert ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Converted:
+    """What `convert` wrote: the file, and for its summary line either the single MoE block
+    (`layer`, version 1) or the whole model's config, quantisation (None: all fp32) and
+    whether the file holds the tokenizer and the calibration heat (version 2)."""
+
+    path: Path
+    layer: MoELayer | None = None
+    config: TransformerConfig | None = None
+    q: TransformerQuant | None = None
+    tokenizer: bool = False
+    heat: bool = False
+
+
+def convert(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    options: GenerateOptions,
+    config: str | None = None,
+    layer: int | None = None,
+    progress: Progress = SILENT,
+) -> Converted:
+    """`colibri convert`: a Hugging Face checkpoint directory without `layer` becomes a whole
+    model container (version 2, :func:`convert_whole`), anything else one MoE block's
+    (version 1): check options -> load -> write. `options` holds the quantisation flags (a
+    single block takes none: its container stores fp32)."""
+    if is_whole(model, config, layer):
+        return convert_whole(model, out, options, progress)
+    check_block_options(options)
+    with progress.stage("load"):
+        block = load_model(model, config, layer)
+    with progress.stage("write"):
+        path = write_container(block, out)
+    return Converted(path, layer=block)
+
+
+def check_block_options(options: GenerateOptions) -> None:
+    """The check options stage of a single block: a version-1 container stores fp32 weights,
+    so a quantisation flag is an error, not silently ignored."""
+    asked = [
+        flag
+        for flag, on in (
+            ("--quant", options.quant != "fp32"),
+            ("--expert-quant", options.expert_quant is not None),
+            ("--router-quant", options.router_quant != "fp32"),
+            ("--act", options.act is not None),
+            ("--dense-quant", options.dense_quant != "fp32"),
+            ("--calib", options.calib is not None),
+            ("--max-context", options.max_context is not None),
+        )
+        if on
+    ]
+    if asked:
+        raise ConfigError(
+            f"{', '.join(asked)}: a single-block container (version 1) stores fp32 weights; "
+            f"quantised containers are whole models (a Hugging Face checkpoint without --layer), "
+            f"or generate C (`colibri generate ... --quant`)"
+        )
+
+
+def convert_whole(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    options: GenerateOptions,
+    progress: Progress = SILENT,
+) -> Converted:
+    """`colibri convert CKPT --out F.clb` of a whole Hugging Face checkpoint: the container
+    version 2 holds exactly what `generate` with the same flags stores (colibri.emit.lmfile),
+    with the checkpoint's tokenizer.json when it has one. Without --calib (which runs the whole
+    model) the layers are read, quantised and written one at a time
+    (:func:`convert_streamed`), so memory holds one layer, not the model; with it: load ->
+    calibrate -> quantise (the stages of `generate`) -> the experts' calibration heat (pinned
+    under --ram-budget) -> write."""
+    if options.expert_quant is not None:
+        raise ConfigError(
+            "--expert-quant: a single MoE layer option (pass --layer N); a whole transformer "
+            "takes --quant, --act, --calib, --router-quant and --dense-quant"
+        )
+    tok = Path(model) / "tokenizer.json"
+    tok_bytes = tok.read_bytes() if tok.is_file() else None
+    if options.calib is None:
+        return convert_streamed(model, out, options, tok_bytes, progress)
+    ir = load(model, progress=progress)
+    qd = quantise(ir, options, progress=progress)  # checks the model (check_supported)
+    decoder, q = ir.decoder, qd.q
+    assert decoder is not None
+    heat = expert_heat(decoder, qd.stats) if qd.stats else None
+    with progress.stage("write"):
+        path = write_lm_container(decoder, q, out, options.context, tok_bytes, heat)
+    return Converted(path, None, decoder.config, q, tok_bytes is not None, bool(heat))
+
+
+def convert_streamed(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    options: GenerateOptions,
+    tokenizer: bytes | None = None,
+    progress: Progress = SILENT,
+) -> Converted:
+    """Convert one decoder layer at a time: read it, quantise it, write it, drop it (the file
+    is byte for byte the whole-model conversion's)."""
+    ckpt = HFCheckpoint(model)
+    c = load_hf_config(ckpt)
+    check_max_context(options.context)
+    q = transformer_quant_as_asked(
+        options.quant,
+        options.act,
+        options.dense_quant,
+        options.router_quant,
+        options.scale_search,
+    )
+    check_fits_memory_streamed(ckpt)
+    search = options.scale_search
+    with progress.stage("convert", c.n_layers + 1) as st:
+        st.update(0, "embedding / LM head")
+        head = read_head(ckpt, c)
+        if q is not None:
+            quantize_head(q, head, search)
+
+        def layers() -> Iterator[tuple[DecoderLayer, TransformerQuant | None]]:
+            for i in range(c.n_layers):
+                st.update(i + 1, f"layer {i + 1}/{c.n_layers}")
+                layer = read_decoder_layer(ckpt, c, i)
+                lq = quantize_layer_all(q, i, layer, search) if q is not None else None
+                yield layer, lq
+                del layer, lq
+
+        def needed() -> int:  # only for a full disk's message
+            return streamed_bytes(model, options, tokenizer)
+
+        path = write_lm_container_streamed(
+            out, head, q, options.context, layers(), tokenizer, needed
+        )
+    return Converted(path, None, c, q, tokenizer is not None)
+
+
+def streamed_bytes(
+    model: str | os.PathLike[str], options: GenerateOptions, tokenizer: bytes | None
+) -> int:
+    """About the disk space a layer-by-layer convert needs: twice the file (its tensors go
+    to a spool file beside it, then are copied in), the file's size estimated as `colibri
+    inspect` does from the safetensors headers (weights of the scheme, RoPE tables)."""
+    quant, dense = check_scheme(options.quant), check_dense_scheme(options.dense_quant)
+    rep = hf_report(Path(model), options.context)
+    v = next(v for v in rep.variants if v.quant == quant and v.dense_quant == dense)
+    # a table entry and alignment per tensor: the checkpoint's, and as many again (scales,
+    # layer descriptors), plus the header and metadata
+    tensors = 2 * len(HFCheckpoint(model).names())
+    overhead = HEADER_SIZE + tensors * (ENTRY_SIZE + ALIGN) + 4096
+    return 2 * (v.weight_bytes + len(tokenizer or b"") + overhead)

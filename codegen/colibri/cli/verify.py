@@ -90,7 +90,13 @@ def _check_v1_meta(source: str, data: bytes) -> int:
 
 
 def _check_v2_meta(source: str, h: dict[str, Any], meta: dict[str, Any]) -> int:
-    from ..emit.lmfile import ACT_CODES, FLAG_CLIP_QKV, FLAG_QK_NORM, FLAG_TIED, SCHEME_CODES
+    from ..frontends.container import (
+        ACT_CODES,
+        FLAG_CLIP_QKV,
+        FLAG_QK_NORM,
+        FLAG_TIED,
+        SCHEME_CODES,
+    )
 
     if not isinstance(meta, dict):
         raise ModelFormatError(f"{source}: metadata is not a JSON object; the file is corrupt")
@@ -173,7 +179,7 @@ def _verify_lm_file(p: Path, say: Callable[[str], None]) -> None:
     runtime's colibri_lm_init (every tensor the model uses, with its dtype and shape)."""
     import numpy as np
 
-    from ..emit.lmfile import read_lm_container
+    from ..frontends.container import read_lm_container
     from ..targets.binding import LM, RuntimeStatusError
 
     c = read_lm_container(p)
@@ -221,7 +227,7 @@ def verify_model(
     if p.is_file():
         with open(p, "rb") as f:
             head = f.read(8)
-    from ..emit.lmfile import is_lm_container
+    from ..frontends.container import is_lm_container
 
     if head.startswith(CONTAINER_MAGIC[:7]) and is_lm_container(p):
         _verify_lm_file(p, say)

@@ -5,23 +5,21 @@ holds (:func:`colibri.quant.model.quantize_transformer`, the same scale search),
 the runtime's kernels read, plus the RoPE tables of ``max_context`` positions computed in
 float64 as :mod:`colibri.emit.model` does, so the runtime's file entry point
 (``colibri_lm_init`` / ``colibri_lm_forward``, runtime_c/src/lm_file.c) gives the generated C's
-logits bit for bit, without compiling anything per model. Byte layout: docs/format.md section 1b.
+logits bit for bit, without compiling anything per model. Byte layout: docs/format.md section 1b;
+the format's structs and codes are :mod:`colibri.frontends.container`'s (which also reads the
+file back: :func:`~colibri.frontends.container.read_lm_container`).
 
 :func:`lm_container_bytes` builds the image, :func:`write_lm_container` writes it atomically
 (buffer by buffer), :func:`write_lm_container_streamed` writes one whose layers are read and
-quantised one at a time (`colibri convert`: memory holds one layer), and
-:func:`read_lm_container` reads one back (every header field, the tensor table and every CRC-32
-checked), for tests and tools.
+quantised one at a time (`colibri convert`: memory holds one layer), and :func:`read_lm_model`
+reads one back as the model and quantisation it was written from (`colibri reference F.clb`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
-import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,78 +28,40 @@ import numpy as np
 from .. import __version__
 from ..errors import ConfigError, ModelFormatError
 from ..frontends.container import (
+    ACT_CODES,
     ALIGN,
+    BLOCK_Q4_DTYPE,
     DTYPE_CODES,
-    ENTRY,
-    ENTRY_SIZE,
-    HEADER_SIZE,
+    DTYPE_Q4,
+    EXPERT_COLUMNS,
+    FLAG_CLIP_QKV,
+    FLAG_QK_NORM,
+    FLAG_TIED,
+    HEAT_TENSOR,
+    KIND_DECODER,
+    LAYER_DESC,
+    LM_HEADER,
+    LM_VERSION,
     MAGIC,
     NO_EXPERT,
+    SCHEME_CODES,
+    TOKENIZER_TENSOR,
+    LMContainer,
+    read_lm_container,
+)
+from ..ir.transformer import DecoderLayer, MoETransformer
+from ..paths import Needed, write_file_atomic
+from ..quant.formats import QuantExpert, QuantTensor
+from ..quant.model import TransformerQuant
+from ..reference.transformer import rope_tables
+from .container import (
     ContainerImage,
     HeaderFn,
-    Needed,
     TableEntry,
     byte_view,
     container_image,
     write_container_streamed,
-    write_file_atomic,
 )
-from ..ir.transformer import DecoderLayer, MoETransformer
-from ..quant.formats import BLOCK_Q4_DTYPE, QuantExpert, QuantTensor, q4_blocks
-from ..quant.model import TransformerQuant
-from ..reference.transformer import rope_tables
-
-VERSION = 2
-#: The tensor holding the checkpoint's tokenizer.json (int8 bytes; the runtime skips it).
-TOKENIZER_TENSOR = "tokenizer.json"
-#: The per-layer calibration heat (`layer.{i}.heat`, f32 [n_experts]; optional).
-HEAT_TENSOR = "heat"
-#: Header `kind` of a whole decoder-only transformer.
-KIND_DECODER = 1
-#: Table dtype of int4 blocks of 32 (colibri_block_q4_32, 18 bytes; the shape is [out, in]).
-DTYPE_Q4 = 3
-#: Weight schemes of the file's descriptors (colibri_quant_scheme order).
-SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3}
-ACT_CODES = {"fp32": 0, "int8": 1}
-#: Header flags.
-FLAG_TIED = 0x1
-FLAG_QK_NORM = 0x2
-FLAG_CLIP_QKV = 0x4
-FLAGS_KNOWN = FLAG_TIED | FLAG_QK_NORM | FLAG_CLIP_QKV
-#: Entries of a layer descriptor (`layer.{i}.desc`, int32).
-LAYER_DESC = (
-    "is_moe",
-    "n_experts",
-    "top_k",
-    "d_ff",
-    "moe_flags",
-    "router_scheme",
-    "ffn_d_ff",
-    "ffn_scheme",
-    "ffn_act",
-    "has_shared_gate",
-)
-#: Columns of a layer's expert table (`layer.{i}.experts`, int32 [E, 3]).
-EXPERT_COLUMNS = ("owner", "scheme", "act")
-
-# header v2: magic, version, alignment, kind, n_tensors, meta_bytes, n_layers, table_offset,
-#            meta_offset, data_offset, file_size, vocab, d_model, n_heads, n_kv_heads, head_dim,
-#            max_context, flags, rms_norm_eps, clip_qkv, sliding_window, rope_theta,
-#            dense_scheme, dense_act, reserved
-_HEADER2 = struct.Struct("<8s6I4Q7I2fIdII8x")
-assert _HEADER2.size == HEADER_SIZE
-
-
-@dataclass
-class LMContainer:
-    """A version-2 container read back: header fields, and every tensor by name (numpy arrays
-    of the stored dtype; int4 blocks as BLOCK_Q4_DTYPE [out, blocks])."""
-
-    header: dict[str, int | float]
-    tensors: dict[str, np.ndarray]
-    meta: dict
-    #: Each tensor's logical shape from the table (an int4 matrix: [out, in], not its blocks).
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def _matrix(
@@ -357,9 +317,9 @@ def lm_meta_header(
     def header(
         n_tensors: int, table_offset: int, meta_offset: int, data_offset: int, file_size: int
     ) -> bytes:
-        return _HEADER2.pack(
+        return LM_HEADER.pack(
             MAGIC,
-            VERSION,
+            LM_VERSION,
             ALIGN,
             KIND_DECODER,
             n_tensors,
@@ -397,10 +357,6 @@ def _quant_meta(q: TransformerQuant | None) -> dict[str, str]:
         "dense_act": q.dense_act,
         "router_scheme": q.router_scheme,
     }
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def write_lm_container(
@@ -458,221 +414,6 @@ def write_lm_container_streamed(
         write_container_streamed(f, table_entries(tensors()), meta, header, spool)
 
     return write_file_atomic(path, write, needed)
-
-
-def read_lm_tokenizer(path: str | os.PathLike[str]) -> bytes | None:
-    """The tokenizer.json bytes a version-2 container holds (CRC-32 checked), or None."""
-    source = str(path)
-    h, _ = read_lm_header(path)
-    with open(path, "rb") as f:
-        table = f.read(ENTRY_SIZE * int(h["n_tensors"]) + HEADER_SIZE)[HEADER_SIZE:]
-        for i in range(len(table) // ENTRY_SIZE):
-            fields = ENTRY.unpack_from(table, i * ENTRY_SIZE)
-            if fields[0].rstrip(b"\0") != TOKENIZER_TENSOR.encode():
-                continue
-            off, nb, crc = fields[7], fields[8], fields[10]
-            f.seek(off)
-            data = f.read(nb)
-            if len(data) != nb or zlib.crc32(data) != crc:
-                raise ModelFormatError(f"{source}: the embedded tokenizer.json is corrupt")
-            return data
-    return None
-
-
-HEADER_FIELDS = (
-    "magic",
-    "version",
-    "alignment",
-    "kind",
-    "n_tensors",
-    "meta_bytes",
-    "n_layers",
-    "table_offset",
-    "meta_offset",
-    "data_offset",
-    "file_size",
-    "vocab_size",
-    "d_model",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "max_context",
-    "flags",
-    "rms_norm_eps",
-    "clip_qkv",
-    "sliding_window",
-    "rope_theta",
-    "dense_scheme",
-    "dense_act",
-)
-
-_ITEM_DTYPES: dict[int, np.dtype] = {
-    0: np.dtype("<f4"),
-    1: np.dtype("<u2"),
-    2: np.dtype("i1"),
-    4: np.dtype("<i4"),
-}
-
-
-def is_lm_container(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` is a file starting with a version-2 container header."""
-    p = Path(path)
-    if not p.is_file():
-        return False
-    with open(p, "rb") as f:
-        head = f.read(12)
-    return len(head) == 12 and head[:8] == MAGIC and struct.unpack_from("<I", head, 8)[0] == 2
-
-
-def read_lm_header(path: str | os.PathLike[str]) -> tuple[dict[str, int | float], dict]:
-    """The header fields and metadata of a version-2 container, without reading its tensors
-    (the runtime validates those); ModelFormatError when it is not one."""
-    source = str(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER_SIZE)
-            if len(head) < HEADER_SIZE:
-                raise ModelFormatError(
-                    f"{source}: truncated: {len(head)} bytes, the container header is {HEADER_SIZE}"
-                )
-            h = dict(zip(HEADER_FIELDS, _HEADER2.unpack_from(head, 0)))
-            if h["magic"] != MAGIC:
-                raise ModelFormatError(f"{source}: not a Colibri container (bad magic)")
-            if h["version"] != VERSION or h["kind"] != KIND_DECODER:
-                raise ModelFormatError(
-                    f"{source}: container version {h['version']} is a single MoE block, not a "
-                    f"whole model: generate C from it (`colibri generate {source} --out DIR`) "
-                    f"and run DIR, or convert a Hugging Face checkpoint without --layer"
-                )
-            f.seek(int(h["meta_offset"]))
-            raw = f.read(min(int(h["meta_bytes"]), 1 << 24))
-    except OSError as exc:
-        raise ModelFormatError(f"{source}: cannot read ({exc.strerror})") from None
-    try:
-        meta = json.loads(raw.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        meta = {}
-    return h, meta if isinstance(meta, dict) else {}
-
-
-@dataclass(frozen=True)
-class LMTableEntry:
-    """One tensor of a version-2 container's table: name, dtype code, logical shape, bytes."""
-
-    name: str
-    dtype: int
-    shape: tuple[int, ...]
-    nbytes: int
-    offset: int
-    crc: int
-
-
-def read_lm_table(
-    path: str | os.PathLike[str], small: Iterable[str] = ()
-) -> tuple[dict[str, int | float], dict, list[LMTableEntry], dict[str, np.ndarray]]:
-    """The header, metadata and tensor table of a version-2 container, and the tensors whose
-    names end with one of `small` (e.g. ``.desc``: int32 descriptors), CRC-32 checked; the
-    weights themselves are not read (`colibri inspect`)."""
-    source = str(path)
-    h, meta = read_lm_header(path)
-    n = int(h["n_tensors"])
-    suffixes = tuple(small)
-    entries: list[LMTableEntry] = []
-    arrays: dict[str, np.ndarray] = {}
-    try:
-        with open(path, "rb") as f:
-            f.seek(HEADER_SIZE)
-            table = f.read(ENTRY_SIZE * n)
-            if len(table) != ENTRY_SIZE * n:
-                raise ModelFormatError(f"{source}: truncated tensor table")
-            for i in range(n):
-                name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _e, crc = ENTRY.unpack_from(
-                    table, i * ENTRY_SIZE
-                )
-                if not 1 <= ndim <= 4:
-                    raise ModelFormatError(f"{source}: tensor {i} has {ndim} dimensions")
-                name = name_b.rstrip(b"\0").decode("utf-8", "replace")
-                e = LMTableEntry(name, dtype, (s0, s1, s2, s3)[:ndim], nb, off, crc)
-                entries.append(e)
-                if suffixes and name.endswith(suffixes) and dtype in _ITEM_DTYPES:
-                    f.seek(off)
-                    data = f.read(nb)
-                    dt = _ITEM_DTYPES[dtype]
-                    if len(data) != nb or zlib.crc32(data) != crc or nb % dt.itemsize:
-                        raise ModelFormatError(f"{source}: tensor '{name}' is truncated or corrupt")
-                    arrays[name] = np.frombuffer(data, dt).reshape(e.shape).copy()
-    except OSError as exc:
-        raise ModelFormatError(f"{source}: cannot read ({exc.strerror})") from None
-    return h, meta, entries, arrays
-
-
-def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
-    """Read a version-2 container back: header, tensors (CRC-32 checked), metadata; a
-    ModelFormatError names what is wrong."""
-    source = str(path)
-    data = Path(path).read_bytes()
-    if len(data) < HEADER_SIZE:
-        raise ModelFormatError(f"{source}: truncated: {len(data)} bytes, the header is 128")
-    h = dict(zip(HEADER_FIELDS, _HEADER2.unpack_from(data, 0)))
-    if h["magic"] != MAGIC:
-        raise ModelFormatError(f"{source}: not a Colibri container (bad magic)")
-    if h["version"] != VERSION or h["kind"] != KIND_DECODER:
-        raise ModelFormatError(
-            f"{source}: container version {h['version']} kind {h['kind']}: not a whole-model "
-            f"(version 2) container"
-        )
-    if h["file_size"] != len(data):
-        raise ModelFormatError(
-            f"{source}: the header says {h['file_size']} bytes, the file has {len(data)}: "
-            f"truncated or corrupt"
-        )
-    n = int(h["n_tensors"])
-    if (
-        h["meta_offset"] != HEADER_SIZE + ENTRY_SIZE * n
-        or h["meta_offset"] + h["meta_bytes"] > h["data_offset"]
-        or h["data_offset"] % ALIGN
-        or h["data_offset"] > len(data)
-    ):
-        raise ModelFormatError(f"{source}: inconsistent header offsets")
-    tensors: dict[str, np.ndarray] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    end = int(h["data_offset"])
-    for i in range(n):
-        name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _expert, crc = ENTRY.unpack_from(
-            data, HEADER_SIZE + i * ENTRY_SIZE
-        )
-        name = name_b.rstrip(b"\0").decode("utf-8", "replace")
-        shape = (s0, s1, s2, s3)[:ndim]
-        if off % ALIGN or off < end or off + nb > len(data) or not 1 <= ndim <= 4:
-            raise ModelFormatError(f"{source}: tensor '{name}' is misplaced or truncated")
-        end = off + nb
-        if zlib.crc32(data[off : off + nb]) != crc:
-            raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
-        if name in tensors:
-            raise ModelFormatError(f"{source}: tensor '{name}' appears twice")
-        if dtype == DTYPE_Q4:
-            if ndim != 2:
-                raise ModelFormatError(f"{source}: int4 tensor '{name}' is not 2-D")
-            blocks = (shape[0], q4_blocks(shape[1]))
-            count = blocks[0] * blocks[1]
-            if count * BLOCK_Q4_DTYPE.itemsize != nb:
-                raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
-            arr = np.frombuffer(data, BLOCK_Q4_DTYPE, count, off).reshape(blocks)
-        elif dtype in _ITEM_DTYPES:
-            count = int(np.prod(shape))
-            if count * _ITEM_DTYPES[dtype].itemsize != nb:
-                raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
-            arr = np.frombuffer(data, _ITEM_DTYPES[dtype], count, off).reshape(shape)
-        else:
-            raise ModelFormatError(f"{source}: tensor '{name}' has unknown dtype {dtype}")
-        tensors[name] = arr.copy()
-        shapes[name] = tuple(shape)
-    mo = int(h["meta_offset"])
-    try:
-        meta = json.loads(data[mo : mo + int(h["meta_bytes"])].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(f"{source}: metadata is not valid JSON ({exc})") from exc
-    return LMContainer(h, tensors, meta, shapes)
 
 
 # -- the model back from a container (`colibri reference F.clb`) -----------------------------------

@@ -35,7 +35,7 @@ from ..ir.model import Model
 from ..ir.moe import ACTIVATIONS, MoELayer, model_hash
 from ..ir.transformer import DecoderLayer, MoETransformer, all_tensors, transformer_hash
 from ..options import GenerateOptions
-from ..plan.memory import TransformerPlan, act_q_codes_offset, act_q_group_codes_offset, max_top_k
+from ..plan.memory import TransformerPlan, act_q_group_codes_offset
 from ..plan.model import LayerPlan
 from ..plan.placement import Placement
 from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, QuantTensor
@@ -553,10 +553,10 @@ def _decoder(
         "plan": plan,
         "max_context": max_context,
         "half": half,
-        "act_q_codes": act_q_codes_offset(plan.act_q),
+        "act_q_codes": plan.act_q_codes,
         "layers": layers,
         "moes": moes,
-        "max_top_k": max_top_k(model),
+        "max_top_k": plan.max_top_k,
         "lm_head": lm_head,
         "embed": embed,
         "dense": (

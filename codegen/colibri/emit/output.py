@@ -22,8 +22,7 @@ import jinja2
 
 from .. import __version__
 from ..errors import OutputExistsError, output_error
-from ..frontends.container import check_output_file, check_output_parent, dir_mode
-from ..paths import resource_dir
+from ..paths import check_output_file, check_output_parent, dir_mode, resource_dir
 from ..plan.memory import ArenaPlan
 
 MANIFEST = "manifest.json"

@@ -1,46 +1,103 @@
-"""The Colibri container (.clb): read and write. Byte layout: docs/format.md.
+"""The Colibri container (.clb), both versions: its byte format, defined once here, and its
+readers. Byte layout: docs/format.md (section 1: version 1, one MoE block; section 1b: version
+2, a whole transformer).
 
-Also the atomic file writer every output file goes through (:func:`write_file_atomic`: normal
-modes, a full disk or an unwritable path reported as an OutputError, the old file intact)."""
+Both versions share the 8-byte magic, the 128-byte header (version 1 :data:`HEADER`, version
+2 :data:`LM_HEADER`; the version is the word after the magic), the 96-byte tensor-table entry
+(:data:`ENTRY`, packed by :func:`pack_entry`), the metadata (JSON) and the blobs, each at a
+multiple of :data:`ALIGN` (:func:`align`) in table order, with a CRC-32 per tensor. The
+writers (:mod:`colibri.emit.container`: version 1 and the image of either version;
+:mod:`colibri.emit.lmfile`: version 2) pack with these same structs and codes; the readers
+below (:func:`read_container`, :func:`read_table`; :func:`read_lm_container`,
+:func:`read_lm_header`, :func:`read_lm_table`, :func:`read_lm_tokenizer`) unpack with them.
+The model back from a version-2 file with its quantisation
+(:func:`colibri.emit.lmfile.read_lm_model`) needs the quantiser's types and so lives after it.
+"""
 
 from __future__ import annotations
 
-import functools
-import io
 import json
 import os
-import stat
 import struct
-import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
-from .. import __version__
-from ..errors import ModelFormatError, OutputError, ShapeError, output_error
+from ..errors import ModelFormatError, ShapeError
 from ..ir.moe import Expert, MoEConfig, MoELayer, validate_sharing_map
 
+# -- the format ------------------------------------------------------------------------------
+
 MAGIC = b"CLBRMOE\0"
+#: Version 1: one MoE block (`colibri convert MODEL --out F.clb`, `colibri export`).
 VERSION = 1
+#: Version 2: a whole decoder-only transformer (`colibri convert CKPT --out F.clb`).
+LM_VERSION = 2
 ALIGN = 64
 HEADER_SIZE = 128
 ENTRY_SIZE = 96
 NAME_SIZE = 48
 NO_EXPERT = 0xFFFFFFFF
 
-# header: magic, version, alignment, E, k, d, f, activation, flags, n_tensors, meta_bytes,
-#         table_offset, meta_offset, data_offset, file_size, vocab_size, reserved
-_HEADER = struct.Struct("<8s10I4QI44x")
-# entry: name, dtype, ndim, shape[4], offset, nbytes, expert, crc32
-_ENTRY = struct.Struct("<48sII4IQQII")
-assert _HEADER.size == HEADER_SIZE and _ENTRY.size == ENTRY_SIZE
-#: The tensor-table entry, shared by version 2 (whole models, colibri.emit.lmfile).
-ENTRY = _ENTRY
+#: Version-1 header fields, in order (then 44 reserved bytes).
+LAYER_HEADER_FIELDS = (
+    "magic",
+    "version",
+    "alignment",
+    "n_experts",
+    "top_k",
+    "d_model",
+    "d_ff",
+    "activation",
+    "flags",
+    "n_tensors",
+    "meta_bytes",
+    "table_offset",
+    "meta_offset",
+    "data_offset",
+    "file_size",
+    "vocab_size",
+)
+HEADER = struct.Struct("<8s10I4QI44x")
+#: Version-2 header fields, in order (then 8 reserved bytes).
+HEADER_FIELDS = (
+    "magic",
+    "version",
+    "alignment",
+    "kind",
+    "n_tensors",
+    "meta_bytes",
+    "n_layers",
+    "table_offset",
+    "meta_offset",
+    "data_offset",
+    "file_size",
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "max_context",
+    "flags",
+    "rms_norm_eps",
+    "clip_qkv",
+    "sliding_window",
+    "rope_theta",
+    "dense_scheme",
+    "dense_act",
+)
+LM_HEADER = struct.Struct("<8s6I4Q7I2fIdII8x")
+#: Tensor-table entry fields, in order (both versions; shape: 4 dims, unused ones 0).
+ENTRY_FIELDS = ("name", "dtype", "ndim", "shape", "offset", "nbytes", "expert", "crc32")
+ENTRY = struct.Struct("<48sII4IQQII")
+assert HEADER.size == HEADER_SIZE and LM_HEADER.size == HEADER_SIZE and ENTRY.size == ENTRY_SIZE
+assert len(HEADER.unpack(bytes(HEADER_SIZE))) == len(LAYER_HEADER_FIELDS)
+assert len(LM_HEADER.unpack(bytes(HEADER_SIZE))) == len(HEADER_FIELDS)
 
+#: Table dtype codes of version 1 (the weights' numpy dtypes).
 DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"),
     1: np.dtype("<f2"),
@@ -48,6 +105,79 @@ DTYPES: dict[int, np.dtype] = {
     4: np.dtype("<i4"),
 }
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+#: Table dtype of int4 blocks of 32 (colibri_block_q4_32, 18 bytes; the shape is [out, in]).
+DTYPE_Q4 = 3
+#: Values per int4 block (COLIBRI_QK4).
+QK4 = 32
+#: numpy mirror of colibri_block_q4_32 (C struct: uint16_t d; uint8_t qs[16]; 18 bytes), the
+#: stored form of dtype code 3 (colibri.quant.formats quantises into it).
+BLOCK_Q4_DTYPE = np.dtype([("d", "<u2"), ("qs", "u1", (QK4 // 2,))])
+#: Version 2 reads the item dtypes as stored (fp16 as its bits).
+LM_DTYPES: dict[int, np.dtype] = {
+    0: np.dtype("<f4"),
+    1: np.dtype("<u2"),
+    2: np.dtype("i1"),
+    4: np.dtype("<i4"),
+}
+
+#: Version 2: the tensor holding the checkpoint's tokenizer.json (int8 bytes; the runtime
+#: skips it).
+TOKENIZER_TENSOR = "tokenizer.json"
+#: Version 2: the per-layer calibration heat (`layer.{i}.heat`, f32 [n_experts]; optional).
+HEAT_TENSOR = "heat"
+#: Version-2 header `kind` of a whole decoder-only transformer.
+KIND_DECODER = 1
+#: Weight schemes of the version-2 descriptors (colibri_quant_scheme order).
+SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3}
+ACT_CODES = {"fp32": 0, "int8": 1}
+#: Version-2 header flags.
+FLAG_TIED = 0x1
+FLAG_QK_NORM = 0x2
+FLAG_CLIP_QKV = 0x4
+FLAGS_KNOWN = FLAG_TIED | FLAG_QK_NORM | FLAG_CLIP_QKV
+#: Entries of a version-2 layer descriptor (`layer.{i}.desc`, int32).
+LAYER_DESC = (
+    "is_moe",
+    "n_experts",
+    "top_k",
+    "d_ff",
+    "moe_flags",
+    "router_scheme",
+    "ffn_d_ff",
+    "ffn_scheme",
+    "ffn_act",
+    "has_shared_gate",
+)
+#: Columns of a version-2 layer's expert table (`layer.{i}.experts`, int32 [E, 3]).
+EXPERT_COLUMNS = ("owner", "scheme", "act")
+
+
+def align(n: int) -> int:
+    """`n` rounded up to a multiple of ALIGN (where the metadata ends and each blob starts)."""
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def q4_blocks(n_in: int) -> int:
+    """COLIBRI_Q4_BLOCKS: int4 blocks per row of `n_in` values (the last one zero-padded)."""
+    return (n_in + QK4 - 1) // QK4
+
+
+def pack_entry(
+    name: str, dtype: int, shape: tuple[int, ...], offset: int, nbytes: int, expert: int, crc: int
+) -> bytes:
+    """One tensor-table entry (ShapeError for a name or shape the entry cannot hold)."""
+    raw = name.encode()
+    if len(raw) >= NAME_SIZE:
+        raise ShapeError(f"tensor name {name!r} is longer than {NAME_SIZE - 1} bytes")
+    if len(shape) > 4:
+        raise ShapeError(f"tensor {name!r} has {len(shape)} dimensions; at most 4")
+    dims = list(shape) + [0] * (4 - len(shape))
+    return ENTRY.pack(
+        raw.ljust(NAME_SIZE, b"\0"), dtype, len(shape), *dims, offset, nbytes, expert, crc
+    )
+
+
+# -- version 1: one MoE block ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -63,441 +193,6 @@ class TensorEntry:
     crc32: int
 
 
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _layer_tensors(layer: MoELayer) -> tuple[list[tuple[str, np.ndarray, int]], list[int]]:
-    storage = layer.storage_map()
-    tensors: list[tuple[str, np.ndarray, int]] = [("router.weight", layer.router_w, NO_EXPERT)]
-    if layer.router_b is not None:
-        tensors.append(("router.bias", layer.router_b, NO_EXPERT))
-    for i, expert in enumerate(layer.experts):
-        if storage[i] != i:
-            continue
-        for name, arr in expert.tensors():
-            tensors.append((f"expert.{i}.{name}", arr, i))
-    if storage != list(range(layer.config.n_experts)):
-        tensors.append(("expert_sharing_map", np.asarray(storage, dtype="<i4"), NO_EXPERT))
-    return tensors, storage
-
-
-def write_container(layer: MoELayer, path: str | os.PathLike[str]) -> Path:
-    """Write `layer` as a Colibri container, atomically (temporary file, then rename), buffer by
-    buffer from views of its arrays (no copy of the weights)."""
-    image = container_image_of(layer)
-    return write_file_atomic(path, image.write, image.size)
-
-
-def container_bytes(layer: MoELayer) -> bytearray:
-    """The Colibri container image of `layer` (in memory: tests and small layers)."""
-    return container_image_of(layer).tobytes()
-
-
-def container_image_of(layer: MoELayer) -> ContainerImage:
-    """The Colibri container image of `layer`, planned (views of its arrays)."""
-    layer.validate()
-    layer.require_no_shared_expert("the Colibri container format")
-    c = layer.config
-    tensors, _ = _layer_tensors(layer)
-    meta = json.dumps(
-        {"config": c.to_json(), "producer": f"colibri {__version__}"}, sort_keys=True
-    ).encode()
-
-    def header(
-        n_tensors: int, table_offset: int, meta_offset: int, data_offset: int, file_size: int
-    ) -> bytes:
-        return _HEADER.pack(
-            MAGIC,
-            VERSION,
-            ALIGN,
-            c.n_experts,
-            c.top_k,
-            c.d_model,
-            c.d_ff,
-            c.activation_code,
-            layer.flags,
-            n_tensors,
-            len(meta),
-            table_offset,
-            meta_offset,
-            data_offset,
-            file_size,
-            c.vocab_size or 0,
-        )
-
-    blobs = [
-        TableEntry(
-            name,
-            byte_view(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))),
-            DTYPE_CODES[np.dtype(arr.dtype).newbyteorder("<")],
-            tuple(arr.shape),
-            expert,
-        )
-        for name, arr, expert in tensors
-    ]
-    return container_image(blobs, meta, header)
-
-
-#: A blob's bytes: bytes, or a view of an array's (:func:`byte_view`).
-Buffer = bytes | bytearray | memoryview
-
-
-def byte_view(arr: np.ndarray) -> memoryview:
-    """The bytes of an array in C order as a flat view (no copy when it is C-contiguous)."""
-    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
-
-
-def _nbytes(data: Buffer) -> int:
-    return memoryview(data).nbytes
-
-
-@dataclass(frozen=True)
-class TableEntry:
-    """One tensor of a container image: its name, bytes (any buffer: a view is not copied),
-    dtype code, logical shape (up to 4 dims) and expert index (NO_EXPERT for the others)."""
-
-    name: str
-    data: Buffer
-    dtype: int
-    shape: tuple[int, ...]
-    expert: int
-
-
-#: header(n_tensors, table_offset, meta_offset, data_offset, file_size) -> the 128-byte header.
-HeaderFn = Callable[[int, int, int, int, int], bytes]
-
-
-def _entry_bytes(t: TableEntry, offset: int, nbytes: int, crc: int) -> bytes:
-    name = t.name.encode()
-    if len(name) >= NAME_SIZE:
-        raise ShapeError(f"tensor name {t.name!r} is longer than {NAME_SIZE - 1} bytes")
-    if len(t.shape) > 4:
-        raise ShapeError(f"tensor {t.name!r} has {len(t.shape)} dimensions; at most 4")
-    shape = list(t.shape) + [0] * (4 - len(t.shape))
-    return _ENTRY.pack(
-        name.ljust(NAME_SIZE, b"\0"), t.dtype, len(t.shape), *shape, offset, nbytes, t.expert, crc
-    )
-
-
-@dataclass
-class ContainerImage:
-    """A container image (either version) planned but not joined: the header, tensor table and
-    metadata (``head``, padded to the data offset) and every blob at its offset. :meth:`write`
-    streams it buffer by buffer; :meth:`tobytes` joins it (tests, small files)."""
-
-    head: bytes
-    blobs: list[tuple[int, Buffer]]
-    size: int
-
-    def write(self, f: BinaryIO) -> None:
-        f.write(self.head)
-        pos = len(self.head)
-        for off, data in self.blobs:
-            if off > pos:
-                f.write(bytes(off - pos))
-            f.write(data)
-            pos = off + _nbytes(data)
-
-    def tobytes(self) -> bytearray:
-        buf = bytearray(self.size)
-        buf[: len(self.head)] = self.head
-        for off, data in self.blobs:
-            buf[off : off + _nbytes(data)] = memoryview(data).cast("B")
-        return buf
-
-
-def container_image(tensors: list[TableEntry], meta: bytes, header: HeaderFn) -> ContainerImage:
-    """A container image (either version): the 128-byte header that `header(n_tensors,
-    table_offset, meta_offset, data_offset, file_size)` packs, the tensor table with each
-    blob's CRC-32, the metadata, then every blob at a multiple of ALIGN in table order."""
-    table_offset = HEADER_SIZE
-    meta_offset = table_offset + ENTRY_SIZE * len(tensors)
-    data_offset = _align(meta_offset + len(meta))
-    entries: list[bytes] = []
-    blobs: list[tuple[int, Buffer]] = []
-    cursor = data_offset
-    for t in tensors:
-        nbytes = _nbytes(t.data)
-        entries.append(_entry_bytes(t, cursor, nbytes, zlib.crc32(t.data)))
-        blobs.append((cursor, t.data))
-        cursor = _align(cursor + nbytes)
-    file_size = blobs[-1][0] + _nbytes(blobs[-1][1])
-    head = header(len(tensors), table_offset, meta_offset, data_offset, file_size)
-    head += b"".join(entries) + meta
-    head += bytes(data_offset - len(head))
-    return ContainerImage(head, blobs, file_size)
-
-
-def write_container_streamed(
-    f: BinaryIO,
-    tensors: Iterable[TableEntry],
-    meta: bytes,
-    header: HeaderFn,
-    spool_dir: str | os.PathLike[str] | None = None,
-) -> int:
-    """Write a container image whose tensors are produced one by one (`tensors`, any
-    iterable: each blob may be dropped once it is yielded) to the seekable file `f`, without
-    holding them: the blobs go to a spool file in f's directory (their CRC-32 taken as they
-    pass), then the header, table and metadata to `f`, then the spool is copied in by the
-    kernel. The bytes are those of :func:`container_image` on the same tensors (`spool_dir`:
-    where the spool goes, best the output's directory). Returns the file size."""
-    records: list[tuple[TableEntry, int, int, int]] = []
-    with tempfile.TemporaryFile(dir=spool_dir) as spool:
-        cursor = 0
-        for t in tensors:
-            nbytes = _nbytes(t.data)
-            pad = -cursor % ALIGN
-            if pad:
-                spool.write(bytes(pad))
-                cursor += pad
-            crc = zlib.crc32(t.data)
-            records.append(
-                (TableEntry(t.name, b"", t.dtype, t.shape, t.expert), cursor, nbytes, crc)
-            )
-            spool.write(t.data)
-            cursor += nbytes
-        spool.flush()
-        meta_offset = HEADER_SIZE + ENTRY_SIZE * len(records)
-        data_offset = _align(meta_offset + len(meta))
-        file_size = data_offset + cursor
-        head = header(len(records), HEADER_SIZE, meta_offset, data_offset, file_size)
-        head += b"".join(_entry_bytes(t, data_offset + off, n, crc) for t, off, n, crc in records)
-        head += meta
-        head += bytes(data_offset - len(head))
-        f.write(head)
-        f.flush()
-        _copy_file(spool, f, cursor)
-    return file_size
-
-
-def _copy_file(src: BinaryIO, dst: BinaryIO, nbytes: int) -> None:
-    """Append the first `nbytes` of `src` to `dst` (the kernel copies where it can)."""
-    src.seek(0)
-    out_fd, in_fd = dst.fileno(), src.fileno()
-    done = 0
-    try:
-        while done < nbytes:
-            n = os.copy_file_range(in_fd, out_fd, nbytes - done)
-            if n == 0:
-                break
-            done += n
-    except (AttributeError, OSError):  # not here: copy what is left (a full disk recurs below)
-        pass
-    if done < nbytes:  # no copy_file_range (another OS, filesystem): in chunks
-        src.seek(done)
-        while done < nbytes:
-            chunk = src.read(min(1 << 24, nbytes - done))
-            if not chunk:
-                raise OSError(f"spool file ended after {done} of {nbytes} bytes")
-            dst.write(chunk)
-            done += len(chunk)
-    dst.flush()
-
-
-# -- atomic output files (every file Colibri writes: .clb, .npy, the seed layout) -------------
-
-
-@functools.cache
-def umask() -> int:
-    """The process umask, read once: from /proc/self/status (no change to the process), else
-    by setting and restoring it."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
-
-
-def file_mode() -> int:
-    """The mode of a new output file: 0666 & ~umask, as open() would give it."""
-    return 0o666 & ~umask()
-
-
-def dir_mode() -> int:
-    """The mode of a new output directory: 0777 & ~umask, as mkdir would give it."""
-    return 0o777 & ~umask()
-
-
-def check_output_parent(path: str | os.PathLike[str], create: bool = True) -> Path:
-    """Create (with `create`) the parent directories of an output `path`, or raise OutputError
-    when a component of it is a file or cannot be created; returns the absolute path."""
-    path = Path(path).resolve()
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputError(
-            f"{path}: {ancestor} is a file, not a directory; choose an output path whose "
-            f"parent is a directory"
-        )
-    if not create:
-        return path
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise output_error(path, exc) from None
-    return path
-
-
-#: File types an output must not replace, as named in the error.
-_SPECIAL_KINDS = {
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFSOCK: "a socket",
-}
-#: ... and those a streamed output (an array of `run` / `reference`) is written into.
-_STREAMABLE = (stat.S_IFCHR, stat.S_IFIFO)
-
-
-def _stat_kind(path: str | os.PathLike[str], follow: bool) -> int | None:
-    """The file type bits (stat.S_IFMT) of `path`, following a final symlink with `follow`;
-    None when there is nothing there (or it cannot be read: the write reports that)."""
-    try:
-        st = os.stat(path) if follow else os.lstat(path)
-    except (OSError, ValueError):
-        return None
-    return stat.S_IFMT(st.st_mode)
-
-
-def check_output_file(path: str | os.PathLike[str], stream: bool = False) -> bool:
-    """Refuse (OutputError) an output `path` that an atomic rename must not replace: a device
-    node, FIFO or socket, or a symbolic link to somewhere outside the link's own directory
-    (a link inside it is followed: its target is replaced). With `stream` (the arrays `run` and
-    `reference` write), an existing character device or FIFO (also through a link: /dev/null,
-    /dev/stdout, a pipe) is allowed: returns True, and the output is to be written into it.
-    Returns False for a regular file, a directory (callers decide) or nothing there."""
-    p = Path(path)
-    here = _stat_kind(p, follow=False)
-    if here is None:
-        return False
-    kind = _stat_kind(p, follow=True)
-    if stream and kind in _STREAMABLE:
-        return True
-    if here == stat.S_IFLNK:
-        target = p.resolve()
-        home = p.absolute().parent.resolve()
-        if not target.is_relative_to(home):
-            raise OutputError(
-                f"{path}: is a symbolic link to {target}, outside the output's directory {home}, "
-                f"not a regular file the output may replace; remove the link or pass {target} "
-                f"itself"
-            )
-    if kind in _SPECIAL_KINDS:
-        into = (
-            " (only run / reference arrays are written into a device or FIFO)" if not stream else ""
-        )
-        raise OutputError(
-            f"{path}: is {_SPECIAL_KINDS[kind]}, not a regular file; an output is written to a "
-            f"temporary file renamed over the path, which would replace it{into}: pass the path "
-            f"of a regular file or a new one"
-        )
-    return False
-
-
-#: Bytes an output needs: a number, or a function estimating it (called only for a full
-#: disk's message: outputs written piece by piece whose size is known only at the end).
-Needed = int | Callable[[], int] | None
-
-
-def _needed_bytes(files_bytes: int, needed: Needed) -> tuple[int | None, bool]:
-    """(bytes, whether an estimate) of a full disk's message."""
-    about = callable(needed)
-    try:
-        extra = needed() if callable(needed) else (needed or 0)
-    except Exception:  # an estimate that fails leaves the number out, not the message
-        return None, False
-    return (files_bytes + extra) or None, about
-
-
-def write_file_atomic(
-    path: str | os.PathLike[str],
-    data: bytes | bytearray | Callable[[BinaryIO], None],
-    needed: Needed = None,
-    stream: bool = False,
-) -> Path:
-    """Write `data` (bytes, or a function writing to a binary file, `needed` bytes if known) to
-    `path` atomically: a temporary sibling with the normal mode (0666 & ~umask), flushed to
-    disk, then renamed over `path`. Any failure (a full disk, no permission, the parent a file)
-    is an OutputError naming the path and leaves a previous `path` intact; so is a `path` that
-    is not a regular file (:func:`check_output_file`), except that with `stream` an existing
-    character device or FIFO is written into. Returns `path`."""
-    return write_files_atomic({path: data}, needed, stream)[0]
-
-
-def _write_into(
-    target: Path, data: bytes | bytearray | Callable[[BinaryIO], None], needed: Needed
-) -> None:
-    """Write `data` into an existing character device or FIFO (no temporary, no rename; a
-    writer function writes to memory first: np.save asks a file for its position)."""
-    if isinstance(data, (bytes, bytearray)):
-        blob: bytes | bytearray | memoryview = data
-    else:
-        buf = io.BytesIO()
-        data(buf)
-        blob = buf.getbuffer()
-    try:
-        with open(target, "wb") as f:
-            f.write(blob)
-    except OSError as exc:
-        raise output_error(target, exc, *_needed_bytes(len(blob), needed)) from None
-
-
-def write_files_atomic(
-    files: Mapping[str | os.PathLike[str], bytes | bytearray | Callable[[BinaryIO], None]],
-    needed: Needed = None,
-    stream: bool = False,
-) -> list[Path]:
-    """:func:`write_file_atomic` for several files that belong together (a model and its
-    config): every one is written to a temporary first and renamed into place only when all
-    are written, so a failure leaves all previous files as they were."""
-    known = sum(len(d) for d in files.values() if isinstance(d, (bytes, bytearray)))
-    temps: list[tuple[str, Path, Path]] = []  # temporary, absolute destination, as given
-    into = [Path(p) for p in files if check_output_file(p, stream)]  # all checked first
-    try:
-        for path, data in files.items():
-            target = Path(path)
-            if target in into:
-                _write_into(target, data, needed)
-                continue
-            full = check_output_parent(target)
-            if full.is_dir():
-                raise OutputError(
-                    f"{target}: is a directory; pass a file path (e.g. {target / 'model.clb'})"
-                )
-            try:
-                fd, tmp = tempfile.mkstemp(dir=full.parent, prefix=f".{full.name}.", suffix=".tmp")
-            except OSError as exc:
-                raise output_error(target, exc, *_needed_bytes(known, needed)) from None
-            temps.append((tmp, full, target))
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    os.fchmod(f.fileno(), file_mode())
-                    if isinstance(data, (bytes, bytearray)):
-                        f.write(data)
-                    else:
-                        data(f)
-                    f.flush()
-                    os.fsync(f.fileno())
-            except OSError as exc:
-                raise output_error(target, exc, *_needed_bytes(known, needed)) from None
-        for tmp, full, target in temps:
-            try:
-                os.replace(tmp, full)
-            except OSError as exc:
-                raise output_error(target, exc, *_needed_bytes(known, needed)) from None
-    except BaseException:
-        for tmp, _, _ in temps:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-    return [Path(p) for p in files]
-
-
 def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEntry], dict]:
     """Parse and check the header, tensor table and metadata of a container image."""
     if len(data) < HEADER_SIZE:
@@ -505,12 +200,12 @@ def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEn
             f"{source}: truncated Colibri container: {len(data)} bytes, the header alone is "
             f"{HEADER_SIZE}"
         )
-    h = _HEADER.unpack_from(data, 0)
+    h = HEADER.unpack_from(data, 0)
     if h[0] != MAGIC:
         raise ModelFormatError(f"{source}: bad magic {h[0]!r}, expected {MAGIC!r}")
     version, align, e, k, d, f, act, flags, n_t, meta_bytes = h[1:11]
     table_off, meta_off, data_off, file_size, _vocab = h[11:16]
-    if version == 2:
+    if version == LM_VERSION:
         raise ModelFormatError(
             f"{source}: a whole-model container (version 2), not a single MoE block: run it "
             f"with `colibri run {source} --prompt-ids 1,5,9` (or colibri.targets.binding.LM)"
@@ -534,7 +229,7 @@ def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEn
         raise ModelFormatError(f"{source}: inconsistent container header (metadata/data offset)")
     entries = []
     for i in range(n_t):
-        name_b, dtype, ndim, s0, s1, s2, s3, off, nb, expert, crc = _ENTRY.unpack_from(
+        name_b, dtype, ndim, s0, s1, s2, s3, off, nb, expert, crc = ENTRY.unpack_from(
             data, table_off + i * ENTRY_SIZE
         )
         name = name_b.rstrip(b"\0").decode("utf-8", "replace")
@@ -639,3 +334,200 @@ def read_container(path: str | os.PathLike[str]) -> MoELayer:
         return layer.validate()
     except ShapeError as exc:
         raise ModelFormatError(str(exc)) from exc
+
+
+# -- version 2: a whole transformer ------------------------------------------------------------
+
+
+@dataclass
+class LMContainer:
+    """A version-2 container read back: header fields, and every tensor by name (numpy arrays
+    of the stored dtype; int4 blocks as BLOCK_Q4_DTYPE [out, blocks])."""
+
+    header: dict[str, int | float]
+    tensors: dict[str, np.ndarray]
+    meta: dict
+    #: Each tensor's logical shape from the table (an int4 matrix: [out, in], not its blocks).
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def is_lm_container(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a file starting with a version-2 container header."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        head = f.read(12)
+    return (
+        len(head) == 12 and head[:8] == MAGIC and struct.unpack_from("<I", head, 8)[0] == LM_VERSION
+    )
+
+
+def read_lm_header(path: str | os.PathLike[str]) -> tuple[dict[str, int | float], dict]:
+    """The header fields and metadata of a version-2 container, without reading its tensors
+    (the runtime validates those); ModelFormatError when it is not one."""
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+            if len(head) < HEADER_SIZE:
+                raise ModelFormatError(
+                    f"{source}: truncated: {len(head)} bytes, the container header is {HEADER_SIZE}"
+                )
+            h = dict(zip(HEADER_FIELDS, LM_HEADER.unpack_from(head, 0)))
+            if h["magic"] != MAGIC:
+                raise ModelFormatError(f"{source}: not a Colibri container (bad magic)")
+            if h["version"] != LM_VERSION or h["kind"] != KIND_DECODER:
+                raise ModelFormatError(
+                    f"{source}: container version {h['version']} is a single MoE block, not a "
+                    f"whole model: generate C from it (`colibri generate {source} --out DIR`) "
+                    f"and run DIR, or convert a Hugging Face checkpoint without --layer"
+                )
+            f.seek(int(h["meta_offset"]))
+            raw = f.read(min(int(h["meta_bytes"]), 1 << 24))
+    except OSError as exc:
+        raise ModelFormatError(f"{source}: cannot read ({exc.strerror})") from None
+    try:
+        meta = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        meta = {}
+    return h, meta if isinstance(meta, dict) else {}
+
+
+@dataclass(frozen=True)
+class LMTableEntry:
+    """One tensor of a version-2 container's table: name, dtype code, logical shape, bytes."""
+
+    name: str
+    dtype: int
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+    crc: int
+
+
+def read_lm_table(
+    path: str | os.PathLike[str], small: Iterable[str] = ()
+) -> tuple[dict[str, int | float], dict, list[LMTableEntry], dict[str, np.ndarray]]:
+    """The header, metadata and tensor table of a version-2 container, and the tensors whose
+    names end with one of `small` (e.g. ``.desc``: int32 descriptors), CRC-32 checked; the
+    weights themselves are not read (`colibri inspect`)."""
+    source = str(path)
+    h, meta = read_lm_header(path)
+    n = int(h["n_tensors"])
+    suffixes = tuple(small)
+    entries: list[LMTableEntry] = []
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with open(path, "rb") as f:
+            f.seek(HEADER_SIZE)
+            table = f.read(ENTRY_SIZE * n)
+            if len(table) != ENTRY_SIZE * n:
+                raise ModelFormatError(f"{source}: truncated tensor table")
+            for i in range(n):
+                name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _e, crc = ENTRY.unpack_from(
+                    table, i * ENTRY_SIZE
+                )
+                if not 1 <= ndim <= 4:
+                    raise ModelFormatError(f"{source}: tensor {i} has {ndim} dimensions")
+                name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+                e = LMTableEntry(name, dtype, (s0, s1, s2, s3)[:ndim], nb, off, crc)
+                entries.append(e)
+                if suffixes and name.endswith(suffixes) and dtype in LM_DTYPES:
+                    f.seek(off)
+                    data = f.read(nb)
+                    dt = LM_DTYPES[dtype]
+                    if len(data) != nb or zlib.crc32(data) != crc or nb % dt.itemsize:
+                        raise ModelFormatError(f"{source}: tensor '{name}' is truncated or corrupt")
+                    arrays[name] = np.frombuffer(data, dt).reshape(e.shape).copy()
+    except OSError as exc:
+        raise ModelFormatError(f"{source}: cannot read ({exc.strerror})") from None
+    return h, meta, entries, arrays
+
+
+def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
+    """Read a version-2 container back: header, tensors (CRC-32 checked), metadata; a
+    ModelFormatError names what is wrong."""
+    source = str(path)
+    data = Path(path).read_bytes()
+    if len(data) < HEADER_SIZE:
+        raise ModelFormatError(f"{source}: truncated: {len(data)} bytes, the header is 128")
+    h = dict(zip(HEADER_FIELDS, LM_HEADER.unpack_from(data, 0)))
+    if h["magic"] != MAGIC:
+        raise ModelFormatError(f"{source}: not a Colibri container (bad magic)")
+    if h["version"] != LM_VERSION or h["kind"] != KIND_DECODER:
+        raise ModelFormatError(
+            f"{source}: container version {h['version']} kind {h['kind']}: not a whole-model "
+            f"(version 2) container"
+        )
+    if h["file_size"] != len(data):
+        raise ModelFormatError(
+            f"{source}: the header says {h['file_size']} bytes, the file has {len(data)}: "
+            f"truncated or corrupt"
+        )
+    n = int(h["n_tensors"])
+    if (
+        h["meta_offset"] != HEADER_SIZE + ENTRY_SIZE * n
+        or h["meta_offset"] + h["meta_bytes"] > h["data_offset"]
+        or h["data_offset"] % ALIGN
+        or h["data_offset"] > len(data)
+    ):
+        raise ModelFormatError(f"{source}: inconsistent header offsets")
+    tensors: dict[str, np.ndarray] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    end = int(h["data_offset"])
+    for i in range(n):
+        name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _expert, crc = ENTRY.unpack_from(
+            data, HEADER_SIZE + i * ENTRY_SIZE
+        )
+        name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+        shape = (s0, s1, s2, s3)[:ndim]
+        if off % ALIGN or off < end or off + nb > len(data) or not 1 <= ndim <= 4:
+            raise ModelFormatError(f"{source}: tensor '{name}' is misplaced or truncated")
+        end = off + nb
+        if zlib.crc32(data[off : off + nb]) != crc:
+            raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
+        if name in tensors:
+            raise ModelFormatError(f"{source}: tensor '{name}' appears twice")
+        if dtype == DTYPE_Q4:
+            if ndim != 2:
+                raise ModelFormatError(f"{source}: int4 tensor '{name}' is not 2-D")
+            blocks = (shape[0], q4_blocks(shape[1]))
+            count = blocks[0] * blocks[1]
+            if count * BLOCK_Q4_DTYPE.itemsize != nb:
+                raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
+            arr = np.frombuffer(data, BLOCK_Q4_DTYPE, count, off).reshape(blocks)
+        elif dtype in LM_DTYPES:
+            count = int(np.prod(shape))
+            if count * LM_DTYPES[dtype].itemsize != nb:
+                raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
+            arr = np.frombuffer(data, LM_DTYPES[dtype], count, off).reshape(shape)
+        else:
+            raise ModelFormatError(f"{source}: tensor '{name}' has unknown dtype {dtype}")
+        tensors[name] = arr.copy()
+        shapes[name] = tuple(shape)
+    mo = int(h["meta_offset"])
+    try:
+        meta = json.loads(data[mo : mo + int(h["meta_bytes"])].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFormatError(f"{source}: metadata is not valid JSON ({exc})") from exc
+    return LMContainer(h, tensors, meta, shapes)
+
+
+def read_lm_tokenizer(path: str | os.PathLike[str]) -> bytes | None:
+    """The tokenizer.json bytes a version-2 container holds (CRC-32 checked), or None."""
+    source = str(path)
+    h, _ = read_lm_header(path)
+    with open(path, "rb") as f:
+        table = f.read(ENTRY_SIZE * int(h["n_tensors"]) + HEADER_SIZE)[HEADER_SIZE:]
+        for i in range(len(table) // ENTRY_SIZE):
+            fields = ENTRY.unpack_from(table, i * ENTRY_SIZE)
+            if fields[0].rstrip(b"\0") != TOKENIZER_TENSOR.encode():
+                continue
+            off, nb, crc = fields[7], fields[8], fields[10]
+            f.seek(off)
+            data = f.read(nb)
+            if len(data) != nb or zlib.crc32(data) != crc:
+                raise ModelFormatError(f"{source}: the embedded tokenizer.json is corrupt")
+            return data
+    return None

@@ -16,8 +16,9 @@ import numpy as np
 
 from ..errors import ConfigError, InputError, ModelFormatError
 from ..ir.moe import MoELayer
+from ..paths import check_output_file, write_file_atomic
 from .container import MAGIC as CONTAINER_MAGIC
-from .container import check_output_file, read_container, write_file_atomic
+from .container import read_container
 from .hf import HFCheckpoint, check_architectures, is_hf_checkpoint, load_hf_moe_layer
 from .seed import SEED_MAGIC, read_npz, read_seed_dir, read_seed_file
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError, ModelFormatError
 from ..ir.moe import ACTIVATIONS, GATED_ACTIVATION, Expert, MoEConfig, MoELayer, parse_config
-from .container import write_files_atomic
+from ..paths import write_files_atomic
 
 SEED_MAGIC = 0x434F4C49
 SEED_VERSION = 1

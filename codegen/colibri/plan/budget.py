@@ -18,7 +18,7 @@ from ..ir.model import Model
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..options import GenerateOptions
-from ..quant.formats import weight_bytes_for
+from ..quant.formats import q8_blocks, q8_channel_dtype, weight_bytes_for
 
 #: The largest static arena: sizes are 32-bit on MCU boards, and x86-64's default code model
 #: cannot address a static object of 2 GiB or more.
@@ -179,18 +179,29 @@ def _for_transformers(message: str) -> str:
     )
 
 
-def _dense_int8_saving(model: MoETransformer) -> int:
-    """Bytes --dense-quant int8 saves: each matrix besides the routed experts and routers goes
-    from 4 bytes per weight to 1 plus a float scale per output row (struct padding ignored)."""
-    vocab_rows = [model.embed] + ([] if model.config.tie_word_embeddings else [model.lm_head])
-    saved = sum(3 * a.size - 4 * a.shape[0] for a in vocab_rows)  # [vocab, d]: a row per token
+def _q8_saving(n_out: int, n_in: int, blocks: bool = False) -> int:
+    """Bytes an [out, in] fp32 matrix saves as the int8 struct (one scale per output channel,
+    or with `blocks` one per block of 32 inputs)."""
+    n_scales = n_out * q8_blocks(n_in) if blocks else n_out
+    return 4 * n_out * n_in - q8_channel_dtype(n_out, n_in, n_scales).itemsize
+
+
+def dense_int8_saving(model: MoETransformer) -> int:
+    """Bytes --dense-quant int8 saves: the embedding, LM head and attention projections as
+    block-scaled int8 structs, shared experts and dense MLPs per output channel, struct
+    padding included (norms, biases, routers and the shared-expert gate stay fp32); of
+    `model` only the shapes are read (`colibri inspect` passes shape-only arrays)."""
+    c = model.config
+    saved = _q8_saving(c.vocab_size, c.d_model, True) * (1 if c.tie_word_embeddings else 2)
     for layer in model.layers:
-        mats = [getattr(layer.attention, n) for n in ("wq", "wk", "wv", "wo")]
+        a = layer.attention
+        for w in (a.wq, a.wk, a.wv, a.wo):
+            saved += _q8_saving(int(w.shape[1]), int(w.shape[0]), True)  # stored [out, in]
         ffn = layer.mlp if layer.moe is None else layer.moe.shared_expert
         if ffn is not None:
-            mats += [t for _, t in ffn.tensors() if t.ndim == 2]
-        saved += sum(3 * a.size - 4 * a.shape[1] for a in mats)  # [in, out]
-    return int(saved)
+            f = int(ffn.w1.shape[1])
+            saved += 2 * _q8_saving(f, c.d_model) + _q8_saving(c.d_model, f)
+    return saved
 
 
 def _quant_hint(model: MoETransformer, manifest: dict[str, Any], board: Any, message: str) -> str:
@@ -208,7 +219,7 @@ def _quant_hint(model: MoETransformer, manifest: dict[str, Any], board: Any, mes
         return "\n  Quantised routed experts fit the flash: " + ", ".join(
             f"--quant {scheme} (~{need} bytes of weights)" for scheme, need in fits
         )
-    saved = _dense_int8_saving(model)
+    saved = dense_int8_saving(model)
     fits = schemes_that_fit(
         manifest,
         board,

@@ -234,10 +234,14 @@ def max_top_k(model: MoETransformer) -> int:
 @dataclass(frozen=True)
 class TransformerPlan(ArenaPlan):
     """The arena of a whole transformer with a KV cache of max_context positions; act_q: the
-    values of its quantised activation row (0: none)."""
+    values of its quantised activation row (0: none), act_q_codes: where its int8 codes start
+    in it (:func:`act_q_codes_offset`); max_top_k: the most experts a token is routed to (the
+    routing buffers hold that many)."""
 
     max_context: int = 0
     act_q: int = 0
+    act_q_codes: int = 0
+    max_top_k: int = 1
 
 
 def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) -> TransformerPlan:
@@ -279,4 +283,4 @@ def plan_transformer(model: MoETransformer, max_context: int, act_q: int = 0) ->
             f"float[{c.n_layers}][2][{c.n_kv_heads}][{max_context}][{c.head_dim}] KV cache",
         ),
     ]
-    return TransformerPlan(lay_out(items), max_context, act_q)
+    return TransformerPlan(lay_out(items), max_context, act_q, act_q_codes_offset(act_q), k)

@@ -15,10 +15,10 @@ from typing import Any
 from ..boards import Board
 from ..errors import ConfigError
 from ..ir.model import Model
-from ..ir.moe import MoELayer
-from ..ir.transformer import MoETransformer
+from ..ir.moe import Expert, MoELayer
+from ..ir.transformer import DecoderLayer, MoETransformer
 from ..options import CACHE_POLICIES, MAX_CONTEXT_LIMIT, GenerateOptions
-from ..quant.formats import stored_nbytes
+from ..quant.formats import DEFAULT_ACT, stored_nbytes
 from ..quant.model import LayerQuant, TransformerQuant
 from .memory import (
     MemoryPlan,
@@ -113,17 +113,53 @@ def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
     input they quantise (expert / FFN inputs and hidden rows, attention inputs); 0 for none."""
     if q is None:
         return 0
+    experts = [
+        i
+        for i, layer in enumerate(model.layers)
+        if layer.moe is not None
+        and q.scheme != "fp32"
+        and any(e.act == "int8" for e in q.experts[i].values())
+    ]
+    dense = q.dense_scheme != "fp32"
+    ffns = [i for i, f in q.dense_ffn.items() if dense and f.act == "int8"]
+    return _act_q_values(model, experts, ffns, dense and q.dense_act == "int8")
+
+
+def transformer_act_q_for(model: MoETransformer, quant: str, dense: str) -> int:
+    """:func:`transformer_act_q` from the schemes alone, with their default activations (what
+    `generate --quant QUANT --dense-quant DENSE` plans; `colibri inspect`, before anything is
+    quantised)."""
+    experts = [i for i, layer in enumerate(model.layers) if layer.moe is not None]
+    ffns = [i for i, layer in enumerate(model.layers) if _ffn(layer) is not None]
+    dense_int8 = DEFAULT_ACT[dense] == "int8"
+    return _act_q_values(
+        model,
+        experts if DEFAULT_ACT[quant] == "int8" else [],
+        ffns if dense_int8 else [],
+        dense_int8,
+    )
+
+
+def _ffn(layer: DecoderLayer) -> Expert | None:
+    """A layer's dense FFN: its MLP, or its MoE block's shared expert."""
+    return layer.mlp if layer.moe is None else layer.moe.shared_expert
+
+
+def _act_q_values(
+    model: MoETransformer, experts: list[int], ffns: list[int], attention: bool
+) -> int:
+    """The widest input quantised to int8: the experts of layers `experts`, the dense FFNs of
+    layers `ffns` (their inputs and hidden rows) and, with `attention`, the attention inputs."""
     c = model.config
     rows = []
-    for i, layer in enumerate(model.layers):
-        if layer.moe is not None and q.scheme != "fp32":
-            rows += [
-                max(c.d_model, layer.moe.config.d_ff)
-                for e in q.experts[i].values()
-                if e.act == "int8"
-            ]
-        if q.dense_scheme != "fp32" and i in q.dense_ffn and q.dense_ffn[i].act == "int8":
-            rows.append(max(c.d_model, int(q.dense_ffn[i].w1.n_out)))
-    if q.dense_scheme != "fp32" and q.dense_act == "int8":
+    for i in experts:
+        moe = model.layers[i].moe
+        assert moe is not None
+        rows.append(max(c.d_model, moe.config.d_ff))
+    for i in ffns:
+        ffn = _ffn(model.layers[i])
+        assert ffn is not None
+        rows.append(max(c.d_model, int(ffn.w1.shape[1])))
+    if attention:
         rows.append(max(c.d_model, c.n_heads * c.head_dim))
     return max(rows, default=0)

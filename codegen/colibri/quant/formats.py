@@ -22,13 +22,14 @@ quantised to int8 at run time, one scale per block of QK8 = 32 values (``act="in
 dot products per block).
 
 The formats are defined once in C (runtime_c/include/colibri_quant.h) and mirrored here as
-numpy dtypes (:data:`BLOCK_Q4_DTYPE`); tests/test_quant.py reads the C sizes and offsets
-back from a compiled object. The kernels below mirror the C library kernels' arithmetic *in the
-same fp32 order* (every board compiles with -ffp-contract=off), so integer accumulators and
-matvec outputs are bit-identical (the generated fp32 experts in layout ``c8`` and the Helium
-fp16 experts use fused multiply-adds instead: within the fp32 tolerance, docs/format.md 6);
-C's ``roundf`` (half away from zero) is mirrored by :func:`round_half_away`, not ``np.round``
-(half to even).
+numpy dtypes (:data:`BLOCK_Q4_DTYPE`, which with QK4 and :func:`q4_blocks` is part of the
+container format, :mod:`colibri.frontends.container`, that stores these blocks);
+tests/test_quant.py reads the C sizes and offsets back from a compiled object. The kernels
+below mirror the C library kernels' arithmetic *in the same fp32 order* (every board compiles
+with -ffp-contract=off), so integer accumulators and matvec outputs are bit-identical (the
+generated fp32 experts in layout ``c8`` and the Helium fp16 experts use fused multiply-adds
+instead: within the fp32 tolerance, docs/format.md 6); C's ``roundf`` (half away from zero)
+is mirrored by :func:`round_half_away`, not ``np.round`` (half to even).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ModelFormatError, ShapeError
+from ..frontends.container import BLOCK_Q4_DTYPE, QK4, q4_blocks
 from ..ir.moe import Expert, MoELayer
 from ..progress import Tick
 
@@ -49,13 +51,9 @@ ACT_MODES: tuple[str, ...] = ("fp32", "int8")
 #: Default activation mode per scheme: integer dot products for integer weights.
 DEFAULT_ACT: dict[str, str] = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int8"}
 
-QK4 = 32  # COLIBRI_QK4
 QK8 = 32  # COLIBRI_QK8: activations per scale of the int8 activation quantiser
 Q8_MAX = 127  # COLIBRI_Q8_MAX
 FP16_MAX = 65504.0
-
-#: numpy mirror of colibri_block_q4_32 (C struct: uint16_t d; uint8_t qs[16]; 18 bytes).
-BLOCK_Q4_DTYPE = np.dtype([("d", "<u2"), ("qs", "u1", (QK4 // 2,))])
 
 
 def q8_channel_dtype(n_out: int, n_in: int, n_scales: int | None = None) -> np.dtype:
@@ -176,11 +174,6 @@ def dequantize_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 def q8_blocks(n: int) -> int:
     """COLIBRI_Q8_BLOCKS: scales of a quantised activation row of n values."""
     return (n + QK8 - 1) // QK8
-
-
-def q4_blocks(n_in: int) -> int:
-    """COLIBRI_Q4_BLOCKS: blocks per row (the last one zero-padded)."""
-    return (n_in + QK4 - 1) // QK4
 
 
 def _q4_padded(w_t: np.ndarray) -> np.ndarray:

@@ -166,8 +166,10 @@ def quantize_transformer(
     act is the activation mode of int8/int4 matrices (default int8: integer dot products; fp16
     has no integer kernel and keeps fp32); search is the int8 / int4 scale search. `progress`
     shows one line counting the layers and their experts."""
-    with progress.stage("quantise", _quant_steps(model, dense)) as st:
-        return _quantize_transformer(model, scheme, act, dense, router, search, calib, st)
+    q = new_transformer_quant(scheme, act, dense, router, search)
+    with progress.stage("quantise", _quant_steps(model, q.dense_scheme)) as st:
+        _quantize_transformer(q, model, search, calib, st)
+    return q
 
 
 def _quant_steps(model: MoETransformer, dense: str) -> int:
@@ -178,16 +180,13 @@ def _quant_steps(model: MoETransformer, dense: str) -> int:
 
 
 def _quantize_transformer(
+    q: TransformerQuant,
     model: MoETransformer,
-    scheme: str,
-    act: str | None,
-    dense: str,
-    router: str,
     search: str,
     calib: dict[int, LayerCalib] | None,
     st: Stage,
-) -> TransformerQuant:
-    q = new_transformer_quant(scheme, act, dense, router, search)
+) -> None:
+    """Every layer of `model` into `q` (its schemes set by :func:`new_transformer_quant`)."""
     n_layers = len(model.layers)
     step = 0
     for i, layer in enumerate(model.layers):
@@ -201,7 +200,7 @@ def _quantize_transformer(
         quantize_layer_experts(q, i, layer, search, lcal, tick)
         step += 1
     if q.dense_scheme == "fp32":
-        return q
+        return
     quantize_head(q, model, search)
     step += 1
     st.update(step, "embedding / LM head")
@@ -209,7 +208,6 @@ def _quantize_transformer(
         quantize_layer_dense(q, i, layer, search)
         step += 1
         st.update(step, f"layer {i + 1}/{n_layers}  dense")
-    return q
 
 
 def new_transformer_quant(
@@ -303,13 +301,31 @@ def quantize_transformer_as_asked(
     progress: Progress = SILENT,
 ) -> TransformerQuant | None:
     """The quantisation stage of a whole transformer: None when everything stays fp32 (the
-    generated C then holds no quantisation code), else :func:`quantize_transformer`; --act
-    without an int8/int4 matrix to apply to is an error."""
+    generated C then holds no quantisation code), else every layer quantised as
+    :func:`quantize_transformer` does, into :func:`transformer_quant_as_asked`'s schemes."""
+    q = transformer_quant_as_asked(quant, act, dense, router, search)
+    if q is not None:
+        with progress.stage("quantise", _quant_steps(model, q.dense_scheme)) as st:
+            _quantize_transformer(q, model, search, calib, st)
+    return q
+
+
+def transformer_quant_as_asked(
+    quant: str = "fp32",
+    act: str | None = None,
+    dense: str = "fp32",
+    router: str = "fp32",
+    search: str = DEFAULT_SCALE_SEARCH,
+) -> TransformerQuant | None:
+    """The schemes of a whole transformer's quantisation as --quant, --act, --dense-quant,
+    --router-quant and --scale-search ask them, checked: an empty TransformerQuant for the
+    ``quantize_*`` functions to fill (all layers at once, or one at a time), or None when
+    everything stays fp32. --act without an int8/int4 matrix to apply to is an error."""
     quant = check_scheme(quant)
     dense = check_dense_scheme(dense)
     q: TransformerQuant | None = None
     if quant != "fp32" or dense != "fp32" or router != "fp32":
-        q = quantize_transformer(model, quant, act, dense, router, search, calib, progress)
+        q = new_transformer_quant(quant, act, dense, router, search)
     if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
         raise ConfigError(
             "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 
-from ..frontends.container import write_file_atomic
+from ..paths import write_file_atomic
 
 #: Colours of the owners of bytes (treemap leaves, legends).
 PALETTE: dict[str, str] = {

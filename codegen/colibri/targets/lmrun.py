@@ -257,7 +257,7 @@ def is_container_file(path: str | Path) -> bool:
 def lm_file_manifest(path: str | Path) -> dict[str, Any]:
     """What `colibri run` needs of a whole-model container, in a generated manifest's shape:
     model.source / config.vocab_size (tokenizer lookup) and memory.max_context."""
-    from ..emit.lmfile import read_lm_header
+    from ..frontends.container import read_lm_header
 
     h, meta = read_lm_header(path)
     return {
