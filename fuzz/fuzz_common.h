@@ -8,7 +8,7 @@
  * Allocation rule checked here (issue 14's goal): while the runtime runs, no single allocation
  * may be larger than the input, i.e. than the model's files the harness writes from it.
  * colibri_init sizes every block from the files it has validated (runtime_c/src/model_file.c,
- * block_alloc), so a header field cannot buy memory its file does not hold. Build with
+ * colibri_file_block_alloc), so a header field cannot buy memory its file does not hold. Build with
  * -fsanitize=fuzzer,address,undefined (the hook is ASan's allocator hook).
  */
 #ifndef COLIBRI_FUZZ_COMMON_H

@@ -35,6 +35,9 @@ class GenerateOptions:
     cache_slots: int = 0
     calib: str | None = None
     ram_budget: int | None = None
+    #: bytes of hot experts placed in external PSRAM (boards with [memory.psram]); None: all of
+    #: it when calibrated, else 0
+    psram_budget: int | None = None
     router_quant: str = "fp32"
     #: Whole transformers only: KV-cache positions (None: DEFAULT_MAX_CONTEXT) and the scheme
     #: of every matrix besides the routed experts and routers.

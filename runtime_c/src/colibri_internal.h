@@ -45,6 +45,13 @@ size_t colibri_slot_bytes_checked(int32_t n_slots, size_t expert_floats);
  *         expert ids: COLIBRI_SLOT_BYTES(n, 0)); SIZE_MAX on overflow. */
 size_t colibri_slot_book_bytes(int32_t n_slots);
 
+/**
+ * @brief The k best of x[0..n) (1 <= k <= n), best first, ties to the lower index: their
+ *        indices in ids[k] and values in vals[k]. The router's selection (one pass, a value
+ *        enters only above the k-th kept); colibri_sample's top-k uses it.
+ */
+void colibri_topk_f32(const float *x, int32_t n, int32_t k, int32_t *ids, float *vals);
+
 /** @brief A sharing map is valid when every entry is in range and map[map[i]] == map[i]. */
 colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts);
 
@@ -85,15 +92,12 @@ colibri_status colibri_shared_attach(colibri_model_t *model, const colibri_model
                                      size_t arena_size, int32_t max_tokens);
 
 #ifndef COLIBRI_NO_FILESYSTEM
-/** @brief Release what colibri_init took (munmap + free). Defined in model_file.c. */
-void colibri_file_release(colibri_model_t *model);
-
 /** zlib's CRC-32 tables (slicing-by-8), for the container readers. */
 typedef struct {
     uint32_t t[8][256];
 } colibri_crc32_tables;
 
-/** @brief Fill the CRC-32 tables. Defined in model_file.c (as the three below). */
+/** @brief Fill the CRC-32 tables. Defined in crc32.c (as the three below). */
 void colibri_crc32_tables_init(colibri_crc32_tables *ct);
 
 /** @brief zlib's CRC-32 of n bytes (PCLMULQDQ folding where an x86-64 CPU has it). */

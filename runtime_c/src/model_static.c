@@ -229,17 +229,14 @@ size_t colibri_arena_size(const colibri_model_t *model, const colibri_config_t *
     return ws + slots;
 }
 
+#ifdef COLIBRI_NO_FILESYSTEM
+/* Without a file system every model is static and owns nothing (model_file.c has the POSIX
+ * colibri_init, colibri_init_shared and colibri_cleanup). */
 void colibri_cleanup(colibri_model_t *model)
 {
-    if (model == NULL || model->is_static) {
-        return; /* static models own nothing */
-    }
-#ifndef COLIBRI_NO_FILESYSTEM
-    colibri_file_release(model);
-#endif
+    (void)model;
 }
 
-#ifdef COLIBRI_NO_FILESYSTEM
 colibri_status colibri_init(const colibri_config_t *config, colibri_model_t **out_model)
 {
     (void)config;

@@ -219,6 +219,13 @@ static void route_select(route_state *st, const float *l, int32_t e0, int32_t n)
     }
 }
 
+void colibri_topk_f32(const float *x, int32_t n, int32_t k, int32_t *ids, float *vals)
+{
+    route_state st;
+    route_begin(&st, k, ids, vals);
+    route_select(&st, x, 0, n);
+}
+
 /* One block of logits l[0..n) of experts e0..: the selection, then S rescaled to the new max
  * and the block's exp(l - M) added. Returns 0 when a logit is NaN or infinite. */
 static int route_block(route_state *st, const float *l, int32_t e0, int32_t n)

@@ -1,6 +1,6 @@
 /**
  * @file test_crc.c
- * @brief The containers' CRC-32 (model_file.c colibri_crc32): on x86-64 with PCLMULQDQ the
+ * @brief The containers' CRC-32 (crc32.c colibri_crc32): on x86-64 with PCLMULQDQ the
  *        folding path, elsewhere the tables. Checked against a bit-at-a-time loop written here
  *        (zlib's reflected polynomial 0xEDB88320) and the check value of "123456789", then
  *        against the tables alone (colibri_crc32_portable) for every length 0..400 at every

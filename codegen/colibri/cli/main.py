@@ -171,6 +171,7 @@ def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
             "--expert-quant": a.expert_quant is not None,
             "--cache": a.cache != "pinned",
             "--ram-budget": a.ram_budget is not None,
+            "--psram-budget": a.psram_budget is not None,
         }
         given = [opt for opt, on in others.items() if on]
         if given:
@@ -214,6 +215,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         cache=a.cache,
         cache_slots=a.cache_slots if a.cache == "lru" else 0,
         ram_budget=a.ram_budget,
+        psram_budget=a.psram_budget,
     )
     out, manifest = generate(model, a.out, opts, force=a.force, progress=progress)
     if model.decoder is not None:
@@ -802,6 +804,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the arena, the stack and 4 KB of runtime statics leave (the hottest experts that fit "
         "are pinned: a small model's all of them), on hosted boards 0. --ram-budget 0 keeps "
         "every expert in flash.",
+    )
+    s.add_argument(
+        "--psram-budget",
+        type=int_range(0, MAX_RAM_BUDGET, "bytes"),
+        metavar="BYTES",
+        help="boards with external PSRAM (esp32s3): bytes of the hottest experts that did not "
+        "fit --ram-budget placed in PSRAM (section .colibri_psram) instead of flash. Default: "
+        "with --calib the board's whole PSRAM, without 0 (every expert in flash).",
     )
     s.add_argument("--layer", type=LAYER, help=MOE_LAYER_HELP)
     add_quiet(s)

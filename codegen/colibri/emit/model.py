@@ -137,7 +137,7 @@ def emit_block(
         idx, qe = pl.index, qexperts[pl.index]
         k = kernel(qe.scheme, qe.act, c.d_ff)
         const = "" if pl.placement == "ram" else "const "
-        pinned = ", pinned in RAM" if pl.placement == "ram" else ""
+        pinned = {"ram": ", pinned in RAM", "psram": ", in PSRAM"}.get(pl.placement, "")
         users = [i for i, s in enumerate(storage) if s == idx and i != idx]
         shared = f" (also used by experts {', '.join(map(str, users))})" if users else ""
 
@@ -145,7 +145,12 @@ def emit_block(
         warg = dict(arg)  # the same pointers taken from the loader's weights (a cache slot)
         part_bytes = dict.fromkeys(PARTS, "0u")
         for part, entry in w.add_expert(
-            f"{key}e{idx}", qe, k, _describe(f"expert {idx}", f"{qe.scheme}{pinned}{shared}"), const
+            f"{key}e{idx}",
+            qe,
+            k,
+            _describe(f"expert {idx}", f"{qe.scheme}{pinned}{shared}"),
+            const,
+            psram=pl.placement == "psram",
         ).items():
             arg[part] = entry["ref"]
             warg[part] = f"w->{part}"
@@ -312,7 +317,10 @@ def _layer(
         }
         manifest["accuracy"] = analysis.accuracy
         pinned_ram = sum(int(s["nbytes"]) for s in stored if s["placement"] == "ram")
-        manifest["layout"] = layout_summary(layer, stored, pinned_ram, options.cache, plan.n_slots)
+        in_psram = sum(int(s["nbytes"]) for s in stored if s["placement"] == "psram")
+        manifest["layout"] = layout_summary(
+            layer, stored, pinned_ram, options.cache, plan.n_slots, in_psram
+        )
         manifest["experts"] = [
             {
                 "expert": i,
@@ -365,9 +373,15 @@ def shared_expert(
 
 
 def layout_summary(
-    layer: MoELayer, stored: list[dict[str, Any]], pinned_ram: int, cache: str, n_slots: int
+    layer: MoELayer,
+    stored: list[dict[str, Any]],
+    pinned_ram: int,
+    cache: str,
+    n_slots: int,
+    psram: int = 0,
 ) -> dict[str, Any]:
-    """Sharing / dedup savings and placement totals."""
+    """Sharing / dedup savings and placement totals (psram_bytes only when some expert is in
+    external PSRAM)."""
     c = layer.config
     per_expert = [int(s["nbytes"]) for s in stored]
     unshared = int(np.mean(per_expert)) * c.n_experts if per_expert else 0
@@ -386,6 +400,7 @@ def layout_summary(
         "alignment": 16,
         "order": [int(s["index"]) for s in stored],
         "pinned_ram_bytes": pinned_ram,
+        **({"psram_bytes": psram} if psram else {}),
         "cache": cache,
         "cache_slots": n_slots,
     }

@@ -170,9 +170,12 @@ class WeightTable:
         data: bytes | memoryview | list[bytes | memoryview],
         what: str,
         const: bool = True,
+        psram: bool = False,
     ) -> None:
         """Append a tensor's bytes (one buffer or several) to the blob at the next 16-byte
-        boundary; `decl` declares it in C."""
+        boundary; `decl` declares it in C. Sections: .rodata.<sym> (const: flash on MCUs),
+        .data.<sym> (pinned in RAM), or with `psram` .colibri_psram.<sym> (external PSRAM in
+        Colibri's ESP32-S3 linker script; weights.c.j2 falls back to .rodata elsewhere)."""
         chunks = data if isinstance(data, list) else [data]
         pad = -self._blob_size % BLOB_ALIGN
         if pad:
@@ -186,6 +189,7 @@ class WeightTable:
                 "size": sum(memoryview(c).nbytes for c in chunks),
                 "section": (".rodata." if const else ".data.") + sym,
                 "flags": "a" if const else "aw",
+                "psram": psram,
                 "what": what,
             }
         )
@@ -235,14 +239,19 @@ class WeightTable:
         return "NULL" if arr is None else self.add(key, arr, what)
 
     def add_stored(
-        self, key: str, t: QuantTensor | np.ndarray, what: str, const: str = "const "
+        self,
+        key: str,
+        t: QuantTensor | np.ndarray,
+        what: str,
+        const: str = "const ",
+        psram: bool = False,
     ) -> dict[str, Any]:
         """A tensor in its stored scheme (:func:`tensor_entry`: its decl, init, typedef and
-        reference); const "" places it in RAM (pinned experts). fp32 matrices in the seed
-        layout are declared as plain float arrays, as :meth:`add`'s."""
+        reference); const "" places it in RAM (pinned experts), `psram` in external PSRAM.
+        fp32 matrices in the seed layout are declared as plain float arrays, as :meth:`add`'s."""
         sym = self._new_symbol(key)
         entry = tensor_entry(sym, t, self.name, const)
-        self._place(sym, entry["decl"], tensor_chunks(t), what, const == "const ")
+        self._place(sym, entry["decl"], tensor_chunks(t), what, const == "const ", psram)
         if entry["typedef"] is not None:
             self.typedefs[entry["typedef"][0]] = entry["typedef"][1]
         entry["what"] = what
@@ -256,6 +265,7 @@ class WeightTable:
         kernel: dict[str, Any],
         what: Callable[[str, QuantTensor | np.ndarray], str],
         const: str = "const ",
+        psram: bool = False,
     ) -> dict[str, dict[str, Any]]:
         """Every tensor of an expert (routed or shared, of a lone layer or a transformer, or a
         dense MLP) as ``<key>_<part>``, in the layouts its `kernel` reads and described by
@@ -264,7 +274,7 @@ class WeightTable:
         for part, t in qe.tensors():
             if isinstance(t, QuantTensor):
                 t = with_layout(t, part, kernel)
-            entries[part] = self.add_stored(f"{key}_{part}", t, what(part, t), const)
+            entries[part] = self.add_stored(f"{key}_{part}", t, what(part, t), const, psram)
         return entries
 
 

@@ -104,7 +104,23 @@ def plan(
     ram_budget = options.ram_budget
     if ram_budget is None:
         ram_budget = default_ram_budget(board, memory) if analysis.calibrated else 0
-    placements = plan_placement(layer, q.experts, analysis.heat, ram_budget, analysis.calibrated)
+    psram_budget = options.psram_budget
+    psram = board.memory.get("psram")
+    if psram_budget is None:
+        psram_budget = psram.size if psram is not None and analysis.calibrated else 0
+    elif psram_budget and psram is None:
+        raise ConfigError(
+            f"--psram-budget: board {board.name} has no external PSRAM (no [memory.psram] in "
+            f"boards/{board.name}.toml); drop the option, or use a board with PSRAM (esp32s3)"
+        )
+    elif psram is not None and psram_budget > psram.size:
+        raise ConfigError(
+            f"--psram-budget {psram_budget} exceeds board {board.name}'s PSRAM "
+            f"({psram.size} bytes); pass at most {psram.size}"
+        )
+    placements = plan_placement(
+        layer, q.experts, analysis.heat, ram_budget, analysis.calibrated, psram_budget
+    )
     return LayerPlan(memory, placements, n_slots, floats)
 
 

@@ -5,7 +5,10 @@ Calibration tokens are routed with the fp32 router (the one the firmware runs); 
 heat is the number of (token, slot) pairs that chose it. The hottest stored experts that fit
 the RAM budget are pinned in RAM (their arrays lose `const`, so the startup code copies them
 from flash into .data: no flash wait states on the hot path) and get the *speed* kernel (the
-FFN body inlined into the expert's kernel, dimensions constant); the others stay in flash,
+FFN body inlined into the expert's kernel, dimensions constant). On a board with external PSRAM
+(esp32s3), the next hottest that fit the PSRAM budget are placed in PSRAM (section
+.colibri_psram: faster than the flash behind the same cache on the chip); the others stay in
+flash,
 ordered by heat (hot first, so a flash cache or an external-memory prefetch sees the likely
 experts together) with the *compact* kernel (one shared out-of-line FFN body). Both kernel
 variants run the same operations in the same order: outputs are bit-identical.
@@ -45,8 +48,11 @@ def plan_placement(
     heat: np.ndarray,
     ram_budget: int,
     calibrated: bool,
+    psram_budget: int = 0,
 ) -> list[Placement]:
-    """Placements of the stored experts, in storage order (hottest first when calibrated)."""
+    """Placements of the stored experts, in storage order (hottest first when calibrated):
+    "ram" within ram_budget bytes, then "psram" within psram_budget bytes, else "flash"; an
+    expert no calibration token chose stays in flash."""
     storage = layer.storage_map()
     stored_heat = {idx: 0 for idx in qexperts}
     for i, owner in enumerate(storage):
@@ -58,19 +64,21 @@ def plan_placement(
         ]
     order = sorted(qexperts, key=lambda i: (-stored_heat[i], i))
     out = []
-    used = 0
+    used = used_psram = 0
     n_hot = max(1, len(order) // 4)  # no RAM budget: the hottest quarter gets the speed kernel
     for rank, i in enumerate(order):
         q = qexperts[i]
         ram = stored_heat[i] > 0 and used + q.nbytes <= ram_budget
         used += q.nbytes if ram else 0
+        psram = not ram and stored_heat[i] > 0 and used_psram + q.nbytes <= psram_budget
+        used_psram += q.nbytes if psram else 0
         hot = ram or (ram_budget == 0 and stored_heat[i] > 0 and rank < n_hot)
         out.append(
             Placement(
                 i,
                 q.scheme,
                 q.act,
-                "ram" if ram else "flash",
+                "ram" if ram else "psram" if psram else "flash",
                 "speed" if hot else "compact",
                 q.nbytes,
                 stored_heat[i],

@@ -2,7 +2,9 @@
 
 Flash = allocated sections whose *load* address lies in the board's flash region (code,
 rodata, the initial values of .data); RAM = allocated sections whose *run* address lies in the
-RAM region (.data, .bss, the arena, the stack). Hosted boards (no memory regions) count
+RAM region (.data, .bss, the arena, the stack); PSRAM (boards with external PSRAM) = sections
+whose run address lies there (experts placed in .colibri_psram; their bytes count against the
+flash too: on the chip they come from the flash image). Hosted boards (no memory regions) count
 file-backed allocated sections as flash and writable ones as RAM.
 
 Breakdowns: by section; by runtime module (symbols defined by each object of libcolibri.a);
@@ -39,6 +41,8 @@ class SizeReport:
     ram_size: int
     flash_used: int = 0
     ram_used: int = 0
+    psram_size: int = 0
+    psram_used: int = 0
     sections: list[dict[str, Any]] = field(default_factory=list)
     modules: dict[str, dict[str, int]] = field(default_factory=dict)
     experts: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -61,6 +65,11 @@ class SizeReport:
             "ram_size": self.ram_size,
             "flash_percent": _pct(self.flash_used, self.flash_size),
             "ram_percent": _pct(self.ram_used, self.ram_size),
+            **(
+                {"psram_used": self.psram_used, "psram_size": self.psram_size}
+                if self.psram_size
+                else {}
+            ),
             "sections": self.sections,
             "modules": self.modules,
             "experts": {str(k): v for k, v in sorted(self.experts.items())},
@@ -132,7 +141,9 @@ def analyse(
     """Measure a linked ELF against a board's regions."""
     flash = board.memory.get("flash")
     ram = board.memory.get("ram")
+    psram = board.memory.get("psram")
     rep = SizeReport(board.name, str(elf_path), flash.size if flash else 0, ram.size if ram else 0)
+    rep.psram_size = psram.size if psram else 0
     # The flash chip may be seen through several windows (esp32s3: `flash` for data,
     # `flash_code` for instructions); every one counts against the flash budget.
     flash_windows = [r for n, r in board.memory.items() if n == "flash" or n.startswith("flash_")]
@@ -150,14 +161,20 @@ def analyse(
                     if off <= sec["sh_offset"] < off + max(filesz, 1):
                         lma = paddr + sec["sh_offset"] - off
                         break
+            in_psram = psram is not None and psram.origin <= vma < psram.end
             if flash and ram:
-                in_flash = not nobits and any(r.origin <= lma < r.end for r in flash_windows)
+                in_flash = (
+                    not nobits
+                    and any(r.origin <= lma < r.end for r in flash_windows)
+                    or (in_psram and not nobits)
+                )
                 in_ram = ram.origin <= vma < ram.origin + ram.size
             else:
                 in_flash = not nobits
                 in_ram = bool(sec["sh_flags"] & SH_FLAGS.SHF_WRITE)
             rep.flash_used += size if in_flash else 0
             rep.ram_used += size if in_ram else 0
+            rep.psram_used += size if in_psram else 0
             rep.sections.append(
                 {
                     "name": sec.name,
@@ -300,6 +317,8 @@ def format_report(rep: SizeReport) -> str:
 
     lines.append(f"  flash: {usage(rep.flash_used, rep.flash_size)}")
     lines.append(f"  RAM:   {usage(rep.ram_used, rep.ram_size)}")
+    if rep.psram_size:
+        lines.append(f"  PSRAM: {usage(rep.psram_used, rep.psram_size)}")
     if rep.stack:
         from .stack import StackReport, format_stack
 
@@ -326,6 +345,11 @@ def check_elf_budget(rep: SizeReport) -> None:
     if rep.ram_size and rep.ram_used > rep.ram_size:
         problems.append(
             f"RAM {rep.ram_used} > {rep.ram_size} ({rep.ram_used - rep.ram_size} bytes over)"
+        )
+    if rep.psram_size and rep.psram_used > rep.psram_size:
+        problems.append(
+            f"PSRAM {rep.psram_used} > {rep.psram_size} "
+            f"({rep.psram_used - rep.psram_size} bytes over)"
         )
     if rep.stack and rep.stack.get("entry"):
         worst, size = int(rep.stack["worst"]), int(rep.stack["stack_size"])
