@@ -149,13 +149,3 @@ def add_board_argument(s: argparse.ArgumentParser, default: str | None, **kw: An
     """--board with its type check and the list of boards in its help (every command's)."""
     help_text = kw.pop("help", None) or board_help(default)
     s.add_argument("--board", type=board_name, default=default, help=help_text, **kw)
-
-
-def interrupted() -> int:
-    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT), no traceback (shared by the
-    console-script entry, colibri.cli.entry, and colibri.cli.main)."""
-    try:
-        print("colibri: interrupted", file=sys.stderr)
-    except (OSError, ValueError, KeyboardInterrupt):
-        pass
-    return 130

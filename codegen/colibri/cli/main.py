@@ -47,6 +47,7 @@ from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
 from ..report.html import write_report
 from ..targets.lmrun import is_container_file, parse_ids, read_output, write_input
 from ..targets.qemu import run_elf
+from . import interrupted
 from .argtypes import (
     MAX_CHECK_TOKENS,
     MAX_LAYER,
@@ -61,7 +62,6 @@ from .argtypes import (
     add_board_argument,
     float_range,
     int_range,
-    interrupted,
 )
 from .inspect import add_parser as add_inspect_parser
 from .lm import add_run_arguments, cmd_run_lm
