@@ -107,7 +107,7 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     lm_part p[LM_PARTS];
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         const lm_layer *ly = &lm->layers[l];
-        if (!ly->is_moe) {
+        if (!ly->tf.is_moe) {
             continue;
         }
         max_k = ly->top_k > max_k ? ly->top_k : max_k;
@@ -165,7 +165,7 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
      * there (the checks dropped those they read), so only the slots hold expert bytes. */
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         const lm_layer *ly = &lm->layers[l];
-        for (int32_t j = 0; ly->is_moe && j < ly->moe.n_experts; j++) {
+        for (int32_t j = 0; ly->tf.is_moe && j < ly->moe.n_experts; j++) {
             if (ly->experts[j].owner != j) {
                 continue;
             }
@@ -302,7 +302,7 @@ static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *confi
     uint32_t n_hot = 0;
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         const lm_layer *ly = &lm->layers[l];
-        for (int32_t j = 0; ly->is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+        for (int32_t j = 0; ly->tf.is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
             has_heat = 1;
             n_hot += ly->experts[j].owner == j ? 1u : 0u;
         }
@@ -317,7 +317,7 @@ static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *confi
     uint32_t n = 0;
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         const lm_layer *ly = &lm->layers[l];
-        for (int32_t j = 0; ly->is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+        for (int32_t j = 0; ly->tf.is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
             if (ly->experts[j].owner != j) {
                 continue;
             }
@@ -337,7 +337,7 @@ static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *confi
      * slots lost more hits than the pinned experts gave (docs/transformer.md). */
     uint32_t keep = 0;
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
-        keep += lm->layers[l].is_moe ? (uint32_t)lm->layers[l].top_k : 0u;
+        keep += lm->layers[l].tf.is_moe ? (uint32_t)lm->layers[l].top_k : 0u;
     }
     keep = c->prefetch ? 2u * (uint32_t)max_k : keep;
     uint32_t want = c->n_slots / 2u;
@@ -405,7 +405,7 @@ const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, in
 void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
 {
     lm_cache *c = lm->cache;
-    if (c == NULL || !c->prefetch || !next->is_moe) {
+    if (c == NULL || !c->prefetch || !next->tf.is_moe) {
         return;
     }
     const int32_t k = next->top_k;
@@ -414,7 +414,7 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
         return;
     }
     const uint64_t pin = ++c->epoch;
-    for (int32_t i = 0; ly->is_moe && i < ly->top_k; i++) {
+    for (int32_t i = 0; ly->tf.is_moe && i < ly->top_k; i++) {
         c->slots[c->resident[ly->first_expert + ly->experts[lm->ids[i]].owner]].pin = pin;
     }
     for (int32_t i = 0; i < k; i++) {

@@ -70,16 +70,8 @@ typedef struct {
     uint32_t crc;
 } lm_entry;
 
-/** A stored matrix [n_out][n_in] in a colibri_quant_scheme. */
-typedef struct {
-    int32_t scheme;
-    int32_t blocked; /* int8: one scale per block of 32 inputs (colibri_matvec_q8b_*) */
-    int32_t n_out, n_in;
-    const void *w;
-    const float *scale;
-    const void *packed; /* NULL, or the copy colibri_x86_pack made at init (int8 activations) */
-    int32_t pack_kind;  /* COLIBRI_X86_PACK_* of packed */
-} lm_mat;
+/** A stored matrix [n_out][n_in] (packed: the copy colibri_x86_pack made at init). */
+typedef colibri_tf_mat_t lm_mat;
 
 typedef struct {
     int32_t owner, scheme, act;
@@ -88,16 +80,13 @@ typedef struct {
 } lm_expert;
 
 typedef struct {
-    const float *input_norm, *post_norm;
-    lm_mat wq, wk, wv, wo;
-    const float *bq, *bk, *bv, *bo, *q_norm, *k_norm;
-    int32_t is_moe, top_k;
+    colibri_tf_layer_t tf; /* what tf_step.c reads: norms, attention, FFN kind */
+    int32_t top_k;
     int32_t first_expert; /* index of its expert 0 in the model's expert array */
     colibri_model_t moe;  /* dims, flags and router for colibri_route / colibri_expert_ffn_f32 */
     lm_expert *experts;
-    int32_t ffn_d_ff, ffn_scheme, ffn_act;
-    lm_mat ffn[3]; /* w1 gate [f][d], w2 down [d][f], w3 up [f][d] */
-    const float *shared_gate;
+    int32_t ffn_scheme, ffn_act;
+    lm_mat ffn[3];     /* w1 gate [f][d], w2 down [d][f], w3 up [f][d] */
     const float *heat; /* [n_experts] calibration heat (layer.{i}.heat), NULL when absent */
 } lm_layer;
 
@@ -169,6 +158,7 @@ struct colibri_lm {
     void *packed;    /* the packed matrices (lm_pack), NULL: none */
     size_t packed_bytes;
     colibri_lm_stats_t stats;
+    colibri_tf_model_t tf; /* the view tf_step.c's step functions run (clb_lm_view) */
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -246,6 +236,11 @@ const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, in
 
 /** @brief The next layer's predicted experts read into slots ahead of use (budget only). */
 void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next);
+
+/* lm_step.c */
+
+/** @brief Fill lm->tf, the view of the bound, packed model the step functions run. */
+void clb_lm_view(colibri_lm_t *lm);
 
 /* lm_pool.c */
 

@@ -122,16 +122,16 @@ static size_t pack_all(colibri_lm_t *lm, unsigned char *base)
     pack_mat(&lm->lm_head, dact, base, &off);
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         lm_layer *ly = &lm->layers[l];
-        lm_mat *att[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
+        lm_mat *att[4] = {&ly->tf.wq, &ly->tf.wk, &ly->tf.wv, &ly->tf.wo};
         for (int i = 0; i < 4; i++) {
             pack_mat(att[i], dact, base, &off);
         }
-        if (ly->ffn_d_ff > 0) {
+        if (ly->tf.ffn_d_ff > 0) {
             for (int i = 0; i < 3; i++) {
                 pack_mat(&ly->ffn[i], ly->ffn_act, base, &off);
             }
         }
-        if (ly->is_moe && lm->cache == NULL) {
+        if (ly->tf.is_moe && lm->cache == NULL) {
             for (int32_t j = 0; j < ly->moe.n_experts; j++) {
                 lm_expert *e = &ly->experts[j];
                 if (e->owner != j || e->scheme == COLIBRI_QUANT_F32) {

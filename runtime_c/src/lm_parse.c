@@ -329,32 +329,32 @@ static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const 
             return st;                                                                             \
         }                                                                                          \
     } while (0)
-    LM_TRY(need_f32(c, 1, dm, 0u, &ly->input_norm, "layer.%u.input_norm", (unsigned)l));
-    LM_TRY(need_f32(c, 1, dm, 0u, &ly->post_norm, "layer.%u.post_norm", (unsigned)l));
+    LM_TRY(need_f32(c, 1, dm, 0u, &ly->tf.input_norm, "layer.%u.input_norm", (unsigned)l));
+    LM_TRY(need_f32(c, 1, dm, 0u, &ly->tf.post_norm, "layer.%u.post_norm", (unsigned)l));
     set_name(c, "layer.%u.attn.q", (unsigned)l);
-    LM_TRY(need_mat(c, ds, blocked, hq, dm, &ly->wq));
+    LM_TRY(need_mat(c, ds, blocked, hq, dm, &ly->tf.wq));
     set_name(c, "layer.%u.attn.k", (unsigned)l);
-    LM_TRY(need_mat(c, ds, blocked, hkv, dm, &ly->wk));
+    LM_TRY(need_mat(c, ds, blocked, hkv, dm, &ly->tf.wk));
     set_name(c, "layer.%u.attn.v", (unsigned)l);
-    LM_TRY(need_mat(c, ds, blocked, hkv, dm, &ly->wv));
+    LM_TRY(need_mat(c, ds, blocked, hkv, dm, &ly->tf.wv));
     set_name(c, "layer.%u.attn.o", (unsigned)l);
-    LM_TRY(need_mat(c, ds, blocked, dm, hq, &ly->wo));
-    LM_TRY(need_f32(c, 0, hq, 0u, &ly->bq, "layer.%u.attn.q_bias", (unsigned)l));
-    LM_TRY(need_f32(c, 0, hkv, 0u, &ly->bk, "layer.%u.attn.k_bias", (unsigned)l));
-    LM_TRY(need_f32(c, 0, hkv, 0u, &ly->bv, "layer.%u.attn.v_bias", (unsigned)l));
-    LM_TRY(need_f32(c, 0, dm, 0u, &ly->bo, "layer.%u.attn.o_bias", (unsigned)l));
+    LM_TRY(need_mat(c, ds, blocked, dm, hq, &ly->tf.wo));
+    LM_TRY(need_f32(c, 0, hq, 0u, &ly->tf.bq, "layer.%u.attn.q_bias", (unsigned)l));
+    LM_TRY(need_f32(c, 0, hkv, 0u, &ly->tf.bk, "layer.%u.attn.k_bias", (unsigned)l));
+    LM_TRY(need_f32(c, 0, hkv, 0u, &ly->tf.bv, "layer.%u.attn.v_bias", (unsigned)l));
+    LM_TRY(need_f32(c, 0, dm, 0u, &ly->tf.bo, "layer.%u.attn.o_bias", (unsigned)l));
     const int qk = (h->flags & LM_FLAG_QK_NORM) != 0u;
-    LM_TRY(need_f32(c, qk, hq, 0u, &ly->q_norm, "layer.%u.attn.q_norm", (unsigned)l));
-    LM_TRY(need_f32(c, qk, hkv, 0u, &ly->k_norm, "layer.%u.attn.k_norm", (unsigned)l));
+    LM_TRY(need_f32(c, qk, hq, 0u, &ly->tf.q_norm, "layer.%u.attn.q_norm", (unsigned)l));
+    LM_TRY(need_f32(c, qk, hkv, 0u, &ly->tf.k_norm, "layer.%u.attn.k_norm", (unsigned)l));
     if (!qk) {
-        ly->q_norm = NULL;
-        ly->k_norm = NULL;
+        ly->tf.q_norm = NULL;
+        ly->tf.k_norm = NULL;
     }
-    ly->is_moe = d->v[0];
-    ly->ffn_d_ff = d->v[6];
+    ly->tf.is_moe = d->v[0];
+    ly->tf.ffn_d_ff = d->v[6];
     ly->ffn_scheme = d->v[7];
     ly->ffn_act = d->v[8];
-    if (ly->is_moe) {
+    if (ly->tf.is_moe) {
         const uint32_t ne = (uint32_t)d->v[1];
         const uint32_t f = (uint32_t)d->v[3];
         colibri_model_t *m = &ly->moe;
@@ -420,11 +420,12 @@ static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const 
         LM_TRY(need_f32(c, 0, ne, 0u, &ly->heat, "layer.%u.heat", (unsigned)l));
         LM_TRY(heat_check(ly->heat, ne));
         if (d->v[9] == 1) {
-            LM_TRY(need_f32(c, 1, dm, 0u, &ly->shared_gate, "layer.%u.shared_gate", (unsigned)l));
+            LM_TRY(
+                need_f32(c, 1, dm, 0u, &ly->tf.shared_gate, "layer.%u.shared_gate", (unsigned)l));
         }
     }
-    if (ly->ffn_d_ff > 0) {
-        const uint32_t f = (uint32_t)ly->ffn_d_ff;
+    if (ly->tf.ffn_d_ff > 0) {
+        const uint32_t f = (uint32_t)ly->tf.ffn_d_ff;
         set_name(c, "layer.%u.ffn.w1", (unsigned)l);
         LM_TRY(need_mat(c, ly->ffn_scheme, 0, f, dm, &ly->ffn[0]));
         set_name(c, "layer.%u.ffn.w2", (unsigned)l);
@@ -639,6 +640,9 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     }
     if (st == COLIBRI_OK) {
         st = clb_lm_pack(lm);
+    }
+    if (st == COLIBRI_OK) {
+        clb_lm_view(lm);
     }
 #ifndef COLIBRI_NO_THREADS
     if (st == COLIBRI_OK && lm->n_threads > 1) {
