@@ -70,6 +70,137 @@ colibri_status colibri_attention_f32(const colibri_attention_shape_t *shape, int
 void colibri_swiglu_f32(const float *x, const float *w_gate, const float *w_up, const float *w_down,
                         float *y, int32_t d, int32_t f, float *scratch);
 
+/* -- the decoder step ---------------------------------------------------------------------
+ * One implementation of a whole decoder-only transformer's token step (tf_step.c), run by both
+ * the generated model (a static const colibri_tf_model_t over its const tables and its arena)
+ * and the model-file runtime (colibri_lm.h: a view of the mmapped container). Each runs the
+ * same loop of step functions: colibri_tf_embed, then per layer colibri_tf_attention, its own
+ * MoE block / dense MLP into proj (and shared) from h, colibri_tf_ffn_residual; at the end
+ * colibri_tf_logits. What differs is only that FFN (the generated per-expert kernels, or the
+ * container's matrices and expert cache) and, optionally, a parallel-for of the linear layers
+ * and of the attention (colibri_tf_hooks_t: the container's thread pool; NULL on MCUs, where
+ * every call is direct). No allocation: every buffer is the caller's. */
+
+/** A stored matrix W [n_out][n_in] (one row per output) in a colibri_quant_scheme. */
+typedef struct {
+    int32_t scheme;      /**< colibri_quant_scheme: F32, F16, Q8 or Q4 */
+    int32_t blocked;     /**< Q8: one scale per block of 32 inputs (colibri_matvec_q8b_*) */
+    int32_t n_out, n_in; /**< rows, columns */
+    const void *w;       /**< values / codes (Q4: colibri_block_q4_32 rows) */
+    const float *scale;  /**< Q8 scales; NULL otherwise */
+    const void *packed;  /**< NULL, or a copy in the x86 packed layout (kernels_x86.h) */
+    int32_t pack_kind;   /**< COLIBRI_X86_PACK_* of packed */
+} colibri_tf_mat_t;
+
+/**
+ * @brief Rows [r0, r1) of y = W x (+ b) for n_tok activation rows of m->n_in values (x fp32;
+ *        xq / sx their int8 rows when act == 1), output row t at y + t * ldy. Every output is
+ *        what the one-token kernel (colibri_matvec_*, colibri_linear_f32) gives it, so it does
+ *        not depend on the row split nor on n_tok. r0: a multiple of 32 when m->packed is set.
+ */
+void colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const float *b, const float *x,
+                         const int8_t *xq, const float *sx, float *y, int32_t ldy, int32_t r0,
+                         int32_t r1, int32_t n_tok);
+
+/** @brief Quantise n rows of n_in floats to int8 rows (codes stride n_in, scales stride
+ *         COLIBRI_Q8_BLOCKS(n_in)): colibri_quantize_row_q8 on each. */
+void colibri_tf_quantize_rows(const float *x, int8_t *xq, float *sx, int32_t n_in, int32_t n);
+
+/**
+ * @brief SwiGLU of n rows, y = w[1] (silu(w[0] x) * (w[2] x)), matrices in any scheme, on the
+ *        calling thread (act 1: int8 activations, quantised here).
+ * @param hh 2 * n * w[0].n_out floats; xq / sx n int8 rows of max(d, d_ff) (act 1)
+ */
+void colibri_tf_swiglu_rows(const colibri_tf_mat_t *w, int32_t act, const float *x, float *y,
+                            int32_t n, float *hh, int8_t *xq, float *sx);
+
+/** Up to three matrices over the same n_tok input rows (int8 rows xq / sx when act == 1). */
+typedef struct {
+    const colibri_tf_mat_t *m[3];
+    const float *b[3]; /**< biases or NULL */
+    float *y[3];       /**< outputs [n_tok][m[i]->n_out] */
+    int32_t n_mats, act, n_tok;
+    const float *x;
+    const int8_t *xq;
+    const float *sx;
+} colibri_tf_lin_t;
+
+/** Weights of one decoder layer as the step reads them (NULL: absent). */
+typedef struct {
+    const float *input_norm, *post_norm;
+    colibri_tf_mat_t wq, wk, wv, wo;
+    const float *bq, *bk, *bv, *bo;
+    const float *q_norm, *k_norm; /**< QK-norm over the whole q / k projections */
+    int32_t is_moe;               /**< routed MoE block (hooks->moe), else a dense MLP */
+    int32_t ffn_d_ff;             /**< dense MLP / shared expert width (hooks->mlp), 0: none */
+    const float *shared_gate;     /**< [d_model]: sigmoid(x . g) scales the shared expert */
+} colibri_tf_layer_t;
+
+/** A parallel-for of the container's thread pool (ctx: the model's); NULL: one thread. */
+typedef struct {
+    /** The matrices of a colibri_tf_lin_t, rows split as it likes; NULL: colibri_tf_lin_run. */
+    colibri_status (*linear)(void *ctx, const colibri_tf_lin_t *job);
+    /** Attention of rows q / k / v [n] at pos0 .. (written to kc / vc); NULL: one thread. */
+    colibri_status (*attend)(void *ctx, const colibri_attention_shape_t *shape, float *kc,
+                             float *vc, int32_t pos0, int32_t n);
+} colibri_tf_hooks_t;
+
+/** A whole decoder-only model for the step functions: dims, weights and buffers. */
+typedef struct {
+    int32_t n_layers, vocab, d_model, n_heads, n_kv_heads, head_dim, max_context;
+    int32_t window;    /**< sliding window, 0 = none */
+    int32_t clip_on;   /**< clamp q / k / v to [-clip, clip] */
+    int32_t dense_act; /**< 1: int8 activations for Q8 dense matrices (xq / sxq) */
+    float eps, clip;
+    colibri_tf_mat_t embed, lm_head;
+    const float *final_norm;
+    const float *rope_cos, *rope_sin; /**< [max_context][head_dim / 2] */
+    const colibri_tf_layer_t *layers; /**< layer l at (char *)layers + l * layer_stride */
+    size_t layer_stride;
+    /* buffers of `rows` token rows each ([rows][n]); the generated model has one row */
+    float *x, *h, *q, *k, *v, *att, *proj, *shared;
+    float *kv;                       /**< [n_layers][2][n_kv_heads][max_context][head_dim] */
+    float *scores;                   /**< [max_context] (hooks->attend NULL) */
+    float *logits;                   /**< [vocab] */
+    int8_t *xq;                      /**< [rows][max(d_model, n_heads * head_dim)] (dense_act 1) */
+    float *sxq;                      /**< their scales */
+    const colibri_tf_hooks_t *hooks; /**< NULL: everything on the calling thread */
+    void *ctx;
+} colibri_tf_model_t;
+
+/** @brief Run job's matrices on the calling thread (colibri_tf_mat_rows over all rows). */
+void colibri_tf_lin_run(const colibri_tf_lin_t *job);
+
+/**
+ * @brief Start a step of n tokens at positions pos0 .. pos0 + n - 1 (n <= the buffers' rows):
+ *        their embedding rows into m->x.
+ * @return COLIBRI_ERR_NOMEM when a position is outside the KV cache (context overflow).
+ */
+colibri_status colibri_tf_embed(const colibri_tf_model_t *m, const int32_t *tokens, int32_t n,
+                                int32_t pos0);
+
+/**
+ * @brief Attention sub-layer of layer l on the n rows: h = RMSNorm(x), q / k / v projections,
+ *        QK-norm, clip, RoPE, causal attention over the KV cache (rows in order, each attending
+ *        to the ones before it), x += o_proj(...), then h = RMSNorm(x) with the post-attention
+ *        norm: the input of the layer's feed-forward sub-layer.
+ */
+colibri_status colibri_tf_attention(const colibri_tf_model_t *m, int32_t l, int32_t pos0,
+                                    int32_t n);
+
+/**
+ * @brief The feed-forward residual of layer l, after the caller's FFN of h: x += proj (the MoE
+ *        block or dense MLP), plus sigmoid(h . shared_gate) * shared (the shared expert) when
+ *        a MoE layer has one.
+ */
+void colibri_tf_ffn_residual(const colibri_tf_model_t *m, int32_t l, int32_t n);
+
+/**
+ * @brief End of the step: the final RMSNorm and the LM head of the last of the n rows.
+ * @param logits out: m->logits
+ */
+colibri_status colibri_tf_logits(const colibri_tf_model_t *m, int32_t n, const float **logits);
+
 /** @brief Random generator of the sampler (xorshift64); seed with colibri_rng_seed. */
 typedef struct {
     uint64_t state;

@@ -369,7 +369,7 @@ PACK_KINDS = {"q8 x q8": 0, "q8b x q8": 1, "q4 x q8": 2}
 def test_packed_matrices_match_the_mirror(
     kq: ctypes.CDLL, shape: tuple[int, int], extremes: bool
 ) -> None:
-    """The packed layout whole models use on AVX-512 VNNI (lm_file.c packs every int8 / int4
+    """The packed layout whole models use on AVX-512 VNNI (lm_pack.c packs every int8 / int4
     matrix with int8 activations at init): packed once, then 1..9 and 64 tokens, the rows
     split at every multiple of 16 as the threads split them (two calls), bit for bit with the
     mirror; extremes: int8 weights and codes all -128 / 127, int4 nibbles 0 / 15."""

@@ -142,7 +142,8 @@ def test_filesystem_build_heap_only_in_model_file(tmp_path: Path) -> None:
     nm = require_tool("nm", "binutils")
     objects = _compile_objects("gcc", [*WARN_FLAGS, "-O2"], tmp_path)
     # the two POSIX file loaders: colibri_init (one MoE block) and colibri_lm_init (whole models)
-    assert set(_heap_references(nm, objects)) <= {"model_file.o", "lm_file.o"}
+    heap = set(_heap_references(nm, objects))
+    assert heap <= {"model_file.o"} | {o.name for o in objects if o.name.startswith("lm_")}
 
 
 def test_clang_build(tmp_path: Path) -> None:

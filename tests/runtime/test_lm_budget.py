@@ -1,4 +1,4 @@
-"""Experts beyond RAM on the model-file path (runtime_c/src/lm_file.c, issue 10 point 3): with
+"""Experts beyond RAM on the model-file path (runtime_c/src/lm_*.c, issue 10 point 3): with
 an expert RAM budget the routed experts stay in the file and pass through a few slots (LRU,
 next-layer prefetch into the slots, the hottest experts of the file's calibration heat pinned);
 the logits are the all-resident run's bit for bit, the counters add up, the prefetch raises the

@@ -1,4 +1,4 @@
-"""Whole models in the container (format version 2, colibri/emit/lmfile.py, runtime_c/src/lm_file.c,
+"""Whole models in the container (format version 2, colibri/emit/lmfile.py, runtime_c/src/lm_*.c,
 runtime_c/runner/lmfile_main.c): the file run by the prebuilt model-file runner gives the
 generated C's logits bit for bit (every scheme, host and cortex-a53), fp32 matches transformers,
 the Python reader reads back what was written, every bad file is a named status (never a crash)

@@ -1,5 +1,5 @@
 """Threads and batched prefill of whole-model containers (colibri_lm_config_t.num_threads,
-colibri_lm_prefill; runtime_c/src/lm_file.c): logits and greedy tokens are bit-identical for
+colibri_lm_prefill; runtime_c/src/lm_*.c): logits and greedy tokens are bit-identical for
 1, 2, 3 and 4 threads and for a batched prefill against the token-by-token loop, on every
 scheme (fp32 included: each output row is computed exactly as before, experts combined in the
 same order), on the host (Python binding, model-file runner) and on a Cortex-A53 (qemu-user).
@@ -317,7 +317,7 @@ def test_packed_matrices_same_bits(
 ) -> None:
     """On x86-64 with AVX-512 VNNI colibri_lm_init repacks every int8 / int4 matrix that runs
     with int8 activations (experts, attention, dense MLP, LM head) for the packed kernels
-    (lm_file.c lm_pack); COLIBRI_LM_PACK=0 keeps the row-major kernels. Logits and tokens are the
+    (lm_pack.c); COLIBRI_LM_PACK=0 keeps the row-major kernels. Logits and tokens are the
     same bits either way: token loop, batched prefill, 1-3 threads; both architectures."""
     packs = _has_avx512_vnni() and "COLIBRI_X86_LEVEL" not in os.environ
     for arch, model in models.items():

@@ -18,8 +18,12 @@ colibri_model.{h,c} + colibri_weights.{h,c,bin}; a decoder ("transformer") trans
 + transformer_weights.{h,c,bin} (the SConstruct then links runtime_c/runner/lm_main.c). A lone
 layer's experts may be pinned in RAM, kept in flash or streamed through the loader's cache
 (``--cache``), have biases and any activation; a transformer's are SwiGLU without biases,
-baked into the kernels. The manifest carries the analysis (accuracy report, layout savings and
-a per-expert table for a lone layer; the accuracy of a calibrated transformer).
+baked into the kernels. A transformer's step itself is the runtime's step functions
+(``runtime_c/src/tf_step.c``, the ones the model-file runtime runs too): the generated C holds
+its tables (a ``colibri_tf_model_t`` over the const weights and the arena), the per-expert
+kernels and the loop that calls both. The manifest carries the analysis (accuracy report,
+layout savings and a per-expert table for a lone layer; the accuracy of a calibrated
+transformer).
 """
 
 from __future__ import annotations
@@ -459,13 +463,11 @@ def _decoder(
         embed = {"ref": sym, "symbol": sym}
     else:
         embed = w.add_stored("embed", dq.dense["embed"], f"{what}, {dense}")
-    dense_types: dict[str, str] = {}
 
     def proj(i: int, n: str, arr: np.ndarray, what: str) -> str:
         if dq is None:
             return w.add(f"l{i}_{n}", arr, what)
         e = w.add_stored(f"l{i}_{n}", dq.dense[f"l{i}.{n}"], f"{what}, {dense}")
-        dense_types[n] = e["ptype"]
         return str(e["ref"])
 
     isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
@@ -574,11 +576,7 @@ def _decoder(
         "max_top_k": plan.max_top_k,
         "lm_head": lm_head,
         "embed": embed,
-        "dense": (
-            {"scheme": dq.dense_scheme, "act": dq.dense_act, "types": dense_types}
-            if dq is not None
-            else None
-        ),
+        "dense": ({"scheme": dq.dense_scheme, "act": dq.dense_act} if dq is not None else None),
         "dense_ffn_layers": [entry for entry in layers if entry["dense_ffn"]],
         "architecture": c.architecture,
     }

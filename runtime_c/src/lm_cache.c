@@ -1,0 +1,459 @@
+/**
+ * @file lm_cache.c
+ * @brief Routed experts beyond RAM (colibri_lm.h, expert_ram_budget > 0): slots filled
+ *        from the model file with pread, LRU, pinned hot experts and the next layer's prefetch
+ *        (docs/transformer.md, "Experts beyond RAM").
+ *        Compiled out with COLIBRI_NO_FILESYSTEM (MCUs run the generated C).
+ */
+#ifndef COLIBRI_NO_FILESYSTEM
+
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise (MADV_DONTNEED: glibc's posix_madvise ignores it) */
+
+#include "lm_internal.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Routed experts beyond RAM: slots filled with pread, LRU, prefetch (expert_ram_budget > 0)  */
+
+#define LM_PARTS 6
+#define LM_SLOT_ALIGN 64u
+
+typedef struct {
+    const unsigned char *src; /* in the mapping: the file offset is src - map */
+    uint64_t len;
+} lm_part;
+
+static uint64_t mat_w_bytes(const lm_mat *m)
+{
+    const uint64_t n_out = (uint64_t)m->n_out;
+    const uint64_t n_in = (uint64_t)m->n_in;
+    switch (m->scheme) {
+    case COLIBRI_QUANT_F16:
+        return 2u * n_out * n_in;
+    case COLIBRI_QUANT_Q8:
+        return n_out * n_in;
+    case COLIBRI_QUANT_Q4:
+        return n_out * ((n_in + 31u) / 32u) * 18u;
+    default:
+        return 4u * n_out * n_in;
+    }
+}
+
+/* The stored parts of an expert in a fixed order (expert_rebase sets them in the same one). */
+static int expert_parts(const lm_layer *ly, const lm_expert *e, lm_part *p)
+{
+    int n = 0;
+    if (e->scheme == COLIBRI_QUANT_F32) {
+        const uint64_t b = 4u * (uint64_t)ly->moe.d_model * (uint64_t)ly->moe.d_ff;
+        p[n++] = (lm_part){(const unsigned char *)e->fw.w1, b};
+        p[n++] = (lm_part){(const unsigned char *)e->fw.w2, b};
+        p[n++] = (lm_part){(const unsigned char *)e->fw.w3, b};
+        return n;
+    }
+    for (int i = 0; i < 3; i++) {
+        p[n++] = (lm_part){(const unsigned char *)e->w[i].w, mat_w_bytes(&e->w[i])};
+        if (e->w[i].scale != NULL) {
+            p[n++] = (lm_part){(const unsigned char *)e->w[i].scale, 4u * (uint64_t)e->w[i].n_out};
+        }
+    }
+    return n;
+}
+
+/* Point a copy of an expert's descriptor at dst[i] for part i (expert_parts' order). */
+static void expert_rebase(lm_expert *e, unsigned char *const *dst)
+{
+    if (e->scheme == COLIBRI_QUANT_F32) {
+        e->fw.w1 = (const float *)(void *)dst[0];
+        e->fw.w2 = (const float *)(void *)dst[1];
+        e->fw.w3 = (const float *)(void *)dst[2];
+        return;
+    }
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        e->w[i].w = dst[n++];
+        if (e->w[i].scale != NULL) {
+            e->w[i].scale = (const float *)(void *)dst[n++];
+        }
+    }
+}
+
+static uint64_t al_slot(uint64_t n)
+{
+    return (n + (LM_SLOT_ALIGN - 1u)) & ~(uint64_t)(LM_SLOT_ALIGN - 1u);
+}
+
+void clb_lm_cache_free(lm_cache *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    free(c->slots);
+    free(c->data);
+    free(c->resident);
+    free(c);
+}
+
+static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *config, int32_t max_k);
+
+/* Sizes of the routed experts (stats.expert_bytes, .slot_bytes); with a budget, the slots
+ * (taking fd), the mapping's expert pages dropped and the hottest experts pinned. */
+colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config, int *fd)
+{
+    uint64_t total = 0, slot = 0, n_owners = 0;
+    int32_t max_k = 0;
+    lm_part p[LM_PARTS];
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        if (!ly->tf.is_moe) {
+            continue;
+        }
+        max_k = ly->top_k > max_k ? ly->top_k : max_k;
+        for (int32_t j = 0; j < ly->moe.n_experts; j++) {
+            if (ly->experts[j].owner != j) {
+                continue;
+            }
+            const int n = expert_parts(ly, &ly->experts[j], p);
+            uint64_t span = 0;
+            for (int i = 0; i < n; i++) {
+                total += p[i].len;
+                span += al_slot(p[i].len);
+            }
+            slot = span > slot ? span : slot;
+            n_owners++;
+        }
+    }
+    lm->stats.expert_bytes = total;
+    if (config->expert_ram_budget == 0u || n_owners == 0u) {
+        return COLIBRI_OK;
+    }
+    lm->stats.slot_bytes = slot;
+    uint64_t n_slots = config->expert_ram_budget / slot;
+    n_slots = n_slots < n_owners ? n_slots : n_owners;
+    if (n_slots < (uint64_t)max_k) {
+        return COLIBRI_ERR_BUDGET;
+    }
+    if (mul64(n_slots, slot) >= (uint64_t)SIZE_MAX) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    lm_cache *c = (lm_cache *)calloc(1u, sizeof *c);
+    if (c == NULL) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    c->fd = -1;
+    c->n_slots = (uint32_t)n_slots;
+    c->prefetch = (config->expert_flags & COLIBRI_LM_NO_PREFETCH) == 0u;
+    void *data = NULL;
+    c->slots = (lm_slot *)calloc((size_t)n_slots, sizeof *c->slots);
+    c->resident = (int32_t *)malloc((size_t)lm->n_experts * sizeof *c->resident);
+    if (c->slots == NULL || c->resident == NULL ||
+        posix_memalign(&data, LM_SLOT_ALIGN, (size_t)(n_slots * slot)) != 0) {
+        clb_lm_cache_free(c);
+        return COLIBRI_ERR_NOMEM;
+    }
+    c->data = (unsigned char *)data;
+    for (uint64_t s = 0; s < n_slots; s++) {
+        c->slots[s].expert = -1;
+        c->slots[s].data = c->data + s * slot;
+    }
+    for (int32_t g = 0; g < lm->n_experts; g++) {
+        c->resident[g] = -1;
+    }
+    /* Nothing reads the experts through the mapping any more: drop any of their pages still
+     * there (the checks dropped those they read), so only the slots hold expert bytes. */
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->tf.is_moe && j < ly->moe.n_experts; j++) {
+            if (ly->experts[j].owner != j) {
+                continue;
+            }
+            const int n = expert_parts(ly, &ly->experts[j], p);
+            for (int i = 0; i < n; i++) {
+                clb_lm_drop_pages(p[i].src, p[i].len);
+            }
+        }
+    }
+    lm->stats.n_slots = c->n_slots;
+    c->fd = *fd;
+    *fd = -1;
+    lm->cache = c;
+    const colibri_status st = pin_hot(lm, config, max_k);
+    if (st != COLIBRI_OK) {
+        clb_lm_cache_free(c); /* closes the file */
+        lm->cache = NULL;
+    }
+    return st;
+}
+
+/* pread exactly len bytes at off; 0 on success. */
+static int pread_all(int fd, unsigned char *dst, uint64_t len, uint64_t off)
+{
+    while (len > 0u) {
+        const size_t chunk = len > (uint64_t)(1u << 30) ? (size_t)(1u << 30) : (size_t)len;
+        const ssize_t got = pread(fd, dst, chunk, (off_t)off);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            return -1;
+        }
+        dst += got;
+        len -= (uint64_t)got;
+        off += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Read expert e of layer ly (model-wide index g) from the file into slot s, evicting what it
+ * held; bytes_read and evictions counted. */
+static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e, int32_t g,
+                                uint32_t s)
+{
+    lm_cache *c = lm->cache;
+    lm_slot *sl = &c->slots[s];
+    if (sl->expert >= 0) {
+        lm->stats.evictions++;
+        c->resident[sl->expert] = -1;
+        sl->expert = -1;
+    }
+    sl->ahead = 0;
+    lm_part p[LM_PARTS];
+    unsigned char *dst[LM_PARTS];
+    const int n = expert_parts(ly, e, p);
+    uint64_t off = 0;
+    const unsigned char *base = (const unsigned char *)lm->map;
+    for (int i = 0; i < n; i++) {
+        dst[i] = sl->data + off;
+        if (pread_all(c->fd, dst[i], p[i].len, (uint64_t)(p[i].src - base)) != 0) {
+            return COLIBRI_ERR_IO;
+        }
+        lm->stats.bytes_read += p[i].len;
+        off += al_slot(p[i].len);
+    }
+    sl->e = *e;
+    expert_rebase(&sl->e, dst);
+    sl->expert = g;
+    sl->used = c->clock;
+    c->resident[g] = (int32_t)s;
+    return COLIBRI_OK;
+}
+
+/* The least recently used slot (a free one first), never a pinned one nor one whose pin is
+ * `pin` (0: any); n_slots when there is none. */
+static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
+{
+    uint32_t best = c->n_slots;
+    for (uint32_t s = 0; s < c->n_slots; s++) {
+        const lm_slot *sl = &c->slots[s];
+        if (sl->pinned || (pin != 0u && sl->pin == pin)) {
+            continue;
+        }
+        if (sl->expert < 0) {
+            return s;
+        }
+        if (best == c->n_slots || sl->used < c->slots[best].used) {
+            best = s;
+        }
+    }
+    return best;
+}
+
+/* A stored expert ranked by its calibration heat (pin_hot). */
+typedef struct {
+    float heat;
+    int32_t layer, owner;
+} lm_hot;
+
+/* Hotter first; equal heat: the earlier layer, then the lower expert (a total order). */
+static int cmp_hot(const void *a, const void *b)
+{
+    const lm_hot *x = (const lm_hot *)a;
+    const lm_hot *y = (const lm_hot *)b;
+    if (x->heat != y->heat) {
+        return x->heat > y->heat ? -1 : 1;
+    }
+    if (x->layer != y->layer) {
+        return x->layer < y->layer ? -1 : 1;
+    }
+    return (x->owner > y->owner) - (x->owner < y->owner);
+}
+
+/* Pin the hottest stored experts (calibration heat > 0; a stored expert's heat is the sum over
+ * the experts that use its weights) into the first slots, read now and never evicted. How
+ * many: none with COLIBRI_LM_NO_PIN or a file without heat; config->pinned_slots 0 (auto):
+ * up to half the slots, leaving 2 max_k LRU slots (prefetch) or the sum of top_k (no prefetch);
+ * N > 0: up to N (_ARG when the file has no heat).
+ * Never more than n_slots - max_k (_BUDGET when N asks for more), so top_k experts of any layer
+ * still fit in the LRU slots. */
+static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *config, int32_t max_k)
+{
+    lm_cache *c = lm->cache;
+    const uint32_t room = c->n_slots - (uint32_t)max_k; /* clb_lm_cache_setup: n_slots >= max_k */
+    const uint32_t asked = (uint32_t)config->pinned_slots;
+    if ((config->expert_flags & COLIBRI_LM_NO_PIN) != 0u) {
+        return COLIBRI_OK;
+    }
+    if (asked > room) {
+        return COLIBRI_ERR_BUDGET;
+    }
+    int has_heat = 0;
+    uint32_t n_hot = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->tf.is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+            has_heat = 1;
+            n_hot += ly->experts[j].owner == j ? 1u : 0u;
+        }
+    }
+    if (!has_heat) {
+        return asked > 0u ? COLIBRI_ERR_ARG : COLIBRI_OK;
+    }
+    lm_hot *hot = (lm_hot *)malloc((size_t)n_hot * sizeof *hot); /* bounded by the experts */
+    if (hot == NULL) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->tf.is_moe && ly->heat != NULL && j < ly->moe.n_experts; j++) {
+            if (ly->experts[j].owner != j) {
+                continue;
+            }
+            float h = 0.0f;
+            for (int32_t i = 0; i < ly->moe.n_experts; i++) {
+                h += ly->experts[i].owner == j ? ly->heat[i] : 0.0f;
+            }
+            if (h > 0.0f && isfinite(h)) {
+                hot[n++] = (lm_hot){h, (int32_t)l, j};
+            }
+        }
+    }
+    qsort(hot, n, sizeof *hot, cmp_hot);
+    /* auto: half the slots, leaving the LRU slots what their hits come from: with prefetch a
+     * layer's top_k experts and the next layer's predicted ones (2 max_k), without it one
+     * token's experts of every layer (the sum of top_k), for the next token's reuse. Fewer LRU
+     * slots lost more hits than the pinned experts gave (docs/transformer.md). */
+    uint32_t keep = 0;
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        keep += lm->layers[l].tf.is_moe ? (uint32_t)lm->layers[l].top_k : 0u;
+    }
+    keep = c->prefetch ? 2u * (uint32_t)max_k : keep;
+    uint32_t want = c->n_slots / 2u;
+    want = c->n_slots < keep ? 0u : (want < c->n_slots - keep ? want : c->n_slots - keep);
+    want = asked > 0u ? asked : want;
+    want = want < room ? want : room;
+    want = want < n ? want : n;
+    colibri_status st = COLIBRI_OK;
+    for (uint32_t s = 0; s < want && st == COLIBRI_OK; s++) {
+        const lm_layer *ly = &lm->layers[hot[s].layer];
+        st = slot_fill(lm, ly, &ly->experts[hot[s].owner], ly->first_expert + hot[s].owner, s);
+        c->slots[s].pinned = 1;
+        lm->stats.n_pinned = s + 1u;
+    }
+    free(hot);
+    return st;
+}
+
+/* A use of the expert a layer routes to as `id` (budget only): a hit when it is in a slot
+ * (a prefetch hit when the prefetch put it there for this layer), else a miss that reads it
+ * from the file into the least recently used slot. */
+colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
+{
+    const int32_t owner = ly->experts[id].owner;
+    const int32_t g = ly->first_expert + owner;
+    lm_cache *c = lm->cache;
+    colibri_lm_stats_t *st = &lm->stats;
+    c->clock++;
+    st->loads++;
+    if (c->resident[g] >= 0) {
+        lm_slot *sl = &c->slots[c->resident[g]];
+        st->hits++;
+        st->pinned_hits += sl->pinned ? 1u : 0u;
+        if (sl->ahead) {
+            st->prefetch_hits++;
+            sl->ahead = 0;
+        }
+        sl->used = c->clock;
+        return COLIBRI_OK;
+    }
+    st->misses++;
+    return slot_fill(lm, ly, &ly->experts[owner], g, slot_victim(c, 0u));
+}
+
+/* The expert a layer routes to as `id`: in place in the mapping (no budget), else its slot
+ * (clb_lm_expert_use made it resident). */
+const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, int32_t id)
+{
+    const int32_t owner = ly->experts[id].owner;
+    if (lm->cache == NULL) {
+        return &ly->experts[owner];
+    }
+    const int32_t s = lm->cache->resident[ly->first_expert + owner];
+    return s >= 0 ? &lm->cache->slots[s].e : NULL;
+}
+
+/* After layer ly made its top_k experts resident, before they compute: the next layer's
+ * router on the current hidden state (lm->hbuf) predicts its experts, and those not resident
+ * are read into slots now (prefetch loads), so that the next layer finds them there. A
+ * prefetch never evicts a slot of this layer's experts nor of another predicted expert (they
+ * are pinned for this round); when no other slot is left the rest is not prefetched. The
+ * predicted experts already resident are left in their LRU place. No output or status
+ * changes: the prediction has its own ids / gates, a slot's bytes are the file's, and a failed
+ * read ends the round. */
+void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
+{
+    lm_cache *c = lm->cache;
+    if (c == NULL || !c->prefetch || !next->tf.is_moe) {
+        return;
+    }
+    const int32_t k = next->top_k;
+    if (k > COLIBRI_MAX_TOP_K || colibri_route(&next->moe, lm->hbuf, 1, k, c->pred_ids,
+                                               c->pred_gates, lm->route_temp) != COLIBRI_OK) {
+        return;
+    }
+    const uint64_t pin = ++c->epoch;
+    for (int32_t i = 0; ly->tf.is_moe && i < ly->top_k; i++) {
+        c->slots[c->resident[ly->first_expert + ly->experts[lm->ids[i]].owner]].pin = pin;
+    }
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t id = c->pred_ids[i];
+        if (id < 0 || id >= next->moe.n_experts) {
+            c->pred_ids[i] = -1;
+            continue;
+        }
+        const int32_t r = c->resident[next->first_expert + next->experts[id].owner];
+        if (r >= 0) {
+            c->slots[r].pin = pin;
+            c->pred_ids[i] = -1; /* resident: nothing to read */
+        }
+    }
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t id = c->pred_ids[i];
+        if (id < 0) {
+            continue;
+        }
+        const int32_t owner = next->experts[id].owner;
+        const int32_t g = next->first_expert + owner;
+        if (c->resident[g] >= 0) {
+            continue; /* two ids of one stored expert */
+        }
+        const uint32_t s = slot_victim(c, pin);
+        if (s == c->n_slots) {
+            break; /* every slot is pinned */
+        }
+        c->clock++;
+        if (slot_fill(lm, next, &next->experts[owner], g, s) != COLIBRI_OK) {
+            break; /* the slot is left free; a use of the expert reads it (and reports) */
+        }
+        lm->stats.prefetches++;
+        c->slots[s].ahead = 1;
+        c->slots[s].pin = pin;
+    }
+}
+
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int colibri_lm_cache_unused;
+#endif /* COLIBRI_NO_FILESYSTEM */

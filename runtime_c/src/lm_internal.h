@@ -1,0 +1,258 @@
+/**
+ * @file lm_internal.h
+ * @brief Private to the whole-model runtime (lm_*.c, colibri_lm.h): the container's constants,
+ *        the parsed model, its expert cache and scratch, and the functions the files share.
+ *        Host only (COLIBRI_NO_FILESYSTEM leaves every lm_*.c empty).
+ */
+#ifndef COLIBRI_LM_INTERNAL_H
+#define COLIBRI_LM_INTERNAL_H
+
+#include "colibri_lm.h"
+
+#include "colibri.h"
+#include "colibri_internal.h"
+#include "colibri_math.h"
+#include "colibri_quant.h"
+#include "colibri_transformer.h"
+#include "kernels_x86.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LM_HEADER_BYTES 128u
+#define LM_ENTRY_BYTES 96u
+#define LM_ALIGN 64u
+#define LM_NAME_BYTES 48u
+#define LM_VERSION 2u
+#define LM_KIND_DECODER 1u
+#define LM_MAX_DIM (1u << 24)
+#define LM_MAX_EXPERTS 65535u
+#define LM_DESC_FIELDS 10u
+#define LM_EXPERT_COLUMNS 3u
+#define LM_FLAG_TIED 0x1u
+#define LM_FLAG_QK_NORM 0x2u
+#define LM_FLAG_CLIP 0x4u
+#define LM_FLAGS_KNOWN 0x7u
+
+#define LM_MAX_THREADS 256
+#define LM_PAR_MIN_WORK 32768u /* lm_run_sized */
+#define LM_DEFAULT_BATCH 64
+#define LM_MAX_BATCH 4096
+
+/* Table dtypes. */
+enum { DT_F32 = 0, DT_F16 = 1, DT_I8 = 2, DT_Q4 = 3, DT_I32 = 4 };
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parsed file                                                                                 */
+
+typedef struct {
+    uint32_t version, alignment, kind, n_tensors, meta_bytes, n_layers;
+    uint64_t table_offset, meta_offset, data_offset, file_size;
+    uint32_t vocab, d_model, n_heads, n_kv_heads, head_dim, max_context, flags;
+    float eps, clip;
+    uint32_t window;
+    uint32_t dense_scheme, dense_act;
+} lm_header;
+
+typedef struct {
+    const char *name;
+    uint32_t dtype, ndim;
+    uint32_t shape[4];
+    uint64_t offset, nbytes;
+    uint32_t crc;
+} lm_entry;
+
+/** A stored matrix [n_out][n_in] (packed: the copy colibri_x86_pack made at init). */
+typedef colibri_tf_mat_t lm_mat;
+
+typedef struct {
+    int32_t owner, scheme, act;
+    colibri_expert_weights_t fw; /* fp32 experts: the MoE IR layout, colibri_expert_ffn_f32 */
+    lm_mat w[3];                 /* quantised experts: w1, w2, w3 */
+} lm_expert;
+
+typedef struct {
+    colibri_tf_layer_t tf; /* what tf_step.c reads: norms, attention, FFN kind */
+    int32_t top_k;
+    int32_t first_expert; /* index of its expert 0 in the model's expert array */
+    colibri_model_t moe;  /* dims, flags and router for colibri_route / colibri_expert_ffn_f32 */
+    lm_expert *experts;
+    int32_t ffn_scheme, ffn_act;
+    lm_mat ffn[3];     /* w1 gate [f][d], w2 down [d][f], w3 up [f][d] */
+    const float *heat; /* [n_experts] calibration heat (layer.{i}.heat), NULL when absent */
+} lm_layer;
+
+/** An expert slot (expert_ram_budget > 0): a copy of one expert's stored bytes. */
+typedef struct {
+    int32_t expert; /* model-wide expert index, -1 when free */
+    int32_t ahead;  /* filled by the prefetch, not yet used by the layer it was predicted for */
+    int32_t pinned; /* filled at init with a hot expert: never evicted */
+    uint64_t used;  /* use clock of its last use or fill (LRU) */
+    uint64_t pin;   /* == lm_cache.epoch: the prefetch may not evict it */
+    lm_expert e;    /* the expert's descriptor, pointers into data */
+    unsigned char *data;
+} lm_slot;
+
+/** The routed-expert cache of a handle with a budget (one allocation each, host only). */
+typedef struct {
+    int fd;       /* the model file, for pread */
+    int prefetch; /* COLIBRI_LM_NO_PREFETCH clear */
+    uint32_t n_slots;
+    lm_slot *slots;
+    unsigned char *data;                 /* n_slots * stats.slot_bytes, 64-aligned */
+    int32_t *resident;                   /* [n_experts]: slot or -1 */
+    uint64_t clock;                      /* LRU use clock */
+    uint64_t epoch;                      /* prefetch round (lm_slot.pin) */
+    int32_t pred_ids[COLIBRI_MAX_TOP_K]; /* the next layer's predicted experts */
+    float pred_gates[COLIBRI_MAX_TOP_K];
+} lm_cache;
+
+/** One thread's scratch (arena): a gathered group of an expert's tokens and its FFN. */
+typedef struct {
+    float *xin;    /* [batch][d_model] the group's input rows */
+    float *yout;   /* [batch][d_model] its output rows */
+    float *hh;     /* [batch][2 * max_ff] FFN hidden (gate rows, then up rows) */
+    float *sx;     /* [batch][COLIBRI_Q8_BLOCKS(act_n)] int8 activation scales */
+    int8_t *xq;    /* [batch][act_n] int8 activation codes */
+    float *scores; /* [max_context] attention scores */
+} lm_scratch;
+
+typedef struct lm_pool lm_pool;
+
+struct colibri_lm {
+    void *map;
+    size_t map_size;
+    lm_header h;
+    int32_t max_context, hq, hkv, max_ff, act_n;
+    int32_t n_threads; /* >= 1: the caller's thread and n_threads - 1 pool workers */
+    int32_t batch;     /* token rows of the activations: prefill chunk (decode uses row 0) */
+    int32_t max_k;     /* largest top_k of the model's MoE layers (at least 1) */
+    lm_mat embed, lm_head;
+    const float *final_norm, *rope_cos, *rope_sin;
+    lm_layer *layers;
+    /* the arena: activations of `batch` token rows ([batch][n] each; a decode step is row 0) */
+    float *x, *hbuf, *q, *k, *v, *att, *proj, *shared, *ffn_scratch, *y_expert;
+    float *gates, *route_temp, *logits, *kv, *sxq;
+    int32_t *ids;          /* [batch][max_k] routed experts (sorted by id), gates alongside */
+    int32_t *keys;         /* [batch * max_k] (expert, token, slot) keys grouping a layer's uses */
+    int32_t *groups;       /* [batch * max_k + 1] start of each expert's run in keys */
+    int32_t *owner;        /* [batch * max_k] the thread that runs each run */
+    int64_t *load;         /* [n_threads] rows assigned to each thread (owner's balance) */
+    int8_t *xq;            /* [batch][act_n] int8 activation rows of the dense matrices */
+    lm_scratch *scratch;   /* [n_threads] */
+    lm_pool *pool;         /* NULL: n_threads == 1 */
+    uint64_t par_min_work; /* LM_PAR_MIN_WORK, or COLIBRI_LM_PAR_MIN_WORK from the environment */
+    void *sample_ws;
+    size_t arena_bytes;
+    lm_expert *experts; /* every layer's, in order */
+    int32_t n_experts;
+    lm_cache *cache; /* NULL: all experts read in place from the mapping */
+    void *packed;    /* the packed matrices (lm_pack), NULL: none */
+    size_t packed_bytes;
+    colibri_lm_stats_t stats;
+    colibri_tf_model_t tf; /* the view tf_step.c's step functions run (clb_lm_view) */
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+
+static inline uint32_t rd_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline uint64_t rd_u64(const unsigned char *p)
+{
+    return (uint64_t)rd_u32(p) | ((uint64_t)rd_u32(p + 4) << 32);
+}
+
+static inline float rd_f32(const unsigned char *p)
+{
+    const uint32_t b = rd_u32(p);
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* a * b saturating at UINT64_MAX. */
+static inline uint64_t mul64(uint64_t a, uint64_t b)
+{
+    return (a != 0u && b > UINT64_MAX / a) ? UINT64_MAX : a * b;
+}
+
+static inline uint64_t add64(uint64_t a, uint64_t b)
+{
+    return (b > UINT64_MAX - a) ? UINT64_MAX : a + b;
+}
+
+static inline uint64_t al16(uint64_t n)
+{
+    return (n > UINT64_MAX - 15u) ? UINT64_MAX : ((n + 15u) & ~(uint64_t)15u);
+}
+
+static inline int in_range(uint32_t v, uint32_t lo, uint32_t hi)
+{
+    return v >= lo && v <= hi;
+}
+
+/* A job: every thread (the caller as tid 0, the workers 1 .. nt - 1) runs fn(lm, arg, tid, nt)
+ * once; what each one computes is fixed by (tid, nt) alone, never by timing. */
+typedef colibri_status (*lm_job_fn)(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt);
+
+/* lm_parse.c */
+
+/** @brief Drop a blob's pages from the mapping (they leave the process's resident set). */
+void clb_lm_drop_pages(const unsigned char *p, uint64_t len);
+
+/* lm_pack.c */
+
+/** @brief The arena's bytes for lm's dims; carves it into lm's regions when arena != NULL. */
+uint64_t clb_lm_arena_layout(colibri_lm_t *lm, unsigned char *arena);
+
+/** @brief Pack the matrices the CPU has packed kernels for; COLIBRI_ERR_NOMEM on failure. */
+colibri_status clb_lm_pack(colibri_lm_t *lm);
+
+/* lm_cache.c */
+
+/** @brief Free an expert cache (NULL: nothing). */
+void clb_lm_cache_free(lm_cache *c);
+
+/** @brief Expert sizes and, with a budget, the slots (taking *fd) and the pinned experts. */
+colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config, int *fd);
+
+/** @brief A use of expert `id` of layer ly (budget only): a hit, or a read into a slot. */
+colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
+
+/** @brief Expert `id` of layer ly: in place in the mapping, or its slot. */
+const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, int32_t id);
+
+/** @brief The next layer's predicted experts read into slots ahead of use (budget only). */
+void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next);
+
+/* lm_step.c */
+
+/** @brief Fill lm->tf, the view of the bound, packed model the step functions run. */
+void clb_lm_view(colibri_lm_t *lm);
+
+/* lm_pool.c */
+
+/** @brief Stop and join the workers, free the pool (NULL: nothing). */
+void clb_lm_pool_free(lm_pool *pool);
+
+#ifndef COLIBRI_NO_THREADS
+/** @brief n_threads - 1 workers, blocked until the first job. */
+colibri_status clb_lm_pool_create(colibri_lm_t *lm, lm_pool **out);
+#endif
+
+/** @brief Run a job on every thread; the first failing status in thread order, else OK. */
+colibri_status clb_lm_run(colibri_lm_t *lm, lm_job_fn fn, void *arg);
+
+#endif /* COLIBRI_LM_INTERNAL_H */

@@ -1,0 +1,457 @@
+/**
+ * @file lm_step.c
+ * @brief The model file's side of the token step (colibri_lm.h): the step functions of
+ *        tf_step.c (the ones the generated model runs too) over a view of the mmapped container,
+ *        and what only a model file has: the linear layers and the attention split over the
+ *        thread pool (colibri_tf_hooks_t), the MoE block grouping n rows by expert (expert
+ *        cache, prefetch), the dense MLP in any scheme; colibri_lm_forward / _prefill.
+ *        Compiled out with COLIBRI_NO_FILESYSTEM (MCUs run the generated C).
+ */
+#ifndef COLIBRI_NO_FILESYSTEM
+
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise (MADV_DONTNEED: glibc's posix_madvise ignores it) */
+
+#include "lm_internal.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* The token step on n rows: tf_step.c's step functions + the thread pool and expert cache */
+
+/* Below lm->par_min_work multiply-adds (LM_PAR_MIN_WORK; the environment variable
+ * COLIBRI_LM_PAR_MIN_WORK, read by colibri_lm_init, replaces it: 0 splits every job, which the
+ * tests use so that tiny models exercise every split) a job runs on the calling thread alone
+ * (same bits: what a row computes never depends on the split). */
+static colibri_status lm_run_sized(colibri_lm_t *lm, lm_job_fn fn, void *arg, uint64_t work)
+{
+    if (work < lm->par_min_work) {
+        return fn(lm, arg, 0, 1);
+    }
+    return clb_lm_run(lm, fn, arg);
+}
+
+/* Rows [*r0, *r1) of n for thread tid of nt: contiguous ranges, a multiple of 32 rows each
+ * (the last shorter), fixed by (n, tid, nt). */
+static void lm_rows(int32_t n, int32_t tid, int32_t nt, int32_t *r0, int32_t *r1)
+{
+    int32_t per = (n + nt - 1) / nt;
+    per = (per + 31) & ~31;
+    const int64_t a = (int64_t)tid * per;
+    *r0 = a < n ? (int32_t)a : n;
+    *r1 = (int64_t)*r0 + per < (int64_t)n ? *r0 + per : n;
+}
+
+/* A colibri_tf_lin_t's matrices, each one's output rows split over the threads. */
+static colibri_status job_lin(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
+{
+    (void)lm;
+    const colibri_tf_lin_t *j = (const colibri_tf_lin_t *)arg;
+    for (int32_t i = 0; i < j->n_mats; i++) {
+        int32_t r0, r1;
+        lm_rows(j->m[i]->n_out, tid, nt, &r0, &r1);
+        colibri_tf_mat_rows(j->m[i], j->act, j->b[i], j->x, j->xq, j->sx, j->y[i], j->m[i]->n_out,
+                            r0, r1, j->n_tok);
+    }
+    return COLIBRI_OK;
+}
+
+static colibri_status lin_run(colibri_lm_t *lm, const colibri_tf_lin_t *j)
+{
+    uint64_t work = 0;
+    for (int32_t i = 0; i < j->n_mats; i++) {
+        work += (uint64_t)j->m[i]->n_out * (uint64_t)j->m[i]->n_in * (uint64_t)j->n_tok;
+    }
+    return lm_run_sized(lm, job_lin, (void *)(uintptr_t)j, work);
+}
+
+/* colibri_tf_hooks_t.linear: the dense matrices (attention, LM head) over the threads. */
+static colibri_status hook_linear(void *ctx, const colibri_tf_lin_t *job)
+{
+    return lin_run((colibri_lm_t *)ctx, job);
+}
+
+/* Dense MLP / shared expert on n rows, every matrix's output rows split over the threads. */
+static colibri_status lm_dense_ffn(colibri_lm_t *lm, const lm_layer *ly, const float *x, float *y,
+                                   int32_t n)
+{
+    const int32_t f = ly->tf.ffn_d_ff;
+    const int32_t d = (int32_t)lm->h.d_model;
+    const int32_t act = ly->ffn_scheme == COLIBRI_QUANT_F32 ? 0 : ly->ffn_act;
+    float *hh = lm->ffn_scratch;
+    float *g = hh + (size_t)n * (size_t)f;
+    colibri_tf_lin_t j;
+    memset(&j, 0, sizeof j);
+    j.act = act;
+    j.n_tok = n;
+    j.xq = lm->xq;
+    j.sx = lm->sxq;
+    if (act == 1) {
+        colibri_tf_quantize_rows(x, lm->xq, lm->sxq, d, n);
+    }
+    j.n_mats = 2;
+    j.m[0] = &ly->ffn[0];
+    j.m[1] = &ly->ffn[2];
+    j.y[0] = hh;
+    j.y[1] = g;
+    j.x = x;
+    colibri_status st = lin_run(lm, &j);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    colibri_silu_mul_f32(hh, g, (size_t)n * (size_t)f);
+    if (act == 1) {
+        colibri_tf_quantize_rows(hh, lm->xq, lm->sxq, f, n);
+    }
+    j.n_mats = 1;
+    j.m[0] = &ly->ffn[1];
+    j.y[0] = y;
+    j.x = hh;
+    return lin_run(lm, &j);
+}
+
+/* The attention proper of n rows (q / k / v already normed, clipped and rotated), split over
+ * the threads by KV head: the cache is [kv head][position][head_dim], so a range of KV heads
+ * and their query heads is an attention of its own, with its own part of the cache; each
+ * thread runs its range for the n rows in order (row t writes its K / V row, then attends to
+ * the rows before it), with its own scores. The same operations per head as one thread. */
+typedef struct {
+    const colibri_attention_shape_t *shape;
+    float *kc, *vc;
+    int32_t pos0, n;
+} lm_att_job;
+
+static colibri_status job_att(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
+{
+    const lm_att_job *j = (const lm_att_job *)arg;
+    const int32_t n_kv = j->shape->n_kv_heads;
+    const int32_t g0 = (int32_t)((int64_t)n_kv * tid / nt);
+    const int32_t g1 = (int32_t)((int64_t)n_kv * (tid + 1) / nt);
+    if (g1 <= g0) {
+        return COLIBRI_OK;
+    }
+    const int32_t group = j->shape->n_heads / n_kv;
+    colibri_attention_shape_t part = *j->shape;
+    part.n_kv_heads = g1 - g0;
+    part.n_heads = (g1 - g0) * group;
+    const size_t hd = (size_t)part.head_dim;
+    const size_t qo = (size_t)g0 * (size_t)group * hd; /* first query head's offset */
+    const size_t ko = (size_t)g0 * hd;
+    const size_t co = (size_t)g0 * (size_t)part.max_context * hd;
+    for (int32_t t = 0; t < j->n; t++) {
+        const colibri_status st = colibri_attention_f32(
+            &part, j->pos0 + t, lm->q + (size_t)t * (size_t)lm->hq + qo,
+            lm->k + (size_t)t * (size_t)lm->hkv + ko, lm->v + (size_t)t * (size_t)lm->hkv + ko,
+            j->kc + co, j->vc + co, lm->scratch[tid].scores,
+            lm->att + (size_t)t * (size_t)lm->hq + qo);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+/* colibri_tf_hooks_t.attend: the attention of n rows at positions pos0 .., split over the
+ * threads by KV head (job_att). */
+static colibri_status hook_attend(void *ctx, const colibri_attention_shape_t *shape, float *kc,
+                                  float *vc, int32_t pos0, int32_t n)
+{
+    colibri_lm_t *lm = (colibri_lm_t *)ctx;
+    lm_att_job j = {shape, kc, vc, pos0, n};
+    /* multiply-adds: q.k and p.v over the rows attended to, per query head */
+    const uint64_t work = 2u * (uint64_t)n * (uint64_t)lm->hq * (uint64_t)(pos0 + n);
+    return lm_run_sized(lm, job_att, &j, work);
+}
+
+/* The routed experts of a layer for n rows, grouped by expert: lm->keys (id * n + row, sorted)
+ * in runs lm->groups[g] .. lm->groups[g + 1]; each expert runs once on its rows (one GEMM per
+ * matrix), and its output row for (row, slot) goes to y_expert[row][slot]. */
+typedef struct {
+    const lm_layer *ly;
+    const float *x;
+    int32_t n, n_groups;
+} lm_moe_job;
+
+static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
+{
+    const lm_moe_job *j = (const lm_moe_job *)arg;
+    const lm_layer *ly = j->ly;
+    const int32_t n = j->n;
+    const size_t d = (size_t)lm->h.d_model;
+    const int32_t kk = lm->max_k;
+    lm_scratch *sc = &lm->scratch[tid];
+    for (int32_t g = 0; g < j->n_groups; g++) {
+        if ((nt > 1 ? lm->owner[g] : 0) != tid) {
+            continue;
+        }
+        const int32_t first = lm->groups[g];
+        const int32_t cnt = lm->groups[g + 1] - first;
+        const int32_t id = lm->keys[first] / n;
+        const lm_expert *e = clb_lm_expert_at(lm, ly, id);
+        if (e == NULL) {
+            return COLIBRI_ERR_EXPERT; /* not reached: clb_lm_expert_use made it resident */
+        }
+        for (int32_t r = 0; r < cnt; r++) {
+            const int32_t t = lm->keys[first + r] % n;
+            memcpy(sc->xin + (size_t)r * d, j->x + (size_t)t * d, d * sizeof(float));
+        }
+        if (e->scheme == COLIBRI_QUANT_F32) {
+            colibri_expert_ffn_f32(&ly->moe, &e->fw, sc->xin, sc->yout, cnt, sc->hh);
+        } else {
+            colibri_tf_swiglu_rows(e->w, e->act, sc->xin, sc->yout, cnt, sc->hh, sc->xq, sc->sx);
+        }
+        for (int32_t r = 0; r < cnt; r++) {
+            const int32_t t = lm->keys[first + r] % n;
+            const int32_t *ids = lm->ids + (size_t)t * (size_t)kk;
+            int32_t slot = 0;
+            while (slot < ly->top_k - 1 && ids[slot] != id) {
+                slot++;
+            }
+            memcpy(lm->y_expert + ((size_t)t * (size_t)kk + (size_t)slot) * d,
+                   sc->yout + (size_t)r * d, d * sizeof(float));
+        }
+    }
+    return COLIBRI_OK;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a;
+    const int32_t y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The MoE block for n rows: colibri_route per row, then colibri_sparse_forward's order per row
+ * (experts in ascending id, out = 0 + sum g * y). With a budget n is 1. */
+static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next, const float *x,
+                             float *out, int32_t n)
+{
+    const int32_t k = ly->top_k;
+    const int32_t d = (int32_t)lm->h.d_model;
+    const int32_t kk = lm->max_k;
+    colibri_status st;
+    for (int32_t t = 0; t < n; t++) {
+        int32_t *ids = lm->ids + (size_t)t * (size_t)kk;
+        float *gates = lm->gates + (size_t)t * (size_t)kk;
+        st = colibri_route(&ly->moe, x + (size_t)t * (size_t)d, 1, k, ids, gates, lm->route_temp);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+        for (int32_t i = 1; i < k; ++i) { /* insertion sort by expert id, gates along */
+            const int32_t id = ids[i];
+            const float g = gates[i];
+            int32_t j = i - 1;
+            for (; j >= 0 && ids[j] > id; --j) {
+                ids[j + 1] = ids[j];
+                gates[j + 1] = gates[j];
+            }
+            ids[j + 1] = id;
+            gates[j + 1] = g;
+        }
+        for (int32_t i = 0; i < k; ++i) {
+            if (ids[i] < 0 || ids[i] >= ly->moe.n_experts || (i > 0 && ids[i] == ids[i - 1])) {
+                return COLIBRI_ERR_EXPERT;
+            }
+        }
+    }
+    if (lm->cache != NULL) {
+        /* all top_k resident first (n_slots >= top_k and LRU: none evicts another of them),
+         * then the next layer's prefetch, which leaves them in place */
+        for (int32_t i = 0; i < k; ++i) {
+            st = clb_lm_expert_use(lm, ly, lm->ids[i]);
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+        }
+        if (next != NULL) {
+            clb_lm_prefetch(lm, ly, next);
+        }
+    }
+    int32_t nk = 0;
+    for (int32_t t = 0; t < n; t++) {
+        for (int32_t i = 0; i < k; ++i) {
+            lm->keys[nk++] = lm->ids[(size_t)t * (size_t)kk + (size_t)i] * n + t;
+        }
+    }
+    qsort(lm->keys, (size_t)nk, sizeof *lm->keys, cmp_i32);
+    int32_t ng = 0;
+    for (int32_t i = 0; i < nk; i++) {
+        if (i == 0 || lm->keys[i] / n != lm->keys[i - 1] / n) {
+            lm->groups[ng++] = i;
+        }
+    }
+    lm->groups[ng] = nk;
+    /* Each run to a thread, largest first, to the least loaded (lowest tid on ties): fixed
+     * by the routing alone (and which thread runs an expert never changes its output). */
+    const int32_t nt = lm->pool != NULL ? lm->n_threads : 1;
+    for (int32_t t = 0; t < nt; t++) {
+        lm->load[t] = 0;
+    }
+    for (int32_t g = 0; g < ng; g++) {
+        lm->owner[g] = -1;
+    }
+    for (int32_t left = ng; left > 0; left--) {
+        int32_t best = -1;
+        for (int32_t g = 0; g < ng; g++) {
+            if (lm->owner[g] < 0 && (best < 0 || lm->groups[g + 1] - lm->groups[g] >
+                                                     lm->groups[best + 1] - lm->groups[best])) {
+                best = g;
+            }
+        }
+        int32_t to = 0;
+        for (int32_t t = 1; t < nt; t++) {
+            to = lm->load[t] < lm->load[to] ? t : to;
+        }
+        lm->owner[best] = to;
+        lm->load[to] += lm->groups[best + 1] - lm->groups[best];
+    }
+    lm_moe_job j = {ly, x, n, ng};
+    st = ng > 1 ? clb_lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        float *o = out + (size_t)t * (size_t)d;
+        const float *gates = lm->gates + (size_t)t * (size_t)kk;
+        for (int32_t i = 0; i < d; ++i) {
+            o[i] = 0.0f;
+        }
+        for (int32_t s = 0; s < k; ++s) {
+            const float g = gates[s];
+            const float *ye = lm->y_expert + ((size_t)t * (size_t)kk + (size_t)s) * (size_t)d;
+            for (int32_t i = 0; i < d; ++i) {
+                o[i] += g * ye[i];
+            }
+        }
+    }
+    if (lm->cache != NULL) { /* prefetches not used by this layer count no more */
+        const lm_cache *c = lm->cache;
+        for (uint32_t s = 0; s < c->n_slots; s++) {
+            lm_slot *sl = &c->slots[s];
+            if (sl->ahead && sl->expert >= ly->first_expert &&
+                sl->expert < ly->first_expert + ly->moe.n_experts) {
+                sl->ahead = 0;
+            }
+        }
+    }
+    return COLIBRI_OK;
+}
+
+static const colibri_tf_hooks_t lm_hooks = {
+    .linear = hook_linear,
+    .attend = hook_attend,
+};
+
+void clb_lm_view(colibri_lm_t *lm)
+{
+    const lm_header *h = &lm->h;
+    colibri_tf_model_t *m = &lm->tf;
+    m->n_layers = (int32_t)h->n_layers;
+    m->vocab = (int32_t)h->vocab;
+    m->d_model = (int32_t)h->d_model;
+    m->n_heads = (int32_t)h->n_heads;
+    m->n_kv_heads = (int32_t)h->n_kv_heads;
+    m->head_dim = (int32_t)h->head_dim;
+    m->max_context = lm->max_context;
+    m->window = (int32_t)h->window;
+    m->clip_on = (h->flags & LM_FLAG_CLIP) != 0u;
+    m->dense_act = h->dense_act == 1u;
+    m->eps = h->eps;
+    m->clip = h->clip;
+    m->embed = lm->embed;
+    m->lm_head = lm->lm_head;
+    m->final_norm = lm->final_norm;
+    m->rope_cos = lm->rope_cos;
+    m->rope_sin = lm->rope_sin;
+    m->layers = &lm->layers[0].tf;
+    m->layer_stride = sizeof(lm_layer);
+    m->x = lm->x;
+    m->h = lm->hbuf;
+    m->q = lm->q;
+    m->k = lm->k;
+    m->v = lm->v;
+    m->att = lm->att;
+    m->proj = lm->proj;
+    m->shared = lm->shared;
+    m->kv = lm->kv;
+    m->scores = lm->scratch[0].scores;
+    m->logits = lm->logits;
+    m->xq = lm->xq;
+    m->sxq = lm->sxq;
+    m->hooks = &lm_hooks;
+    m->ctx = lm;
+}
+
+/* n <= lm->batch tokens at positions pos0 ..: the step functions of tf_step.c, every layer on
+ * all n rows, its FFN here (the dense MLP, or the MoE block + the shared expert; the next
+ * layer's experts prefetched with a budget), then the logits of the last row. */
+static colibri_status lm_step(colibri_lm_t *lm, const int32_t *tokens, int32_t n, int32_t pos0,
+                              const float **logits)
+{
+    const colibri_tf_model_t *m = &lm->tf;
+    colibri_status st = colibri_tf_embed(m, tokens, n, pos0);
+    for (int32_t l = 0; l < m->n_layers && st == COLIBRI_OK; ++l) {
+        st = colibri_tf_attention(m, l, pos0, n);
+        if (st != COLIBRI_OK) {
+            break;
+        }
+        lm_layer *ly = &lm->layers[l];
+        const lm_layer *next = l + 1 < m->n_layers ? &lm->layers[l + 1] : NULL;
+        if (!ly->tf.is_moe) {
+            if (next != NULL) {
+                clb_lm_prefetch(lm, ly, next);
+            }
+            st = lm_dense_ffn(lm, ly, lm->hbuf, lm->proj, n);
+        } else {
+            st = lm_moe(lm, ly, next, lm->hbuf, lm->proj, n);
+            if (st == COLIBRI_OK && ly->tf.ffn_d_ff > 0) {
+                st = lm_dense_ffn(lm, ly, lm->hbuf, lm->shared, n);
+            }
+        }
+        if (st == COLIBRI_OK) {
+            colibri_tf_ffn_residual(m, l, n);
+        }
+    }
+    return st == COLIBRI_OK ? colibri_tf_logits(m, n, logits) : st;
+}
+
+colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
+                                  const float **logits)
+{
+    if (lm == NULL || logits == NULL || token < 0 || token >= (int32_t)lm->h.vocab) {
+        return COLIBRI_ERR_ARG;
+    }
+    if (pos < 0 || pos >= lm->max_context) {
+        return COLIBRI_ERR_NOMEM; /* context overflow: the KV cache has no row for pos */
+    }
+    return lm_step(lm, &token, 1, pos, logits);
+}
+
+colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32_t n, int32_t pos0,
+                                  const float **logits)
+{
+    if (lm == NULL || tokens == NULL || logits == NULL || n < 1) {
+        return COLIBRI_ERR_ARG;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        if (tokens[t] < 0 || tokens[t] >= (int32_t)lm->h.vocab) {
+            return COLIBRI_ERR_ARG;
+        }
+    }
+    if (pos0 < 0 || pos0 >= lm->max_context || n > lm->max_context - pos0) {
+        return COLIBRI_ERR_NOMEM; /* context overflow */
+    }
+    /* With a budget the expert slots hold top_k experts of one token at a time: token steps. */
+    const int32_t chunk = lm->cache != NULL ? 1 : lm->batch;
+    for (int32_t t = 0; t < n; t += chunk) {
+        const int32_t m = n - t < chunk ? n - t : chunk;
+        const colibri_status st = lm_step(lm, tokens + t, m, pos0 + t, logits);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int colibri_lm_step_unused;
+#endif /* COLIBRI_NO_FILESYSTEM */
