@@ -4,7 +4,7 @@ The file holds exactly the weights the generated C of the same model and quantis
 holds (:func:`colibri.quant.model.quantize_transformer`, the same scale search), in the layouts
 the runtime's kernels read, plus the RoPE tables of ``max_context`` positions computed in
 float64 as :mod:`colibri.emit.model` does, so the runtime's file entry point
-(``colibri_lm_init`` / ``colibri_lm_forward``, runtime_c/src/lm_file.c) gives the generated C's
+(``colibri_lm_init`` / ``colibri_lm_forward``, runtime_c/src/lm_*.c) gives the generated C's
 logits bit for bit, without compiling anything per model. Byte layout: docs/format.md section 1b;
 the format's structs and codes are :mod:`colibri.frontends.container`'s (which also reads the
 file back: :func:`~colibri.frontends.container.read_lm_container`).
