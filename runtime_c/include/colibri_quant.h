@@ -182,7 +182,7 @@ void colibri_matmul_f32(const float *w, const float *b, const float *x, float *y
                         int32_t n_out, int32_t n_in, int32_t n_tok);
 
 /*
- * Kernel paths chosen at run time (x86-64: by CPUID on first use, runtime_c/src/kernels_x86.c).
+ * Kernel paths chosen at run time (x86-64: by CPUID on first use, runtime_c/arch/x86_64).
  * Every path returns the same bits (integer sums are order-free; the fp32 / fp16 matvecs keep
  * each row's documented order, vectorised across rows). Other boards have one path (level 0,
  * chosen at compile time) and ignore the setter.

@@ -785,7 +785,7 @@ void colibri_matmul_f32(const float *w, const float *b, const float *x, float *y
 }
 
 #if !defined(COLIBRI_X86_DISPATCH)
-/* One kernel path, chosen by the compiler (kernels_x86.c has the x86-64 run-time choice). */
+/* One kernel path, chosen by the compiler (runtime_c/arch/x86_64: the x86-64 run-time choice). */
 int32_t colibri_kernel_level(void)
 {
     return COLIBRI_KERNEL_BASE;

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from colibri.boards import load_board, render_linker_script
+from colibri.paths import runtime_sources
 from colibri.targets.qemu import run_elf
 from conftest import ROOT, require_board, require_tool, run_cli, run_ok
 
@@ -28,7 +29,7 @@ ZEPHYR_APP = ROOT / "examples" / "zephyr_app"
 IDF_APP = ROOT / "examples" / "esp_idf_app"
 STUBS = ROOT / "tests" / "stubs"
 INCLUDE = ROOT / "runtime_c" / "include"
-RUNTIME_SOURCES = sorted((ROOT / "runtime_c" / "src").glob("*.c"))
+RUNTIME_SOURCES = runtime_sources()  # runtime_c/src and runtime_c/arch/x86_64 (host ISA)
 #: Runtime files the MCU packages leave out on purpose: whole models from .clb files (mmap, POSIX
 #: hosts and Linux boards only; the file compiles to nothing with COLIBRI_NO_FILESYSTEM).
 HOST_ONLY_SOURCES = {"runtime_c/src/lm_file.c"}
@@ -133,13 +134,14 @@ def test_cmake_runtime_sources(cmake_file: Path) -> None:
     listed = _cmake_source_list(cmake_file)
     missing = [s for s in listed if not (ROOT / s).is_file()]
     assert not missing, f"{cmake_file} lists missing files: {missing}"
-    expected = [
+    expected = sorted(
         str(p.relative_to(ROOT))
         for p in RUNTIME_SOURCES
         if str(p.relative_to(ROOT)) not in HOST_ONLY_SOURCES
-    ]
+    )
     assert sorted(listed) == expected, (
-        f"{cmake_file} must list every runtime_c/src/*.c but {sorted(HOST_ONLY_SOURCES)}"
+        f"{cmake_file} must list every runtime_c/src/*.c and runtime_c/arch/x86_64/*.c but "
+        f"{sorted(HOST_ONLY_SOURCES)}"
     )
     text = cmake_file.read_text()
     assert "${COLIBRI_ROOT}/runtime_c/include" in text
@@ -307,7 +309,7 @@ def test_esp_idf_example_runs_on_esp32s3_qemu(models: dict[str, Path], tmp_path:
     sources = [
         IDF_APP / "main" / "main.c", STUBS / "esp_idf" / "esp_idf_sim.c",
         *sorted(model.glob("*.c")),
-        *(p for p in RUNTIME_SOURCES if f"runtime_c/src/{p.name}" not in HOST_ONLY_SOURCES),
+        *(p for p in RUNTIME_SOURCES if str(p.relative_to(ROOT)) not in HOST_ONLY_SOURCES),
         platform / "xtensa_sim" / "platform_sim.c",
     ]  # fmt: skip
     objs = []
