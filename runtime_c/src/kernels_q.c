@@ -19,6 +19,7 @@
  */
 #include "colibri_math.h"
 #include "colibri_quant.h"
+#include "kernels_scalar.h"
 #include "kernels_x86.h"
 
 #include <math.h>
@@ -50,24 +51,7 @@ float colibri_f16_to_f32(uint16_t h)
 #if defined(COLIBRI_F16_NEON)
     return colibri_neon_f16_to_f32(h);
 #else
-    const uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
-    const uint32_t em = (uint32_t)h & 0x7FFFu; /* exponent and mantissa */
-    uint32_t bits;
-    float f;
-    if (em >= 0x7C00u) {
-        bits = sign | 0x7F800000u | ((em & 0x3FFu) << 13); /* inf / NaN */
-        memcpy(&f, &bits, sizeof f);
-        return f;
-    }
-    /* Shifted into fp32 position the value is h * 2^-112 (normal, or an fp32 subnormal for
-     * an fp16 subnormal); multiplying by 2^112 is exact. */
-    bits = em << 13;
-    memcpy(&f, &bits, sizeof f);
-    f *= 5.192296858534828e33f; /* 2^112 */
-    memcpy(&bits, &f, sizeof f);
-    bits |= sign;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    return colibri_f16_to_f32_scalar(h);
 #endif
 }
 
@@ -102,13 +86,6 @@ void colibri_matvec_q8_f32(const int8_t *q, const float *scale, const float *x, 
     }
 }
 
-/* Weight j (0..31) of a block, as a signed value -8..7. */
-static inline int32_t q4_value(const colibri_block_q4_32 *blk, int32_t j)
-{
-    const uint8_t byte = blk->qs[j & 15];
-    return (int32_t)((j < 16) ? (byte & 0x0Fu) : (byte >> 4)) - 8;
-}
-
 /* sum_j (float)(q_j - 8) * x[j] over the first n weights of a block, j ascending. */
 static inline float q4_block_dot_f32(const colibri_block_q4_32 *blk, const float *x, int32_t n)
 {
@@ -126,7 +103,7 @@ static inline float q4_block_dot_f32(const colibri_block_q4_32 *blk, const float
         return bs;
     }
     for (int32_t j = 0; j < n; j++) {
-        bs += (float)q4_value(blk, j) * x[j];
+        bs += (float)colibri_q4_value(blk, j) * x[j];
     }
     return bs;
 }
@@ -153,44 +130,6 @@ void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *
     }
 }
 
-/* One block of n <= COLIBRI_QK8 values: codes into xq, returns the block's scale. */
-static float quantize_block_q8(const float *x, int8_t *xq, int32_t n)
-{
-    /* max |x| on the bits: for non-negative floats the integer order is the float order (a NaN
-     * is above every number, so a block holding one quantises to zero below) */
-    uint32_t abits = 0;
-    for (int32_t i = 0; i < n; i++) {
-        uint32_t b;
-        memcpy(&b, &x[i], sizeof b);
-        b &= 0x7FFFFFFFu;
-        abits = (b > abits) ? b : abits;
-    }
-    float amax;
-    memcpy(&amax, &abits, sizeof amax);
-    if (!(amax >= 0x1p-120f)) { /* all zero, NaN, or so small that 127 / amax would overflow */
-        for (int32_t i = 0; i < n; i++) {
-            xq[i] = 0;
-        }
-        return 0.0f;
-    }
-    /* One division per block. |v| <= 127 * (1 + 2^-23) < 127.5, so the clamp below changes no
-     * rounded value; it also keeps the conversion defined when x holds an infinity. */
-    const float inv = (float)COLIBRI_Q8_MAX / amax;
-    for (int32_t i = 0; i < n; i++) {
-        const float v = x[i] * inv;
-        uint32_t vb;
-        memcpy(&vb, &v, sizeof vb);
-        const int32_t neg = -(int32_t)(vb >> 31); /* -1 when v's sign bit is set, else 0 */
-        float a = fabsf(v);
-        a = (a < (float)COLIBRI_Q8_MAX) ? a : (float)COLIBRI_Q8_MAX;
-        /* round half away from zero in fixed point: a * 2^16 is exact and truncating it keeps
-         * the bits that decide floor(a + 0.5) */
-        const int32_t q = ((int32_t)(a * 65536.0f) + 32768) >> 16;
-        xq[i] = (int8_t)((q ^ neg) - neg);
-    }
-    return amax / (float)COLIBRI_Q8_MAX;
-}
-
 #if defined(COLIBRI_DOT_SSE2)
 /* Lane-wise maximum of two vectors of non-negative int32 (SSE2 has no PMAXSD). */
 static inline __m128i colibri_max_epi32_sse2(__m128i a, __m128i b)
@@ -200,11 +139,11 @@ static inline __m128i colibri_max_epi32_sse2(__m128i a, __m128i b)
 }
 
 /*
- * A whole block, SSE2, bit for bit quantize_block_q8 when its max |x| is finite and at least
- * 2^-100 (returns 0, writing nothing, otherwise): as colibri_qi_quantize_row, t = (int32_t)(x *
- * (inv * 2^16)) (x * inv16 == (x * inv) * 2^16 exactly: scaling by a power of two commutes with
- * rounding, and a product below 2^-126 truncates to t = 0 either way) and code = (t + 2^15 +
- * (t >> 31)) >> 16, round(x * inv) half away from zero; |x * inv| <= 127 * (1 + 2^-23) needs
+ * A whole block, SSE2, bit for bit colibri_quantize_block_q8_scalar when its max |x| is finite and
+ * at least 2^-100 (returns 0, writing nothing, otherwise): as colibri_qi_quantize_row, t =
+ * (int32_t)(x * (inv * 2^16)) (x * inv16 == (x * inv) * 2^16 exactly: scaling by a power of two
+ * commutes with rounding, and a product below 2^-126 truncates to t = 0 either way) and code = (t +
+ * 2^15 + (t >> 31)) >> 16, round(x * inv) half away from zero; |x * inv| <= 127 * (1 + 2^-23) needs
  * no clamp, and the codes fit the saturating packs unchanged.
  */
 static int quantize_block_q8_sse2(const float *x, int8_t *xq, float *sx)
@@ -252,7 +191,7 @@ void colibri_quantize_row_q8(const float *x, int8_t *xq, float *sx, int32_t n)
             continue;
         }
 #endif
-        sx[b] = quantize_block_q8(x + i0, xq + i0, m);
+        sx[b] = colibri_quantize_block_q8_scalar(x + i0, xq + i0, m);
     }
 }
 
@@ -473,7 +412,7 @@ int32_t colibri_dot_q4_q8(const colibri_block_q4_32 *blk, const int8_t *xq, int3
 #endif
     }
     for (int32_t j = 0; j < n; j++) {
-        acc += q4_value(blk, j) * (int32_t)xq[j];
+        acc += colibri_q4_value(blk, j) * (int32_t)xq[j];
     }
     return acc;
 }
