@@ -97,7 +97,8 @@ def static_model(tmp_path: Path):  # type: ignore[no-untyped-def]
         srcs += [str(p) for p in runtime_sources()]
         subprocess.run(
             [cc, "-std=c11", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-D_GNU_SOURCE"]
-            + ["-I", str(gen), "-I", str(ROOT / "runtime_c" / "include"), *srcs]
+            + ["-I", str(gen), "-I", str(ROOT / "runtime_c" / "include")]
+            + ["-I", str(ROOT / "runtime_c" / "tiles"), *srcs]
             + ["-o", str(so), "-lm"],
             check=True,
         )

@@ -118,7 +118,8 @@ def host_console(tmp_path_factory: pytest.TempPathFactory) -> str:
     exe = work / "app"
     run_ok(
         [cc, "-std=c11", "-O2", "-ffp-contract=off", "-DCOLIBRI_NO_FILESYSTEM", f"-I{stubs}",
-         f"-I{ROOT / 'runtime_c' / 'include'}", f"-I{model}", f"-Wa,-I{model}",
+         f"-I{ROOT / 'runtime_c' / 'include'}", f"-I{ROOT / 'runtime_c' / 'tiles'}",
+         f"-I{model}", f"-Wa,-I{model}",
          str(ROOT / "examples" / "zephyr_app" / "src" / "main.c"), str(stubs / "zephyr_host.c"),
          *map(str, sorted(model.glob("*.c"))),
          *map(str, runtime_sources()), "-lm", "-o", str(exe)]

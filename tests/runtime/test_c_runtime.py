@@ -49,6 +49,7 @@ def _compile_host(sources: list[Path], exe: Path, defines: tuple[str, ...] = ())
         *HOST_FLAGS,
         *(f"-D{d}" for d in defines),
         f"-I{INCLUDE_DIR}",
+        f"-I{ROOT / 'runtime_c' / 'tiles'}",
         f"-I{SRC_DIR}",  # test_crc.c: colibri_internal.h
         f"-I{C_TEST_DIR}",
         *map(str, sources),

@@ -29,6 +29,7 @@ ZEPHYR_APP = ROOT / "examples" / "zephyr_app"
 IDF_APP = ROOT / "examples" / "esp_idf_app"
 STUBS = ROOT / "tests" / "stubs"
 INCLUDE = ROOT / "runtime_c" / "include"
+TILES = ROOT / "runtime_c" / "tiles"  # generated-code support
 RUNTIME_SOURCES = runtime_sources()  # runtime_c/src and runtime_c/arch/x86_64 (host ISA)
 #: Runtime files the MCU packages leave out on purpose: whole models from .clb files (mmap, POSIX
 #: hosts and Linux boards only; the file compiles to nothing with COLIBRI_NO_FILESYSTEM).
@@ -267,7 +268,8 @@ def _esp32s3_cc() -> str:
 def _idf_compile(cc: str, source: Path, model: Path, obj: Path, extra: list[str]) -> None:
     """One C file as ESP-IDF 5 compiles it for the esp32s3: IDF_FLAGS, and not one warning."""
     proc = run_ok(
-        [cc, *IDF_FLAGS, *extra, f"-I{STUBS / 'esp_idf'}", f"-I{INCLUDE}", f"-I{model}"]
+        [cc, *IDF_FLAGS, *extra, f"-I{STUBS / 'esp_idf'}", f"-I{INCLUDE}", f"-I{TILES}"]
+        + [f"-I{model}"]
         + [f"-Wa,-I{model}", "-c", str(source), "-o", str(obj)]
     )
     assert "warning" not in proc.stderr, f"{source.name}: {proc.stderr}"
@@ -338,6 +340,7 @@ def test_example_cross_compiles(case: str, models: dict[str, Path], tmp_path: Pa
     for source in [main_c, *sorted(model.glob("*.c"))]:
         run_ok(
             [cc, *WARN, *flags, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}"]
+            + [f"-I{TILES}"]
             + [f"-I{model}", f"-Wa,-I{model}", "-c", str(source)]
             + ["-o", str(tmp_path / (source.stem + ".o"))]
         )
@@ -392,7 +395,8 @@ def test_example_runs_on_host(
     model = models[variant]
     exe = tmp_path / "app"
     run_ok(
-        [cc, *WARN, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}", f"-I{model}"]
+        [cc, *WARN, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}", f"-I{TILES}"]
+        + [f"-I{model}"]
         + [f"-Wa,-I{model}"]
         + [str(main_c), str(STUBS / host_c), *map(str, sorted(model.glob("*.c")))]
         + [*map(str, RUNTIME_SOURCES), "-lm", "-o", str(exe)]
