@@ -337,54 +337,53 @@ static int32_t matmul_chunk_rows(size_t row_bytes, int32_t n_out)
     return (rows >= (size_t)n_out) ? n_out : (int32_t)rows;
 }
 
-void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
-                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+/* The int8 x int8 ones: blocked 0, a scale per row (colibri_matmul_q8_q8); 1, a scale per row
+ * and block (colibri_matmul_q8b_q8). */
+static void matmul_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                      float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok,
+                      int blocked)
 {
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const size_t spr = blocked ? nb : 1u; /* scales per row */
 #if defined(COLIBRI_X86_DISPATCH)
     const colibri_x86_kernels_t *kx = colibri_x86_kernels();
+    void (*const tiled)(const int8_t *, const float *, const int8_t *, const float *, float *,
+                        int32_t, int32_t, int32_t, int32_t) =
+        blocked ? kx->matmul_q8b_q8 : kx->matmul_q8_q8;
 #endif
-    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
-    const int32_t step = matmul_chunk_rows((size_t)n_in, n_out);
+    const int32_t step = matmul_chunk_rows((size_t)n_in + (blocked ? 4u * nb : 0u), n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        const int8_t *qo = q + (size_t)o0 * (size_t)n_in;
+        const float *so = scale + (size_t)o0 * spr;
 #if defined(COLIBRI_X86_DISPATCH)
-        if (kx->matmul_q8_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
-            kx->matmul_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0, xq, sx, y + o0, ldy, m,
-                             n_in, n_tok);
+        if (tiled != NULL && n_tok > 1) { /* register-blocked over tokens */
+            tiled(qo, so, xq, sx, y + o0, ldy, m, n_in, n_tok);
             continue;
         }
 #endif
         for (int32_t t = 0; t < n_tok; t++) {
-            colibri_matvec_q8_q8(q + (size_t)o0 * (size_t)n_in, scale + o0,
-                                 xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-                                 y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+            const int8_t *xt = xq + (size_t)t * (size_t)n_in;
+            float *yt = y + (size_t)t * (size_t)ldy + (size_t)o0;
+            if (blocked) { /* direct calls: the stack check follows them */
+                colibri_matvec_q8b_q8(qo, so, xt, sx + (size_t)t * nb, yt, m, n_in);
+            } else {
+                colibri_matvec_q8_q8(qo, so, xt, sx + (size_t)t * nb, yt, m, n_in);
+            }
         }
     }
+}
+
+void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    matmul_q8(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, 0);
 }
 
 void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
-#if defined(COLIBRI_X86_DISPATCH)
-    const colibri_x86_kernels_t *kx = colibri_x86_kernels();
-#endif
-    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
-    const int32_t step = matmul_chunk_rows((size_t)n_in + 4u * nb, n_out);
-    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
-        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
-#if defined(COLIBRI_X86_DISPATCH)
-        if (kx->matmul_q8b_q8 != NULL && n_tok > 1) { /* register-blocked over tokens */
-            kx->matmul_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb, xq, sx,
-                              y + o0, ldy, m, n_in, n_tok);
-            continue;
-        }
-#endif
-        for (int32_t t = 0; t < n_tok; t++) {
-            colibri_matvec_q8b_q8(q + (size_t)o0 * (size_t)n_in, scale + (size_t)o0 * nb,
-                                  xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
-        }
-    }
+    matmul_q8(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, 1);
 }
 
 void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,

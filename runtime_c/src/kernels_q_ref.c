@@ -142,26 +142,29 @@ void colibri_matvec_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, co
 }
 
 /* The multi-token kernels: row t is the matvec of token t (colibri_quant.h). */
-void colibri_matmul_q8_q8_ref(const int8_t *q, const float *scale, const int8_t *xq,
-                              const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,
-                              int32_t n_tok)
+static void matmul_q8_ref(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
+                          float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok,
+                          int blocked)
 {
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     for (int32_t t = 0; t < n_tok; t++) {
         matvec_q8_ref(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-                      y + (size_t)t * (size_t)ldy, n_out, n_in, 0);
+                      y + (size_t)t * (size_t)ldy, n_out, n_in, blocked);
     }
+}
+
+void colibri_matmul_q8_q8_ref(const int8_t *q, const float *scale, const int8_t *xq,
+                              const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,
+                              int32_t n_tok)
+{
+    matmul_q8_ref(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, 0);
 }
 
 void colibri_matmul_q8b_q8_ref(const int8_t *q, const float *scale, const int8_t *xq,
                                const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,
                                int32_t n_tok)
 {
-    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
-    for (int32_t t = 0; t < n_tok; t++) {
-        matvec_q8_ref(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-                      y + (size_t)t * (size_t)ldy, n_out, n_in, 1);
-    }
+    matmul_q8_ref(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, 1);
 }
 
 void colibri_matmul_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,

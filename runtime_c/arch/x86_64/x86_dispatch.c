@@ -61,40 +61,21 @@
     .silu_mul_f32 = colibri_x86_silu_mul_f32_avx2, .axpy_f32 = colibri_x86_axpy_f32_avx2,          \
     .argmax_f32 = colibri_x86_argmax_f32_avx2
 
+/* The int8 / int4 kernels of a level: its one-token matvecs (suffix MV) and multi-token matmuls
+ * (suffix MM). */
+#define KX_INT_KERNELS(MV, MM)                                                                     \
+    .matvec_q8_q8 = colibri_x86_matvec_q8_q8_##MV,                                                 \
+    .matvec_q8b_q8 = colibri_x86_matvec_q8b_q8_##MV,                                               \
+    .matvec_q4_q8 = colibri_x86_matvec_q4_q8_##MV, .matmul_q8_q8 = colibri_x86_matmul_q8_q8_##MM,  \
+    .matmul_q8b_q8 = colibri_x86_matmul_q8b_q8_##MM, .matmul_q4_q8 = colibri_x86_matmul_q4_q8_##MM
+
 /* The base level leaves every field NULL: kernels_q.c's own code runs. */
 static const colibri_x86_kernels_t kx_levels[4] = {
     [COLIBRI_KERNEL_BASE] = {.matvec_f32 = NULL},
-    [COLIBRI_KERNEL_AVX2] =
-        {
-            KX_FLOAT_KERNELS,
-            .matvec_q8_q8 = colibri_x86_matvec_q8_q8_avx2,
-            .matvec_q8b_q8 = colibri_x86_matvec_q8b_q8_avx2,
-            .matvec_q4_q8 = colibri_x86_matvec_q4_q8_avx2,
-            .matmul_q8_q8 = colibri_x86_matmul_q8_q8_avx2,
-            .matmul_q8b_q8 = colibri_x86_matmul_q8b_q8_avx2,
-            .matmul_q4_q8 = colibri_x86_matmul_q4_q8_avx2,
-        },
+    [COLIBRI_KERNEL_AVX2] = {KX_FLOAT_KERNELS, KX_INT_KERNELS(avx2, avx2)},
 #if defined(KX_HAVE_VNNI)
-    [COLIBRI_KERNEL_AVX_VNNI] =
-        {
-            KX_FLOAT_KERNELS,
-            .matvec_q8_q8 = colibri_x86_matvec_q8_q8_avxvnni,
-            .matvec_q8b_q8 = colibri_x86_matvec_q8b_q8_avxvnni,
-            .matvec_q4_q8 = colibri_x86_matvec_q4_q8_avxvnni,
-            .matmul_q8_q8 = colibri_x86_matmul_q8_q8_avxvnni,
-            .matmul_q8b_q8 = colibri_x86_matmul_q8b_q8_avxvnni,
-            .matmul_q4_q8 = colibri_x86_matmul_q4_q8_avxvnni,
-        },
-    [COLIBRI_KERNEL_AVX512_VNNI] =
-        {
-            KX_FLOAT_KERNELS,
-            .matvec_q8_q8 = colibri_x86_matvec_q8_q8_avx512z,
-            .matvec_q8b_q8 = colibri_x86_matvec_q8b_q8_avx512z,
-            .matvec_q4_q8 = colibri_x86_matvec_q4_q8_avx512z,
-            .matmul_q8_q8 = colibri_x86_matmul_q8_q8_avx512,
-            .matmul_q8b_q8 = colibri_x86_matmul_q8b_q8_avx512,
-            .matmul_q4_q8 = colibri_x86_matmul_q4_q8_avx512,
-        },
+    [COLIBRI_KERNEL_AVX_VNNI] = {KX_FLOAT_KERNELS, KX_INT_KERNELS(avxvnni, avxvnni)},
+    [COLIBRI_KERNEL_AVX512_VNNI] = {KX_FLOAT_KERNELS, KX_INT_KERNELS(avx512z, avx512)},
 #endif
 };
 

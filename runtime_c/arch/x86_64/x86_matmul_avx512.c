@@ -478,31 +478,22 @@ static KX_NOINLINE KX_AVX512VNNI void kx_mm512_matmul(const void *w, const float
         return;                                                                                    \
     } while (0)
 
-KX_AVX512VNNI void colibri_x86_matmul_q8_q8_avx512(const int8_t *q, const float *scale,
-                                                   const int8_t *xq, const float *sx, float *y,
-                                                   int32_t ldy, int32_t n_out, int32_t n_in,
-                                                   int32_t n_tok)
-{
-    if (n_tok < KX_MM512_MIN_TOK) {
-        KX_MM512_MATVECS(colibri_x86_matvec_q8_q8_avx512z(
-            q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-            y + (size_t)t * (size_t)ldy, n_out, n_in));
+/* The int8 ones (MODE KX_MM512_Q8: a scale per row, KX_MM512_Q8B: per row and block). */
+#define KX_MM512_MATMUL_Q8(NAME, MATVEC, MODE)                                                     \
+    KX_AVX512VNNI void NAME(const int8_t *q, const float *scale, const int8_t *xq,                 \
+                            const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,   \
+                            int32_t n_tok)                                                         \
+    {                                                                                              \
+        if (n_tok < KX_MM512_MIN_TOK) {                                                            \
+            KX_MM512_MATVECS(MATVEC(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,  \
+                                    y + (size_t)t * (size_t)ldy, n_out, n_in));                    \
+        }                                                                                          \
+        kx_mm512_matmul(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, MODE);                       \
     }
-    kx_mm512_matmul(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, KX_MM512_Q8);
-}
 
-KX_AVX512VNNI void colibri_x86_matmul_q8b_q8_avx512(const int8_t *q, const float *scale,
-                                                    const int8_t *xq, const float *sx, float *y,
-                                                    int32_t ldy, int32_t n_out, int32_t n_in,
-                                                    int32_t n_tok)
-{
-    if (n_tok < KX_MM512_MIN_TOK) {
-        KX_MM512_MATVECS(colibri_x86_matvec_q8b_q8_avx512z(
-            q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
-            y + (size_t)t * (size_t)ldy, n_out, n_in));
-    }
-    kx_mm512_matmul(q, scale, xq, sx, y, ldy, n_out, n_in, n_tok, KX_MM512_Q8B);
-}
+KX_MM512_MATMUL_Q8(colibri_x86_matmul_q8_q8_avx512, colibri_x86_matvec_q8_q8_avx512z, KX_MM512_Q8)
+KX_MM512_MATMUL_Q8(colibri_x86_matmul_q8b_q8_avx512, colibri_x86_matvec_q8b_q8_avx512z,
+                   KX_MM512_Q8B)
 
 KX_AVX512VNNI void colibri_x86_matmul_q4_q8_avx512(const colibri_block_q4_32 *w, const int8_t *xq,
                                                    const float *sx, float *y, int32_t ldy,
