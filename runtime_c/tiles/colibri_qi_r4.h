@@ -42,14 +42,19 @@ extern "C" {
     "smlad %[" #s "], %[t], %[xb], %[" #s "]\n"                                                    \
     "sxtb16 %[wb], %[wb], ror #8\n"                                                                \
     "smlad %[" #s "], %[wb], %[x3], %[" #s "]\n"
-#define COLIBRI_QI_ROW0(s, off)                                                                    \
+/* The head of a row (layouts R4 and R4P): its 8 weights at w + off (one LDRD), the first word's
+ * bytes 0 and 2 (SXTB16) times the activation pair register xa, starting the row's sum (SMUAD,
+ * HEAD0) or adding to it (SMLAD, HEAD). */
+#define COLIBRI_QI_HEAD0(s, off, xa)                                                               \
     "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
     "sxtb16 %[t], %[wa]\n"                                                                         \
-    "smuad %[" #s "], %[t], %[xa]\n" COLIBRI_QI_ROW_TAIL(s)
-#define COLIBRI_QI_ROW(s, off)                                                                     \
+    "smuad %[" #s "], %[t], %[" #xa "]\n"
+#define COLIBRI_QI_HEAD(s, off, xa)                                                                \
     "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
     "sxtb16 %[t], %[wa]\n"                                                                         \
-    "smlad %[" #s "], %[t], %[xa], %[" #s "]\n" COLIBRI_QI_ROW_TAIL(s)
+    "smlad %[" #s "], %[t], %[" #xa "], %[" #s "]\n"
+#define COLIBRI_QI_ROW0(s, off) COLIBRI_QI_HEAD0(s, off, xa) COLIBRI_QI_ROW_TAIL(s)
+#define COLIBRI_QI_ROW(s, off) COLIBRI_QI_HEAD(s, off, xa) COLIBRI_QI_ROW_TAIL(s)
 #endif
 
 /** Integer dot products of the 4 rows of an R4 group with one full block of 32 codes:

@@ -81,14 +81,8 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_unpack(const int8_t *x, int32_t n, uint32_
     "sxtb16 %[t], %[wb]\n"                                                                         \
     "smlad %[" #s "], %[t], %[yb], %[" #s "]\n"                                                    \
     "smlad %[" #s "], %[wb], %[ob], %[" #s "]\n"
-#define COLIBRI_QI_PROW0(s, off)                                                                   \
-    "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
-    "sxtb16 %[t], %[wa]\n"                                                                         \
-    "smuad %[" #s "], %[t], %[ya]\n" COLIBRI_QI_PROW_TAIL(s)
-#define COLIBRI_QI_PROW(s, off)                                                                    \
-    "ldrd %[wa], %[wb], [%[w], #" #off "]\n"                                                       \
-    "sxtb16 %[t], %[wa]\n"                                                                         \
-    "smlad %[" #s "], %[t], %[ya], %[" #s "]\n" COLIBRI_QI_PROW_TAIL(s)
+#define COLIBRI_QI_PROW0(s, off) COLIBRI_QI_HEAD0(s, off, ya) COLIBRI_QI_PROW_TAIL(s)
+#define COLIBRI_QI_PROW(s, off) COLIBRI_QI_HEAD(s, off, ya) COLIBRI_QI_PROW_TAIL(s)
 #endif
 
 /** The 4 rows of an R4P group times one block of 32 inputs: wg = the group's first byte +
