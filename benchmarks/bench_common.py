@@ -55,7 +55,7 @@ def build_bench(
     rt = ROOT / "runtime_c"
     flags = [f"-D{d}" for d in [*board.all_defines(), *defines]]
     cc = [board.compiler, *board.compile_flags(), *flags]
-    cc += [f"-I{rt / 'include'}", f"-I{rt / 'platform'}"]
+    cc += [f"-I{rt / 'include'}", f"-I{rt / 'tiles'}", f"-I{rt / 'platform'}"]
     pdir = rt / "platform" / board.platform
     all_sources = [*sources, *sorted(p for p in pdir.iterdir() if p.suffix in (".c", ".S"))]
     objs = []

@@ -7,8 +7,9 @@ same kernels at another git revision (``--rev``), whose outputs must agree bit f
     python benchmarks/matvec_table.py [--board cortex-a53] [--shape 512x128] [--rev d3ac41a]
 
 Defaults: boards cortex-a53, cortex-a7, cortex-a76; shapes 512x128 and 1024x2816 (out x in).
-matvec_bench.c, runtime_c/src/kernels_q.c (with kernels_neon.h), kernels_x86.c (with
-kernels_x86.h: the x86-64 levels, empty elsewhere) and the board's platform are compiled with
+matvec_bench.c, runtime_c/src/kernels_q.c (with its per-ISA headers of runtime_c/arch),
+runtime_c/arch/x86_64/*.c (with kernels_x86.h: the x86-64 levels, empty elsewhere; kernels_x86.c
+at older revisions) and the board's platform are compiled with
 the board's own compiler and flags; with --rev the kernel files are taken from that revision
 (``git show``; a file the revision lacks is left out), everything else from the work tree.
 """
@@ -30,30 +31,53 @@ from colibri.boards import Board, load_board  # noqa: E402
 from colibri.cli.argtypes import add_board_argument, board_help  # noqa: E402
 
 KERNELS = ("fp16 x fp32", "int4 x int8", "int4 x fp32", "int8 x int8")
-KERNEL_FILES = ("kernels_q.c", "kernels_neon.h", "kernels_x86.c", "kernels_x86.h")
+KERNEL_FILES = (
+    "kernels_q.c",
+    "kernels_isa.h",
+    "kernels_scalar.h",
+    "kernels_neon.h",
+    "kernels_x86.c",
+    "kernels_x86.h",
+)
+#: The per-ISA kernel files (runtime_c/arch/<isa>/ since issue 36; kernels_neon.h and
+#: kernels_x86.c in runtime_c/src before).
+ARCH_DIR = "runtime_c/arch"
 
 
 def kernel_dir(rev: str | None, work: Path) -> Path:
-    """runtime_c/src of the work tree, or the kernel files of `rev` copied into work/src-REV."""
+    """runtime_c/src of the work tree, or the kernel files of `rev` copied into work/rev-REV/src
+    (and its runtime_c/arch into work/rev-REV/arch, the same relative place)."""
     if rev is None:
         return ROOT / "runtime_c" / "src"
-    out = work / f"src-{rev}"
+    out = work / f"rev-{rev}" / "src"
     out.mkdir(parents=True, exist_ok=True)
-    for name in KERNEL_FILES:
+    names = [f"runtime_c/src/{name}" for name in KERNEL_FILES]
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", rev, ARCH_DIR + "/"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    names += listed.stdout.split() if listed.returncode == 0 else []
+    for name in names:
         proc = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:runtime_c/src/{name}"],
+            ["git", "-C", str(ROOT), "show", f"{rev}:{name}"],
             capture_output=True,
             check=False,
         )
         if proc.returncode == 0:
-            (out / name).write_bytes(proc.stdout)
+            dest = out.parent / Path(name).relative_to("runtime_c")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(proc.stdout)
     return out
 
 
 def build(board: Board, shape: tuple[int, int], src: Path, work: Path) -> Path:
     sources = [ROOT / "benchmarks" / "matvec_bench.c", src / "kernels_q.c"]
-    if (src / "kernels_x86.c").exists():  # the x86-64 levels kernels_q.c dispatches to
+    # the x86-64 levels kernels_q.c dispatches to (they compile to nothing on other boards)
+    if (src / "kernels_x86.c").exists():
         sources.append(src / "kernels_x86.c")
+    sources += sorted((src.parent / "arch" / "x86_64").glob("*.c"))
     defines = [f"MB_OUT={shape[0]}", f"MB_IN={shape[1]}"]
     return build_bench(board, sources, defines, work, "matvec_bench")
 

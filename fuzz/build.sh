@@ -4,11 +4,12 @@
 #
 #   fuzz/build.sh OUT_DIR [EXTRA_SOURCE.c ...]
 #
-# Writes OUT_DIR/fuzz_container and OUT_DIR/fuzz_seed (each: harness + runtime_c/src/*.c).
+# Writes OUT_DIR/fuzz_container and OUT_DIR/fuzz_seed (each: harness + runtime_c/src/*.c and
+# runtime_c/arch/x86_64/*.c, the host ISA's kernel levels, empty on other machines).
 # With extra sources, builds only those, one program each, with the same flags (tests use
 # this for a harness that must trip the allocation limit). CC overrides the compiler.
 # The runtime is compiled once into OUT_DIR/obj and linked into every program (under the
-# sanitizers kernels_x86.c alone takes minutes); FUZZ_OBJ_DIR names a directory of objects an
+# sanitizers the x86-64 kernel levels alone take minutes); FUZZ_OBJ_DIR names a directory of objects an
 # earlier run of this script made, to link against instead of compiling again.
 set -euo pipefail
 
@@ -37,7 +38,7 @@ if [[ -n "${FUZZ_OBJ_DIR:-}" ]]; then
 else
     mkdir -p "$OUT/obj"
     objs=()
-    for src in "$ROOT"/runtime_c/src/*.c; do
+    for src in "$ROOT"/runtime_c/src/*.c "$ROOT"/runtime_c/arch/x86_64/*.c; do
         obj="$OUT/obj/$(basename "$src" .c).o"
         "$CC" "${CFLAGS[@]}" -c "$src" -o "$obj"
         objs+=("$obj")

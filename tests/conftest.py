@@ -63,16 +63,17 @@ KERNEL_CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contrac
 
 
 def host_kernels(out_dir: Path) -> ctypes.CDLL:
-    """runtime_c/src/kernels_q.c (and kernels_x86.c, its x86-64 paths) built for the host as a
-    shared library in out_dir and loaded (skips without a host C compiler); return types of the
-    non-void kernels set."""
+    """runtime_c/src/kernels_q.c (and runtime_c/arch/x86_64, its x86-64 levels) built for the host
+    as a shared library in out_dir and loaded (skips without a host C compiler); return types of
+    the non-void kernels set."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no host C compiler")
     so = out_dir / "libkq.so"
     subprocess.run(
         [cc, *KERNEL_CFLAGS, "-shared", "-fPIC", "-I", str(ROOT / "runtime_c" / "include")]
-        + [str(ROOT / "runtime_c" / "src" / n) for n in ("kernels_q.c", "kernels_x86.c")]
+        + [str(ROOT / "runtime_c" / "src" / "kernels_q.c")]
+        + [str(p) for p in sorted((ROOT / "runtime_c" / "arch" / "x86_64").glob("*.c"))]
         + ["-o", str(so), "-lm"],
         check=True,
     )

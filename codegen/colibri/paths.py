@@ -56,6 +56,25 @@ def tools_dir() -> Path:
     return resource_dir() / "build" / "tools"
 
 
+#: The ISA directory of the host board (boards/host.toml): native builds of the runtime add
+#: ``runtime_c/arch/x86_64``, whose files compile to nothing on other machines.
+HOST_ISA = "x86_64"
+
+
+def runtime_sources(isa: str = HOST_ISA, root: Path | None = None) -> list[Path]:
+    """The C files of libcolibri for a board ISA, chosen as the SConstruct chooses them.
+
+    ``runtime_c/src/*.c`` (the portable kernels and the runtime), with each
+    ``runtime_c/arch/<isa>/X.c`` replacing ``src/X.c`` of the same name or added beside them;
+    ``root`` defaults to :func:`resource_dir`. Sorted by file name.
+    """
+    rt = (root if root is not None else resource_dir()) / "runtime_c"
+    files = {p.name: p for p in (rt / "src").glob("*.c")}
+    if isa:
+        files.update({p.name: p for p in (rt / "arch" / isa).glob("*.c")})
+    return [files[name] for name in sorted(files)]
+
+
 # -- atomic output files (every file Colibri writes: .clb, .npy, the seed layout) -------------
 
 

@@ -182,7 +182,7 @@ void colibri_matmul_f32(const float *w, const float *b, const float *x, float *y
                         int32_t n_out, int32_t n_in, int32_t n_tok);
 
 /*
- * Kernel paths chosen at run time (x86-64: by CPUID on first use, runtime_c/src/kernels_x86.c).
+ * Kernel paths chosen at run time (x86-64: by CPUID on first use, runtime_c/arch/x86_64).
  * Every path returns the same bits (integer sums are order-free; the fp32 / fp16 matvecs keep
  * each row's documented order, vectorised across rows). Other boards have one path (level 0,
  * chosen at compile time) and ignore the setter.
@@ -206,6 +206,39 @@ int32_t colibri_kernel_set_level(int32_t level);
 
 /** @brief Name of a level ("base", "avx2", "avxvnni", "avx512vnni"). */
 const char *colibri_kernel_level_name(int32_t level);
+
+/*
+ * Portable reference twins (kernels_q_ref.c; ggml's _ref suffix): plain C, no ISA paths, the
+ * operations in the order documented above. Each optimised kernel above returns exactly what its
+ * twin returns, on every board and kernel level (tests/platform/refkernels.c); the twins are for
+ * tests and for checking a port, not for speed.
+ */
+float colibri_f16_to_f32_ref(uint16_t h);
+void colibri_quantize_row_q8_ref(const float *x, int8_t *xq, float *sx, int32_t n);
+int32_t colibri_dot_q8_ref(const int8_t *a, const int8_t *b, int32_t n);
+int32_t colibri_dot_q4_q8_ref(const colibri_block_q4_32 *blk, const int8_t *xq, int32_t n);
+void colibri_matvec_f32_ref(const float *w, const float *x, float *y, int32_t n_out, int32_t n_in);
+void colibri_matvec_f16_f32_ref(const uint16_t *w, const float *x, float *y, int32_t n_out,
+                                int32_t n_in);
+void colibri_matvec_q4_f32_ref(const colibri_block_q4_32 *w, const float *x, float *y,
+                               int32_t n_out, int32_t n_in);
+void colibri_matvec_q8_q8_ref(const int8_t *q, const float *scale, const int8_t *xq,
+                              const float *sx, float *y, int32_t n_out, int32_t n_in);
+void colibri_matvec_q8b_q8_ref(const int8_t *q, const float *scale, const int8_t *xq,
+                               const float *sx, float *y, int32_t n_out, int32_t n_in);
+void colibri_matvec_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,
+                              float *y, int32_t n_out, int32_t n_in);
+void colibri_matmul_q8_q8_ref(const int8_t *q, const float *scale, const int8_t *xq,
+                              const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,
+                              int32_t n_tok);
+void colibri_matmul_q8b_q8_ref(const int8_t *q, const float *scale, const int8_t *xq,
+                               const float *sx, float *y, int32_t ldy, int32_t n_out, int32_t n_in,
+                               int32_t n_tok);
+void colibri_matmul_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,
+                              float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_silu_mul_f32_ref(float *h, const float *g, size_t n);
+void colibri_axpy_f32_ref(float *y, float a, const float *x, int32_t n);
+int32_t colibri_argmax_f32_ref(const float *x, int32_t n);
 
 #ifdef __cplusplus
 }

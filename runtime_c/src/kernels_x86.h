@@ -1,8 +1,9 @@
 /**
  * @file kernels_x86.h
- * @brief Internal: the run-time kernel table of x86-64 hosts (kernels_x86.c), consulted by the
- *        public kernels of kernels_q.c. Elsewhere COLIBRI_X86_DISPATCH is not defined and the
- *        hook below expands to nothing.
+ * @brief Internal: the run-time kernel table of x86-64 hosts (runtime_c/arch/x86_64: one file
+ *        per operation family, the table and its one entry point colibri_x86_kernels in
+ *        x86_dispatch.c), consulted by the public kernels of kernels_q.c. Elsewhere
+ *        COLIBRI_X86_DISPATCH is not defined and the hook below expands to nothing.
  */
 #ifndef COLIBRI_KERNELS_X86_H
 #define COLIBRI_KERNELS_X86_H
@@ -45,7 +46,7 @@ typedef struct {
 const colibri_x86_kernels_t *colibri_x86_kernels(void);
 
 /** Packed matrices: a layout of a quantised matrix built once (when a model is loaded) for the
- *  level's kernels, see kernels_x86.c. */
+ *  level's kernels, see runtime_c/arch/x86_64/x86_matmul_avx512.c. */
 enum { COLIBRI_X86_PACK_Q8 = 0, COLIBRI_X86_PACK_Q8B = 1, COLIBRI_X86_PACK_Q4 = 2 };
 
 /** @brief Bytes of the packed copy of an int8 (scale per row: PACK_Q8; per row and block:

@@ -17,6 +17,7 @@ from colibri.cli.pipeline import generate
 from colibri.frontends.seed import make_toy
 from colibri.ir.moe import MoELayer
 from colibri.options import GenerateOptions
+from colibri.paths import runtime_sources
 from colibri.reference.moe import compare, moe_forward
 from conftest import ROOT, require_board
 
@@ -93,10 +94,11 @@ def static_model(tmp_path: Path):  # type: ignore[no-untyped-def]
         generate(layer, gen, GenerateOptions(name="cm", cache=policy, cache_slots=slots))
         so = gen / "libcm.so"
         srcs = sorted(str(p) for p in gen.glob("*.c"))
-        srcs += sorted(str(p) for p in (ROOT / "runtime_c" / "src").glob("*.c"))
+        srcs += [str(p) for p in runtime_sources()]
         subprocess.run(
             [cc, "-std=c11", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-D_GNU_SOURCE"]
-            + ["-I", str(gen), "-I", str(ROOT / "runtime_c" / "include"), *srcs]
+            + ["-I", str(gen), "-I", str(ROOT / "runtime_c" / "include")]
+            + ["-I", str(ROOT / "runtime_c" / "tiles"), *srcs]
             + ["-o", str(so), "-lm"],
             check=True,
         )

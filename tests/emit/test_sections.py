@@ -49,6 +49,7 @@ def _compile(board_name: str, gen: Path, out: Path) -> dict[str, tuple[bytes, st
     board = load_board(board_name)
     obj = out / f"weights-{board_name}.o"
     cmd = [board.compiler, *board.compile_flags(), "-I", str(ROOT / "runtime_c" / "include")]
+    cmd += ["-I", str(ROOT / "runtime_c" / "tiles")]
     cmd += ["-I", str(gen), f"-Wa,-I{gen}", "-c", str(gen / "colibri_weights.c"), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -165,6 +166,7 @@ def test_arena_section_follows_colibri_arena_section(section: str | None, tmp_pa
     board = load_board("cortex-m4")
     obj = tmp_path / "model.o"
     cmd = [board.compiler, *board.compile_flags(), "-I", str(ROOT / "runtime_c" / "include")]
+    cmd += ["-I", str(ROOT / "runtime_c" / "tiles")]
     if section is not None:
         cmd.append(f'-DCOLIBRI_ARENA_SECTION="{section}"')
     cmd += ["-I", str(gen), "-c", str(gen / "colibri_model.c"), "-o", str(obj)]

@@ -14,6 +14,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from colibri.paths import runtime_sources
 from conftest import ROOT, require_tool, run_cli, run_ok
 
 yaml = pytest.importorskip("yaml")
@@ -117,10 +118,11 @@ def host_console(tmp_path_factory: pytest.TempPathFactory) -> str:
     exe = work / "app"
     run_ok(
         [cc, "-std=c11", "-O2", "-ffp-contract=off", "-DCOLIBRI_NO_FILESYSTEM", f"-I{stubs}",
-         f"-I{ROOT / 'runtime_c' / 'include'}", f"-I{model}", f"-Wa,-I{model}",
+         f"-I{ROOT / 'runtime_c' / 'include'}", f"-I{ROOT / 'runtime_c' / 'tiles'}",
+         f"-I{model}", f"-Wa,-I{model}",
          str(ROOT / "examples" / "zephyr_app" / "src" / "main.c"), str(stubs / "zephyr_host.c"),
          *map(str, sorted(model.glob("*.c"))),
-         *map(str, sorted((ROOT / "runtime_c" / "src").glob("*.c"))), "-lm", "-o", str(exe)]
+         *map(str, runtime_sources()), "-lm", "-o", str(exe)]
     )  # fmt: skip
     return run_ok([str(exe)], timeout=60).stdout
 

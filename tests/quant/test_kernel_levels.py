@@ -1,5 +1,5 @@
 """Every kernel level of the host (x86-64: base, AVX2, AVX-VNNI, AVX-512 VNNI, chosen at run
-time; runtime_c/src/kernels_x86.c) against the numpy mirror, bit for bit: the matvecs and the
+time; runtime_c/arch/x86_64) against the numpy mirror, bit for bit: the matvecs and the
 multi-token matmuls (row t of a matmul is the matvec of row t), including row ranges as threads
 split them and n_in / n_out off the SIMD widths."""
 
@@ -32,10 +32,10 @@ from conftest import host_kernels
 
 LEVELS = {"base": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
 SHAPES = [(1, 1), (7, 31), (9, 64), (17, 100), (24, 257)]
-#: tokens per matmul (kernels_x86.c): AVX2 runs tiles of 2..8 tokens (int4: 2..16; the token loop
-#: four at a time, then one by one) and the matvec for one left: 9 = 8 + 1, 17 = 8 + 8 + 1
-#: (int4: 16 + 1); AVX-VNNI tiles of 4 and the matvec for the 1-3 left: 2 and 3 the matvec
-#: only, 7 = 4 + 3, 9 = 4 + 4 + 1;
+#: tokens per matmul (runtime_c/arch/x86_64): AVX2 runs tiles of 2..8 tokens (int4: 2..16; the
+#: token loop four at a time, then one by one) and the matvec for one left: 9 = 8 + 1,
+#: 17 = 8 + 8 + 1 (int4: 16 + 1); AVX-VNNI tiles of 4 and the matvec for the 1-3 left: 2 and 3
+#: the matvec only, 7 = 4 + 3, 9 = 4 + 4 + 1;
 #: AVX-512 VNNI tiles of 1..8 (test_int_matmuls_every_token_count below runs 1..34)
 N_TOKS = [2, 3, 4, 5, 7, 8, 9, 17]
 

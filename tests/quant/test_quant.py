@@ -287,6 +287,7 @@ def test_block_layout_read_back_from_object(board: str, tmp_path: Path) -> None:
     obj = tmp_path / "probe.o"
     subprocess.run(
         [b.compiler, *b.compile_flags(), "-I", str(ROOT / "runtime_c" / "include")]
+        + ["-I", str(ROOT / "runtime_c" / "tiles")]
         + ["-c", str(src), "-o", str(obj)],
         check=True,
     )

@@ -54,7 +54,8 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     subprocess.run(
         [cc, *KERNEL_CFLAGS, "-shared", "-fPIC", "-I", str(ROOT / "runtime_c" / "include")]
         + [str(shim)]
-        + [str(src / n) for n in ("transformer_ops.c", "router.c", "kernels_q.c", "kernels_x86.c")]
+        + [str(src / n) for n in ("transformer_ops.c", "router.c", "kernels_q.c")]
+        + [str(p) for p in sorted((ROOT / "runtime_c" / "arch" / "x86_64").glob("*.c"))]
         + ["-o", str(so), "-lm"],
         check=True,
     )

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from colibri.paths import runtime_sources
 from conftest import ROOT, require_tool
 
 SRC_DIR = ROOT / "runtime_c" / "src"
 INCLUDE_DIR = ROOT / "runtime_c" / "include"
 C_TEST_DIR = ROOT / "tests" / "c"
-RUNTIME_SOURCES = sorted(SRC_DIR.glob("*.c"))
+RUNTIME_SOURCES = runtime_sources()  # src/*.c and arch/x86_64/*.c (host ISA)
 C_TESTS = sorted(C_TEST_DIR.glob("*.c"))
 
 WARN_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off"]
@@ -48,6 +49,7 @@ def _compile_host(sources: list[Path], exe: Path, defines: tuple[str, ...] = ())
         *HOST_FLAGS,
         *(f"-D{d}" for d in defines),
         f"-I{INCLUDE_DIR}",
+        f"-I{ROOT / 'runtime_c' / 'tiles'}",
         f"-I{SRC_DIR}",  # test_crc.c: colibri_internal.h
         f"-I{C_TEST_DIR}",
         *map(str, sources),

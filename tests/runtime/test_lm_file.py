@@ -25,6 +25,7 @@ from colibri.frontends.container import (
 )
 from colibri.frontends.hf_model import load_hf_transformer
 from colibri.ir.transformer import MoETransformer
+from colibri.paths import runtime_sources
 from colibri.targets.binding import LM, RuntimeStatusError
 from colibri.targets.lmrun import run_lm, run_lm_file
 from conftest import require_board, run_cli
@@ -479,7 +480,7 @@ def test_model_file_runner_under_asan_and_ubsan(
         [cc, "-std=c11", "-O1", "-g", "-ffp-contract=off", "-fno-omit-frame-pointer"]
         + ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
         + [f"-I{rt / 'include'}", f"-I{rt / 'src'}", f"-I{rt / 'platform'}"]
-        + [str(p) for p in sorted((rt / "src").glob("*.c"))]
+        + [str(p) for p in runtime_sources()]
         + [
             str(rt / "runner" / "lmfile_main.c"),
             str(rt / "platform" / "posix" / "platform_posix.c"),

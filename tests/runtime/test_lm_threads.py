@@ -19,6 +19,7 @@ from colibri.emit.lmfile import write_lm_container
 from colibri.errors import BindingValueError
 from colibri.frontends.hf_model import load_hf_transformer
 from colibri.ir.transformer import MoETransformer
+from colibri.paths import runtime_sources
 from colibri.targets.binding import LM
 from colibri.targets.lmrun import run_lm_file
 from conftest import require_board, run_cli
@@ -266,7 +267,7 @@ def test_runner_under_sanitizers(
     build = subprocess.run(
         [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", *flags]
         + [f"-I{rt / 'include'}", f"-I{rt / 'src'}", f"-I{rt / 'platform'}"]
-        + [str(p) for p in sorted((rt / "src").glob("*.c"))]
+        + [str(p) for p in runtime_sources()]
         + [
             str(rt / "runner" / "lmfile_main.c"),
             str(rt / "platform" / "posix" / "platform_posix.c"),

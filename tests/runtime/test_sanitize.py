@@ -116,6 +116,7 @@ def test_c_unit_tests_sanitized(test_source: Path, sanitized_build: Path, tmp_pa
         "-ffp-contract=off",
         *SAN_FLAGS,
         f"-I{ROOT / 'runtime_c' / 'include'}",
+        f"-I{ROOT / 'runtime_c' / 'tiles'}",
         f"-I{ROOT / 'runtime_c' / 'src'}",  # test_crc.c: colibri_internal.h
         f"-I{ROOT / 'tests' / 'c'}",
         str(test_source),

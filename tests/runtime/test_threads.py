@@ -82,6 +82,7 @@ def _build(tsan_build: Path, exe: Path, extra: list[str]) -> None:
         *C_FLAGS,
         *TSAN_FLAGS,
         f"-I{ROOT / 'runtime_c' / 'include'}",
+        f"-I{ROOT / 'runtime_c' / 'tiles'}",
         f"-I{ROOT / 'tests' / 'c'}",
         *extra,
         str(TEST_SOURCE),

@@ -248,6 +248,33 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
             assert f < p, f"{name}: the runtime's {what} is not faster than the plain loop"
 
 
+#: The line of tests/platform/refkernels.c: checks, failures, kernels compared and levels run.
+REFKERNELS_LINE = re.compile(
+    r"colibri refkernels: (\d+) checks, (\d+) failed, (\d+) kernels, levels ([a-z0-9 ]+)"
+)
+
+
+@pytest.mark.parametrize("name", ALL_BOARDS)
+def test_optimised_kernels_equal_their_ref_twins(
+    name: str, build_root: Path, tmp_path: Path
+) -> None:
+    """Every optimised kernel of the runtime (the board's ISA path; on x86-64 every CPUID level the
+    CPU has, and the packed AVX-512 VNNI matrices) returns the bits of its portable _ref twin
+    (runtime_c/src/kernels_q_ref.c) on seeded random shapes with tails (n_in not a multiple of
+    the block, odd n_out, 1..9 tokens, a wider row stride), and the fp16 conversion on all 65536
+    patterns (tests/platform/refkernels.c)."""
+    require_board(name)
+    board = load_board(name)
+    elf = _build(board, "refkernels", build_root / name)
+    result = run_elf(board, elf, tmp_path)
+    found = REFKERNELS_LINE.search(result.stdout)
+    assert found, f"no result line:\n{result.stdout}{result.stderr}"
+    print(f"\n{name}: {found.group(0)}")
+    assert found.group(2) == "0", f"{found.group(0)}\n{result.stdout}"
+    assert int(found.group(1)) > 65536 and int(found.group(3)) == 17, found.group(0)
+    assert found.group(4).split()[0] == "base", found.group(0)
+
+
 QKERNELS_LINE = re.compile(r"colibri qkernels: (\d+) checks, (\d+) failed")
 #: Checks tests/platform/qkernels.c makes: R4 int8 (450: 5 rounds of scales, two of them on
 #: either side of the Helium paths' guard), its multi-token variant (3780), R4P int8 one token

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from colibri.boards import load_board, render_linker_script
+from colibri.paths import runtime_sources
 from colibri.targets.qemu import run_elf
 from conftest import ROOT, require_board, require_tool, run_cli, run_ok
 
@@ -28,7 +29,8 @@ ZEPHYR_APP = ROOT / "examples" / "zephyr_app"
 IDF_APP = ROOT / "examples" / "esp_idf_app"
 STUBS = ROOT / "tests" / "stubs"
 INCLUDE = ROOT / "runtime_c" / "include"
-RUNTIME_SOURCES = sorted((ROOT / "runtime_c" / "src").glob("*.c"))
+TILES = ROOT / "runtime_c" / "tiles"  # generated-code support
+RUNTIME_SOURCES = runtime_sources()  # runtime_c/src and runtime_c/arch/x86_64 (host ISA)
 #: Runtime files the MCU packages leave out on purpose: whole models from .clb files (mmap, POSIX
 #: hosts and Linux boards only; the lm_*.c files compile to nothing with COLIBRI_NO_FILESYSTEM).
 HOST_ONLY_SOURCES = {str(p.relative_to(ROOT)) for p in (ROOT / "runtime_c" / "src").glob("lm_*.c")}
@@ -133,13 +135,14 @@ def test_cmake_runtime_sources(cmake_file: Path) -> None:
     listed = _cmake_source_list(cmake_file)
     missing = [s for s in listed if not (ROOT / s).is_file()]
     assert not missing, f"{cmake_file} lists missing files: {missing}"
-    expected = [
+    expected = sorted(
         str(p.relative_to(ROOT))
         for p in RUNTIME_SOURCES
         if str(p.relative_to(ROOT)) not in HOST_ONLY_SOURCES
-    ]
+    )
     assert sorted(listed) == expected, (
-        f"{cmake_file} must list every runtime_c/src/*.c but {sorted(HOST_ONLY_SOURCES)}"
+        f"{cmake_file} must list every runtime_c/src/*.c and runtime_c/arch/x86_64/*.c but "
+        f"{sorted(HOST_ONLY_SOURCES)}"
     )
     text = cmake_file.read_text()
     assert "${COLIBRI_ROOT}/runtime_c/include" in text
@@ -265,7 +268,8 @@ def _esp32s3_cc() -> str:
 def _idf_compile(cc: str, source: Path, model: Path, obj: Path, extra: list[str]) -> None:
     """One C file as ESP-IDF 5 compiles it for the esp32s3: IDF_FLAGS, and not one warning."""
     proc = run_ok(
-        [cc, *IDF_FLAGS, *extra, f"-I{STUBS / 'esp_idf'}", f"-I{INCLUDE}", f"-I{model}"]
+        [cc, *IDF_FLAGS, *extra, f"-I{STUBS / 'esp_idf'}", f"-I{INCLUDE}", f"-I{TILES}"]
+        + [f"-I{model}"]
         + [f"-Wa,-I{model}", "-c", str(source), "-o", str(obj)]
     )
     assert "warning" not in proc.stderr, f"{source.name}: {proc.stderr}"
@@ -307,7 +311,7 @@ def test_esp_idf_example_runs_on_esp32s3_qemu(models: dict[str, Path], tmp_path:
     sources = [
         IDF_APP / "main" / "main.c", STUBS / "esp_idf" / "esp_idf_sim.c",
         *sorted(model.glob("*.c")),
-        *(p for p in RUNTIME_SOURCES if f"runtime_c/src/{p.name}" not in HOST_ONLY_SOURCES),
+        *(p for p in RUNTIME_SOURCES if str(p.relative_to(ROOT)) not in HOST_ONLY_SOURCES),
         platform / "xtensa_sim" / "platform_sim.c",
     ]  # fmt: skip
     objs = []
@@ -336,6 +340,7 @@ def test_example_cross_compiles(case: str, models: dict[str, Path], tmp_path: Pa
     for source in [main_c, *sorted(model.glob("*.c"))]:
         run_ok(
             [cc, *WARN, *flags, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}"]
+            + [f"-I{TILES}"]
             + [f"-I{model}", f"-Wa,-I{model}", "-c", str(source)]
             + ["-o", str(tmp_path / (source.stem + ".o"))]
         )
@@ -390,7 +395,8 @@ def test_example_runs_on_host(
     model = models[variant]
     exe = tmp_path / "app"
     run_ok(
-        [cc, *WARN, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}", f"-I{model}"]
+        [cc, *WARN, "-DCOLIBRI_NO_FILESYSTEM", f"-I{STUBS / stubs}", f"-I{INCLUDE}", f"-I{TILES}"]
+        + [f"-I{model}"]
         + [f"-Wa,-I{model}"]
         + [str(main_c), str(STUBS / host_c), *map(str, sorted(model.glob("*.c")))]
         + [*map(str, RUNTIME_SOURCES), "-lm", "-o", str(exe)]

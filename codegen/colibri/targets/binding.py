@@ -3,7 +3,8 @@ runtime's file-loading paths: :class:`Runtime` (colibri_init on a container or a
 file, mmap'ed: one MoE block) and :class:`LM` (colibri_lm_init on a whole-model container,
 version 2: token steps, logits and greedy generation, no per-model build).
 
-The shared library is built from runtime_c/src with the host's C compiler on first use and
+The shared library is built from runtime_c/src (and runtime_c/arch/x86_64: paths.runtime_sources)
+with the host's C compiler on first use and
 cached under the tools directory, keyed by a hash of the sources.
 """
 
@@ -29,7 +30,7 @@ from ..errors import (
     InputError,
     ToolchainNotFound,
 )
-from ..paths import resource_dir, tools_dir
+from ..paths import resource_dir, runtime_sources, tools_dir
 
 CACHE_POLICIES = {"none": 0, "lru": 1, "pinned": 2}
 #: The largest int32 (every count and index the C API takes is an int32_t).
@@ -243,9 +244,10 @@ class _LMInfo(ctypes.Structure):
 def _sources() -> list[Path]:
     root = resource_dir() / "runtime_c"
     return (
-        sorted((root / "src").glob("*.c"))
+        runtime_sources()
         + sorted((root / "include").glob("*.h"))
         + sorted((root / "src").glob("*.h"))
+        + sorted((root / "arch").glob("*/*.h"))
     )
 
 

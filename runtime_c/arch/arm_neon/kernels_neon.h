@@ -1,7 +1,9 @@
 /**
  * @file kernels_neon.h
- * @brief The Neon paths of kernels_q.c (Cortex-A: aarch64 and Armv7-A with Neon), included by
- *        kernels_q.c only when the compiler targets Neon. Private to kernels_q.c.
+ * @brief The Neon paths of kernels_q.c (Cortex-A: aarch64 and Armv7-A with Neon), selected by
+ *        kernels_isa.h when the compiler targets Neon. Private to kernels_q.c.
+ *
+ *  - int8 dot product: VMULL + VPADAL (16 MACs), or SDOT where the core has it.
  *
  *  - int4 x int8 block: the nibbles unpacked with VAND / VSRA and 8 subtracted (int8 lanes
  *    -8..7), then widening multiply-accumulates into int16 (VMULL + 3 VMLAL) and one widening
@@ -297,5 +299,40 @@ static inline void colibri_neon_q4_f32_rows4(const colibri_block_q4_32 *w, size_
 }
 #endif /* __aarch64__ */
 #endif /* COLIBRI_F16_NEON */
+
+#define COLIBRI_DOT_NEON 1
+
+/** @brief acc of a[0..i) . b[0..i) for the whole 16- and 8-byte vectors of n (*pi = i). */
+static inline __attribute__((always_inline)) int32_t
+colibri_neon_dot_q8(const int8_t *a, const int8_t *b, int32_t n, int32_t *pi)
+{
+    int32_t acc = 0;
+    int32_t i = 0;
+    int32x4_t acc4 = vdupq_n_s32(0);
+    for (; i + 16 <= n; i += 16) {
+        const int8x16_t va = vld1q_s8(a + i);
+        const int8x16_t vb = vld1q_s8(b + i);
+#if defined(__ARM_FEATURE_DOTPROD)
+        /* Armv8.2-A SDOT: 16 MACs into four int32 lanes */
+        acc4 = vdotq_s32(acc4, va, vb);
+#else
+        /* int8 x int8 products fit int16: widen, then pair-add */
+        acc4 = vpadalq_s16(acc4, vmull_s8(vget_low_s8(va), vget_low_s8(vb)));
+#if defined(__aarch64__)
+        acc4 = vpadalq_s16(acc4, vmull_high_s8(va, vb));
+#else
+        acc4 = vpadalq_s16(acc4, vmull_s8(vget_high_s8(va), vget_high_s8(vb)));
+#endif
+#endif
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc4 = vpadalq_s16(acc4, vmull_s8(vld1_s8(a + i), vld1_s8(b + i)));
+    }
+    acc = colibri_neon_hsum_s32(acc4);
+    *pi = i;
+    return acc;
+}
+#define COLIBRI_ISA_DOT_Q8 colibri_neon_dot_q8
+#define COLIBRI_ISA_DOT_Q4_BLOCK colibri_neon_q4_block
 
 #endif /* COLIBRI_KERNELS_NEON_H */

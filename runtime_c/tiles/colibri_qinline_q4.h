@@ -25,8 +25,7 @@
 #ifndef COLIBRI_QINLINE_Q4_H
 #define COLIBRI_QINLINE_Q4_H
 
-/* Included by colibri_qinline.h, after COLIBRI_QI_INLINE, COLIBRI_QI_MVE / COLIBRI_QI_SIMD32,
- * colibri_qi_word and colibri_qi_mla. */
+#include "colibri_qi_common.h" /* COLIBRI_QI_INLINE, the ISA, colibri_qi_word, colibri_qi_mla */
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,99 @@
+/**
+ * @file kernels_mac16.h
+ * @brief Xtensa MAC16 path of kernels_q.c (ESP32 / ESP32-S3: COLIBRI_XTENSA_MAC16), selected by
+ *        kernels_isa.h: the int8 dot product on the 40-bit accumulator. Private to kernels_q.c.
+ */
+#ifndef COLIBRI_KERNELS_MAC16_H
+#define COLIBRI_KERNELS_MAC16_H
+
+#include <stdint.h>
+
+#define COLIBRI_DOT_MAC16 1
+
+/* Xtensa MAC16: MULA.AA.HH / .LL add the product of the high (low) signed 16-bit halves of two
+ * address registers to the 40-bit accumulator ACC. A word of four int8 codes [c3 c2 c1 c0] masked
+ * with 0xFF00FF00 holds 256*c3 and 256*c1 in its halves, and shifted left by 8 first, 256*c2 and
+ * 256*c0: exact 16-bit values, so four MULAs add 65536 times the four products, for 3 instructions
+ * of unpacking per operand word. |65536 a b| <= 2^30, so ACC (2^39) holds 256 of them: each piece
+ * of at most 256 codes is read out (ACC / 65536, exact) and ACC cleared. a and b are 4-byte
+ * aligned and n a multiple of 4. ACC is the core's (ESP-IDF saves it with a task's context). */
+/* One word of each operand: unpack both into masked halves, four MULAs. */
+#define CLB_MAC16_WORD(off)                                                                        \
+    "l32i   %[x], %[pa], " #off "\n\t"                                                             \
+    "l32i   %[y], %[pb], " #off "\n\t"                                                             \
+    "and    %[xh], %[x], %[m]\n\t"                                                                 \
+    "and    %[yh], %[y], %[m]\n\t"                                                                 \
+    "slli   %[x], %[x], 8\n\t"                                                                     \
+    "slli   %[y], %[y], 8\n\t"                                                                     \
+    "and    %[x], %[x], %[m]\n\t"                                                                  \
+    "and    %[y], %[y], %[m]\n\t"                                                                  \
+    "mula.aa.hh %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.ll %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.hh %[x], %[y]\n\t"                                                                    \
+    "mula.aa.ll %[x], %[y]\n\t"
+
+static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *a, const int8_t *b,
+                                                                  int32_t n)
+{
+    const int8_t *pa = a;
+    const int8_t *pb = b;
+    const uint32_t mask = 0xFF00FF00u;
+    int32_t acc = 0;
+    for (int32_t left = n; left > 0;) {
+        const int32_t words = (left < 256 ? left : 256) / 4;
+        int32_t quads = words / 4;
+        uint32_t x;
+        uint32_t y;
+        uint32_t xh;
+        uint32_t yh;
+        __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+        /* A branch loop, not the zero-overhead LOOP: GCC may turn an enclosing loop into one,
+         * and LOOP registers do not nest. */
+        if (quads > 0) {
+            __asm__ volatile("1:\n\t" CLB_MAC16_WORD(0) CLB_MAC16_WORD(4) CLB_MAC16_WORD(8)
+                                 CLB_MAC16_WORD(12) "addi   %[pa], %[pa], 16\n\t"
+                                                    "addi   %[pb], %[pb], 16\n\t"
+                                                    "addi   %[q], %[q], -1\n\t"
+                                                    "bnez   %[q], 1b"
+                             : [pa] "+a"(pa), [pb] "+a"(pb), [q] "+a"(quads), [x] "=&a"(x),
+                               [y] "=&a"(y), [xh] "=&a"(xh), [yh] "=&a"(yh)
+                             : [m] "a"(mask)
+                             : "memory");
+        }
+        for (int32_t j = 0; j < words % 4; j++) {
+            __asm__ volatile(CLB_MAC16_WORD(0) "addi   %[pa], %[pa], 4\n\t"
+                                               "addi   %[pb], %[pb], 4"
+                             : [pa] "+a"(pa), [pb] "+a"(pb), [x] "=&a"(x), [y] "=&a"(y),
+                               [xh] "=&a"(xh), [yh] "=&a"(yh)
+                             : [m] "a"(mask)
+                             : "memory");
+        }
+        uint32_t lo;
+        uint32_t hi;
+        __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
+        /* ACC / 65536: bits 39..16, a 24-bit two's complement value */
+        const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
+        acc += (int32_t)(piece << 8) >> 8;
+        left -= words * 4;
+    }
+    return acc;
+}
+#undef CLB_MAC16_WORD
+
+/** @brief acc of a[0..i) . b[0..i): the multiple-of-4 head of n when a and b are 4-byte aligned
+ *         (else nothing: i = 0). */
+static inline __attribute__((always_inline)) int32_t
+colibri_mac16_dot_q8(const int8_t *a, const int8_t *b, int32_t n, int32_t *pi)
+{
+    int32_t acc = 0;
+    int32_t i = 0;
+    if ((((uintptr_t)a | (uintptr_t)b) & 3u) == 0) {
+        acc = dot_q8_mac16(a, b, n & ~3);
+        i = n & ~3;
+    }
+    *pi = i;
+    return acc;
+}
+#define COLIBRI_ISA_DOT_Q8 colibri_mac16_dot_q8
+
+#endif /* COLIBRI_KERNELS_MAC16_H */
