@@ -42,7 +42,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, Quant
 from ..quant.model import LayerQuant, TransformerQuant
 from ..reference.accuracy import Analysis
 from ..reference.transformer import rope_tables
-from .cnames import c_float, c_ident, c_int_array
+from .cnames import c_float, c_ident
 from .experts import PARTS, ffn_kernel, fp32_expert, kernel_params
 from .output import (
     GENERATED_FILES,
@@ -181,7 +181,9 @@ def emit_block(
         "stored": stored,
         "by_index": by_index,
         "storage": storage,
-        "share_values": c_int_array(storage),
+        # the dispatch table and sharing map, one expert a line
+        "kernel_lines": [(f"{sym}_expert_{j},", f"expert {i}") for i, j in enumerate(storage)],
+        "share_lines": [(f"{j},", f"expert {i}") for i, j in enumerate(storage)],
         "cache": cache,
         "wrappers": [by_index[j] for j in sorted(by_index)],
         "table": [by_index[storage[i]] for i in range(c.n_experts)],
