@@ -22,7 +22,7 @@ CONTINUATION = 4
 _BREAK = 30
 _RETURN_TYPE = 60
 _ASSIGN = 25
-_AFTER_PAREN = {"decl": 100, "call": 100}
+_AFTER_PAREN = {"decl": 100, "call": 19}
 
 
 def split_args(args: str | list[str]) -> list[str]:
@@ -101,20 +101,26 @@ def c_call(
     broken = [f"{indent}{head}("] + _pack(
         " " * (len(indent) + CONTINUATION), len(indent) + CONTINUATION, pieces
     )
-    options.append((_AFTER_PAREN[kind] + _BREAK * (len(broken) - 2), 2, broken))
+    paren = _AFTER_PAREN[kind] + (
+        _BREAK * (len(broken) - 2) if kind == "decl" else _BREAK * (len(broken) - 1)
+    )
+    options.append((paren, 2, broken))
     return "\n".join(min(options, key=lambda o: (o[0], o[1]))[2])
 
 
 def c_braced(items: str | list[str], tail: str = "", indent: str = "") -> str:
-    """A braced initialiser ``{a, b, c}tail`` at `indent` (Cpp11BracedListStyle: no spaces
-    inside the braces); one item per line, aligned after the brace, when it does not fit."""
+    """A braced initialiser ``{a, b, c}tail`` after `indent` (Cpp11BracedListStyle: no spaces
+    inside the braces); when it does not fit, the items packed and aligned after the brace, or
+    one a line when one of them is a braced list itself."""
     parts = split_args(items)
     one = f"{indent}{{{', '.join(parts)}}}{tail}"
     if len(one) <= COLUMN_LIMIT:
         return one
     pad = " " * (len(indent) + 1)
-    body = [f"{indent}{{{parts[0]},"] + [f"{pad}{p}," for p in parts[1:-1]]
-    return "\n".join(body + [f"{pad}{parts[-1]}}}{tail}"])
+    pieces = [p + "," for p in parts[:-1]] + [parts[-1] + "}" + tail]
+    if not any("{" in p for p in parts):
+        return "\n".join(_pack(f"{indent}{{", len(pad), pieces))
+    return "\n".join([f"{indent}{{{pieces[0]}"] + [pad + p for p in pieces[1:]])
 
 
 def c_assert(lhs: str | list[str], op: str, rhs: str, message: str) -> str:
@@ -177,7 +183,8 @@ def c_trailing(code: str, comment: str, indent: str = "") -> str:
     """``code /* comment */`` on one line when it fits, else the comment wrapped on the lines
     before the code."""
     one = f"{indent}{code} /* {comment} */"
-    if len(one) <= COLUMN_LIMIT:
+    # a directive's comment leaves room for a line continuation (" \\")
+    if len(one) <= COLUMN_LIMIT - (2 if code.startswith("#") else 0):
         return one
     return c_comment(comment, indent, "/* ", " * ") + "\n" + indent + code
 
