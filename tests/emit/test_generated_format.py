@@ -186,6 +186,9 @@ def _layer_cases() -> Iterator[tuple[str, Any, GenerateOptions, np.ndarray | Non
             what += f"-{opts.name}"
             yield what, model, opts, None
     relu = make_toy(4, 32, 64, 2, "relu", seed=7)
+    shared = make_toy(24, 32, 64, 2, "gelu", seed=9)  # experts 1..22 share expert 0's weights
+    shared.experts[1:23] = [shared.experts[0]] * 22
+    yield "host-int8-sharing", shared, GenerateOptions(quant="int8", scale_search="none"), None
     swiglu = make_toy(4, 32, 64, 2, "swiglu", seed=8)
     calib = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
     for board in ("host", "cortex-m4"):
