@@ -57,10 +57,3 @@ def c_float(v: float) -> str:
     if "e" not in s and "." not in s:
         s += ".0"
     return s + "f"
-
-
-def c_int_array(values: list[int], per_line: int = 16, indent: str = "    ") -> str:
-    lines = []
-    for i in range(0, len(values), per_line):
-        lines.append(indent + ", ".join(str(int(v)) for v in values[i : i + per_line]) + ",")
-    return "\n".join(lines)

@@ -46,7 +46,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, Quant
 from ..quant.model import LayerQuant, TransformerQuant
 from ..reference.accuracy import Analysis
 from ..reference.transformer import rope_tables
-from .cnames import c_float, c_ident, c_int_array
+from .cnames import c_float, c_ident
 from .experts import PARTS, ffn_kernel, fp32_expert, kernel_params
 from .output import (
     GENERATED_FILES,
@@ -190,7 +190,9 @@ def emit_block(
         "stored": stored,
         "by_index": by_index,
         "storage": storage,
-        "share_values": c_int_array(storage),
+        # the dispatch table and sharing map, one expert a line
+        "kernel_lines": [(f"{sym}_expert_{j},", f"expert {i}") for i, j in enumerate(storage)],
+        "share_lines": [(f"{j},", f"expert {i}") for i, j in enumerate(storage)],
         "cache": cache,
         "wrappers": [by_index[j] for j in sorted(by_index)],
         "table": [by_index[storage[i]] for i in range(c.n_experts)],
@@ -259,13 +261,15 @@ def _layer(
             kinds.setdefault(k["fn"], k)
         return k
 
-    # the fp32 experts' kernel ({name}_ffn), written whether or not an expert uses it
+    # the fp32 experts' kernel ({name}_ffn): written only when an expert is stored in fp32
     f32_kernel = kernel("fp32", "fp32", c.d_ff)
     block = emit_block(
         w, layer, "", name, q.experts, q.router, kernel, plan.placements, options.cache, prefix
     )
     shared_ex = shared_expert(layer, w, name, prefix, isa)
     stored = block["stored"]
+    fp32_used = any(s["scheme"] == "fp32" for s in stored)
+    act_name = "silu" if c.gated else c.activation
     by_index = block["by_index"]
     storage = block["storage"]
     mhash = model_hash(layer)
@@ -278,7 +282,12 @@ def _layer(
         "c": c,
         "plan": memory,
         "block": block,
-        "act_name": "silu" if c.gated else c.activation,
+        "act_name": act_name,
+        # {name}_act: called by the fp32 kernels and every quantised kind but int8-activation
+        # relu, which runs colibri_qi_relu_row
+        "act_used": fp32_used
+        or shared_ex is not None
+        or any(k["gated"] or k["act"] != "int8" or act_name != "relu" for k in kinds.values()),
         "quantised": quantised,
         "kernel_params": {
             s["ffn"]: kernel_params(name, s["scheme"], c.d_model, c.d_ff, bias=True) for s in stored
@@ -295,7 +304,7 @@ def _layer(
         "n_slots": plan.n_slots,
         "slot_floats": plan.slot_floats,
         "bias": layer.experts[0].b1 is not None,
-        "f32_kernel": f32_kernel,
+        "f32_kernel": f32_kernel if fp32_used else None,
     }
     # colibri_model_t.stored: where the loader finds each expert (fp32 pointers, or the
     # quantised parts and their sizes to copy into a cache slot); none for pinned quantised
@@ -305,7 +314,7 @@ def _layer(
     def finish(manifest: dict[str, Any], w: WeightTable) -> None:
         by_order = sorted(stored, key=lambda s: int(s["index"]))
         manifest["experts_bytes"] = [[s["index"], s["nbytes"]] for s in by_order]
-        if any(s["scheme"] == "fp32" for s in stored):  # and the fp32 experts' ({name}_ffn)
+        if fp32_used:  # and the fp32 experts' ({name}_ffn)
             manifest.setdefault("weight_layouts", {})[f"{name}_ffn"] = f32_kernel["layouts"]
         if not analysis.report:
             return

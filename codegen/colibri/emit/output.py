@@ -24,6 +24,8 @@ from .. import __version__
 from ..errors import OutputExistsError, output_error
 from ..paths import check_output_file, check_output_parent, dir_mode, resource_dir
 from ..plan.memory import ArenaPlan
+from .cformat import c_comment
+from .cformat import register as register_c_layout
 
 MANIFEST = "manifest.json"
 #: Generated files per manifest kind.
@@ -58,6 +60,7 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    register_c_layout(env)
     return env
 
 
@@ -167,7 +170,13 @@ def banner_context(
         "version": __version__,
         "model_source": Path(source).name if source else "(in memory)",
         "model_hash": model_hash,
-        "options_line": " ".join(f"{k}={v}" for k, v in sorted(options.items())),
+        # the banner's " * Options: " line, wrapped under its first option at the column limit
+        "options_line": c_comment(
+            " ".join(f"{k}={v}" for k, v in sorted(options.items())),
+            "",
+            " * Options: ",
+            " *          ",
+        )[len(" * Options: ") : -len(" */")],
         "name": name,
         "P": name.upper(),
     }

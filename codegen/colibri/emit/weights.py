@@ -29,6 +29,7 @@ from ..quant.formats import (
     r4_order,
     r4p_order,
 )
+from .cformat import c_assert
 from .cnames import NameTable
 from .experts import with_layout
 from .output import BinaryFile
@@ -110,8 +111,13 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
         typedef = (
             f"typedef struct {{\n    float scale[{t.scale.size}];\n"
             f"    int8_t q[{t.n_out * t.n_in}];\n"
-            f"}} {tname_c};\n_Static_assert(sizeof({tname_c}) == {size}, "
-            f'"{tname_c} differs from colibri/quant/formats.py q8_channel_dtype");'
+            f"}} {tname_c};\n"
+            + c_assert(
+                f"sizeof({tname_c})",
+                "==",
+                str(size),
+                f"{tname_c} differs from colibri/quant/formats.py q8_channel_dtype",
+            )
         )
         return {
             "symbol": sym,
