@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 
 
 class ColibriError(Exception):
@@ -106,3 +107,15 @@ def output_error(
     if code == errno.EISDIR:
         return OutputError(f"{path}: is a directory; pass a file path")
     return OutputError(f"{path}: cannot write: {exc.strerror or exc}{keep}")
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT), no traceback (the console
+    script's entry, colibri.cli.entry, and colibri.cli.main). Here, in a module the package
+    imports first and that imports nothing heavy, so that the guard exists before the command
+    line's imports start."""
+    try:
+        print("colibri: interrupted", file=sys.stderr)
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+    return 130

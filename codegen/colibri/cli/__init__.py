@@ -9,18 +9,7 @@ errors.
 
 from __future__ import annotations
 
-import sys
-
-
-def interrupted() -> int:
-    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT), no traceback (shared by the
-    console-script entry and colibri.cli.main). Defined here, with nothing imported but sys,
-    so that importing colibri.cli for :func:`entry` leaves no unguarded window."""
-    try:
-        print("colibri: interrupted", file=sys.stderr)
-    except (OSError, ValueError, KeyboardInterrupt):
-        pass
-    return 130
+from ..errors import interrupted
 
 
 def entry(argv: list[str] | None = None) -> int:

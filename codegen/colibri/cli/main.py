@@ -29,7 +29,7 @@ import numpy as np
 from .. import __version__
 from ..boards import list_boards, load_board
 from ..emit.container import container_bytes
-from ..errors import ColibriError, ConfigError, InputError, OutputError
+from ..errors import ColibriError, ConfigError, InputError, OutputError, interrupted
 from ..frontends.container import is_lm_container
 from ..frontends.export import EXPORT_TOLERANCE
 from ..frontends.hf import check_architectures, is_whole
@@ -47,7 +47,6 @@ from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
 from ..report.html import write_report
 from ..targets.lmrun import is_container_file, parse_ids, read_output, write_input
 from ..targets.qemu import run_elf
-from . import interrupted
 from .argtypes import (
     MAX_CHECK_TOKENS,
     MAX_LAYER,

@@ -46,7 +46,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, Quant
 from ..quant.model import LayerQuant, TransformerQuant
 from ..reference.accuracy import Analysis
 from ..reference.transformer import rope_tables
-from .cnames import c_float, c_ident
+from .cformat import c_float, c_ident
 from .experts import PARTS, ffn_kernel, fp32_expert, kernel_params
 from .output import (
     GENERATED_FILES,

@@ -4,7 +4,7 @@ Weights are never written as C text. :func:`tensor_bytes` gives a tensor's bytes
 the kernels read (fp32 arrays, fp16 bits, the int8 per-output-channel struct with its padding,
 int4 ``colibri_block_q4_32`` blocks; little-endian, as every supported core is) and
 :func:`tensor_entry` its C declaration, typedef and reference. :class:`WeightTable` names each
-tensor once (:class:`~colibri.emit.cnames.NameTable`), lays the bytes out back to back in one
+tensor once (:class:`~colibri.emit.cformat.NameTable`), lays the bytes out back to back in one
 blob (16-byte aligned, in the order added) and counts them per part of the model; the
 generated ``*_weights.c`` holds only assembler ``.incbin`` directives that give each symbol its
 slice of the ``*_weights.bin`` blob (``templates/common/weights.c.j2``), so compiling a model
@@ -29,8 +29,7 @@ from ..quant.formats import (
     r4_order,
     r4p_order,
 )
-from .cformat import c_assert
-from .cnames import NameTable
+from .cformat import NameTable, c_assert
 from .experts import with_layout
 from .output import BinaryFile
 

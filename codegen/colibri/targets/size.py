@@ -247,7 +247,7 @@ def locate(target: Path, board: Board) -> tuple[Path, Path | None, str | None]:
     if not elf.is_file():
         elf = build_model(target, board.name)
     name = str(manifest["options"]["name"])
-    from ..emit.cnames import c_ident
+    from ..emit.cformat import c_ident
 
     return elf, elf.parent.parent / "libcolibri.a", c_ident(name)
 
