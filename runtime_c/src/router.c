@@ -186,8 +186,10 @@ static inline void route_insert(const route_state *st, int32_t pos, int32_t expe
 
 /* Top-k over the logits l[0..n) of experts e0.. . Once k are kept, a logit enters only when it
  * is strictly above the k-th (thr); four logits whose max is not above thr are skipped at once
- * (the max only gates the skip: each logit is still tested alone, in index order). */
-static void route_select(route_state *st, const float *l, int32_t e0, int32_t n)
+ * (the max only gates the skip: each logit is still tested alone, in index order). Always
+ * inlined, so that route_block's loop stays as it was before colibri_topk_f32 shared it. */
+static inline __attribute__((always_inline)) void route_select(route_state *st, const float *l,
+                                                               int32_t e0, int32_t n)
 {
     const int32_t k = st->k;
     int32_t i = 0;
