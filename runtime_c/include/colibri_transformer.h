@@ -92,6 +92,23 @@ typedef struct {
     int32_t pack_kind;   /**< COLIBRI_X86_PACK_* of packed */
 } colibri_tf_mat_t;
 
+/** @brief colibri_tf_mat_t initialisers for the generated model's const tables: an fp32 or
+ *         fp16 matrix w [o][i], or an int8 one whose generated struct *s holds the codes q and
+ *         one scale per block of 32 inputs. */
+#define COLIBRI_TF_MAT_F32(w, o, i)                                                                \
+    {                                                                                              \
+        .scheme = COLIBRI_QUANT_F32, .n_out = (o), .n_in = (i), .w = (w)                           \
+    }
+#define COLIBRI_TF_MAT_F16(w, o, i)                                                                \
+    {                                                                                              \
+        .scheme = COLIBRI_QUANT_F16, .n_out = (o), .n_in = (i), .w = (w)                           \
+    }
+#define COLIBRI_TF_MAT_Q8B(s, o, i)                                                                \
+    {                                                                                              \
+        .scheme = COLIBRI_QUANT_Q8, .blocked = 1, .n_out = (o), .n_in = (i), .w = (s)->q,          \
+        .scale = (s)->scale                                                                        \
+    }
+
 /**
  * @brief Rows [r0, r1) of y = W x (+ b) for n_tok activation rows of m->n_in values (x fp32;
  *        xq / sx their int8 rows when act == 1), output row t at y + t * ldy. Every output is
