@@ -93,20 +93,20 @@ typedef struct {
 } colibri_tf_mat_t;
 
 /** @brief colibri_tf_mat_t initialisers for the generated model's const tables: an fp32 or
- *         fp16 matrix w [o][i], or an int8 one whose generated struct *s holds the codes q and
+ *         fp16 matrix w_ [o_][i_], or an int8 one whose generated struct *s_ holds the codes q and
  *         one scale per block of 32 inputs. */
-#define COLIBRI_TF_MAT_F32(w, o, i)                                                                \
+#define COLIBRI_TF_MAT_F32(w_, o_, i_)                                                             \
     {                                                                                              \
-        .scheme = COLIBRI_QUANT_F32, .n_out = (o), .n_in = (i), .w = (w)                           \
+        .scheme = COLIBRI_QUANT_F32, .n_out = (o_), .n_in = (i_), .w = (w_)                        \
     }
-#define COLIBRI_TF_MAT_F16(w, o, i)                                                                \
+#define COLIBRI_TF_MAT_F16(w_, o_, i_)                                                             \
     {                                                                                              \
-        .scheme = COLIBRI_QUANT_F16, .n_out = (o), .n_in = (i), .w = (w)                           \
+        .scheme = COLIBRI_QUANT_F16, .n_out = (o_), .n_in = (i_), .w = (w_)                        \
     }
-#define COLIBRI_TF_MAT_Q8B(s, o, i)                                                                \
+#define COLIBRI_TF_MAT_Q8B(s_, o_, i_)                                                             \
     {                                                                                              \
-        .scheme = COLIBRI_QUANT_Q8, .blocked = 1, .n_out = (o), .n_in = (i), .w = (s)->q,          \
-        .scale = (s)->scale                                                                        \
+        .scheme = COLIBRI_QUANT_Q8, .blocked = 1, .n_out = (o_), .n_in = (i_), .w = (s_)->q,       \
+        .scale = (s_)->scale                                                                       \
     }
 
 /**
