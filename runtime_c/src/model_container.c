@@ -406,4 +406,7 @@ colibri_status colibri_file_load_container(const colibri_config_t *config, int32
     return COLIBRI_OK;
 }
 
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int colibri_model_container_unused;
 #endif /* COLIBRI_NO_FILESYSTEM */

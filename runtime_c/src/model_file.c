@@ -342,4 +342,7 @@ void colibri_cleanup(colibri_model_t *model)
     }
 }
 
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int colibri_model_file_unused;
 #endif /* COLIBRI_NO_FILESYSTEM */

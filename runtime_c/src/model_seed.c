@@ -448,4 +448,7 @@ colibri_status colibri_file_load_seed(const colibri_config_t *config, int32_t n_
     return COLIBRI_OK;
 }
 
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int colibri_model_seed_unused;
 #endif /* COLIBRI_NO_FILESYSTEM */
