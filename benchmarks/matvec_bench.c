@@ -9,6 +9,7 @@
  *        builds of the kernels (before / after a change) can be checked to agree bit for bit
  *        (benchmarks/matvec_table.py).
  */
+#include "bench_io.h"
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
 #include "colibri_quant.h"
@@ -34,18 +35,10 @@ static float mb_sx[MB_BLOCKS];
 static float mb_y[MB_OUT];
 static uint32_t mb_state = 0x9E3779B9u;
 
-static uint32_t mb_next(void)
-{
-    mb_state ^= mb_state << 13;
-    mb_state ^= mb_state >> 17;
-    mb_state ^= mb_state << 5;
-    return mb_state;
-}
-
 /** @brief A random finite fp16 of magnitude below 2 (exponent field below 16). */
 static uint16_t mb_f16(void)
 {
-    const uint32_t r = mb_next();
+    const uint32_t r = bench_next(&mb_state);
     return (uint16_t)((r & 0x83FFu) | (((r >> 16) % 16u) << 10));
 }
 
@@ -54,29 +47,22 @@ int main(int argc, char **argv)
     (void)argc;
     (void)argv;
     clb_platform_init();
-    uint8_t mode = 0;
-    const int32_t fd = clb_platform_open("input.bin", CLB_PLATFORM_READ);
-    if (fd >= 0) {
-        if (clb_platform_read(fd, &mode, 1) != 1) {
-            mode = 0;
-        }
-        (void)clb_platform_close(fd);
-    }
+    const uint8_t mode = bench_mode(0);
     for (size_t i = 0; i < (size_t)MB_OUT * MB_IN; i++) {
         mb_w16[i] = mb_f16();
-        mb_w8[i] = (int8_t)(mb_next() >> 24);
+        mb_w8[i] = (int8_t)(bench_next(&mb_state) >> 24);
     }
     for (size_t k = 0; k < (size_t)MB_OUT * MB_BLOCKS; k++) {
         mb_w4[k].d = mb_f16();
         for (int32_t j = 0; j < 16; j++) {
-            mb_w4[k].qs[j] = (uint8_t)mb_next();
+            mb_w4[k].qs[j] = (uint8_t)bench_next(&mb_state);
         }
     }
     for (int32_t o = 0; o < MB_OUT; o++) {
-        mb_s8[o] = (float)(mb_next() >> 8) * 0x1p-30f;
+        mb_s8[o] = (float)(bench_next(&mb_state) >> 8) * 0x1p-30f;
     }
     for (int32_t i = 0; i < MB_IN; i++) {
-        mb_x[i] = (float)(int32_t)mb_next() * 0x1p-31f;
+        mb_x[i] = (float)(int32_t)bench_next(&mb_state) * 0x1p-31f;
     }
     colibri_quantize_row_q8(mb_x, mb_xq, mb_sx, MB_IN);
     clb_platform_bench_begin();

@@ -14,6 +14,7 @@
  *        differ and the largest gate / log-sum-exp difference, and the exit status is 0 only
  *        when the ids are identical and the gates agree within 1e-6.
  */
+#include "bench_io.h"
 #include "colibri.h"
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -35,14 +36,6 @@ static float rb_gates[RB_WAYS][RB_TOKENS * RB_TOP_K];
 static float rb_lse[RB_WAYS][RB_TOKENS];
 static uint32_t rb_state = 0x2545F491u;
 
-static uint32_t rb_next(void)
-{
-    rb_state ^= rb_state << 13;
-    rb_state ^= rb_state >> 17;
-    rb_state ^= rb_state << 5;
-    return rb_state;
-}
-
 /* Logits roughly N(0, 2): the sum of four uniforms in [-1.7, 1.7), on a grid of 2^-8 so that
  * equal logits (ties) occur. */
 static void rb_fill(void)
@@ -50,7 +43,7 @@ static void rb_fill(void)
     for (int32_t i = 0; i < RB_TOKENS * RB_EXPERTS; i++) {
         int32_t acc = 0;
         for (int32_t j = 0; j < 4; j++) {
-            acc += (int32_t)(rb_next() >> 20) - 2048; /* -2048..2047 */
+            acc += (int32_t)(bench_next(&rb_state) >> 20) - 2048; /* -2048..2047 */
         }
         rb_logits[i] = (float)acc * (1.7f / 2048.0f);
         rb_logits[i] = (float)(int32_t)(rb_logits[i] * 256.0f) / 256.0f;
@@ -181,14 +174,7 @@ int main(int argc, char **argv)
         }
     }
 
-    uint8_t mode = 0xFFu;
-    const int32_t fd = clb_platform_open("input.bin", CLB_PLATFORM_READ);
-    if (fd >= 0) {
-        if (clb_platform_read(fd, &mode, 1) != 1) {
-            mode = 0xFFu;
-        }
-        (void)clb_platform_close(fd);
-    }
+    const uint8_t mode = bench_mode(0xFFu);
     clb_platform_bench_begin();
     if (mode < RB_WAYS) {
         failed += rb_route((int32_t)mode, RB_TOKENS) != 0;

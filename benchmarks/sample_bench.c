@@ -10,6 +10,7 @@
  *        The first byte of input.bin picks the setting run between the bench markers
  *        (benchmarks/sample_table.py counts its instructions with callgrind or QEMU).
  */
+#include "bench_io.h"
 #include "colibri.h"
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
@@ -29,21 +30,13 @@ static float sb_logits[SB_DRAWS][SB_VOCAB];
 static unsigned char sb_work[COLIBRI_SAMPLE_WORKSPACE_BYTES(SB_VOCAB)] __attribute__((aligned(16)));
 static uint32_t sb_state = 0x2545F491u;
 
-static uint32_t sb_next(void)
-{
-    sb_state ^= sb_state << 13;
-    sb_state ^= sb_state >> 17;
-    sb_state ^= sb_state << 5;
-    return sb_state;
-}
-
 static void sb_fill(void)
 {
     for (int32_t d = 0; d < SB_DRAWS; d++) {
         for (int32_t i = 0; i < SB_VOCAB; i++) {
             int32_t acc = 0;
             for (int32_t j = 0; j < 4; j++) {
-                acc += (int32_t)(sb_next() >> 20) - 2048;
+                acc += (int32_t)(bench_next(&sb_state) >> 20) - 2048;
             }
             sb_logits[d][i] = (float)(int32_t)((float)acc * (1.7f / 2048.0f) * 256.0f) / 256.0f;
         }
@@ -77,14 +70,7 @@ int main(int argc, char **argv)
     (void)argv;
     clb_platform_init();
     sb_fill();
-    uint8_t mode = 0xFFu;
-    const int32_t fd = clb_platform_open("input.bin", CLB_PLATFORM_READ);
-    if (fd >= 0) {
-        if (clb_platform_read(fd, &mode, 1) != 1) {
-            mode = 0xFFu;
-        }
-        (void)clb_platform_close(fd);
-    }
+    const uint8_t mode = bench_mode(0xFFu);
     int64_t sum = 0;
     clb_platform_bench_begin();
     if (mode < SB_WAYS) {
