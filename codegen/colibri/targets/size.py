@@ -163,10 +163,8 @@ def analyse(
                         break
             in_psram = psram is not None and psram.origin <= vma < psram.end
             if flash and ram:
-                in_flash = (
-                    not nobits
-                    and any(r.origin <= lma < r.end for r in flash_windows)
-                    or (in_psram and not nobits)
+                in_flash = not nobits and (
+                    in_psram or any(r.origin <= lma < r.end for r in flash_windows)
                 )
                 in_ram = ram.origin <= vma < ram.origin + ram.size
             else:
