@@ -80,7 +80,11 @@ typedef enum {
     COLIBRI_ERR_FORMAT = -14,      /**< container malformed: tensor missing/duplicated/misplaced */
     COLIBRI_ERR_CHECKSUM = -15,    /**< a container tensor fails its CRC-32 (corrupt file) */
     COLIBRI_ERR_NONFINITE = -16,   /**< NaN or Inf in the model's fp32 weights (refused at load) */
-    COLIBRI_ERR_BUDGET = -17       /**< expert RAM budget below top_k experts of a layer */
+    COLIBRI_ERR_BUDGET = -17,      /**< expert RAM budget below top_k experts of a layer */
+    COLIBRI_ERR_MEMORY = -18,      /**< the model needs more memory than the caller's ceiling
+                                        (colibri_lm_config_t.max_memory; colibri_lm_measure) */
+    COLIBRI_ERR_POSITION = -19,    /**< a position past the ones run so far (colibri_lm.h) */
+    COLIBRI_ERR_CHANGED = -20      /**< the model file changed on disk after it was loaded */
 } colibri_status;
 
 /** Expert weight residency policy (the seeds' cache_policy). */

@@ -15,9 +15,45 @@
  * allocated, then the tensor table (inside the file, 64-aligned, in order, no overlap, unique
  * NUL-terminated names), every tensor the model needs (dtype, exact shape and size), every
  * CRC-32 and the NaN / Inf scan of fp32 tensors (each skippable by load_flags, as colibri_init).
- * Then one allocation holds the model's tables and its arena (activations, KV cache, sampler
- * workspace). A handle is used by one thread at a time; handles are independent (a handle's
- * own pool of num_threads - 1 workers only ever runs inside its calls).
+ * A handle is used by one thread at a time; handles are independent (a handle's own pool of
+ * num_threads - 1 workers only ever runs inside its calls).
+ *
+ * Memory. Validate, then allocate: every size comes from the header and from tensor shapes
+ * checked against the file, and the parts the caller's config sizes are computed before any of
+ * them is allocated. colibri_lm_init allocates at most (colibri_lm_measure gives each term)
+ *
+ *   total = table + arena + slots + packed + pool, where
+ *   table  = 72 n_tensors + 40 n_layers + sizeof(handle) + ~600 n_layers + ~250 n_experts
+ *            (bounded by the file: each tensor has a 96-byte table entry, each layer at least
+ *            8 tensors, each routed expert a 12-byte row of its layer's experts table:
+ *            table <= 24 x file bytes),
+ *   arena  = 8 L H C                                  (KV cache: L layers, H = n_kv_heads x
+ *                                                      head_dim, C = max_context positions)
+ *          + 4 B (4 d + 2 Q + 2 H + k d + 2 F + 5 k) + B A + 4 V x 3   (activations, logits,
+ *                                                      sampler; B = prefill_batch rows, d =
+ *                                                      d_model, Q = n_heads x head_dim, F = the
+ *                                                      largest d_ff, k = the largest top_k,
+ *                                                      A = max(d, Q, F), V = vocab)
+ *          + T (4 B (2 d + 2 F) + B A + 4 C)          (each of T = num_threads's scratch)
+ *          (+ 16 bytes of alignment per region),
+ *   slots  = budget rounded down to whole slots, + their tables (expert_ram_budget > 0 only),
+ *   packed = a copy of the int8 / int4 matrices run with int8 activations on x86-64 with
+ *            AVX-512 VNNI, rounded up to 2 MiB (0 elsewhere, or with COLIBRI_LM_PACK=0),
+ *   pool   = a few hundred bytes for num_threads > 1 (thread stacks are the system's).
+ * With max_memory > 0, each part is checked against it before it is allocated; a model over
+ * it is COLIBRI_ERR_MEMORY with nothing left allocated. The mapping of the file is not counted:
+ * its pages are the file's (read only, dropped from the resident set where noted below).
+ *
+ * The file after load. The handle keeps the file open. Each colibri_lm_forward /
+ * colibri_lm_prefill first checks that it is still the file that was loaded (size, inode and
+ * modification time): a file truncated, grown or rewritten in place since is
+ * COLIBRI_ERR_CHANGED before any of its bytes is read (replace a model by writing a new file
+ * and renaming it over the old name, as `colibri convert` does: a loaded handle keeps the old
+ * one). Experts read into slots (expert_ram_budget) are checked against their CRC-32 at every
+ * read unless COLIBRI_LOAD_SKIP_CHECKSUM (COLIBRI_ERR_CHECKSUM, the slot left free), and a read
+ * that meets the end of the file is COLIBRI_ERR_CHANGED. A truncation between that check and
+ * the kernels' reads of the mapping can still end the process with SIGBUS: POSIX gives a
+ * library no way to read a mapping safely under a concurrent truncation.
  */
 #ifndef COLIBRI_LM_H
 #define COLIBRI_LM_H
@@ -37,8 +73,13 @@ typedef struct colibri_lm colibri_lm_t;
 /** Options of colibri_lm_init. Zero-initialise what you do not set. */
 typedef struct {
     const char *model_path; /**< version-2 container (.clb) */
-    int32_t max_context;    /**< KV cache positions; 0 = the file's (its RoPE table rows) */
-    uint32_t load_flags;    /**< COLIBRI_LOAD_SKIP_CHECKSUM / _SKIP_FINITE; 0 = verify all */
+    /**
+     * KV cache positions (the arena grows 8 x n_layers x n_kv_heads x head_dim bytes each):
+     * 0 = COLIBRI_LM_DEFAULT_CONTEXT, or the file's max_context (its RoPE table rows) when
+     * that is smaller; above the file's: COLIBRI_ERR_ARG.
+     */
+    int32_t max_context;
+    uint32_t load_flags; /**< COLIBRI_LOAD_SKIP_CHECKSUM / _SKIP_FINITE; 0 = verify all */
     /**
      * Bytes of routed-expert weights that may be resident (0 = all: every expert is read in
      * place from the mapping). With a budget the experts stay in the file: the handle keeps
@@ -79,7 +120,30 @@ typedef struct {
      * COLIBRI_ERR_ARG, N < 0 COLIBRI_ERR_ARG. COLIBRI_LM_NO_PIN pins nothing.
      */
     int32_t pinned_slots;
+    /**
+     * Ceiling on the bytes colibri_lm_init allocates (the `total` of the file comment:
+     * tables, arena with the KV cache, expert slots, packed copies, pool); 0 = none. A model
+     * that needs more is COLIBRI_ERR_MEMORY before the part that would cross it is allocated;
+     * colibri_lm_measure with the same config gives the bytes it needs.
+     */
+    uint64_t max_memory;
 } colibri_lm_config_t;
+
+/** KV cache positions when colibri_lm_config_t.max_context is 0 (or the file's, if fewer). */
+#define COLIBRI_LM_DEFAULT_CONTEXT 2048
+
+/** What colibri_lm_init allocates for a file and config (colibri_lm_measure); bytes. */
+typedef struct {
+    uint64_t table_bytes;  /**< tensor table and descriptors while parsing, layer and expert
+                                tables (bounded by the file) */
+    uint64_t arena_bytes;  /**< activations, KV cache, scratch, logits, sampler workspace */
+    uint64_t kv_bytes;     /**< of which the KV cache */
+    uint64_t slot_bytes;   /**< expert slots and their tables (expert_ram_budget > 0) */
+    uint64_t packed_bytes; /**< matrices repacked for the CPU's kernels (0: none) */
+    uint64_t pool_bytes;   /**< the worker pool's tables (num_threads > 1) */
+    uint64_t total_bytes;  /**< the sum: at most what colibri_lm_init allocates */
+    int32_t max_context;   /**< the KV cache positions these figures are for */
+} colibri_lm_memory_t;
 
 /**
  * Expert prefetch off: no prediction at all. By default, with a budget, once a layer's top_k
@@ -150,12 +214,28 @@ typedef struct {
 colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t **out);
 
 /**
- * @brief Run one token at position pos (0, 1, 2, ... in order; the KV cache keeps the past):
- *        the same operations in the same order as a generated transformer_model.c.
+ * @brief The bytes colibri_lm_init would allocate for this config (see the file comment),
+ *        without allocating them: the file is mapped and validated as by colibri_lm_init
+ *        except the CRC-32 and NaN / Inf scans, and config->max_memory is ignored. For
+ *        a caller choosing max_context, threads or a budget, and for the message of a
+ *        COLIBRI_ERR_MEMORY.
+ * @return COLIBRI_OK and *mem filled, or colibri_lm_init's status for the file and config.
+ */
+colibri_status colibri_lm_measure(const colibri_lm_config_t *config, colibri_lm_memory_t *mem);
+
+/**
+ * @brief Run one token at position pos: the same operations in the same order as a generated
+ *        transformer_model.c. Positions run in order, 0, 1, 2, ... (the KV cache keeps the
+ *        past); pos may also go back to any position already run, which rewinds: positions
+ *        from pos on are forgotten and recomputed. A position past the ones run so far would
+ *        attend to KV rows never written: COLIBRI_ERR_POSITION, nothing runs. A failed call
+ *        forgets the positions from pos on (the layers it ran wrote their rows).
  * @param logits out: the next-token logits [vocab], inside the handle (valid until the next
  *               call)
  * @return COLIBRI_ERR_ARG for a token outside the vocabulary, COLIBRI_ERR_NOMEM when pos is
- *         outside the KV cache (context overflow), else the MoE runtime's status.
+ *         outside the KV cache (context overflow), COLIBRI_ERR_POSITION (above),
+ *         COLIBRI_ERR_CHANGED when the file changed since the load, else the MoE runtime's
+ *         status.
  */
 colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
                                   const float **logits);
@@ -166,6 +246,7 @@ colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
  *        (the routed experts grouped, one multi-token product per expert and matrix), the
  *        attention causal within the chunk. The KV cache and the logits are bit-identical to
  *        n colibri_lm_forward calls. With an expert RAM budget it runs those n token steps.
+ *        pos0 follows colibri_lm_forward's rule (at most the positions run so far).
  * @param logits out: the next-token logits [vocab] after the last token, inside the handle
  * @return COLIBRI_ERR_ARG for n < 1 or a token outside the vocabulary (nothing runs),
  *         COLIBRI_ERR_NOMEM when the positions leave the KV cache, else as colibri_lm_forward.

@@ -7,10 +7,14 @@
  * Paths argv[1..3], else "model.clb", "input.bin", "output.bin" in the working directory; the
  * request and output files, exit statuses and bench markers are lm_runner.h's (a model file
  * the runtime refuses: 10 + (-colibri_status), printed on one line). An optional argv[4] sets
- * the KV cache positions (default: the file's; 0 = the file's). An optional argv[5] is the
+ * the KV cache positions (0 = COLIBRI_LM_DEFAULT_CONTEXT or the file's, if fewer). An optional argv[5] is the
  * expert RAM budget in bytes (colibri_lm_config_t.expert_ram_budget; 0 = every expert
  * resident), argv[6] its expert_flags (1 = no prefetch, 2 = no pinning), argv[7] is num_threads
- * (0 or 1: one thread), argv[8] prefill_batch (0 = 64) and argv[9] pinned_slots (0 = auto).
+ * (0 or 1: one thread), argv[8] prefill_batch (0 = 64), argv[9] pinned_slots (0 = auto) and
+ * argv[10] max_memory (0 = no ceiling). A model over the ceiling prints, before the status line,
+ *   colibri: memory needed: T bytes (KV cache K for C positions, arena A, tables B, expert
+ *   slots S, packed P)
+ * (colibri_lm_measure) and exits 10 + 18.
  * Unless the prompt's logits are asked for, the prompt is prefilled in batches
  * (colibri_lm_prefill). With a budget the runner prints, after the generation, one line:
  *   colibri: expert slots: S x B bytes, loads L hits H misses M evictions E prefetches P
@@ -71,6 +75,25 @@ static void print_stats(void)
     clb_platform_puts(line);
 }
 
+/* The bytes the model needs (after COLIBRI_ERR_MEMORY), one line. */
+static void print_memory(const colibri_lm_config_t *config)
+{
+    colibri_lm_memory_t m;
+    if (colibri_lm_measure(config, &m) != COLIBRI_OK) {
+        return;
+    }
+    char line[400];
+    char *p = put_u64(line, "colibri: memory needed: ", m.total_bytes);
+    p = put_u64(p, " bytes (KV cache ", m.kv_bytes);
+    p = put_u64(p, " for ", (uint64_t)m.max_context);
+    p = put_u64(p, " positions, arena ", m.arena_bytes - m.kv_bytes);
+    p = put_u64(p, ", tables ", m.table_bytes);
+    p = put_u64(p, ", expert slots ", m.slot_bytes);
+    p = put_u64(p, ", packed ", m.packed_bytes);
+    memcpy(p, ")\n", 3u);
+    clb_platform_puts(line);
+}
+
 /* CLOCK_MONOTONIC in ns, for lm_runner.h's timing (COLIBRI_TIMING=1). */
 static uint64_t lm_clock_ns(void)
 {
@@ -126,7 +149,13 @@ int main(int argc, char **argv)
     if (argc > 9) {
         config.pinned_slots = (int32_t)strtol(argv[9], NULL, 10);
     }
+    if (argc > 10) {
+        config.max_memory = (uint64_t)strtoull(argv[10], NULL, 10);
+    }
     const colibri_status st = colibri_lm_init(&config, &g_lm);
+    if (st == COLIBRI_ERR_MEMORY) {
+        print_memory(&config);
+    }
     if (st != COLIBRI_OK) {
         return lm_fail("loading the model file", st);
     }

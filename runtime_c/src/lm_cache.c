@@ -15,7 +15,6 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Routed experts beyond RAM: slots filled with pread, LRU, prefetch (expert_ram_budget > 0)  */
 
-#define LM_PARTS 6
 #define LM_SLOT_ALIGN 64u
 
 typedef struct {
@@ -87,9 +86,6 @@ void clb_lm_cache_free(lm_cache *c)
     if (c == NULL) {
         return;
     }
-    if (c->fd >= 0) {
-        close(c->fd);
-    }
     free(c->slots);
     free(c->data);
     free(c->resident);
@@ -98,13 +94,11 @@ void clb_lm_cache_free(lm_cache *c)
 
 static colibri_status pin_hot(colibri_lm_t *lm, const colibri_lm_config_t *config, int32_t max_k);
 
-/* Sizes of the routed experts (stats.expert_bytes, .slot_bytes); with a budget, the slots
- * (taking fd), the mapping's expert pages dropped and the hottest experts pinned. */
-colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config, int *fd)
+/* A layer's largest top_k over the MoE layers, and the stored (owner) experts' count. */
+static int32_t moe_max_k(const colibri_lm_t *lm, uint64_t *n_owners)
 {
-    uint64_t total = 0, slot = 0, n_owners = 0;
     int32_t max_k = 0;
-    lm_part p[LM_PARTS];
+    *n_owners = 0;
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         const lm_layer *ly = &lm->layers[l];
         if (!ly->tf.is_moe) {
@@ -112,6 +106,25 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
         }
         max_k = ly->top_k > max_k ? ly->top_k : max_k;
         for (int32_t j = 0; j < ly->moe.n_experts; j++) {
+            *n_owners += ly->experts[j].owner == j ? 1u : 0u;
+        }
+    }
+    return max_k;
+}
+
+/* Sizes of the routed experts (stats.expert_bytes, .slot_bytes) and, with a budget, the bytes
+ * of the slots, their table, the residency map and pin_hot's ranking; the slot count in
+ * stats.n_slots (set for clb_lm_cache_setup, which keeps it). */
+colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *config,
+                                 uint64_t *bytes)
+{
+    uint64_t total = 0, slot = 0, n_owners = 0;
+    lm_part p[LM_PARTS];
+    *bytes = 0;
+    const int32_t max_k = moe_max_k(lm, &n_owners);
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        for (int32_t j = 0; ly->tf.is_moe && j < ly->moe.n_experts; j++) {
             if (ly->experts[j].owner != j) {
                 continue;
             }
@@ -122,7 +135,6 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
                 span += al_slot(p[i].len);
             }
             slot = span > slot ? span : slot;
-            n_owners++;
         }
     }
     lm->stats.expert_bytes = total;
@@ -135,16 +147,36 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     if (n_slots < (uint64_t)max_k) {
         return COLIBRI_ERR_BUDGET;
     }
-    if (mul64(n_slots, slot) >= (uint64_t)SIZE_MAX) {
-        return COLIBRI_ERR_NOMEM;
+    lm->stats.n_slots = (uint32_t)n_slots; /* <= n_owners <= n_experts < 2^31 */
+    *bytes = add64(add64(sizeof(lm_cache), mul64(n_slots, sizeof(lm_slot))),
+                   add64(mul64(n_slots, slot), 4u * (uint64_t)lm->n_experts));
+    *bytes = add64(*bytes, mul64(n_owners, 12u)); /* pin_hot's ranking (lm_hot) */
+    return *bytes >= (uint64_t)SIZE_MAX ? COLIBRI_ERR_NOMEM : COLIBRI_OK;
+}
+
+/* With a budget (clb_lm_cache_plan set stats.n_slots): the slots, the mapping's expert pages
+ * dropped and the hottest experts pinned. */
+colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config)
+{
+    const uint64_t n_slots = lm->stats.n_slots;
+    const uint64_t slot = lm->stats.slot_bytes;
+    uint64_t n_owners = 0;
+    const int32_t max_k = moe_max_k(lm, &n_owners);
+    lm_part p[LM_PARTS];
+    if (config->expert_ram_budget == 0u || n_slots == 0u) {
+        return COLIBRI_OK;
     }
     lm_cache *c = (lm_cache *)calloc(1u, sizeof *c);
     if (c == NULL) {
         return COLIBRI_ERR_NOMEM;
     }
-    c->fd = -1;
+    c->fd = lm->fd;
     c->n_slots = (uint32_t)n_slots;
     c->prefetch = (config->expert_flags & COLIBRI_LM_NO_PREFETCH) == 0u;
+    c->check_crc = (config->load_flags & COLIBRI_LOAD_SKIP_CHECKSUM) == 0u;
+    if (c->check_crc) {
+        colibri_crc32_tables_init(&c->tables);
+    }
     void *data = NULL;
     c->slots = (lm_slot *)calloc((size_t)n_slots, sizeof *c->slots);
     c->resident = (int32_t *)malloc((size_t)lm->n_experts * sizeof *c->resident);
@@ -175,20 +207,18 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
             }
         }
     }
-    lm->stats.n_slots = c->n_slots;
-    c->fd = *fd;
-    *fd = -1;
     lm->cache = c;
     const colibri_status st = pin_hot(lm, config, max_k);
     if (st != COLIBRI_OK) {
-        clb_lm_cache_free(c); /* closes the file */
+        clb_lm_cache_free(c);
         lm->cache = NULL;
     }
     return st;
 }
 
-/* pread exactly len bytes at off; 0 on success. */
-static int pread_all(int fd, unsigned char *dst, uint64_t len, uint64_t off)
+/* pread exactly len bytes at off: COLIBRI_ERR_IO on a read error, COLIBRI_ERR_CHANGED when
+ * the file ends before them (truncated since the load, which checked every tensor's extent). */
+static colibri_status pread_all(int fd, unsigned char *dst, uint64_t len, uint64_t off)
 {
     while (len > 0u) {
         const size_t chunk = len > (uint64_t)(1u << 30) ? (size_t)(1u << 30) : (size_t)len;
@@ -196,18 +226,23 @@ static int pread_all(int fd, unsigned char *dst, uint64_t len, uint64_t off)
         if (got < 0 && errno == EINTR) {
             continue;
         }
-        if (got <= 0) {
-            return -1;
+        if (got == 0) {
+            return COLIBRI_ERR_CHANGED;
+        }
+        if (got < 0) {
+            return COLIBRI_ERR_IO;
         }
         dst += got;
         len -= (uint64_t)got;
         off += (uint64_t)got;
     }
-    return 0;
+    return COLIBRI_OK;
 }
 
 /* Read expert e of layer ly (model-wide index g) from the file into slot s, evicting what it
- * held; bytes_read and evictions counted. */
+ * held; bytes_read and evictions counted. Unless COLIBRI_LOAD_SKIP_CHECKSUM, every part read
+ * is checked against the CRC-32 the file's table gave it at load: bytes changed in the file
+ * since then are COLIBRI_ERR_CHECKSUM (the slot is left free), never kernel input. */
 static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e, int32_t g,
                                 uint32_t s)
 {
@@ -226,8 +261,12 @@ static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_e
     const unsigned char *base = (const unsigned char *)lm->map;
     for (int i = 0; i < n; i++) {
         dst[i] = sl->data + off;
-        if (pread_all(c->fd, dst[i], p[i].len, (uint64_t)(p[i].src - base)) != 0) {
-            return COLIBRI_ERR_IO;
+        const colibri_status st = pread_all(c->fd, dst[i], p[i].len, (uint64_t)(p[i].src - base));
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+        if (c->check_crc && colibri_crc32(&c->tables, dst[i], p[i].len) != e->crc[i]) {
+            return COLIBRI_ERR_CHECKSUM;
         }
         lm->stats.bytes_read += p[i].len;
         off += al_slot(p[i].len);

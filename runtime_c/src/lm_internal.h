@@ -43,6 +43,7 @@
 #define LM_FLAGS_KNOWN 0x7u
 
 #define LM_MAX_THREADS 256
+#define LM_PARTS 6             /* stored parts of an expert: w1, w2, w3 and their int8 scales */
 #define LM_PAR_MIN_WORK 32768u /* lm_run_sized */
 #define LM_DEFAULT_BATCH 64
 #define LM_MAX_BATCH 4096
@@ -77,6 +78,7 @@ typedef struct {
     int32_t owner, scheme, act;
     colibri_expert_weights_t fw; /* fp32 experts: the MoE IR layout, colibri_expert_ffn_f32 */
     lm_mat w[3];                 /* quantised experts: w1, w2, w3 */
+    uint32_t crc[LM_PARTS];      /* CRC-32 of each stored part, in lm_cache.c's part order */
 } lm_expert;
 
 typedef struct {
@@ -113,6 +115,8 @@ typedef struct {
     uint64_t epoch;                      /* prefetch round (lm_slot.pin) */
     int32_t pred_ids[COLIBRI_MAX_TOP_K]; /* the next layer's predicted experts */
     float pred_gates[COLIBRI_MAX_TOP_K];
+    int check_crc;               /* COLIBRI_LOAD_SKIP_CHECKSUM clear: each read is verified */
+    colibri_crc32_tables tables; /* for the reads' CRC-32 */
 } lm_cache;
 
 /** One thread's scratch (arena): a gathered group of an expert's tokens and its FFN. */
@@ -130,6 +134,10 @@ typedef struct lm_pool lm_pool;
 struct colibri_lm {
     void *map;
     size_t map_size;
+    int fd;              /* the model file: pread of budgeted experts, the change check */
+    struct stat at_load; /* its fstat at load: size, inode, mtime (clb_lm_file_check) */
+    int32_t n_pos;       /* KV cache positions 0 .. n_pos - 1 hold the current sequence */
+    int budgeted;        /* expert_ram_budget > 0: routed experts live in slots */
     lm_header h;
     int32_t max_context, hq, hkv, max_ff, act_n;
     int32_t n_threads; /* >= 1: the caller's thread and n_threads - 1 pool workers */
@@ -151,6 +159,7 @@ struct colibri_lm {
     lm_pool *pool;         /* NULL: n_threads == 1 */
     uint64_t par_min_work; /* LM_PAR_MIN_WORK, or COLIBRI_LM_PAR_MIN_WORK from the environment */
     void *sample_ws;
+    unsigned char *arena_mem; /* the arena's allocation (clb_lm_arena_layout carves it) */
     size_t arena_bytes;
     lm_expert *experts; /* every layer's, in order */
     int32_t n_experts;
@@ -212,10 +221,17 @@ typedef colibri_status (*lm_job_fn)(colibri_lm_t *lm, void *arg, int32_t tid, in
 /** @brief Drop a blob's pages from the mapping (they leave the process's resident set). */
 void clb_lm_drop_pages(const unsigned char *p, uint64_t len);
 
+/** @brief COLIBRI_ERR_CHANGED when the model file is no longer the one loaded (size, inode
+ *         or modification time differ: truncated, grown or rewritten in place), else OK. */
+colibri_status clb_lm_file_check(const colibri_lm_t *lm);
+
 /* lm_pack.c */
 
 /** @brief The arena's bytes for lm's dims; carves it into lm's regions when arena != NULL. */
 uint64_t clb_lm_arena_layout(colibri_lm_t *lm, unsigned char *arena);
+
+/** @brief Bytes clb_lm_pack will allocate for lm (0: nothing to pack on this CPU). */
+uint64_t clb_lm_pack_bytes(colibri_lm_t *lm);
 
 /** @brief Pack the matrices the CPU has packed kernels for; COLIBRI_ERR_NOMEM on failure. */
 colibri_status clb_lm_pack(colibri_lm_t *lm);
@@ -225,8 +241,16 @@ colibri_status clb_lm_pack(colibri_lm_t *lm);
 /** @brief Free an expert cache (NULL: nothing). */
 void clb_lm_cache_free(lm_cache *c);
 
-/** @brief Expert sizes and, with a budget, the slots (taking *fd) and the pinned experts. */
-colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config, int *fd);
+/**
+ * @brief The routed experts' sizes (stats.expert_bytes, .slot_bytes) and, with a budget, the
+ *        bytes clb_lm_cache_setup will allocate (*bytes; 0 without a budget).
+ *        COLIBRI_ERR_BUDGET when the slots cannot hold top_k experts of a layer.
+ */
+colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *config,
+                                 uint64_t *bytes);
+
+/** @brief With a budget, the slots (reading lm->fd) and the pinned experts (after the plan). */
+colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config);
 
 /** @brief A use of expert `id` of layer ly (budget only): a hit, or a read into a slot. */
 colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
@@ -243,6 +267,9 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
 void clb_lm_view(colibri_lm_t *lm);
 
 /* lm_pool.c */
+
+/** @brief Bytes clb_lm_pool_create allocates for n_threads (0 for one thread). */
+uint64_t clb_lm_pool_bytes(int32_t n_threads);
 
 /** @brief Stop and join the workers, free the pool (NULL: nothing). */
 void clb_lm_pool_free(lm_pool *pool);

@@ -131,7 +131,7 @@ static size_t pack_all(colibri_lm_t *lm, unsigned char *base)
                 pack_mat(&ly->ffn[i], ly->ffn_act, base, &off);
             }
         }
-        if (ly->tf.is_moe && lm->cache == NULL) {
+        if (ly->tf.is_moe && !lm->budgeted) {
             for (int32_t j = 0; j < ly->moe.n_experts; j++) {
                 lm_expert *e = &ly->experts[j];
                 if (e->owner != j || e->scheme == COLIBRI_QUANT_F32) {
@@ -147,20 +147,31 @@ static size_t pack_all(colibri_lm_t *lm, unsigned char *base)
 }
 #endif
 
+/* The bytes clb_lm_pack allocates: the packed matrices rounded up to LM_PACK_ALIGN (0: none). */
+uint64_t clb_lm_pack_bytes(colibri_lm_t *lm)
+{
+#if defined(COLIBRI_X86_DISPATCH)
+    const char *env = getenv("COLIBRI_LM_PACK");
+    if (env != NULL && strcmp(env, "0") == 0) {
+        return 0u;
+    }
+    const size_t bytes = pack_all(lm, NULL);
+    return bytes == 0u ? 0u : (bytes + LM_PACK_ALIGN - 1u) & ~(LM_PACK_ALIGN - 1u);
+#else
+    (void)lm;
+    return 0u;
+#endif
+}
+
 /* Pack what the CPU has packed kernels for (see above); COLIBRI_ERR_NOMEM when it cannot
  * allocate them. */
 colibri_status clb_lm_pack(colibri_lm_t *lm)
 {
 #if defined(COLIBRI_X86_DISPATCH)
-    const char *env = getenv("COLIBRI_LM_PACK");
-    if (env != NULL && strcmp(env, "0") == 0) {
+    const size_t total = (size_t)clb_lm_pack_bytes(lm);
+    if (total == 0u) {
         return COLIBRI_OK;
     }
-    const size_t bytes = pack_all(lm, NULL);
-    if (bytes == 0u) {
-        return COLIBRI_OK;
-    }
-    const size_t total = (bytes + LM_PACK_ALIGN - 1u) & ~(LM_PACK_ALIGN - 1u);
     unsigned char *base = (unsigned char *)aligned_alloc(LM_PACK_ALIGN, total);
     if (base == NULL) {
         return COLIBRI_ERR_NOMEM;
@@ -168,7 +179,7 @@ colibri_status clb_lm_pack(colibri_lm_t *lm)
 #if defined(MADV_HUGEPAGE)
     (void)madvise(base, total, MADV_HUGEPAGE); /* before the first write; a hint */
 #endif
-    (void)pack_all(lm, base);
+    (void)pack_all(lm, base); /* the same matrices in the same order as the sizing pass */
     lm->packed = base;
     lm->packed_bytes = total;
 #else

@@ -161,6 +161,7 @@ typedef struct {
     const unsigned char *base;
     const lm_entry *sorted;
     uint32_t n;
+    uint32_t crc; /* the CRC-32 of the tensor `need` found last */
     char name[96];
 } lm_ctx;
 
@@ -174,7 +175,7 @@ static const lm_entry *find(const lm_ctx *c, const char *name)
 
 /* The tensor c->name: dtype and shape exact (d1 = 0: 1-D). NULL and COLIBRI_OK when absent
  * and optional. */
-static colibri_status need(const lm_ctx *c, int required, uint32_t dtype, uint32_t d0, uint32_t d1,
+static colibri_status need(lm_ctx *c, int required, uint32_t dtype, uint32_t d0, uint32_t d1,
                            const void **out)
 {
     *out = NULL;
@@ -190,6 +191,7 @@ static colibri_status need(const lm_ctx *c, int required, uint32_t dtype, uint32
         return COLIBRI_ERR_SIZE;
     }
     *out = c->base + e->offset;
+    c->crc = e->crc;
     return COLIBRI_OK;
 }
 
@@ -209,9 +211,10 @@ static colibri_status need_f32(lm_ctx *c, int required, uint32_t d0, uint32_t d1
     return st;
 }
 
-/* A matrix [n_out][n_in] in `scheme` named by c->name (+ ".scale" for int8). */
-static colibri_status need_mat(lm_ctx *c, int32_t scheme, int blocked, uint32_t n_out,
-                               uint32_t n_in, lm_mat *m)
+/* A matrix [n_out][n_in] in `scheme` named by c->name (+ ".scale" for int8); crc (NULL: not
+ * wanted) gets the CRC-32 of its codes, then of its scales, at *n_crc (advanced). */
+static colibri_status need_mat_crc(lm_ctx *c, int32_t scheme, int blocked, uint32_t n_out,
+                                   uint32_t n_in, lm_mat *m, uint32_t *crc, int *n_crc)
 {
     static const uint32_t dtypes[4] = {DT_F32, DT_F16, DT_I8, DT_Q4};
     m->scheme = scheme;
@@ -220,6 +223,9 @@ static colibri_status need_mat(lm_ctx *c, int32_t scheme, int blocked, uint32_t 
     m->n_in = (int32_t)n_in;
     m->scale = NULL;
     colibri_status st = need(c, 1, dtypes[scheme], n_out, n_in, &m->w);
+    if (st == COLIBRI_OK && crc != NULL) {
+        crc[(*n_crc)++] = c->crc;
+    }
     if (st != COLIBRI_OK || scheme != COLIBRI_QUANT_Q8) {
         return st;
     }
@@ -231,7 +237,16 @@ static colibri_status need_mat(lm_ctx *c, int32_t scheme, int blocked, uint32_t 
     const void *s = NULL;
     st = need(c, 1, DT_F32, n_out, blocked ? (uint32_t)COLIBRI_Q8_BLOCKS(n_in) : 0u, &s);
     m->scale = (const float *)s;
+    if (st == COLIBRI_OK && crc != NULL) {
+        crc[(*n_crc)++] = c->crc;
+    }
     return st;
+}
+
+static colibri_status need_mat(lm_ctx *c, int32_t scheme, int blocked, uint32_t n_out,
+                               uint32_t n_in, lm_mat *m)
+{
+    return need_mat_crc(c, scheme, blocked, n_out, n_in, m, NULL, NULL);
 }
 
 static void set_name(lm_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -400,21 +415,26 @@ static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const 
             if ((uint32_t)e->owner != j) {
                 continue;
             }
+            /* each part's CRC-32 in lm_cache.c's part order, for the reads of a RAM budget */
             if (e->scheme == COLIBRI_QUANT_F32) { /* the MoE IR layout [in][out] */
                 LM_TRY(need_f32(c, 1, dm, f, &e->fw.w1, "layer.%u.expert.%u.w1", (unsigned)l,
                                 (unsigned)j));
+                e->crc[0] = c->crc;
                 LM_TRY(need_f32(c, 1, f, dm, &e->fw.w2, "layer.%u.expert.%u.w2", (unsigned)l,
                                 (unsigned)j));
+                e->crc[1] = c->crc;
                 LM_TRY(need_f32(c, 1, dm, f, &e->fw.w3, "layer.%u.expert.%u.w3", (unsigned)l,
                                 (unsigned)j));
+                e->crc[2] = c->crc;
                 continue;
             }
+            int n_crc = 0;
             set_name(c, "layer.%u.expert.%u.w1", (unsigned)l, (unsigned)j);
-            LM_TRY(need_mat(c, e->scheme, 0, f, dm, &e->w[0]));
+            LM_TRY(need_mat_crc(c, e->scheme, 0, f, dm, &e->w[0], e->crc, &n_crc));
             set_name(c, "layer.%u.expert.%u.w2", (unsigned)l, (unsigned)j);
-            LM_TRY(need_mat(c, e->scheme, 0, dm, f, &e->w[1]));
+            LM_TRY(need_mat_crc(c, e->scheme, 0, dm, f, &e->w[1], e->crc, &n_crc));
             set_name(c, "layer.%u.expert.%u.w3", (unsigned)l, (unsigned)j);
-            LM_TRY(need_mat(c, e->scheme, 0, f, dm, &e->w[2]));
+            LM_TRY(need_mat_crc(c, e->scheme, 0, f, dm, &e->w[2], e->crc, &n_crc));
         }
         ly->experts = experts;
         LM_TRY(need_f32(c, 0, ne, 0u, &ly->heat, "layer.%u.heat", (unsigned)l));
@@ -479,12 +499,42 @@ static colibri_status integrity(const unsigned char *base, const lm_entry *entri
     return st;
 }
 
-colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t **out)
+colibri_status clb_lm_file_check(const colibri_lm_t *lm)
 {
-    if (out == NULL) {
-        return COLIBRI_ERR_ARG;
+    struct stat sb;
+    const struct stat *a = &lm->at_load;
+    if (fstat(lm->fd, &sb) != 0) {
+        return COLIBRI_ERR_IO;
     }
-    *out = NULL;
+    if (sb.st_size != a->st_size || sb.st_ino != a->st_ino || sb.st_dev != a->st_dev ||
+        sb.st_mtim.tv_sec != a->st_mtim.tv_sec || sb.st_mtim.tv_nsec != a->st_mtim.tv_nsec) {
+        return COLIBRI_ERR_CHANGED;
+    }
+    return COLIBRI_OK;
+}
+
+/* Free what a (partly) opened model holds; lm may be a block whose later parts are NULL. */
+static void lm_release(colibri_lm_t *lm)
+{
+    clb_lm_pool_free(lm->pool); /* wakes the idle workers, joins them */
+    clb_lm_cache_free(lm->cache);
+    free(lm->packed);
+    free(lm->arena_mem);
+}
+
+/*
+ * colibri_lm_init (out != NULL) and colibri_lm_measure (out == NULL: sizes only, into mem).
+ * Every size comes from the header and from tensor shapes checked against the file before it
+ * is used: the parse tables (bounded by the file's own table), then the layer and expert
+ * tables (bounded by the descriptors and the experts' table in the file), then, once every
+ * tensor the model needs is found with its exact dtype and shape, the arena, the slots, the
+ * packed copies and the pool, whose sizes depend on the caller's config (context, batch,
+ * threads, budget). With config->max_memory > 0 each step is checked against the ceiling
+ * before it is allocated: over it is COLIBRI_ERR_MEMORY, nothing more allocated.
+ */
+static colibri_status lm_open(const colibri_lm_config_t *config, colibri_lm_memory_t *mem,
+                              colibri_lm_t **out)
+{
     if (config == NULL || config->model_path == NULL || config->max_context < 0 ||
         config->num_threads < 0 || config->num_threads > LM_MAX_THREADS ||
         config->prefill_batch < 0 || config->prefill_batch > LM_MAX_BATCH ||
@@ -519,9 +569,12 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     const unsigned char *base = (const unsigned char *)map;
     colibri_lm_t tmp;
     memset(&tmp, 0, sizeof tmp);
+    tmp.fd = fd;
+    tmp.at_load = sb;
     lm_entry *entries = NULL;
     unsigned char *block = NULL;
     lm_desc *descs = NULL;
+    const uint64_t ceiling = out != NULL ? config->max_memory : 0u;
     colibri_status st = header_read(base, size, &tmp.h);
     if (st != COLIBRI_OK) {
         goto fail;
@@ -531,7 +584,17 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
         st = COLIBRI_ERR_ARG; /* the RoPE tables end at the file's max_context */
         goto fail;
     }
+    tmp.max_context = config->max_context > 0 ? config->max_context
+                      : h->max_context < (uint32_t)COLIBRI_LM_DEFAULT_CONTEXT
+                          ? (int32_t)h->max_context
+                          : COLIBRI_LM_DEFAULT_CONTEXT;
     /* Entries and descriptors are bounded by the file (96 and 40 bytes of it each). */
+    const uint64_t parse_bytes =
+        (uint64_t)h->n_tensors * sizeof *entries + (uint64_t)h->n_layers * sizeof *descs;
+    if (ceiling > 0u && parse_bytes > ceiling) {
+        st = COLIBRI_ERR_MEMORY;
+        goto fail;
+    }
     entries = (lm_entry *)malloc((size_t)h->n_tensors * sizeof *entries);
     descs = (lm_desc *)malloc((size_t)h->n_layers * sizeof *descs);
     if (entries == NULL || descs == NULL) {
@@ -549,48 +612,31 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
             goto fail;
         }
     }
-    lm_ctx c = {base, entries, h->n_tensors, {0}};
+    lm_ctx c = {base, entries, h->n_tensors, 0u, {0}};
     tmp.hq = (int32_t)(h->n_heads * h->head_dim);
     tmp.hkv = (int32_t)(h->n_kv_heads * h->head_dim);
-    tmp.max_context = config->max_context > 0 ? config->max_context : (int32_t)h->max_context;
     uint64_t n_experts = 0;
-    int32_t max_ff = 1;
-    int32_t max_k = 1;
     for (uint32_t l = 0; l < h->n_layers; l++) {
-        st = read_desc(&c, h, l, &descs[l]);
+        st = read_desc(&c, h, l, &descs[l]); /* n_experts: the layer's experts table holds it */
         if (st != COLIBRI_OK) {
             goto fail;
         }
-        if (descs[l].v[0] == 1) {
-            n_experts += (uint64_t)descs[l].v[1];
-            max_ff = descs[l].v[3] > max_ff ? descs[l].v[3] : max_ff;
-            max_k = descs[l].v[2] > max_k ? descs[l].v[2] : max_k;
-        }
-        max_ff = descs[l].v[6] > max_ff ? descs[l].v[6] : max_ff;
+        n_experts += descs[l].v[0] == 1 ? (uint64_t)descs[l].v[1] : 0u;
     }
-    tmp.max_ff = max_ff;
-    tmp.max_k = max_k;
-    tmp.n_threads = config->num_threads > 1 ? config->num_threads : 1;
-    tmp.par_min_work = LM_PAR_MIN_WORK;
-    const char *min_work = getenv("COLIBRI_LM_PAR_MIN_WORK");
-    if (min_work != NULL && min_work[0] >= '0' && min_work[0] <= '9') {
-        tmp.par_min_work = strtoull(min_work, NULL, 10);
-    }
-    tmp.batch = config->prefill_batch > 0 ? config->prefill_batch : LM_DEFAULT_BATCH;
-    tmp.batch = tmp.batch < tmp.max_context ? tmp.batch : tmp.max_context;
-    int32_t act_n = (int32_t)h->d_model > tmp.hq ? (int32_t)h->d_model : tmp.hq;
-    tmp.act_n = act_n > max_ff ? act_n : max_ff;
-    /* One block: descriptor, layers, experts, arena (16-aligned regions). */
+    /* One block: descriptor, layers, experts (16-aligned regions). */
     const uint64_t head = al16(sizeof(colibri_lm_t));
     const uint64_t layers_bytes = al16(mul64(h->n_layers, sizeof(lm_layer)));
     const uint64_t experts_bytes = al16(mul64(n_experts, sizeof(lm_expert)));
-    const uint64_t arena = clb_lm_arena_layout(&tmp, NULL);
-    const uint64_t total = add64(add64(add64(head, layers_bytes), experts_bytes), arena);
-    if (total >= (uint64_t)SIZE_MAX || arena == UINT64_MAX) {
+    const uint64_t table_bytes = add64(add64(head, layers_bytes), experts_bytes);
+    if (ceiling > 0u && add64(parse_bytes, table_bytes) > ceiling) {
+        st = COLIBRI_ERR_MEMORY;
+        goto fail;
+    }
+    if (table_bytes >= (uint64_t)SIZE_MAX) {
         st = COLIBRI_ERR_NOMEM;
         goto fail;
     }
-    block = (unsigned char *)malloc((size_t)total); /* 16-aligned regions: malloc's alignment */
+    block = (unsigned char *)malloc((size_t)table_bytes); /* 16-aligned: malloc's alignment */
     if (block == NULL) {
         st = COLIBRI_ERR_NOMEM;
         goto fail;
@@ -601,11 +647,9 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     lm->map_size = size;
     lm->layers = (lm_layer *)(void *)(block + head);
     lm_expert *experts = (lm_expert *)(void *)(block + head + layers_bytes);
-    lm->arena_bytes = (size_t)arena;
     lm->experts = experts;
     lm->n_experts = (int32_t)n_experts;
-    clb_lm_arena_layout(lm, block + head + layers_bytes + experts_bytes);
-    /* Global tensors. */
+    /* Global tensors, then every layer's: each one's dtype and exact shape checked. */
     const int32_t ds = (int32_t)h->dense_scheme;
     set_name(&c, "embed");
     st = need_mat(&c, ds, ds == COLIBRI_QUANT_Q8, h->vocab, h->d_model, &lm->embed);
@@ -631,13 +675,80 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
             experts += descs[l].v[1];
         }
     }
-    if (st == COLIBRI_OK) {
-        st = integrity(base, entries, h->n_tensors, config->load_flags,
-                       config->expert_ram_budget > 0u);
+    if (st != COLIBRI_OK) {
+        goto fail;
     }
-    if (st == COLIBRI_OK) {
-        st = clb_lm_cache_setup(lm, config, &fd); /* takes fd with a budget */
+    /* The dims that size the arena, now that the tensors have confirmed them: a descriptor's
+     * d_ff is the shape of its experts' (or dense MLP's) matrices in the file. */
+    int32_t max_ff = 1;
+    int32_t max_k = 1;
+    for (uint32_t l = 0; l < h->n_layers; l++) {
+        if (descs[l].v[0] == 1) {
+            max_ff = descs[l].v[3] > max_ff ? descs[l].v[3] : max_ff;
+            max_k = descs[l].v[2] > max_k ? descs[l].v[2] : max_k;
+        }
+        max_ff = descs[l].v[6] > max_ff ? descs[l].v[6] : max_ff;
     }
+    lm->max_ff = max_ff;
+    lm->max_k = max_k;
+    lm->n_threads = config->num_threads > 1 ? config->num_threads : 1;
+    lm->par_min_work = LM_PAR_MIN_WORK;
+    const char *min_work = getenv("COLIBRI_LM_PAR_MIN_WORK");
+    if (min_work != NULL && min_work[0] >= '0' && min_work[0] <= '9') {
+        lm->par_min_work = strtoull(min_work, NULL, 10);
+    }
+    lm->batch = config->prefill_batch > 0 ? config->prefill_batch : LM_DEFAULT_BATCH;
+    lm->batch = lm->batch < lm->max_context ? lm->batch : lm->max_context;
+    const int32_t act_n = (int32_t)h->d_model > lm->hq ? (int32_t)h->d_model : lm->hq;
+    lm->act_n = act_n > max_ff ? act_n : max_ff;
+    lm->budgeted = config->expert_ram_budget > 0u;
+    if (out != NULL) {
+        st = integrity(base, entries, h->n_tensors, config->load_flags, lm->budgeted);
+        if (st != COLIBRI_OK) {
+            goto fail;
+        }
+    }
+    /* What the caller's config costs, every part sized before any is allocated. */
+    uint64_t slot_bytes = 0;
+    st = clb_lm_cache_plan(lm, config, &slot_bytes);
+    if (st != COLIBRI_OK) {
+        goto fail;
+    }
+    const uint64_t arena = clb_lm_arena_layout(lm, NULL);
+    const uint64_t packed = clb_lm_pack_bytes(lm);
+    const uint64_t pool = clb_lm_pool_bytes(lm->n_threads);
+    const uint64_t total = add64(add64(add64(parse_bytes, table_bytes), add64(arena, slot_bytes)),
+                                 add64(packed, pool));
+    if (mem != NULL) {
+        mem->table_bytes = add64(parse_bytes, table_bytes);
+        mem->arena_bytes = arena;
+        mem->kv_bytes =
+            mul64(mul64(8u, h->n_layers), mul64((uint64_t)lm->hkv, (uint64_t)lm->max_context));
+        mem->slot_bytes = slot_bytes;
+        mem->packed_bytes = packed;
+        mem->pool_bytes = pool;
+        mem->total_bytes = total;
+        mem->max_context = lm->max_context;
+    }
+    if (out == NULL) {
+        goto fail; /* colibri_lm_measure: st is COLIBRI_OK, everything is released */
+    }
+    if (ceiling > 0u && total > ceiling) {
+        st = COLIBRI_ERR_MEMORY;
+        goto fail;
+    }
+    if (arena >= (uint64_t)SIZE_MAX) {
+        st = COLIBRI_ERR_NOMEM;
+        goto fail;
+    }
+    lm->arena_mem = (unsigned char *)malloc((size_t)arena); /* 16-aligned regions */
+    if (lm->arena_mem == NULL) {
+        st = COLIBRI_ERR_NOMEM;
+        goto fail;
+    }
+    lm->arena_bytes = (size_t)arena;
+    clb_lm_arena_layout(lm, lm->arena_mem);
+    st = clb_lm_cache_setup(lm, config);
     if (st == COLIBRI_OK) {
         st = clb_lm_pack(lm);
     }
@@ -652,9 +763,6 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
     if (st != COLIBRI_OK) {
         goto fail;
     }
-    if (fd >= 0) {
-        close(fd);
-    }
     free(entries);
     free(descs);
     *out = lm;
@@ -662,8 +770,7 @@ colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t *
 fail:
     close(fd);
     if (block != NULL) {
-        clb_lm_cache_free(((colibri_lm_t *)(void *)block)->cache);
-        free(((colibri_lm_t *)(void *)block)->packed);
+        lm_release((colibri_lm_t *)(void *)block);
     }
     free(block);
     free(entries);
@@ -672,14 +779,31 @@ fail:
     return st;
 }
 
+colibri_status colibri_lm_init(const colibri_lm_config_t *config, colibri_lm_t **out)
+{
+    if (out == NULL) {
+        return COLIBRI_ERR_ARG;
+    }
+    *out = NULL;
+    return lm_open(config, NULL, out);
+}
+
+colibri_status colibri_lm_measure(const colibri_lm_config_t *config, colibri_lm_memory_t *mem)
+{
+    if (mem == NULL) {
+        return COLIBRI_ERR_ARG;
+    }
+    memset(mem, 0, sizeof *mem);
+    return lm_open(config, mem, NULL);
+}
+
 void colibri_lm_free(colibri_lm_t *lm)
 {
     if (lm == NULL) {
         return;
     }
-    clb_lm_pool_free(lm->pool); /* wakes the idle workers, joins them */
-    clb_lm_cache_free(lm->cache);
-    free(lm->packed);
+    lm_release(lm);
+    close(lm->fd);
     munmap(lm->map, lm->map_size);
     free(lm);
 }

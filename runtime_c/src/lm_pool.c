@@ -168,6 +168,16 @@ void clb_lm_pool_free(lm_pool *pool)
     free(pool);
 }
 
+uint64_t clb_lm_pool_bytes(int32_t n_threads)
+{
+    if (n_threads <= 1) {
+        return 0u;
+    }
+    const uint64_t nw = (uint64_t)n_threads - 1u;
+    return sizeof(lm_pool) + nw * (sizeof(pthread_t) + sizeof(lm_worker_arg)) +
+           (nw + 1u) * sizeof(colibri_status);
+}
+
 /* n_threads - 1 workers, blocked until the first job. */
 colibri_status clb_lm_pool_create(colibri_lm_t *lm, lm_pool **out)
 {
@@ -221,6 +231,12 @@ colibri_status clb_lm_pool_create(colibri_lm_t *lm, lm_pool **out)
 struct lm_pool {
     int32_t unused;
 };
+
+uint64_t clb_lm_pool_bytes(int32_t n_threads)
+{
+    (void)n_threads;
+    return 0u;
+}
 
 void clb_lm_pool_free(lm_pool *pool)
 {

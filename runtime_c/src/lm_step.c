@@ -419,10 +419,7 @@ colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
     if (lm == NULL || logits == NULL || token < 0 || token >= (int32_t)lm->h.vocab) {
         return COLIBRI_ERR_ARG;
     }
-    if (pos < 0 || pos >= lm->max_context) {
-        return COLIBRI_ERR_NOMEM; /* context overflow: the KV cache has no row for pos */
-    }
-    return lm_step(lm, &token, 1, pos, logits);
+    return colibri_lm_prefill(lm, &token, 1, pos, logits);
 }
 
 colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32_t n, int32_t pos0,
@@ -437,18 +434,24 @@ colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32
         }
     }
     if (pos0 < 0 || pos0 >= lm->max_context || n > lm->max_context - pos0) {
-        return COLIBRI_ERR_NOMEM; /* context overflow */
+        return COLIBRI_ERR_NOMEM; /* context overflow: the KV cache has no row for them */
+    }
+    if (pos0 > lm->n_pos) {
+        return COLIBRI_ERR_POSITION; /* it would attend to KV rows never written */
+    }
+    colibri_status st = clb_lm_file_check(lm);
+    if (st != COLIBRI_OK) {
+        return st;
     }
     /* With a budget the expert slots hold top_k experts of one token at a time: token steps. */
     const int32_t chunk = lm->cache != NULL ? 1 : lm->batch;
-    for (int32_t t = 0; t < n; t += chunk) {
+    lm->n_pos = pos0; /* rewinding forgets the positions after it; each chunk adds its rows */
+    for (int32_t t = 0; t < n && st == COLIBRI_OK; t += chunk) {
         const int32_t m = n - t < chunk ? n - t : chunk;
-        const colibri_status st = lm_step(lm, tokens + t, m, pos0 + t, logits);
-        if (st != COLIBRI_OK) {
-            return st;
-        }
+        st = lm_step(lm, tokens + t, m, pos0 + t, logits);
+        lm->n_pos = st == COLIBRI_OK ? pos0 + t + m : lm->n_pos;
     }
-    return COLIBRI_OK;
+    return st;
 }
 
 #else

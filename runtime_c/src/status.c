@@ -26,6 +26,9 @@ static const char *const k_messages[] = {
     [-COLIBRI_ERR_CHECKSUM] = "model file is corrupt: a tensor fails its CRC-32 check",
     [-COLIBRI_ERR_NONFINITE] = "model weights contain NaN or Inf",
     [-COLIBRI_ERR_BUDGET] = "expert RAM budget too small: it must hold top_k experts of a layer",
+    [-COLIBRI_ERR_MEMORY] = "the model needs more memory than the memory ceiling allows",
+    [-COLIBRI_ERR_POSITION] = "position past the tokens run so far (the KV cache has no row there)",
+    [-COLIBRI_ERR_CHANGED] = "model file changed on disk (truncated or rewritten) after loading",
 };
 
 #define K_N_MESSAGES ((int)(sizeof(k_messages) / sizeof(k_messages[0])))

@@ -565,7 +565,8 @@ static void test_strerror(void)
                          COLIBRI_ERR_SIZE,     COLIBRI_ERR_CONFIG,      COLIBRI_ERR_TOPK,
                          COLIBRI_ERR_DIM,      COLIBRI_ERR_NAN,         COLIBRI_ERR_NOMEM,
                          COLIBRI_ERR_EXPERT,   COLIBRI_ERR_UNSUPPORTED, COLIBRI_ERR_FORMAT,
-                         COLIBRI_ERR_CHECKSUM, COLIBRI_ERR_NONFINITE,   COLIBRI_ERR_BUDGET};
+                         COLIBRI_ERR_CHECKSUM, COLIBRI_ERR_NONFINITE,   COLIBRI_ERR_BUDGET,
+                         COLIBRI_ERR_MEMORY,   COLIBRI_ERR_POSITION,    COLIBRI_ERR_CHANGED};
     const size_t n = sizeof(codes) / sizeof(codes[0]);
     int ok = 1;
     for (size_t i = 0; i < n; i++) {

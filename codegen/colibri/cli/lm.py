@@ -116,6 +116,22 @@ def add_run_arguments(s: Any) -> None:
         "experts of a layer over N threads, the same outputs bit for bit (default 0: one)",
     )
     s.add_argument(
+        "--max-context",
+        type=int_range(0, MAX_CONTEXT_LIMIT),
+        default=0,
+        metavar="N",
+        help="model file (.clb): KV cache positions to allocate (default 0: what the prompt and "
+        "--max-new-tokens need; at most the file's --max-context)",
+    )
+    s.add_argument(
+        "--max-memory",
+        type=byte_size(0, MAX_SEED),
+        default=0,
+        metavar="BYTES",
+        help="model file (.clb): ceiling on the runtime's allocations (e.g. 512M): a model "
+        "that needs more is refused at load, with the bytes it needs (default 0: none)",
+    )
+    s.add_argument(
         "--pin",
         type=pin_count,
         default="auto",
@@ -188,7 +204,15 @@ def cmd_run_lm(a: Any) -> int:
     extra: dict[str, Any] = {}
     ram_budget = int(getattr(a, "ram_budget", 0) or 0)
     threads = int(getattr(a, "threads", 0) or 0)
+    max_context = int(getattr(a, "max_context", 0) or 0)
+    max_memory = int(getattr(a, "max_memory", 0) or 0)
     if not model_file:
+        if max_context or max_memory:
+            raise InputError(
+                f"--max-context / --max-memory are for model files (`colibri convert CKPT "
+                f"--out model.clb`); {a.dir} is generated C, whose KV cache and arena are "
+                f"static, sized at generation (`generate --max-context N`)"
+            )
         if threads > 1:
             raise InputError(
                 f"--threads is for model files (`colibri convert CKPT --out model.clb`); "
@@ -204,6 +228,8 @@ def cmd_run_lm(a: Any) -> int:
         extra["ram_budget"] = ram_budget
         extra["prefetch"] = not getattr(a, "no_prefetch", False)
         extra["threads"] = threads
+        extra["max_context"] = max_context
+        extra["max_memory"] = max_memory
         extra["pin"] = getattr(a, "pin", "auto")
         if extra["pin"] not in ("auto", 0) and not ram_budget:
             raise InputError(

@@ -178,6 +178,22 @@ class _LMConfig(ctypes.Structure):
         ("num_threads", ctypes.c_int32),  # 0 / 1 = the caller's thread only
         ("prefill_batch", ctypes.c_int32),  # 0 = 64 tokens per prefill chunk
         ("pinned_slots", ctypes.c_int32),  # 0 = auto
+        ("max_memory", ctypes.c_uint64),  # 0 = no ceiling on colibri_lm_init's allocations
+    ]
+
+
+class _LMMemory(ctypes.Structure):
+    """colibri_lm_memory_t (colibri_lm.h): what colibri_lm_init allocates, in bytes."""
+
+    _fields_ = [
+        ("table_bytes", ctypes.c_uint64),
+        ("arena_bytes", ctypes.c_uint64),
+        ("kv_bytes", ctypes.c_uint64),
+        ("slot_bytes", ctypes.c_uint64),
+        ("packed_bytes", ctypes.c_uint64),
+        ("pool_bytes", ctypes.c_uint64),
+        ("total_bytes", ctypes.c_uint64),
+        ("max_context", ctypes.c_int32),
     ]
 
 
@@ -310,6 +326,7 @@ def library() -> ctypes.CDLL:
             "colibri_forward": (status, [handle, f32, f32, int32, int32, int32, i32, f32, f32]),
             "colibri_get_stats": (status, [handle, ctypes.POINTER(_Stats)]),
             "colibri_lm_init": (status, [ctypes.POINTER(_LMConfig), handle_out]),
+            "colibri_lm_measure": (status, [ctypes.POINTER(_LMConfig), ctypes.POINTER(_LMMemory)]),
             "colibri_lm_forward": (status, [handle, int32, int32, logits_out]),
             "colibri_lm_prefill": (
                 status,
@@ -528,6 +545,77 @@ class Runtime(_Handle):
         self._lib.colibri_cleanup(handle)
 
 
+#: colibri_status COLIBRI_ERR_MEMORY: over the caller's colibri_lm_config_t.max_memory.
+ERR_MEMORY = -18
+
+
+def _lm_config(
+    model_path: object,
+    max_context: object,
+    verify: object,
+    ram_budget: object,
+    prefetch: object,
+    threads: object,
+    prefill_batch: object,
+    pin: int | str,
+    max_memory: object,
+) -> tuple[bytes, _LMConfig]:
+    """The checked path and colibri_lm_config_t of LM's arguments (see LM)."""
+    pinned, no_pin = pin_setting(pin)
+    path = check_path("model_path", model_path)
+    max_context = check_int("max_context", max_context, 0, INT32_MAX)
+    ram_budget = check_int("ram_budget", ram_budget, 0, 2**64 - 1)
+    threads = check_int("threads", threads, 0, MAX_THREADS)
+    prefill_batch = check_int("prefill_batch", prefill_batch, 0, MAX_PREFILL_BATCH)
+    max_memory = check_int("max_memory", max_memory, 0, 2**64 - 1)
+    verify, prefetch = check_flag("verify", verify), check_flag("prefetch", prefetch)
+    return path, _LMConfig(
+        model_path=path,
+        max_context=max_context,
+        load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
+        expert_ram_budget=ram_budget,
+        expert_flags=(0 if prefetch else LM_NO_PREFETCH) | no_pin,
+        num_threads=threads,
+        prefill_batch=prefill_batch,
+        pinned_slots=pinned,
+        max_memory=max_memory,
+    )
+
+
+def _lm_measure(cfg: _LMConfig) -> dict[str, int]:
+    mem = _LMMemory()
+    st = library().colibri_lm_measure(ctypes.byref(cfg), ctypes.byref(mem))
+    if st != 0:
+        raise init_error("colibri_lm_measure", cfg.model_path, st)
+    return {field[0]: int(getattr(mem, field[0])) for field in _LMMemory._fields_}
+
+
+def lm_memory(
+    model_path: str | os.PathLike[str],
+    max_context: int = 0,
+    ram_budget: int = 0,
+    threads: int = 0,
+    prefill_batch: int = 0,
+) -> dict[str, int]:
+    """The bytes LM(model_path, ...) allocates with these options (colibri_lm_measure), by
+    part: table_bytes, arena_bytes, kv_bytes (of the arena), slot_bytes, packed_bytes,
+    pool_bytes, total_bytes, and the max_context they are for. Nothing beyond the file's tables
+    is allocated."""
+    _, cfg = _lm_config(
+        model_path, max_context, True, ram_budget, True, threads, prefill_batch, "auto", 0
+    )
+    return _lm_measure(cfg)
+
+
+def memory_text(m: dict[str, int]) -> str:
+    """One phrase: the total and its largest parts."""
+    return (
+        f"{m['total_bytes']} bytes (KV cache {m['kv_bytes']} for {m['max_context']} positions, "
+        f"rest of the arena {m['arena_bytes'] - m['kv_bytes']}, tables {m['table_bytes']}, "
+        f"expert slots {m['slot_bytes']}, packed matrices {m['packed_bytes']})"
+    )
+
+
 class LM(_Handle):
     """A whole model from a version-2 container (colibri_lm.h): the same logits as the
     generated C of the same model and quantisation, bit for bit, with no per-model build.
@@ -538,7 +626,10 @@ class LM(_Handle):
     :func:`pin_setting`): the same logits; :meth:`stats` counts hits, misses and bytes read.
     ``threads`` > 1 splits the large matrices and the experts of a layer over that many threads
     (a pool created here): the same logits bit for bit. ``prefill_batch``: tokens
-    :meth:`prefill` runs through a layer together (0 = 64)."""
+    :meth:`prefill` runs through a layer together (0 = 64). ``max_context``: KV cache positions
+    (0 = 2048, or the file's maximum when smaller). ``max_memory`` > 0: a ceiling on the bytes
+    the handle allocates (:func:`lm_memory` says how many it needs); over it, RuntimeStatusError
+    -18 naming the bytes needed, before they are allocated."""
 
     def __init__(
         self,
@@ -550,28 +641,31 @@ class LM(_Handle):
         threads: int = 0,
         prefill_batch: int = 0,
         pin: int | str = "auto",
+        max_memory: int = 0,
     ) -> None:
-        pinned, no_pin = pin_setting(pin)
-        path = check_path("model_path", model_path)
-        max_context = check_int("max_context", max_context, 0, INT32_MAX)
-        ram_budget = check_int("ram_budget", ram_budget, 0, 2**64 - 1)
-        threads = check_int("threads", threads, 0, MAX_THREADS)
-        prefill_batch = check_int("prefill_batch", prefill_batch, 0, MAX_PREFILL_BATCH)
-        verify, prefetch = check_flag("verify", verify), check_flag("prefetch", prefetch)
+        path, cfg = _lm_config(
+            model_path,
+            max_context,
+            verify,
+            ram_budget,
+            prefetch,
+            threads,
+            prefill_batch,
+            pin,
+            max_memory,
+        )
         lib = library()
         self._lib = lib
-        cfg = _LMConfig(
-            model_path=path,
-            max_context=max_context,
-            load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
-            expert_ram_budget=ram_budget,
-            expert_flags=(0 if prefetch else LM_NO_PREFETCH) | no_pin,
-            num_threads=threads,
-            prefill_batch=prefill_batch,
-            pinned_slots=pinned,
-        )
         handle = ctypes.c_void_p()
         st = lib.colibri_lm_init(ctypes.byref(cfg), ctypes.byref(handle))
+        if st == ERR_MEMORY:
+            need = _lm_measure(cfg)
+            raise RuntimeStatusError(
+                st,
+                f"{os.fsdecode(path)}: colibri_lm_init: the model needs {memory_text(need)}, "
+                f"over max_memory {cfg.max_memory} bytes; raise max_memory, or lower "
+                f"max_context (the KV cache), threads or prefill_batch ({st})",
+            )
         if st != 0:
             raise init_error("colibri_lm_init", path, st)
         self._handle = handle

@@ -214,6 +214,10 @@ EXIT_RUNTIME_ERROR = 10
 EXIT_BUDGET = EXIT_RUNTIME_ERROR + 17
 #: ... for a bad argument (COLIBRI_ERR_ARG, -1): --pin N on a file without expert heat.
 EXIT_ARG = EXIT_RUNTIME_ERROR + 1
+#: ... when the model needs more than --max-memory (COLIBRI_ERR_MEMORY, -18).
+EXIT_MEMORY = EXIT_RUNTIME_ERROR + 18
+#: The runner's line before that exit (runtime_c/runner/lmfile_main.c, colibri_lm_measure).
+_MEMORY_RE = re.compile(r"colibri: memory needed: (?P<what>.*)$", re.MULTILINE)
 #: The runner's expert-slot line (runtime_c/runner/lmfile_main.c) with a RAM budget.
 _STATS_RE = re.compile(
     r"expert slots: (?P<n_slots>\d+) x (?P<slot_bytes>\d+) bytes, loads (?P<loads>\d+) "
@@ -302,16 +306,20 @@ def lmfile_args(
     threads: int = 0,
     prefill_batch: int = 0,
     pinned: int = 0,
+    max_memory: int = 0,
 ) -> tuple[str, ...]:
     """The model-file runner's arguments after the program name (runtime_c/runner/lmfile_main.c
     reads them by position): paths, then colibri_lm_config_t's max_context, expert_ram_budget,
-    expert_flags, num_threads, prefill_batch and pinned_slots (0 = the runtime's default each).
-    The one place that knows the order: run_lm_file, the benchmarks and the sanitizer tests."""
-    values = (max_context, ram_budget, flags, threads, prefill_batch, pinned)
+    expert_flags, num_threads, prefill_batch, pinned_slots and max_memory (0 = the runtime's
+    default each). The one place that knows the order: run_lm_file, the benchmarks and the
+    sanitizer tests."""
+    values = (max_context, ram_budget, flags, threads, prefill_batch, pinned, max_memory)
     return (str(model), str(request), str(output), *(str(int(v)) for v in values))
 
 
-def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> ColibriError | None:
+def _runner_failure(
+    result: Any, path: Path, ram_budget: int, pinned: int, max_memory: int = 0
+) -> ColibriError | None:
     """The error of a model-file runner that exited non-zero (None when it exited 0): a
     budget / pin the runtime refused is an InputError saying which option to change, another
     runtime status (exit 10 + -status) a ModelFormatError with the runner's last `colibri:`
@@ -320,6 +328,13 @@ def _runner_failure(result: Any, path: Path, ram_budget: int, pinned: int) -> Co
     from .binding import CONTAINER_CONFIG_WHY, ERR_CONFIG
 
     code = result.returncode
+    if code == EXIT_MEMORY:
+        m = _MEMORY_RE.search(result.stdout or "")
+        need = m.group("what") if m else "more"
+        return InputError(
+            f"{path}: the model needs {need}, over --max-memory {max_memory} bytes; pass a "
+            f"larger --max-memory, or a smaller --max-context (the KV cache) or --threads"
+        )
     if code == EXIT_BUDGET and pinned:
         return InputError(
             f"{path}: --ram-budget {ram_budget} bytes holds fewer than top_k routed experts "
@@ -362,9 +377,14 @@ def run_lm_file(
     prefetch: bool = True,
     threads: int = 0,
     pin: int | str = "auto",
+    max_context: int = 0,
+    max_memory: int = 0,
 ) -> tuple[LMOutput, Any]:
     """Run a whole-model container (.clb version 2) on a board with the prebuilt model-file
-    runner; returns (LMOutput, RunResult). A file the runtime refuses is a ModelFormatError
+    runner; returns (LMOutput, RunResult). ``max_context``: the KV cache's positions (0 = the
+    request's, prompt + new tokens; above the file's maximum, or below the request's, an
+    InputError); ``max_memory`` > 0: a ceiling on the runtime's allocations (over it, an
+    InputError naming the bytes needed). A file the runtime refuses is a ModelFormatError
     with the runtime's one-line reason. ``ram_budget`` > 0: at most that many bytes of routed
     experts resident (colibri_lm_config_t.expert_ram_budget; the same outputs), the counters
     in LMOutput.expert_stats; a budget below top_k experts is an InputError. ``pin``: the
@@ -386,6 +406,16 @@ def run_lm_file(
         raise InputError(f"--ram-budget must be between 0 and 2**64 - 1, got {ram_budget}")
     if not 0 <= threads <= 256:
         raise InputError(f"--threads must be between 0 and 256, got {threads}")
+    need = len(prompt) + max_new
+    file_ctx = int(manifest["memory"]["max_context"])
+    if max_context and not need <= max_context <= file_ctx:
+        raise InputError(
+            f"--max-context {max_context}: must be between the request's {need} positions "
+            f"({len(prompt)} prompt + {max_new} new tokens) and the file's {file_ctx}"
+        )
+    max_context = max_context or need
+    if not 0 <= max_memory < 2**64:
+        raise InputError(f"--max-memory must be between 0 and 2**64 - 1, got {max_memory}")
     pinned, no_pin = pin_setting(pin)
     flags = (0 if prefetch else LM_NO_PREFETCH) | no_pin
     exe = lmfile_runner(board.name, verbose=verbose)
@@ -400,9 +430,16 @@ def run_lm_file(
             timeout=timeout,
             count_instructions=count_instructions,
             check=False,
-            args=lmfile_args(ram_budget=ram_budget, flags=flags, threads=threads, pinned=pinned),
+            args=lmfile_args(
+                max_context=max_context,
+                ram_budget=ram_budget,
+                flags=flags,
+                threads=threads,
+                pinned=pinned,
+                max_memory=max_memory,
+            ),
         )
-        failure = _runner_failure(result, path, ram_budget, pinned)
+        failure = _runner_failure(result, path, ram_budget, pinned, max_memory)
         if failure is not None:
             raise failure
         out = read_lm_output(work / "output.bin", max_new)
