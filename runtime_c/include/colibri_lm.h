@@ -50,7 +50,8 @@
  * COLIBRI_ERR_CHANGED before any of its bytes is read (replace a model by writing a new file
  * and renaming it over the old name, as `colibri convert` does: a loaded handle keeps the old
  * one). Experts read into slots (expert_ram_budget) are checked against their CRC-32 at every
- * read unless COLIBRI_LOAD_SKIP_CHECKSUM (COLIBRI_ERR_CHECKSUM, the slot left free), and a read
+ * read unless COLIBRI_LOAD_SKIP_CHECKSUM or COLIBRI_LM_NO_READ_CHECK (COLIBRI_ERR_CHECKSUM, the
+ * slot left free), and a read
  * that meets the end of the file is COLIBRI_ERR_CHANGED. A truncation between that check and
  * the kernels' reads of the mapping can still end the process with SIGBUS: POSIX gives a
  * library no way to read a mapping safely under a concurrent truncation.
@@ -95,7 +96,7 @@ typedef struct {
      * are never evicted (pinned_slots).
      */
     uint64_t expert_ram_budget;
-    uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH | COLIBRI_LM_NO_PIN; 0 = both on */
+    uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH | _NO_PIN | _NO_READ_CHECK; 0 = all on */
     /**
      * Threads (host and Linux boards): 0 or 1 = the caller's only; N > 1 = the caller plus a
      * pool of N - 1 workers created here and joined by colibri_lm_free (blocked on a condition
@@ -163,6 +164,15 @@ typedef struct {
  * change.
  */
 #define COLIBRI_LM_NO_PIN 0x2u
+
+/**
+ * No CRC-32 check of the experts read into slots after the load (expert_ram_budget > 0). By
+ * default each read part is checked against the CRC-32 the file's table gives it, so a file
+ * changed in place after the load (size and times kept) never reaches the kernels
+ * (COLIBRI_ERR_CHECKSUM). The load-time checks are not affected (COLIBRI_LOAD_SKIP_CHECKSUM
+ * turns both off). Cost: benchmarks/read_check_cost.py.
+ */
+#define COLIBRI_LM_NO_READ_CHECK 0x4u
 
 /**
  * Expert-slot counters (colibri_lm_get_stats); all 0 but expert_bytes without a budget.

@@ -173,7 +173,8 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     c->fd = lm->fd;
     c->n_slots = (uint32_t)n_slots;
     c->prefetch = (config->expert_flags & COLIBRI_LM_NO_PREFETCH) == 0u;
-    c->check_crc = (config->load_flags & COLIBRI_LOAD_SKIP_CHECKSUM) == 0u;
+    c->check_crc = (config->load_flags & COLIBRI_LOAD_SKIP_CHECKSUM) == 0u &&
+                   (config->expert_flags & COLIBRI_LM_NO_READ_CHECK) == 0u;
     if (c->check_crc) {
         colibri_crc32_tables_init(&c->tables);
     }
@@ -240,7 +241,8 @@ static colibri_status pread_all(int fd, unsigned char *dst, uint64_t len, uint64
 }
 
 /* Read expert e of layer ly (model-wide index g) from the file into slot s, evicting what it
- * held; bytes_read and evictions counted. Unless COLIBRI_LOAD_SKIP_CHECKSUM, every part read
+ * held; bytes_read and evictions counted. Unless COLIBRI_LOAD_SKIP_CHECKSUM or
+ * COLIBRI_LM_NO_READ_CHECK, every part read
  * is checked against the CRC-32 the file's table gave it at load: bytes changed in the file
  * since then are COLIBRI_ERR_CHECKSUM (the slot is left free), never kernel input. */
 static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e, int32_t g,

@@ -200,6 +200,7 @@ class _LMMemory(ctypes.Structure):
 #: colibri_lm_config_t.expert_flags bits (colibri_lm.h).
 LM_NO_PREFETCH = 0x1
 LM_NO_PIN = 0x2
+LM_NO_READ_CHECK = 0x4
 #: The largest pinned_slots (int32).
 MAX_PIN = 2**31 - 1
 
@@ -559,6 +560,7 @@ def _lm_config(
     prefill_batch: object,
     pin: int | str,
     max_memory: object,
+    read_check: object = True,
 ) -> tuple[bytes, _LMConfig]:
     """The checked path and colibri_lm_config_t of LM's arguments (see LM)."""
     pinned, no_pin = pin_setting(pin)
@@ -569,12 +571,15 @@ def _lm_config(
     prefill_batch = check_int("prefill_batch", prefill_batch, 0, MAX_PREFILL_BATCH)
     max_memory = check_int("max_memory", max_memory, 0, 2**64 - 1)
     verify, prefetch = check_flag("verify", verify), check_flag("prefetch", prefetch)
+    read_check = check_flag("read_check", read_check)
     return path, _LMConfig(
         model_path=path,
         max_context=max_context,
         load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
         expert_ram_budget=ram_budget,
-        expert_flags=(0 if prefetch else LM_NO_PREFETCH) | no_pin,
+        expert_flags=(0 if prefetch else LM_NO_PREFETCH)
+        | no_pin
+        | (0 if read_check else LM_NO_READ_CHECK),
         num_threads=threads,
         prefill_batch=prefill_batch,
         pinned_slots=pinned,
@@ -629,7 +634,9 @@ class LM(_Handle):
     :meth:`prefill` runs through a layer together (0 = 64). ``max_context``: KV cache positions
     (0 = 2048, or the file's maximum when smaller). ``max_memory`` > 0: a ceiling on the bytes
     the handle allocates (:func:`lm_memory` says how many it needs); over it, RuntimeStatusError
-    -18 naming the bytes needed, before they are allocated."""
+    -18 naming the bytes needed, before they are allocated. ``read_check=False``: the experts
+    read into slots under a budget are not checked against their CRC-32 (COLIBRI_LM_NO_READ_CHECK;
+    ``verify=False`` turns off both this and the load-time checks)."""
 
     def __init__(
         self,
@@ -642,6 +649,7 @@ class LM(_Handle):
         prefill_batch: int = 0,
         pin: int | str = "auto",
         max_memory: int = 0,
+        read_check: bool = True,
     ) -> None:
         path, cfg = _lm_config(
             model_path,
@@ -653,6 +661,7 @@ class LM(_Handle):
             prefill_batch,
             pin,
             max_memory,
+            read_check,
         )
         lib = library()
         self._lib = lib
