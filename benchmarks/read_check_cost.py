@@ -32,8 +32,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from scale_table import make_checkpoint  # noqa: E402
-from threads_prefill import container, prompt64  # noqa: E402
+from threads_prefill import container, mixtral, model_args, prompt64  # noqa: E402
 
 
 def summary(xs: list[float]) -> str:
@@ -42,11 +41,7 @@ def summary(xs: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--ff", type=int, default=1408)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--schemes", default="int8,int4")
+    model_args(ap)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--budget-share", type=float, default=0.25)
@@ -56,20 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     print("load before:", os.getloadavg(), f"({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory(prefix="colibri-bench-") as tmp:
         ckpt = Path(tmp) / "ckpt"
-        n = make_checkpoint(
-            ckpt,
-            dict(
-                hidden_size=a.hidden,
-                intermediate_size=a.ff,
-                num_local_experts=8,
-                num_experts_per_tok=2,
-                num_hidden_layers=a.layers,
-                num_attention_heads=8,
-                num_key_value_heads=4,
-                vocab_size=a.vocab,
-            ),
-        )
-        print(f"random Mixtral: {n / 1e6:.1f} M parameters, hidden {a.hidden}, ff {a.ff}")
+        mixtral(ckpt, a.hidden, a.ff, a.layers, a.vocab)
         for scheme in a.schemes.split(","):
             prompt = prompt64(a.vocab)[:8]
             clb = container(ckpt, scheme, Path(tmp) / f"{scheme}.clb", 128)

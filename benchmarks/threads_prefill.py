@@ -44,6 +44,35 @@ def summary(xs: list[float]) -> str:
     return f"{min(xs):7.1f} / {statistics.median(xs):7.1f} / {max(xs):7.1f}"
 
 
+def mixtral(ckpt: Path, hidden: int, ff: int, layers: int, vocab: int) -> int:
+    """The benchmarks' random Mixtral (8 experts top-2, 8 heads / 4 KV heads) written to ckpt;
+    its parameter count, printed."""
+    n = make_checkpoint(
+        ckpt,
+        dict(
+            hidden_size=hidden,
+            intermediate_size=ff,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=layers,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            vocab_size=vocab,
+        ),
+    )
+    print(f"random Mixtral: {n / 1e6:.1f} M parameters, hidden {hidden}, ff {ff}")
+    return n
+
+
+def model_args(ap: argparse.ArgumentParser) -> None:
+    """The options of mixtral()'s shape and the schemes, with the benchmarks' defaults."""
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--ff", type=int, default=1408)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--schemes", default="int8,int4")
+
+
 def container(ckpt: Path, scheme: str, out: Path, max_context: int) -> Path:
     from colibri.cli.pipeline import quantise_transformer
     from colibri.emit.lmfile import write_lm_container
@@ -58,11 +87,7 @@ def container(ckpt: Path, scheme: str, out: Path, max_context: int) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--ff", type=int, default=1408)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--schemes", default="int8,int4")
+    model_args(ap)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
@@ -73,20 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = [int(t) for t in a.threads.split(",")]
     with tempfile.TemporaryDirectory(prefix="colibri-bench-") as tmp:
         ckpt = Path(tmp) / "ckpt"
-        n = make_checkpoint(
-            ckpt,
-            dict(
-                hidden_size=a.hidden,
-                intermediate_size=a.ff,
-                num_local_experts=8,
-                num_experts_per_tok=2,
-                num_hidden_layers=a.layers,
-                num_attention_heads=8,
-                num_key_value_heads=4,
-                vocab_size=a.vocab,
-            ),
-        )
-        print(f"random Mixtral: {n / 1e6:.1f} M parameters, hidden {a.hidden}, ff {a.ff}")
+        mixtral(ckpt, a.hidden, a.ff, a.layers, a.vocab)
         for scheme in a.schemes.split(","):
             prompt = prompt64(a.vocab)
             clb = container(ckpt, scheme, Path(tmp) / f"{scheme}.clb", 128)

@@ -112,16 +112,13 @@ static int32_t moe_max_k(const colibri_lm_t *lm, uint64_t *n_owners)
     return max_k;
 }
 
-/* Sizes of the routed experts (stats.expert_bytes, .slot_bytes) and, with a budget, the bytes
- * of the slots, their table, the residency map and pin_hot's ranking; the slot count in
- * stats.n_slots (set for clb_lm_cache_setup, which keeps it). */
-colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *config,
-                                 uint64_t *bytes)
+/* Every stored (owner) expert's parts: their bytes summed into *total, the largest expert's
+ * slot span returned; with drop, each part's pages dropped from the mapping as well. */
+static uint64_t owner_parts(const colibri_lm_t *lm, int drop, uint64_t *total)
 {
-    uint64_t total = 0, slot = 0, n_owners = 0;
+    uint64_t slot = 0;
     lm_part p[LM_PARTS];
-    *bytes = 0;
-    const int32_t max_k = moe_max_k(lm, &n_owners);
+    *total = 0;
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         const lm_layer *ly = &lm->layers[l];
         for (int32_t j = 0; ly->tf.is_moe && j < ly->moe.n_experts; j++) {
@@ -131,12 +128,28 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
             const int n = expert_parts(ly, &ly->experts[j], p);
             uint64_t span = 0;
             for (int i = 0; i < n; i++) {
-                total += p[i].len;
+                *total += p[i].len;
                 span += al_slot(p[i].len);
+                if (drop) {
+                    clb_lm_drop_pages(p[i].src, p[i].len);
+                }
             }
             slot = span > slot ? span : slot;
         }
     }
+    return slot;
+}
+
+/* Sizes of the routed experts (stats.expert_bytes, .slot_bytes) and, with a budget, the bytes
+ * of the slots, their table, the residency map and pin_hot's ranking; the slot count in
+ * stats.n_slots (set for clb_lm_cache_setup, which keeps it). */
+colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *config,
+                                 uint64_t *bytes)
+{
+    uint64_t total = 0, n_owners = 0;
+    *bytes = 0;
+    const int32_t max_k = moe_max_k(lm, &n_owners);
+    const uint64_t slot = owner_parts(lm, 0, &total);
     lm->stats.expert_bytes = total;
     if (config->expert_ram_budget == 0u || n_owners == 0u) {
         return COLIBRI_OK;
@@ -160,9 +173,8 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
 {
     const uint64_t n_slots = lm->stats.n_slots;
     const uint64_t slot = lm->stats.slot_bytes;
-    uint64_t n_owners = 0;
+    uint64_t n_owners = 0, total = 0;
     const int32_t max_k = moe_max_k(lm, &n_owners);
-    lm_part p[LM_PARTS];
     if (config->expert_ram_budget == 0u || n_slots == 0u) {
         return COLIBRI_OK;
     }
@@ -196,18 +208,7 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     }
     /* Nothing reads the experts through the mapping any more: drop any of their pages still
      * there (the checks dropped those they read), so only the slots hold expert bytes. */
-    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
-        const lm_layer *ly = &lm->layers[l];
-        for (int32_t j = 0; ly->tf.is_moe && j < ly->moe.n_experts; j++) {
-            if (ly->experts[j].owner != j) {
-                continue;
-            }
-            const int n = expert_parts(ly, &ly->experts[j], p);
-            for (int i = 0; i < n; i++) {
-                clb_lm_drop_pages(p[i].src, p[i].len);
-            }
-        }
-    }
+    (void)owner_parts(lm, 1, &total);
     lm->cache = c;
     const colibri_status st = pin_hot(lm, config, max_k);
     if (st != COLIBRI_OK) {
