@@ -96,7 +96,8 @@ typedef struct {
      * are never evicted (pinned_slots).
      */
     uint64_t expert_ram_budget;
-    uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH | _NO_PIN | _NO_READ_CHECK; 0 = all on */
+    uint32_t expert_flags; /**< COLIBRI_LM_NO_PREFETCH | _NO_PIN | _NO_READ_CHECK |
+                                _PREFETCH_ALWAYS; 0 = the defaults */
     /**
      * Threads (host and Linux boards): 0 or 1 = the caller's only; N > 1 = the caller plus a
      * pool of N - 1 workers created here and joined by colibri_lm_free (blocked on a condition
@@ -149,11 +150,18 @@ typedef struct {
 /**
  * Expert prefetch off: no prediction at all. By default, with a budget, once a layer's top_k
  * experts are in their slots (before they compute) the next layer's router is applied to the
- * current hidden state, and those of its predicted top_k experts that are not resident are
- * read into slots right away (prefetch loads, pread like a miss). A prefetch never evicts a
- * slot of the current layer's experts nor of another predicted one (no slot left: the rest is
- * not prefetched). Outputs never change; the next layer's uses of correctly predicted experts
- * become hits instead of misses.
+ * current hidden state. Each layer's prediction starts in the shadow: the predicted experts that
+ * are not resident are only counted (prefetch_skipped), with whether the layer uses them. When
+ * at least half are used (judged every 16), its prefetch goes live: they are read into slots
+ * ahead (prefetch loads) by a reader thread of the handle while the current layer computes
+ * (inline where threads are not available); a use waits for its read. A prefetched expert
+ * enters at the cold end of the LRU order (first to go if its layer does not use it), never
+ * evicts a slot of the current layer's experts, another predicted one, a pinned one or one being
+ * read (no slot left: the rest is not prefetched); the next layer's misses take a wrong
+ * prediction's slot only when no other is left. A live layer returns to the shadow when fewer
+ * than half the experts read ahead for it are used, or when they save no more misses than they
+ * cause (later misses on the experts their reads evicted). Outputs never change; the next
+ * layer's uses of correctly predicted experts become hits instead of misses.
  */
 #define COLIBRI_LM_NO_PREFETCH 0x1u
 
@@ -175,6 +183,13 @@ typedef struct {
 #define COLIBRI_LM_NO_READ_CHECK 0x4u
 
 /**
+ * Prefetch live from the first token and never returned to the shadow: every prediction is
+ * read ahead, whether or not it pays (for measurements and tests of the prefetch itself).
+ * Ignored with COLIBRI_LM_NO_PREFETCH.
+ */
+#define COLIBRI_LM_PREFETCH_ALWAYS 0x8u
+
+/**
  * Expert-slot counters (colibri_lm_get_stats); all 0 but expert_bytes without a budget.
  * loads = hits + misses (the layers' uses; the hit rate is hits / loads, prefetched experts
  * included); a slot is filled by each miss and each prefetch, so bytes_read = the sum of the
@@ -182,21 +197,24 @@ typedef struct {
  * full (they fill first; n_slots - n_pinned with pinned slots, whose init reads count in
  * bytes_read but not in misses); pinned_hits <= hits; prefetch_hits <= min(prefetches, hits), and
  * prefetch_hits / prefetches is the prediction's accuracy. With COLIBRI_LM_NO_PREFETCH prefetches =
- * prefetch_hits = 0.
+ * prefetch_hits = bytes_prefetched = prefetch_skipped = 0.
  */
 typedef struct {
-    uint64_t loads;         /**< routed-expert uses (hits + misses) */
-    uint64_t hits;          /**< uses whose expert was in a slot (prefetched or not) */
-    uint64_t misses;        /**< uses that read the expert from the file into a slot */
-    uint64_t evictions;     /**< slot fills (misses and prefetches) that replaced an expert */
-    uint64_t prefetches;    /**< predicted experts, not resident, read into a slot ahead */
-    uint64_t prefetch_hits; /**< prefetched experts used by the layer they were predicted for */
-    uint64_t bytes_read;    /**< bytes pread() from the file into slots (misses + prefetches) */
-    uint64_t expert_bytes;  /**< stored bytes of all routed experts in the file */
-    uint64_t slot_bytes;    /**< bytes of one slot (the largest expert, parts 64-aligned) */
-    uint32_t n_slots;       /**< expert slots (0: no budget) */
-    uint32_t n_pinned;      /**< of which pinned at init with the hottest experts */
-    uint64_t pinned_hits;   /**< uses whose expert was in a pinned slot */
+    uint64_t loads;            /**< routed-expert uses (hits + misses) */
+    uint64_t hits;             /**< uses whose expert was in a slot (prefetched or not) */
+    uint64_t misses;           /**< uses that read the expert from the file into a slot */
+    uint64_t evictions;        /**< slot fills (misses and prefetches) that replaced an expert */
+    uint64_t prefetches;       /**< predicted experts, not resident, read into a slot ahead */
+    uint64_t prefetch_hits;    /**< prefetched experts used by the layer they were predicted for */
+    uint64_t bytes_read;       /**< bytes pread() from the file into slots (misses + prefetches) */
+    uint64_t expert_bytes;     /**< stored bytes of all routed experts in the file */
+    uint64_t slot_bytes;       /**< bytes of one slot (the largest expert, parts 64-aligned) */
+    uint32_t n_slots;          /**< expert slots (0: no budget) */
+    uint32_t n_pinned;         /**< of which pinned at init with the hottest experts */
+    uint64_t pinned_hits;      /**< uses whose expert was in a pinned slot */
+    uint64_t bytes_prefetched; /**< of bytes_read, those read ahead by the prefetch */
+    uint64_t prefetch_skipped; /**< experts predicted but not read ahead: their layer's
+                                    prefetch in the shadow (counting its accuracy) */
 } colibri_lm_stats_t;
 
 /** What a loaded model is (colibri_lm_info). */
@@ -255,7 +273,9 @@ colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
  *        in chunks of prefill_batch tokens: each chunk goes through every layer as one batch
  *        (the routed experts grouped, one multi-token product per expert and matrix), the
  *        attention causal within the chunk. The KV cache and the logits are bit-identical to
- *        n colibri_lm_forward calls. With an expert RAM budget it runs those n token steps.
+ *        n colibri_lm_forward calls. With an expert RAM budget each chunk's routed experts
+ *        are made resident in waves of as many as the LRU slots hold, so a layer reads each
+ *        expert a chunk uses once (not once per token); its uses count once in the stats.
  *        pos0 follows colibri_lm_forward's rule (at most the positions run so far).
  * @param logits out: the next-token logits [vocab] after the last token, inside the handle
  * @return COLIBRI_ERR_ARG for n < 1 or a token outside the vocabulary (nothing runs),

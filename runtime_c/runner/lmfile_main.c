@@ -18,7 +18,7 @@
  * Unless the prompt's logits are asked for, the prompt is prefilled in batches
  * (colibri_lm_prefill). With a budget the runner prints, after the generation, one line:
  *   colibri: expert slots: S x B bytes, loads L hits H misses M evictions E prefetches P
- *   prefetch hits Q bytes read R pinned N pinned hits Z
+ *   prefetch hits Q bytes read R pinned N pinned hits Z bytes ahead A skipped K
  * With COLIBRI_TIMING=1 in the environment it also prints the wall times of the prompt and of
  * the decode loop (lm_runner.h lm_timing; benchmarks/host_table.py reads it):
  *   colibri: timing: prefill P tokens S ns, decode D tokens T ns
@@ -71,6 +71,8 @@ static void print_stats(void)
     p = put_u64(p, " bytes read ", s.bytes_read);
     p = put_u64(p, " pinned ", s.n_pinned);
     p = put_u64(p, " pinned hits ", s.pinned_hits);
+    p = put_u64(p, " bytes ahead ", s.bytes_prefetched);
+    p = put_u64(p, " skipped ", s.prefetch_skipped);
     memcpy(p, "\n", 2u);
     clb_platform_puts(line);
 }

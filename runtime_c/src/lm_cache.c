@@ -86,6 +86,9 @@ void clb_lm_cache_free(lm_cache *c)
     if (c == NULL) {
         return;
     }
+    clb_lm_reader_stop(c); /* joins the reader: nothing writes the slots any more */
+    free(c->predict);
+    free(c->evictor);
     free(c->slots);
     free(c->data);
     free(c->resident);
@@ -162,8 +165,10 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
     }
     lm->stats.n_slots = (uint32_t)n_slots; /* <= n_owners <= n_experts < 2^31 */
     *bytes = add64(add64(sizeof(lm_cache), mul64(n_slots, sizeof(lm_slot))),
-                   add64(mul64(n_slots, slot), 4u * (uint64_t)lm->n_experts));
+                   add64(mul64(n_slots, slot), 8u * (uint64_t)lm->n_experts));
     *bytes = add64(*bytes, mul64(n_owners, 12u)); /* pin_hot's ranking (lm_hot) */
+    *bytes = add64(*bytes, mul64(lm->h.n_layers, sizeof(lm_predict)));
+    *bytes = add64(*bytes, LM_READER_BYTES + 4u * n_slots); /* the reader and its queue */
     return *bytes >= (uint64_t)SIZE_MAX ? COLIBRI_ERR_NOMEM : COLIBRI_OK;
 }
 
@@ -185,6 +190,7 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     c->fd = lm->fd;
     c->n_slots = (uint32_t)n_slots;
     c->prefetch = (config->expert_flags & COLIBRI_LM_NO_PREFETCH) == 0u;
+    c->always = (config->expert_flags & COLIBRI_LM_PREFETCH_ALWAYS) != 0u;
     c->check_crc = (config->load_flags & COLIBRI_LOAD_SKIP_CHECKSUM) == 0u &&
                    (config->expert_flags & COLIBRI_LM_NO_READ_CHECK) == 0u;
     if (c->check_crc) {
@@ -193,7 +199,9 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     void *data = NULL;
     c->slots = (lm_slot *)calloc((size_t)n_slots, sizeof *c->slots);
     c->resident = (int32_t *)malloc((size_t)lm->n_experts * sizeof *c->resident);
-    if (c->slots == NULL || c->resident == NULL ||
+    c->predict = (lm_predict *)calloc(lm->h.n_layers, sizeof *c->predict);
+    c->evictor = (int32_t *)calloc((size_t)lm->n_experts, sizeof *c->evictor);
+    if (c->slots == NULL || c->resident == NULL || c->predict == NULL || c->evictor == NULL ||
         posix_memalign(&data, LM_SLOT_ALIGN, (size_t)(n_slots * slot)) != 0) {
         clb_lm_cache_free(c);
         return COLIBRI_ERR_NOMEM;
@@ -210,7 +218,11 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
      * there (the checks dropped those they read), so only the slots hold expert bytes. */
     (void)owner_parts(lm, 1, &total);
     lm->cache = c;
-    const colibri_status st = pin_hot(lm, config, max_k);
+    colibri_status st = pin_hot(lm, config, max_k);
+    if (st == COLIBRI_OK && c->prefetch) {
+        st = clb_lm_reader_start(
+            lm); /* after pin_hot's reads: the slots are the caller's until now */
+    }
     if (st != COLIBRI_OK) {
         clb_lm_cache_free(c);
         lm->cache = NULL;
@@ -241,29 +253,32 @@ static colibri_status pread_all(int fd, unsigned char *dst, uint64_t len, uint64
     return COLIBRI_OK;
 }
 
-/* Read expert e of layer ly (model-wide index g) from the file into slot s, evicting what it
- * held; bytes_read and evictions counted. Unless COLIBRI_LOAD_SKIP_CHECKSUM or
- * COLIBRI_LM_NO_READ_CHECK, every part read
- * is checked against the CRC-32 the file's table gave it at load: bytes changed in the file
- * since then are COLIBRI_ERR_CHECKSUM (the slot is left free), never kernel input. */
-static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e, int32_t g,
-                                uint32_t s)
+/* Where expert e's parts go in a slot's data (expert_parts' order, each 64-aligned). */
+static int slot_layout(const lm_layer *ly, const lm_expert *e, unsigned char *data, lm_part *p,
+                       unsigned char **dst)
 {
-    lm_cache *c = lm->cache;
-    lm_slot *sl = &c->slots[s];
-    if (sl->expert >= 0) {
-        lm->stats.evictions++;
-        c->resident[sl->expert] = -1;
-        sl->expert = -1;
-    }
-    sl->ahead = 0;
-    lm_part p[LM_PARTS];
-    unsigned char *dst[LM_PARTS];
     const int n = expert_parts(ly, e, p);
     uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        dst[i] = data + off;
+        off += al_slot(p[i].len);
+    }
+    return n;
+}
+
+/* Read expert e's stored parts from the file into data. Unless COLIBRI_LOAD_SKIP_CHECKSUM or
+ * COLIBRI_LM_NO_READ_CHECK, every part read is checked against the CRC-32 the file's table gave
+ * it at load: bytes changed in the file since are COLIBRI_ERR_CHECKSUM, never kernel input.
+ * Reads only what init made immutable (safe on the reader thread). */
+colibri_status clb_lm_slot_read(const colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e,
+                                unsigned char *data)
+{
+    const lm_cache *c = lm->cache;
+    lm_part p[LM_PARTS];
+    unsigned char *dst[LM_PARTS];
+    const int n = slot_layout(ly, e, data, p, dst);
     const unsigned char *base = (const unsigned char *)lm->map;
     for (int i = 0; i < n; i++) {
-        dst[i] = sl->data + off;
         const colibri_status st = pread_all(c->fd, dst[i], p[i].len, (uint64_t)(p[i].src - base));
         if (st != COLIBRI_OK) {
             return st;
@@ -271,25 +286,81 @@ static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_e
         if (c->check_crc && colibri_crc32(&c->tables, dst[i], p[i].len) != e->crc[i]) {
             return COLIBRI_ERR_CHECKSUM;
         }
-        lm->stats.bytes_read += p[i].len;
-        off += al_slot(p[i].len);
     }
-    sl->e = *e;
-    expert_rebase(&sl->e, dst);
-    sl->expert = g;
-    sl->used = c->clock;
-    c->resident[g] = (int32_t)s;
     return COLIBRI_OK;
 }
 
-/* The least recently used slot (a free one first), never a pinned one nor one whose pin is
- * `pin` (0: any); n_slots when there is none. */
+/* Slot s made ready for expert e of layer ly (model-wide index g), evicting what it held:
+ * its descriptor pointed at its data, counted in bytes_read; used = the clock (0: enters at
+ * the cold end, as a prefetch does). The bytes are read by the caller (slot_fill) or the
+ * reader thread. */
+static void slot_assign(colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e, int32_t g,
+                        uint32_t s, uint64_t used)
+{
+    lm_cache *c = lm->cache;
+    lm_slot *sl = &c->slots[s];
+    if (sl->expert >= 0) {
+        lm->stats.evictions++;
+        c->resident[sl->expert] = -1;
+    }
+    lm_part p[LM_PARTS];
+    unsigned char *dst[LM_PARTS];
+    const int n = slot_layout(ly, e, sl->data, p, dst);
+    for (int i = 0; i < n; i++) {
+        lm->stats.bytes_read += p[i].len;
+    }
+    sl->e = *e;
+    expert_rebase(&sl->e, dst);
+    sl->ahead = 0;
+    sl->expert = g;
+    sl->used = used;
+    sl->src_layer = ly;
+    sl->src = e;
+    c->resident[g] = (int32_t)s;
+}
+
+/* Free slot s (a failed read). */
+void clb_lm_slot_clear(lm_cache *c, uint32_t s)
+{
+    lm_slot *sl = &c->slots[s];
+    if (sl->expert >= 0) {
+        c->resident[sl->expert] = -1;
+    }
+    sl->expert = -1;
+    sl->ahead = 0;
+}
+
+/* Read expert e of layer ly (model-wide index g) from the file into slot s now, evicting what
+ * it held; on a failed read the slot is left free. */
+static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e, int32_t g,
+                                uint32_t s)
+{
+    slot_assign(lm, ly, e, g, s, lm->cache->clock);
+    const colibri_status st = clb_lm_slot_read(lm, ly, e, lm->cache->slots[s].data);
+    if (st != COLIBRI_OK) {
+        clb_lm_slot_clear(lm->cache, s);
+    }
+    return st;
+}
+
+/* Every queued slot whose read has finished seen (waiting for all with `wait`). */
+static void reader_reap_all(lm_cache *c, int wait)
+{
+    int busy = 0;
+    for (uint32_t s = 0; c->reader != NULL && s < c->n_slots; s++) {
+        (void)clb_lm_reader_reap(c, s, wait, &busy);
+    }
+}
+
+/* The least recently used slot (a free one first, then a prefetch never used: used 0), never
+ * a pinned one, one being read, one read ahead for a layer that has not run yet, nor one whose
+ * pin is `pin` (0: any); n_slots when there is none. */
 static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
 {
     uint32_t best = c->n_slots;
     for (uint32_t s = 0; s < c->n_slots; s++) {
         const lm_slot *sl = &c->slots[s];
-        if (sl->pinned || (pin != 0u && sl->pin == pin)) {
+        if (sl->pinned || sl->queued || sl->ahead || (pin != 0u && sl->pin == pin)) {
             continue;
         }
         if (sl->expert < 0) {
@@ -300,6 +371,43 @@ static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
         }
     }
     return best;
+}
+
+/* slot_victim for a miss of layer ly, never a slot of an expert of the current uses (pin ==
+ * epoch: clb_lm_expert_pin). When no other slot is left: the prefetches for ly that these uses
+ * do not ask for were wrong (cold now), then the slots still being read are waited for. */
+static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly)
+{
+    lm_cache *c = lm->cache;
+    uint32_t s = slot_victim(c, c->epoch);
+    for (uint32_t i = 0; s == c->n_slots && i < c->n_slots; i++) {
+        lm_slot *sl = &c->slots[i];
+        if (sl->ahead && sl->pin != c->epoch && sl->expert >= ly->first_expert &&
+            sl->expert < ly->first_expert + ly->moe.n_experts) {
+            sl->ahead = 0;
+            sl->used = 0;
+        }
+    }
+    s = s == c->n_slots ? slot_victim(c, c->epoch) : s;
+    if (s == c->n_slots) {
+        reader_reap_all(c, 1);
+        s = slot_victim(c, c->epoch);
+    }
+    return s;
+}
+
+void clb_lm_uses_begin(colibri_lm_t *lm)
+{
+    lm->cache->epoch++;
+}
+
+void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
+{
+    lm_cache *c = lm->cache;
+    const int32_t r = c->resident[ly->first_expert + ly->experts[id].owner];
+    if (r >= 0) {
+        c->slots[r].pin = c->epoch;
+    }
 }
 
 /* A stored expert ranked by its calibration heat (pin_hot). */
@@ -407,21 +515,45 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
     const int32_t g = ly->first_expert + owner;
     lm_cache *c = lm->cache;
     colibri_lm_stats_t *st = &lm->stats;
+    lm_predict *pr = &c->predict[ly - lm->layers];
     c->clock++;
     st->loads++;
+    for (int32_t i = 0; i < pr->n_pending; i++) { /* a shadow prediction that was right */
+        if (pr->pending[i] == g) {
+            pr->used++;
+            pr->pending[i] = pr->pending[--pr->n_pending];
+            break;
+        }
+    }
+    if (c->resident[g] >= 0) { /* a prefetch still being read: wait for it */
+        int busy = 0;
+        (void)clb_lm_reader_reap(c, (uint32_t)c->resident[g], 1, &busy); /* failed: freed, a miss */
+    }
     if (c->resident[g] >= 0) {
         lm_slot *sl = &c->slots[c->resident[g]];
         st->hits++;
         st->pinned_hits += sl->pinned ? 1u : 0u;
         if (sl->ahead) {
             st->prefetch_hits++;
+            pr->used++;
             sl->ahead = 0;
         }
         sl->used = c->clock;
+        sl->pin = c->epoch;
         return COLIBRI_OK;
     }
     st->misses++;
-    return slot_fill(lm, ly, &ly->experts[owner], g, slot_victim(c, 0u));
+    if (c->evictor[g] > 0) { /* a prefetch evicted it: a miss that prefetch caused */
+        c->predict[c->evictor[g] - 1].cost++;
+        c->evictor[g] = 0;
+    }
+    const uint32_t s = demand_victim(lm, ly);
+    if (s == c->n_slots) {
+        return COLIBRI_ERR_BUDGET; /* not reached: the LRU slots hold top_k (setup, pin_hot) */
+    }
+    const colibri_status fill = slot_fill(lm, ly, &ly->experts[owner], g, s);
+    c->slots[s].pin = c->epoch;
+    return fill;
 }
 
 /* The expert a layer routes to as `id`: in place in the mapping (no budget), else its slot
@@ -436,29 +568,38 @@ const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, in
     return s >= 0 ? &lm->cache->slots[s].e : NULL;
 }
 
-/* After layer ly made its top_k experts resident, before they compute: the next layer's
- * router on the current hidden state (lm->hbuf) predicts its experts, and those not resident
- * are read into slots now (prefetch loads), so that the next layer finds them there. A
- * prefetch never evicts a slot of this layer's experts nor of another predicted expert (they
- * are pinned for this round); when no other slot is left the rest is not prefetched. The
- * predicted experts already resident are left in their LRU place. No output or status
- * changes: the prediction has its own ids / gates, a slot's bytes are the file's, and a failed
- * read ends the round. */
-void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
+/* A layer's prediction is judged every LM_PREDICT_WINDOW experts predicted for it (not
+ * resident at the time): see clb_lm_layer_done. */
+#define LM_PREDICT_WINDOW 16u
+
+/* After the current layer made its top_k experts resident, before they compute: the next
+ * layer's router on the current hidden state (lm->hbuf) predicts its experts. A layer's
+ * prediction starts in the shadow: the experts it names that are not resident are only
+ * counted (prefetch_skipped), and whether the layer then uses them. Once at least half of
+ * them are used (judged every LM_PREDICT_WINDOW), the prefetch into the layer is live: those
+ * experts are handed to the reader thread (read inline without one), so that the next layer
+ * finds them in their slots while this one computes. A prefetched expert enters at the cold
+ * end of the LRU order (the first victim once its layer has run without using it), never
+ * evicts a slot of this layer's experts, another predicted one, a pinned one or one still
+ * being read; when no slot is left the rest is not prefetched. The next layer's misses take a
+ * wrong prediction's slot only when no other is left. A live layer goes back to the shadow
+ * when fewer than half its experts read ahead are used or they save no more misses than they
+ * cause (later misses on the experts its reads evicted). No output or status changes: the
+ * prediction has its own ids / gates, a slot's bytes are the file's, and a failed read frees
+ * the slot for the use to read again. */
+void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
 {
     lm_cache *c = lm->cache;
     if (c == NULL || !c->prefetch || !next->tf.is_moe) {
         return;
     }
+    lm_predict *pr = &c->predict[next - lm->layers];
     const int32_t k = next->top_k;
     if (k > COLIBRI_MAX_TOP_K || colibri_route(&next->moe, lm->hbuf, 1, k, c->pred_ids,
                                                c->pred_gates, lm->route_temp) != COLIBRI_OK) {
         return;
     }
-    const uint64_t pin = ++c->epoch;
-    for (int32_t i = 0; ly->tf.is_moe && i < ly->top_k; i++) {
-        c->slots[c->resident[ly->first_expert + ly->experts[lm->ids[i]].owner]].pin = pin;
-    }
+    const uint64_t pin = c->epoch; /* the current layer's experts hold it (clb_lm_expert_use) */
     for (int32_t i = 0; i < k; i++) {
         const int32_t id = c->pred_ids[i];
         if (id < 0 || id >= next->moe.n_experts) {
@@ -470,6 +611,23 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
             c->slots[r].pin = pin;
             c->pred_ids[i] = -1; /* resident: nothing to read */
         }
+    }
+    if (!pr->live && !c->always) { /* shadow: count what a prefetch would read, read nothing */
+        pr->n_pending = 0;
+        for (int32_t i = 0; i < k; i++) {
+            const int32_t id = c->pred_ids[i];
+            const int32_t g = id < 0 ? -1 : next->first_expert + next->experts[id].owner;
+            int32_t seen = g < 0;
+            for (int32_t j = 0; j < pr->n_pending && !seen; j++) {
+                seen = pr->pending[j] == g;
+            }
+            if (!seen) {
+                pr->pending[pr->n_pending++] = g;
+                pr->issued++;
+                lm->stats.prefetch_skipped++;
+            }
+        }
+        return;
     }
     for (int32_t i = 0; i < k; i++) {
         const int32_t id = c->pred_ids[i];
@@ -483,15 +641,57 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next)
         }
         const uint32_t s = slot_victim(c, pin);
         if (s == c->n_slots) {
-            break; /* every slot is pinned */
+            break; /* every other slot is pinned, protected or being read */
         }
-        c->clock++;
-        if (slot_fill(lm, next, &next->experts[owner], g, s) != COLIBRI_OK) {
-            break; /* the slot is left free; a use of the expert reads it (and reports) */
+        if (c->slots[s].expert >= 0) {
+            c->evictor[c->slots[s].expert] = (int32_t)(next - lm->layers) + 1;
+        }
+        slot_assign(lm, next, &next->experts[owner], g, s, 0u);
+        c->evictor[g] = 0;
+        lm_slot *sl = &c->slots[s];
+        lm_part p[LM_PARTS];
+        const int n = expert_parts(next, sl->src, p);
+        for (int j = 0; j < n; j++) {
+            lm->stats.bytes_prefetched += p[j].len;
+        }
+        if (c->reader != NULL) {
+            clb_lm_reader_queue(c, s);
+        } else if (clb_lm_slot_read(lm, next, sl->src, sl->data) != COLIBRI_OK) {
+            clb_lm_slot_clear(c, s); /* a use of the expert reads it again (and reports) */
+            break;
         }
         lm->stats.prefetches++;
-        c->slots[s].ahead = 1;
-        c->slots[s].pin = pin;
+        pr->issued++;
+        sl->ahead = 1;
+        sl->pin = pin;
+    }
+}
+
+void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly)
+{
+    lm_cache *c = lm->cache;
+    if (c == NULL) {
+        return;
+    }
+    for (uint32_t s = 0; s < c->n_slots; s++) { /* read ahead for ly and not used: cold */
+        lm_slot *sl = &c->slots[s];
+        if (sl->ahead && sl->expert >= ly->first_expert &&
+            sl->expert < ly->first_expert + ly->moe.n_experts) {
+            sl->ahead = 0;
+            sl->used = 0;
+        }
+    }
+    reader_reap_all(c, 0);
+    lm_predict *pr = &c->predict[ly - lm->layers];
+    pr->n_pending = 0;
+    if (pr->issued >= LM_PREDICT_WINDOW) {
+        /* on once two thirds of the experts predicted are used, and while at least half are
+         * and, read ahead, they save more misses than the slots they took cause */
+        pr->live = pr->live ? 2u * pr->used >= pr->issued && pr->used > pr->cost
+                            : 3u * pr->used >= 2u * pr->issued;
+        pr->issued = 0;
+        pr->used = 0;
+        pr->cost = 0;
     }
 }
 

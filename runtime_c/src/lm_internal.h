@@ -97,16 +97,38 @@ typedef struct {
     int32_t expert; /* model-wide expert index, -1 when free */
     int32_t ahead;  /* filled by the prefetch, not yet used by the layer it was predicted for */
     int32_t pinned; /* filled at init with a hot expert: never evicted */
-    uint64_t used;  /* use clock of its last use or fill (LRU) */
+    int32_t queued; /* handed to the reader thread, completion not yet seen by the caller */
+    uint64_t used;  /* use clock of its last use or fill (LRU; 0: a prefetch never used) */
     uint64_t pin;   /* == lm_cache.epoch: the prefetch may not evict it */
     lm_expert e;    /* the expert's descriptor, pointers into data */
     unsigned char *data;
+    /* the reader thread's job (set before it is queued, read-only while queued) */
+    const lm_layer *src_layer;
+    const lm_expert *src;
+    int32_t state;      /* LM_SLOT_READY / _LOADING / _FAILED, under the reader's mutex */
+    colibri_status got; /* the read's status (LM_SLOT_FAILED) */
 } lm_slot;
+
+enum { LM_SLOT_READY = 0, LM_SLOT_LOADING = 1, LM_SLOT_FAILED = 2 };
+
+typedef struct lm_reader lm_reader;
+
+/** Per MoE layer: how the prediction of its experts fares (the prefetch into it is on or off on
+ *  this: lm_cache.c, clb_lm_prefetch). */
+typedef struct {
+    uint32_t issued;   /* experts predicted, not resident, in the current window */
+    uint32_t used;     /* of which the layer used (misses a prefetch saves) */
+    uint32_t cost;     /* misses on experts the prefetch's reads evicted (misses it caused) */
+    uint32_t live;     /* 1: predicted experts are read ahead; 0: only counted (shadow) */
+    int32_t n_pending; /* shadow: the last prediction's experts not resident */
+    int32_t pending[COLIBRI_MAX_TOP_K]; /* ... their model-wide indices */
+} lm_predict;
 
 /** The routed-expert cache of a handle with a budget (one allocation each, host only). */
 typedef struct {
     int fd;       /* the model file, for pread */
     int prefetch; /* COLIBRI_LM_NO_PREFETCH clear */
+    int always;   /* COLIBRI_LM_PREFETCH_ALWAYS: every layer's prefetch live, never judged */
     uint32_t n_slots;
     lm_slot *slots;
     unsigned char *data;                 /* n_slots * stats.slot_bytes, 64-aligned */
@@ -117,6 +139,9 @@ typedef struct {
     float pred_gates[COLIBRI_MAX_TOP_K];
     int check_crc;               /* COLIBRI_LOAD_SKIP_CHECKSUM clear: each read is verified */
     colibri_crc32_tables tables; /* for the reads' CRC-32 */
+    lm_reader *reader;           /* the thread that reads prefetched experts (NULL: inline) */
+    lm_predict *predict;         /* [n_layers] */
+    int32_t *evictor;            /* [n_experts]: 1 + the layer whose prefetch evicted it, or 0 */
 } lm_cache;
 
 /** One thread's scratch (arena): a gathered group of an expert's tokens and its FFN. */
@@ -252,6 +277,13 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
 /** @brief With a budget, the slots (reading lm->fd) and the pinned experts (after the plan). */
 colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config);
 
+/** @brief Start a set of uses that must not evict one another (a layer's top_k for a token, a
+ *         wave of a prefill chunk): clb_lm_expert_pin each, then clb_lm_expert_use each. */
+void clb_lm_uses_begin(colibri_lm_t *lm);
+
+/** @brief Expert `id` of layer ly, if resident, kept until the current uses are done. */
+void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
+
 /** @brief A use of expert `id` of layer ly (budget only): a hit, or a read into a slot. */
 colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
 
@@ -259,7 +291,36 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
 const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, int32_t id);
 
 /** @brief The next layer's predicted experts read into slots ahead of use (budget only). */
-void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *ly, const lm_layer *next);
+void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next);
+
+/** @brief After layer ly ran: its unused prefetches go cold, its prediction is judged. */
+void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly);
+
+/** @brief Read expert e's stored parts into a slot's data, CRC-checked (see lm_cache.c);
+ *         touches only what init made immutable (the reader thread calls it too). */
+colibri_status clb_lm_slot_read(const colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e,
+                                unsigned char *data);
+
+/** @brief Free slot s (after a failed read). */
+void clb_lm_slot_clear(lm_cache *c, uint32_t s);
+
+/* lm_reader.c */
+
+/** Bytes clb_lm_reader_start allocates besides its queue (at least sizeof(lm_reader)). */
+#define LM_READER_BYTES 512u
+
+/** @brief The reader thread for lm's cache (none when the system gives no thread). */
+colibri_status clb_lm_reader_start(colibri_lm_t *lm);
+
+/** @brief Stop and join the reader, free it (none: nothing). */
+void clb_lm_reader_stop(lm_cache *c);
+
+/** @brief Hand slot s (assigned, its bytes not yet read) to the reader. */
+void clb_lm_reader_queue(lm_cache *c, uint32_t s);
+
+/** @brief Slot s's read seen finished (waiting for it with `wait`; *busy = 1 when it is still
+ *         being read): a failed read frees the slot and is returned. */
+colibri_status clb_lm_reader_reap(lm_cache *c, uint32_t s, int wait, int *busy);
 
 /* lm_step.c */
 

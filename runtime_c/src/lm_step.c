@@ -167,7 +167,7 @@ static colibri_status hook_attend(void *ctx, const colibri_attention_shape_t *sh
 typedef struct {
     const lm_layer *ly;
     const float *x;
-    int32_t n, n_groups;
+    int32_t n, g0, g1; /* the runs g0 .. g1 - 1 */
 } lm_moe_job;
 
 static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
@@ -178,7 +178,7 @@ static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t 
     const size_t d = (size_t)lm->h.d_model;
     const int32_t kk = lm->max_k;
     lm_scratch *sc = &lm->scratch[tid];
-    for (int32_t g = 0; g < j->n_groups; g++) {
+    for (int32_t g = j->g0; g < j->g1; g++) {
         if ((nt > 1 ? lm->owner[g] : 0) != tid) {
             continue;
         }
@@ -219,8 +219,44 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Runs g0 .. g1 - 1 of lm_moe's grouping on the threads. */
+static colibri_status lm_moe_runs(colibri_lm_t *lm, const lm_layer *ly, const float *x, int32_t n,
+                                  int32_t g0, int32_t g1)
+{
+    lm_moe_job j = {ly, x, n, g0, g1};
+    return g1 - g0 > 1 ? clb_lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
+}
+
+/* With a budget: the runs in waves of as many experts as the LRU slots hold, each wave's
+ * experts made resident (one use each: the rows of a chunk that route to an expert share one
+ * read of it), then run. */
+static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const float *x, int32_t n,
+                                   int32_t ng)
+{
+    const int32_t cap = (int32_t)(lm->cache->n_slots - lm->stats.n_pinned); /* >= top_k */
+    for (int32_t g0 = 0, g1 = 0; g0 < ng; g0 = g1) {
+        const int32_t end = ng - g0 < cap ? ng : g0 + cap;
+        clb_lm_uses_begin(lm);
+        for (int32_t g = g0; g < end; g++) {
+            clb_lm_expert_pin(lm, ly, lm->keys[lm->groups[g]] / n);
+        }
+        for (; g1 < end; g1++) {
+            const colibri_status st = clb_lm_expert_use(lm, ly, lm->keys[lm->groups[g1]] / n);
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+        }
+        const colibri_status st = lm_moe_runs(lm, ly, x, n, g0, g1);
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
+    return COLIBRI_OK;
+}
+
 /* The MoE block for n rows: colibri_route per row, then colibri_sparse_forward's order per row
- * (experts in ascending id, out = 0 + sum g * y). With a budget n is 1. */
+ * (experts in ascending id, out = 0 + sum g * y). With a budget, one row uses its top_k experts
+ * then prefetches the next layer's; several rows (a prefill chunk) go in waves. */
 static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next, const float *x,
                              float *out, int32_t n)
 {
@@ -252,9 +288,13 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
             }
         }
     }
-    if (lm->cache != NULL) {
-        /* all top_k resident first (n_slots >= top_k and LRU: none evicts another of them),
-         * then the next layer's prefetch, which leaves them in place */
+    if (lm->cache != NULL && n == 1) {
+        /* all top_k resident first (n_slots >= top_k and pinned for these uses: none evicts
+         * another of them), then the next layer's prefetch, which leaves them in place */
+        clb_lm_uses_begin(lm);
+        for (int32_t i = 0; i < k; ++i) {
+            clb_lm_expert_pin(lm, ly, lm->ids[i]);
+        }
         for (int32_t i = 0; i < k; ++i) {
             st = clb_lm_expert_use(lm, ly, lm->ids[i]);
             if (st != COLIBRI_OK) {
@@ -262,7 +302,7 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
             }
         }
         if (next != NULL) {
-            clb_lm_prefetch(lm, ly, next);
+            clb_lm_prefetch(lm, next);
         }
     }
     int32_t nk = 0;
@@ -303,8 +343,8 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
         lm->owner[best] = to;
         lm->load[to] += lm->groups[best + 1] - lm->groups[best];
     }
-    lm_moe_job j = {ly, x, n, ng};
-    st = ng > 1 ? clb_lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
+    st = lm->cache != NULL && n > 1 ? lm_moe_waves(lm, ly, x, n, ng)
+                                    : lm_moe_runs(lm, ly, x, n, 0, ng);
     if (st != COLIBRI_OK) {
         return st;
     }
@@ -322,16 +362,7 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
             }
         }
     }
-    if (lm->cache != NULL) { /* prefetches not used by this layer count no more */
-        const lm_cache *c = lm->cache;
-        for (uint32_t s = 0; s < c->n_slots; s++) {
-            lm_slot *sl = &c->slots[s];
-            if (sl->ahead && sl->expert >= ly->first_expert &&
-                sl->expert < ly->first_expert + ly->moe.n_experts) {
-                sl->ahead = 0;
-            }
-        }
-    }
+    clb_lm_layer_done(lm, ly); /* its unused prefetches go cold, its prediction judged */
     return COLIBRI_OK;
 }
 
@@ -396,8 +427,8 @@ static colibri_status lm_step(colibri_lm_t *lm, const int32_t *tokens, int32_t n
         lm_layer *ly = &lm->layers[l];
         const lm_layer *next = l + 1 < m->n_layers ? &lm->layers[l + 1] : NULL;
         if (!ly->tf.is_moe) {
-            if (next != NULL) {
-                clb_lm_prefetch(lm, ly, next);
+            if (next != NULL && n == 1) {
+                clb_lm_prefetch(lm, next);
             }
             st = lm_dense_ffn(lm, ly, lm->hbuf, lm->proj, n);
         } else {
@@ -443,8 +474,7 @@ colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32
     if (st != COLIBRI_OK) {
         return st;
     }
-    /* With a budget the expert slots hold top_k experts of one token at a time: token steps. */
-    const int32_t chunk = lm->cache != NULL ? 1 : lm->batch;
+    const int32_t chunk = lm->batch;
     lm->n_pos = pos0; /* rewinding forgets the positions after it; each chunk adds its rows */
     for (int32_t t = 0; t < n && st == COLIBRI_OK; t += chunk) {
         const int32_t m = n - t < chunk ? n - t : chunk;

@@ -7,6 +7,7 @@ Every job is split, however small (COLIBRI_LM_PAR_MIN_WORK=0). No timing is asse
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -252,7 +253,8 @@ def test_runner_under_sanitizers(
     """The model-file runner built with TSan (the pool's hand-offs: no race report) or ASan +
     UBSan (leaks included: the workers joined, everything freed), 3 threads: the prompt
     prefilled in batches of 4 and decoded, then its logits by token steps, each giving the
-    binding's results bit for bit."""
+    binding's results bit for bit; again with a quarter expert RAM budget and every prediction
+    read ahead (the reader thread's slot hand-offs, the prefill's waves of experts)."""
     import subprocess
 
     from colibri.targets.lmrun import SamplingOptions, lmfile_args, read_lm_output, write_lm_input
@@ -284,12 +286,17 @@ def test_runner_under_sanitizers(
         "ASAN_OPTIONS": "halt_on_error=1:detect_leaks=1",
         "UBSAN_OPTIONS": "halt_on_error=1",
     }
+    from colibri.targets.binding import LM_PREFETCH_ALWAYS
+
     clb = _container(models["qwen2_moe"], "int8-dense-int8", tmp_path / "m.clb")
     ref_logits, ref_ids = _token_loop(clb, 1)
-    for want_logits in (False, True):
+    with LM(clb) as lm:
+        quarter = lm.stats()["expert_bytes"] // 4
+    budgets: tuple[dict[str, int], ...] = ({}, {"ram_budget": quarter, "flags": LM_PREFETCH_ALWAYS})
+    for want_logits, budget in itertools.product((False, True), budgets):
         write_lm_input(tmp_path / "in.bin", PROMPT, N_NEW, SamplingOptions(), want_logits)
         io = (clb, tmp_path / "in.bin", tmp_path / "out.bin")
-        args = [str(exe), *lmfile_args(*io, threads=3, prefill_batch=4)]
+        args = [str(exe), *lmfile_args(*io, threads=3, prefill_batch=4, **budget)]
         r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
         output = r.stdout + r.stderr
         assert "Sanitizer" not in output and "runtime error" not in output, output[-4000:]

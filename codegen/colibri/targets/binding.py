@@ -201,6 +201,18 @@ class _LMMemory(ctypes.Structure):
 LM_NO_PREFETCH = 0x1
 LM_NO_PIN = 0x2
 LM_NO_READ_CHECK = 0x4
+LM_PREFETCH_ALWAYS = 0x8
+
+
+def prefetch_flags(prefetch: object) -> int:
+    """colibri_lm_config_t.expert_flags bits of a prefetch setting: True (the default: each
+    layer's prediction read ahead once it proves right), False (none) or "always" (every
+    prediction read ahead, for measurements)."""
+    if prefetch == "always":
+        return LM_PREFETCH_ALWAYS
+    return 0 if check_flag("prefetch", prefetch) else LM_NO_PREFETCH
+
+
 #: The largest pinned_slots (int32).
 MAX_PIN = 2**31 - 1
 
@@ -232,6 +244,8 @@ LM_STATS_TAIL = (
     ("n_slots", ctypes.c_uint32),
     ("n_pinned", ctypes.c_uint32),
     ("pinned_hits", ctypes.c_uint64),
+    ("bytes_prefetched", ctypes.c_uint64),
+    ("prefetch_skipped", ctypes.c_uint64),
 )
 
 
@@ -570,16 +584,14 @@ def _lm_config(
     threads = check_int("threads", threads, 0, MAX_THREADS)
     prefill_batch = check_int("prefill_batch", prefill_batch, 0, MAX_PREFILL_BATCH)
     max_memory = check_int("max_memory", max_memory, 0, 2**64 - 1)
-    verify, prefetch = check_flag("verify", verify), check_flag("prefetch", prefetch)
+    verify = check_flag("verify", verify)
     read_check = check_flag("read_check", read_check)
     return path, _LMConfig(
         model_path=path,
         max_context=max_context,
         load_flags=0 if verify else 3,  # COLIBRI_LOAD_SKIP_CHECKSUM | _SKIP_FINITE
         expert_ram_budget=ram_budget,
-        expert_flags=(0 if prefetch else LM_NO_PREFETCH)
-        | no_pin
-        | (0 if read_check else LM_NO_READ_CHECK),
+        expert_flags=prefetch_flags(prefetch) | no_pin | (0 if read_check else LM_NO_READ_CHECK),
         num_threads=threads,
         prefill_batch=prefill_batch,
         pinned_slots=pinned,
@@ -644,7 +656,7 @@ class LM(_Handle):
         max_context: int = 0,
         verify: bool = True,
         ram_budget: int = 0,
-        prefetch: bool = True,
+        prefetch: bool | str = True,
         threads: int = 0,
         prefill_batch: int = 0,
         pin: int | str = "auto",

@@ -223,7 +223,8 @@ _STATS_RE = re.compile(
     r"expert slots: (?P<n_slots>\d+) x (?P<slot_bytes>\d+) bytes, loads (?P<loads>\d+) "
     r"hits (?P<hits>\d+) misses (?P<misses>\d+) evictions (?P<evictions>\d+) "
     r"prefetches (?P<prefetches>\d+) prefetch hits (?P<prefetch_hits>\d+) "
-    r"bytes read (?P<bytes_read>\d+) pinned (?P<n_pinned>\d+) pinned hits (?P<pinned_hits>\d+)"
+    r"bytes read (?P<bytes_read>\d+) pinned (?P<n_pinned>\d+) pinned hits (?P<pinned_hits>\d+) "
+    r"bytes ahead (?P<bytes_prefetched>\d+) skipped (?P<prefetch_skipped>\d+)"
 )
 
 
@@ -240,7 +241,8 @@ def format_expert_stats(s: dict[str, int]) -> str:
         f"colibri: expert slots: {s['n_slots']} x {s['slot_bytes']} bytes; {s['loads']} loads, "
         f"{s['hits']} hits ({rate:.1%}), {s['misses']} misses, {s['evictions']} evictions, "
         f"{s['prefetches']} prefetches, {s['prefetch_hits']} prefetch hits, "
-        f"{s['n_pinned']} pinned ({s['pinned_hits']} hits), {s['bytes_read']} bytes read"
+        f"{s['n_pinned']} pinned ({s['pinned_hits']} hits), {s['bytes_read']} bytes read "
+        f"({s['bytes_prefetched']} ahead), {s['prefetch_skipped']} predictions skipped"
     )
 
 
@@ -374,7 +376,7 @@ def run_lm_file(
     timeout: float | None = None,
     verbose: bool = False,
     ram_budget: int = 0,
-    prefetch: bool = True,
+    prefetch: bool | str = True,
     threads: int = 0,
     pin: int | str = "auto",
     max_context: int = 0,
@@ -393,7 +395,7 @@ def run_lm_file(
     same outputs). Without ``want_logits`` the prompt is prefilled in batches
     (colibri_lm_prefill)."""
     from ..boards import load_board
-    from .binding import LM_NO_PREFETCH, pin_setting
+    from .binding import pin_setting, prefetch_flags
     from .qemu import run_elf
 
     path = Path(model_file).resolve()
@@ -417,7 +419,7 @@ def run_lm_file(
     if not 0 <= max_memory < 2**64:
         raise InputError(f"--max-memory must be between 0 and 2**64 - 1, got {max_memory}")
     pinned, no_pin = pin_setting(pin)
-    flags = (0 if prefetch else LM_NO_PREFETCH) | no_pin
+    flags = prefetch_flags(prefetch) | no_pin
     exe = lmfile_runner(board.name, verbose=verbose)
     with tempfile.TemporaryDirectory(prefix="colibri-lmfile-") as tmp:
         work = Path(tmp)
