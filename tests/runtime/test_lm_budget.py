@@ -93,8 +93,8 @@ def test_quarter_budget_is_bit_identical(
 def test_prefetch_never_lowers_the_hit_rate(files: dict[str, Path], scheme: str) -> None:
     """Issue 41: on a model whose next experts cannot be predicted (random weights), the
     default prefetch costs no hits: its predictions stay in the shadow (counted, not read).
-    Reading every prediction ahead ("always", the old default) loses hits here: the LRU slots
-    it takes were worth more than its guesses (counts, the same on every run)."""
+    ("always", the old default, reads every prediction ahead: it can win or lose hits here,
+    int4 lost 29 -> 17 when it entered the LRU order hot; counts, the same on every run)."""
     _, _, base = _decode(files[scheme])
     budget = base["expert_bytes"] // 4
     _, _, on = _decode(files[scheme], ram_budget=budget)
@@ -102,7 +102,7 @@ def test_prefetch_never_lowers_the_hit_rate(files: dict[str, Path], scheme: str)
     _, _, always = _decode(files[scheme], ram_budget=budget, prefetch="always")
     assert on["loads"] == off["loads"] == always["loads"]
     assert on["hits"] >= off["hits"], (on, off)
-    assert always["hits"] < off["hits"], (always, off)
+    assert always["prefetches"] > 0 and on["prefetch_skipped"] > 0
 
 
 def test_prefetch_raises_the_hit_rate_on_a_trained_model(tmp_path: Path) -> None:
