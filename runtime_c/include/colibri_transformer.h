@@ -77,9 +77,11 @@ void colibri_swiglu_f32(const float *x, const float *w_gate, const float *w_up, 
  * same loop of step functions: colibri_tf_embed, then per layer colibri_tf_attention, its own
  * MoE block / dense MLP into proj (and shared) from h, colibri_tf_ffn_residual; at the end
  * colibri_tf_logits. What differs is only that FFN (the generated per-expert kernels, or the
- * container's matrices and expert cache) and, optionally, a parallel-for of the linear layers
- * and of the attention (colibri_tf_hooks_t: the container's thread pool; NULL on MCUs, where
- * every call is direct). No allocation: every buffer is the caller's. */
+ * container's matrices and expert cache), the matrix product (colibri_tf_model_t.mat_rows: the
+ * generic colibri_tf_mat_rows, or the generated model's, which links only its schemes'
+ * kernels) and, optionally, a parallel-for of the linear layers and of the attention
+ * (colibri_tf_hooks_t: the container's thread pool; NULL on MCUs, where every call is
+ * direct). No allocation: every buffer is the caller's. */
 
 /** A stored matrix W [n_out][n_in] (one row per output) in a colibri_quant_scheme. */
 typedef struct {
@@ -114,10 +116,22 @@ typedef struct {
  *        xq / sx their int8 rows when act == 1), output row t at y + t * ldy. Every output is
  *        what the one-token kernel (colibri_matvec_*, colibri_linear_f32) gives it, so it does
  *        not depend on the row split nor on n_tok. r0: a multiple of 32 when m->packed is set.
+ *        Every scheme, so it links every kernel: what the model-file runtime runs. A generated
+ *        model runs its own colibri_tf_mat_rows_fn instead, with only the kernels it calls.
+ * @return COLIBRI_ERR_UNSUPPORTED for a scheme it does not know (nothing written), else
+ *         COLIBRI_OK.
  */
-void colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const float *b, const float *x,
-                         const int8_t *xq, const float *sx, float *y, int32_t ldy, int32_t r0,
-                         int32_t r1, int32_t n_tok);
+colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const float *b,
+                                   const float *x, const int8_t *xq, const float *sx, float *y,
+                                   int32_t ldy, int32_t r0, int32_t r1, int32_t n_tok);
+
+/** The matrix product the step runs (colibri_tf_model_t.mat_rows): colibri_tf_mat_rows's
+ *  contract, for the (scheme, blocked, act) combinations it handles; any other gets
+ *  COLIBRI_ERR_UNSUPPORTED (nothing written), never a wrong result. */
+typedef colibri_status (*colibri_tf_mat_rows_fn)(const colibri_tf_mat_t *m, int32_t act,
+                                                 const float *b, const float *x, const int8_t *xq,
+                                                 const float *sx, float *y, int32_t ldy, int32_t r0,
+                                                 int32_t r1, int32_t n_tok);
 
 /** @brief Quantise n rows of n_in floats to int8 rows (codes stride n_in, scales stride
  *         COLIBRI_Q8_BLOCKS(n_in)): colibri_quantize_row_q8 on each. */
@@ -125,14 +139,17 @@ void colibri_tf_quantize_rows(const float *x, int8_t *xq, float *sx, int32_t n_i
 
 /**
  * @brief SwiGLU of n rows, y = w[1] (silu(w[0] x) * (w[2] x)), matrices in any scheme, on the
- *        calling thread (act 1: int8 activations, quantised here).
+ *        calling thread (act 1: int8 activations, quantised here), by colibri_tf_mat_rows.
  * @param hh 2 * n * w[0].n_out floats; xq / sx n int8 rows of max(d, d_ff) (act 1)
+ * @return colibri_tf_mat_rows's status.
  */
-void colibri_tf_swiglu_rows(const colibri_tf_mat_t *w, int32_t act, const float *x, float *y,
-                            int32_t n, float *hh, int8_t *xq, float *sx);
+colibri_status colibri_tf_swiglu_rows(const colibri_tf_mat_t *w, int32_t act, const float *x,
+                                      float *y, int32_t n, float *hh, int8_t *xq, float *sx);
 
-/** Up to three matrices over the same n_tok input rows (int8 rows xq / sx when act == 1). */
+/** Up to three matrices over the same n_tok input rows (int8 rows xq / sx when act == 1),
+ *  each run by mat_rows (the model's). */
 typedef struct {
+    colibri_tf_mat_rows_fn mat_rows;
     const colibri_tf_mat_t *m[3];
     const float *b[3]; /**< biases or NULL */
     float *y[3];       /**< outputs [n_tok][m[i]->n_out] */
@@ -155,7 +172,8 @@ typedef struct {
 
 /** A parallel-for of the container's thread pool (ctx: the model's); NULL: one thread. */
 typedef struct {
-    /** The matrices of a colibri_tf_lin_t, rows split as it likes; NULL: colibri_tf_lin_run. */
+    /** The matrices of a colibri_tf_lin_t (job->mat_rows on rows split as it likes); NULL:
+     *  all rows of each on the calling thread. */
     colibri_status (*linear)(void *ctx, const colibri_tf_lin_t *job);
     /** Attention of rows q / k / v [n] at pos0 .. (written to kc / vc); NULL: one thread. */
     colibri_status (*attend)(void *ctx, const colibri_attention_shape_t *shape, float *kc,
@@ -183,10 +201,11 @@ typedef struct {
     float *sxq;                      /**< their scales */
     const colibri_tf_hooks_t *hooks; /**< NULL: everything on the calling thread */
     void *ctx;
+    /** Every matrix product of the step (attention, LM head): colibri_tf_mat_rows (the model
+     *  file: any scheme), or the generated model's own, which calls only the kernels of its
+     *  schemes, so that the linker drops the others. */
+    colibri_tf_mat_rows_fn mat_rows;
 } colibri_tf_model_t;
-
-/** @brief Run job's matrices on the calling thread (colibri_tf_mat_rows over all rows). */
-void colibri_tf_lin_run(const colibri_tf_lin_t *job);
 
 /**
  * @brief Start a step of n tokens at positions pos0 .. pos0 + n - 1 (n <= the buffers' rows):

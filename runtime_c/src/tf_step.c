@@ -5,108 +5,15 @@
  *        const tables, per-expert kernels, glue) and the model-file runtime (lm_step.c: the
  *        mmapped container, threads, expert cache) run: embedding, RMSNorm, attention with
  *        QK-norm / clipping / RoPE / the KV cache, the feed-forward residual with the gated
- *        shared expert, final norm and LM head; matrices in any scheme. No heap, no state.
+ *        shared expert, final norm and LM head; every matrix product by the model's mat_rows
+ *        (tf_mat.c's colibri_tf_mat_rows, or the generated model's own). No heap, no state.
  */
 #include "colibri_math.h"
 #include "colibri_quant.h"
 #include "colibri_transformer.h"
-#include "kernels_x86.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-void colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const float *b, const float *x,
-                         const int8_t *xq, const float *sx, float *y, int32_t ldy, int32_t r0,
-                         int32_t r1, int32_t n_tok)
-{
-    const int32_t n_in = m->n_in;
-    const int32_t cnt = r1 - r0;
-    if (cnt <= 0 || n_tok <= 0) {
-        return;
-    }
-    const size_t ro = (size_t)r0;
-    const size_t ni = (size_t)n_in;
-    float *yo = y + ro;
-#if defined(COLIBRI_X86_DISPATCH)
-    if (m->packed != NULL && act == 1) { /* r0: a multiple of 32 (the caller's split) */
-        const float *rs = (m->pack_kind == COLIBRI_X86_PACK_Q8) ? m->scale + ro : NULL;
-        colibri_x86_matmul_packed(m->pack_kind, m->packed, rs, m->n_out, n_in, r0, r1, xq, sx, yo,
-                                  ldy, n_tok);
-        goto bias;
-    }
-#endif
-    switch (m->scheme) {
-    case COLIBRI_QUANT_F32: {
-        const float *w = (const float *)m->w + ro * ni;
-        for (int32_t t = 0; t < n_tok; t++) {
-            colibri_linear_f32(x + (size_t)t * ni, w, b != NULL ? b + ro : NULL,
-                               yo + (size_t)t * (size_t)ldy, n_in, cnt);
-        }
-        return;
-    }
-    case COLIBRI_QUANT_F16: {
-        const uint16_t *w = (const uint16_t *)m->w + ro * ni;
-        if (n_tok == 1) {
-            colibri_matvec_f16_f32(w, x, yo, cnt, n_in);
-        } else {
-            colibri_matmul_f16_f32(w, x, yo, ldy, cnt, n_in, n_tok);
-        }
-        break;
-    }
-    case COLIBRI_QUANT_Q8: {
-        const int8_t *w = (const int8_t *)m->w + ro * ni;
-        if (m->blocked) {
-            const float *sc = m->scale + ro * COLIBRI_Q8_BLOCKS(n_in);
-            if (act == 1 && n_tok == 1) {
-                colibri_matvec_q8b_q8(w, sc, xq, sx, yo, cnt, n_in);
-            } else if (act == 1) {
-                colibri_matmul_q8b_q8(w, sc, xq, sx, yo, ldy, cnt, n_in, n_tok);
-            } else if (n_tok == 1) {
-                colibri_matvec_q8b_f32(w, sc, x, yo, cnt, n_in);
-            } else {
-                colibri_matmul_q8b_f32(w, sc, x, yo, ldy, cnt, n_in, n_tok);
-            }
-        } else {
-            const float *sc = m->scale + ro;
-            if (act == 1 && n_tok == 1) {
-                colibri_matvec_q8_q8(w, sc, xq, sx, yo, cnt, n_in);
-            } else if (act == 1) {
-                colibri_matmul_q8_q8(w, sc, xq, sx, yo, ldy, cnt, n_in, n_tok);
-            } else if (n_tok == 1) {
-                colibri_matvec_q8_f32(w, sc, x, yo, cnt, n_in);
-            } else {
-                colibri_matmul_q8_f32(w, sc, x, yo, ldy, cnt, n_in, n_tok);
-            }
-        }
-        break;
-    }
-    default: {
-        const colibri_block_q4_32 *w =
-            (const colibri_block_q4_32 *)m->w + ro * COLIBRI_Q4_BLOCKS(n_in);
-        if (act == 1 && n_tok == 1) {
-            colibri_matvec_q4_q8(w, xq, sx, yo, cnt, n_in);
-        } else if (act == 1) {
-            colibri_matmul_q4_q8(w, xq, sx, yo, ldy, cnt, n_in, n_tok);
-        } else if (n_tok == 1) {
-            colibri_matvec_q4_f32(w, x, yo, cnt, n_in);
-        } else {
-            colibri_matmul_q4_f32(w, x, yo, ldy, cnt, n_in, n_tok);
-        }
-        break;
-    }
-    }
-#if defined(COLIBRI_X86_DISPATCH)
-bias:
-#endif
-    if (b != NULL) {
-        for (int32_t t = 0; t < n_tok; t++) {
-            float *yt = y + (size_t)t * (size_t)ldy;
-            for (int32_t o = r0; o < r1; ++o) {
-                yt[o] += b[o];
-            }
-        }
-    }
-}
 
 void colibri_tf_quantize_rows(const float *x, int8_t *xq, float *sx, int32_t n_in, int32_t n)
 {
@@ -116,40 +23,15 @@ void colibri_tf_quantize_rows(const float *x, int8_t *xq, float *sx, int32_t n_i
     }
 }
 
-void colibri_tf_swiglu_rows(const colibri_tf_mat_t *w, int32_t act, const float *x, float *y,
-                            int32_t n, float *hh, int8_t *xq, float *sx)
-{
-    const int32_t d = w[0].n_in;
-    const int32_t f = w[0].n_out;
-    float *g = hh + (size_t)n * (size_t)f;
-    if (act == 1) {
-        colibri_tf_quantize_rows(x, xq, sx, d, n);
-    }
-    colibri_tf_mat_rows(&w[0], act, NULL, x, xq, sx, hh, f, 0, f, n);
-    colibri_tf_mat_rows(&w[2], act, NULL, x, xq, sx, g, f, 0, f, n);
-    colibri_silu_mul_f32(hh, g, (size_t)n * (size_t)f);
-    if (act == 1) {
-        colibri_tf_quantize_rows(hh, xq, sx, f, n);
-    }
-    colibri_tf_mat_rows(&w[1], act, NULL, hh, xq, sx, y, d, 0, d, n);
-}
-
-void colibri_tf_lin_run(const colibri_tf_lin_t *job)
-{
-    for (int32_t i = 0; i < job->n_mats; i++) {
-        const colibri_tf_mat_t *w = job->m[i];
-        colibri_tf_mat_rows(w, job->act, job->b[i], job->x, job->xq, job->sx, job->y[i], w->n_out,
-                            0, w->n_out, job->n_tok);
-    }
-}
-
 /* Up to three dense matrices (attention, LM head) on n rows of x: int8 activations (Q8 with
- * dense_act) quantised once for all of them, then the hook's split or the calling thread. */
+ * dense_act) quantised once for all of them, then the hook's split or the calling thread, each
+ * by m->mat_rows (never colibri_tf_mat_rows itself: a generated model links only its kernels). */
 static colibri_status tf_linear(const colibri_tf_model_t *m, int32_t n_mats,
                                 const colibri_tf_mat_t *const *w, const float *const *b,
                                 float *const *y, const float *x, int32_t n)
 {
-    colibri_tf_lin_t j = {.n_mats = n_mats, .n_tok = n, .x = x, .xq = m->xq, .sx = m->sxq};
+    colibri_tf_lin_t j = {
+        .mat_rows = m->mat_rows, .n_mats = n_mats, .n_tok = n, .x = x, .xq = m->xq, .sx = m->sxq};
     for (int32_t i = 0; i < n_mats; i++) {
         j.m[i] = w[i];
         j.b[i] = b[i];
@@ -162,8 +44,11 @@ static colibri_status tf_linear(const colibri_tf_model_t *m, int32_t n_mats,
     if (m->hooks != NULL && m->hooks->linear != NULL) {
         return m->hooks->linear(m->ctx, &j);
     }
-    colibri_tf_lin_run(&j);
-    return COLIBRI_OK;
+    colibri_status st = COLIBRI_OK;
+    for (int32_t i = 0; i < n_mats && st == COLIBRI_OK; i++) {
+        st = m->mat_rows(w[i], j.act, b[i], x, m->xq, m->sxq, y[i], w[i]->n_out, 0, w[i]->n_out, n);
+    }
+    return st;
 }
 
 static const colibri_tf_layer_t *tf_layer(const colibri_tf_model_t *m, int32_t l)
