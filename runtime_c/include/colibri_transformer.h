@@ -183,9 +183,8 @@ typedef struct {
 /** A whole decoder-only model for the step functions: dims, weights and buffers. */
 typedef struct {
     int32_t n_layers, vocab, d_model, n_heads, n_kv_heads, head_dim, max_context;
-    int32_t window;    /**< sliding window, 0 = none */
-    int32_t clip_on;   /**< clamp q / k / v to [-clip, clip] */
-    int32_t dense_act; /**< 1: int8 activations for Q8 dense matrices (xq / sxq) */
+    int32_t window;  /**< sliding window, 0 = none */
+    int32_t clip_on; /**< clamp q / k / v to [-clip, clip] */
     float eps, clip;
     colibri_tf_mat_t embed, lm_head;
     const float *final_norm;
@@ -197,7 +196,7 @@ typedef struct {
     float *kv;                       /**< [n_layers][2][n_kv_heads][max_context][head_dim] */
     float *scores;                   /**< [max_context] (hooks->attend NULL) */
     float *logits;                   /**< [vocab] */
-    int8_t *xq;                      /**< [rows][max(d_model, n_heads * head_dim)] (dense_act 1) */
+    int8_t *xq;                      /**< [rows][max(d_model, n_heads * head_dim)] (int8 act) */
     float *sxq;                      /**< their scales */
     const colibri_tf_hooks_t *hooks; /**< NULL: everything on the calling thread */
     void *ctx;
@@ -205,6 +204,9 @@ typedef struct {
      *  file: any scheme), or the generated model's own, which calls only the kernels of its
      *  schemes, so that the linker drops the others. */
     colibri_tf_mat_rows_fn mat_rows;
+    /** int8 activations for Q8 dense matrices: their input rows quantised into xq / sxq by this
+     *  (colibri_tf_quantize_rows); NULL: fp32 activations (and the quantiser not linked). */
+    void (*quantize_rows)(const float *x, int8_t *xq, float *sx, int32_t n_in, int32_t n);
 } colibri_tf_model_t;
 
 /**

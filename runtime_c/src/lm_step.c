@@ -359,7 +359,6 @@ void clb_lm_view(colibri_lm_t *lm)
     m->max_context = lm->max_context;
     m->window = (int32_t)h->window;
     m->clip_on = (h->flags & LM_FLAG_CLIP) != 0u;
-    m->dense_act = h->dense_act == 1u;
     m->eps = h->eps;
     m->clip = h->clip;
     m->embed = lm->embed;
@@ -385,6 +384,7 @@ void clb_lm_view(colibri_lm_t *lm)
     m->hooks = &lm_hooks;
     m->ctx = lm;
     m->mat_rows = colibri_tf_mat_rows; /* any scheme: the container's are known at load only */
+    m->quantize_rows = h->dense_act == 1u ? colibri_tf_quantize_rows : NULL;
 }
 
 /* n <= lm->batch tokens at positions pos0 ..: the step functions of tf_step.c, every layer on

@@ -24,8 +24,9 @@ void colibri_tf_quantize_rows(const float *x, int8_t *xq, float *sx, int32_t n_i
 }
 
 /* Up to three dense matrices (attention, LM head) on n rows of x: int8 activations (Q8 with
- * dense_act) quantised once for all of them, then the hook's split or the calling thread, each
- * by m->mat_rows (never colibri_tf_mat_rows itself: a generated model links only its kernels). */
+ * m->quantize_rows) quantised once for all of them, then the hook's split or the calling
+ * thread, each by m->mat_rows (never colibri_tf_mat_rows nor colibri_tf_quantize_rows itself:
+ * a generated model links only the kernels it calls). */
 static colibri_status tf_linear(const colibri_tf_model_t *m, int32_t n_mats,
                                 const colibri_tf_mat_t *const *w, const float *const *b,
                                 float *const *y, const float *x, int32_t n)
@@ -37,9 +38,9 @@ static colibri_status tf_linear(const colibri_tf_model_t *m, int32_t n_mats,
         j.b[i] = b[i];
         j.y[i] = y[i];
     }
-    j.act = (w[0]->scheme == COLIBRI_QUANT_Q8 && m->dense_act == 1) ? 1 : 0;
+    j.act = (w[0]->scheme == COLIBRI_QUANT_Q8 && m->quantize_rows != NULL) ? 1 : 0;
     if (j.act == 1) {
-        colibri_tf_quantize_rows(x, m->xq, m->sxq, w[0]->n_in, n);
+        m->quantize_rows(x, m->xq, m->sxq, w[0]->n_in, n);
     }
     if (m->hooks != NULL && m->hooks->linear != NULL) {
         return m->hooks->linear(m->ctx, &j);
