@@ -71,10 +71,12 @@ void colibri_swiglu_f32(const float *x, const float *w_gate, const float *w_up, 
                         float *y, int32_t d, int32_t f, float *scratch);
 
 /* -- the decoder step ---------------------------------------------------------------------
- * One implementation of a whole decoder-only transformer's token step (tf_step.c), run by both
- * the generated model (a static const colibri_tf_model_t over its const tables and its arena)
- * and the model-file runtime (colibri_lm.h: a view of the mmapped container). Each runs the
- * same loop of step functions: colibri_tf_embed, then per layer colibri_tf_attention, its own
+ * One implementation of a whole decoder-only transformer's token step (runtime_c/tiles/
+ * colibri_tf_step.h: static inline; tf_step.c makes the functions below of it), run by both
+ * the generated model (compiled in, over a static const colibri_tf_model_t of its const tables
+ * and its arena) and the model-file runtime (colibri_lm.h: a view of the mmapped container).
+ * Each runs the same loop of step functions: colibri_tf_embed, then per layer
+ * colibri_tf_attention, its own
  * MoE block / dense MLP into proj (and shared) from h, colibri_tf_ffn_residual; at the end
  * colibri_tf_logits. What differs is only that FFN (the generated per-expert kernels, or the
  * container's matrices and expert cache), the matrix product (colibri_tf_model_t.mat_rows: the
