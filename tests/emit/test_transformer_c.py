@@ -24,8 +24,8 @@ from colibri.targets.lmrun import (
     write_lm_input,
 )
 from colibri.targets.qemu import run_elf
-from elftools.elf.elffile import ELFFile
 from conftest import require_board, run_cli
+from elftools.elf.elffile import ELFFile
 from hf_tiny import (
     ARCHS,
     MODEL_CASES,
