@@ -71,15 +71,19 @@ void colibri_swiglu_f32(const float *x, const float *w_gate, const float *w_up, 
                         float *y, int32_t d, int32_t f, float *scratch);
 
 /* -- the decoder step ---------------------------------------------------------------------
- * One implementation of a whole decoder-only transformer's token step (tf_step.c), run by both
- * the generated model (a static const colibri_tf_model_t over its const tables and its arena)
- * and the model-file runtime (colibri_lm.h: a view of the mmapped container). Each runs the
- * same loop of step functions: colibri_tf_embed, then per layer colibri_tf_attention, its own
+ * One implementation of a whole decoder-only transformer's token step (runtime_c/tiles/
+ * colibri_tf_step.h: static inline; tf_step.c makes the functions below of it), run by both
+ * the generated model (compiled in, over a static const colibri_tf_model_t of its const tables
+ * and its arena) and the model-file runtime (colibri_lm.h: a view of the mmapped container).
+ * Each runs the same loop of step functions: colibri_tf_embed, then per layer
+ * colibri_tf_attention, its own
  * MoE block / dense MLP into proj (and shared) from h, colibri_tf_ffn_residual; at the end
  * colibri_tf_logits. What differs is only that FFN (the generated per-expert kernels, or the
- * container's matrices and expert cache) and, optionally, a parallel-for of the linear layers
- * and of the attention (colibri_tf_hooks_t: the container's thread pool; NULL on MCUs, where
- * every call is direct). No allocation: every buffer is the caller's. */
+ * container's matrices and expert cache), the matrix product (colibri_tf_model_t.mat_rows: the
+ * generic colibri_tf_mat_rows, or the generated model's, which links only its schemes'
+ * kernels) and, optionally, a parallel-for of the linear layers and of the attention
+ * (colibri_tf_hooks_t: the container's thread pool; NULL on MCUs, where every call is
+ * direct). No allocation: every buffer is the caller's. */
 
 /** A stored matrix W [n_out][n_in] (one row per output) in a colibri_quant_scheme. */
 typedef struct {
@@ -114,10 +118,22 @@ typedef struct {
  *        xq / sx their int8 rows when act == 1), output row t at y + t * ldy. Every output is
  *        what the one-token kernel (colibri_matvec_*, colibri_linear_f32) gives it, so it does
  *        not depend on the row split nor on n_tok. r0: a multiple of 32 when m->packed is set.
+ *        Every scheme, so it links every kernel: what the model-file runtime runs. A generated
+ *        model runs its own colibri_tf_mat_rows_fn instead, with only the kernels it calls.
+ * @return COLIBRI_ERR_UNSUPPORTED for a scheme it does not know (nothing written), else
+ *         COLIBRI_OK.
  */
-void colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const float *b, const float *x,
-                         const int8_t *xq, const float *sx, float *y, int32_t ldy, int32_t r0,
-                         int32_t r1, int32_t n_tok);
+colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const float *b,
+                                   const float *x, const int8_t *xq, const float *sx, float *y,
+                                   int32_t ldy, int32_t r0, int32_t r1, int32_t n_tok);
+
+/** The matrix product the step runs (colibri_tf_model_t.mat_rows): colibri_tf_mat_rows's
+ *  contract, for the (scheme, blocked, act) combinations it handles; any other gets
+ *  COLIBRI_ERR_UNSUPPORTED (nothing written), never a wrong result. */
+typedef colibri_status (*colibri_tf_mat_rows_fn)(const colibri_tf_mat_t *m, int32_t act,
+                                                 const float *b, const float *x, const int8_t *xq,
+                                                 const float *sx, float *y, int32_t ldy, int32_t r0,
+                                                 int32_t r1, int32_t n_tok);
 
 /** @brief Quantise n rows of n_in floats to int8 rows (codes stride n_in, scales stride
  *         COLIBRI_Q8_BLOCKS(n_in)): colibri_quantize_row_q8 on each. */
@@ -125,14 +141,17 @@ void colibri_tf_quantize_rows(const float *x, int8_t *xq, float *sx, int32_t n_i
 
 /**
  * @brief SwiGLU of n rows, y = w[1] (silu(w[0] x) * (w[2] x)), matrices in any scheme, on the
- *        calling thread (act 1: int8 activations, quantised here).
+ *        calling thread (act 1: int8 activations, quantised here), by colibri_tf_mat_rows.
  * @param hh 2 * n * w[0].n_out floats; xq / sx n int8 rows of max(d, d_ff) (act 1)
+ * @return colibri_tf_mat_rows's status.
  */
-void colibri_tf_swiglu_rows(const colibri_tf_mat_t *w, int32_t act, const float *x, float *y,
-                            int32_t n, float *hh, int8_t *xq, float *sx);
+colibri_status colibri_tf_swiglu_rows(const colibri_tf_mat_t *w, int32_t act, const float *x,
+                                      float *y, int32_t n, float *hh, int8_t *xq, float *sx);
 
-/** Up to three matrices over the same n_tok input rows (int8 rows xq / sx when act == 1). */
+/** Up to three matrices over the same n_tok input rows (int8 rows xq / sx when act == 1),
+ *  each run by mat_rows (the model's). */
 typedef struct {
+    colibri_tf_mat_rows_fn mat_rows;
     const colibri_tf_mat_t *m[3];
     const float *b[3]; /**< biases or NULL */
     float *y[3];       /**< outputs [n_tok][m[i]->n_out] */
@@ -155,7 +174,8 @@ typedef struct {
 
 /** A parallel-for of the container's thread pool (ctx: the model's); NULL: one thread. */
 typedef struct {
-    /** The matrices of a colibri_tf_lin_t, rows split as it likes; NULL: colibri_tf_lin_run. */
+    /** The matrices of a colibri_tf_lin_t (job->mat_rows on rows split as it likes); NULL:
+     *  all rows of each on the calling thread. */
     colibri_status (*linear)(void *ctx, const colibri_tf_lin_t *job);
     /** Attention of rows q / k / v [n] at pos0 .. (written to kc / vc); NULL: one thread. */
     colibri_status (*attend)(void *ctx, const colibri_attention_shape_t *shape, float *kc,
@@ -165,9 +185,8 @@ typedef struct {
 /** A whole decoder-only model for the step functions: dims, weights and buffers. */
 typedef struct {
     int32_t n_layers, vocab, d_model, n_heads, n_kv_heads, head_dim, max_context;
-    int32_t window;    /**< sliding window, 0 = none */
-    int32_t clip_on;   /**< clamp q / k / v to [-clip, clip] */
-    int32_t dense_act; /**< 1: int8 activations for Q8 dense matrices (xq / sxq) */
+    int32_t window;  /**< sliding window, 0 = none */
+    int32_t clip_on; /**< clamp q / k / v to [-clip, clip] */
     float eps, clip;
     colibri_tf_mat_t embed, lm_head;
     const float *final_norm;
@@ -179,14 +198,18 @@ typedef struct {
     float *kv;                       /**< [n_layers][2][n_kv_heads][max_context][head_dim] */
     float *scores;                   /**< [max_context] (hooks->attend NULL) */
     float *logits;                   /**< [vocab] */
-    int8_t *xq;                      /**< [rows][max(d_model, n_heads * head_dim)] (dense_act 1) */
+    int8_t *xq;                      /**< [rows][max(d_model, n_heads * head_dim)] (int8 act) */
     float *sxq;                      /**< their scales */
     const colibri_tf_hooks_t *hooks; /**< NULL: everything on the calling thread */
     void *ctx;
+    /** Every matrix product of the step (attention, LM head): colibri_tf_mat_rows (the model
+     *  file: any scheme), or the generated model's own, which calls only the kernels of its
+     *  schemes, so that the linker drops the others. */
+    colibri_tf_mat_rows_fn mat_rows;
+    /** int8 activations for Q8 dense matrices: their input rows quantised into xq / sxq by this
+     *  (colibri_tf_quantize_rows); NULL: fp32 activations (and the quantiser not linked). */
+    void (*quantize_rows)(const float *x, int8_t *xq, float *sx, int32_t n_in, int32_t n);
 } colibri_tf_model_t;
-
-/** @brief Run job's matrices on the calling thread (colibri_tf_mat_rows over all rows). */
-void colibri_tf_lin_run(const colibri_tf_lin_t *job);
 
 /**
  * @brief Start a step of n tokens at positions pos0 .. pos0 + n - 1 (n <= the buffers' rows):

@@ -45,13 +45,14 @@ static colibri_status job_lin(colibri_lm_t *lm, void *arg, int32_t tid, int32_t 
 {
     (void)lm;
     const colibri_tf_lin_t *j = (const colibri_tf_lin_t *)arg;
-    for (int32_t i = 0; i < j->n_mats; i++) {
+    colibri_status st = COLIBRI_OK;
+    for (int32_t i = 0; i < j->n_mats && st == COLIBRI_OK; i++) {
         int32_t r0, r1;
         lm_rows(j->m[i]->n_out, tid, nt, &r0, &r1);
-        colibri_tf_mat_rows(j->m[i], j->act, j->b[i], j->x, j->xq, j->sx, j->y[i], j->m[i]->n_out,
-                            r0, r1, j->n_tok);
+        st = j->mat_rows(j->m[i], j->act, j->b[i], j->x, j->xq, j->sx, j->y[i], j->m[i]->n_out, r0,
+                         r1, j->n_tok);
     }
-    return COLIBRI_OK;
+    return st;
 }
 
 static colibri_status lin_run(colibri_lm_t *lm, const colibri_tf_lin_t *j)
@@ -80,6 +81,7 @@ static colibri_status lm_dense_ffn(colibri_lm_t *lm, const lm_layer *ly, const f
     float *g = hh + (size_t)n * (size_t)f;
     colibri_tf_lin_t j;
     memset(&j, 0, sizeof j);
+    j.mat_rows = lm->tf.mat_rows;
     j.act = act;
     j.n_tok = n;
     j.xq = lm->xq;
@@ -196,7 +198,11 @@ static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t 
         if (e->scheme == COLIBRI_QUANT_F32) {
             colibri_expert_ffn_f32(&ly->moe, &e->fw, sc->xin, sc->yout, cnt, sc->hh);
         } else {
-            colibri_tf_swiglu_rows(e->w, e->act, sc->xin, sc->yout, cnt, sc->hh, sc->xq, sc->sx);
+            const colibri_status st = colibri_tf_swiglu_rows(e->w, e->act, sc->xin, sc->yout, cnt,
+                                                             sc->hh, sc->xq, sc->sx);
+            if (st != COLIBRI_OK) {
+                return st;
+            }
         }
         for (int32_t r = 0; r < cnt; r++) {
             const int32_t t = lm->keys[first + r] % n;
@@ -384,7 +390,6 @@ void clb_lm_view(colibri_lm_t *lm)
     m->max_context = lm->max_context;
     m->window = (int32_t)h->window;
     m->clip_on = (h->flags & LM_FLAG_CLIP) != 0u;
-    m->dense_act = h->dense_act == 1u;
     m->eps = h->eps;
     m->clip = h->clip;
     m->embed = lm->embed;
@@ -409,6 +414,8 @@ void clb_lm_view(colibri_lm_t *lm)
     m->sxq = lm->sxq;
     m->hooks = &lm_hooks;
     m->ctx = lm;
+    m->mat_rows = colibri_tf_mat_rows; /* any scheme: the container's are known at load only */
+    m->quantize_rows = h->dense_act == 1u ? colibri_tf_quantize_rows : NULL;
 }
 
 /* n <= lm->batch tokens at positions pos0 ..: the step functions of tf_step.c, every layer on

@@ -4,6 +4,7 @@ the host and under QEMU, context overflow, seeded sampling, the CLI and the size
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from colibri.targets.lmrun import (
 )
 from colibri.targets.qemu import run_elf
 from conftest import require_board, run_cli
+from elftools.elf.elffile import ELFFile
 from hf_tiny import (
     ARCHS,
     MODEL_CASES,
@@ -317,6 +319,35 @@ def test_parse_ids_and_output_protocol(tmp_path: Path) -> None:
     (tmp_path / "o.bin").write_bytes(raw)
     with pytest.raises(ColibriError, match="the run stopped early"):
         read_lm_output(tmp_path / "o.bin", 2)
+
+
+#: Per (experts, dense matrices) scheme: the functions its Cortex-M image must not hold.
+#: fp32: no quantised kernel at all; int8: no int4 / fp16 kernel and no many-token matmul. Never
+#: the generic colibri_tf_mat_rows (every scheme's kernels), only the model's own <name>_mat_rows.
+UNCALLED_KERNELS = {
+    ("fp32", "fp32"): r"colibri_(mat(vec|mul)_\w+_(q8|f32)|quantize_row_q8|dot_q\w+)",
+    ("int8", "int8"): r"colibri_(mat(vec|mul)_(q4|f16)_\w+|matmul_\w+|dot_q4\w*)",
+}
+
+
+@pytest.mark.parametrize("quant", list(UNCALLED_KERNELS), ids="-".join)
+def test_image_links_only_the_kernels_its_schemes_call(
+    quant: tuple[str, str], tmp_path: Path, arch_models: dict[str, tuple[Path, Any]]
+) -> None:
+    """The step's matrix product is the generated <name>_mat_rows (one kernel), so the linker
+    drops every other scheme's (issue 36: the shared step linked them all, +6.5 KB of .text)."""
+    require_board("cortex-m4")
+    path, _ = arch_models["mixtral"]
+    experts, dense = quant
+    model = load_hf_transformer(path)
+    gen, _ = generate_lm(model, tmp_path / "g", "cortex-m4", "mx", 16, quant=experts, dense=dense)
+    with build_model(gen, "cortex-m4").open("rb") as f:
+        symtab = ELFFile(f).get_section_by_name(".symtab")
+        funcs = {s.name for s in symtab.iter_symbols() if s["st_info"]["type"] == "STT_FUNC"}
+    assert "mx_mat_rows" in funcs
+    assert "colibri_linear_f32" in funcs or experts != "fp32"
+    forbidden = re.compile(UNCALLED_KERNELS[quant] + r"|colibri_tf_(mat|swiglu)_rows")
+    assert sorted(f for f in funcs if forbidden.fullmatch(f)) == []
 
 
 def test_size_report_shows_kv_cache(mixtral_gen: tuple[Path, Path], tmp_path: Path) -> None:

@@ -19,11 +19,11 @@ colibri_model.{h,c} + colibri_weights.{h,c,bin}; a decoder ("transformer") trans
 layer's experts may be pinned in RAM, kept in flash or streamed through the loader's cache
 (``--cache``), have biases and any activation; a transformer's are SwiGLU without biases,
 baked into the kernels. A transformer's step itself is the runtime's step functions
-(``runtime_c/src/tf_step.c``, the ones the model-file runtime runs too): the generated C holds
-its tables (a ``colibri_tf_model_t`` over the const weights and the arena), the per-expert
-kernels and the loop that calls both. The manifest carries the analysis (accuracy report,
-layout savings and a per-expert table for a lone layer; the accuracy of a calibrated
-transformer).
+(``runtime_c/tiles/colibri_tf_step.h``, inline; the ones the model-file runtime runs too): the
+generated C holds its tables (a ``colibri_tf_model_t`` over the const weights and the arena),
+its matrix product (one kernel), the per-expert kernels and the loop that calls them. The
+manifest carries the analysis (accuracy report, layout savings and a per-expert table for a lone
+layer; the accuracy of a calibrated transformer).
 """
 
 from __future__ import annotations
