@@ -201,6 +201,52 @@ COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *x
 }
 #endif
 
+/* What the one-token R4 and R4P kernels share, on the running sums a0..a3 of a group's 4 rows
+ * (macros: the same statements in both, so the same instructions).
+ * COLIBRI_QI_R4_MLA4: after one block, a_r += V(r) * (blocked ? sp[r * nb + bb] * xs : xs)
+ * (colibri_qi_mla), V(r) = row r's integer dot product s[r] as a float.
+ * COLIBRI_QI_R4_STORE: y[o + r] = a_r (plain), else a_r * scale[o + r].
+ * COLIBRI_QI_Q8_REST(o0): rows o0..n_out - 1 (after the last group: row-major) by the library,
+ * colibri_matvec_q8b_q8 (blocked) or colibri_matvec_q8_q8 (the kernel's parameters in scope). */
+#define COLIBRI_QI_R4_INT(r) ((float)s[r])
+#define COLIBRI_QI_R4_MLA4(V, sp, bb, nb, xs, blocked)                                             \
+    if (blocked) {                                                                                 \
+        a0 = colibri_qi_mla(a0, V(0), sp[bb] * xs);                                                \
+        a1 = colibri_qi_mla(a1, V(1), sp[nb + bb] * xs);                                           \
+        a2 = colibri_qi_mla(a2, V(2), sp[2u * nb + bb] * xs);                                      \
+        a3 = colibri_qi_mla(a3, V(3), sp[3u * nb + bb] * xs);                                      \
+    } else {                                                                                       \
+        a0 = colibri_qi_mla(a0, V(0), xs);                                                         \
+        a1 = colibri_qi_mla(a1, V(1), xs);                                                         \
+        a2 = colibri_qi_mla(a2, V(2), xs);                                                         \
+        a3 = colibri_qi_mla(a3, V(3), xs);                                                         \
+    }
+#define COLIBRI_QI_R4_STORE(y, o, scale, plain)                                                    \
+    if (plain) {                                                                                   \
+        y[o] = a0;                                                                                 \
+        y[o + 1] = a1;                                                                             \
+        y[o + 2] = a2;                                                                             \
+        y[o + 3] = a3;                                                                             \
+    } else {                                                                                       \
+        y[o] = a0 * scale[o];                                                                      \
+        y[o + 1] = a1 * scale[o + 1];                                                              \
+        y[o + 2] = a2 * scale[o + 2];                                                              \
+        y[o + 3] = a3 * scale[o + 3];                                                              \
+    }
+#define COLIBRI_QI_Q8_REST(o0)                                                                     \
+    do {                                                                                           \
+        const int32_t o = (o0);                                                                    \
+        if (o < n_out) {                                                                           \
+            const int8_t *rest = q + (size_t)o * (size_t)n_in;                                     \
+            if (blocked) {                                                                         \
+                colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o,      \
+                                      n_in);                                                       \
+            } else {                                                                               \
+                colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
 /**
  * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
  *        stored in layout R4, bit for bit; n_in must be a multiple of COLIBRI_R4_CHUNK.
@@ -232,17 +278,7 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
             int32_t s[4];
             colibri_qi_r4_block(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8, s);
             const float xs = sx[b];
-            if (blocked) {
-                a0 = colibri_qi_mla(a0, (float)s[0], s0p[b] * xs);
-                a1 = colibri_qi_mla(a1, (float)s[1], s0p[nb + (size_t)b] * xs);
-                a2 = colibri_qi_mla(a2, (float)s[2], s0p[2u * nb + (size_t)b] * xs);
-                a3 = colibri_qi_mla(a3, (float)s[3], s0p[3u * nb + (size_t)b] * xs);
-            } else {
-                a0 = colibri_qi_mla(a0, (float)s[0], xs);
-                a1 = colibri_qi_mla(a1, (float)s[1], xs);
-                a2 = colibri_qi_mla(a2, (float)s[2], xs);
-                a3 = colibri_qi_mla(a3, (float)s[3], xs);
-            }
+            COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4_INT, s0p, (size_t)b, nb, xs, blocked);
         }
         if (half) {
             const int8_t *w = wg + (size_t)full * 128u;
@@ -257,27 +293,9 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
             a2 += (float)colibri_dot_q8(w + 32, x, 16) * f2;
             a3 += (float)colibri_dot_q8(w + 48, x, 16) * f3;
         }
-        if (blocked) {
-            y[o] = a0;
-            y[o + 1] = a1;
-            y[o + 2] = a2;
-            y[o + 3] = a3;
-        } else {
-            y[o] = a0 * scale[o];
-            y[o + 1] = a1 * scale[o + 1];
-            y[o + 2] = a2 * scale[o + 2];
-            y[o + 3] = a3 * scale[o + 3];
-        }
+        COLIBRI_QI_R4_STORE(y, o, scale, blocked);
     }
-    const int32_t o = groups * COLIBRI_R4_ROWS;
-    if (o < n_out) { /* the last 1..3 rows, row-major */
-        const int8_t *rest = q + (size_t)o * (size_t)n_in;
-        if (blocked) {
-            colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o, n_in);
-        } else {
-            colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);
-        }
-    }
+    COLIBRI_QI_Q8_REST(groups * COLIBRI_R4_ROWS); /* row-major */
 }
 
 /*

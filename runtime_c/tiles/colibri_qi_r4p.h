@@ -127,6 +127,8 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_block(const int8_t *wg, const uint32_t *xu
 #endif
 }
 
+#define COLIBRI_QI_R4P_FLOAT(r) colibri_qi_r4p_float(s[r])
+
 /**
  * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
  *        stored in layout R4P, bit for bit; n_in must be a multiple of COLIBRI_QK8. The
@@ -161,40 +163,12 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale,
                 colibri_qi_r4p_block(wg + (size_t)b * 128u, xu + 16 * b, s);
                 const size_t bb = (size_t)(b0 + b);
                 const float xs = sx[bb];
-                if (blocked) {
-                    a0 = colibri_qi_mla(a0, colibri_qi_r4p_float(s[0]), s0p[bb] * xs);
-                    a1 = colibri_qi_mla(a1, colibri_qi_r4p_float(s[1]), s0p[nb + bb] * xs);
-                    a2 = colibri_qi_mla(a2, colibri_qi_r4p_float(s[2]), s0p[2u * nb + bb] * xs);
-                    a3 = colibri_qi_mla(a3, colibri_qi_r4p_float(s[3]), s0p[3u * nb + bb] * xs);
-                } else {
-                    a0 = colibri_qi_mla(a0, colibri_qi_r4p_float(s[0]), xs);
-                    a1 = colibri_qi_mla(a1, colibri_qi_r4p_float(s[1]), xs);
-                    a2 = colibri_qi_mla(a2, colibri_qi_r4p_float(s[2]), xs);
-                    a3 = colibri_qi_mla(a3, colibri_qi_r4p_float(s[3]), xs);
-                }
+                COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4P_FLOAT, s0p, bb, nb, xs, blocked);
             }
-            if (blocked || c0 + cn < n_in) {
-                y[o] = a0;
-                y[o + 1] = a1;
-                y[o + 2] = a2;
-                y[o + 3] = a3;
-            } else {
-                y[o] = a0 * scale[o];
-                y[o + 1] = a1 * scale[o + 1];
-                y[o + 2] = a2 * scale[o + 2];
-                y[o + 3] = a3 * scale[o + 3];
-            }
+            COLIBRI_QI_R4_STORE(y, o, scale, blocked || c0 + cn < n_in);
         }
     }
-    const int32_t o = groups * COLIBRI_R4_ROWS;
-    if (o < n_out) { /* the last 1..3 rows, row-major, uncorrected */
-        const int8_t *rest = q + (size_t)o * (size_t)n_in;
-        if (blocked) {
-            colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o, n_in);
-        } else {
-            colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);
-        }
-    }
+    COLIBRI_QI_Q8_REST(groups * COLIBRI_R4_ROWS); /* row-major, uncorrected */
 }
 
 /** y[o] = y[o] + bias[o] (bias not NULL), then y[o] = y[o] > 0 ? y[o] : 0 (relu), for

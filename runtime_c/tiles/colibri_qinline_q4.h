@@ -68,6 +68,36 @@ COLIBRI_QI_INLINE float colibri_qi_mul(float b, float c)
 /** Four nibble bytes or activation codes as one word, at any alignment (LDR allows it). */
 typedef uint32_t __attribute__((may_alias, aligned(1))) colibri_q4i_word;
 
+/* One step's activations: the words of 4 codes at lo and hi, unpacked by SXTB16 into the pairs
+ * xe0 / xo0 (lo's even / odd codes) and xe1 / xo1 (hi's), declared here; their sum is added to
+ * the two halfword lanes of xsum. */
+#define COLIBRI_Q4I_X(lo, hi)                                                                      \
+    uint32_t xe0, xo0, xe1, xo1;                                                                   \
+    __asm__(                                                                                       \
+        "ldr %[o0], %[l]\n"                                                                        \
+        "ldr %[o1], %[h]\n"                                                                        \
+        "sxtb16 %[e0], %[o0]\n"                                                                    \
+        "sxtb16 %[o0], %[o0], ror #8\n"                                                            \
+        "sxtb16 %[e1], %[o1]\n"                                                                    \
+        "sxtb16 %[o1], %[o1], ror #8\n"                                                            \
+        : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)                       \
+        : [l] "m"(*(const colibri_q4i_word *)(const void *)(lo)), [h] "m"(*(                       \
+                                                                      const colibri_q4i_word       \
+                                                                          *)(const void *)(hi)));  \
+    xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)))
+
+/** A block's 4 integer sums: each row's sum q * x (a0..a3, nibbles q in 0..15) less 8 * the sum
+ *  of the 32 codes (xsum: in two halfword lanes). */
+COLIBRI_QI_INLINE void colibri_qi_q4_sums(int32_t a0, int32_t a1, int32_t a2, int32_t a3,
+                                          uint32_t xsum, int32_t s[4])
+{
+    const int32_t off = 8 * __smuad(xsum, 0x00010001u);
+    s[0] = a0 - off;
+    s[1] = a1 - off;
+    s[2] = a2 - off;
+    s[3] = a3 - off;
+}
+
 /* One row's 8 weights of a step: the 4 bytes of nibbles at p (loaded in the asm, so the
  * compiler cannot hoist the loads of every step and spill them), low nibbles paired with the
  * activations whose SXTB16 pairs are xe0 / xo0, high nibbles with xe1 / xo1; into acc. */
@@ -96,28 +126,14 @@ COLIBRI_QI_INLINE void colibri_qi_q4_block4(const uint8_t *q0, const uint8_t *q1
     uint32_t xsum = 0; /* two halfword lanes of activation sums */
 #pragma GCC unroll 4
     for (int32_t j = 0; j < 16; j += 4) {
-        uint32_t xe0, xo0, xe1, xo1;
-        __asm__("ldr %[o0], %[l]\n"
-                "ldr %[o1], %[h]\n"
-                "sxtb16 %[e0], %[o0]\n"
-                "sxtb16 %[o0], %[o0], ror #8\n"
-                "sxtb16 %[e1], %[o1]\n"
-                "sxtb16 %[o1], %[o1], ror #8\n"
-                : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)
-                : [l] "m"(*(const colibri_q4i_word *)(const void *)(x + j)),
-                  [h] "m"(*(const colibri_q4i_word *)(const void *)(x + j + 16)));
-        xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)));
+        COLIBRI_Q4I_X(x + j, x + j + 16);
         uint32_t vv, hh, tt;
         COLIBRI_Q4I_ROW(a0, q0 + j);
         COLIBRI_Q4I_ROW(a1, q1 + j);
         COLIBRI_Q4I_ROW(a2, q2 + j);
         COLIBRI_Q4I_ROW(a3, q3 + j);
     }
-    const int32_t off = 8 * __smuad(xsum, 0x00010001u); /* 8 * sum of the 32 codes */
-    s[0] = a0 - off;
-    s[1] = a1 - off;
-    s[2] = a2 - off;
-    s[3] = a3 - off;
+    colibri_qi_q4_sums(a0, a1, a2, a3, xsum, s);
 }
 #undef COLIBRI_Q4I_ROW
 #endif
@@ -249,28 +265,14 @@ COLIBRI_QI_INLINE void colibri_qi_q4r4_block(const uint8_t *q, const int8_t *x, 
     uint32_t xsum = 0; /* two halfword lanes of activation sums */
 #pragma GCC unroll 4
     for (int32_t j = 0; j < 4; j++) {
-        uint32_t xe0, xo0, xe1, xo1;
-        __asm__("ldr %[o0], %[l]\n"
-                "ldr %[o1], %[h]\n"
-                "sxtb16 %[e0], %[o0]\n"
-                "sxtb16 %[o0], %[o0], ror #8\n"
-                "sxtb16 %[e1], %[o1]\n"
-                "sxtb16 %[o1], %[o1], ror #8\n"
-                : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)
-                : [l] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j)),
-                  [h] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j + 4)));
-        xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)));
+        COLIBRI_Q4I_X(x + 8 * j, x + 8 * j + 4);
         uint32_t vv, tt;
         COLIBRI_Q4R4_ROW(a0, q + 4 * j);
         COLIBRI_Q4R4_ROW(a1, q + 16 + 4 * j);
         COLIBRI_Q4R4_ROW(a2, q + 32 + 4 * j);
         COLIBRI_Q4R4_ROW(a3, q + 48 + 4 * j);
     }
-    const int32_t off = 8 * __smuad(xsum, 0x00010001u); /* 8 * sum of the 32 codes */
-    s[0] = a0 - off;
-    s[1] = a1 - off;
-    s[2] = a2 - off;
-    s[3] = a3 - off;
+    colibri_qi_q4_sums(a0, a1, a2, a3, xsum, s);
 }
 #undef COLIBRI_Q4R4_ROW
 #else
