@@ -102,15 +102,11 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_block(const int8_t *wg, const uint32_t *xu
                             COLIBRI_QI_PROW(s1, 80) COLIBRI_QI_PROW(s2, 96) COLIBRI_QI_PROW(s3, 112)
                                 COLIBRI_QI_PX(48) COLIBRI_QI_PROW(s0, 72) COLIBRI_QI_PROW(s1, 88)
                                     COLIBRI_QI_PROW(s2, 104) COLIBRI_QI_PROW(s3, 120)
-            : [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3), [ya] "=&r"(ya),
-              [oa] "=&r"(oa), [yb] "=&r"(yb), [ob] "=&r"(ob), [wa] "=&r"(wa), [wb] "=&r"(wb),
-              [t] "=&r"(t)
+            : COLIBRI_QI_SUMS4("=&r", s), [ya] "=&r"(ya), [oa] "=&r"(oa), [yb] "=&r"(yb),
+              [ob] "=&r"(ob), [wa] "=&r"(wa), [wb] "=&r"(wb), [t] "=&r"(t)
             : [w] "r"(wg), [x] "r"(xu), "m"(*(const int8_t(*)[128])wg),
               "m"(*(const uint32_t(*)[16])xu));
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-    s[3] = s3;
+    COLIBRI_QI_STORE4(s, s);
 #else
     for (int32_t r = 0; r < 4; r++) {
         int32_t acc = 0;
@@ -259,8 +255,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_tile(const int8_t *wr, const uint32_t **xp
     float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3];
     __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_S1(smlad, 8) COLIBRI_QI_S1(smlad, 64)
                 COLIBRI_QI_S1(smlad, 72)
-            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [wa] "=&r"(wa),
-              [wb] "=&r"(wb), [xp] "+r"(xp)
+            : COLIBRI_QI_SUMS4("=&r", a), [wa] "=&r"(wa), [wb] "=&r"(wb), [xp] "+r"(xp)
             : [wr] "r"(wr), "m"(*(const int8_t(*)[80])wr),
               "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu)
             : "r0", "r1", "r2", "r3", "r4", "r5");
