@@ -249,20 +249,14 @@ __attribute__((used)) void clb_fault_report(uint32_t sp, uint32_t exc_return)
     clb_fault_stack_check(sp, cfsr, pc, stacked);
     const char *name =
         (ipsr < 16u && clb_exception_names[ipsr] != 0) ? clb_exception_names[ipsr] : "interrupt";
-    const struct {
-        const char *name;
-        uint32_t value;
-    } fields[] = {{" pc=", pc},
-                  {" lr=", lr},
-                  {" exc=", ipsr},
-                  {" cfsr=", cfsr},
-                  {" hfsr=", CLB_SCB_HFSR},
-                  {" exc_return=", exc_return}};
     char msg[160];
     char *p = clb_append(clb_append(msg, "colibri: "), name);
-    for (uint32_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        p = clb_append_field(p, fields[i].name, fields[i].value);
-    }
+    p = clb_append_field(p, " pc=", pc);
+    p = clb_append_field(p, " lr=", lr);
+    p = clb_append_field(p, " exc=", ipsr);
+    p = clb_append_field(p, " cfsr=", cfsr);
+    p = clb_append_field(p, " hfsr=", CLB_SCB_HFSR);
+    p = clb_append_field(p, " exc_return=", exc_return);
     p = clb_append(p, "\n");
     *p = '\0';
     clb_platform_puts(msg);
