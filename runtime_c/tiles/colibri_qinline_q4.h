@@ -414,12 +414,17 @@ COLIBRI_QI_INLINE void colibri_qi_q4g_unpack(const int8_t *x, int32_t n_in, int3
 /* The row's 8 half-words k (pairs unpacked by COLIBRI_Q4G_W at 0, 1, 4, 5, ...; the last by
  * COLIBRI_Q4G_W3), each times the pass's tokens (K: COLIBRI_Q4G_K8 or _K4); its scratch
  * registers and its inputs (the row's 16 bytes, the n_words unpacked activation words). */
+/* clang-format off */
 #define COLIBRI_Q4G_ROW(K)                                                                         \
-    COLIBRI_Q4G_W(0)                                                                               \
-    K(0)                                                                                           \
-    COLIBRI_Q4G_W(1)                                                                               \
-    K(1) COLIBRI_Q4G_W(4) K(2) COLIBRI_Q4G_W(5) K(3) COLIBRI_Q4G_W(8) K(4) COLIBRI_Q4G_W(9) K(5)   \
-        COLIBRI_Q4G_W(12) K(6) COLIBRI_Q4G_W3 K(7)
+    COLIBRI_Q4G_W(0) K(0)                                                                          \
+    COLIBRI_Q4G_W(1) K(1)                                                                          \
+    COLIBRI_Q4G_W(4) K(2)                                                                          \
+    COLIBRI_Q4G_W(5) K(3)                                                                          \
+    COLIBRI_Q4G_W(8) K(4)                                                                          \
+    COLIBRI_Q4G_W(9) K(5)                                                                          \
+    COLIBRI_Q4G_W(12) K(6)                                                                         \
+    COLIBRI_Q4G_W3 K(7)
+/* clang-format on */
 #define COLIBRI_Q4G_TEMPS [we] "=&r"(we), [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
 #define COLIBRI_Q4G_INPUTS(n_words)                                                                \
     [wr] "r"(wr), [xp] "r"(xu), "m"(*(const uint8_t(*)[16])wr), "m"(*(const uint32_t(*)[n_words])xu)
