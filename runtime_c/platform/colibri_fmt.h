@@ -28,6 +28,12 @@ static inline char *clb_append_hex(char *p, uint32_t v)
     return p;
 }
 
+/** @brief Append name then v as clb_append_hex does (" pc=0x0800012c"); returns the new end. */
+static inline char *clb_append_field(char *p, const char *name, uint32_t v)
+{
+    return clb_append_hex(clb_append(p, name), v);
+}
+
 /** @brief Append v in decimal; returns the new end. */
 static inline char *clb_append_u32(char *p, uint32_t v)
 {

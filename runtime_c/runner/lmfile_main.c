@@ -7,12 +7,12 @@
  * Paths argv[1..3], else "model.clb", "input.bin", "output.bin" in the working directory; the
  * request and output files, exit statuses and bench markers are lm_runner.h's (a model file
  * the runtime refuses: 10 + (-colibri_status), printed on one line). An optional argv[4] sets
- * the KV cache positions (0 = COLIBRI_LM_DEFAULT_CONTEXT or the file's, if fewer). An optional argv[5] is the
- * expert RAM budget in bytes (colibri_lm_config_t.expert_ram_budget; 0 = every expert
- * resident), argv[6] its expert_flags (1 = no prefetch, 2 = no pinning), argv[7] is num_threads
- * (0 or 1: one thread), argv[8] prefill_batch (0 = 64), argv[9] pinned_slots (0 = auto) and
- * argv[10] max_memory (0 = no ceiling). A model over the ceiling prints, before the status line,
- *   colibri: memory needed: T bytes (KV cache K for C positions, arena A, tables B, expert
+ * the KV cache positions (0 = COLIBRI_LM_DEFAULT_CONTEXT or the file's, if fewer). An optional
+ * argv[5] is the expert RAM budget in bytes (colibri_lm_config_t.expert_ram_budget; 0 = every
+ * expert resident), argv[6] its expert_flags (1 = no prefetch, 2 = no pinning), argv[7] is
+ * num_threads (0 or 1: one thread), argv[8] prefill_batch (0 = 64), argv[9] pinned_slots (0 = auto)
+ * and argv[10] max_memory (0 = no ceiling). A model over the ceiling prints, before the status
+ * line, colibri: memory needed: T bytes (KV cache K for C positions, arena A, tables B, expert
  *   slots S, packed P)
  * (colibri_lm_measure) and exits 10 + 18.
  * Unless the prompt's logits are asked for, the prompt is prefilled in batches
@@ -127,32 +127,43 @@ static void print_timing(void)
     clb_platform_puts(line);
 }
 
+/* The C type of a numeric command-line argument's field. */
+typedef enum { ARG_I32, ARG_U32, ARG_U64 } arg_kind;
+
+/* Parse s (decimal) into the field of that kind. */
+static void set_number(void *field, arg_kind kind, const char *s)
+{
+    switch (kind) {
+    case ARG_I32:
+        *(int32_t *)field = (int32_t)strtol(s, NULL, 10);
+        break;
+    case ARG_U32:
+        *(uint32_t *)field = (uint32_t)strtoul(s, NULL, 10);
+        break;
+    case ARG_U64:
+        *(uint64_t *)field = (uint64_t)strtoull(s, NULL, 10);
+        break;
+    }
+}
+
 int main(int argc, char **argv)
 {
     clb_platform_init();
     colibri_lm_config_t config;
     memset(&config, 0, sizeof config);
     config.model_path = argc > 1 ? argv[1] : "model.clb";
-    if (argc > 4) {
-        config.max_context = (int32_t)strtol(argv[4], NULL, 10);
-    }
-    if (argc > 5) {
-        config.expert_ram_budget = (uint64_t)strtoull(argv[5], NULL, 10);
-    }
-    if (argc > 6) {
-        config.expert_flags = (uint32_t)strtoul(argv[6], NULL, 10);
-    }
-    if (argc > 7) {
-        config.num_threads = (int32_t)strtol(argv[7], NULL, 10);
-    }
-    if (argc > 8) {
-        config.prefill_batch = (int32_t)strtol(argv[8], NULL, 10);
-    }
-    if (argc > 9) {
-        config.pinned_slots = (int32_t)strtol(argv[9], NULL, 10);
-    }
-    if (argc > 10) {
-        config.max_memory = (uint64_t)strtoull(argv[10], NULL, 10);
+    /* argv[4..10]: optional decimal numbers, in this order */
+    const struct {
+        void *field;
+        arg_kind kind;
+    } numbers[] = {
+        {&config.max_context, ARG_I32},   {&config.expert_ram_budget, ARG_U64},
+        {&config.expert_flags, ARG_U32},  {&config.num_threads, ARG_I32},
+        {&config.prefill_batch, ARG_I32}, {&config.pinned_slots, ARG_I32},
+        {&config.max_memory, ARG_U64},
+    };
+    for (int i = 0; i < (int)(sizeof numbers / sizeof numbers[0]) && 4 + i < argc; i++) {
+        set_number(numbers[i].field, numbers[i].kind, argv[4 + i]);
     }
     const colibri_status st = colibri_lm_init(&config, &g_lm);
     if (st == COLIBRI_ERR_MEMORY) {

@@ -53,34 +53,31 @@ static inline void say(const char *a, uint32_t num, const char *b)
     clb_platform_puts(line);
 }
 
+/** @brief Read (writing 0) or write (1) exactly n bytes at addr; 0 on success. */
+static inline int runner_io_exact(int32_t fd, uintptr_t addr, uint32_t n, int writing)
+{
+    while (n > 0u) {
+        const int32_t done = writing ? clb_platform_write(fd, (const void *)addr, n)
+                                     : clb_platform_read(fd, (void *)addr, n);
+        if (done <= 0) {
+            return -1;
+        }
+        addr += (uint32_t)done;
+        n -= (uint32_t)done;
+    }
+    return 0;
+}
+
 /** @brief Read exactly n bytes; 0 on success. */
 static inline int read_all(int32_t fd, void *buf, uint32_t n)
 {
-    uint8_t *p = (uint8_t *)buf;
-    while (n > 0u) {
-        const int32_t got = clb_platform_read(fd, p, n);
-        if (got <= 0) {
-            return -1;
-        }
-        p += got;
-        n -= (uint32_t)got;
-    }
-    return 0;
+    return runner_io_exact(fd, (uintptr_t)buf, n, 0);
 }
 
 /** @brief Write exactly n bytes; 0 on success. */
 static inline int write_all(int32_t fd, const void *buf, uint32_t n)
 {
-    const uint8_t *p = (const uint8_t *)buf;
-    while (n > 0u) {
-        const int32_t put = clb_platform_write(fd, p, n);
-        if (put <= 0) {
-            return -1;
-        }
-        p += put;
-        n -= (uint32_t)put;
-    }
-    return 0;
+    return runner_io_exact(fd, (uintptr_t)buf, n, 1);
 }
 
 #endif /* COLIBRI_RUNNER_IO_H */

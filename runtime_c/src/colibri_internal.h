@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef COLIBRI_DEBUG
 #include <assert.h>
@@ -69,6 +70,40 @@ void colibri_loader_setup(colibri_model_t *model, colibri_cache_policy policy, i
  */
 void colibri_loader_setup_split(colibri_model_t *model, colibri_cache_policy policy,
                                 int32_t n_slots, void *book_area, float *slot_mem);
+
+/**
+ * @brief A zeroed model descriptor holding only the dimensions, the activation and the flags:
+ *        what colibri_file_block_alloc sizes a loaded model's block from (model_container.c,
+ *        model_seed.c).
+ */
+static inline colibri_model_t colibri_model_dims(int32_t n_experts, int32_t d_model, int32_t d_ff,
+                                                 int32_t top_k, colibri_activation activation,
+                                                 uint32_t flags)
+{
+    colibri_model_t dims;
+    memset(&dims, 0, sizeof(dims));
+    dims.n_experts = n_experts;
+    dims.d_model = d_model;
+    dims.d_ff = d_ff;
+    dims.top_k = top_k;
+    dims.activation = activation;
+    dims.flags = flags;
+    return dims;
+}
+
+/**
+ * @brief Give a handle its workspace: the arena (arena_size bytes) for chunks of max_tokens
+ *        tokens. is_static: the handle owns none of its memory (colibri_init_static and the
+ *        shared handles); 0: colibri_cleanup frees what it owns (colibri_init's handles).
+ */
+static inline void colibri_model_set_arena(colibri_model_t *m, void *arena, size_t arena_size,
+                                           int32_t max_tokens, int is_static)
+{
+    m->arena = arena;
+    m->arena_size = arena_size;
+    m->max_tokens = max_tokens;
+    m->is_static = is_static;
+}
 
 /** @brief Check that the dims / flags / activation of a model descriptor are usable. */
 colibri_status colibri_check_dims(const colibri_model_t *model);

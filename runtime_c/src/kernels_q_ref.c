@@ -71,9 +71,11 @@ void colibri_matvec_f16_f32_ref(const uint16_t *w, const float *x, float *y, int
     }
 }
 
-/* Per row: blocks in order, acc += (sum of the block's (q - 8) * x[i], i ascending) * d. */
-void colibri_matvec_q4_f32_ref(const colibri_block_q4_32 *w, const float *x, float *y,
-                               int32_t n_out, int32_t n_in)
+/* int4 weights, per row: blocks in order (the last may be partial). x != NULL (fp32
+ * activations): acc += (sum of the block's (q - 8) * x[i], i ascending) * d; else (int8
+ * activations xq, block scales sx): acc += (float)(exact block sum) * (d * sx[b]). */
+static void matvec_q4_ref(const colibri_block_q4_32 *w, const float *x, const int8_t *xq,
+                          const float *sx, float *y, int32_t n_out, int32_t n_in)
 {
     const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
     for (int32_t o = 0; o < n_out; o++) {
@@ -82,14 +84,25 @@ void colibri_matvec_q4_f32_ref(const colibri_block_q4_32 *w, const float *x, flo
             const colibri_block_q4_32 *blk = w + (size_t)o * (size_t)nb + (size_t)b;
             const int32_t i0 = b * COLIBRI_QK4;
             const int32_t n = (n_in - i0 < COLIBRI_QK4) ? n_in - i0 : COLIBRI_QK4;
-            float bs = 0.0f;
-            for (int32_t j = 0; j < n; j++) {
-                bs += (float)colibri_q4_value(blk, j) * x[i0 + j];
+            const float d = colibri_f16_to_f32_scalar(blk->d);
+            if (x != NULL) {
+                float bs = 0.0f;
+                for (int32_t j = 0; j < n; j++) {
+                    bs += (float)colibri_q4_value(blk, j) * x[i0 + j];
+                }
+                acc += bs * d;
+            } else {
+                acc += (float)colibri_dot_q4_q8_ref(blk, xq + i0, n) * (d * sx[b]);
             }
-            acc += bs * colibri_f16_to_f32_scalar(blk->d);
         }
         y[o] = acc;
     }
+}
+
+void colibri_matvec_q4_f32_ref(const colibri_block_q4_32 *w, const float *x, float *y,
+                               int32_t n_out, int32_t n_in)
+{
+    matvec_q4_ref(w, x, NULL, NULL, y, n_out, n_in);
 }
 
 /* int8 x int8, per row: blocks in order, acc += (float)(exact block sum) * (block scale); the
@@ -127,18 +140,7 @@ void colibri_matvec_q8b_q8_ref(const int8_t *q, const float *scale, const int8_t
 void colibri_matvec_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,
                               float *y, int32_t n_out, int32_t n_in)
 {
-    const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
-    for (int32_t o = 0; o < n_out; o++) {
-        float acc = 0.0f;
-        for (int32_t b = 0; b < nb; b++) {
-            const colibri_block_q4_32 *blk = w + (size_t)o * (size_t)nb + (size_t)b;
-            const int32_t i0 = b * COLIBRI_QK4;
-            const int32_t n = (n_in - i0 < COLIBRI_QK4) ? n_in - i0 : COLIBRI_QK4;
-            const float d = colibri_f16_to_f32_scalar(blk->d);
-            acc += (float)colibri_dot_q4_q8_ref(blk, xq + i0, n) * (d * sx[b]);
-        }
-        y[o] = acc;
-    }
+    matvec_q4_ref(w, NULL, xq, sx, y, n_out, n_in);
 }
 
 /* The multi-token kernels: row t is the matvec of token t (colibri_quant.h). */

@@ -359,14 +359,8 @@ colibri_status colibri_file_load_container(const colibri_config_t *config, int32
     owners = owners < cs.n_w1 ? owners : cs.n_w1;
     const int32_t slots = (uint32_t)n_slots < owners ? n_slots : (int32_t)owners;
 
-    colibri_model_t dims;
-    memset(&dims, 0, sizeof(dims));
-    dims.n_experts = (int32_t)h.e;
-    dims.d_model = (int32_t)h.d;
-    dims.d_ff = (int32_t)h.f;
-    dims.top_k = (int32_t)h.k;
-    dims.activation = (colibri_activation)h.act;
-    dims.flags = h.flags;
+    colibri_model_t dims = colibri_model_dims((int32_t)h.e, (int32_t)h.d, (int32_t)h.f,
+                                              (int32_t)h.k, (colibri_activation)h.act, h.flags);
     colibri_model_t *m = NULL;
     st = colibri_file_block_alloc(&dims, 0, config->cache_policy, slots, size, &m, NULL);
     if (st != COLIBRI_OK) {

@@ -168,14 +168,11 @@ colibri_status colibri_file_block_alloc(const colibri_model_t *dims, size_t rout
         *router_out = router;
     }
     m->kernels = NULL;
-    m->arena = arena;
-    m->arena_size = ws;
-    m->max_tokens = max_tokens;
+    colibri_model_set_arena(m, arena, ws, max_tokens, 0);
     m->owned = block;
     m->owned_arena = arena;
     m->owned_slots = slot_copies;
     m->shared = shared;
-    m->is_static = 0;
     m->share_eff = NULL;
     colibri_loader_setup_split(m, policy, n_slots, block + book_off, (float *)slot_copies);
     *out = m;

@@ -230,6 +230,18 @@ static colibri_status parse_config_json(const char *text, size_t n, seed_config 
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->activation = COLIBRI_ACT_GELU;
+    /* the required integer keys */
+    const struct {
+        const char *key;
+        int64_t *value;
+        int *have;
+    } ints[] = {
+        {"n_experts", &cfg->n_experts, &cfg->have_n_experts},
+        {"k", &cfg->k, &cfg->have_k},
+        {"hidden_size", &cfg->hidden, &cfg->have_hidden},
+        {"intermediate_size", &cfg->inter, &cfg->have_inter},
+    };
+    const size_t n_ints = sizeof(ints) / sizeof(ints[0]);
     json_cursor c = {text, text + n};
     json_ws(&c);
     if (c.p >= c.end || *c.p != '{') {
@@ -253,18 +265,13 @@ static colibri_status parse_config_json(const char *text, size_t n, seed_config 
         c.p++;
         json_ws(&c);
         int rc = 0;
-        if (key_is(key, key_len, "n_experts")) {
-            rc = json_int(&c, &cfg->n_experts);
-            cfg->have_n_experts = 1;
-        } else if (key_is(key, key_len, "k")) {
-            rc = json_int(&c, &cfg->k);
-            cfg->have_k = 1;
-        } else if (key_is(key, key_len, "hidden_size")) {
-            rc = json_int(&c, &cfg->hidden);
-            cfg->have_hidden = 1;
-        } else if (key_is(key, key_len, "intermediate_size")) {
-            rc = json_int(&c, &cfg->inter);
-            cfg->have_inter = 1;
+        size_t ki = 0; /* the integer key's index in ints, or n_ints */
+        while (ki < n_ints && !key_is(key, key_len, ints[ki].key)) {
+            ki++;
+        }
+        if (ki < n_ints) {
+            rc = json_int(&c, ints[ki].value);
+            *ints[ki].have = 1;
         } else if (key_is(key, key_len, "activation")) {
             if (parse_activation(&c, cfg) != COLIBRI_OK) {
                 return COLIBRI_ERR_CONFIG;
@@ -396,15 +403,11 @@ colibri_status colibri_file_load_seed(const colibri_config_t *config, int32_t n_
         return COLIBRI_ERR_SIZE;
     }
 
-    colibri_model_t dims;
-    memset(&dims, 0, sizeof(dims));
-    dims.n_experts = (int32_t)cfg.n_experts;
-    dims.d_model = (int32_t)cfg.hidden;
-    dims.d_ff = (int32_t)cfg.inter;
-    dims.top_k = (int32_t)cfg.k;
-    dims.activation = cfg.activation;
-    dims.flags = COLIBRI_FLAG_EXPERT_BIAS | (cfg.norm_topk ? COLIBRI_FLAG_NORM_TOPK : 0u) |
-                 (router_bias ? COLIBRI_FLAG_ROUTER_BIAS : 0u);
+    colibri_model_t dims = colibri_model_dims((int32_t)cfg.n_experts, (int32_t)cfg.hidden,
+                                              (int32_t)cfg.inter, (int32_t)cfg.k, cfg.activation,
+                                              COLIBRI_FLAG_EXPERT_BIAS |
+                                                  (cfg.norm_topk ? COLIBRI_FLAG_NORM_TOPK : 0u) |
+                                                  (router_bias ? COLIBRI_FLAG_ROUTER_BIAS : 0u));
     colibri_model_t *m = NULL;
     float *router = NULL;
     /* every expert owns weights here: more LRU slots than experts would never be used */

@@ -66,6 +66,23 @@ colibri_status colibri_check_stored(const colibri_model_t *model)
     return COLIBRI_OK;
 }
 
+/* The arena a handle on dims needs for chunks of max_tokens tokens and n_slots slots: its
+ * workspace (*ws bytes, at its start) and the slots after it, or COLIBRI_ERR_NOMEM when that
+ * is more than arena_size (or than the size types hold). */
+static colibri_status arena_check(const colibri_model_t *dims, int32_t n_slots, size_t arena_size,
+                                  int32_t max_tokens, size_t *ws)
+{
+    if (max_tokens > INT32_MAX / dims->top_k) { /* perm indices stay in int32_t */
+        return COLIBRI_ERR_NOMEM;
+    }
+    *ws = colibri_workspace_size(dims, max_tokens);
+    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(dims));
+    if (*ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - *ws || arena_size < *ws + slots) {
+        return COLIBRI_ERR_NOMEM;
+    }
+    return COLIBRI_OK;
+}
+
 colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_t *config,
                                    void *arena, size_t arena_size, int32_t max_tokens)
 {
@@ -97,21 +114,15 @@ colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_
     if (model->stored == NULL && n_slots > 0) {
         return COLIBRI_ERR_ARG; /* nothing to copy into a slot */
     }
-    if (max_tokens > INT32_MAX / model->top_k) { /* perm indices stay in int32_t */
-        return COLIBRI_ERR_NOMEM;
+    size_t ws;
+    st = arena_check(model, n_slots, arena_size, max_tokens, &ws);
+    if (st != COLIBRI_OK) {
+        return st;
     }
-    const size_t ws = colibri_workspace_size(model, max_tokens);
-    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(model));
-    if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws || arena_size < ws + slots) {
-        return COLIBRI_ERR_NOMEM;
-    }
-    model->arena = arena;
-    model->arena_size = arena_size;
-    model->max_tokens = max_tokens;
     model->map_base = NULL;
     model->map_size = 0;
     model->owned = NULL;
-    model->is_static = 1;
+    colibri_model_set_arena(model, arena, arena_size, max_tokens, 1);
     colibri_loader_setup(model, policy, n_slots, (unsigned char *)arena + ws);
     return COLIBRI_OK;
 }
@@ -156,13 +167,10 @@ colibri_status colibri_shared_attach(colibri_model_t *model, const colibri_model
         ((uintptr_t)arena % 8u) != 0u) {
         return COLIBRI_ERR_ARG;
     }
-    if (max_tokens > INT32_MAX / base->top_k) { /* perm indices stay in int32_t */
-        return COLIBRI_ERR_NOMEM;
-    }
-    const size_t ws = colibri_workspace_size(base, max_tokens);
-    const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(base));
-    if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws || arena_size < ws + slots) {
-        return COLIBRI_ERR_NOMEM;
+    size_t ws;
+    const colibri_status st = arena_check(base, n_slots, arena_size, max_tokens, &ws);
+    if (st != COLIBRI_OK) {
+        return st;
     }
     /* Field by field, only what init made read-only: base's counters, clock and slot arrays
      * may be changing under a forward pass in another thread. */
@@ -185,10 +193,8 @@ colibri_status colibri_shared_attach(colibri_model_t *model, const colibri_model
     model->router_scheme = base->router_scheme;
     model->router_wq = base->router_wq;
     model->router_scale = base->router_scale;
-    model->arena = arena;
-    model->arena_size = arena_size;
-    model->max_tokens = max_tokens;
-    model->is_static = 1; /* owns nothing; colibri_init_shared takes ownership afterwards */
+    /* owns nothing; colibri_init_shared takes ownership afterwards */
+    colibri_model_set_arena(model, arena, arena_size, max_tokens, 1);
     colibri_loader_setup(model, policy, n_slots, (unsigned char *)arena + ws);
     return COLIBRI_OK;
 }

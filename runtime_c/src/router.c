@@ -38,6 +38,23 @@ typedef uint32_t route_v4u __attribute__((vector_size(16)));
 /* exp is colibri_expf (colibri_math.h): the same bits on every board and in the numpy mirror.
  * The softmax only takes exp of l - M <= 0. */
 
+/* colibri_expf's operations up to the power of two, in the same order (so the same bits), for
+ * T float or route_v4f: declares t = x * log2(e) + ROUND (n in its low bits) and y = 2^-n *
+ * exp(x) (the polynomial of r = x - n ln 2). p3, p4, p5 and one are COLIBRI_EXP_P3, P4, P5 and
+ * 1.0f, or copies of them that the scalar lanes hold in registers. */
+#define ROUTE_EXP_POLY(T, x, t, y, p3, p4, p5, one)                                                \
+    const T route_x = (x);                                                                         \
+    const T t = route_x * COLIBRI_EXP_LOG2E + COLIBRI_EXP_ROUND;                                   \
+    const T route_n = t - COLIBRI_EXP_ROUND;                                                       \
+    const T route_r = (route_x - route_n * COLIBRI_EXP_LN2_HI) - route_n * COLIBRI_EXP_LN2_LO;     \
+    const T route_z = route_r * route_r;                                                           \
+    T route_p = route_r * COLIBRI_EXP_P0 + COLIBRI_EXP_P1;                                         \
+    route_p = route_p * route_r + COLIBRI_EXP_P2;                                                  \
+    route_p = route_p * route_r + (p3);                                                            \
+    route_p = route_p * route_r + (p4);                                                            \
+    route_p = route_p * route_r + (p5);                                                            \
+    const T y = (route_p * route_z + route_r) + (one)
+
 #if !defined(ROUTE_SIMD)
 /* colibri_expf for x <= 0 (or NaN), without its branches: for such x its n = 128 and +inf
  * branches never run, so only the x < COLIBRI_EXP_MIN -> 0 case is left, taken here as a
@@ -46,16 +63,7 @@ typedef uint32_t route_v4u __attribute__((vector_size(16)));
  * COLIBRI_EXP_P3, P4, P5 and 1.0f, passed in so that the caller can hold them in registers. */
 static inline float route_exp_neg(float x, float p3, float p4, float p5, float one)
 {
-    const float t = x * COLIBRI_EXP_LOG2E + COLIBRI_EXP_ROUND;
-    const float n = t - COLIBRI_EXP_ROUND;
-    const float r = (x - n * COLIBRI_EXP_LN2_HI) - n * COLIBRI_EXP_LN2_LO;
-    const float z = r * r;
-    float p = r * COLIBRI_EXP_P0 + COLIBRI_EXP_P1;
-    p = p * r + COLIBRI_EXP_P2;
-    p = p * r + p3;
-    p = p * r + p4;
-    p = p * r + p5;
-    const float y = (p * z + r) + one;
+    ROUTE_EXP_POLY(float, x, t, y, p3, p4, p5, one);
     uint32_t bits;
     memcpy(&bits, &t, sizeof bits);
     /* (bits + (127 - ROUND_BITS)) << 23, as one shift and one add (mod 2^32 the same) */
@@ -82,16 +90,7 @@ static inline float route_exp_neg(float x, float p3, float p4, float p5, float o
 static inline route_v4f route_exp4(route_v4f x)
 {
     const route_v4i below = x < COLIBRI_EXP_MIN;
-    const route_v4f t = x * COLIBRI_EXP_LOG2E + COLIBRI_EXP_ROUND;
-    const route_v4f n = t - COLIBRI_EXP_ROUND;
-    const route_v4f r = (x - n * COLIBRI_EXP_LN2_HI) - n * COLIBRI_EXP_LN2_LO;
-    const route_v4f z = r * r;
-    route_v4f p = r * COLIBRI_EXP_P0 + COLIBRI_EXP_P1;
-    p = p * r + COLIBRI_EXP_P2;
-    p = p * r + COLIBRI_EXP_P3;
-    p = p * r + COLIBRI_EXP_P4;
-    p = p * r + COLIBRI_EXP_P5;
-    const route_v4f y = (p * z + r) + 1.0f;
+    ROUTE_EXP_POLY(route_v4f, x, t, y, COLIBRI_EXP_P3, COLIBRI_EXP_P4, COLIBRI_EXP_P5, 1.0f);
     const route_v4u bits = ((route_v4u)t + (127u - COLIBRI_EXP_ROUND_BITS)) << 23;
     const route_v4i e = (route_v4i)(y * (route_v4f)bits);
     return (route_v4f)(e & ~below);

@@ -27,6 +27,28 @@ extern "C" {
 
 #define COLIBRI_QI_INLINE static inline __attribute__((always_inline))
 
+/* The sums of the written-out kernels (4 or 8 rows or tokens, named p0, p1, ...): as asm output
+ * operands [p0] c(p0), ... with constraint c ("=&r": started by the asm, "+r": added to), and
+ * stored to dst[0], dst[1], ... afterwards. */
+#define COLIBRI_QI_SUMS4(c, p) [p##0] c(p##0), [p##1] c(p##1), [p##2] c(p##2), [p##3] c(p##3)
+#define COLIBRI_QI_SUMS8(c, p)                                                                     \
+    COLIBRI_QI_SUMS4(c, p), [p##4] c(p##4), [p##5] c(p##5), [p##6] c(p##6), [p##7] c(p##7)
+#define COLIBRI_QI_STORE4(dst, p)                                                                  \
+    do {                                                                                           \
+        (dst)[0] = p##0;                                                                           \
+        (dst)[1] = p##1;                                                                           \
+        (dst)[2] = p##2;                                                                           \
+        (dst)[3] = p##3;                                                                           \
+    } while (0)
+#define COLIBRI_QI_STORE8(dst, p)                                                                  \
+    do {                                                                                           \
+        COLIBRI_QI_STORE4(dst, p);                                                                 \
+        (dst)[4] = p##4;                                                                           \
+        (dst)[5] = p##5;                                                                           \
+        (dst)[6] = p##6;                                                                           \
+        (dst)[7] = p##7;                                                                           \
+    } while (0)
+
 #if defined(COLIBRI_QI_SIMD32)
 /** Four int8 codes as one word; may alias the int8 arrays it reads. */
 typedef uint32_t __attribute__((may_alias, aligned(4))) colibri_qi_word;

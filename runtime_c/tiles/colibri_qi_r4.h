@@ -71,10 +71,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4_block(const int8_t *wg, const int8_t *x, in
         s2 = vmladavaq_s8(s2, vld1q_s8(w + 32), xv);
         s3 = vmladavaq_s8(s3, vld1q_s8(w + 48), xv);
     }
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-    s[3] = s3;
+    COLIBRI_QI_STORE4(s, s);
 #elif defined(COLIBRI_QI_SIMD32)
     /* Written out: GCC's allocation of the intrinsics spilled. 13 registers: 4 sums, the two
      * base pointers, the 4 unpacked activation pairs and 3 for the weights. Per 8 inputs: one
@@ -92,14 +89,10 @@ COLIBRI_QI_INLINE void colibri_qi_r4_block(const int8_t *wg, const int8_t *x, in
         COLIBRI_QI_X(16) COLIBRI_QI_ROW(s0, 64) COLIBRI_QI_ROW(s1, 80) COLIBRI_QI_ROW(s2, 96)
             COLIBRI_QI_ROW(s3, 112) COLIBRI_QI_X(24) COLIBRI_QI_ROW(s0, 72) COLIBRI_QI_ROW(s1, 88)
                 COLIBRI_QI_ROW(s2, 104) COLIBRI_QI_ROW(s3, 120)
-        : [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3), [xa] "=&r"(xa),
-          [xb] "=&r"(xb), [x1] "=&r"(x1), [x3] "=&r"(x3), [wa] "=&r"(wa), [wb] "=&r"(wb),
-          [t] "=&r"(t)
+        : COLIBRI_QI_SUMS4("=&r", s), [xa] "=&r"(xa), [xb] "=&r"(xb), [x1] "=&r"(x1),
+          [x3] "=&r"(x3), [wa] "=&r"(wa), [wb] "=&r"(wb), [t] "=&r"(t)
         : [w] "r"(wg), [x] "r"(x), "m"(*(const int8_t(*)[128])wg), "m"(*(const int8_t(*)[32])x));
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-    s[3] = s3;
+    COLIBRI_QI_STORE4(s, s);
 #else
     for (int32_t r = 0; r < 4; r++) {
         int32_t acc = 0;
@@ -193,13 +186,58 @@ COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *x
                      "vmul.f32 s6, s6, s10\n"
                      "vmul.f32 s7, s7, s11\n"
                      "vstmia %[y], {s4-s7}\n"
-                     : [w] "+r"(w), [x] "+r"(x), [sp] "+r"(sp), [s0] "=&Te"(s0), [s1] "=&Te"(s1),
-                       [s2] "=&Te"(s2), [s3] "=&Te"(s3)
+                     : [w] "+r"(w), [x] "+r"(x), [sp] "+r"(sp), COLIBRI_QI_SUMS4("=&Te", s)
                      : [nb] "r"(nb), [sc] "r"(scale), [y] "r"(y)
                      /* reads wg, xq, sx and scale's 4 floats, writes y's 4 */
                      : "memory", "lr", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9");
 }
 #endif
+
+/* What the one-token R4 and R4P kernels share, on the running sums a0..a3 of a group's 4 rows
+ * (macros: the same statements in both, so the same instructions).
+ * COLIBRI_QI_R4_MLA4: after one block, a_r += V(r) * (blocked ? sp[r * nb + bb] * xs : xs)
+ * (colibri_qi_mla), V(r) = row r's integer dot product s[r] as a float.
+ * COLIBRI_QI_R4_STORE: y[o + r] = a_r (plain), else a_r * scale[o + r].
+ * COLIBRI_QI_Q8_REST(o0): rows o0..n_out - 1 (after the last group: row-major) by the library,
+ * colibri_matvec_q8b_q8 (blocked) or colibri_matvec_q8_q8 (the kernel's parameters in scope). */
+#define COLIBRI_QI_R4_INT(r) ((float)s[r])
+#define COLIBRI_QI_R4_MLA4(V, sp, bb, nb, xs, blocked)                                             \
+    if (blocked) {                                                                                 \
+        a0 = colibri_qi_mla(a0, V(0), sp[bb] * xs);                                                \
+        a1 = colibri_qi_mla(a1, V(1), sp[nb + bb] * xs);                                           \
+        a2 = colibri_qi_mla(a2, V(2), sp[2u * nb + bb] * xs);                                      \
+        a3 = colibri_qi_mla(a3, V(3), sp[3u * nb + bb] * xs);                                      \
+    } else {                                                                                       \
+        a0 = colibri_qi_mla(a0, V(0), xs);                                                         \
+        a1 = colibri_qi_mla(a1, V(1), xs);                                                         \
+        a2 = colibri_qi_mla(a2, V(2), xs);                                                         \
+        a3 = colibri_qi_mla(a3, V(3), xs);                                                         \
+    }
+#define COLIBRI_QI_R4_STORE(y, o, scale, plain)                                                    \
+    if (plain) {                                                                                   \
+        y[o] = a0;                                                                                 \
+        y[o + 1] = a1;                                                                             \
+        y[o + 2] = a2;                                                                             \
+        y[o + 3] = a3;                                                                             \
+    } else {                                                                                       \
+        y[o] = a0 * scale[o];                                                                      \
+        y[o + 1] = a1 * scale[o + 1];                                                              \
+        y[o + 2] = a2 * scale[o + 2];                                                              \
+        y[o + 3] = a3 * scale[o + 3];                                                              \
+    }
+#define COLIBRI_QI_Q8_REST(o0)                                                                     \
+    do {                                                                                           \
+        const int32_t o = (o0);                                                                    \
+        if (o < n_out) {                                                                           \
+            const int8_t *rest = q + (size_t)o * (size_t)n_in;                                     \
+            if (blocked) {                                                                         \
+                colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o,      \
+                                      n_in);                                                       \
+            } else {                                                                               \
+                colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
 
 /**
  * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
@@ -232,17 +270,7 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
             int32_t s[4];
             colibri_qi_r4_block(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8, s);
             const float xs = sx[b];
-            if (blocked) {
-                a0 = colibri_qi_mla(a0, (float)s[0], s0p[b] * xs);
-                a1 = colibri_qi_mla(a1, (float)s[1], s0p[nb + (size_t)b] * xs);
-                a2 = colibri_qi_mla(a2, (float)s[2], s0p[2u * nb + (size_t)b] * xs);
-                a3 = colibri_qi_mla(a3, (float)s[3], s0p[3u * nb + (size_t)b] * xs);
-            } else {
-                a0 = colibri_qi_mla(a0, (float)s[0], xs);
-                a1 = colibri_qi_mla(a1, (float)s[1], xs);
-                a2 = colibri_qi_mla(a2, (float)s[2], xs);
-                a3 = colibri_qi_mla(a3, (float)s[3], xs);
-            }
+            COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4_INT, s0p, (size_t)b, nb, xs, blocked);
         }
         if (half) {
             const int8_t *w = wg + (size_t)full * 128u;
@@ -257,27 +285,9 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
             a2 += (float)colibri_dot_q8(w + 32, x, 16) * f2;
             a3 += (float)colibri_dot_q8(w + 48, x, 16) * f3;
         }
-        if (blocked) {
-            y[o] = a0;
-            y[o + 1] = a1;
-            y[o + 2] = a2;
-            y[o + 3] = a3;
-        } else {
-            y[o] = a0 * scale[o];
-            y[o + 1] = a1 * scale[o + 1];
-            y[o + 2] = a2 * scale[o + 2];
-            y[o + 3] = a3 * scale[o + 3];
-        }
+        COLIBRI_QI_R4_STORE(y, o, scale, blocked);
     }
-    const int32_t o = groups * COLIBRI_R4_ROWS;
-    if (o < n_out) { /* the last 1..3 rows, row-major */
-        const int8_t *rest = q + (size_t)o * (size_t)n_in;
-        if (blocked) {
-            colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o, n_in);
-        } else {
-            colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);
-        }
-    }
+    COLIBRI_QI_Q8_REST(groups * COLIBRI_R4_ROWS); /* row-major */
 }
 
 /*
@@ -357,28 +367,20 @@ COLIBRI_QI_INLINE void colibri_qi_r1_block8(const int8_t *wr, const uint32_t *xu
 {
     int32_t a0, a1, a2, a3, a4, a5, a6, a7;
     uint32_t we, wo, xa, xb;
-    __asm__(COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
-                COLIBRI_QI_T0(a3, 24) COLIBRI_QI_T0(a4, 32) COLIBRI_QI_T0(a5, 40) COLIBRI_QI_T0(
-                    a6, 48) COLIBRI_QI_T0(a7, 56) COLIBRI_QI_K(4, 64, 72, 80, 88, 96, 104, 112, 120)
-                    COLIBRI_QI_K(8, 128, 136, 144, 152, 160, 168, 176, 184)
-                        COLIBRI_QI_K(12, 192, 200, 208, 216, 224, 232, 240, 248)
-                            COLIBRI_QI_K(64, 256, 264, 272, 280, 288, 296, 304, 312)
-                                COLIBRI_QI_K(68, 320, 328, 336, 344, 352, 360, 368, 376)
-                                    COLIBRI_QI_K(72, 384, 392, 400, 408, 416, 424, 432, 440)
-                                        COLIBRI_QI_K(76, 448, 456, 464, 472, 480, 488, 496, 504)
-            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [a4] "=&r"(a4),
-              [a5] "=&r"(a5), [a6] "=&r"(a6), [a7] "=&r"(a7), [we] "=&r"(we), [wo] "=&r"(wo),
-              [xa] "=&r"(xa), [xb] "=&r"(xb)
-            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
-              "m"(*(const uint32_t(*)[128])xu));
-    s[0] = a0;
-    s[1] = a1;
-    s[2] = a2;
-    s[3] = a3;
-    s[4] = a4;
-    s[5] = a5;
-    s[6] = a6;
-    s[7] = a7;
+    __asm__(
+        COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
+            COLIBRI_QI_T0(a3, 24) COLIBRI_QI_T0(a4, 32) COLIBRI_QI_T0(a5, 40) COLIBRI_QI_T0(
+                a6, 48) COLIBRI_QI_T0(a7, 56) COLIBRI_QI_K(4, 64, 72, 80, 88, 96, 104, 112, 120)
+                COLIBRI_QI_K(8, 128, 136, 144, 152, 160, 168, 176,
+                             184) COLIBRI_QI_K(12, 192, 200, 208, 216, 224, 232, 240, 248)
+                    COLIBRI_QI_K(64, 256, 264, 272, 280, 288, 296, 304, 312) COLIBRI_QI_K(
+                        68, 320, 328, 336, 344, 352,
+                        360, 368, 376) COLIBRI_QI_K(72, 384, 392, 400, 408, 416, 424, 432, 440)
+                        COLIBRI_QI_K(76, 448, 456, 464, 472, 480, 488, 496, 504)
+        : COLIBRI_QI_SUMS8("=&r", a), [we] "=&r"(we), [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
+        : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
+          "m"(*(const uint32_t(*)[128])xu));
+    COLIBRI_QI_STORE8(s, a);
 }
 
 #define COLIBRI_QI_K4(woff, x0, x1, x2, x3)                                                        \
@@ -390,20 +392,16 @@ COLIBRI_QI_INLINE void colibri_qi_r1_block4(const int8_t *wr, const uint32_t *xu
 {
     int32_t a0, a1, a2, a3;
     uint32_t we, wo, xa, xb;
-    __asm__(COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
-                COLIBRI_QI_T0(a3, 24) COLIBRI_QI_K4(4, 32, 40, 48, 56)
-                    COLIBRI_QI_K4(8, 64, 72, 80, 88) COLIBRI_QI_K4(12, 96, 104, 112, 120)
-                        COLIBRI_QI_K4(64, 128, 136, 144, 152) COLIBRI_QI_K4(68, 160, 168, 176, 184)
-                            COLIBRI_QI_K4(72, 192, 200, 208, 216)
-                                COLIBRI_QI_K4(76, 224, 232, 240, 248)
-            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [we] "=&r"(we),
-              [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
-            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
-              "m"(*(const uint32_t(*)[64])xu));
-    s[0] = a0;
-    s[1] = a1;
-    s[2] = a2;
-    s[3] = a3;
+    __asm__(
+        COLIBRI_QI_W(0) COLIBRI_QI_T0(a0, 0) COLIBRI_QI_T0(a1, 8) COLIBRI_QI_T0(a2, 16)
+            COLIBRI_QI_T0(a3, 24) COLIBRI_QI_K4(4, 32, 40, 48, 56) COLIBRI_QI_K4(8, 64, 72, 80, 88)
+                COLIBRI_QI_K4(12, 96, 104, 112, 120) COLIBRI_QI_K4(64, 128, 136, 144, 152)
+                    COLIBRI_QI_K4(68, 160, 168, 176, 184) COLIBRI_QI_K4(72, 192, 200, 208, 216)
+                        COLIBRI_QI_K4(76, 224, 232, 240, 248)
+        : COLIBRI_QI_SUMS4("=&r", a), [we] "=&r"(we), [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
+        : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const int8_t(*)[80])wr),
+          "m"(*(const uint32_t(*)[64])xu));
+    COLIBRI_QI_STORE4(s, a);
 }
 #endif
 
@@ -437,20 +435,12 @@ COLIBRI_QI_INLINE void colibri_qi_r4_block2(const int8_t *wg, const int8_t *x0, 
                 COLIBRI_QI_CVT(f0, s0) COLIBRI_QI_CVT(f1, s1) COLIBRI_QI_CVT(f2, s2)
                     COLIBRI_QI_CVT(f3, s3) COLIBRI_QI_CVT(f4, u0) COLIBRI_QI_CVT(f5, u1)
                         COLIBRI_QI_CVT(f6, u2) COLIBRI_QI_CVT(f7, u3)
-            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u0] "=&Te"(u0),
-              [u1] "=&Te"(u1), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [xa] "=&w"(xa), [xb] "=&w"(xb),
-              [wv] "=&w"(wv), [f0] "=&t"(f0), [f1] "=&t"(f1), [f2] "=&t"(f2), [f3] "=&t"(f3),
-              [f4] "=&t"(f4), [f5] "=&t"(f5), [f6] "=&t"(f6), [f7] "=&t"(f7)
+            : COLIBRI_QI_SUMS4("=&Te", s),
+              COLIBRI_QI_SUMS4("=&Te", u), [xa] "=&w"(xa), [xb] "=&w"(xb), [wv] "=&w"(wv),
+              COLIBRI_QI_SUMS8("=&t", f)
             : [w] "r"(wg), [x0] "r"(x0), [x1] "r"(x1), "m"(*(const int8_t(*)[128])wg),
               "m"(*(const int8_t(*)[32])x0), "m"(*(const int8_t(*)[32])x1));
-    f[0] = f0;
-    f[1] = f1;
-    f[2] = f2;
-    f[3] = f3;
-    f[4] = f4;
-    f[5] = f5;
-    f[6] = f6;
-    f[7] = f7;
+    COLIBRI_QI_STORE8(f, f);
 }
 #endif
 

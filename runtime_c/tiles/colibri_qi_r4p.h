@@ -102,15 +102,11 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_block(const int8_t *wg, const uint32_t *xu
                             COLIBRI_QI_PROW(s1, 80) COLIBRI_QI_PROW(s2, 96) COLIBRI_QI_PROW(s3, 112)
                                 COLIBRI_QI_PX(48) COLIBRI_QI_PROW(s0, 72) COLIBRI_QI_PROW(s1, 88)
                                     COLIBRI_QI_PROW(s2, 104) COLIBRI_QI_PROW(s3, 120)
-            : [s0] "=&r"(s0), [s1] "=&r"(s1), [s2] "=&r"(s2), [s3] "=&r"(s3), [ya] "=&r"(ya),
-              [oa] "=&r"(oa), [yb] "=&r"(yb), [ob] "=&r"(ob), [wa] "=&r"(wa), [wb] "=&r"(wb),
-              [t] "=&r"(t)
+            : COLIBRI_QI_SUMS4("=&r", s), [ya] "=&r"(ya), [oa] "=&r"(oa), [yb] "=&r"(yb),
+              [ob] "=&r"(ob), [wa] "=&r"(wa), [wb] "=&r"(wb), [t] "=&r"(t)
             : [w] "r"(wg), [x] "r"(xu), "m"(*(const int8_t(*)[128])wg),
               "m"(*(const uint32_t(*)[16])xu));
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-    s[3] = s3;
+    COLIBRI_QI_STORE4(s, s);
 #else
     for (int32_t r = 0; r < 4; r++) {
         int32_t acc = 0;
@@ -126,6 +122,8 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_block(const int8_t *wg, const uint32_t *xu
     }
 #endif
 }
+
+#define COLIBRI_QI_R4P_FLOAT(r) colibri_qi_r4p_float(s[r])
 
 /**
  * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
@@ -161,40 +159,12 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale,
                 colibri_qi_r4p_block(wg + (size_t)b * 128u, xu + 16 * b, s);
                 const size_t bb = (size_t)(b0 + b);
                 const float xs = sx[bb];
-                if (blocked) {
-                    a0 = colibri_qi_mla(a0, colibri_qi_r4p_float(s[0]), s0p[bb] * xs);
-                    a1 = colibri_qi_mla(a1, colibri_qi_r4p_float(s[1]), s0p[nb + bb] * xs);
-                    a2 = colibri_qi_mla(a2, colibri_qi_r4p_float(s[2]), s0p[2u * nb + bb] * xs);
-                    a3 = colibri_qi_mla(a3, colibri_qi_r4p_float(s[3]), s0p[3u * nb + bb] * xs);
-                } else {
-                    a0 = colibri_qi_mla(a0, colibri_qi_r4p_float(s[0]), xs);
-                    a1 = colibri_qi_mla(a1, colibri_qi_r4p_float(s[1]), xs);
-                    a2 = colibri_qi_mla(a2, colibri_qi_r4p_float(s[2]), xs);
-                    a3 = colibri_qi_mla(a3, colibri_qi_r4p_float(s[3]), xs);
-                }
+                COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4P_FLOAT, s0p, bb, nb, xs, blocked);
             }
-            if (blocked || c0 + cn < n_in) {
-                y[o] = a0;
-                y[o + 1] = a1;
-                y[o + 2] = a2;
-                y[o + 3] = a3;
-            } else {
-                y[o] = a0 * scale[o];
-                y[o + 1] = a1 * scale[o + 1];
-                y[o + 2] = a2 * scale[o + 2];
-                y[o + 3] = a3 * scale[o + 3];
-            }
+            COLIBRI_QI_R4_STORE(y, o, scale, blocked || c0 + cn < n_in);
         }
     }
-    const int32_t o = groups * COLIBRI_R4_ROWS;
-    if (o < n_out) { /* the last 1..3 rows, row-major, uncorrected */
-        const int8_t *rest = q + (size_t)o * (size_t)n_in;
-        if (blocked) {
-            colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o, n_in);
-        } else {
-            colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);
-        }
-    }
+    COLIBRI_QI_Q8_REST(groups * COLIBRI_R4_ROWS); /* row-major, uncorrected */
 }
 
 /** y[o] = y[o] + bias[o] (bias not NULL), then y[o] = y[o] > 0 ? y[o] : 0 (relu), for
@@ -285,8 +255,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_tile(const int8_t *wr, const uint32_t **xp
     float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3];
     __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_S1(smlad, 8) COLIBRI_QI_S1(smlad, 64)
                 COLIBRI_QI_S1(smlad, 72)
-            : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [wa] "=&r"(wa),
-              [wb] "=&r"(wb), [xp] "+r"(xp)
+            : COLIBRI_QI_SUMS4("=&r", a), [wa] "=&r"(wa), [wb] "=&r"(wb), [xp] "+r"(xp)
             : [wr] "r"(wr), "m"(*(const int8_t(*)[80])wr),
               "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu)
             : "r0", "r1", "r2", "r3", "r4", "r5");

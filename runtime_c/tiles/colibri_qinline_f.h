@@ -114,6 +114,29 @@ COLIBRI_QF_INLINE void colibri_qf_c8_vfp(const float *w, const float *x, float *
 }
 #endif
 
+/* The bodies the fp32 and fp16 c8 kernels share (their parameters w, b, x, y, n_out, n_in in
+ * scope). COLIBRI_QF_C8_PASSES(pass): per group of 8 outputs, y = the bias (or 0), then the
+ * assembly pass adds the products. COLIBRI_QF_C8_REF(T, load): the portable loop, weights of
+ * type T read as floats by load. */
+#define COLIBRI_QF_C8_PASSES(pass)                                                                 \
+    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {                                      \
+        for (int32_t r = 0; r < COLIBRI_QF_C8_COLS; r++) {                                         \
+            y[o + r] = (b != NULL) ? b[o + r] : 0.0f;                                              \
+        }                                                                                          \
+        pass(w + (size_t)o * (size_t)n_in, x, y + o, n_in / COLIBRI_QF_C8_CHUNK);                  \
+    }
+#define COLIBRI_QF_C8_REF(T, load)                                                                 \
+    for (int32_t o = 0; o < n_out; o++) {                                                          \
+        const T *wb = w + (size_t)(o - o % COLIBRI_QF_C8_COLS) * (size_t)n_in +                    \
+                      (size_t)(o % COLIBRI_QF_C8_COLS);                                            \
+        float acc = (b != NULL) ? b[o] : 0.0f;                                                     \
+        for (int32_t i = 0; i < n_in; i++) {                                                       \
+            acc += load(wb[(size_t)i * COLIBRI_QF_C8_COLS]) * x[i];                                \
+        }                                                                                          \
+        y[o] = acc;                                                                                \
+    }
+#define COLIBRI_QF_AS_F32(v) (v)
+
 /**
  * @brief y[o] = (b ? b[o] : 0) + sum_i w(o, i) * x[i] for W [n_out][n_in] stored in layout c8
  *        (w + (o / 8) * 8 * n_in + i * 8 + o % 8), fused multiply-adds on the M4 / M7 and
@@ -141,22 +164,9 @@ COLIBRI_QF_INLINE void colibri_qf_f32_c8(const float *w, const float *b, const f
         vst1q_f32(y + o + 4, a1);
     }
 #elif defined(COLIBRI_QF_VFP)
-    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {
-        for (int32_t r = 0; r < COLIBRI_QF_C8_COLS; r++) {
-            y[o + r] = (b != NULL) ? b[o + r] : 0.0f;
-        }
-        colibri_qf_c8_vfp(w + (size_t)o * (size_t)n_in, x, y + o, n_in / COLIBRI_QF_C8_CHUNK);
-    }
+    COLIBRI_QF_C8_PASSES(colibri_qf_c8_vfp);
 #else
-    for (int32_t o = 0; o < n_out; o++) {
-        const float *wb = w + (size_t)(o - o % COLIBRI_QF_C8_COLS) * (size_t)n_in +
-                          (size_t)(o % COLIBRI_QF_C8_COLS);
-        float acc = (b != NULL) ? b[o] : 0.0f;
-        for (int32_t i = 0; i < n_in; i++) {
-            acc += wb[(size_t)i * COLIBRI_QF_C8_COLS] * x[i];
-        }
-        y[o] = acc;
-    }
+    COLIBRI_QF_C8_REF(float, COLIBRI_QF_AS_F32);
 #endif
 }
 
@@ -215,22 +225,9 @@ COLIBRI_QF_INLINE void colibri_qf_f16_c8(const uint16_t *w, const float *b, cons
                                          float *y, int32_t n_out, int32_t n_in)
 {
 #if defined(COLIBRI_QF_VFP)
-    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {
-        for (int32_t r = 0; r < COLIBRI_QF_C8_COLS; r++) {
-            y[o + r] = (b != NULL) ? b[o + r] : 0.0f;
-        }
-        colibri_qf_h8_vfp(w + (size_t)o * (size_t)n_in, x, y + o, n_in / COLIBRI_QF_C8_CHUNK);
-    }
+    COLIBRI_QF_C8_PASSES(colibri_qf_h8_vfp);
 #else
-    for (int32_t o = 0; o < n_out; o++) {
-        const uint16_t *wb = w + (size_t)(o - o % COLIBRI_QF_C8_COLS) * (size_t)n_in +
-                             (size_t)(o % COLIBRI_QF_C8_COLS);
-        float acc = (b != NULL) ? b[o] : 0.0f;
-        for (int32_t i = 0; i < n_in; i++) {
-            acc += colibri_f16_to_f32(wb[(size_t)i * COLIBRI_QF_C8_COLS]) * x[i];
-        }
-        y[o] = acc;
-    }
+    COLIBRI_QF_C8_REF(uint16_t, colibri_f16_to_f32);
 #endif
 }
 

@@ -68,6 +68,36 @@ COLIBRI_QI_INLINE float colibri_qi_mul(float b, float c)
 /** Four nibble bytes or activation codes as one word, at any alignment (LDR allows it). */
 typedef uint32_t __attribute__((may_alias, aligned(1))) colibri_q4i_word;
 
+/* One step's activations: the words of 4 codes at lo and hi, unpacked by SXTB16 into the pairs
+ * xe0 / xo0 (lo's even / odd codes) and xe1 / xo1 (hi's), declared here; their sum is added to
+ * the two halfword lanes of xsum. */
+#define COLIBRI_Q4I_X(lo, hi)                                                                      \
+    uint32_t xe0, xo0, xe1, xo1;                                                                   \
+    __asm__(                                                                                       \
+        "ldr %[o0], %[l]\n"                                                                        \
+        "ldr %[o1], %[h]\n"                                                                        \
+        "sxtb16 %[e0], %[o0]\n"                                                                    \
+        "sxtb16 %[o0], %[o0], ror #8\n"                                                            \
+        "sxtb16 %[e1], %[o1]\n"                                                                    \
+        "sxtb16 %[o1], %[o1], ror #8\n"                                                            \
+        : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)                       \
+        : [l] "m"(*(const colibri_q4i_word *)(const void *)(lo)), [h] "m"(*(                       \
+                                                                      const colibri_q4i_word       \
+                                                                          *)(const void *)(hi)));  \
+    xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)))
+
+/** A block's 4 integer sums: each row's sum q * x (a0..a3, nibbles q in 0..15) less 8 * the sum
+ *  of the 32 codes (xsum: in two halfword lanes). */
+COLIBRI_QI_INLINE void colibri_qi_q4_sums(int32_t a0, int32_t a1, int32_t a2, int32_t a3,
+                                          uint32_t xsum, int32_t s[4])
+{
+    const int32_t off = 8 * __smuad(xsum, 0x00010001u);
+    s[0] = a0 - off;
+    s[1] = a1 - off;
+    s[2] = a2 - off;
+    s[3] = a3 - off;
+}
+
 /* One row's 8 weights of a step: the 4 bytes of nibbles at p (loaded in the asm, so the
  * compiler cannot hoist the loads of every step and spill them), low nibbles paired with the
  * activations whose SXTB16 pairs are xe0 / xo0, high nibbles with xe1 / xo1; into acc. */
@@ -96,28 +126,14 @@ COLIBRI_QI_INLINE void colibri_qi_q4_block4(const uint8_t *q0, const uint8_t *q1
     uint32_t xsum = 0; /* two halfword lanes of activation sums */
 #pragma GCC unroll 4
     for (int32_t j = 0; j < 16; j += 4) {
-        uint32_t xe0, xo0, xe1, xo1;
-        __asm__("ldr %[o0], %[l]\n"
-                "ldr %[o1], %[h]\n"
-                "sxtb16 %[e0], %[o0]\n"
-                "sxtb16 %[o0], %[o0], ror #8\n"
-                "sxtb16 %[e1], %[o1]\n"
-                "sxtb16 %[o1], %[o1], ror #8\n"
-                : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)
-                : [l] "m"(*(const colibri_q4i_word *)(const void *)(x + j)),
-                  [h] "m"(*(const colibri_q4i_word *)(const void *)(x + j + 16)));
-        xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)));
+        COLIBRI_Q4I_X(x + j, x + j + 16);
         uint32_t vv, hh, tt;
         COLIBRI_Q4I_ROW(a0, q0 + j);
         COLIBRI_Q4I_ROW(a1, q1 + j);
         COLIBRI_Q4I_ROW(a2, q2 + j);
         COLIBRI_Q4I_ROW(a3, q3 + j);
     }
-    const int32_t off = 8 * __smuad(xsum, 0x00010001u); /* 8 * sum of the 32 codes */
-    s[0] = a0 - off;
-    s[1] = a1 - off;
-    s[2] = a2 - off;
-    s[3] = a3 - off;
+    colibri_qi_q4_sums(a0, a1, a2, a3, xsum, s);
 }
 #undef COLIBRI_Q4I_ROW
 #endif
@@ -249,28 +265,14 @@ COLIBRI_QI_INLINE void colibri_qi_q4r4_block(const uint8_t *q, const int8_t *x, 
     uint32_t xsum = 0; /* two halfword lanes of activation sums */
 #pragma GCC unroll 4
     for (int32_t j = 0; j < 4; j++) {
-        uint32_t xe0, xo0, xe1, xo1;
-        __asm__("ldr %[o0], %[l]\n"
-                "ldr %[o1], %[h]\n"
-                "sxtb16 %[e0], %[o0]\n"
-                "sxtb16 %[o0], %[o0], ror #8\n"
-                "sxtb16 %[e1], %[o1]\n"
-                "sxtb16 %[o1], %[o1], ror #8\n"
-                : [e0] "=&r"(xe0), [o0] "=&r"(xo0), [e1] "=&r"(xe1), [o1] "=&r"(xo1)
-                : [l] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j)),
-                  [h] "m"(*(const colibri_q4i_word *)(const void *)(x + 8 * j + 4)));
-        xsum = __sadd16(xsum, __sadd16(__sadd16(xe0, xo0), __sadd16(xe1, xo1)));
+        COLIBRI_Q4I_X(x + 8 * j, x + 8 * j + 4);
         uint32_t vv, tt;
         COLIBRI_Q4R4_ROW(a0, q + 4 * j);
         COLIBRI_Q4R4_ROW(a1, q + 16 + 4 * j);
         COLIBRI_Q4R4_ROW(a2, q + 32 + 4 * j);
         COLIBRI_Q4R4_ROW(a3, q + 48 + 4 * j);
     }
-    const int32_t off = 8 * __smuad(xsum, 0x00010001u); /* 8 * sum of the 32 codes */
-    s[0] = a0 - off;
-    s[1] = a1 - off;
-    s[2] = a2 - off;
-    s[3] = a3 - off;
+    colibri_qi_q4_sums(a0, a1, a2, a3, xsum, s);
 }
 #undef COLIBRI_Q4R4_ROW
 #else
@@ -409,54 +411,53 @@ COLIBRI_QI_INLINE void colibri_qi_q4g_unpack(const int8_t *x, int32_t n_in, int3
     COLIBRI_Q4G_T(a0, k, 4, 0)                                                                     \
     COLIBRI_Q4G_T(a1, k, 4, 1) COLIBRI_Q4G_T(a2, k, 4, 2) COLIBRI_Q4G_T(a3, k, 4, 3)
 
-/** One row of a Q4R4 group (wr = its 16 bytes of nibbles in the block) times one unpacked block
- *  of 8 tokens (colibri_qi_q4g_unpack): s[t] = the integer block sum of token t, started at
- *  -off[t]. 14 registers: 8 sums, the two pointers, two unpacked weight pairs, one token's two
- *  activation pairs. */
-COLIBRI_QI_INLINE void colibri_qi_q4g_block8(const uint8_t *wr, const uint32_t *xu,
-                                             const int32_t *off, int32_t s[8])
-{
-    int32_t a0 = -off[0], a1 = -off[1], a2 = -off[2], a3 = -off[3];
-    int32_t a4 = -off[4], a5 = -off[5], a6 = -off[6], a7 = -off[7];
-    uint32_t we, wo, xa, xb;
-    __asm__(COLIBRI_Q4G_W(0) COLIBRI_Q4G_K8(0) COLIBRI_Q4G_W(1) COLIBRI_Q4G_K8(1) COLIBRI_Q4G_W(4)
-                COLIBRI_Q4G_K8(2) COLIBRI_Q4G_W(5) COLIBRI_Q4G_K8(3) COLIBRI_Q4G_W(8)
-                    COLIBRI_Q4G_K8(4) COLIBRI_Q4G_W(9) COLIBRI_Q4G_K8(5) COLIBRI_Q4G_W(12)
-                        COLIBRI_Q4G_K8(6) COLIBRI_Q4G_W3 COLIBRI_Q4G_K8(7)
-            : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [a4] "+r"(a4),
-              [a5] "+r"(a5), [a6] "+r"(a6), [a7] "+r"(a7), [we] "=&r"(we), [wo] "=&r"(wo),
-              [xa] "=&r"(xa), [xb] "=&r"(xb)
-            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const uint8_t(*)[16])wr),
-              "m"(*(const uint32_t(*)[128])xu));
-    s[0] = a0;
-    s[1] = a1;
-    s[2] = a2;
-    s[3] = a3;
-    s[4] = a4;
-    s[5] = a5;
-    s[6] = a6;
-    s[7] = a7;
-}
+/* The row's 8 half-words k (pairs unpacked by COLIBRI_Q4G_W at 0, 1, 4, 5, ...; the last by
+ * COLIBRI_Q4G_W3), each times the pass's tokens (K: COLIBRI_Q4G_K8 or _K4); its scratch
+ * registers and its inputs (the row's 16 bytes, the n_words unpacked activation words). */
+/* clang-format off */
+#define COLIBRI_Q4G_ROW(K)                                                                         \
+    COLIBRI_Q4G_W(0) K(0)                                                                          \
+    COLIBRI_Q4G_W(1) K(1)                                                                          \
+    COLIBRI_Q4G_W(4) K(2)                                                                          \
+    COLIBRI_Q4G_W(5) K(3)                                                                          \
+    COLIBRI_Q4G_W(8) K(4)                                                                          \
+    COLIBRI_Q4G_W(9) K(5)                                                                          \
+    COLIBRI_Q4G_W(12) K(6)                                                                         \
+    COLIBRI_Q4G_W3 K(7)
+/* clang-format on */
+#define COLIBRI_Q4G_TEMPS [we] "=&r"(we), [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
+#define COLIBRI_Q4G_INPUTS(n_words)                                                                \
+    [wr] "r"(wr), [xp] "r"(xu), "m"(*(const uint8_t(*)[16])wr), "m"(*(const uint32_t(*)[n_words])xu)
 
-/** colibri_qi_q4g_block8 for a pass of 4 tokens. */
-COLIBRI_QI_INLINE void colibri_qi_q4g_block4(const uint8_t *wr, const uint32_t *xu,
-                                             const int32_t *off, int32_t s[4])
-{
-    int32_t a0 = -off[0], a1 = -off[1], a2 = -off[2], a3 = -off[3];
-    uint32_t we, wo, xa, xb;
-    __asm__(COLIBRI_Q4G_W(0) COLIBRI_Q4G_K4(0) COLIBRI_Q4G_W(1) COLIBRI_Q4G_K4(1) COLIBRI_Q4G_W(4)
-                COLIBRI_Q4G_K4(2) COLIBRI_Q4G_W(5) COLIBRI_Q4G_K4(3) COLIBRI_Q4G_W(8)
-                    COLIBRI_Q4G_K4(4) COLIBRI_Q4G_W(9) COLIBRI_Q4G_K4(5) COLIBRI_Q4G_W(12)
-                        COLIBRI_Q4G_K4(6) COLIBRI_Q4G_W3 COLIBRI_Q4G_K4(7)
-            : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [we] "=&r"(we),
-              [wo] "=&r"(wo), [xa] "=&r"(xa), [xb] "=&r"(xb)
-            : [wr] "r"(wr), [xp] "r"(xu), "m"(*(const uint8_t(*)[16])wr),
-              "m"(*(const uint32_t(*)[64])xu));
-    s[0] = a0;
-    s[1] = a1;
-    s[2] = a2;
-    s[3] = a3;
-}
+/* The sums' start values: -off[t] for each token t of the pass. */
+#define COLIBRI_Q4G_START4 int32_t a0 = -off[0], a1 = -off[1], a2 = -off[2], a3 = -off[3]
+#define COLIBRI_Q4G_START8                                                                         \
+    COLIBRI_Q4G_START4;                                                                            \
+    int32_t a4 = -off[4], a5 = -off[5], a6 = -off[6], a7 = -off[7]
+
+/* colibri_qi_q4g_block<T>: one row of a Q4R4 group (wr = its 16 bytes of nibbles in the block)
+ * times one unpacked block of T tokens (colibri_qi_q4g_unpack): s[t] = the integer block sum of
+ * token t, started at -off[t]. With 8 tokens 14 registers: 8 sums, the two pointers, two
+ * unpacked weight pairs, one token's two activation pairs. */
+#define COLIBRI_Q4G_BLOCK(T)                                                                       \
+    COLIBRI_QI_INLINE void colibri_qi_q4g_block##T(const uint8_t *wr, const uint32_t *xu,          \
+                                                   const int32_t *off, int32_t s[T])               \
+    {                                                                                              \
+        COLIBRI_Q4G_START##T;                                                                      \
+        uint32_t we, wo, xa, xb;                                                                   \
+        __asm__(COLIBRI_Q4G_ROW(COLIBRI_Q4G_K##T)                                                  \
+                : COLIBRI_QI_SUMS##T("+r", a), COLIBRI_Q4G_TEMPS                                   \
+                : COLIBRI_Q4G_INPUTS(16 * T));                                                     \
+        COLIBRI_QI_STORE##T(s, a);                                                                 \
+    }
+COLIBRI_Q4G_BLOCK(8)
+COLIBRI_Q4G_BLOCK(4)
+#undef COLIBRI_Q4G_BLOCK
+#undef COLIBRI_Q4G_START8
+#undef COLIBRI_Q4G_START4
+#undef COLIBRI_Q4G_INPUTS
+#undef COLIBRI_Q4G_TEMPS
+#undef COLIBRI_Q4G_ROW
 #undef COLIBRI_Q4G_K4
 #undef COLIBRI_Q4G_K8
 #undef COLIBRI_Q4G_T
@@ -606,14 +607,8 @@ COLIBRI_QI_INLINE void colibri_qi_q4_block4x2(const uint8_t *q, int32_t st, cons
         : [s0] "+Te"(s0), [s1] "+Te"(s1), [u0] "+Te"(u0), [u1] "+Te"(u1), [v] "=&w"(v), [q] "+r"(q)
         : [st] "r"(st), [xa] "w"(xa), [xb] "w"(xb), [e8] "w"(e8)
         : "memory");
-    i[0] = s0;
-    i[1] = s1;
-    i[2] = s2;
-    i[3] = s3;
-    i[4] = u0;
-    i[5] = u1;
-    i[6] = u2;
-    i[7] = u3;
+    COLIBRI_QI_STORE4(i, s);
+    COLIBRI_QI_STORE4(i + 4, u);
 }
 #undef COLIBRI_Q4V_HI
 #undef COLIBRI_Q4V_LO

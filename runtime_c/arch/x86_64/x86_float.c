@@ -14,12 +14,7 @@
     TARGET void NAME(const WTYPE *w, const float *x, float *y, int32_t n_out, int32_t n_in)        \
     {                                                                                              \
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
-            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
-            const WTYPE *row[8];                                                                   \
-            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
-            {                                                                                      \
-                row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)n_in;                       \
-            }                                                                                      \
+            KX_ROWS8(WTYPE, row, nr, w, o0, n_out, n_in)                                           \
             __m256 acc = _mm256_setzero_ps();                                                      \
             int32_t i = 0;                                                                         \
             for (; i + 8 <= n_in; i += 8) {                                                        \

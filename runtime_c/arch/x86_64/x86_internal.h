@@ -41,6 +41,17 @@
 
 /* -- shared pieces (AVX2) -------------------------------------------------------------------- */
 
+/* The group of eight rows from o0 of a matrix w of n_out rows, stride elements apart: declares
+ * nr (the rows that exist, <= 8) and row[8]; rows past n_out point at row o0 again (valid
+ * memory; their lanes are never stored). */
+#define KX_ROWS8(TYPE, row, nr, w, o0, n_out, stride)                                              \
+    const int32_t nr = ((n_out) - (o0) < 8) ? (n_out) - (o0) : 8;                                  \
+    const TYPE *row[8];                                                                            \
+    KX_UNROLL for (int32_t r_ = 0; r_ < 8; r_++)                                                   \
+    {                                                                                              \
+        row[r_] = (w) + (size_t)((o0) + (r_ < nr ? r_ : 0)) * (size_t)(stride);                    \
+    }
+
 /* Lane r = the sum of the eight int32 lanes of p[r]. */
 KX_INLINE KX_AVX2 __m256i kx_hsum8(const __m256i p[8])
 {

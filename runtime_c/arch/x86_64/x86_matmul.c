@@ -424,6 +424,14 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
     }
 }
 
+/* A tile's accumulators: acc[KX_TOK_TILE], the first T (one per token) zeroed. */
+#define KX_TILE_ACC(acc, T)                                                                        \
+    __m256 acc[KX_TOK_TILE];                                                                       \
+    _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (T); t_++)                                       \
+    {                                                                                              \
+        acc[t_] = _mm256_setzero_ps();                                                             \
+    }
+
 /*
  * Full groups of eight rows of an int8-weight matmul for one tile of T tokens (BLOCKED as in
  * KX_Q8_MATVEC): n_out a multiple of 8. A partial last block is computed on zero-padded copies.
@@ -451,11 +459,7 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
                 sidx[r] = BLOCKED ? (o0 + r) * nb : o0 + r;                                        \
             }                                                                                      \
             const __m256i vidx = _mm256_loadu_si256((const __m256i *)(const void *)sidx);          \
-            __m256 acc[KX_TOK_TILE];                                                               \
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
-            {                                                                                      \
-                acc[t] = _mm256_setzero_ps();                                                      \
-            }                                                                                      \
+            KX_TILE_ACC(acc, T)                                                                    \
             __m256i hs[KX_TOK_TILE];                                                               \
             int8_t wpad[8][COLIBRI_QK8];                                                           \
             for (int32_t b = 0; b < nb; b++) {                                                     \
@@ -494,29 +498,38 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
         }                                                                                          \
     }
 
+/* The token loop of a multi-token kernel (its parameters in scope, nb its blocks per row):
+ * tiles of nt tokens (KX_TILE_NEXT), each through TILE_CALL for the full groups of eight rows
+ * and MATVEC_CALL for one token or the rows after n8. Both calls see xt, st and yt (the tile's
+ * codes, block scales and outputs), MATVEC_CALL also t (the token) and o (its first row). */
+#define KX_MATMUL_TOKENS(MAXT, MINT, TILE_CALL, MATVEC_CALL)                                       \
+    const int32_t n8 = n_out & ~7;                                                                 \
+    for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                           \
+        nt = KX_TILE_NEXT(n_tok - t0, MAXT, MINT);                                                 \
+        const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                         \
+        const float *st = sx + (size_t)t0 * nb;                                                    \
+        float *yt = y + (size_t)t0 * (size_t)ldy;                                                  \
+        if (nt > 1 && n8 > 0) {                                                                    \
+            TILE_CALL;                                                                             \
+        }                                                                                          \
+        for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */       \
+            const int32_t o = (nt > 1) ? n8 : 0;                                                   \
+            if (o < n_out) {                                                                       \
+                MATVEC_CALL;                                                                       \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
 #define KX_Q8_MATMUL(NAME, TARGET, TILEFN, MATVEC, BLOCKED, MAXT, MINT)                            \
     TARGET void NAME(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,       \
                      float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)            \
     {                                                                                              \
         const size_t nb = COLIBRI_Q8_BLOCKS(n_in);                                                 \
-        const int32_t n8 = n_out & ~7;                                                             \
-        for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
-            nt = KX_TILE_NEXT(n_tok - t0, MAXT, MINT);                                             \
-            const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
-            const float *st = sx + (size_t)t0 * nb;                                                \
-            float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
-            if (nt > 1 && n8 > 0) {                                                                \
-                TILEFN(q, scale, xt, st, yt, ldy, n8, n_in, BLOCKED, nt);                          \
-            }                                                                                      \
-            for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
-                const int32_t o = (nt > 1) ? n8 : 0;                                               \
-                if (o < n_out) {                                                                   \
-                    MATVEC(q + (size_t)o * (size_t)n_in, scale + (size_t)o * ((BLOCKED) ? nb : 1), \
-                           xt + (size_t)t * (size_t)n_in, st + (size_t)t * nb,                     \
-                           yt + (size_t)t * (size_t)ldy + (size_t)o, n_out - o, n_in);             \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
+        KX_MATMUL_TOKENS(MAXT, MINT, TILEFN(q, scale, xt, st, yt, ldy, n8, n_in, BLOCKED, nt),     \
+                         MATVEC(q + (size_t)o * (size_t)n_in,                                      \
+                                scale + (size_t)o * ((BLOCKED) ? nb : 1),                          \
+                                xt + (size_t)t * (size_t)n_in, st + (size_t)t * nb,                \
+                                yt + (size_t)t * (size_t)ldy + (size_t)o, n_out - o, n_in))        \
     }
 
 /* Full groups of eight rows of colibri_matmul_q4_q8 for one tile of T tokens (as KX_Q4_MATVEC,
@@ -537,11 +550,7 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
         }                                                                                          \
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
             const colibri_block_q4_32 *row = w + (size_t)o0 * (size_t)nb;                          \
-            __m256 acc[KX_TOK_TILE];                                                               \
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)                                    \
-            {                                                                                      \
-                acc[t] = _mm256_setzero_ps();                                                      \
-            }                                                                                      \
+            KX_TILE_ACC(acc, T)                                                                    \
             __m256i hs[KX_TOK_TILE];                                                               \
             for (int32_t b = 0; b < nb; b++) {                                                     \
                 const colibri_block_q4_32 *blk = row + b;                                          \
@@ -572,23 +581,10 @@ static KX_NOINLINE KX_AVX2 void kx_q4_mm_tile_avx2(const colibri_block_q4_32 *w,
                      int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)                      \
     {                                                                                              \
         const size_t nb = COLIBRI_Q4_BLOCKS(n_in);                                                 \
-        const int32_t n8 = n_out & ~7;                                                             \
-        for (int32_t t0 = 0, nt = 0; t0 < n_tok; t0 += nt) {                                       \
-            nt = KX_TILE_NEXT(n_tok - t0, MAXT, MINT);                                             \
-            const int8_t *xt = xq + (size_t)t0 * (size_t)n_in;                                     \
-            const float *st = sx + (size_t)t0 * nb;                                                \
-            float *yt = y + (size_t)t0 * (size_t)ldy;                                              \
-            if (nt > 1 && n8 > 0) {                                                                \
-                TILEFN(w, xt, st, yt, ldy, n8, n_in, nt);                                          \
-            }                                                                                      \
-            for (int32_t t = 0; t < nt; t++) { /* one token, or the rows after n8: the matvec */   \
-                const int32_t o = (nt > 1) ? n8 : 0;                                               \
-                if (o < n_out) {                                                                   \
-                    MATVEC(w + (size_t)o * nb, xt + (size_t)t * (size_t)n_in, st + (size_t)t * nb, \
-                           yt + (size_t)t * (size_t)ldy + (size_t)o, n_out - o, n_in);             \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
+        KX_MATMUL_TOKENS(MAXT, MINT, TILEFN(w, xt, st, yt, ldy, n8, n_in, nt),                     \
+                         MATVEC(w + (size_t)o * nb, xt + (size_t)t * (size_t)n_in,                 \
+                                st + (size_t)t * nb, yt + (size_t)t * (size_t)ldy + (size_t)o,     \
+                                n_out - o, n_in))                                                  \
     }
 
 KX_Q8_MATMUL(colibri_x86_matmul_q8_q8_avx2, KX_AVX2, kx_q8_mm_tile_avx2,

@@ -160,12 +160,7 @@ KX_Q4_BLOCK_VNNI(kx_q4_block_avx512vnni, KX_AVX512VNNI, KX_DPBUSD_512)
             memcpy(xpad, xq + (size_t)full * COLIBRI_QK4, (size_t)(n_in - full * COLIBRI_QK4));    \
         }                                                                                          \
         for (int32_t o0 = 0; o0 < n_out; o0 += 8) {                                                \
-            const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;                                  \
-            const colibri_block_q4_32 *row[8];                                                     \
-            KX_UNROLL for (int32_t r = 0; r < 8; r++)                                              \
-            {                                                                                      \
-                row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb;                         \
-            }                                                                                      \
+            KX_ROWS8(colibri_block_q4_32, row, nr, w, o0, n_out, nb)                               \
             __m256 acc = _mm256_setzero_ps();                                                      \
             __m256i p[8];                                                                          \
             for (int32_t b = 0; b < nb; b++) {                                                     \
@@ -264,12 +259,7 @@ KX_NOINLINE KX_AVX2 void colibri_x86_matvec_q4_q8_avx2(const colibri_block_q4_32
     const int32_t ncorr = (nb <= KX_Q4_CORR) ? nb : 0; /* else per chunk inside the loop */
     kx_q4_corr_avx2(xq, n_in, 0, ncorr, corr);
     for (int32_t o0 = 0; o0 < n_out; o0 += 8) {
-        const int32_t nr = (n_out - o0 < 8) ? n_out - o0 : 8;
-        const colibri_block_q4_32 *row[8];
-        KX_UNROLL for (int32_t r = 0; r < 8; r++) /* rows past n_out: row o0 again */
-        {
-            row[r] = w + (size_t)(o0 + (r < nr ? r : 0)) * (size_t)nb;
-        }
+        KX_ROWS8(colibri_block_q4_32, row, nr, w, o0, n_out, nb) /* rows past n_out: row o0 */
         /* the next group of rows, 8 blocks (144 bytes) ahead per block */
         const uintptr_t pf = (uintptr_t)w + (size_t)(o0 + 8) * (size_t)nb * sizeof *w;
         __m256 acc = _mm256_setzero_ps();

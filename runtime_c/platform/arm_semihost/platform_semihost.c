@@ -3,22 +3,17 @@
  * @brief Colibri platform for Cortex-M under QEMU: files and console through Arm semihosting
  *        (paths relative to QEMU's working directory), exit code through SYS_EXIT_EXTENDED.
  */
-#include "colibri_platform.h"
 #include "semihost.h"
+
+/* The end marker also checks the stack guard (after each forward pass); instruction counts stop
+ * on entering it, so the check is not counted. */
+#define CLB_PLATFORM_BENCH_END_HOOK() clb_stack_guard_check()
+#include "colibri_platform_impl.h"
 
 #include <stdint.h>
 
 void clb_platform_init(void)
 {
-}
-
-static uint32_t clb_strlen(const char *s)
-{
-    uint32_t n = 0;
-    while (s[n] != '\0') {
-        n++;
-    }
-    return n;
 }
 
 int32_t clb_platform_open(const char *path, int32_t mode)
@@ -28,7 +23,7 @@ int32_t clb_platform_open(const char *path, int32_t mode)
     if (path[0] == ':' && path[1] == 't' && path[2] == 't' && path[3] == '\0') {
         sh_mode = (mode == CLB_PLATFORM_WRITE) ? 4u : 0u;
     }
-    uint32_t block[3] = {(uint32_t)(uintptr_t)path, sh_mode, clb_strlen(path)};
+    uint32_t block[3] = {(uint32_t)(uintptr_t)path, sh_mode, clb_platform_strlen(path)};
     return clb_semihost_call(CLB_SH_SYS_OPEN, block);
 }
 
@@ -64,27 +59,9 @@ void clb_platform_puts(const char *s)
     if (clb_console_fd == -2) {
         clb_console_fd = clb_platform_open(":tt", CLB_PLATFORM_WRITE);
     }
-    if (clb_console_fd < 0 || clb_platform_write(clb_console_fd, s, clb_strlen(s)) < 0) {
+    if (clb_console_fd < 0 || clb_platform_write(clb_console_fd, s, clb_platform_strlen(s)) < 0) {
         (void)clb_semihost_call(CLB_SH_SYS_WRITE0, s);
     }
-}
-
-/* Distinct bodies (and CLB_PLATFORM_MARKER) so that identical-code folding cannot merge them. */
-volatile int32_t clb_platform_bench_state;
-
-CLB_PLATFORM_MARKER void clb_platform_bench_begin(void)
-{
-    __asm__ volatile("" ::: "memory");
-    clb_platform_bench_state = 1;
-}
-
-/* The end marker also checks the stack guard (after each forward pass); instruction counts stop
- * on entering it, so the check is not counted. */
-CLB_PLATFORM_MARKER void clb_platform_bench_end(void)
-{
-    clb_platform_bench_state = 2;
-    __asm__ volatile("" ::: "memory");
-    clb_stack_guard_check();
 }
 
 /* SYS_EXIT_EXTENDED returns only when the host refuses it (e.g. it cannot read the block);

@@ -221,14 +221,11 @@ static void clb_fault_stack_check(uint32_t sp, uint32_t cfsr, uint32_t pc, int s
     char *p = clb_append(how, clb_mpu_guard_on != 0u ? "MPU guard below the stack hit"
                                                      : "exception frame below the stack");
     if (in_guard) {
-        p = clb_append(p, " at ");
-        p = clb_append_hex(p, addr);
+        p = clb_append_field(p, " at ", addr);
     }
-    p = clb_append(p, ", sp=");
-    p = clb_append_hex(p, sp);
+    p = clb_append_field(p, ", sp=", sp);
     if (stacked) {
-        p = clb_append(p, " pc=");
-        p = clb_append_hex(p, pc);
+        p = clb_append_field(p, " pc=", pc);
     }
     *p = '\0';
     clb_stack_overflow(0u, how);
@@ -253,20 +250,13 @@ __attribute__((used)) void clb_fault_report(uint32_t sp, uint32_t exc_return)
     const char *name =
         (ipsr < 16u && clb_exception_names[ipsr] != 0) ? clb_exception_names[ipsr] : "interrupt";
     char msg[160];
-    char *p = clb_append(msg, "colibri: ");
-    p = clb_append(p, name);
-    p = clb_append(p, " pc=");
-    p = clb_append_hex(p, pc);
-    p = clb_append(p, " lr=");
-    p = clb_append_hex(p, lr);
-    p = clb_append(p, " exc=");
-    p = clb_append_hex(p, ipsr);
-    p = clb_append(p, " cfsr=");
-    p = clb_append_hex(p, cfsr);
-    p = clb_append(p, " hfsr=");
-    p = clb_append_hex(p, CLB_SCB_HFSR);
-    p = clb_append(p, " exc_return=");
-    p = clb_append_hex(p, exc_return);
+    char *p = clb_append(clb_append(msg, "colibri: "), name);
+    p = clb_append_field(p, " pc=", pc);
+    p = clb_append_field(p, " lr=", lr);
+    p = clb_append_field(p, " exc=", ipsr);
+    p = clb_append_field(p, " cfsr=", cfsr);
+    p = clb_append_field(p, " hfsr=", CLB_SCB_HFSR);
+    p = clb_append_field(p, " exc_return=", exc_return);
     p = clb_append(p, "\n");
     *p = '\0';
     clb_platform_puts(msg);

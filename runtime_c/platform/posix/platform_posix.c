@@ -5,7 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "colibri_platform.h"
+#include "colibri_platform_impl.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -23,33 +23,30 @@ int32_t clb_platform_open(const char *path, int32_t mode)
     return (int32_t)open(path, flags, 0644);
 }
 
+/* One read(2) / write(2) of at most INT32_MAX bytes (the result must fit an int32_t). */
+static uint32_t clb_posix_span(uint32_t n)
+{
+    return (n > (uint32_t)INT32_MAX) ? (uint32_t)INT32_MAX : n;
+}
+
+static int32_t clb_posix_read(int32_t fd, uintptr_t addr, uint32_t n)
+{
+    return (int32_t)read(fd, (void *)addr, clb_posix_span(n));
+}
+
+static int32_t clb_posix_write(int32_t fd, uintptr_t addr, uint32_t n)
+{
+    return (int32_t)write(fd, (const void *)addr, clb_posix_span(n));
+}
+
 int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n)
 {
-    uint32_t done = 0;
-    while (done < n) {
-        ssize_t r = read(fd, (char *)buf + done, n - done);
-        if (r < 0) {
-            return -1;
-        }
-        if (r == 0) {
-            break;
-        }
-        done += (uint32_t)r;
-    }
-    return (int32_t)done;
+    return clb_platform_io_all(clb_posix_read, fd, (uintptr_t)buf, n, 0);
 }
 
 int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n)
 {
-    uint32_t done = 0;
-    while (done < n) {
-        ssize_t w = write(fd, (const char *)buf + done, n - done);
-        if (w <= 0) {
-            return -1;
-        }
-        done += (uint32_t)w;
-    }
-    return (int32_t)done;
+    return clb_platform_io_all(clb_posix_write, fd, (uintptr_t)buf, n, 1);
 }
 
 int32_t clb_platform_close(int32_t fd)
@@ -61,21 +58,6 @@ void clb_platform_puts(const char *s)
 {
     fputs(s, stdout);
     fflush(stdout);
-}
-
-/* Distinct bodies (and CLB_PLATFORM_MARKER) so that identical-code folding cannot merge them. */
-volatile int32_t clb_platform_bench_state;
-
-CLB_PLATFORM_MARKER void clb_platform_bench_begin(void)
-{
-    __asm__ volatile("" ::: "memory");
-    clb_platform_bench_state = 1;
-}
-
-CLB_PLATFORM_MARKER void clb_platform_bench_end(void)
-{
-    clb_platform_bench_state = 2;
-    __asm__ volatile("" ::: "memory");
 }
 
 _Noreturn void clb_platform_exit(int32_t code)

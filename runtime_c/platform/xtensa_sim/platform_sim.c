@@ -6,7 +6,7 @@
  *        through), paths are relative to QEMU's working directory.
  */
 #include "colibri_fmt.h"
-#include "colibri_platform.h"
+#include "colibri_platform_impl.h"
 
 #include <stdint.h>
 
@@ -53,10 +53,8 @@ void clb_xtensa_start(void)
 void clb_xtensa_fault(uint32_t cause, uint32_t pc)
 {
     char msg[96];
-    char *p = clb_append(msg, "colibri: XtensaException pc=");
-    p = clb_append_hex(p, pc);
-    p = clb_append(p, " exccause=");
-    p = clb_append_hex(p, cause);
+    char *p = clb_append_field(msg, "colibri: XtensaException pc=", pc);
+    p = clb_append_field(p, " exccause=", cause);
     p = clb_append(p, "\n");
     *p = '\0';
     clb_platform_puts(msg);
@@ -75,36 +73,24 @@ int32_t clb_platform_open(const char *path, int32_t mode)
     return clb_simcall(CLB_SIM_SYS_OPEN, (int32_t)(uintptr_t)path, flags, 0644);
 }
 
+static int32_t clb_sim_read(int32_t fd, uintptr_t addr, uint32_t n)
+{
+    return clb_simcall(CLB_SIM_SYS_READ, fd, (int32_t)addr, (int32_t)n);
+}
+
+static int32_t clb_sim_write(int32_t fd, uintptr_t addr, uint32_t n)
+{
+    return clb_simcall(CLB_SIM_SYS_WRITE, fd, (int32_t)addr, (int32_t)n);
+}
+
 int32_t clb_platform_read(int32_t fd, void *buf, uint32_t n)
 {
-    uint32_t done = 0;
-    while (done < n) {
-        int32_t r = clb_simcall(CLB_SIM_SYS_READ, fd, (int32_t)(uintptr_t)((char *)buf + done),
-                                (int32_t)(n - done));
-        if (r < 0) {
-            return -1;
-        }
-        if (r == 0) {
-            break;
-        }
-        done += (uint32_t)r;
-    }
-    return (int32_t)done;
+    return clb_platform_io_all(clb_sim_read, fd, (uintptr_t)buf, n, 0);
 }
 
 int32_t clb_platform_write(int32_t fd, const void *buf, uint32_t n)
 {
-    uint32_t done = 0;
-    while (done < n) {
-        int32_t w =
-            clb_simcall(CLB_SIM_SYS_WRITE, fd, (int32_t)(uintptr_t)((const char *)buf + done),
-                        (int32_t)(n - done));
-        if (w <= 0) {
-            return -1;
-        }
-        done += (uint32_t)w;
-    }
-    return (int32_t)done;
+    return clb_platform_io_all(clb_sim_write, fd, (uintptr_t)buf, n, 1);
 }
 
 int32_t clb_platform_close(int32_t fd)
@@ -114,26 +100,7 @@ int32_t clb_platform_close(int32_t fd)
 
 void clb_platform_puts(const char *s)
 {
-    uint32_t n = 0;
-    while (s[n] != '\0') {
-        n++;
-    }
-    (void)clb_platform_write(CLB_SIM_STDOUT, s, n);
-}
-
-/* Distinct bodies (and CLB_PLATFORM_MARKER) so that identical-code folding cannot merge them. */
-volatile int32_t clb_platform_bench_state;
-
-CLB_PLATFORM_MARKER void clb_platform_bench_begin(void)
-{
-    __asm__ volatile("" ::: "memory");
-    clb_platform_bench_state = 1;
-}
-
-CLB_PLATFORM_MARKER void clb_platform_bench_end(void)
-{
-    clb_platform_bench_state = 2;
-    __asm__ volatile("" ::: "memory");
+    (void)clb_platform_write(CLB_SIM_STDOUT, s, clb_platform_strlen(s));
 }
 
 _Noreturn void clb_platform_exit(int32_t code)

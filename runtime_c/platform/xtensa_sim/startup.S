@@ -19,10 +19,26 @@
  * The FPU is coprocessor 0: CPENABLE bit 0 must be set before the first float instruction.
  */
 
+/* A function in a section of its own (.text.<section>: --gc-sections, the linker script), with
+ * its literal pool. */
+    .macro clb_function name, section
+    .section .text.\section, "ax"
+    .literal_position
+    .align 4
+    .global \name
+    .type \name, @function
+    .endm
+
 #if defined(__XTENSA_WINDOWED_ABI__)
 
 /* PS: INTLEVEL 15 (interrupts masked), EXCM 0, UM 1, WOE 1 (window exceptions on). */
 #define CLB_PS_RUN 0x4002F
+
+/* Call a C function: callx4 (see above; its arguments are a6, a7 here, a2, a3 there). */
+    .macro clb_call fn
+    movi    a4, \fn
+    callx4  a4
+    .endm
 
     .section .clb_vectors, "ax"
     .global clb_vector_base
@@ -92,36 +108,46 @@ clb_vector_base:
     l32e    a10, a11, -24
     l32e    a11, a11, -20
     rfwu
-    .org    0x180               /* interrupt levels 2..5 */
+    /* interrupt levels 2..5 (0x180..0x240), debug (level 6), NMI (level 7), kernel, user and
+     * double exception */
+    .irp    off, 0x180, 0x1C0, 0x200, 0x240, 0x280, 0x2C0, 0x300, 0x340, 0x3C0
+    .org    \off
     j       clb_xtensa_exception
-    .org    0x1C0
-    j       clb_xtensa_exception
-    .org    0x200
-    j       clb_xtensa_exception
-    .org    0x240
-    j       clb_xtensa_exception
-    .org    0x280               /* debug (level 6) */
-    j       clb_xtensa_exception
-    .org    0x2C0               /* NMI (level 7) */
-    j       clb_xtensa_exception
-    .org    0x300               /* kernel exception */
-    j       clb_xtensa_exception
-    .org    0x340               /* user exception */
-    j       clb_xtensa_exception
-    .org    0x3C0               /* double exception */
-    j       clb_xtensa_exception
+    .endr
     .end no-transform
 
+#else /* call0 ABI */
+
+/* PS: INTLEVEL 15, EXCM 0, UM 1. */
+#define CLB_PS_RUN 0x2F
+
+    .macro clb_call fn
+    movi    a0, \fn
+    callx0  a0
+    .endm
+
+/* Vector table at VECBASE (1 KB aligned by the linker script); offsets of the lx106 layout:
+ * debug, NMI, kernel, user and double exception. */
+    .section .clb_vectors, "ax"
+    .global clb_vector_base
+clb_vector_base:
+    .begin no-transform
+    .irp    off, 0x10, 0x20, 0x30, 0x50, 0x70
+    .org    \off
+    j       clb_xtensa_exception
+    .endr
+    .end no-transform
+
+#endif
+
 /*
- * Fault path: the program is abandoned, so the window state is reset (only the current frame
- * live), window exceptions turned back on and the fault reported from the top of the stack.
+ * Fault path: the program is abandoned; reports EXCCAUSE and EPC1 from the top of the stack.
+ * Windowed ABI: the window state is reset first (only the current frame live) and window
+ * exceptions turned back on.
  */
-    .section .text.clb_xtensa_exception, "ax"
-    .literal_position
-    .align 4
-    .global clb_xtensa_exception
-    .type clb_xtensa_exception, @function
+    clb_function clb_xtensa_exception, clb_xtensa_exception
 clb_xtensa_exception:
+#if defined(__XTENSA_WINDOWED_ABI__)
     rsr     a6, exccause
     rsr     a7, epc1
     rsr     a4, windowbase
@@ -132,26 +158,27 @@ clb_xtensa_exception:
     movi    a4, CLB_PS_RUN
     wsr     a4, ps
     rsync
+#else
+    rsr     a2, exccause
+    rsr     a3, epc1
+#endif
     movi    a1, _estack
-    movi    a4, clb_xtensa_fault
-    callx4  a4
+    clb_call clb_xtensa_fault
 .Lfault_hang:
     j       .Lfault_hang
     .size clb_xtensa_exception, . - clb_xtensa_exception
 
-    .section .text.clb_start, "ax"
-    .literal_position
-    .align 4
-    .global _start
-    .type _start, @function
+    clb_function _start, clb_start
 _start:
     movi    a2, clb_vector_base
     wsr     a2, vecbase
+#if defined(__XTENSA_WINDOWED_ABI__)
     movi    a2, 0
     wsr     a2, windowbase
     rsync
     movi    a2, 1
     wsr     a2, windowstart
+#endif
     movi    a2, CLB_PS_RUN
     wsr     a2, ps
     rsync
@@ -170,70 +197,7 @@ _start:
     addi    a2, a2, 4
     j       .Lzero_bss
 .Lcall_c:
-    movi    a4, clb_xtensa_start
-    callx4  a4
+    clb_call clb_xtensa_start
 .Lhang:
     j       .Lhang
     .size _start, . - _start
-
-#else /* call0 ABI */
-
-/* Vector table at VECBASE (1 KB aligned by the linker script); offsets of the lx106 layout. */
-    .section .clb_vectors, "ax"
-    .global clb_vector_base
-clb_vector_base:
-    .begin no-transform
-    .org    0x10                /* debug */
-    j       clb_xtensa_exception
-    .org    0x20                /* NMI */
-    j       clb_xtensa_exception
-    .org    0x30                /* kernel exception */
-    j       clb_xtensa_exception
-    .org    0x50                /* user exception */
-    j       clb_xtensa_exception
-    .org    0x70                /* double exception */
-    j       clb_xtensa_exception
-    .end no-transform
-
-    .section .text.clb_xtensa_exception, "ax"
-    .literal_position
-    .align 4
-    .global clb_xtensa_exception
-    .type clb_xtensa_exception, @function
-clb_xtensa_exception:
-    rsr     a2, exccause
-    rsr     a3, epc1
-    movi    a1, _estack
-    movi    a0, clb_xtensa_fault
-    callx0  a0
-.Lfault_hang:
-    j       .Lfault_hang
-    .size clb_xtensa_exception, . - clb_xtensa_exception
-    .section .text.clb_start, "ax"
-    .literal_position
-    .align 4
-    .global _start
-    .type _start, @function
-_start:
-    movi    a2, clb_vector_base
-    wsr     a2, vecbase
-    movi    a2, 0x2F            /* PS: INTLEVEL 15, EXCM 0, UM 1 */
-    wsr     a2, ps
-    rsync
-    movi    a1, _estack
-    movi    a2, __bss_start
-    movi    a3, __bss_end
-    movi    a4, 0
-.Lzero_bss:
-    bgeu    a2, a3, .Lcall_c
-    s32i    a4, a2, 0
-    addi    a2, a2, 4
-    j       .Lzero_bss
-.Lcall_c:
-    movi    a0, clb_xtensa_start
-    callx0  a0
-.Lhang:
-    j       .Lhang
-    .size _start, . - _start
-
-#endif
