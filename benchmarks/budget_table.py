@@ -1,7 +1,9 @@
 """Experts beyond RAM on the host (issue 41, points 1-2): decode and prefill tokens/s of a
 whole-model container with a quarter of its routed-expert bytes as the RAM budget, against the
 same file with every expert resident, for the prefetch settings side by side (the default,
-none, and every prediction read ahead), with the hit rate and the bytes read per token.
+none, and every prediction read ahead) and the default without the CRC-32 check of each expert
+read (COLIBRI_LM_NO_READ_CHECK: the check's cost, issue 37 point 6), with the hit rate and the
+bytes read per token.
 
 The model is a random Mixtral made with transformers' own init (seed 0; default hidden 512,
 intermediate 1408, 8 experts top-2, 4 layers, 8 heads / 4 KV heads, vocab 8000), converted as
@@ -35,7 +37,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from threads_prefill import container, mixtral, model_args, prompt64  # noqa: E402
+from threads_prefill import container, mixtral, model_args, prompt64, summary  # noqa: E402
 
 #: engine -> LM keyword arguments besides the budget (None: every expert resident)
 ENGINES: dict[str, dict[str, Any] | None] = {
@@ -43,11 +45,8 @@ ENGINES: dict[str, dict[str, Any] | None] = {
     "default": {},
     "no-prefetch": {"prefetch": False},
     "always": {"prefetch": "always"},
+    "no-read-check": {"read_check": False},
 }
-
-
-def summary(xs: list[float]) -> str:
-    return f"{min(xs):7.1f} / {statistics.median(xs):7.1f} / {max(xs):7.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,7 +178,7 @@ typedef struct {
  * default each read part is checked against the CRC-32 the file's table gives it, so a file
  * changed in place after the load (size and times kept) never reaches the kernels
  * (COLIBRI_ERR_CHECKSUM). The load-time checks are not affected (COLIBRI_LOAD_SKIP_CHECKSUM
- * turns both off). Cost: benchmarks/read_check_cost.py.
+ * turns both off). Cost: benchmarks/budget_table.py.
  */
 #define COLIBRI_LM_NO_READ_CHECK 0x4u
 
