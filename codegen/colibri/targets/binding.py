@@ -282,10 +282,27 @@ def _sources() -> list[Path]:
     )
 
 
+#: COLIBRI_SANITIZE values shared_library() accepts (a test builds the binding's library with
+#: them and runs Python with the sanitizer runtime preloaded: tests/runtime/test_binding_asan.py).
+SANITIZERS = ("", "address", "undefined", "address,undefined")
+
+
+def _sanitize_flags() -> list[str]:
+    san = os.environ.get("COLIBRI_SANITIZE", "")
+    if san not in SANITIZERS:
+        raise InputError(f"COLIBRI_SANITIZE={san!r}: one of {', '.join(map(repr, SANITIZERS))}")
+    if not san:
+        return []
+    flags = [f"-fsanitize={san}", "-fno-omit-frame-pointer", "-g"]
+    return flags + (["-fno-sanitize-recover=undefined"] if "undefined" in san else [])
+
+
 def shared_library() -> Path:
-    """Build (once) and return the path of libcolibri.so for this host."""
+    """Build (once) and return the path of libcolibri.so for this host (with COLIBRI_SANITIZE
+    set, a sanitizer build of it, kept apart)."""
     srcs = _sources()
-    h = hashlib.sha256()
+    san = _sanitize_flags()
+    h = hashlib.sha256(" ".join(san).encode())
     for p in srcs:
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -307,6 +324,7 @@ def shared_library() -> Path:
         "-Wall",
         "-Wextra",
         "-Werror",
+        *san,
         "-I",
         str(resource_dir() / "runtime_c" / "include"),
         *[str(p) for p in srcs if p.suffix == ".c"],
