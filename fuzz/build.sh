@@ -47,7 +47,7 @@ fi
 if (($# > 0)); then
     sources=("$@")
 else
-    sources=("$ROOT/fuzz/fuzz_container.c" "$ROOT/fuzz/fuzz_seed.c")
+    sources=("$ROOT/fuzz/fuzz_container.c" "$ROOT/fuzz/fuzz_seed.c" "$ROOT/fuzz/fuzz_lm.c")
 fi
 for src in "${sources[@]}"; do
     name="$(basename "$src" .c)"
