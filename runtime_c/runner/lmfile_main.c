@@ -7,11 +7,12 @@
  * Paths argv[1..3], else "model.clb", "input.bin", "output.bin" in the working directory; the
  * request and output files, exit statuses and bench markers are lm_runner.h's (a model file
  * the runtime refuses: 10 + (-colibri_status), printed on one line). An optional argv[4] sets
- * the KV cache positions (0 = COLIBRI_LM_DEFAULT_CONTEXT or the file's, if fewer). An optional argv[5] is the
- * expert RAM budget in bytes (colibri_lm_config_t.expert_ram_budget; 0 = every expert
- * resident), argv[6] its expert_flags (1 = no prefetch, 2 = no pinning), argv[7] is num_threads
- * (0 or 1: one thread), argv[8] prefill_batch (0 = 64), argv[9] pinned_slots (0 = auto) and
- * argv[10] max_memory (0 = no ceiling). A model over the ceiling prints, before the status line,
+ * the KV cache positions (0 = COLIBRI_LM_DEFAULT_CONTEXT or the file's, if fewer). An optional
+ * argv[5] is the expert RAM budget in bytes (colibri_lm_config_t.expert_ram_budget; 0 = every
+ * expert resident), argv[6] its expert_flags (1 = no prefetch, 2 = no pinning), argv[7] is
+ * num_threads (0 or 1: one thread), argv[8] prefill_batch (0 = 64), argv[9] pinned_slots
+ * (0 = auto) and argv[10] max_memory (0 = no ceiling). A model over the ceiling prints, before
+ * the status line,
  *   colibri: memory needed: T bytes (KV cache K for C positions, arena A, tables B, expert
  *   slots S, packed P)
  * (colibri_lm_measure) and exits 10 + 18.
