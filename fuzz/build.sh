@@ -4,7 +4,7 @@
 #
 #   fuzz/build.sh OUT_DIR [EXTRA_SOURCE.c ...]
 #
-# Writes OUT_DIR/fuzz_container and OUT_DIR/fuzz_seed (each: harness + runtime_c/src/*.c and
+# Writes OUT_DIR/fuzz_container, fuzz_seed, fuzz_lm and fuzz_shared (each: harness + runtime_c/src/*.c and
 # runtime_c/arch/x86_64/*.c, the host ISA's kernel levels, empty on other machines).
 # With extra sources, builds only those, one program each, with the same flags (tests use
 # this for a harness that must trip the allocation limit). CC overrides the compiler.
@@ -47,7 +47,8 @@ fi
 if (($# > 0)); then
     sources=("$@")
 else
-    sources=("$ROOT/fuzz/fuzz_container.c" "$ROOT/fuzz/fuzz_seed.c")
+    sources=("$ROOT/fuzz/fuzz_container.c" "$ROOT/fuzz/fuzz_seed.c" "$ROOT/fuzz/fuzz_lm.c"
+        "$ROOT/fuzz/fuzz_shared.c")
 fi
 for src in "${sources[@]}"; do
     name="$(basename "$src" .c)"

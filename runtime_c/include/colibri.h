@@ -8,6 +8,23 @@
  *
  * Memory: on the MCU path (COLIBRI_NO_FILESYSTEM defined) the runtime never allocates; the
  * generated model provides a static arena. The POSIX build (model files, mmap) is marked.
+ * There, with F = the bytes of the model's files (the container, or model.bin + router.bin +
+ * config.json), every block is sized from validated fields and none is larger than F:
+ *
+ *   colibri_init        = W + D + A + S <= 4 F      colibri_init_shared = D + A + S <= 3 F
+ *   W = 16 + 16-aligned (E x sizeof(colibri_expert_weights_t)) + 16-aligned (4 E)
+ *       (+ 4 E d router floats, seed layout): the weight tables every handle on the file shares
+ *   D = 16-aligned sizeof(colibri_model_t) + the slots' bookkeeping of COLIBRI_SLOT_BYTES
+ *       (fewer slots when it would exceed F - the descriptor: same results)
+ *   A = colibri_workspace_size(model, T): T = 256 token rows per chunk, halved until A <= F
+ *       (a shared handle keeps base's T)
+ *   S = n slots x the largest expert's bytes: n = the LRU / NONE slots, capped at the experts
+ *       that own weights (S > F: COLIBRI_ERR_SIZE)
+ *
+ * (E experts, d = d_model; colibri_init also holds config.json's text while it parses a seed
+ * layout.) A handle made by colibri_init_shared from a colibri_init_static base has no files:
+ * its D, A and S are the same terms, bounded only by the caller's config. fuzz/fuzz_shared.c
+ * checks both bounds on the live bytes.
  *
  * Thread safety
  * -------------
@@ -264,11 +281,12 @@ typedef struct colibri_model {
  * 64-aligned, in table order without overlapping, dtype and shape as the header says), the
  * sharing map; then, unless config->load_flags skips them, each container tensor's CRC-32
  * (COLIBRI_ERR_CHECKSUM) and the fp32 weights for NaN / Inf (COLIBRI_ERR_NONFINITE; the seed
- * layout has no checksums). Only then is the model allocated, in at most three blocks, none
+ * layout has no checksums). Only then is the model allocated, in at most four blocks, none
  * larger than the model's files (the container, or model.bin + router.bin + config.json): the
- * weight tables handles share; this handle's descriptor and arena, which holds up to 256
- * token rows per chunk, fewer when more would not fit (same results); its LRU / NONE cache
- * slots, capped at the number of experts that own weights. A model too small for that (its
+ * weight tables handles share; this handle's descriptor (with its slots' bookkeeping); its
+ * arena, which holds up to 256 token rows per chunk, fewer when more would not fit (same
+ * results); its LRU / NONE cache slots, capped at the number of experts that own weights
+ * (the file comment's "Memory" gives each block's formula). A model too small for that (its
  * tables outweigh its weights: d_model 1 and the like) gets COLIBRI_ERR_SIZE. Details and
  * costs: docs/format.md.
  * @return COLIBRI_OK and *out_model set, or a negative status (*out_model = NULL).
@@ -290,8 +308,10 @@ colibri_status colibri_init_static(colibri_model_t *model, const colibri_config_
 /**
  * @brief Another handle on base's model, for another thread (POSIX; see Thread safety). It
  *        shares base's read-only weights and allocates only its own descriptor, workspace and
- *        cache slots (one block of colibri_arena_size(base, config, base's chunk) bytes plus
- *        the descriptor), so N threads cost N workspaces, not N copies of the model. Outputs
+ *        cache slots (three blocks: D, A and S of the file comment's "Memory", each at most
+ *        the model's files for a file model; too many slots for that are fewer slots or
+ *        COLIBRI_ERR_SIZE, as colibri_init), so N threads cost N workspaces, not N copies of
+ *        the model. Outputs
  *        are bit-identical to base's. The weights stay mapped until the last handle sharing
  *        them is cleaned up: release base and its siblings in any order. Safe to call while
  *        another thread runs a forward pass on base.

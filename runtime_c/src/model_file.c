@@ -157,6 +157,7 @@ colibri_status colibri_file_block_alloc(const colibri_model_t *dims, size_t rout
     atomic_init(&shared->refs, 1u);
     shared->map = NULL;
     shared->map_size = 0;
+    shared->file_bytes = file_bytes;
 
     colibri_model_t *m = (colibri_model_t *)(void *)block;
     *m = *dims;
@@ -287,23 +288,46 @@ colibri_status colibri_init_shared(const colibri_model_t *base, const colibri_co
     if (n_slots > owners && owners > 0) {
         n_slots = owners; /* as colibri_init: more LRU slots would never be used */
     }
+    /* Three blocks, as colibri_init's handle (colibri.h, "Memory"): the descriptor with the
+     * slots' bookkeeping, the workspace (base's chunk, sized by colibri_init within the files)
+     * and the slots' weight copies; on a file model each is at most the model's files. */
+    const file_shared *fs = (const file_shared *)base->shared;
+    const size_t file_bytes = fs != NULL ? fs->file_bytes : SIZE_MAX;
+    const size_t desc = COLIBRI_ALIGN16(sizeof(colibri_model_t));
+    const int32_t wanted = n_slots;
+    while (n_slots > 0 &&
+           (desc > file_bytes || colibri_slot_book_bytes(n_slots) > file_bytes - desc)) {
+        n_slots--; /* tiny experts: fewer slots (same results), as colibri_init */
+    }
     const size_t ws = colibri_workspace_size(base, base->max_tokens);
+    const size_t book = colibri_slot_book_bytes(n_slots);
     const size_t slots = colibri_slot_bytes_checked(n_slots, colibri_slot_capacity(base));
-    if (ws == 0 || slots == SIZE_MAX || slots > SIZE_MAX - ws) {
+    if (ws == 0 || slots == SIZE_MAX) {
         return COLIBRI_ERR_NOMEM;
     }
-    size_t arena_off = 0;
-    unsigned char *block = handle_block_alloc(ws + slots, &arena_off);
-    if (block == NULL) {
+    const size_t copies = slots - book;
+    if ((wanted > 0 && n_slots == 0) || copies > file_bytes || ws > file_bytes ||
+        desc > file_bytes) {
+        return COLIBRI_ERR_SIZE; /* what colibri_init refuses for the same slots */
+    }
+    size_t book_off = 0;
+    unsigned char *block = handle_block_alloc(book, &book_off);
+    void *arena = (block != NULL) ? malloc(ws) : NULL;
+    void *slot_copies = (arena != NULL && copies > 0) ? malloc(copies) : NULL;
+    if (arena == NULL || (copies > 0 && slot_copies == NULL)) {
+        free(arena);
+        free(block);
         return COLIBRI_ERR_NOMEM;
     }
     colibri_model_t *m = (colibri_model_t *)(void *)block;
-    st = colibri_shared_attach(m, base, policy, n_slots, block + arena_off, ws + slots,
-                               base->max_tokens);
+    st = colibri_shared_attach(m, base, policy, 0, arena, ws, base->max_tokens);
     if (st != COLIBRI_OK) {
+        free(slot_copies);
+        free(arena);
         free(block);
         return st;
     }
+    colibri_loader_setup_split(m, policy, n_slots, block + book_off, (float *)slot_copies);
     file_shared *shared = (file_shared *)base->shared;
     if (shared != NULL) {
         /* base's own reference keeps the count >= 1 during this call: relaxed suffices */
@@ -312,9 +336,9 @@ colibri_status colibri_init_shared(const colibri_model_t *base, const colibri_co
         m->map_size = shared->map_size;
     }
     m->shared = shared;
-    m->owned = block; /* this handle's arena and slots are part of it */
-    m->owned_arena = NULL;
-    m->owned_slots = NULL;
+    m->owned = block; /* the descriptor and the slots' bookkeeping */
+    m->owned_arena = arena;
+    m->owned_slots = slot_copies;
     m->is_static = 0;
     *out_model = m;
     return COLIBRI_OK;

@@ -47,6 +47,7 @@ typedef struct {
     atomic_size_t refs;
     void *map;
     size_t map_size;
+    size_t file_bytes; /* the model's files (every block of a handle on them is at most this) */
 } file_shared;
 
 /**
