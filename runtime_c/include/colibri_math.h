@@ -2,13 +2,14 @@
  * @file colibri_math.h
  * @brief The runtime's own exp, SiLU, erf, tanh and the two GELUs, the same bits on every board.
  *
- * libm's expf (erff, tanhf) differs between C libraries (glibc, newlib, picolibc, ESP-IDF's) by an ulp here
- * and there, and an ulp in a softmax or a SiLU can flip an int8 activation code downstream, so
- * two boards (or C and the numpy mirror) would drift apart over a long generation. Every exp
- * of the runtime and of the generated code (router softmax, attention softmax, SiLU, the
- * shared expert's sigmoid gate) is therefore colibri_expf below: IEEE fp32 adds and multiplies
- * only (no fused multiply-add: every board builds with -ffp-contract=off), so it gives the
- * same bits everywhere, and colibri/reference/f32.py repeats it exactly in numpy.
+ * libm's expf (and erff, tanhf) differs between C libraries (glibc, newlib, picolibc,
+ * ESP-IDF's) by an ulp here and there, and an ulp in a softmax or an activation can flip an
+ * int8 activation code downstream, so two boards (or C and the numpy mirror) would drift apart
+ * over a long generation. Every exp of the runtime and of the generated code (router softmax,
+ * attention softmax, SiLU, the GELUs, the shared expert's sigmoid gate) is therefore
+ * colibri_expf below: IEEE fp32 adds and multiplies only (no fused multiply-add: every board
+ * builds with -ffp-contract=off), so it gives the same bits everywhere, and
+ * colibri/reference/f32.py repeats it exactly in numpy.
  *
  * exp(x) = 2^n * exp(r): n = round(x / ln 2) by the 1.5 * 2^23 trick, r = x - n ln 2 in two
  * steps (Cody-Waite), exp(r) by the Cephes expf polynomial; about 1 ulp from the true value on

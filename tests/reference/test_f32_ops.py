@@ -1,6 +1,8 @@
 """colibri.reference.f32 against the C it mirrors, bit for bit: colibri_expf / colibri_silu /
-colibri_erff / colibri_tanhf / colibri_gelu / colibri_gelu_tanh (colibri_math.h), RMSNorm, linear, RoPE, attention and SwiGLU (transformer_ops.c) and the
-router's gates (router.c), built for the host as a shared library and called through ctypes."""
+colibri_erff / colibri_tanhf / colibri_gelu / colibri_gelu_tanh (colibri_math.h), RMSNorm,
+linear, RoPE, attention and SwiGLU (transformer_ops.c) and the router's gates (router.c), built
+for the host as a shared library and called through ctypes; and the documented accuracy of the
+erf, tanh and GELUs against float64."""
 
 from __future__ import annotations
 

@@ -424,7 +424,7 @@ def test_gelu_functions_equal_the_mirror(name: str, build_root: Path, tmp_path: 
             i = int(np.flatnonzero(differ)[0])
             pytest.fail(
                 f"{name}: {fn.__name__}: {int(differ.sum())} of {x.size} differ, first "
-                f"x = {x[i]!r} ({x[i:i+1].view(np.uint32)[0]:#010x}): board {got[i, col]!r} "
+                f"x = {x[i]!r} ({x[i : i + 1].view(np.uint32)[0]:#010x}): board {got[i, col]!r} "
                 f"mirror {want[i]!r}"
             )
 
