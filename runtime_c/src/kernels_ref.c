@@ -8,17 +8,16 @@
 #include "colibri_internal.h"
 #include "colibri_math.h"
 
-#include <math.h>
 #include <stddef.h>
 
 static float act_gelu(float x)
 {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+    return colibri_gelu(x);
 }
 
 static float act_gelu_tanh(float x)
 {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    return colibri_gelu_tanh(x);
 }
 
 static float act_silu(float x)

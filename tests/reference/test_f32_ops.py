@@ -1,6 +1,8 @@
-"""colibri.reference.f32 against the C it mirrors, bit for bit: colibri_expf / colibri_silu
-(colibri_math.h), RMSNorm, linear, RoPE, attention and SwiGLU (transformer_ops.c) and the
-router's gates (router.c), built for the host as a shared library and called through ctypes."""
+"""colibri.reference.f32 against the C it mirrors, bit for bit: colibri_expf / colibri_silu /
+colibri_erff / colibri_tanhf / colibri_gelu / colibri_gelu_tanh (colibri_math.h), RMSNorm,
+linear, RoPE, attention and SwiGLU (transformer_ops.c) and the router's gates (router.c), built
+for the host as a shared library and called through ctypes; and the documented accuracy of the
+erf, tanh and GELUs against float64."""
 
 from __future__ import annotations
 
@@ -27,6 +29,30 @@ void shim_silu(const float *x, float *y, int32_t n)
 {
     for (int32_t i = 0; i < n; i++) {
         y[i] = colibri_silu(x[i]);
+    }
+}
+void shim_erf(const float *x, float *y, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        y[i] = colibri_erff(x[i]);
+    }
+}
+void shim_tanh(const float *x, float *y, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        y[i] = colibri_tanhf(x[i]);
+    }
+}
+void shim_gelu(const float *x, float *y, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        y[i] = colibri_gelu(x[i]);
+    }
+}
+void shim_gelu_tanh(const float *x, float *y, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        y[i] = colibri_gelu_tanh(x[i]);
     }
 }
 """
@@ -114,6 +140,83 @@ def test_exp_is_accurate() -> None:
     assert np.isnan(f32.exp_f32(np.float32([np.nan]))[0])
     top = np.float32(88.72)
     assert f32.exp_f32(np.float32([top]))[0] == pytest.approx(math.exp(float(top)), rel=2.5e-7)
+
+
+def _gelu_inputs() -> np.ndarray:
+    """Every multiple of 2^-15 in [-10, 10], 2 million random bit patterns (every exponent,
+    subnormals, NaNs), the branch edges of colibri_erff / colibri_tanhf / the GELUs and their
+    neighbours, +-0, +-inf, NaN, +-FLT_MAX and the smallest subnormal."""
+    grid = (np.arange(-10 * 2**15, 10 * 2**15 + 1) / 2**15).astype(np.float32)
+    bits = np.random.default_rng(4).integers(0, 2**32, 2_000_000, dtype=np.uint64)
+    edges = np.float32([0.875, 4.0, 0.625, -11.0, 5.66, 44.36, 1e-45, 3.4028235e38])
+    with np.errstate(over="ignore"):  # FLT_MAX steps to inf
+        edges = np.concatenate([edges, -edges, np.nextafter(edges, np.float32(np.inf))])
+        edges = np.concatenate([edges, np.nextafter(edges, np.float32(-np.inf))])
+    special = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40])
+    return np.concatenate([grid, bits.astype(np.uint32).view(np.float32), edges, special])
+
+
+GELU_FUNCS = (
+    ("shim_erf", f32.erf_f32),
+    ("shim_tanh", f32.tanh_f32),
+    ("shim_gelu", f32.gelu_f32),
+    ("shim_gelu_tanh", f32.gelu_tanh_f32),
+)
+
+
+def test_erf_tanh_gelu_match_c_bit_for_bit(lib: ctypes.CDLL) -> None:
+    x = _gelu_inputs()
+    for name, mirror in GELU_FUNCS:
+        y = np.empty_like(x)
+        getattr(lib, name)(_p(x), _p(y), ctypes.c_int32(x.size))
+        _same_bits(y, mirror(x), name)
+
+
+def _true_gelus(x64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 gelu (by erfc for x < 0, where 1 + erf cancels) and gelu_tanh (as the sigmoid
+    x / (1 + exp(-2u)), which equals 0.5 x (1 + tanh u) without its cancellation)."""
+    erfc = np.frompyfunc(math.erfc, 1, 1)
+    g = 0.5 * x64 * np.asarray(erfc(-x64 / math.sqrt(2.0)), dtype=np.float64)
+    u = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)
+    with np.errstate(over="ignore"):
+        gt = x64 / (1.0 + np.exp(-2.0 * u))
+    return g, gt
+
+
+def test_erf_tanh_gelu_are_accurate() -> None:
+    """The bounds colibri_math.h documents, against float64: erf <= 1.41 ulp, tanh <= 1.22 ulp
+    (every finite input); on [-10, 10] gelu <= 4.5e-7 and gelu_tanh <= 5.2e-7 absolute
+    (<= 1.2e-7 max(|x|, 1)), both <= 2.7 ulp for x >= -1; the special values."""
+    x = _gelu_inputs()
+    x = x[np.isfinite(x)]
+    x64 = x.astype(np.float64)
+    erf = np.frompyfunc(math.erf, 1, 1)
+
+    def ulps(got: np.ndarray, true: np.ndarray) -> np.ndarray:
+        ulp = np.spacing(np.abs(true).astype(np.float32)).astype(np.float64)
+        return np.abs(got.astype(np.float64) - true) / ulp
+
+    assert ulps(f32.erf_f32(x), np.asarray(erf(x64), dtype=np.float64)).max() <= 1.41
+    assert ulps(f32.tanh_f32(x), np.tanh(x64)).max() <= 1.22
+    inside = (x >= -10) & (x <= 10)
+    g, gt = _true_gelus(x64[inside])
+    xi = x[inside]
+    for mirror, true, bound in ((f32.gelu_f32, g, 4.5e-7), (f32.gelu_tanh_f32, gt, 5.2e-7)):
+        got = mirror(xi).astype(np.float64)
+        err = np.abs(got - true)
+        assert err.max() <= bound
+        assert (err / np.maximum(np.abs(x64[inside]), 1.0)).max() <= 1.2e-7
+        assert ulps(got[xi >= -1], true[xi >= -1]).max() <= 2.7
+    special = np.float32([np.inf, -np.inf, np.nan, -0.0])
+    for fn, want in (
+        (f32.erf_f32, [1.0, -1.0, np.nan, -0.0]),
+        (f32.tanh_f32, [1.0, -1.0, np.nan, -0.0]),
+        (f32.gelu_f32, [np.inf, -0.0, np.nan, -0.0]),
+        (f32.gelu_tanh_f32, [np.inf, -0.0, np.nan, -0.0]),
+    ):
+        got = fn(special)
+        np.testing.assert_array_equal(got, np.float32(want))
+        assert np.array_equal(np.signbit(got), np.signbit(np.float32(want)))
 
 
 def test_transformer_ops_match_c(lib: ctypes.CDLL) -> None:

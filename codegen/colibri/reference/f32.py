@@ -10,7 +10,8 @@ So the quantised mirror repeats every fp32 operation of the C in C's order inste
 - every dot product accumulates in fp32, ``acc += w[i] * x[i]`` for i ascending (C builds with
   ``-ffp-contract=off``, so no fused multiply-add anywhere), then ``+ b``;
 - exp is the runtime's own :c:func:`colibri_expf` (colibri_math.h), not libm's, so C gives the
-  same bits on every board and :func:`exp_f32` gives them in numpy;
+  same bits on every board and :func:`exp_f32` gives them in numpy; so are erf, tanh and the
+  two GELUs (:func:`erf_f32`, :func:`tanh_f32`, :func:`gelu_f32`, :func:`gelu_tanh_f32`);
 - RMSNorm, RoPE, the attention softmax, SwiGLU, the router's softmax and top-k, and the gated
   sum of the experts follow runtime_c/src/transformer_ops.c, router.c and sparse_forward.c line
   by line (each function below names its C original).
@@ -38,6 +39,29 @@ EXP_P = tuple(
     for v in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
               1.6666665459e-1, 5.0000001201e-1)
 )  # fmt: skip
+
+# colibri_math.h: colibri_erff, colibri_tanhf, the GELUs
+ERF_SMALL = F32(0.875)
+ERF_S = tuple(
+    F32(v)
+    for v in (0.128379151, -0.376125574, 0.112825252, -0.0267939754, 0.00503589865,
+              -0.000622254738)
+)  # fmt: skip
+ERF_ONE = F32(4.0)
+ERF_T = F32(0.5)
+ERF_R = tuple(
+    F32(v)
+    for v in (-0.00015567732, 0.284934789, 0.259548396, 0.34827745, -0.104563706,
+              0.564393222, -0.47192499, 0.119545832)
+)  # fmt: skip
+TANH_SMALL = F32(0.625)
+TANH_Q = tuple(
+    F32(v) for v in (-0.333333284, 0.133327946, -0.0538541153, 0.0210102368, -0.00611336716)
+)
+GELU_INV_SQRT2 = F32(0.70710678)
+GELU_TANH_K = F32(0.7978845608)
+GELU_TANH_C = F32(0.044715)
+GELU_ZERO_BELOW = F32(-11.0)
 
 #: colibri_router's softmax block (router.c ROUTE_BLOCK).
 ROUTE_BLOCK = 64
@@ -70,6 +94,65 @@ def silu_f32(v: np.ndarray) -> np.ndarray:
     v = np.asarray(v, dtype=F32)
     with np.errstate(all="ignore"):
         return np.asarray(v / (F32(1.0) + exp_f32(-v)), dtype=F32)
+
+
+def _horner(coefs: tuple[np.float32, ...], v: np.ndarray) -> np.ndarray:
+    """coefs[0] + coefs[1] v + ... by Horner from the highest, as the C: p = p * v + c."""
+    p = np.full_like(v, coefs[-1])
+    for c in coefs[-2::-1]:
+        p = p * v + c
+    return p
+
+
+def erf_f32(x: np.ndarray) -> np.ndarray:
+    """colibri_erff: |x| < 0.875: x + x P(x^2); |x| < 4: +-(1 - colibri_expf(-x^2) R(t)),
+    t = 1 / (1 + |x| / 2); else +-1 (NaN stays NaN)."""
+    x = np.asarray(x, dtype=F32)
+    with np.errstate(all="ignore"):
+        a = np.where(x < 0, -x, x)
+        small = x + x * _horner(ERF_S, x * x)
+        t = F32(1.0) / (F32(1.0) + ERF_T * a)
+        e = F32(1.0) - exp_f32(-(a * a)) * _horner(ERF_R, t)
+        mid = np.where(x < 0, -e, e)
+        one = np.where(x < 0, F32(-1.0), F32(1.0))
+        out = np.where(a >= ERF_ONE, one, x + x)
+        out = np.where(a < ERF_ONE, mid, out)
+        out = np.where(a < ERF_SMALL, small, out)
+    return np.asarray(out, dtype=F32)
+
+
+def tanh_f32(x: np.ndarray) -> np.ndarray:
+    """colibri_tanhf: |x| < 0.625: x + x (x^2 Q(x^2)) (x itself when that term is 0, which
+    keeps -0); else +-(1 - 2 / (colibri_expf(2|x|) + 1))."""
+    x = np.asarray(x, dtype=F32)
+    with np.errstate(all="ignore"):
+        a = np.where(x < 0, -x, x)
+        s = x * x
+        w = x * (s * _horner(TANH_Q, s))
+        small = np.where(w == 0, x, x + w)
+        r = F32(1.0) - F32(2.0) / (exp_f32(a + a) + F32(1.0))
+        out = np.where(a < TANH_SMALL, small, np.where(x < 0, -r, r))
+    return np.asarray(out, dtype=F32)
+
+
+def gelu_f32(x: np.ndarray) -> np.ndarray:
+    """colibri_gelu: 0.5 x (1 + colibri_erff(x / sqrt 2)), -0 below -11."""
+    x = np.asarray(x, dtype=F32)
+    with np.errstate(all="ignore"):
+        y = F32(0.5) * x * (F32(1.0) + erf_f32(x * GELU_INV_SQRT2))
+        out = np.where(x < GELU_ZERO_BELOW, F32(-0.0), y)
+    return np.asarray(out, dtype=F32)
+
+
+def gelu_tanh_f32(x: np.ndarray) -> np.ndarray:
+    """colibri_gelu_tanh: x / (1 + colibri_expf(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3)
+    (the product left to right), -0 below -11."""
+    x = np.asarray(x, dtype=F32)
+    with np.errstate(all="ignore"):
+        u = GELU_TANH_K * (x + GELU_TANH_C * x * x * x)
+        y = x / (F32(1.0) + exp_f32(-(u + u)))
+        out = np.where(x < GELU_ZERO_BELOW, F32(-0.0), y)
+    return np.asarray(out, dtype=F32)
 
 
 def seq_dot(w: np.ndarray, x: np.ndarray) -> np.ndarray:

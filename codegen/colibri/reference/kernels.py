@@ -24,7 +24,7 @@ from ..quant.formats import (
     int4_values,
     q8_blocks,
 )
-from .f32 import route_gates_f32, seq_dot, silu_f32
+from .f32 import gelu_f32, gelu_tanh_f32, route_gates_f32, seq_dot, silu_f32
 from .moe import Routing, activation, expert_ffn, route, shared_ffn
 
 
@@ -173,10 +173,14 @@ def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
 
 
 def _activation_f32(name: str, h: np.ndarray) -> np.ndarray:
-    """The generated kernels' activation: SiLU is colibri_silu, bit for bit; the others use
-    libm (erff / tanhf) in C and float64 here."""
+    """The generated kernels' activation, bit for bit: colibri_silu, colibri_gelu,
+    colibri_gelu_tanh (colibri_math.h, no libm) or relu."""
     if name == "silu":
         return silu_f32(h)
+    if name == "gelu":
+        return gelu_f32(h)
+    if name == "gelu_tanh":
+        return gelu_tanh_f32(h)
     return np.asarray(activation(name, h.astype(np.float64)), dtype=np.float32)
 
 
