@@ -328,10 +328,13 @@ def test_pinned_is_bit_identical_and_counts_add_up(
     fills = s["misses"] + s["prefetches"]  # the pinned slots are read once, at init
     assert s["bytes_read"] == (fills + s["n_pinned"]) * per_expert
     assert s["evictions"] == fills - (s["n_slots"] - s["n_pinned"])
-    # deterministic counts: pinning gains hits at the quarter budget and with LRU
-    # alone; not always (this random model, int4, half budget, prefetch: 85 hits against 88)
-    if frac == 4 or not prefetch:
+    # deterministic counts: pinning gains hits with LRU alone; beside every prediction read
+    # ahead it does not always (this random model, int4: 29 against 29 at a quarter budget),
+    # and it never loses at a quarter
+    if not prefetch:
         assert s["hits"] > off["hits"], (s, off)
+    elif frac == 4:
+        assert s["hits"] >= off["hits"], (s, off)
 
 
 def test_prefetch_never_evicts_a_pinned_expert(heat_files: dict[str, Path]) -> None:
