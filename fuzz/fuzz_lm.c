@@ -46,7 +46,6 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed);
-size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
 
 static double g_table_ratio; /* largest measured table_bytes / input */
 static size_t g_table_ratio_bytes, g_table_ratio_input;
@@ -76,19 +75,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
 {
-    size = LLVMFuzzerMutate(data, size, max_size);
-    if ((seed & 7u) != 0u) {
-        fuzz_fix_container(data, size);
-    }
-    return size;
-}
-
-static void check_status(colibri_status st)
-{
-    const char *text = colibri_strerror(st);
-    if (text == NULL || text[0] == '\0') {
-        fuzz_fail(); /* contract: every status has a message */
-    }
+    return fuzz_mutate_fixed(data, size, max_size, seed);
 }
 
 /* Greedy sample of the logits: a token id inside the vocabulary, or COLIBRI_ERR_NAN. */
@@ -103,7 +90,7 @@ static void check_sample(colibri_lm_t *lm, const float *logits, int32_t vocab)
     int32_t token = -1;
     const colibri_status st =
         colibri_sample(logits, vocab, &greedy, &rng, colibri_lm_sampler_workspace(lm), &token);
-    check_status(st);
+    fuzz_check_status(st);
     if (st == COLIBRI_OK && (token < 0 || token >= vocab)) {
         fuzz_fail(); /* ids in range */
     }
@@ -125,7 +112,7 @@ static void run_model(colibri_lm_t *lm, const uint8_t *data, size_t size, uint32
     const float *logits = NULL;
     const int32_t n = 2 + (int32_t)(h >> 20 & 1u);
     colibri_status st = colibri_lm_prefill(lm, tokens, n, 0, &logits);
-    check_status(st);
+    fuzz_check_status(st);
     if (st == COLIBRI_OK) {
         run = n;
         check_sample(lm, logits, vocab);
@@ -139,7 +126,7 @@ static void run_model(colibri_lm_t *lm, const uint8_t *data, size_t size, uint32
     for (int32_t s = 0; s < steps; s++) {
         const int32_t pos = run;
         st = colibri_lm_forward(lm, tokens[s % 3], pos, &logits);
-        check_status(st);
+        fuzz_check_status(st);
         if (st == COLIBRI_OK) {
             run = pos + 1;
             check_sample(lm, logits, vocab);
@@ -201,7 +188,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_live_arm((unsigned long long)FUZZ_LM_TABLE_RATIO * size, "24 x the file (measure)", size);
     const colibri_status measured = colibri_lm_measure(&cfg, &mem);
     fuzz_live_disarm();
-    check_status(measured);
+    fuzz_check_status(measured);
     if (measured == COLIBRI_OK) {
         if (mem.table_bytes > (uint64_t)FUZZ_LM_TABLE_RATIO * size ||
             mem.total_bytes < mem.table_bytes) {
@@ -225,7 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                : (unsigned long long)FUZZ_LM_TABLE_RATIO * size;
     fuzz_live_arm(bound, measured == COLIBRI_OK ? "the measured total" : "24 x the file", size);
     const colibri_status st = colibri_lm_init(&cfg, &lm);
-    check_status(st);
+    fuzz_check_status(st);
     if (st != COLIBRI_OK) {
         fuzz_live_disarm();
         if (lm != NULL) {

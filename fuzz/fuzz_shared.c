@@ -26,7 +26,6 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed);
-size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
 
 static double g_init_ratio; /* largest colibri_init peak / input */
 static size_t g_init_peak, g_init_input;
@@ -51,19 +50,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
 {
-    size = LLVMFuzzerMutate(data, size, max_size);
-    if ((seed & 7u) != 0u) {
-        fuzz_fix_container(data, size);
-    }
-    return size;
-}
-
-static void check_status(colibri_status st)
-{
-    const char *text = colibri_strerror(st);
-    if (text == NULL || text[0] == '\0') {
-        fuzz_fail(); /* contract: every status has a message */
-    }
+    return fuzz_mutate_fixed(data, size, max_size, seed);
 }
 
 /* A forward pass over FUZZ_TOKENS rows of x into y; ids checked in range. */
@@ -73,7 +60,7 @@ static colibri_status forward(colibri_model_t *m, const float *x, float *y, int3
     float temp[FUZZ_TOKENS];
     const colibri_status st =
         colibri_forward(m, x, y, FUZZ_TOKENS, m->d_model, m->top_k, ids, gates, temp);
-    check_status(st);
+    fuzz_check_status(st);
     if (st == COLIBRI_OK) {
         for (size_t i = 0; i < (size_t)FUZZ_TOKENS * (size_t)m->top_k; i++) {
             if (ids[i] < 0 || ids[i] >= m->n_experts) {
@@ -141,7 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     g_live_ratio = keep_ratio;
     g_live_ratio_peak = keep_peak;
     g_live_ratio_input = keep_input;
-    check_status(st);
+    fuzz_check_status(st);
     if (st != COLIBRI_OK) {
         if (base != NULL) {
             fuzz_fail(); /* contract: *out_model NULL on error */
@@ -179,7 +166,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_live_arm2((unsigned long long)FUZZ_SHARED_RATIO * size, size,
                    "3 x the file (colibri_init_shared)", size);
     st = colibri_init_shared(base, sc, &shared);
-    check_status(st);
+    fuzz_check_status(st);
     colibri_status st1 = COLIBRI_ERR_ARG;
     if (st == COLIBRI_OK) {
         st1 = forward(shared, x, y1, ids, gates);
