@@ -42,6 +42,10 @@ static unsigned long long g_live_single; /* largest single allocation allowed (0
 static size_t g_live_input;              /* input size of the armed run */
 static double g_live_ratio;              /* largest peak / input seen */
 static size_t g_live_ratio_peak, g_live_ratio_input;
+static size_t g_live_largest, g_live_largest_input; /* largest single armed allocation */
+
+/* colibri_init's documented bound on its live bytes: 4 x the model's files (colibri.h). */
+#define FUZZ_INIT_RATIO 4u
 
 /* A contract violation: stop counting (libFuzzer's crash report allocates), then abort. */
 static inline void fuzz_fail(void)
@@ -60,6 +64,10 @@ static void fuzz_live_malloc_hook(const volatile void *ptr, size_t size)
         fprintf(stderr, "colibri fuzz: allocation of %zu bytes for a %zu-byte input (limit %llu)\n",
                 size, g_live_input, g_live_single);
         fuzz_fail();
+    }
+    if (size > g_live_largest) {
+        g_live_largest = size;
+        g_live_largest_input = g_live_input;
     }
     const long long now = atomic_fetch_add(&g_live_bytes, (long long)size) + (long long)size;
     long long peak = atomic_load(&g_live_peak);
@@ -109,6 +117,19 @@ static inline void fuzz_live_arm2(unsigned long long bound, unsigned long long s
 static inline void fuzz_live_arm(unsigned long long bound, const char *what, size_t input_size)
 {
     fuzz_live_arm2(bound, 0u, what, input_size);
+}
+
+/* Stop counting for a moment (the harness's own allocations), keeping the window's count. */
+static inline void fuzz_live_pause(void)
+{
+    atomic_store(&g_live_armed, 0);
+}
+
+/* Go on counting after fuzz_live_pause; frees of blocks allocated while paused must wait for
+ * fuzz_live_disarm. */
+static inline void fuzz_live_resume(void)
+{
+    atomic_store(&g_live_armed, 1);
 }
 
 /* Stop counting; returns the peak live bytes of the window (and records its ratio). */

@@ -35,19 +35,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 4;
     size_t left = size - 4;
     config_len = config_len < left ? config_len : left;
-    fuzz_write("config.json", p, config_len);
+    fuzz_live_write("config.json", p, config_len);
     p += config_len;
     left -= config_len;
     router_len = router_len < left ? router_len : left;
-    fuzz_write("router.bin", p, router_len);
+    fuzz_live_write("router.bin", p, router_len);
     p += router_len;
     left -= router_len;
-    fuzz_write("model.bin", p, left);
+    fuzz_live_write("model.bin", p, left);
 
     char path[128];
-    fuzz_path(path, sizeof(path), "model.bin");
-    fuzz_run(path, COLIBRI_CACHE_PINNED, 0, 0u, size);
+    fuzz_live_path(path, sizeof(path), "model.bin");
+    const size_t files = size - 4u; /* F: config.json + router.bin + model.bin */
+    fuzz_run(path, COLIBRI_CACHE_PINNED, 0, 0u, files);
     fuzz_run(path, (size & 1u) ? COLIBRI_CACHE_NONE : COLIBRI_CACHE_LRU, 2,
-             COLIBRI_LOAD_SKIP_FINITE, size);
+             COLIBRI_LOAD_SKIP_FINITE, files);
     return 0;
 }

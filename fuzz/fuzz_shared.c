@@ -20,7 +20,6 @@
 
 #define FUZZ_TOKENS 3
 /* colibri.h, "Memory": colibri_init <= 4 F, colibri_init_shared <= 3 F. */
-#define FUZZ_INIT_RATIO 4u
 #define FUZZ_SHARED_RATIO 3u
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

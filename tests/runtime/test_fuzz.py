@@ -156,9 +156,10 @@ def test_allocation_limit_trips(harness_dir: Path, tmp_path: Path) -> None:
         "int LLVMFuzzerInitialize(int *argc, char ***argv)\n{\n"
         "    (void)argc;\n    (void)argv;\n    fuzz_setup();\n    return 0;\n}\n"
         "int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)\n{\n"
-        "    (void)data;\n    fuzz_arm(size);\n"
+        "    (void)data;\n"
+        '    fuzz_live_arm2(4u * size, size, "4 x the files (colibri_init)", size);\n'
         "    void *volatile p = malloc(size + 1u);\n"
-        "    fuzz_disarm();\n    free(p);\n    return 0;\n}\n"
+        "    fuzz_live_disarm();\n    free(p);\n    return 0;\n}\n"
     )
     _build(tmp_path, canary, objects=harness_dir / "obj")
     sample = tmp_path / "input"
@@ -204,6 +205,9 @@ def test_hostile_headers_allocate_nothing_large(
         largest = LARGEST.search(result.stderr)
         assert largest is not None, result.stderr[-3000:]
         assert int(largest.group(1)) <= len(data), f"{name}: {largest.group(0)}"
+        peak = LIVE_PEAK.search(result.stderr)  # colibri.h: colibri_init holds <= 4 F at once
+        assert peak is not None, result.stderr[-3000:]
+        assert int(peak.group(1)) <= 4 * len(data), f"{name}: {peak.group(0)}"
 
 
 def test_live_bound_trips(harness_dir: Path, tmp_path: Path) -> None:
