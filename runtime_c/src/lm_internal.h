@@ -9,6 +9,7 @@
 
 #include "colibri_lm.h"
 
+#include "clb_format.h"
 #include "colibri.h"
 #include "colibri_internal.h"
 #include "colibri_math.h"
@@ -27,10 +28,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define LM_HEADER_BYTES 128u
-#define LM_ENTRY_BYTES 96u
-#define LM_ALIGN 64u
-#define LM_NAME_BYTES 48u
+#define LM_HEADER_BYTES CLB_HEADER_BYTES
+#define LM_ENTRY_BYTES CLB_ENTRY_BYTES
+#define LM_ALIGN CLB_ALIGNMENT
 #define LM_VERSION 2u
 #define LM_KIND_DECODER 1u
 #define LM_MAX_DIM (1u << 24)
@@ -63,13 +63,7 @@ typedef struct {
     uint32_t dense_scheme, dense_act;
 } lm_header;
 
-typedef struct {
-    const char *name;
-    uint32_t dtype, ndim;
-    uint32_t shape[4];
-    uint64_t offset, nbytes;
-    uint32_t crc;
-} lm_entry;
+typedef clb_entry lm_entry;
 
 /** A stored matrix [n_out][n_in] (packed: the copy colibri_x86_pack made at init). */
 typedef colibri_tf_mat_t lm_mat;
@@ -197,24 +191,6 @@ struct colibri_lm {
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
-
-static inline uint32_t rd_u32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static inline uint64_t rd_u64(const unsigned char *p)
-{
-    return (uint64_t)rd_u32(p) | ((uint64_t)rd_u32(p + 4) << 32);
-}
-
-static inline float rd_f32(const unsigned char *p)
-{
-    const uint32_t b = rd_u32(p);
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
 
 /* a * b saturating at UINT64_MAX. */
 static inline uint64_t mul64(uint64_t a, uint64_t b)

@@ -118,28 +118,14 @@ static colibri_status table_read(const unsigned char *base, const lm_header *h, 
 {
     uint64_t end = h->data_offset;
     for (uint32_t i = 0; i < h->n_tensors; i++) {
-        const unsigned char *p = base + LM_HEADER_BYTES + (size_t)i * LM_ENTRY_BYTES;
         lm_entry *e = &out[i];
-        if (memchr(p, 0, LM_NAME_BYTES) == NULL || p[0] == 0) {
-            return COLIBRI_ERR_FORMAT;
+        const unsigned char *p = base + LM_HEADER_BYTES + (size_t)i * LM_ENTRY_BYTES;
+        const colibri_status st = clb_entry_read(p, h->file_size, h->data_offset, e);
+        if (st != COLIBRI_OK) {
+            return st;
         }
-        e->name = (const char *)p;
-        e->dtype = rd_u32(p + 48);
-        e->ndim = rd_u32(p + 52);
-        for (int d = 0; d < 4; d++) {
-            e->shape[d] = rd_u32(p + 56 + 4 * d);
-        }
-        e->offset = rd_u64(p + 72);
-        e->nbytes = rd_u64(p + 80);
-        e->crc = rd_u32(p + 92);
-        if (!in_range(e->ndim, 1u, 4u) || e->dtype > DT_I32) {
-            return COLIBRI_ERR_FORMAT;
-        }
-        if (e->offset > h->file_size || e->nbytes > h->file_size - e->offset) {
-            return COLIBRI_ERR_TRUNCATED;
-        }
-        if (e->offset % LM_ALIGN != 0u || e->offset < end) {
-            return COLIBRI_ERR_FORMAT;
+        if (e->name[0] == '\0' || e->dtype > DT_I32 || e->offset < end) {
+            return COLIBRI_ERR_FORMAT; /* a name, a known dtype, blobs in table order */
         }
         if (entry_bytes(e->dtype, e->ndim, e->shape) != e->nbytes) {
             return COLIBRI_ERR_SIZE;

@@ -19,14 +19,6 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Colibri container                                                                           */
 
-typedef struct {
-    char name[CLB_NAME_BYTES];
-    uint32_t dtype, ndim;
-    uint32_t shape[4];
-    uint64_t offset, nbytes;
-    uint32_t expert, crc32;
-} clb_entry;
-
 /* The header's fields, checked by header_read. */
 typedef struct {
     uint32_t e, k, d, f, act, flags, n_tensors, meta_bytes;
@@ -100,33 +92,12 @@ static colibri_status header_read(const unsigned char *base, size_t size, clb_he
     return COLIBRI_OK;
 }
 
-/* One table entry: a NUL-terminated name, 1..4 dims, a 64-aligned blob inside the data area. */
-static colibri_status entry_read(const unsigned char *p, const clb_header *h, size_t file_size,
-                                 clb_entry *en)
+/* Table entry i (clb_format.h's checks; its blob starts in the data area). */
+static colibri_status entry_at(const unsigned char *base, const clb_header *h, size_t file_size,
+                               uint32_t i, clb_entry *en)
 {
-    memcpy(en->name, p, CLB_NAME_BYTES);
-    if (memchr(en->name, '\0', CLB_NAME_BYTES) == NULL) {
-        return COLIBRI_ERR_FORMAT;
-    }
-    en->dtype = rd_u32(p + 48);
-    en->ndim = rd_u32(p + 52);
-    for (int i = 0; i < 4; i++) {
-        en->shape[i] = rd_u32(p + 56 + 4 * i);
-    }
-    en->offset = rd_u64(p + 72);
-    en->nbytes = rd_u64(p + 80);
-    en->expert = rd_u32(p + 88);
-    en->crc32 = rd_u32(p + 92);
-    if (en->ndim < 1 || en->ndim > 4) {
-        return COLIBRI_ERR_FORMAT;
-    }
-    if (en->offset > (uint64_t)file_size || en->nbytes > (uint64_t)file_size - en->offset) {
-        return COLIBRI_ERR_TRUNCATED;
-    }
-    if (en->offset % CLB_ALIGNMENT != 0u || en->offset < h->data_off) {
-        return COLIBRI_ERR_FORMAT;
-    }
-    return COLIBRI_OK;
+    const unsigned char *p = base + h->table_off + (uint64_t)i * CLB_ENTRY_BYTES;
+    return clb_entry_read(p, (uint64_t)file_size, h->data_off, en);
 }
 
 /* Shape must be exactly (a) or (a, b), nbytes = 4 * elements (a, b <= 2^24: no overflow). */
@@ -295,13 +266,12 @@ static colibri_status container_integrity(const clb_header *h, const unsigned ch
     }
     for (uint32_t i = 0; i < h->n_tensors; i++) {
         clb_entry en;
-        colibri_status st =
-            entry_read(base + h->table_off + (uint64_t)i * CLB_ENTRY_BYTES, h, size, &en);
+        colibri_status st = entry_at(base, h, size, i, &en);
         if (st != COLIBRI_OK) {
             return st; /* not reached: the checking pass read every entry */
         }
         const unsigned char *blob = base + en.offset;
-        if (check_crc && colibri_crc32(&tables, blob, en.nbytes) != en.crc32) {
+        if (check_crc && colibri_crc32(&tables, blob, en.nbytes) != en.crc) {
             return COLIBRI_ERR_CHECKSUM;
         }
         if (check_finite && en.dtype == CLB_DTYPE_F32 && entry_is_weight(&en) &&
@@ -327,10 +297,10 @@ colibri_status colibri_file_load_container(const colibri_config_t *config, int32
     uint64_t prev_end = h.data_off;
     for (uint32_t i = 0; i < h.n_tensors && st == COLIBRI_OK; i++) {
         clb_entry en;
-        st = entry_read(base + h.table_off + (uint64_t)i * CLB_ENTRY_BYTES, &h, size, &en);
+        st = entry_at(base, &h, size, i, &en);
         if (st == COLIBRI_OK) {
             st = (en.offset < prev_end) ? COLIBRI_ERR_FORMAT : container_entry(&cs, &en);
-            prev_end = en.offset + en.nbytes; /* <= size (entry_read) */
+            prev_end = en.offset + en.nbytes; /* <= size (entry_at) */
         }
     }
     /* router.weight [e, d] and an expert's w1 [d, f], both fp32 and inside the file, bound
@@ -369,7 +339,7 @@ colibri_status colibri_file_load_container(const colibri_config_t *config, int32
     cs.m = m;
     for (uint32_t i = 0; i < h.n_tensors && st == COLIBRI_OK; i++) {
         clb_entry en;
-        st = entry_read(base + h.table_off + (uint64_t)i * CLB_ENTRY_BYTES, &h, size, &en);
+        st = entry_at(base, &h, size, i, &en);
         if (st == COLIBRI_OK) {
             st = container_entry(&cs, &en);
         }

@@ -1,13 +1,14 @@
 /**
  * @file model_file.h
  * @brief Internal: what the file-model loaders share (POSIX only): the file layouts' constants,
- *        little-endian reads, the weights block's head and the block allocation
+ *        (the container's in clb_format.h), the weights block's head and the block allocation
  *        (model_file.c), the two layouts' loaders (model_seed.c, model_container.c). The CRC-32
  *        and finiteness checks are colibri_internal.h's (crc32.c).
  */
 #ifndef COLIBRI_MODEL_FILE_H
 #define COLIBRI_MODEL_FILE_H
 
+#include "clb_format.h"
 #include "colibri.h"
 #include "colibri_internal.h"
 
@@ -17,25 +18,11 @@
 
 #define SEED_MAGIC 0x434F4C49u
 #define SEED_HEADER_BYTES 12u
-#define CLB_HEADER_BYTES 128u
-#define CLB_ENTRY_BYTES 96u
-#define CLB_ALIGNMENT 64u
-#define CLB_NAME_BYTES 48u
 #define CLB_DTYPE_F32 0u
 #define CLB_DTYPE_I32 4u
 #define CLB_MAX_EXPERTS 65535u
 #define CONFIG_MAX_BYTES (1u << 20)
 #define SIBLING_PATH_MAX 4096 /* config.json / router.bin paths (PATH_MAX on Linux) */
-
-static inline uint32_t rd_u32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static inline uint64_t rd_u64(const unsigned char *p)
-{
-    return (uint64_t)rd_u32(p) | ((uint64_t)rd_u32(p + 4) << 32);
-}
 
 /*
  * Head of the weights block: what the handles of one model file share (colibri.h, Thread
