@@ -7,6 +7,8 @@
 #include "colibri.h"
 #include "colibri_internal.h"
 #include "colibri_math.h"
+#include "colibri_quant.h"
+#include "kernels_x86.h"
 
 #include <stddef.h>
 
@@ -67,9 +69,14 @@ static void vec_mat(const float *x, const float *w, const float *bias, float *ou
     for (size_t i = 0; i < rows; i++) {
         const float xi = x[i];
         const float *wrow = w + i * cols;
-        for (size_t j = 0; j < cols; j++) {
+#if defined(COLIBRI_X86_DISPATCH)
+        /* out += xi * row i: the CPUID-dispatched colibri_axpy_f32 (the same bits) */
+        colibri_axpy_f32(out, xi, wrow, (int32_t)cols);
+#else
+        for (size_t j = 0; j < cols; j++) { /* inline on the MCUs: no call, no extra code */
             out[j] += xi * wrow[j];
         }
+#endif
     }
 }
 

@@ -69,6 +69,12 @@ def _int8_layout(isa: str, fast: bool, n_out: int, n_in: int) -> str:
 C8_ISAS = ("armv7em_dsp", "mve")
 
 
+#: Board ISAs whose fp32 experts in the seed layout run their i-outer loops through
+#: colibri_axpy_f32, which x86-64 dispatches by CPUID (AVX2 where the CPU has it; a separate
+#: multiply and add per element in the same order, so the same bits as the plain loop).
+AXPY_ISAS = ("x86_64",)
+
+
 def fp32_layouts(isa: str, d_model: int, d_ff: int) -> dict[str, str]:
     """Stored layout of each weight part of an fp32 expert on a core: c8 (column blocks of
     the seed layout, read by colibri_qinline_f.h's dot-form kernels) where the core has a fast
@@ -164,6 +170,7 @@ def ffn_kernel(
             "d_ff": d_ff,
             "act_q_in_scratch": True,
             "layouts": lay,
+            "axpy": fp32 and isa in AXPY_ISAS,
             "group": group,
         }
     return {
@@ -184,5 +191,6 @@ def ffn_kernel(
         "d_ff": d_ff,
         "act_q_in_scratch": False,
         "layouts": lay,
+        "axpy": fp32 and isa in AXPY_ISAS,
         "group": 1,
     }
