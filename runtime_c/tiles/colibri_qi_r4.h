@@ -408,15 +408,17 @@ COLIBRI_QI_INLINE void colibri_qi_r1_block4(const int8_t *wr, const uint32_t *xu
 #if defined(COLIBRI_QI_MVE)
 /* colibri_qi_r4_block2's assembly: COLIBRI_QI_V(op, r, woff, ca, cb) loads row r's 16 weights of
  * a chunk at w + woff once and multiplies them with both tokens' codes of that chunk (vector
- * operands ca, cb) into s<r>, u<r>; COLIBRI_QI_ROWS2(r, r1, woff) does rows r and r1 (weights at
- * woff and woff + 16) over both chunks (codes xa / xb, then xc / xd; weights 64 bytes on). */
+ * operands ca, cb) into s<r>, u<r>; COLIBRI_QI_PAIR does it for rows r and r1 (weights at woff and
+ * woff + 16); COLIBRI_QI_ROWS2(r, r1, woff) does rows r and r1 over both chunks (codes xa / xb,
+ * then xc / xd; weights 64 bytes on). */
 #define COLIBRI_QI_V(op, r, woff, ca, cb)                                                          \
     "vldrb.8 %q[wv], [%[w], #" #woff "]\n" #op ".s8 %[s" #r "], %q[wv], %q[" #ca "]\n" #op         \
     ".s8 %[u" #r "], %q[wv], %q[" #cb "]\n"
+#define COLIBRI_QI_PAIR(op, r, r1, woff, ca, cb)                                                   \
+    COLIBRI_QI_V(op, r, woff, ca, cb) COLIBRI_QI_V(op, r1, woff + 16, ca, cb)
 #define COLIBRI_QI_ROWS2(r, r1, woff)                                                              \
-    COLIBRI_QI_V(vmladav, r, woff, xa, xb)                                                         \
-    COLIBRI_QI_V(vmladav, r1, woff + 16, xa, xb) COLIBRI_QI_V(vmladava, r, woff + 64, xc, xd)      \
-        COLIBRI_QI_V(vmladava, r1, woff + 80, xc, xd)
+    COLIBRI_QI_PAIR(vmladav, r, r1, woff, xa, xb)                                                  \
+    COLIBRI_QI_PAIR(vmladava, r, r1, woff + 64, xc, xd)
 
 /** The 4 rows of an R4 group times one block of 32 codes of 2 tokens (x0, x1): the integer dot
  *  products as floats (exact: |sum| < 2^24), f[4 t + r] for token t and row r. Per 16 inputs: 2
