@@ -406,41 +406,52 @@ COLIBRI_QI_INLINE void colibri_qi_r1_block4(const int8_t *wr, const uint32_t *xu
 #endif
 
 #if defined(COLIBRI_QI_MVE)
-/* colibri_qi_r4_block2's assembly: COLIBRI_QI_V(op, r, woff) loads row r's 16 weights of the
- * chunk at w + woff once and multiplies them with both tokens' codes (xa, xb) into s<r>, u<r>. */
-#define COLIBRI_QI_V(op, r, woff)                                                                  \
-    "vldrb.8 %q[wv], [%[w], #" #woff "]\n" #op ".s8 %[s" #r "], %q[wv], %q[xa]\n" #op ".s8 %[u" #r \
-    "], %q[wv], %q[xb]\n"
-#define COLIBRI_QI_CHUNK(op, xoff, woff)                                                           \
-    "vldrb.8 %q[xa], [%[x0], #" #xoff "]\n"                                                        \
-    "vldrb.8 %q[xb], [%[x1], #" #xoff "]\n" COLIBRI_QI_V(op, 0, woff)                              \
-        COLIBRI_QI_V(op, 1, woff + 16) COLIBRI_QI_V(op, 2, woff + 32)                              \
-            COLIBRI_QI_V(op, 3, woff + 48)
-
-#define COLIBRI_QI_CVT(f, s)                                                                       \
-    "vmov %[" #f "], %[" #s "]\n"                                                                  \
-    "vcvt.f32.s32 %[" #f "], %[" #f "]\n"
+/* colibri_qi_r4_block2's assembly: COLIBRI_QI_V(op, r, woff, ca, cb) loads row r's 16 weights of
+ * a chunk at w + woff once and multiplies them with both tokens' codes of that chunk (vector
+ * operands ca, cb) into s<r>, u<r>; COLIBRI_QI_PAIR does it for rows r and r1 (weights at woff and
+ * woff + 16); COLIBRI_QI_ROWS2(r, r1, woff) does rows r and r1 over both chunks (codes xa / xb,
+ * then xc / xd; weights 64 bytes on). */
+#define COLIBRI_QI_V(op, r, woff, ca, cb)                                                          \
+    "vldrb.8 %q[wv], [%[w], #" #woff "]\n" #op ".s8 %[s" #r "], %q[wv], %q[" #ca "]\n" #op         \
+    ".s8 %[u" #r "], %q[wv], %q[" #cb "]\n"
+#define COLIBRI_QI_PAIR(op, r, r1, woff, ca, cb)                                                   \
+    COLIBRI_QI_V(op, r, woff, ca, cb) COLIBRI_QI_V(op, r1, woff + 16, ca, cb)
+#define COLIBRI_QI_ROWS2(r, r1, woff)                                                              \
+    COLIBRI_QI_PAIR(vmladav, r, r1, woff, xa, xb)                                                  \
+    COLIBRI_QI_PAIR(vmladava, r, r1, woff + 64, xc, xd)
 
 /** The 4 rows of an R4 group times one block of 32 codes of 2 tokens (x0, x1): the integer dot
- *  products as floats (exact: |sum| < 2^24), f[4 t + r] for token t and row r. Written out:
- *  the 8 sums need the 8 even core registers VMLADAV accumulates in. Per 16 inputs: 2 vector
- *  loads of codes, then per row one of weights and 2 VMLADAV(A). */
+ *  products as floats (exact: |sum| < 2^24), f[4 t + r] for token t and row r. Per 16 inputs: 2
+ *  vector loads of codes, then per row one of weights and 2 VMLADAV(A). Written out in two
+ *  statements of 2 rows (4 sums) each: VMLADAV accumulates in even core registers, which are 8
+ *  with LR, and a low-overhead loop around the kernel holds LR (8 sums in one statement were
+ *  impossible constraints, issue 40: d_model 48 on the Cortex-M55). The codes are loaded once,
+ *  before both. */
 COLIBRI_QI_INLINE void colibri_qi_r4_block2(const int8_t *wg, const int8_t *x0, const int8_t *x1,
                                             float f[8])
 {
-    float f0, f1, f2, f3, f4, f5, f6, f7;
     int32_t s0, s1, s2, s3, u0, u1, u2, u3;
-    int8x16_t xa, xb, wv;
-    __asm__(COLIBRI_QI_CHUNK(vmladav, 0, 0) COLIBRI_QI_CHUNK(vmladava, 16, 64)
-                COLIBRI_QI_CVT(f0, s0) COLIBRI_QI_CVT(f1, s1) COLIBRI_QI_CVT(f2, s2)
-                    COLIBRI_QI_CVT(f3, s3) COLIBRI_QI_CVT(f4, u0) COLIBRI_QI_CVT(f5, u1)
-                        COLIBRI_QI_CVT(f6, u2) COLIBRI_QI_CVT(f7, u3)
-            : COLIBRI_QI_SUMS4("=&Te", s),
-              COLIBRI_QI_SUMS4("=&Te", u), [xa] "=&w"(xa), [xb] "=&w"(xb), [wv] "=&w"(wv),
-              COLIBRI_QI_SUMS8("=&t", f)
-            : [w] "r"(wg), [x0] "r"(x0), [x1] "r"(x1), "m"(*(const int8_t(*)[128])wg),
-              "m"(*(const int8_t(*)[32])x0), "m"(*(const int8_t(*)[32])x1));
-    COLIBRI_QI_STORE8(f, f);
+    int8x16_t wv;
+    const int8x16_t xa = vld1q_s8(x0);
+    const int8x16_t xb = vld1q_s8(x1);
+    const int8x16_t xc = vld1q_s8(x0 + 16);
+    const int8x16_t xd = vld1q_s8(x1 + 16);
+    __asm__(COLIBRI_QI_ROWS2(0, 1, 0)
+            : [s0] "=&Te"(s0), [s1] "=&Te"(s1), [u0] "=&Te"(u0), [u1] "=&Te"(u1), [wv] "=&w"(wv)
+            : [w] "r"(wg), [xa] "w"(xa), [xb] "w"(xb), [xc] "w"(xc), [xd] "w"(xd),
+              "m"(*(const int8_t(*)[128])wg));
+    __asm__(COLIBRI_QI_ROWS2(2, 3, 32)
+            : [s2] "=&Te"(s2), [s3] "=&Te"(s3), [u2] "=&Te"(u2), [u3] "=&Te"(u3), [wv] "=&w"(wv)
+            : [w] "r"(wg), [xa] "w"(xa), [xb] "w"(xb), [xc] "w"(xc), [xd] "w"(xd),
+              "m"(*(const int8_t(*)[128])wg));
+    f[0] = (float)s0;
+    f[1] = (float)s1;
+    f[2] = (float)s2;
+    f[3] = (float)s3;
+    f[4] = (float)u0;
+    f[5] = (float)u1;
+    f[6] = (float)u2;
+    f[7] = (float)u3;
 }
 #endif
 
