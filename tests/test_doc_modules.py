@@ -20,6 +20,16 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: `colibri.<name>` words that are file names (C header, archive, pkg-config file, ...).
 FILE_SUFFIXES = {"a", "h", "c", "pc", "so", "clb", "json", "toml", "cmake", "bin", "elf", "md"}
 DOTTED = re.compile(r"(?<![\w./-])colibri(?:\.[A-Za-z_]\w*)+")
+#: twister scenario names (the `tests:` keys of the Zephyr yaml files), quoted in twister's output.
+TWISTER_FILES = [
+    ROOT / "examples" / "zephyr_app" / "sample.yaml",
+    ROOT / "tests" / "zephyr" / "colibri_layer" / "testcase.yaml",
+]
+TWISTER_SCENARIOS = {
+    m.group(1)
+    for path in TWISTER_FILES
+    for m in re.finditer(r"^  (\w+(?:\.\w+)+):\s*$", path.read_text(), re.MULTILINE)
+}
 
 
 def dotted_names() -> list[tuple[str, str]]:
@@ -27,7 +37,7 @@ def dotted_names() -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for doc in DOCS:
         for name in DOTTED.findall(doc.read_text()):
-            if name.rsplit(".", 1)[-1] in FILE_SUFFIXES:
+            if name.rsplit(".", 1)[-1] in FILE_SUFFIXES or name in TWISTER_SCENARIOS:
                 continue
             seen.setdefault(name, doc.name)
     return sorted((f, n) for n, f in seen.items())
@@ -53,6 +63,7 @@ def test_docs_name_python_paths() -> None:
     names = [n for _, n in dotted_names()]
     assert "colibri.reference.transformer" in " ".join(names)  # the scan finds them
     assert not any(n.endswith((".h", ".a", ".pc")) for n in names)
+    assert "colibri.moe_layer.fixed_model" in TWISTER_SCENARIOS  # the testcase's scenario
 
 
 @pytest.mark.parametrize(("doc", "name"), dotted_names())
