@@ -59,7 +59,10 @@ for harness in "${HARNESSES[@]}"; do
         corpus="$OUT/corpus/shared" dict="$ROOT/fuzz/container.dict"
         if [[ ! -d "$corpus" ]]; then
             mkdir -p "$corpus"
-            cp "$OUT/corpus/container/"* "$OUT/corpus/seed/"* "$corpus/"
+            # an input both corpora hold (the same content hash) is copied once
+            for f in "$OUT/corpus/container/"* "$OUT/corpus/seed/"*; do
+                [[ -e "$corpus/${f##*/}" ]] || cp "$f" "$corpus/"
+            done
         fi
         ;;
     esac
