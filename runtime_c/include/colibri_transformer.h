@@ -118,7 +118,8 @@ typedef struct {
  *        kernels, in one allocation (2 MiB aligned, huge pages where the kernel gives them), for
  *        a host that runs a generated model (the model-file runtime does the same at load,
  *        lm_pack.c). Every other item gets *packed = NULL and keeps its plain kernel; on any
- *        other CPU or build (MCUs) nothing is allocated and every *packed is NULL. Hosts only:
+ *        other CPU or build (MCUs), or with COLIBRI_LM_PACK=0 in the environment (as the
+ *        model-file runtime), nothing is allocated and every *packed is NULL. Hosts only:
  *        it allocates (aligned_alloc); an MCU build never calls it.
  * @param items        the matrices; each item's packed pointer is written
  * @param drop_originals 1: the pages wholly inside each packed original leave the resident set

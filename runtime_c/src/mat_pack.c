@@ -73,6 +73,10 @@ colibri_status colibri_pack_matrices(colibri_pack_item_t *items, int32_t n, int3
         }
     }
 #if defined(COLIBRI_PACK_HOST) && defined(COLIBRI_X86_DISPATCH)
+    const char *env = getenv("COLIBRI_LM_PACK"); /* "0": off, as the model-file runtime's */
+    if (env != NULL && env[0] == '0' && env[1] == '\0') {
+        return COLIBRI_OK;
+    }
     size_t total = 0;
     for (int32_t i = 0; i < n; i++) {
         const size_t b = item_bytes(&items[i]);
