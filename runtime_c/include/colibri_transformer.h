@@ -92,9 +92,60 @@ typedef struct {
     int32_t n_out, n_in; /**< rows, columns */
     const void *w;       /**< values / codes (Q4: colibri_block_q4_32 rows) */
     const float *scale;  /**< Q8 scales; NULL otherwise */
-    const void *packed;  /**< NULL, or a copy in the x86 packed layout (kernels_x86.h) */
-    int32_t pack_kind;   /**< COLIBRI_X86_PACK_* of packed */
+    const void *packed;  /**< NULL, or a packed copy (colibri_pack_matrices, kernels_x86.h) */
+    int32_t pack_kind;   /**< COLIBRI_PACK_* of packed */
 } colibri_tf_mat_t;
+
+/* -- Packed copies (hosts only) ------------------------------------------------------------- */
+
+/** Kinds of packed copy: an int8 matrix with a scale per row (PACK_Q8: colibri_matvec_q8_q8's),
+ *  per row and block of 32 inputs (PACK_Q8B: colibri_matvec_q8b_q8's), or int4 blocks
+ *  (PACK_Q4: colibri_matvec_q4_q8's), all against int8 activation rows. */
+enum { COLIBRI_PACK_Q8 = 0, COLIBRI_PACK_Q8B = 1, COLIBRI_PACK_Q4 = 2 };
+
+/** One matrix to pack (colibri_pack_matrices): what it is, and where its copy goes. */
+typedef struct {
+    int32_t kind;        /**< COLIBRI_PACK_* */
+    int32_t n_out, n_in; /**< rows, columns */
+    const void *w;       /**< int8 codes [n_out][n_in] or int4 blocks (colibri_block_q4_32) */
+    const float *scale;  /**< PACK_Q8B: the block scales (needed to pack); else unused */
+    const void **packed; /**< out: *packed = the copy, or NULL (not packed); NULL: not written */
+} colibri_pack_item_t;
+
+/**
+ * @brief Copy the matrices the CPU has packed kernels for (x86-64 with AVX-512 VNNI, chosen by
+ *        CPUID; shapes with n_out >= 16 and n_in a multiple of 32) into the layout of those
+ *        kernels, in one allocation (2 MiB aligned, huge pages where the kernel gives them), for
+ *        a host that runs a generated model (the model-file runtime does the same at load,
+ *        lm_pack.c). Every other item gets *packed = NULL and keeps its plain kernel; on any
+ *        other CPU or build (MCUs), or with COLIBRI_LM_PACK=0 in the environment (as the
+ *        model-file runtime), nothing is allocated and every *packed is NULL. Hosts only:
+ *        it allocates (aligned_alloc); an MCU build never calls it.
+ * @param items        the matrices; each item's packed pointer is written
+ * @param drop_originals 1: the pages wholly inside each packed original leave the resident set
+ *        (madvise MADV_DONTNEED); only for const weights in a file-backed mapping (a generated
+ *        model's .rodata), which come back from the file if read again; 0: left alone
+ * @param block        out: the allocation (NULL when nothing packs), for colibri_pack_free
+ * @param bytes        out: its size in bytes (0 when nothing packs)
+ * @return COLIBRI_ERR_ARG for NULL block / bytes or n < 0, COLIBRI_ERR_NOMEM when it cannot
+ *         allocate (every *packed NULL: the plain kernels run), else COLIBRI_OK.
+ */
+colibri_status colibri_pack_matrices(colibri_pack_item_t *items, int32_t n, int32_t drop_originals,
+                                     void **block, size_t *bytes);
+
+/** @brief Free colibri_pack_matrices' block (NULL: nothing). The packed pointers it handed out
+ *         are dangling afterwards: reset them (to NULL) before the next matrix product. */
+void colibri_pack_free(void *block);
+
+/**
+ * @brief Rows [r0, r1) (r0 a multiple of 16) of W x for n_tok int8 activation rows (xq / sx as
+ *        colibri_matmul_q8_q8's) from a packed copy of colibri_pack_matrices: output row t at
+ *        y + t * ldy, y and rscale (PACK_Q8: the matrix's per-row scales; else unused) at row
+ *        r0. Every value has the bits colibri_matvec_q8_q8 / _q8b_q8 / _q4_q8 gives it.
+ */
+void colibri_matmul_packed(int32_t kind, const void *packed, const float *rscale, int32_t n_out,
+                           int32_t n_in, int32_t r0, int32_t r1, const int8_t *xq, const float *sx,
+                           float *y, int32_t ldy, int32_t n_tok);
 
 /** @brief colibri_tf_mat_t initialisers for the generated model's const tables: an fp32 or
  *         fp16 matrix w_ [o_][i_], or an int8 one whose generated struct *s_ holds the codes q and

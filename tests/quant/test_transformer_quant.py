@@ -701,3 +701,40 @@ def test_cli_router_quant(arch_ckpts: dict[str, Path], tmp_path: Path) -> None:
     assert out.tokens.tolist() == want[3:]
     with pytest.raises(ConfigError, match="--router-quant: unknown scheme 'int4'"):
         quantize_transformer(ours, "int8", router="int4")
+
+
+#: Shapes that pack (colibri_pack_matrices: n_out >= 16, n_in a multiple of 32), the tiny
+#: defaults do not: d_model 64, experts' and the shared expert's d_ff multiples of 32.
+PACKABLE = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 32,
+}
+
+
+@pytest.mark.parametrize(
+    "arch,quant,dense",
+    [("qwen2_moe", "int8", "int8"), ("qwen2_moe", "int4", "int8"), ("mixtral", "int4", "fp32")],
+)
+def test_c_host_packed_matches_plain_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, quant: str, dense: str
+) -> None:
+    """On the host the generated model packs its int8 / int4 matrices at setup for the CPU's
+    packed kernels (AVX-512 VNNI); its logits are those of the plain kernels to the bit
+    (COLIBRI_LM_PACK=0 turns packing off), and the manifest states the packed block's bytes."""
+    overrides = {k: v for k, v in PACKABLE.items() if arch == "qwen2_moe" or "moe" not in k}
+    model = make_model(arch, seed=41, **overrides)
+    ours = load_hf_transformer(save_model(model, tmp_path / "ckpt"))
+    gen, manifest = generate_lm(
+        ours, tmp_path / "gen", "host", "lm", MAX_CONTEXT, quant=quant, dense=dense
+    )
+    assert manifest["memory"]["packed_bytes_max"] > 0
+    assert "colibri_pack_matrices" in (gen / "transformer_model.c").read_text()
+    prompt = _prompt(0, model.config.vocab_size)
+    packed, _ = run_lm(gen, "host", prompt, 4, want_logits=True)
+    monkeypatch.setenv("COLIBRI_LM_PACK", "0")
+    plain, _ = run_lm(gen, "host", prompt, 4, want_logits=True)
+    assert packed.logits is not None and plain.logits is not None
+    assert np.array_equal(packed.logits.view(np.uint32), plain.logits.view(np.uint32))
+    assert packed.tokens.tolist() == plain.tokens.tolist()

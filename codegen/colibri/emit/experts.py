@@ -64,6 +64,28 @@ def _int8_layout(isa: str, fast: bool, n_out: int, n_in: int) -> str:
     return "r4" if fast and r4_fits(n_out, n_in) else "rows"
 
 
+#: Board ISAs whose generated transformer packs its int8 / int4 matrices at setup for the CPU's
+#: packed kernels where it has them (colibri_transformer.h colibri_pack_matrices: x86-64 hosts
+#: with AVX-512 VNNI, chosen at run time; elsewhere every packed pointer stays NULL).
+PACK_ISAS = ("x86_64",)
+
+
+def packed_kernel(k: dict[str, Any]) -> dict[str, Any]:
+    """A transformer's int8 / int4 (int8 activations) kernel `k` taking, first, its expert's
+    three packed copies ``pk`` (w1, w2, w3; NULL: that matrix runs its plain kernel), run by
+    colibri_matmul_packed with the bits of the plain kernel. `k` unchanged where a weight part
+    is in another layout than rows."""
+    if any(v != "rows" for v in k["layouts"].values()) or k["group"] != 1:
+        return k
+    kind = "COLIBRI_PACK_Q8" if k["scheme"] == "int8" else "COLIBRI_PACK_Q4"
+    return {
+        **k,
+        "params": "const void *const *pk, " + k["params"],
+        "brief": k["brief"] + ", from the packed copies pk (w1, w2, w3) where not NULL",
+        "pack": {"kind": kind, "scaled": k["scheme"] == "int8"},
+    }
+
+
 #: Board ISAs whose fp32 experts read layout c8 with fused multiply-adds (colibri_qinline_f.h):
 #: the Cortex-M4 / M7 single-precision FPU (VFMA, VLDM) and Helium (VFMA by a scalar).
 C8_ISAS = ("armv7em_dsp", "mve")
@@ -172,6 +194,7 @@ def ffn_kernel(
             "layouts": lay,
             "axpy": fp32 and isa in AXPY_ISAS,
             "group": group,
+            "pack": None,
         }
     return {
         "fn": f"{name}_ffn_fp32_f{d_ff}" if fp32 else f"{name}_ffn_{scheme}_{act}_f{d_ff}",
@@ -193,4 +216,5 @@ def ffn_kernel(
         "layouts": lay,
         "axpy": fp32 and isa in AXPY_ISAS,
         "group": 1,
+        "pack": None,  # packed_kernel: the host's packed copies
     }

@@ -47,7 +47,7 @@ from ..quant.model import LayerQuant, TransformerQuant
 from ..reference.accuracy import Analysis
 from ..reference.transformer import rope_tables
 from .cformat import c_float, c_ident
-from .experts import PARTS, ffn_kernel, fp32_expert, kernel_params
+from .experts import PACK_ISAS, PARTS, ffn_kernel, fp32_expert, kernel_params, packed_kernel
 from .output import (
     GENERATED_FILES,
     WEIGHTS_BLOB,
@@ -162,11 +162,14 @@ def emit_block(
                 warg[part] = f"({entry['ptype']})(const void *)w->{part}"
                 part_bytes[part] = f"sizeof({entry['symbol']})"
         params = [p for p in PARTS if k["bias"] or p[0] == "w"]
+        # a packed kernel (host) first takes the expert's row of <sym>_packed
+        pk = [f"{sym}_packed[{idx}]"] if k.get("pack") else []
         stored.append(
             {
                 "index": idx,
                 "arg": arg,
-                "args": ", ".join(arg[p] for p in params),
+                "args": ", ".join(pk + [arg[p] for p in params]),
+                "pack": k.get("pack"),
                 "wargs": ", ".join(warg[p] for p in params),
                 "part_bytes": part_bytes,
                 "nbytes": qe.nbytes,
@@ -197,6 +200,7 @@ def emit_block(
         "wrappers": [by_index[j] for j in sorted(by_index)],
         "table": [by_index[storage[i]] for i in range(c.n_experts)],
         "stored_table": None,  # colibri_model_t.stored: none, the weights are in the kernels
+        "pack": any(s.get("pack") for s in stored),  # a <sym>_packed table (host)
         "where": "" if key == "" else f" (layer {key[1:-1]})",
     }
 
@@ -480,9 +484,12 @@ def _decoder(
         return str(e["ref"])
 
     isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
+    pack = isa in PACK_ISAS  # int8 / int4 matrices packed at setup where the CPU has kernels
 
     def kernel(scheme: str, kact: str, d_ff: int) -> dict[str, Any]:
         k = ffn_kernel(name, name.upper(), scheme, kact, c.d_model, d_ff, True, False, isa)
+        if pack and scheme in ("int8", "int4") and kact == "int8":
+            k = packed_kernel(k)
         kinds[k["fn"]] = k
         return k
 
@@ -542,7 +549,9 @@ def _decoder(
                     f"l{i}_{prefix}", qf, k, _describe("SwiGLU", qf.scheme)
                 ).items()
             }
-            entry["dense_ffn"] = {"ffn": k["fn"], "args": args, "scheme": qf.scheme}
+            entry["dense_ffn"] = {"ffn": k["fn"], "args": args, "scheme": qf.scheme, "pack": None}
+            if k.get("pack"):  # the layer's row of <name>_mlp_packed (the packed copies)
+                entry["dense_ffn"]["pack"] = {**k["pack"], "pk": f"{name}_mlp_packed[{i}]"}
             entry["ffn_d_ff"] = d_ff
         layers.append(entry)
     w.add("final_norm", model.final_norm, "final RMSNorm weight")
@@ -554,6 +563,34 @@ def _decoder(
             lm_head = {"ref": sym, "symbol": sym}
         else:
             lm_head = w.add_stored("lm_head", dq.dense["lm_head"], f"{what}, {dense}")
+    # host: the expert / dense-MLP matrices its setup packs (<name>_pack), w1, w2, w3 each
+    dense_pack = pack and dq is not None and dq.dense_scheme == "int8" and dq.dense_act == "int8"
+    pack_list: list[dict[str, Any]] = []
+
+    def pack_parts(refs: dict[str, Any], pk: str, scheme: str, d_ff: int) -> None:
+        shapes = {"w1": (d_ff, c.d_model), "w2": (c.d_model, d_ff), "w3": (d_ff, c.d_model)}
+        for j, part in enumerate(("w1", "w2", "w3")):
+            ref = str(refs[part])
+            code = f"{ref[1:]}.q" if ref.startswith("&") else f"({ref})->q"
+            pack_list.append(
+                {
+                    "kind": "COLIBRI_PACK_Q8" if scheme == "int8" else "COLIBRI_PACK_Q4",
+                    "n_out": str(shapes[part][0]),
+                    "n_in": str(shapes[part][1]),
+                    "w": code if scheme == "int8" else ref,
+                    "dst": f"&{pk}[{j}]",
+                }
+            )
+
+    for blk in moes:
+        for s in blk["wrappers"]:
+            if s["pack"]:
+                pk = f"{blk['sym']}_packed[{s['index']}]"
+                pack_parts(s["arg"], pk, s["scheme"], blk["c"].d_ff)
+    for entry in layers:
+        dff = entry["dense_ffn"]
+        if dff is not None and dff["pack"]:
+            pack_parts(dff["args"], dff["pack"]["pk"], dff["scheme"], entry["ffn_d_ff"])
     cos, sin = rope_tables(c, np.arange(max_context))
     half = c.head_dim // 2
     what = f"RoPE {{}} table [{max_context}][{half}] (theta {c.rope_theta}), from float64"
@@ -587,6 +624,9 @@ def _decoder(
         "embed": embed,
         "dense": ({"scheme": dq.dense_scheme, "act": dq.dense_act} if dq is not None else None),
         "dense_ffn_layers": [entry for entry in layers if entry["dense_ffn"]],
+        "pack": bool(pack_list) or dense_pack,  # something to pack (host): <name>_pack
+        "pack_list": pack_list,
+        "pack_items": max(1, len(pack_list) + (4 * len(layers) + 1 if dense_pack else 0)),
         "architecture": c.architecture,
     }
 
@@ -630,7 +670,46 @@ def _decoder(
             "activation_bytes": plan.arena_size - kv,
             "max_context": max_context,
             "weight_parts": w.parts,
+            **_packed_memory(pack_list, layers, c, dense_pack),
         },
         "finish": finish,
     }
     return ctx, head
+
+
+def _packed_bytes(kind: str, n_out: int, n_in: int) -> int:
+    """Bytes of colibri_x86_packed_bytes for one matrix (AVX-512 VNNI; 0: it does not pack)."""
+    nb = n_in // 32
+    if n_out < 16 or n_in <= 0 or n_in % 32 != 0 or nb > 4096:
+        return 0
+    regs = {"COLIBRI_PACK_Q4": 9 * ((nb + 1) // 2), "COLIBRI_PACK_Q8B": 9 * nb}.get(kind, 8 * nb)
+    return (n_out + 15) // 16 * regs * 64
+
+
+def _packed_memory(
+    pack_list: list[dict[str, Any]], layers: list[dict[str, Any]], c: Any, dense_pack: bool
+) -> dict[str, Any]:
+    """A host model's packed copies (manifest memory.packed_bytes_max, none elsewhere): the one
+    block its setup allocates on a CPU with packed kernels (colibri_pack_matrices), 0 bytes on
+    one without; the const originals stay in the executable (out of the resident set)."""
+    mats = [(p["kind"], int(p["n_out"]), int(p["n_in"])) for p in pack_list]
+    if dense_pack:
+        hq, hkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        for _ in layers:
+            mats += [("COLIBRI_PACK_Q8B", n, c.d_model) for n in (hq, hkv, hkv)]
+            mats.append(("COLIBRI_PACK_Q8B", c.d_model, hq))
+        mats.append(("COLIBRI_PACK_Q8B", c.vocab_size, c.d_model))
+    total = 0
+    for kind, n_out, n_in in mats:
+        b = _packed_bytes(kind, n_out, n_in)
+        if b:
+            total = (total + 63) // 64 * 64 + b
+    if total == 0:
+        return {}
+    huge = 2 << 20
+    return {
+        "packed_bytes_max": (total + huge - 1) // huge * huge,
+        "packed_what": "heap copies of the int8 / int4 matrices in the layout of the CPU's packed "
+        "kernels, allocated by setup on x86-64 with AVX-512 VNNI (0 bytes elsewhere), freed by "
+        "<name>_lm_release; the const originals stay in the executable, out of the resident set",
+    }
