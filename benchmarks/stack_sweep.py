@@ -1,6 +1,7 @@
-"""Exhaustive sweep of the Cortex-M stack guard (issue 37, item 5): every stack size from 64
-bytes in steps of 8 up to the static worst case (the size where the build's stack check passes),
-per board and model, built with ``stack_check=0`` and run under QEMU with a timeout.
+"""Exhaustive sweep of the bare-metal stack guard (issue 37, item 5; Xtensa: issue 42): every
+stack size from 64 bytes in steps of 8 up to the static worst case (the size where the build's
+stack check passes), per board and model, built with ``stack_check=0`` and run under QEMU with
+a timeout.
 
 Every run must end one of two ways:
 
@@ -20,7 +21,8 @@ relinks the runner):
   deep   8 experts, d_model 48, d_ff 96, k 4, swiglu, renormalised gates, router bias,
          int8 experts (the quantised kernels and a larger routing frame)
 
-    python benchmarks/stack_sweep.py [--boards cortex-m3 cortex-m4 cortex-m7 cortex-m55]
+    python benchmarks/stack_sweep.py
+        [--boards cortex-m3 cortex-m4 cortex-m7 cortex-m55 esp32s3 xtensa-lx106]
         [--models toy2 m8 deep] [--step 8] [--start 64] [--timeout 20] [--work DIR]
         [--json stack_sweep.json]
 
@@ -58,7 +60,7 @@ from colibri.targets.lmrun import write_input  # noqa: E402
 from colibri.targets.qemu import STACK_OVERFLOW_EXIT_CODE, qemu_command  # noqa: E402
 from colibri.targets.stack import load_report  # noqa: E402
 
-BOARDS = ("cortex-m3", "cortex-m4", "cortex-m7", "cortex-m55")
+BOARDS = ("cortex-m3", "cortex-m4", "cortex-m7", "cortex-m55", "esp32s3", "xtensa-lx106")
 
 #: name -> (make_toy arguments, GenerateOptions arguments)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {

@@ -442,7 +442,7 @@ def linker_template_dir() -> Path:
 def render_linker_script(board: Board, path: str | Path, guard_size: int | None = None) -> Path:
     """Render the board's linker script (bare metal) to ``path`` and return it. ``guard_size``:
     bytes of the stack guard below the stack (None: the template's default; the SConstruct
-    passes :func:`colibri.targets.stack.mpu_guard_size` for model runners)."""
+    passes :func:`colibri.targets.stack.stack_guard_size` for model runners)."""
     import jinja2
 
     if not board.linker_template:

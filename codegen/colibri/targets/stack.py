@@ -40,7 +40,7 @@ below the stack (``__stack_limit - __stack_guard``) and the largest frames reach
 entry point. An MPU guard (ARMv7-M) catches an overflow only if some store lands in it: a
 function whose frame moves SP into the guard without storing there, then calls a leaf whose
 frame ends below the guard and stores only there, steps over it. So the guard must hold the two
-largest frames plus 8 bytes: :func:`mpu_guard_size` sizes it from the ``.su`` files before the
+largest frames plus 8 bytes: :func:`stack_guard_size` sizes it from the ``.su`` files before the
 link (the SConstruct renders each model runner's linker script with it) and :func:`check_guard`
 fails a build whose reachable frames (libc's read from the disassembly too) do not fit, whatever
 ``stack_check`` says.
@@ -474,6 +474,10 @@ def _scan_code(text: str, funcs: list[FunctionInfo], machine: str, elf: Any) -> 
 
 # -- analysis ---------------------------------------------------------------------------------
 
+#: What an assembly start-up calls, first match: the xtensa_sim platform's C start
+#: (platform_sim.c: main, then the guard check and the high-water line), else main.
+START_FUNCTIONS = ("clb_xtensa_start", "main")
+
 
 def analyse_stack(
     elf_path: str | Path, board: Board, su_files: list[str | Path], stack_size: int | None = None
@@ -570,11 +574,15 @@ def analyse_stack(
 
     if entry_addr not in by_addr:
         raise StackUsageError(f"{elf_path}: the entry point {entry_addr:#x} is not a function")
-    # The start-up always calls main; an assembly start-up objdump cannot follow (Xtensa literal
-    # pools in startup.S) may hide the call, so the edge is added when the scan missed it.
-    main = [fn.addr for fn in funcs if fn.name == "main" and files.get(fn.addr) is None]
-    if main and main[0] != entry_addr:
-        by_addr[entry_addr].calls.add(main[0])
+    # The start-up always calls main, or the platform's C start function that calls it
+    # (START_FUNCTIONS); an assembly start-up objdump cannot follow (Xtensa literal pools in
+    # startup.S) may hide the call, so the edge is added when the scan missed it.
+    for name in START_FUNCTIONS:
+        first = [fn.addr for fn in funcs if fn.name == name and files.get(fn.addr) is None]
+        if first:
+            if first[0] != entry_addr:
+                by_addr[entry_addr].calls.add(first[0])
+            break
     rep.entry = entry(entry_addr)
     if memo:
         big = max((by_addr[a] for a in memo), key=lambda fn: (fn.frame, fn.name))
@@ -654,16 +662,26 @@ def format_stack(rep: StackReport) -> list[str]:
 
 #: The smallest MPU guard: what the linker script uses when nothing asks for more.
 MIN_MPU_GUARD = 512
+#: The smallest Xtensa guard: the two 64-byte blocks the ESP32-S3's data breakpoints watch.
+MIN_XTENSA_GUARD = 128
+#: Xtensa windowed ABI: a window spill stores up to 48 bytes below the stack pointer of the frame
+#: after the one spilled (the call12 extra save area), beyond the frames themselves.
+XTENSA_SPILL_BYTES = 48
 
 
-def mpu_guard_size(board: Board, su_files: list[str | Path]) -> int | None:
-    """ARMv7-M: bytes of the MPU guard below the stack for a program whose frames are in
-    ``su_files`` (before the link): the least power of two >= the two largest frames + 8 bytes,
-    at least MIN_MPU_GUARD (see the module doc). None elsewhere (the template's default)."""
-    if board.arch not in ("armv7-m", "armv7e-m"):
-        return None
+def stack_guard_size(board: Board, su_files: list[str | Path]) -> int | None:
+    """Bytes of the guard below the stack for a program whose frames are in ``su_files`` (before
+    the link), so that the two largest frames + 8 fit it (see the module doc): ARMv7-M, the
+    least power of two (one MPU region) >= that, at least MIN_MPU_GUARD; Xtensa, the least
+    multiple of 64 >= that plus XTENSA_SPILL_BYTES, at least MIN_XTENSA_GUARD (the painted guard
+    whose top the ESP32-S3's data breakpoints watch: templates/linker/xtensa_*.ld.j2). None
+    elsewhere (the template's default)."""
     frames = sorted((f for f, _ in read_su_files(su_files).values()), reverse=True)
     need = sum(frames[:2]) + 8
+    if board.arch == "xtensa":
+        return max(MIN_XTENSA_GUARD, (need + XTENSA_SPILL_BYTES + 63) // 64 * 64)
+    if board.arch not in ("armv7-m", "armv7e-m"):
+        return None
     size = MIN_MPU_GUARD
     while size < need:
         size *= 2

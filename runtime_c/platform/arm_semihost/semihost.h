@@ -55,9 +55,6 @@ static inline int32_t clb_semihost_call(int32_t op, const void *arg)
     return r0;
 }
 
-/** @brief Exit code of a detected stack overflow (guard overwritten, or MSPLIM hit on v8-M). */
-#define CLB_STACK_OVERFLOW_EXIT_CODE 98
-
 /** @brief Check the painted guard below the stack (startup.c); on damage print
  *         "colibri: stack overflow: N bytes used of M ..." and exit with
  *         CLB_STACK_OVERFLOW_EXIT_CODE. Called after each forward pass and at exit. */

@@ -26,13 +26,14 @@
  */
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
+#include "colibri_stack_guard.h"
 #include "semihost.h"
 
 #include <stdint.h>
 
-/* Symbols of templates/linker/cortex_m.ld.j2. */
+/* Symbols of templates/linker/cortex_m.ld.j2 (the stack's: colibri_stack_guard.h). */
 extern uint32_t __data_start[], __data_end[], __data_load[], __bss_start[], __bss_end[];
-extern uint32_t _estack[], __stack_limit[], __stack_guard[], __fault_stack_top[];
+extern uint32_t __fault_stack_top[];
 
 int main(int argc, char **argv);
 
@@ -58,7 +59,6 @@ void clb_fault_report(uint32_t sp, uint32_t exc_return);
 #define CLB_MPU_RASR_XN (1u << 28) /* AP (bits 26:24) = 000: no access, privileged or not */
 #define CLB_MPU_RASR_ENABLE (1u << 0)
 #define CLB_FAULT_EXIT_CODE 99
-#define CLB_STACK_PAINT 0xC0C1B1A5u
 
 #if defined(__ARM_ARCH_8M_MAIN__) || defined(__ARM_ARCH_8_1M_MAIN__)
 #define CLB_HAS_MSPLIM 1
@@ -78,51 +78,10 @@ static uint32_t clb_mpu_guard_on;
 static char clb_prog_name[] = "colibri";
 static char *clb_argv[] = {clb_prog_name, 0};
 
-static uint32_t clb_stack_size(void)
-{
-    return (uint32_t)((uintptr_t)_estack - (uintptr_t)__stack_limit);
-}
-
-/** @brief Bytes from the lowest word at or above `from` that lost its paint up to the top. */
-static uint32_t clb_stack_used(const uint32_t *from)
-{
-    const uint32_t *p = from;
-    while (p < _estack && *p == CLB_STACK_PAINT) {
-        ++p;
-    }
-    return (uint32_t)((uintptr_t)_estack - (uintptr_t)p);
-}
-
-/** @brief Print "colibri: stack overflow: ..." (used = bytes known to be used, 0 if unknown). */
-static _Noreturn void clb_stack_overflow(uint32_t used, const char *how)
-{
-    char msg[200];
-    char *p = clb_append(msg, "colibri: stack overflow: ");
-    if (used != 0u) {
-        p = clb_append_u32(p, used);
-        p = clb_append(p, " bytes used of ");
-    } else {
-        p = clb_append(p, "more than ");
-    }
-    p = clb_append_u32(p, clb_stack_size());
-    p = clb_append(p, used != 0u ? " (at least; " : " bytes used (");
-    p = clb_append(p, how);
-    p = clb_append(p, "); raise stack_size in the board file\n");
-    *p = '\0';
-    clb_platform_puts(msg);
-    clb_platform_exit(CLB_STACK_OVERFLOW_EXIT_CODE);
-}
-
 void clb_stack_guard_check(void)
 {
-    if (clb_mpu_guard_on != 0u) {
-        return;
-    }
-    for (const uint32_t *p = __stack_guard; p < __stack_limit; ++p) {
-        if (*p != CLB_STACK_PAINT) {
-            clb_stack_overflow(clb_stack_used(__stack_guard),
-                               "the guard below the stack was overwritten");
-        }
+    if (clb_mpu_guard_on == 0u) {
+        clb_stack_guard_painted_check();
     }
 }
 
@@ -184,14 +143,7 @@ void clb_reset_handler(void)
     clb_stack_guard_mpu(); /* after .bss: it sets clb_mpu_guard_on */
     const int32_t code = (int32_t)main(1, clb_argv);
     clb_stack_guard_check();
-    char msg[64];
-    char *p = clb_append(msg, "stack high-water: ");
-    p = clb_append_u32(p, clb_stack_used(__stack_limit));
-    p = clb_append(p, " of ");
-    p = clb_append_u32(p, clb_stack_size());
-    p = clb_append(p, " bytes\n");
-    *p = '\0';
-    clb_platform_puts(msg);
+    clb_stack_report_high_water();
     clb_platform_exit(code);
 }
 

@@ -4,8 +4,18 @@
  *        through the simulator call (`simcall`: a2 = call number, a3..a5 = arguments, result in
  *        a2, errno in a3). File descriptors and open flags are the host's (QEMU passes them
  *        through), paths are relative to QEMU's working directory.
+ *
+ *        Stack guard (colibri_stack_guard.h, startup.S): the painted guard below the stack is
+ *        checked after each forward pass (the bench end marker's hook) and at exit, where the
+ *        high-water mark is printed; on the ESP32-S3 its top 128 bytes are also watched by the
+ *        core's data breakpoints (clb_xtensa_stack_watch), and an exception taken with the stack
+ *        pointer below the stack is reported as an overflow. Every overflow prints "colibri: stack
+ *        overflow: ..." and exits with 98.
  */
 #include "colibri_fmt.h"
+#include "colibri_stack_guard.h"
+
+#define CLB_PLATFORM_BENCH_END_HOOK() clb_stack_guard_painted_check()
 #include "colibri_platform_impl.h"
 
 #include <stdint.h>
@@ -28,7 +38,8 @@
 
 int main(int argc, char **argv);
 void clb_xtensa_start(void);
-void clb_xtensa_fault(uint32_t cause, uint32_t pc);
+void clb_xtensa_fault(uint32_t cause, uint32_t pc, uint32_t sp);
+void clb_xtensa_stack_watch(uint32_t pc, uint32_t sp);
 
 static int32_t clb_simcall(int32_t nr, int32_t arg1, int32_t arg2, int32_t arg3)
 {
@@ -46,12 +57,41 @@ static char *clb_argv[] = {clb_prog_name, 0};
 /** @brief Called by startup.S once the stack and .bss are set up. */
 void clb_xtensa_start(void)
 {
-    clb_platform_exit((int32_t)main(1, clb_argv));
+    const int32_t code = (int32_t)main(1, clb_argv);
+    clb_stack_guard_painted_check();
+    clb_stack_report_high_water();
+    clb_platform_exit(code);
 }
 
-/** @brief Called by the exception vectors (startup.S): report and exit with 99. */
-void clb_xtensa_fault(uint32_t cause, uint32_t pc)
+/** @brief "<what> at pc=..., sp=..." into buf (the overflow report's detail). */
+static const char *clb_xtensa_where(char *buf, const char *what, uint32_t pc, uint32_t sp)
 {
+    char *p = clb_append(buf, what);
+    p = clb_append_field(p, " at pc=", pc);
+    p = clb_append_field(p, ", sp=", sp);
+    *p = '\0';
+    return buf;
+}
+
+/** @brief Called by the debug vector (startup.S) when a data breakpoint on the guard's top 128
+ *         bytes fired: a store below the stack. Runs on the fault stack. */
+void clb_xtensa_stack_watch(uint32_t pc, uint32_t sp)
+{
+    char how[96];
+    clb_stack_overflow(
+        0u, clb_xtensa_where(how, "data breakpoint on the guard below the stack", pc, sp));
+}
+
+/** @brief Called by the exception vectors (startup.S), on the fault stack: report and exit with
+ *         99, or with 98 when the stack pointer the exception was taken with lies below the
+ *         stack (a store there faulted: below RAM, where the sim maps nothing). */
+void clb_xtensa_fault(uint32_t cause, uint32_t pc, uint32_t sp)
+{
+    if (sp < (uint32_t)(uintptr_t)__stack_limit) {
+        char how[96];
+        const char *what = "exception with the stack pointer below the stack";
+        clb_stack_overflow(0u, clb_xtensa_where(how, what, pc, sp));
+    }
     char msg[96];
     char *p = clb_append_field(msg, "colibri: XtensaException pc=", pc);
     p = clb_append_field(p, " exccause=", cause);
