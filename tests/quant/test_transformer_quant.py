@@ -738,3 +738,39 @@ def test_c_host_packed_matches_plain_kernels(
     assert packed.logits is not None and plain.logits is not None
     assert np.array_equal(packed.logits.view(np.uint32), plain.logits.view(np.uint32))
     assert packed.tokens.tolist() == plain.tokens.tolist()
+    if quant == "int8":
+        # setup without memory for the packed block: the plain kernels run, same bits
+        monkeypatch.setenv("COLIBRI_LM_PACK", "1")
+        monkeypatch.setenv("LD_PRELOAD", str(_no_huge_alloc(tmp_path)))
+        mark = tmp_path / "refused"
+        monkeypatch.setenv("NO_HUGE_ALLOC_MARK", str(mark))
+        starved, _ = run_lm(gen, "host", prompt, 4, want_logits=True)
+        assert mark.is_file(), "the packed block was not asked for"
+        assert starved.logits is not None
+        assert np.array_equal(starved.logits.view(np.uint32), plain.logits.view(np.uint32))
+
+
+def _no_huge_alloc(where: Path) -> Path:
+    """A preload library whose aligned_alloc fails for huge-page alignment (the packed block's),
+    as on a machine without the memory: every other allocation is the C library's."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no host C compiler for the preload library")
+    src = where / "no_huge_alloc.c"
+    src.write_text(
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+        "void *aligned_alloc(size_t a, size_t n) {\n"
+        "    void *(*real)(size_t, size_t) = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "
+        '"aligned_alloc");\n'
+        "    if (a < ((size_t)2 << 20)) return real(a, n);\n"
+        '    const char *mark = getenv("NO_HUGE_ALLOC_MARK");\n'
+        '    FILE *f = mark ? fopen(mark, "w") : NULL;\n'
+        "    if (f) fclose(f);\n"
+        "    return NULL;\n}\n"
+    )
+    lib = where / "no_huge_alloc.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
+    return lib
