@@ -3,9 +3,10 @@
  * @brief The token sampler of colibri_transformer.h: a seeded xorshift64 generator, and
  *        colibri_sample (greedy, temperature, top-k, top-p). With top-k the k best tokens are
  *        chosen by the router's partial selection (colibri_topk_f32, O(n) plus the insertions)
- *        instead of sorting the whole vocabulary; without top-k every token is ranked by a heap
- *        sort, since top-p then needs the whole distribution in rank order. No heap, no static
- *        state.
+ *        instead of sorting the whole vocabulary; without top-k every token is ranked, since
+ *        top-p then needs the whole distribution in rank order: by an LSD radix sort on the
+ *        logits' bits (four O(n) passes at most; the heap sort before took O(n log n)), the
+ *        same order. No heap, no static state.
  */
 #include "colibri_internal.h"
 #include "colibri_math.h"
@@ -14,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* murmur3's 32-bit finaliser: a bijective mix using 32-bit multiplies only (some cores, the
  * LX106 among them, have no usable 64-bit multiply). */
@@ -46,44 +48,54 @@ float colibri_rng_uniform(colibri_rng_t *rng)
     return (float)(uint32_t)(x >> 40) * (1.0f / 16777216.0f);
 }
 
-/* "a ranks before b": the higher logit first, ties to the lower token id. */
-static int ranks_before(const float *logits, int32_t a, int32_t b)
+/* The rank order of a logit as an unsigned key: a higher logit gives a smaller key (IEEE bits
+ * made monotonic: negatives inverted, positives with the sign bit set; then complemented), -0.0
+ * the key of +0.0 (they compare equal, so they tie). Every logit is finite here. */
+static uint32_t rank_key(float v)
 {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    if (b == 0x80000000u) {
+        b = 0u;
+    }
+    b = ((b & 0x80000000u) != 0u) ? ~b : (b | 0x80000000u);
+    return ~b;
 }
 
-static void sift_down(const float *logits, int32_t *idx, int32_t root, int32_t n)
+/* Every token id, best first: the higher logit first, ties to the lower token id. An LSD radix
+ * sort on rank_key, a byte per pass (stable, so ties keep ascending ids), O(n) per pass, a pass
+ * skipped where every key has the same byte; tmp: n ids of scratch. No allocation. */
+static void sort_by_rank(const float *logits, int32_t *idx, int32_t *tmp, int32_t n)
 {
-    for (;;) {
-        int32_t child = 2 * root + 1;
-        if (child >= n) {
-            return;
-        }
-        /* min-heap on rank: the worst-ranked token at the root, so the sort ends best first */
-        if (child + 1 < n && ranks_before(logits, idx[child], idx[child + 1])) {
-            child++;
-        }
-        if (!ranks_before(logits, idx[root], idx[child])) {
-            return;
-        }
-        const int32_t t = idx[root];
-        idx[root] = idx[child];
-        idx[child] = t;
-        root = child;
+    uint32_t start[256];
+    int32_t *src = idx;
+    int32_t *dst = tmp;
+    for (int32_t i = 0; i < n; i++) {
+        idx[i] = i;
     }
-}
-
-/* Heap sort of token ids, best first (in place, O(n log n), no allocation). */
-static void sort_by_rank(const float *logits, int32_t *idx, int32_t n)
-{
-    for (int32_t i = n / 2 - 1; i >= 0; i--) {
-        sift_down(logits, idx, i, n);
+    for (uint32_t shift = 0; shift < 32u; shift += 8u) {
+        memset(start, 0, sizeof start);
+        for (int32_t j = 0; j < n; j++) {
+            start[(rank_key(logits[src[j]]) >> shift) & 0xFFu]++;
+        }
+        if (start[(rank_key(logits[src[0]]) >> shift) & 0xFFu] == (uint32_t)n) {
+            continue; /* one bucket: this byte orders nothing */
+        }
+        uint32_t at = 0;
+        for (uint32_t d = 0; d < 256u; d++) {
+            const uint32_t c = start[d];
+            start[d] = at;
+            at += c;
+        }
+        for (int32_t j = 0; j < n; j++) {
+            dst[start[(rank_key(logits[src[j]]) >> shift) & 0xFFu]++] = src[j];
+        }
+        int32_t *const t = src;
+        src = dst;
+        dst = t;
     }
-    for (int32_t end = n - 1; end > 0; end--) {
-        const int32_t t = idx[0];
-        idx[0] = idx[end];
-        idx[end] = t;
-        sift_down(logits, idx, 0, end);
+    if (src != idx) {
+        memcpy(idx, src, sizeof(int32_t) * (size_t)n);
     }
 }
 
@@ -113,10 +125,7 @@ colibri_status colibri_sample(const float *logits, int32_t n, const colibri_samp
         /* the keep best, best first: the same ids in the same order as the full sort gives */
         colibri_topk_f32(logits, n, keep, idx, prob);
     } else {
-        for (int32_t i = 0; i < n; i++) {
-            idx[i] = i;
-        }
-        sort_by_rank(logits, idx, n);
+        sort_by_rank(logits, idx, (int32_t *)(void *)prob, n); /* prob: scratch until filled */
     }
     const float inv_t = 1.0f / sampler->temperature;
     float total = 0.0f;

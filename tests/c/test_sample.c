@@ -3,7 +3,9 @@
  * @brief colibri_sample's top-k by partial selection against an oracle that ranks the whole
  *        vocabulary (an insertion sort, written independently of sample.c's heap sort):
  *        the same k ids in the same order, and the same token for the same seed, over random
- *        vocabularies with many ties, every top-k from 1 to n and top-p below and at 1.
+ *        vocabularies with many ties, every top-k from 1 to n and top-p below and at 1; and the
+ *        whole-vocabulary ranking (top-k 0: sample.c's radix sort) on signed zeros, subnormals
+ *        and the largest finite values.
  */
 #include "colibri_internal.h"
 #include "colibri_math.h"
@@ -131,11 +133,43 @@ static void test_sample_matches_oracle(void)
     CHECK_INT(6 * 7 * 4 * 3 * 8, cases);
 }
 
+/* The whole-vocabulary ranking (top-k 0) on the values a float sort gets wrong: -0.0 and +0.0
+ * (equal: they tie, the lower id first), subnormals, the largest finite values of both signs and
+ * long runs of ties; a temperature so high that every rank is drawn, at every top-p. */
+static void test_full_ranking_edge_values(void)
+{
+    static const float values[] = {-0.0f, 0.0f, 1e-45f,          -1e-45f,          1.17549435e-38f,
+                                   -2.5f, 2.5f, 3.40282347e+38f, -3.40282347e+38f, 1.0f,
+                                   -1.0f};
+    const int32_t nv = (int32_t)(sizeof values / sizeof values[0]);
+    static const float top_ps[] = {1.0f, 0.999f, 0.6f};
+    static const int32_t sizes[] = {2, 11, 257, MAX_N};
+    for (size_t a = 0; a < sizeof sizes / sizeof sizes[0]; a++) {
+        const int32_t n = sizes[a];
+        for (int32_t i = 0; i < n; i++) {
+            g_logits[i] = values[rng_u32() % (uint32_t)nv];
+        }
+        g_logits[n / 2] = 0.0f; /* not all in one byte's bucket */
+        for (size_t c = 0; c < sizeof top_ps / sizeof top_ps[0]; c++) {
+            const colibri_sampler_t sm = {1e38f, 0, top_ps[c]};
+            for (uint64_t seed = 0; seed < 64; seed++) {
+                colibri_rng_t r1, r2;
+                colibri_rng_seed(&r1, seed + 1000u * (uint64_t)n);
+                r2 = r1;
+                int32_t got = -1;
+                CHECK_STATUS(COLIBRI_OK, colibri_sample(g_logits, n, &sm, &r1, g_work, &got));
+                CHECK_INT(oracle_sample(g_logits, n, &sm, &r2), got);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     rng_seed(0x5A3C9E1Du);
     (void)rng_float;
     test_topk_matches_ranking();
     test_sample_matches_oracle();
+    test_full_ranking_edge_values();
     return test_summary();
 }
