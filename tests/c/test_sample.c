@@ -1,7 +1,7 @@
 /**
  * @file test_sample.c
  * @brief colibri_sample's top-k by partial selection against an oracle that ranks the whole
- *        vocabulary (an insertion sort, written independently of sample.c's heap sort):
+ *        vocabulary (an insertion sort, written independently of sample.c's radix sort):
  *        the same k ids in the same order, and the same token for the same seed, over random
  *        vocabularies with many ties, every top-k from 1 to n and top-p below and at 1; and the
  *        whole-vocabulary ranking (top-k 0: sample.c's radix sort) on signed zeros, subnormals
