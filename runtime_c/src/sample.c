@@ -5,7 +5,7 @@
  *        chosen by the router's partial selection (colibri_topk_f32, O(n) plus the insertions)
  *        instead of sorting the whole vocabulary; without top-k every token is ranked, since
  *        top-p then needs the whole distribution in rank order: by an LSD radix sort on the
- *        logits' bits (four O(n) passes at most; the heap sort before took O(n log n)), the
+ *        logits' bits (six O(n) passes at most; the heap sort before took O(n log n)), the
  *        same order. No heap, no static state.
  */
 #include "colibri_internal.h"
@@ -62,33 +62,38 @@ static uint32_t rank_key(float v)
     return ~b;
 }
 
+/* Radix of sort_by_rank: 6-bit digits, 64 counts (256 bytes of stack: the sampler runs on MCUs,
+ * whose stack guard holds the program's two largest frames). */
+#define RANK_DIGIT_BITS 6u
+#define RANK_DIGITS (1u << RANK_DIGIT_BITS)
+
 /* Every token id, best first: the higher logit first, ties to the lower token id. An LSD radix
- * sort on rank_key, a byte per pass (stable, so ties keep ascending ids), O(n) per pass, a pass
- * skipped where every key has the same byte; tmp: n ids of scratch. No allocation. */
+ * sort on rank_key, a digit per pass (stable, so ties keep ascending ids), O(n) per pass, a pass
+ * skipped where every key has the same digit; tmp: n ids of scratch. No allocation. */
 static void sort_by_rank(const float *logits, int32_t *idx, int32_t *tmp, int32_t n)
 {
-    uint32_t start[256];
+    uint32_t start[RANK_DIGITS];
     int32_t *src = idx;
     int32_t *dst = tmp;
     for (int32_t i = 0; i < n; i++) {
         idx[i] = i;
     }
-    for (uint32_t shift = 0; shift < 32u; shift += 8u) {
+    for (uint32_t shift = 0; shift < 32u; shift += RANK_DIGIT_BITS) {
         memset(start, 0, sizeof start);
         for (int32_t j = 0; j < n; j++) {
-            start[(rank_key(logits[src[j]]) >> shift) & 0xFFu]++;
+            start[(rank_key(logits[src[j]]) >> shift) & (RANK_DIGITS - 1u)]++;
         }
-        if (start[(rank_key(logits[src[0]]) >> shift) & 0xFFu] == (uint32_t)n) {
-            continue; /* one bucket: this byte orders nothing */
+        if (start[(rank_key(logits[src[0]]) >> shift) & (RANK_DIGITS - 1u)] == (uint32_t)n) {
+            continue; /* one bucket: this digit orders nothing */
         }
         uint32_t at = 0;
-        for (uint32_t d = 0; d < 256u; d++) {
+        for (uint32_t d = 0; d < RANK_DIGITS; d++) {
             const uint32_t c = start[d];
             start[d] = at;
             at += c;
         }
         for (int32_t j = 0; j < n; j++) {
-            dst[start[(rank_key(logits[src[j]]) >> shift) & 0xFFu]++] = src[j];
+            dst[start[(rank_key(logits[src[j]]) >> shift) & (RANK_DIGITS - 1u)]++] = src[j];
         }
         int32_t *const t = src;
         src = dst;

@@ -203,8 +203,23 @@ def read_su_files(paths: list[str | Path]) -> dict[tuple[str, str], tuple[int, s
                 continue
             where, nbytes, qual = parts
             name = where.rpartition(":")[2]  # "path/file.c:LINE:COL:name"
-            out[(p.stem, name)] = (int(nbytes), qual.strip())
+            old = out.get((p.stem, name))
+            if old is None or int(nbytes) > old[0]:  # clones of one function share a name
+                out[(p.stem, name)] = (int(nbytes), qual.strip())
     return out
+
+
+def su_name(symbol: str, su: dict[tuple[str, str], tuple[int, str]], src: str | None) -> str:
+    """The name a function's symbol has in the ``.su`` files: the symbol itself, or for a GCC
+    clone (``f.constprop.0``; Xtensa's assembler spells it ``f$constprop$0``) the clone's name
+    without its number (``f.constprop``), which is how ``-fstack-usage`` names it. Without a
+    match in `su` the symbol (its frame is then read from the disassembly)."""
+    if any(key[1] == symbol for key in su if src is None or key[0] == src):
+        return symbol
+    base = re.sub(r"\.\d+$", "", symbol.replace("$", "."))
+    if base != symbol and any(key[1] == base for key in su if src is None or key[0] == src):
+        return base
+    return symbol
 
 
 def _elf_functions(elf_path: Path) -> tuple[list[FunctionInfo], dict[int, str], str, int, Any]:
@@ -507,10 +522,11 @@ def analyse_stack(
     for fn in funcs:
         hit = None
         src = files.get(fn.addr)
-        if src is not None and (src, fn.name) in su:
-            hit = su[(src, fn.name)]
-        elif len(su_by_name.get(fn.name, [])) >= 1 and src is None:
-            hit = max(su_by_name[fn.name])
+        name = su_name(fn.name, su, src)
+        if src is not None and (src, name) in su:
+            hit = su[(src, name)]
+        elif len(su_by_name.get(name, [])) >= 1 and src is None:
+            hit = max(su_by_name[name])
         if hit is not None:
             fn.frame, fn.source = hit[0], "su"
             fn.dynamic = "dynamic" in hit[1] and "bounded" not in hit[1]
