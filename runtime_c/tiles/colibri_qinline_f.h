@@ -340,29 +340,32 @@ COLIBRI_QF_INLINE float colibri_qf_f16_row(const uint16_t *w, const float *x, in
 #endif
 
 #if defined(COLIBRI_QF_XTENSA)
+/** The fp32 of the given bits (WFR: not through memory). */
+COLIBRI_QF_INLINE float colibri_qf_xt_bits(uint32_t bits)
+{
+    float f;
+    __asm__("wfr %0, %1" : "=f"(f) : "a"(bits));
+    return f;
+}
+
 /** fp16 bits to fp32, exact for every pattern (kernels_xtensa_f16.h's colibri_xt_f16_to_f32:
  *  the sign-extended bits shifted left by 13, bits 28..30 cleared, + 112 << 23 for a normal
- *  exponent; infinities and NaNs + 224 << 23, subnormals and zeros 1.m * 2^-14 - 2^-14). */
+ *  exponent, tested as exponent + 1 in 2..31; infinities and NaNs + 224 << 23, subnormals and
+ *  zeros 1.m * 2^-14 - 2^-14, the sign or-ed in after). */
 COLIBRI_QF_INLINE float colibri_qf_xt_f16(uint16_t h)
 {
-    uint32_t bits = ((uint32_t)(int32_t)(int16_t)h << 13) & 0x8FFFFFFFu;
-    const uint32_t e = bits & 0x0F800000u;
-    float f;
-    if (__builtin_expect(e == 0u || e == 0x0F800000u, 0)) {
-        if (e != 0u) {
-            bits += 0x70000000u; /* infinity, NaN */
-        } else {
-            uint32_t mag = (bits & 0x0FFFFFFFu) + 0x38800000u;
-            memcpy(&f, &mag, sizeof f);
-            f -= 6.103515625e-05f; /* 2^-14 */
-            memcpy(&mag, &f, sizeof f);
-            bits = mag | (bits & 0x80000000u);
+    const uint32_t bits = ((uint32_t)(int32_t)(int16_t)h << 13) & 0x8FFFFFFFu;
+    const uint32_t next = bits + 0x00800000u;
+    if (__builtin_expect((next & 0x0F000000u) == 0u, 0)) {
+        if ((bits & 0x0F800000u) != 0u) {
+            return colibri_qf_xt_bits(bits + 0x70000000u); /* infinity, NaN */
         }
-    } else {
-        bits += 0x38000000u;
+        const float f = colibri_qf_xt_bits((bits & 0x0FFFFFFFu) + 0x38800000u) - 6.103515625e-05f;
+        uint32_t mag;
+        memcpy(&mag, &f, sizeof mag);
+        return colibri_qf_xt_bits(mag | (bits & 0x80000000u));
     }
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    return colibri_qf_xt_bits(next + 0x37800000u);
 }
 
 /** acc + a * b, fused (MADD.S). */
