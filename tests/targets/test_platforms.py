@@ -207,7 +207,7 @@ ISA_PATHS = {
     "cortex-a53": _NEON,
     "cortex-a7": _NEON,
     "cortex-a76": _NEON,  # with SDOT
-    "esp32s3": ("int8 dot", "fp16 matvec 8x64", "int4 x int8 matvec 8x64"),  # MAC16, FPU
+    "esp32s3": ("int8 dot", "int4 block dot", "fp16 matvec 8x64", "int4 x int8 matvec 8x64"),
 }
 
 

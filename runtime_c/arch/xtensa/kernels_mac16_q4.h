@@ -3,8 +3,8 @@
  * @brief Xtensa MAC16 int4 x int8 path of kernels_q.c (ESP32 / ESP32-S3: COLIBRI_XTENSA_MAC16),
  *        selected by kernels_isa.h: the matvec colibri_matvec_q4_q8 (which colibri_matmul_q4_q8
  *        and the generated int4 expert kernels run on these cores) on the 40-bit accumulator.
- *        The one-block colibri_dot_q4_q8 stays the portable loop: expanding the activations
- *        costs more than it saves for a single block. Private to kernels_q.c.
+ *        and the one-block colibri_dot_q4_q8 (unexpanded activations, nibbles offset in place).
+ *        Private to kernels_q.c.
  *
  * What it computes: for a block of 32 nibbles q_j (0..15; byte j of qs holds q_j in its low and
  * q_{j+16} in its high nibble) and 32 int8 codes x_j, isum = sum_j (q_j - 8) x_j, the integer the
@@ -49,6 +49,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /** Blocks of activations expanded per pass of the matvec. */
 #define COLIBRI_MAC16_Q4_CHUNK 4
@@ -188,6 +189,81 @@ colibri_mac16_q4_isum(const uint8_t *qs, const uint32_t *xe, int32_t start)
 #undef CLB_Q4_ALIGNED
 #undef CLB_Q4_WORD
 
+/* One word s of nibbles in W and of activations at xq for colibri_mac16_q4_block: W ^ 0x88...
+ * turns each nibble q into the 4-bit two's complement of q - 8, which a mask with 0xF000F000
+ * (after shifts by 0, 4, 8, 12) puts at the top of both 16-bit halves: 4096 (q - 8), exact;
+ * the activation words masked with 0xFF00FF00 (before and after a shift by 8) hold 256 x. */
+#define CLB_Q4B_WORD(s)                                                                            \
+    "l32i   %[w], %[q], " #s "*4\n\t"                                                              \
+    "l32i   %[xl], %[x], " #s "*4\n\t"                                                             \
+    "l32i   %[xh], %[x], " #s "*4+16\n\t"                                                          \
+    "xor    %[w], %[w], %[k8]\n\t"                                                                 \
+    "and    %[td], %[w], %[kf]\n\t"                                                                \
+    "slli   %[w], %[w], 4\n\t"                                                                     \
+    "and    %[tc], %[w], %[kf]\n\t"                                                                \
+    "slli   %[w], %[w], 4\n\t"                                                                     \
+    "and    %[tb], %[w], %[kf]\n\t"                                                                \
+    "slli   %[w], %[w], 4\n\t"                                                                     \
+    "and    %[w], %[w], %[kf]\n\t"                                                                 \
+    "and    %[xo], %[xl], %[m]\n\t"                                                                \
+    "slli   %[xl], %[xl], 8\n\t"                                                                   \
+    "and    %[xl], %[xl], %[m]\n\t"                                                                \
+    "mula.aa.hh %[xl], %[w]\n\t"                                                                   \
+    "mula.aa.ll %[xl], %[w]\n\t"                                                                   \
+    "mula.aa.hh %[xo], %[tc]\n\t"                                                                  \
+    "mula.aa.ll %[xo], %[tc]\n\t"                                                                  \
+    "and    %[xo], %[xh], %[m]\n\t"                                                                \
+    "slli   %[xh], %[xh], 8\n\t"                                                                   \
+    "and    %[xh], %[xh], %[m]\n\t"                                                                \
+    "mula.aa.hh %[xh], %[tb]\n\t"                                                                  \
+    "mula.aa.ll %[xh], %[tb]\n\t"                                                                  \
+    "mula.aa.hh %[xo], %[td]\n\t"                                                                  \
+    "mula.aa.ll %[xo], %[td]\n\t"
+
+/**
+ * @brief The int8 dot product of a full int4 block (32 values) with xq, for colibri_dot_q4_q8:
+ *        on MAC16 when xq is 4-byte aligned (nibbles turned into q - 8 in place: no activation
+ *        expansion, which would not pay for one block; ACC = 2^20 isum, read from ACCHI and
+ *        ACCLO), else the portable loop.
+ */
+static inline int32_t colibri_mac16_q4_block(const colibri_block_q4_32 *blk, const int8_t *xq)
+{
+    if (((uintptr_t)xq & 3u) != 0u) {
+        int32_t acc = 0;
+        for (int32_t j = 0; j < 16; j++) {
+            const int32_t lo = (int32_t)(blk->qs[j] & 0x0Fu) - 8;
+            const int32_t hi = (int32_t)(blk->qs[j] >> 4) - 8;
+            acc += lo * (int32_t)xq[j] + hi * (int32_t)xq[j + 16];
+        }
+        return acc;
+    }
+    uint32_t qw[4]; /* the nibbles 4-byte aligned (qs is at offset 2 of the block) */
+    const uint8_t *q = blk->qs;
+    if (((uintptr_t)q & 3u) != 0u) {
+        memcpy(qw, q, sizeof qw);
+        q = (const uint8_t *)qw;
+    }
+    const uint32_t k8 = 0x88888888u;
+    const uint32_t kf = 0xF000F000u;
+    const uint32_t m = 0xFF00FF00u;
+    uint32_t w, tb, tc, td, xl, xh, xo;
+    uint32_t lo;
+    uint32_t hi;
+    __asm__ volatile("wsr    %[z], acclo\n\t"
+                     "wsr    %[z], acchi\n\t" CLB_Q4B_WORD(0) CLB_Q4B_WORD(1) CLB_Q4B_WORD(2)
+                         CLB_Q4B_WORD(3) "rsr    %[w], acclo\n\t"
+                                         "rsr    %[tb], acchi"
+                     : [w] "=&a"(w), [tb] "=&a"(tb), [tc] "=&a"(tc), [td] "=&a"(td), [xl] "=&a"(xl),
+                       [xh] "=&a"(xh), [xo] "=&a"(xo)
+                     : [q] "a"(q), [x] "a"(xq), [k8] "a"(k8), [kf] "a"(kf), [m] "a"(m), [z] "a"(0)
+                     : "memory");
+    lo = w;
+    hi = tb;
+    /* ACC / 2^20: bits 39..20, a 20-bit two's complement value */
+    return (int32_t)(((hi & 0xFFu) << 24) | ((lo >> 20) << 12)) >> 12;
+}
+#undef CLB_Q4B_WORD
+
 /**
  * @brief colibri_matvec_q4_q8 bit for bit: y[o] = sum_b (float)isum_b * (d_b * sx[b]), blocks in
  *        order, the last block partial when n_in is not a multiple of 32.
@@ -226,6 +302,7 @@ static inline void colibri_mac16_matvec_q4_q8(const colibri_block_q4_32 *w, cons
     }
 }
 
+#define COLIBRI_ISA_DOT_Q4_BLOCK colibri_mac16_q4_block
 #define COLIBRI_ISA_MATVEC_Q4_Q8 colibri_mac16_matvec_q4_q8
 
 #endif /* COLIBRI_KERNELS_MAC16_Q4_H */
