@@ -334,9 +334,10 @@ static void rk_q4_extremes(void)
                                colibri_dot_q4_q8_ref(rk_w4 + b, xq, n));
                     }
                 }
-                /* matvecs: a partial last block (n_in 99), whole blocks (96), odd row counts */
-                static const int32_t n_ins[2] = {RK_IN - 1, 3 * COLIBRI_QK4};
-                for (int32_t k = 0; k < 2; k++) {
+                /* matvecs: a short last block (n_in 99: 3 inputs), whole blocks (96), a longer
+                 * last block (84: 20 inputs), odd row counts */
+                static const int32_t n_ins[3] = {RK_IN - 1, 3 * COLIBRI_QK4, 2 * COLIBRI_QK4 + 20};
+                for (int32_t k = 0; k < 3; k++) {
                     const int32_t n_in = n_ins[k];
                     const int32_t n_out = RK_OUT - k;
                     rk_clear();

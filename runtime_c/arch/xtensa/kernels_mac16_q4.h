@@ -34,7 +34,8 @@
  * last two bytes by L16UI so that nothing past the block is read. Activations may have any
  * alignment (the expansion reads bytes). A last block of fewer than 32 inputs is expanded with
  * zero activations past n_in, which multiply its padding nibbles by 0 (its -8 offset sums only
- * the codes present): the portable partial-block sum.
+ * the codes present): the portable partial-block sum; one of fewer than COLIBRI_MAC16_Q4_SHORT
+ * inputs runs the portable loop itself (cheaper than a whole block on MAC16).
  *
  * The matvec expands COLIBRI_MAC16_Q4_CHUNK blocks of activations at a time into a stack buffer
  * (no heap; 264 bytes), runs every row over those blocks and keeps each row's running float sum in
@@ -53,6 +54,9 @@
 
 /** Blocks of activations expanded per pass of the matvec. */
 #define COLIBRI_MAC16_Q4_CHUNK 4
+/** Last blocks shorter than this many inputs take the portable loop in the matvec (a MAC16 block
+ *  costs as much as about 13 portable MACs). */
+#define COLIBRI_MAC16_Q4_SHORT 12
 /** Words of one expanded block of activations. */
 #define COLIBRI_MAC16_Q4_WORDS 16
 
@@ -281,8 +285,11 @@ static inline void colibri_mac16_matvec_q4_q8(const colibri_block_q4_32 *w, cons
         }
         return;
     }
-    for (size_t b0 = 0; b0 < nb; b0 += COLIBRI_MAC16_Q4_CHUNK) {
-        const size_t nc = (nb - b0 < COLIBRI_MAC16_Q4_CHUNK) ? nb - b0 : COLIBRI_MAC16_Q4_CHUNK;
+    /* a last block of fewer than COLIBRI_MAC16_Q4_SHORT inputs: the portable loop (after) */
+    const int32_t tail = n_in % COLIBRI_QK4;
+    const size_t nbm = (tail > 0 && tail < COLIBRI_MAC16_Q4_SHORT) ? nb - 1u : nb;
+    for (size_t b0 = 0; b0 < nbm; b0 += COLIBRI_MAC16_Q4_CHUNK) {
+        const size_t nc = (nbm - b0 < COLIBRI_MAC16_Q4_CHUNK) ? nbm - b0 : COLIBRI_MAC16_Q4_CHUNK;
         for (size_t c = 0; c < nc; c++) {
             const int32_t i0 = (int32_t)((b0 + c) * COLIBRI_QK4);
             const int32_t n = (n_in - i0 < COLIBRI_QK4) ? n_in - i0 : COLIBRI_QK4;
@@ -297,6 +304,20 @@ static inline void colibri_mac16_matvec_q4_q8(const colibri_block_q4_32 *w, cons
                     colibri_mac16_q4_isum(blk[c].qs, xe + c * COLIBRI_MAC16_Q4_WORDS, start[c]);
                 acc += (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]);
             }
+            y[o] = acc;
+        }
+    }
+    if (nbm < nb) {
+        const int8_t *x = xq + nbm * COLIBRI_QK4;
+        const float xs = sx[nbm];
+        for (int32_t o = 0; o < n_out; o++) {
+            const colibri_block_q4_32 *blk = w + (size_t)o * nb + nbm;
+            int32_t s = 0;
+            for (int32_t j = 0; j < tail; j++) {
+                s += ((int32_t)(blk->qs[j] & 0x0Fu) - 8) * (int32_t)x[j]; /* j < 16 */
+            }
+            float acc = (nbm == 0u) ? 0.0f : y[o];
+            acc += (float)s * (colibri_xt_f16_to_f32(blk->d) * xs);
             y[o] = acc;
         }
     }
