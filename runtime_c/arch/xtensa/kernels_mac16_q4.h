@@ -299,10 +299,19 @@ static inline void colibri_mac16_matvec_q4_q8(const colibri_block_q4_32 *w, cons
         for (int32_t o = 0; o < n_out; o++) {
             const colibri_block_q4_32 *blk = w + (size_t)o * nb + b0;
             float acc = (b0 == 0u) ? 0.0f : y[o];
-            for (size_t c = 0; c < nc; c++) {
-                const int32_t s =
-                    colibri_mac16_q4_isum(blk[c].qs, xe + c * COLIBRI_MAC16_Q4_WORDS, start[c]);
-                acc += (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]);
+            if (nc == COLIBRI_MAC16_Q4_CHUNK) { /* a whole chunk: unrolled, no loop counter */
+#pragma GCC unroll 4
+                for (size_t c = 0; c < COLIBRI_MAC16_Q4_CHUNK; c++) {
+                    const int32_t s =
+                        colibri_mac16_q4_isum(blk[c].qs, xe + c * COLIBRI_MAC16_Q4_WORDS, start[c]);
+                    acc += (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]);
+                }
+            } else {
+                for (size_t c = 0; c < nc; c++) {
+                    const int32_t s =
+                        colibri_mac16_q4_isum(blk[c].qs, xe + c * COLIBRI_MAC16_Q4_WORDS, start[c]);
+                    acc += (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]);
+                }
             }
             y[o] = acc;
         }
