@@ -334,12 +334,16 @@ static void rk_q4_extremes(void)
                                colibri_dot_q4_q8_ref(rk_w4 + b, xq, n));
                     }
                 }
-                /* matvecs: a short last block (n_in 99: 3 inputs), whole blocks (96), a longer
-                 * last block (84: 20 inputs), odd row counts */
-                static const int32_t n_ins[3] = {RK_IN - 1, 3 * COLIBRI_QK4, 2 * COLIBRI_QK4 + 20};
-                for (int32_t k = 0; k < 3; k++) {
+                /* matvecs: a short last block (n_in 99: 3 inputs), whole blocks (96; 128 and
+                 * 256: one and two whole chunks of the MAC16 matvec), longer last blocks (84,
+                 * 148: 20 inputs), odd row counts, as many rows as rk_w4 holds */
+                static const int32_t n_ins[6] = {
+                    RK_IN - 1,       3 * COLIBRI_QK4,      2 * COLIBRI_QK4 + 20,
+                    4 * COLIBRI_QK4, 4 * COLIBRI_QK4 + 20, 8 * COLIBRI_QK4};
+                for (int32_t k = 0; k < 6; k++) {
                     const int32_t n_in = n_ins[k];
-                    const int32_t n_out = RK_OUT - k;
+                    const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
+                    const int32_t n_out = RK_OUT * RK_NB4 / nb - k;
                     rk_clear();
                     colibri_matvec_q4_q8(rk_w4, xq, rk_sx, rk_y, n_out, n_in);
                     colibri_matvec_q4_q8_ref(rk_w4, xq, rk_sx, rk_yref, n_out, n_in);

@@ -268,6 +268,18 @@ static inline int32_t colibri_mac16_q4_block(const colibri_block_q4_32 *blk, con
 }
 #undef CLB_Q4B_WORD
 
+/** @brief acc + p in that operand order (ADD.S): when both are NaNs the result is acc's, as
+ *         where the compiler writes the C expression's order, whatever registers it picks. */
+static inline __attribute__((always_inline)) float colibri_xt_add(float acc, float p)
+{
+#if !defined(__XTENSA_SOFT_FLOAT__)
+    __asm__("add.s %0, %0, %1" : "+f"(acc) : "f"(p));
+    return acc;
+#else
+    return acc + p;
+#endif
+}
+
 /**
  * @brief colibri_matvec_q4_q8 bit for bit: y[o] = sum_b (float)isum_b * (d_b * sx[b]), blocks in
  *        order, the last block partial when n_in is not a multiple of 32.
@@ -304,13 +316,13 @@ static inline void colibri_mac16_matvec_q4_q8(const colibri_block_q4_32 *w, cons
                 for (size_t c = 0; c < COLIBRI_MAC16_Q4_CHUNK; c++) {
                     const int32_t s =
                         colibri_mac16_q4_isum(blk[c].qs, xe + c * COLIBRI_MAC16_Q4_WORDS, start[c]);
-                    acc += (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]);
+                    acc = colibri_xt_add(acc, (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]));
                 }
             } else {
                 for (size_t c = 0; c < nc; c++) {
                     const int32_t s =
                         colibri_mac16_q4_isum(blk[c].qs, xe + c * COLIBRI_MAC16_Q4_WORDS, start[c]);
-                    acc += (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]);
+                    acc = colibri_xt_add(acc, (float)s * (colibri_xt_f16_to_f32(blk[c].d) * xs[c]));
                 }
             }
             y[o] = acc;
@@ -326,7 +338,7 @@ static inline void colibri_mac16_matvec_q4_q8(const colibri_block_q4_32 *w, cons
                 s += ((int32_t)(blk->qs[j] & 0x0Fu) - 8) * (int32_t)x[j]; /* j < 16 */
             }
             float acc = (nbm == 0u) ? 0.0f : y[o];
-            acc += (float)s * (colibri_xt_f16_to_f32(blk->d) * xs);
+            acc = colibri_xt_add(acc, (float)s * (colibri_xt_f16_to_f32(blk->d) * xs));
             y[o] = acc;
         }
     }
