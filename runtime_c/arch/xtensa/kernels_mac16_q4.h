@@ -2,7 +2,7 @@
  * @file kernels_mac16_q4.h
  * @brief Xtensa MAC16 int4 x int8 path of kernels_q.c (ESP32 / ESP32-S3: COLIBRI_XTENSA_MAC16),
  *        selected by kernels_isa.h: the matvec colibri_matvec_q4_q8 (which colibri_matmul_q4_q8
- *        and the generated int4 expert kernels run on these cores) on the 40-bit accumulator.
+ *        and the generated int4 expert kernels run on these cores) on the 40-bit accumulator,
  *        and the one-block colibri_dot_q4_q8 (unexpanded activations, nibbles offset in place).
  *        Private to kernels_q.c.
  *
@@ -38,9 +38,10 @@
  * inputs runs the portable loop itself (cheaper than a whole block on MAC16).
  *
  * The matvec expands COLIBRI_MAC16_Q4_CHUNK blocks of activations at a time into a stack buffer
- * (no heap; 264 bytes), runs every row over those blocks and keeps each row's running float sum in
- * y between chunks (the same additions in the same order). ACC is the core's MAC16 state
- * (ESP-IDF saves it with a task's context); each block's assembly sets it first.
+ * (no heap; 264 bytes), runs every row over those blocks (a whole chunk unrolled) and keeps each
+ * row's running float sum in y between chunks (the same additions in the same order; ADD.S with
+ * the running sum first, so that NaN + NaN keeps its NaN as the C order does). ACC is the core's
+ * MAC16 state (ESP-IDF saves it with a task's context); each block's assembly sets it first.
  */
 #ifndef COLIBRI_KERNELS_MAC16_Q4_H
 #define COLIBRI_KERNELS_MAC16_Q4_H
