@@ -4,6 +4,7 @@ pass, per board and scheme, plus the router's instructions per token (issue 11).
 
     python benchmarks/kernels_table.py [--board host] [--board cortex-m4] [--scheme int8]
                                        [--json kernels.json] [--tiny] [--workdir DIR]
+                                       [--family N [--seed S]]
 
 The model is the issue's: the seed toy (colibri.frontends.seed.make_toy, 2 experts) with
 d_model 128, d_ff 512, relu, top-k 1, generated with ``--quant SCHEME`` (fp32: no --quant) and
@@ -43,6 +44,14 @@ RAM holds the chunk); everything else is the default.
 A board whose toolchain or emulator is missing (e.g. esp32s3 without xtensa-esp32s3-elf-gcc),
 or a scheme whose weights do not fit a board, is reported as skipped with the reason.
 ``--tiny`` (for tests): d_model 32, d_ff 64, router on 16 tokens, one round.
+
+``--family N --seed S``: instead of the one shape, N shapes drawn by a seeded generator (the same
+N and S give the same shapes): d_model in 16..192 and d_ff in 16..512, odd sizes and sizes that are
+no multiple of 32 included (the first shape is always odd by odd), the activation cycling through
+relu, silu and gelu and top-k through 1 and 2 (2 experts, so k 2 runs both). Each shape is
+measured as above (no router); a token costs 2 * k * d_model * d_ff MACs. The table lists every
+shape, then per board and scheme the minimum, median and maximum of each column over the family
+and the shape of the worst (largest) whole-pass slope.
 """
 
 from __future__ import annotations
@@ -87,22 +96,64 @@ BOARDS = (
     "esp32s3",
 )
 SCHEMES = ("int8", "int4", "fp16", "fp32")
+FAMILY_ACTIVATIONS = ("relu", "silu", "gelu")
 TOKENS = (1, 8, 9)
 NAME = "kt"  # the generated model's name: its expert kernels are kt_expert_<i>
 COLUMNS = ("kernel@1", "kernel@8", "kslope", "pass@1", "pass@8", "slope", "group8", "g8/k1")
 
 
-def model_shape(tiny: bool) -> dict[str, Any]:
-    d_model, d_ff = (32, 64) if tiny else (128, 512)
+def model_shape(
+    tiny: bool, d_model: int = 128, d_ff: int = 512, activation: str = "relu", top_k: int = 1
+) -> dict[str, Any]:
+    if tiny:
+        d_model, d_ff = 32, 64
     return {
         "source": "colibri.frontends.seed.make_toy (seed layout)",
         "experts": 2,
         "d_model": d_model,
         "d_ff": d_ff,
-        "activation": "relu",
-        "top_k": 1,
+        "activation": activation,
+        "top_k": top_k,
         "seed": 3,
-        "macs_per_token": 2 * d_model * d_ff,
+        "macs_per_token": 2 * top_k * d_model * d_ff,
+    }
+
+
+def family_shapes(n: int, seed: int) -> list[dict[str, Any]]:
+    """n model shapes drawn from `seed` (see the module docstring, --family)."""
+    rng = np.random.default_rng(seed)
+    shapes = []
+    for i in range(n):
+        d_model = int(rng.integers(16, 193))
+        d_ff = int(rng.integers(16, 513))
+        if i == 0:  # one shape odd by odd: every kernel's tails at once
+            d_model, d_ff = d_model | 1, d_ff | 1
+        act = FAMILY_ACTIVATIONS[i % len(FAMILY_ACTIVATIONS)]
+        shapes.append(model_shape(False, d_model, d_ff, act, 1 + i % 2))
+    return shapes
+
+
+def shape_label(shape: dict[str, Any]) -> str:
+    """d_model x d_ff, activation, k: one table cell."""
+    return f"{shape['d_model']}x{shape['d_ff']} {shape['activation']} k{shape['top_k']}"
+
+
+def family_summary(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """min / median / max of every column over a board and scheme's measured shapes, and the
+    shape whose whole-pass slope is the largest (results: (shape, measure_scheme's result))."""
+    done = [(shape, res) for shape, res in results if "skipped" not in res]
+    if not done:
+        return {"skipped": "no shape of the family was measured"}
+    stats = {}
+    for c in COLUMNS:
+        v = np.array([res["instr_per_mac"][c] for _, res in done])
+        stats[c] = {"min": float(v.min()), "median": float(np.median(v)), "max": float(v.max())}
+    worst_shape, worst = max(done, key=lambda sr: sr[1]["instr_per_mac"]["slope"])
+    return {
+        "shapes": len(done),
+        "skipped": len(results) - len(done),
+        "stats": stats,
+        "worst": {"shape": shape_label(worst_shape), "instr_per_mac": worst["instr_per_mac"]},
     }
 
 
@@ -269,6 +320,46 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_family(report: dict[str, Any]) -> str:
+    """The --family table: every shape's columns, then min / median / max per board and scheme."""
+    fam = report["family"]
+    lines = [
+        f"Expert kernels and forward pass, instructions / MAC, over a family of {fam['n']} "
+        f"shapes (seed {fam['seed']}; toy seed layout, 2 experts; columns as in the one-shape "
+        "table)",
+        "",
+        f"{'board':11} {'scheme':6} {'shape':24} " + " ".join(f"{c:>9}" for c in COLUMNS),
+    ]
+    for name, entry in report["boards"].items():
+        if "skipped" in entry:
+            lines.append(f"{name:11} {short_reason(entry['skipped'])}")
+            continue
+        for scheme, per_shape in entry["schemes"].items():
+            for i, res in enumerate(per_shape):
+                head = f"{name:11} {scheme:6} {shape_label(fam['shapes'][i]):24} "
+                if "skipped" in res:
+                    lines.append(head + short_reason(res["skipped"]))
+                    continue
+                lines.append(head + " ".join(f"{res['instr_per_mac'][c]:>9.2f}" for c in COLUMNS))
+    lines += ["", "Over the family: min / median / max per column; worst: the largest slope"]
+    for name, entry in report["boards"].items():
+        for scheme, summ in entry.get("summary", {}).items():
+            if "stats" not in summ:
+                lines.append(f"{name:11} {scheme:6} {summ['skipped']}")
+                continue
+            for stat in ("min", "median", "max"):
+                lines.append(
+                    f"{name:11} {scheme:6} {stat:24} "
+                    + " ".join(f"{summ['stats'][c][stat]:>9.2f}" for c in COLUMNS)
+                )
+            w = summ["worst"]
+            lines.append(
+                f"{name:11} {scheme:6} {'worst: ' + w['shape']:24} "
+                + " ".join(f"{w['instr_per_mac'][c]:>9.2f}" for c in COLUMNS)
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_board_argument(
@@ -281,11 +372,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the table as JSON to this path")
     p.add_argument("--tiny", action="store_true", help="small model, short router run (tests)")
     p.add_argument("--no-router", action="store_true", help="leave the router columns out")
+    p.add_argument(
+        "--family",
+        type=int,
+        metavar="N",
+        help="measure N seeded random shapes (odd sizes, relu / silu / gelu, k 1 / 2) instead of "
+        "the one; no router",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the --family generator's seed (default 0)")
     p.add_argument("--workdir", default=str(ROOT / "build" / "kernels_table"))
     a = p.parse_args(argv)
-    shape = model_shape(a.tiny)
+    if a.family is not None and (a.family < 1 or a.tiny):
+        p.error("--family takes N >= 1 and does not go with --tiny")
+    shapes = family_shapes(a.family, a.seed) if a.family else [model_shape(a.tiny)]
     report: dict[str, Any] = {
-        "model": shape,
+        "model": shapes[0],
         "definitions": {
             **{
                 f"kernel@{n}": "instructions inside the calls of the generated expert kernels "
@@ -307,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "boards": {},
     }
-    work = Path(a.workdir) / ("tiny" if a.tiny else "full")
+    if a.family:
+        report["family"] = {"n": a.family, "seed": a.seed, "shapes": shapes}
+        work = Path(a.workdir) / f"family{a.family}-seed{a.seed}"
+    else:
+        work = Path(a.workdir) / ("tiny" if a.tiny else "full")
     for name in a.board or BOARDS:
         board = load_board(name)
         ok, why = board.can_build()
@@ -323,17 +428,30 @@ def main(argv: list[str] | None = None) -> int:
         }
         report["boards"][name] = entry
         for scheme in a.scheme or SCHEMES:
-            try:
-                res = measure_scheme(board, scheme, shape, work / name)
-            except ColibriError as exc:
-                print(f"colibri: {name} {scheme}: {exc}", file=sys.stderr)
-                return 1
-            entry["schemes"][scheme] = res
-            shown = res.get("skipped") or {k: round(v, 2) for k, v in res["instr_per_mac"].items()}
-            print(f"{name} {scheme}: {shown}", file=sys.stderr, flush=True)
-        if not a.no_router:
+            results = []
+            for i, shape in enumerate(shapes):
+                where = work / name / f"shape{i}" if a.family else work / name
+                try:
+                    res = measure_scheme(board, scheme, shape, where)
+                except ColibriError as exc:
+                    print(f"colibri: {name} {scheme}: {exc}", file=sys.stderr)
+                    return 1
+                results.append(res)
+                shown = res.get("skipped") or {
+                    k: round(v, 2) for k, v in res["instr_per_mac"].items()
+                }
+                label = f" {shape_label(shape)}" if a.family else ""
+                print(f"{name} {scheme}{label}: {shown}", file=sys.stderr, flush=True)
+            if a.family:
+                entry["schemes"][scheme] = results
+                entry.setdefault("summary", {})[scheme] = family_summary(
+                    list(zip(shapes, results, strict=True))
+                )
+            else:
+                entry["schemes"][scheme] = results[0]
+        if not a.no_router and not a.family:
             entry["router"] = measure_router(board, a.tiny, work / name / "router")
-    text = render(report)
+    text = render_family(report) if a.family else render(report)
     print(text)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2) + "\n")

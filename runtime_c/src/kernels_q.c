@@ -9,16 +9,16 @@
  * VPADAL, 16 MACs; SDOT where the core has the dot-product extension, __ARM_FEATURE_DOTPROD),
  * SSE2 on x86-64 hosts (PMADDWD, 16 MACs), the 32-bit SIMD / DSP extension (Cortex-M4 / M7, and
  * int4 blocks on the M55: SXTB16 + SMLAD, 2 MACs), the Xtensa MAC16 option where the board says
- * the core has it (COLIBRI_XTENSA_MAC16: ESP32-S3; 40-bit accumulator, 16 x 16-bit MULA), else
- * portable C; each path is a header of runtime_c/arch/<isa>/ (arm_mve, arm_neon, arm_simd32,
- * xtensa, x86_64), chosen once by kernels_isa.h, and runs through the hooks it defines. Integer
- * sums do not depend on
- * their order, so every path returns exactly what the portable loop returns (tests/platform/
- * kernels.c and refkernels.c check it on every board). On Neon cores kernels_neon.h adds the int4
- * blocks, the hardware fp16 conversion, and the fp16 and int4 x fp32 matvecs (four rows per
- * register on aarch64), each bit-identical to the portable C (the same float operations in the same
- * order per row); a signalling-NaN fp16 converts to a quiet NaN there (the portable code keeps its
- * bits).
+ * the core has it (COLIBRI_XTENSA_MAC16: ESP32-S3; 40-bit accumulator, 16 x 16-bit MULA: int8
+ * dot products, and int4 blocks against activations expanded once per matvec), else portable C
+ * (on Xtensa cores with an FPU with a faster exact fp16 conversion); each path is a header of
+ * runtime_c/arch/<isa>/ (arm_mve, arm_neon, arm_simd32, xtensa, x86_64), chosen once by
+ * kernels_isa.h, and runs through the hooks it defines. Integer sums do not depend on their order,
+ * so every path returns exactly what the portable loop returns (tests/platform/kernels.c and
+ * refkernels.c check it on every board). On Neon cores kernels_neon.h adds the int4 blocks, the
+ * hardware fp16 conversion, and the fp16 and int4 x fp32 matvecs (four rows per register on
+ * aarch64), each bit-identical to the portable C (the same float operations in the same order per
+ * row); a signalling-NaN fp16 converts to a quiet NaN there (the portable code keeps its bits).
  */
 #include "colibri_math.h"
 #include "colibri_quant.h"
@@ -35,6 +35,8 @@ float colibri_f16_to_f32(uint16_t h)
 {
 #if defined(COLIBRI_F16_NEON)
     return colibri_neon_f16_to_f32(h);
+#elif defined(COLIBRI_ISA_F16_TO_F32)
+    return COLIBRI_ISA_F16_TO_F32(h);
 #else
     return colibri_f16_to_f32_scalar(h);
 #endif
@@ -46,6 +48,9 @@ void colibri_matvec_f16_f32(const uint16_t *w, const float *x, float *y, int32_t
     COLIBRI_X86_KERNEL(matvec_f16_f32, (w, x, y, n_out, n_in));
 #if defined(COLIBRI_F16_NEON)
     colibri_neon_matvec_f16_f32(w, x, y, n_out, n_in);
+    return;
+#elif defined(COLIBRI_ISA_MATVEC_F16_F32)
+    COLIBRI_ISA_MATVEC_F16_F32(w, x, y, n_out, n_in);
     return;
 #endif
     for (int32_t o = 0; o < n_out; o++) {
@@ -206,6 +211,10 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
                           int32_t n_out, int32_t n_in)
 {
     COLIBRI_X86_KERNEL(matvec_q4_q8, (w, xq, sx, y, n_out, n_in));
+#if defined(COLIBRI_ISA_MATVEC_Q4_Q8)
+    COLIBRI_ISA_MATVEC_Q4_Q8(w, xq, sx, y, n_out, n_in);
+    return;
+#endif
     const size_t nb = COLIBRI_Q4_BLOCKS(n_in);
     for (int32_t o = 0; o < n_out; o++) {
         const colibri_block_q4_32 *row = w + (size_t)o * nb;

@@ -30,7 +30,11 @@
  *    subnormals included) and a VFMA in fp32 lanes, so each row sums in four partial sums; the
  *    last n_in % 4 inputs and n_out % 4 rows in C. Helium flushes subnormal fp32 values to zero
  *    (products and sums below 2^-126 are lost): within the tolerance, which is relative to the
- *    largest output. Other cores call the library (exact portable conversion).
+ *    largest output. Xtensa cores with an FPU (ESP32-S3): four rows per pass, one LSI of x[i]
+ *    for the four, each weight converted by colibri_qf_xt_f16 (exact: the steps of
+ *    runtime_c/arch/xtensa/kernels_xtensa_f16.h, a sign-extending load, a shift, an and, an add
+ *    and two tests on the fast path) and added by MADD.S (fused), one sum per row in input
+ *    order. Other cores call the library (exact portable conversion).
  * Preconditions: y does not overlap x or w; for c8 (fp32 or fp16), n_out % 8 == 0 and
  * n_in % 4 == 0, n_in > 0 (colibri.quant.formats.c8_fits), and an fp16 c8 matrix is 4-byte
  * aligned (the weight blob aligns every tensor to 16).
@@ -40,6 +44,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "colibri_quant.h"
 
@@ -49,6 +54,8 @@
 #elif defined(__ARM_ARCH_7EM__) && defined(__ARM_FP) && (__ARM_FP & 4) &&                          \
     defined(__ARM_FEATURE_FMA) && !defined(__ARM_NEON)
 #define COLIBRI_QF_VFP 1
+#elif defined(__XTENSA__) && !defined(__XTENSA_SOFT_FLOAT__)
+#define COLIBRI_QF_XTENSA 1
 #endif
 
 #ifdef __cplusplus
@@ -332,10 +339,68 @@ COLIBRI_QF_INLINE float colibri_qf_f16_row(const uint16_t *w, const float *x, in
 }
 #endif
 
+#if defined(COLIBRI_QF_XTENSA)
+/** The fp32 of the given bits (WFR: not through memory). */
+COLIBRI_QF_INLINE float colibri_qf_xt_bits(uint32_t bits)
+{
+    float f;
+    __asm__("wfr %0, %1" : "=f"(f) : "a"(bits));
+    return f;
+}
+
+/** fp16 bits to fp32, exact for every pattern (kernels_xtensa_f16.h's colibri_xt_f16_to_f32:
+ *  the sign-extended bits shifted left by 13, bits 28..30 cleared, + 112 << 23 for a normal
+ *  exponent, tested as exponent + 1 in 2..31; infinities and NaNs + 224 << 23, subnormals and
+ *  zeros 1.m * 2^-14 - 2^-14, the sign or-ed in after). */
+COLIBRI_QF_INLINE float colibri_qf_xt_f16(uint16_t h)
+{
+    const uint32_t bits = ((uint32_t)(int32_t)(int16_t)h << 13) & 0x8FFFFFFFu;
+    const uint32_t next = bits + 0x00800000u;
+    if (__builtin_expect((next & 0x0F000000u) == 0u, 0)) {
+        if ((bits & 0x0F800000u) != 0u) {
+            return colibri_qf_xt_bits(bits + 0x70000000u); /* infinity, NaN */
+        }
+        const float f = colibri_qf_xt_bits((bits & 0x0FFFFFFFu) + 0x38800000u) - 6.103515625e-05f;
+        uint32_t mag;
+        memcpy(&mag, &f, sizeof mag);
+        return colibri_qf_xt_bits(mag | (bits & 0x80000000u));
+    }
+    return colibri_qf_xt_bits(next + 0x37800000u);
+}
+
+/** acc + a * b, fused (MADD.S). */
+COLIBRI_QF_INLINE float colibri_qf_xt_madd(float acc, float a, float b)
+{
+    __asm__("madd.s %0, %1, %2" : "+f"(acc) : "f"(a), "f"(b));
+    return acc;
+}
+
+/** Four rows of colibri_qf_f16_f32 from row pointer w (stride n_in), one x load for the four. */
+COLIBRI_QF_INLINE void colibri_qf_xt_rows4(const uint16_t *w, const float *x, float *y,
+                                           int32_t n_in)
+{
+    const uint16_t *w1 = w + (size_t)n_in;
+    const uint16_t *w2 = w1 + (size_t)n_in;
+    const uint16_t *w3 = w2 + (size_t)n_in;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    for (int32_t i = 0; i < n_in; i++) {
+        const float xi = x[i];
+        a0 = colibri_qf_xt_madd(a0, colibri_qf_xt_f16(w[i]), xi);
+        a1 = colibri_qf_xt_madd(a1, colibri_qf_xt_f16(w1[i]), xi);
+        a2 = colibri_qf_xt_madd(a2, colibri_qf_xt_f16(w2[i]), xi);
+        a3 = colibri_qf_xt_madd(a3, colibri_qf_xt_f16(w3[i]), xi);
+    }
+    y[0] = a0;
+    y[1] = a1;
+    y[2] = a2;
+    y[3] = a3;
+}
+#endif
+
 /**
  * @brief colibri_matvec_f16_f32 (y[o] = sum_i (float)w[o][i] * x[i], w fp16 [n_out][n_in]),
  *        within the fp32 tolerance: on Helium with hardware conversion and fused multiply-adds,
- *        elsewhere the library itself.
+ *        on Xtensa FPUs with MADD.S, elsewhere the library itself.
  */
 COLIBRI_QF_INLINE void colibri_qf_f16_f32(const uint16_t *w, const float *x, float *y,
                                           int32_t n_out, int32_t n_in)
@@ -347,6 +412,19 @@ COLIBRI_QF_INLINE void colibri_qf_f16_f32(const uint16_t *w, const float *x, flo
     }
     for (int32_t o = full; o < n_out; o++) { /* the last 1..3 rows */
         y[o] = colibri_qf_f16_row(w + (size_t)o * (size_t)n_in, x, n_in);
+    }
+#elif defined(COLIBRI_QF_XTENSA)
+    const int32_t full = n_out / 4 * 4;
+    for (int32_t o = 0; o < full; o += 4) {
+        colibri_qf_xt_rows4(w + (size_t)o * (size_t)n_in, x, y + o, n_in);
+    }
+    for (int32_t o = full; o < n_out; o++) { /* the last 1..3 rows */
+        const uint16_t *row = w + (size_t)o * (size_t)n_in;
+        float a0 = 0.0f;
+        for (int32_t i = 0; i < n_in; i++) {
+            a0 = colibri_qf_xt_madd(a0, colibri_qf_xt_f16(row[i]), x[i]);
+        }
+        y[o] = a0;
     }
 #else
     colibri_matvec_f16_f32(w, x, y, n_out, n_in);

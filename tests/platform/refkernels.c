@@ -5,7 +5,10 @@
  *        CPUID level of runtime_c/arch/x86_64 the CPU has, and the packed AVX-512 VNNI matrices)
  *        against its portable twin of kernels_q_ref.c, on seeded random shapes with tails:
  *        n_in not a multiple of the block (or of the tiles), odd n_out, 1..9 tokens, a row stride
- *        wider than n_out. Integer and float kernels alike must match bit for bit (the float
+ *        wider than n_out; and the int4 x int8 block sum and matvec on extreme values: nibbles all
+ *        0, all 15 or mixed, codes all -128, all 127 or alternating, every block alignment (qs at
+ *        2 or 0 mod 4), activations at every byte offset, every partial block length 1..32.
+ *        Integer and float kernels alike must match bit for bit (the float
  *        kernels keep the documented order of operations; a NaN need only stay a NaN). Prints
  *        "colibri refkernels: N checks, M failed, K kernels, levels ..." and returns 0 when
  *        nothing failed; the first mismatches are printed with kernel, level, shape, index,
@@ -293,6 +296,64 @@ static void rk_compare(int32_t n_out, int32_t n_in, int32_t n_tok)
     rk_int("argmax_f32 inf", n, colibri_argmax_f32(rk_x, n), colibri_argmax_f32_ref(rk_x, n));
 }
 
+/* The int4 x int8 kernels on extreme operands (the MAC16 path's halves at their limits): the
+ * matrix rk_w4 [RK_OUT][RK_NB4] with nibble pattern kind (0: all 0, 1: all 15, 2: 0 / 15 by
+ * byte, 3: 0x0F / 0xF0 by byte), the codes rk_xq2 with pattern xk (0: -128, 1: 127, 2: -128 /
+ * 127 alternating, 3: 127 / -128 / -128 / 127), read from byte offset off. */
+static void rk_q4_extremes(void)
+{
+    static const uint8_t nib[4][2] = {
+        {0x00u, 0x00u}, {0xFFu, 0xFFu}, {0x00u, 0xFFu}, {0x0Fu, 0xF0u}};
+    static const int8_t codes[4][4] = {{-128, -128, -128, -128},
+                                       {127, 127, 127, 127},
+                                       {-128, 127, -128, 127},
+                                       {127, -128, -128, 127}};
+    for (int32_t kind = 0; kind < 4; kind++) {
+        for (int32_t i = 0; i < RK_OUT * RK_NB4; i++) {
+            for (int32_t j = 0; j < COLIBRI_QK4 / 2; j++) {
+                rk_w4[i].qs[j] = nib[kind][(i + j) & 1];
+            }
+            rk_w4[i].d = (uint16_t)(0x3C00u + (uint32_t)i % 64u); /* 1.0 .. 1.06 */
+        }
+        for (int32_t xk = 0; xk < 4; xk++) {
+            for (int32_t i = 0; i < RK_TOK * RK_IN; i++) {
+                rk_xq2[i] = codes[xk][i & 3];
+            }
+            for (int32_t i = 0; i < RK_TOK * RK_NB8; i++) {
+                rk_sx[i] = 0.001f * (float)(1 + i % 7);
+            }
+            for (int32_t off = 0; off < 4; off++) {
+                const int8_t *xq = rk_xq2 + off;
+                rk_shape[0] = kind;
+                rk_shape[1] = xk;
+                rk_shape[2] = off;
+                /* blocks 0 and 1: qs 2-byte and 4-byte aligned (18-byte blocks), every length */
+                for (int32_t b = 0; b < 2; b++) {
+                    for (int32_t n = 1; n <= COLIBRI_QK4; n++) {
+                        rk_int("dot_q4_q8 extremes", n, colibri_dot_q4_q8(rk_w4 + b, xq, n),
+                               colibri_dot_q4_q8_ref(rk_w4 + b, xq, n));
+                    }
+                }
+                /* matvecs: a short last block (n_in 99: 3 inputs), whole blocks (96; 128 and
+                 * 256: one and two whole chunks of the MAC16 matvec), longer last blocks (84,
+                 * 148: 20 inputs), odd row counts, as many rows as rk_w4 holds */
+                static const int32_t n_ins[6] = {
+                    RK_IN - 1,       3 * COLIBRI_QK4,      2 * COLIBRI_QK4 + 20,
+                    4 * COLIBRI_QK4, 4 * COLIBRI_QK4 + 20, 8 * COLIBRI_QK4};
+                for (int32_t k = 0; k < 6; k++) {
+                    const int32_t n_in = n_ins[k];
+                    const int32_t nb = (int32_t)COLIBRI_Q4_BLOCKS(n_in);
+                    const int32_t n_out = RK_OUT * RK_NB4 / nb - k;
+                    rk_clear();
+                    colibri_matvec_q4_q8(rk_w4, xq, rk_sx, rk_y, n_out, n_in);
+                    colibri_matvec_q4_q8_ref(rk_w4, xq, rk_sx, rk_yref, n_out, n_in);
+                    rk_floats("matvec_q4_q8 extremes", rk_y, rk_yref, n_out);
+                }
+            }
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -304,6 +365,7 @@ int main(int argc, char **argv)
         const float want = colibri_f16_to_f32_ref((uint16_t)h);
         rk_floats("f16_to_f32", &got, &want, 1);
     }
+    rk_q4_extremes();
     uint32_t levels = 0;
     const int32_t start = colibri_kernel_level();
     for (int32_t s = 0; s < RK_SHAPES; s++) {

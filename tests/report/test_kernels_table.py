@@ -88,3 +88,25 @@ def test_kernels_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert router["route_gate_vs_plain"] == pytest.approx(
             per_token["plain"] / per_token["route_gate"]
         )
+
+
+def test_family_shapes_and_summary() -> None:
+    """--family: the same seed gives the same shapes; the first is odd by odd; activations and
+    top-k cycle; MACs count k experts; the summary's min / median / max and worst shape."""
+    shapes = kernels_table.family_shapes(6, 0)
+    assert shapes == kernels_table.family_shapes(6, 0)
+    assert shapes != kernels_table.family_shapes(6, 1)
+    assert shapes[0]["d_model"] % 2 == 1 and shapes[0]["d_ff"] % 2 == 1
+    assert [s["activation"] for s in shapes] == ["relu", "silu", "gelu"] * 2
+    assert [s["top_k"] for s in shapes] == [1, 2] * 3
+    for s in shapes:
+        assert 16 <= s["d_model"] <= 192 and 16 <= s["d_ff"] <= 512
+        assert s["macs_per_token"] == 2 * s["top_k"] * s["d_model"] * s["d_ff"]
+    results = [
+        {"instr_per_mac": {c: float(i + 1) for c in kernels_table.COLUMNS}} for i in range(3)
+    ]
+    results.append({"skipped": "does not fit"})
+    summary = kernels_table.family_summary(list(zip(shapes[:4], results, strict=True)))
+    assert (summary["shapes"], summary["skipped"]) == (3, 1)
+    assert summary["stats"]["slope"] == {"min": 1.0, "median": 2.0, "max": 3.0}
+    assert summary["worst"]["shape"] == kernels_table.shape_label(shapes[2])
