@@ -299,7 +299,8 @@ static void rk_compare(int32_t n_out, int32_t n_in, int32_t n_tok)
 /* The int4 x int8 kernels on extreme operands (the MAC16 path's halves at their limits): the
  * matrix rk_w4 [RK_OUT][RK_NB4] with nibble pattern kind (0: all 0, 1: all 15, 2: 0 / 15 by
  * byte, 3: 0x0F / 0xF0 by byte), the codes rk_xq2 with pattern xk (0: -128, 1: 127, 2: -128 /
- * 127 alternating, 3: 127 / -128 / -128 / 127), read from byte offset off. */
+ * 127 alternating, 3: 127 / -128 / -128 / 127), read from byte offset off; and the int8 dot
+ * product of those codes at offset off (a row at any alignment) with the aligned ones. */
 static void rk_q4_extremes(void)
 {
     static const uint8_t nib[4][2] = {
@@ -327,6 +328,14 @@ static void rk_q4_extremes(void)
                 rk_shape[0] = kind;
                 rk_shape[1] = xk;
                 rk_shape[2] = off;
+                if (kind == 0) { /* int8 rows at every byte offset against aligned codes */
+                    for (int32_t n = 1; n <= RK_IN - 4; n++) {
+                        rk_int("dot_q8 extremes", n, colibri_dot_q8(xq, rk_xq2, n),
+                               colibri_dot_q8_ref(xq, rk_xq2, n));
+                        rk_int("dot_q8 extremes, swapped", n, colibri_dot_q8(rk_xq2, xq, n),
+                               colibri_dot_q8_ref(rk_xq2, xq, n));
+                    }
+                }
                 /* blocks 0 and 1: qs 2-byte and 4-byte aligned (18-byte blocks), every length */
                 for (int32_t b = 0; b < 2; b++) {
                     for (int32_t n = 1; n <= COLIBRI_QK4; n++) {

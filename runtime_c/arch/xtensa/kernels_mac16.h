@@ -80,15 +80,99 @@ static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *
 }
 #undef CLB_MAC16_WORD
 
-/** @brief acc of a[0..i) . b[0..i): the multiple-of-4 head of n when a and b are 4-byte aligned
- *         (else nothing: i = 0). */
+/* The same with a not 4-byte aligned (a row of a matrix whose n_in is not a multiple of 4; b,
+ * the activation row, is aligned): the funnel shifter realigns it. SSA8L sets SAR from a's
+ * address, and SRC takes the four bytes at a from the aligned words around them, (hi:lo) >> SAR;
+ * the aligned words read lie within the 4-byte words that hold a's bytes, so nothing outside
+ * them is touched. w0 carries the aligned word before each pair, w1 and w0 alternate. SAR is set
+ * in each asm statement: GCC sets it right before each shift of its own and keeps nothing in it,
+ * so it needs no clobber, but its shifts between the statements change it. */
+#define CLB_MAC16_UWORD(off, lo, hi)                                                               \
+    "l32i   %[" #hi "], %[pa], " #off "+4\n\t"                                                     \
+    "src    %[x], %[" #hi "], %[" #lo "]\n\t"                                                      \
+    "l32i   %[y], %[pb], " #off "\n\t"                                                             \
+    "and    %[xh], %[x], %[m]\n\t"                                                                 \
+    "and    %[yh], %[y], %[m]\n\t"                                                                 \
+    "slli   %[x], %[x], 8\n\t"                                                                     \
+    "slli   %[y], %[y], 8\n\t"                                                                     \
+    "and    %[x], %[x], %[m]\n\t"                                                                  \
+    "and    %[y], %[y], %[m]\n\t"                                                                  \
+    "mula.aa.hh %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.ll %[xh], %[yh]\n\t"                                                                  \
+    "mula.aa.hh %[x], %[y]\n\t"                                                                    \
+    "mula.aa.ll %[x], %[y]\n\t"
+
+static inline __attribute__((always_inline)) int32_t dot_q8_mac16_u(const int8_t *a,
+                                                                    const int8_t *b, int32_t n)
+{
+    /* pa: the aligned word holding a[0]; w0: that word */
+    const int8_t *pa = (const int8_t *)((uintptr_t)a & ~(uintptr_t)3u);
+    const int8_t *pb = b;
+    const uint32_t mask = 0xFF00FF00u;
+    const uint32_t sar = (uint32_t)(uintptr_t)a;
+    uint32_t w0 = *(const uint32_t *)(const void *)pa;
+    int32_t acc = 0;
+    for (int32_t left = n; left > 0;) {
+        const int32_t words = (left < 256 ? left : 256) / 4;
+        int32_t pairs = words / 2;
+        uint32_t x;
+        uint32_t y;
+        uint32_t xh;
+        uint32_t yh;
+        uint32_t w1;
+        __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+        if (pairs > 0) {
+            __asm__ volatile(
+                "ssa8l  %[s]\n\t"
+                "1:\n\t" CLB_MAC16_UWORD(0, w0, w1)
+                    CLB_MAC16_UWORD(4, w1, w0) "addi   %[pa], %[pa], 8\n\t"
+                                               "addi   %[pb], %[pb], 8\n\t"
+                                               "addi   %[q], %[q], -1\n\t"
+                                               "bnez   %[q], 1b"
+                : [pa] "+a"(pa), [pb] "+a"(pb), [q] "+a"(pairs), [w0] "+a"(w0), [w1] "=&a"(w1),
+                  [x] "=&a"(x), [y] "=&a"(y), [xh] "=&a"(xh), [yh] "=&a"(yh)
+                : [m] "a"(mask), [s] "a"(sar)
+                : "memory");
+        }
+        if ((words & 1) != 0) {
+            __asm__ volatile(
+                "ssa8l  %[s]\n\t" CLB_MAC16_UWORD(0, w0, w1) "mov    %[w0], %[w1]\n\t"
+                                                             "addi   %[pa], %[pa], 4\n\t"
+                                                             "addi   %[pb], %[pb], 4"
+                : [pa] "+a"(pa), [pb] "+a"(pb), [w0] "+a"(w0), [w1] "=&a"(w1), [x] "=&a"(x),
+                  [y] "=&a"(y), [xh] "=&a"(xh), [yh] "=&a"(yh)
+                : [m] "a"(mask), [s] "a"(sar)
+                : "memory");
+        }
+        uint32_t lo;
+        uint32_t hi;
+        __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
+        const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
+        acc += (int32_t)(piece << 8) >> 8;
+        left -= words * 4;
+    }
+    return acc;
+}
+#undef CLB_MAC16_UWORD
+
+/** @brief acc of a[0..i) . b[0..i): the multiple-of-4 head of n when a or b is 4-byte aligned
+ *         (the other at any address: a row of a matrix, or a token's activations in a group,
+ *         whose n_in is not a multiple of 4); else nothing: i = 0. */
 static inline __attribute__((always_inline)) int32_t
 colibri_mac16_dot_q8(const int8_t *a, const int8_t *b, int32_t n, int32_t *pi)
 {
     int32_t acc = 0;
     int32_t i = 0;
-    if ((((uintptr_t)a | (uintptr_t)b) & 3u) == 0) {
-        acc = dot_q8_mac16(a, b, n & ~3);
+    const uint32_t ma = (uint32_t)(uintptr_t)a & 3u;
+    const uint32_t mb = (uint32_t)(uintptr_t)b & 3u;
+    if (n >= 4 && (ma == 0u || mb == 0u)) {
+        if (ma == 0u && mb == 0u) {
+            acc = dot_q8_mac16(a, b, n & ~3);
+        } else if (mb == 0u) {
+            acc = dot_q8_mac16_u(a, b, n & ~3);
+        } else {
+            acc = dot_q8_mac16_u(b, a, n & ~3); /* the same integer sum */
+        }
         i = n & ~3;
     }
     *pi = i;
