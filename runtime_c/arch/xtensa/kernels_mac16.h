@@ -102,8 +102,7 @@ static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *
     "mula.aa.hh %[x], %[y]\n\t"                                                                    \
     "mula.aa.ll %[x], %[y]\n\t"
 
-static inline __attribute__((always_inline)) int32_t dot_q8_mac16_u(const int8_t *a,
-                                                                    const int8_t *b, int32_t n)
+static __attribute__((noinline)) int32_t dot_q8_mac16_u(const int8_t *a, const int8_t *b, int32_t n)
 {
     /* pa: the aligned word holding a[0]; w0: that word */
     const int8_t *pa = (const int8_t *)((uintptr_t)a & ~(uintptr_t)3u);
@@ -163,16 +162,12 @@ colibri_mac16_dot_q8(const int8_t *a, const int8_t *b, int32_t n, int32_t *pi)
 {
     int32_t acc = 0;
     int32_t i = 0;
-    const uint32_t ma = (uint32_t)(uintptr_t)a & 3u;
-    const uint32_t mb = (uint32_t)(uintptr_t)b & 3u;
-    if (n >= 4 && (ma == 0u || mb == 0u)) {
-        if (ma == 0u && mb == 0u) {
-            acc = dot_q8_mac16(a, b, n & ~3);
-        } else if (mb == 0u) {
-            acc = dot_q8_mac16_u(a, b, n & ~3);
-        } else {
-            acc = dot_q8_mac16_u(b, a, n & ~3); /* the same integer sum */
-        }
+    if ((((uintptr_t)a | (uintptr_t)b) & 3u) == 0u) { /* the common case first: one test */
+        acc = dot_q8_mac16(a, b, n & ~3);
+        i = n & ~3;
+    } else if (n >= 4 && ((((uintptr_t)a & 3u) == 0u) || (((uintptr_t)b & 3u) == 0u))) {
+        const int b_aligned = ((uintptr_t)b & 3u) == 0u; /* the same sum either way round */
+        acc = dot_q8_mac16_u(b_aligned ? a : b, b_aligned ? b : a, n & ~3);
         i = n & ~3;
     }
     *pi = i;
