@@ -334,6 +334,9 @@ static void rk_q4_extremes(void)
                                colibri_dot_q8_ref(xq, rk_xq2, n));
                         rk_int("dot_q8 extremes, swapped", n, colibri_dot_q8(rk_xq2, xq, n),
                                colibri_dot_q8_ref(rk_xq2, xq, n));
+                        /* against codes at offset 1: both misaligned (same or other offsets) */
+                        rk_int("dot_q8 extremes, both", n, colibri_dot_q8(xq, rk_xq2 + 5, n),
+                               colibri_dot_q8_ref(xq, rk_xq2 + 5, n));
                     }
                 }
                 /* blocks 0 and 1: qs 2-byte and 4-byte aligned (18-byte blocks), every length */

@@ -154,9 +154,67 @@ static __attribute__((noinline)) int32_t dot_q8_mac16_u(const int8_t *a, const i
 }
 #undef CLB_MAC16_UWORD
 
-/** @brief acc of a[0..i) . b[0..i): the multiple-of-4 head of n when a or b is 4-byte aligned
- *         (the other at any address: a row of a matrix, or a token's activations in a group,
- *         whose n_in is not a multiple of 4); else nothing: i = 0. */
+/* Both a and b misaligned, at different offsets (a token's activations in a group against a row,
+ * n_in not a multiple of 4): each realigned as in dot_q8_mac16_u, SAR switched between the two
+ * (one word a step: the carried words wa / wb, the new ones loaded into xh / yh first). */
+static __attribute__((noinline)) int32_t dot_q8_mac16_uu(const int8_t *a, const int8_t *b,
+                                                         int32_t n)
+{
+    const int8_t *pa = (const int8_t *)((uintptr_t)a & ~(uintptr_t)3u);
+    const int8_t *pb = (const int8_t *)((uintptr_t)b & ~(uintptr_t)3u);
+    const uint32_t mask = 0xFF00FF00u;
+    const uint32_t sa = (uint32_t)(uintptr_t)a;
+    const uint32_t sb = (uint32_t)(uintptr_t)b;
+    uint32_t wa = *(const uint32_t *)(const void *)pa;
+    uint32_t wb = *(const uint32_t *)(const void *)pb;
+    int32_t acc = 0;
+    for (int32_t left = n; left > 0;) {
+        int32_t words = (left < 256 ? left : 256) / 4;
+        left -= words * 4;
+        uint32_t x;
+        uint32_t y;
+        uint32_t xh;
+        uint32_t yh;
+        __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+        __asm__ volatile("1:\n\t"
+                         "l32i   %[xh], %[pa], 4\n\t"
+                         "ssa8l  %[sa]\n\t"
+                         "src    %[x], %[xh], %[wa]\n\t"
+                         "mov    %[wa], %[xh]\n\t"
+                         "l32i   %[yh], %[pb], 4\n\t"
+                         "ssa8l  %[sb]\n\t"
+                         "src    %[y], %[yh], %[wb]\n\t"
+                         "mov    %[wb], %[yh]\n\t"
+                         "and    %[xh], %[x], %[m]\n\t"
+                         "and    %[yh], %[y], %[m]\n\t"
+                         "slli   %[x], %[x], 8\n\t"
+                         "slli   %[y], %[y], 8\n\t"
+                         "and    %[x], %[x], %[m]\n\t"
+                         "and    %[y], %[y], %[m]\n\t"
+                         "mula.aa.hh %[xh], %[yh]\n\t"
+                         "mula.aa.ll %[xh], %[yh]\n\t"
+                         "mula.aa.hh %[x], %[y]\n\t"
+                         "mula.aa.ll %[x], %[y]\n\t"
+                         "addi   %[pa], %[pa], 4\n\t"
+                         "addi   %[pb], %[pb], 4\n\t"
+                         "addi   %[q], %[q], -1\n\t"
+                         "bnez   %[q], 1b"
+                         : [pa] "+a"(pa), [pb] "+a"(pb), [q] "+a"(words), [wa] "+a"(wa),
+                           [wb] "+a"(wb), [x] "=&a"(x), [y] "=&a"(y), [xh] "=&a"(xh), [yh] "=&a"(yh)
+                         : [m] "a"(mask), [sa] "a"(sa), [sb] "a"(sb)
+                         : "memory");
+        uint32_t lo;
+        uint32_t hi;
+        __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
+        const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
+        acc += (int32_t)(piece << 8) >> 8;
+    }
+    return acc;
+}
+
+/** @brief acc of a[0..i) . b[0..i): the multiple-of-4 head of n, a and b at any address (a row
+ *         of a matrix, or a token's activations in a group, whose n_in is not a multiple of 4,
+ *         is realigned); nothing (i = 0) when n < 4. */
 static inline __attribute__((always_inline)) int32_t
 colibri_mac16_dot_q8(const int8_t *a, const int8_t *b, int32_t n, int32_t *pi)
 {
@@ -165,9 +223,14 @@ colibri_mac16_dot_q8(const int8_t *a, const int8_t *b, int32_t n, int32_t *pi)
     if ((((uintptr_t)a | (uintptr_t)b) & 3u) == 0u) { /* the common case first: one test */
         acc = dot_q8_mac16(a, b, n & ~3);
         i = n & ~3;
-    } else if (n >= 4 && ((((uintptr_t)a & 3u) == 0u) || (((uintptr_t)b & 3u) == 0u))) {
-        const int b_aligned = ((uintptr_t)b & 3u) == 0u; /* the same sum either way round */
-        acc = dot_q8_mac16_u(b_aligned ? a : b, b_aligned ? b : a, n & ~3);
+    } else if (n >= 4) {
+        const uint32_t ma = (uint32_t)(uintptr_t)a & 3u;
+        const uint32_t mb = (uint32_t)(uintptr_t)b & 3u;
+        if (ma != 0u && mb != 0u) {
+            acc = dot_q8_mac16_uu(a, b, n & ~3);
+        } else { /* the same sum either way round: the misaligned one first */
+            acc = dot_q8_mac16_u(mb == 0u ? a : b, mb == 0u ? b : a, n & ~3);
+        }
         i = n & ~3;
     }
     *pi = i;
