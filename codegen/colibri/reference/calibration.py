@@ -124,8 +124,9 @@ class _LayerStats:
             self.habs[e] += np.sum(np.abs(h), axis=0)
             self.samples[e].add(xe)
 
-    def result(self, tick: Tick | None = None) -> LayerCalib:
-        """The statistics; `tick(k, n)` after each of the n stored experts."""
+    def result(self, tick: Tick | None = None, hidden_rows: bool = False) -> LayerCalib:
+        """The statistics; `tick(k, n)` after each of the n stored experts; `hidden_rows`:
+        keep each expert's hidden activations on its sample rows (--calib-method gptq)."""
         layer, c = self.layer, self.layer.config
         experts: dict[int, ExpertCalib] = {}
         stored = sorted(set(self.storage))
@@ -135,7 +136,9 @@ class _LayerStats:
             n = int(self.hits[e])
             rows = self.samples[e].array(c.d_model)
             target = ffn(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_model))
-            hrows = hidden(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_ff))
+            hrows: np.ndarray | None = None
+            if hidden_rows:
+                hrows = hidden(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_ff))
             div = max(n, 1)
             experts[e] = ExpertCalib(
                 n, self.x2[e] / div, self.h2[e] / div, self.habs[e] / div, rows, target, hrows
@@ -143,10 +146,13 @@ class _LayerStats:
         return LayerCalib(self.tokens, experts, expert_runner(layer), self.inputs.array(c.d_model))
 
 
-def layer_calibration(layer: MoELayer, x: np.ndarray, stage: Stage | None = None) -> LayerCalib:
+def layer_calibration(
+    layer: MoELayer, x: np.ndarray, stage: Stage | None = None, hidden_rows: bool = True
+) -> LayerCalib:
     """Calibration statistics of a lone MoE layer from its input rows x [T, d_model].
     `stage` (a colibri.progress line) counts the experts: the batch's statistics of each
-    expert it reaches, then each stored expert's sample outputs."""
+    expert it reaches, then each stored expert's sample outputs. `hidden_rows`: keep the
+    hidden activations of the sample rows (what --calib-method gptq needs)."""
     stats = _LayerStats(layer)
     n = stats.n_stored
     if stage is not None:
@@ -160,16 +166,20 @@ def layer_calibration(layer: MoELayer, x: np.ndarray, stage: Stage | None = None
         return update
 
     stats.add(x, tick(0, f"{x.shape[0]} tokens"))
-    return stats.result(tick(1, "statistics"))
+    return stats.result(tick(1, "statistics"), hidden_rows)
 
 
 def transformer_calibration(
-    model: MoETransformer, sequences: list[np.ndarray], stage: Stage | None = None
+    model: MoETransformer,
+    sequences: list[np.ndarray],
+    stage: Stage | None = None,
+    hidden_rows: bool = True,
 ) -> dict[int, LayerCalib]:
     """Calibration statistics of every MoE layer (by layer index) from the fp32 reference
     forward over each token-id sequence (a fresh KV cache each). `stage` (a colibri.progress
     line) counts each sequence's pass through each MoE layer, then each stored expert's
-    statistics: ``calibrate  batch 3/8  layer 2/4  expert 5/8``."""
+    statistics: ``calibrate  batch 3/8  layer 2/4  expert 5/8``. `hidden_rows`: keep each
+    expert's hidden activations on its sample rows (what --calib-method gptq needs)."""
     stats = {i: _LayerStats(layer.moe) for i, layer in enumerate(model.layers) if layer.moe}
     counter = _Counter(stage, stats, len(sequences))
     for seq in sequences:
@@ -178,7 +188,7 @@ def transformer_calibration(
     out: dict[int, LayerCalib] = {}
     for i, s in stats.items():
         counter.layer = i
-        out[i] = s.result(counter.tick_result)
+        out[i] = s.result(counter.tick_result, hidden_rows)
         counter.done += s.n_stored
     return out
 
