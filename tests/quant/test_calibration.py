@@ -277,7 +277,7 @@ def test_layer_report_states_errors_per_expert(tmp_path: Path) -> None:
     assert [e["expert"] for e in experts] == [0, 1, 2, 3]
     for e in experts:
         assert e["hits"] > 0 and e["stored"] <= e["plain"]
-        assert e["method"] in ("plain", "search", "calibrated", "compensated")
+        assert e["method"] in ("plain", "search", "calibrated", "blocks", "blocks-sample")
     text = format_accuracy(manifest["accuracy"])
     assert "expert 0 (int4):" in text and "plain ->" in text
     # without --calib the report (on seeded random tokens) states the same figures, uncalibrated
@@ -502,11 +502,8 @@ def test_default_method_runs_no_gptq_and_the_option_does(
     qd = quantise(as_model(layer), GenerateOptions(quant="int4"), calib=x)
     assert calls == []
     assert all(st.hidden_rows is None for st in qd.stats.experts.values())
-    assert {qe.calibration["method"] for qe in qd.q.experts.values()} <= {  # type: ignore[index]
-        "plain",
-        "search",
-        "calibrated",
-    }
+    methods = {qe.calibration["method"] for qe in qd.q.experts.values()}  # type: ignore[index]
+    assert methods <= {"plain", "search", "calibrated", "blocks", "blocks-sample"}, methods
     opts = GenerateOptions(quant="int4", calib_method="gptq")
     qg = quantise(as_model(layer), opts, calib=x)
     hit = [e for e, st in qg.stats.experts.items() if st.rows.shape[0] >= 32]

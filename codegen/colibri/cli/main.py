@@ -722,12 +722,12 @@ def add_quant_args(s: argparse.ArgumentParser) -> None:
         "--calib-method",
         choices=("importance", "gptq"),
         default="importance",
-        help="with --calib, how int8 / int4 experts are chosen: importance (default) weights "
-        "the scale search by each expert's activation statistics from one pass of the "
-        "calibration tokens (E[x^2] of its inputs, E[h^2] of its hidden channels) and measures "
-        "a few activation-aware folds on a sample of its tokens (seconds per model); gptq also "
-        "measures error compensation (GPTQ: a second-order solve per matrix), the uncalibrated "
-        "search and more folds on every token (minutes per large expert)",
+        help="with --calib, how int8 / int4 experts are chosen, each by its output error on "
+        "the tokens routed to it: importance (default) weights the scale search by the "
+        "expert's activation statistics from one pass of the calibration tokens (E[x^2] of its "
+        "inputs, E[h^2] of its hidden channels) and measures the plain and uncalibrated scales "
+        "and 3 activation-aware folds on a sample of those tokens; gptq adds error compensation "
+        "(GPTQ: a second-order solve per matrix) and 9 folds, measured on more tokens (slower)",
     )
     s.add_argument(
         "--max-context",

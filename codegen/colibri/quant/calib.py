@@ -50,7 +50,7 @@ from .formats import (
     quantize_expert,
     quantize_matrix,
 )
-from .gptq import gptq_matrix, hessian
+from .gptq import block_compensated_matrix, gptq_matrix, hessian
 
 #: The quantised expert on rows x [n, d_model] -> [n, d_model], as the generated C computes it.
 ExpertRunner = Callable[[QuantExpert, np.ndarray], np.ndarray]
@@ -99,6 +99,14 @@ class ExpertCalib:
     rows: np.ndarray
     target: np.ndarray
     hidden_rows: np.ndarray | None = None
+    #: Mean x_b^T x_b of the input's / hidden activation's blocks of QK4 channels over every
+    #: routed token ([nb, QK4, QK4] float64; None: not collected, then the block-compensated
+    #: candidate is not tried).
+    xblk: np.ndarray | None = None
+    hblk: np.ndarray | None = None
+    #: The same over the sample rows only (`rows`, and the hidden activations on them).
+    xblk_sample: np.ndarray | None = None
+    hblk_sample: np.ndarray | None = None
 
 
 @dataclass
@@ -194,6 +202,19 @@ def _fold_candidates(
     return out
 
 
+def _block_compensated(
+    e: Expert, base: QuantExpert, scheme: str, xb: np.ndarray, hb: np.ndarray
+) -> QuantExpert:
+    """The expert with every matrix rounded by :func:`block_compensated_matrix` (w1 / w3
+    through the input's group moments xb, w2 through the hidden activation's hb)."""
+    return replace(
+        base,
+        w1=block_compensated_matrix(e.w1.T, scheme, xb),
+        w3=block_compensated_matrix(e.w3.T, scheme, xb) if e.w3 is not None else None,
+        w2=block_compensated_matrix(e.w2.T, scheme, hb),
+    )
+
+
 def quantize_expert_calibrated(
     e: Expert,
     scheme: str,
@@ -228,6 +249,14 @@ def quantize_expert_calibrated(
     alphas = (FOLD_ALPHAS if gptq else IMPORTANCE_ALPHAS) if folds else ()
     candidates += _fold_candidates(e, base, stats, scheme, name, search, alphas)
     rows_ok = stats.hidden_rows is not None and stats.rows.shape[0] >= GPTQ_MIN_ROWS
+    if search != "none":  # its scales come from the search
+        sources = (("blocks", stats.xblk, stats.hblk),)
+        if stats.rows.shape[0] >= GPTQ_MIN_ROWS and stats.rows.shape[0] < stats.hits:
+            sources += (("blocks-sample", stats.xblk_sample, stats.hblk_sample),)
+        for label, xb, hb in sources:
+            if xb is None or hb is None:
+                continue
+            candidates.append((label, 0.0, _block_compensated(e, base, scheme, xb, hb)))
     if gptq and rows_ok and search != "none":  # its scales come from the search
         assert stats.hidden_rows is not None
         hx = hessian(stats.rows)

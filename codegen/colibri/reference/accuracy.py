@@ -76,7 +76,8 @@ def expert_report(
     """Per stored expert: scheme, calibration hits and the relative error (sqrt of sum of
     squares over its calibration tokens, vs the fp32 expert) of its output with the plain
     scales and as stored (None when calibration never hit it); with calibration, how it was
-    chosen ("method": plain / search / calibrated / compensated, and the fold's "alpha")."""
+    chosen ("method": plain / search / calibrated / blocks / blocks-sample / compensated, and
+    the fold's "alpha")."""
     out: list[dict[str, Any]] = []
     for idx, qe in sorted(qexperts.items()):
         st = calib.experts.get(idx)

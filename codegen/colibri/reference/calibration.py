@@ -31,6 +31,7 @@ from ..ir.transformer import MoETransformer
 from ..progress import Stage, Tick
 from ..quant.calib import ExpertCalib, ExpertRunner, LayerCalib
 from ..quant.formats import QuantExpert
+from ..quant.gptq import block_moments, block_moments_shape
 from .kernels import quant_expert_ffn
 from .moe import ffn, hidden, route
 from .transformer import forward
@@ -98,6 +99,8 @@ class _LayerStats:
         self.habs = np.zeros((c.n_experts, c.d_ff))
         self.samples = [_Sample(MAX_EXPERT_ROWS) for _ in range(c.n_experts)]
         self.inputs = _Sample(MAX_LAYER_ROWS)
+        self.xblk = np.zeros((c.n_experts, *block_moments_shape(c.d_model)))
+        self.hblk = np.zeros((c.n_experts, *block_moments_shape(c.d_ff)))
 
     @property
     def n_stored(self) -> int:
@@ -122,6 +125,8 @@ class _LayerStats:
             self.x2[e] += np.sum(xe.astype(np.float64) ** 2, axis=0)
             self.h2[e] += np.sum(h**2, axis=0)
             self.habs[e] += np.sum(np.abs(h), axis=0)
+            self.xblk[e] += block_moments(xe)
+            self.hblk[e] += block_moments(h)
             self.samples[e].add(xe)
 
     def result(self, tick: Tick | None = None, hidden_rows: bool = False) -> LayerCalib:
@@ -136,12 +141,21 @@ class _LayerStats:
             n = int(self.hits[e])
             rows = self.samples[e].array(c.d_model)
             target = ffn(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_model))
-            hrows: np.ndarray | None = None
-            if hidden_rows:
-                hrows = hidden(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_ff))
+            hrows = hidden(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_ff))
+            ns = max(rows.shape[0], 1)
+            sample_blk = (block_moments(rows) / ns, block_moments(hrows) / ns)
             div = max(n, 1)
             experts[e] = ExpertCalib(
-                n, self.x2[e] / div, self.h2[e] / div, self.habs[e] / div, rows, target, hrows
+                n,
+                self.x2[e] / div,
+                self.h2[e] / div,
+                self.habs[e] / div,
+                rows,
+                target,
+                hrows if hidden_rows else None,
+                self.xblk[e] / div,
+                self.hblk[e] / div,
+                *sample_blk,
             )
         return LayerCalib(self.tokens, experts, expert_runner(layer), self.inputs.array(c.d_model))
 
