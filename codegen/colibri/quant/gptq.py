@@ -219,19 +219,23 @@ def block_compensated_matrix(w_t: np.ndarray, scheme: str, hb: np.ndarray) -> Qu
     else:
         d16 = np.zeros((n_out, ng, g // QK4), np.float16)
         top, bottom = 7, -8
-    for i in range(g):
-        if scheme == "int4":
-            j = i // QK4
-            if i % QK4 == 0:  # the scales of block j of every group, on the weights as they are
-                blk = w[:, :, i : i + QK4].reshape(n_out, ng * QK4).astype(np.float32)
-                d16[:, :, j] = search_int4_scales(blk, imp[:, i : i + QK4].reshape(-1))
-            step = d16[:, :, j].astype(np.float64)
-        col = w[:, :, i]
+    for j0 in range(0, g, QK4):  # the columns of block j of every group, updates lazily
+        j1 = j0 + QK4
+        if scheme == "int4":  # the scales of block j of every group, on the weights as they are
+            blk = w[:, :, j0:j1].reshape(n_out, ng * QK4).astype(np.float32)
+            d16[:, :, j0 // QK4] = search_int4_scales(blk, imp[:, j0:j1].reshape(-1))
+            step = d16[:, :, j0 // QK4].astype(np.float64)
         safe = np.where(step == 0, 1.0, step)
-        c = np.where(step == 0, 0.0, np.clip(round_half_away(col / safe), bottom, top))
-        codes[:, :, i] = c
-        e = (col - c * step) / u[None, :, i, i]
-        w[:, :, i + 1 :] -= e[:, :, None] * u[None, :, i, i + 1 :]
+        err = np.zeros((ng, n_out, QK4))
+        for i in range(j0, j1):
+            col = w[:, :, i]
+            c = np.where(step == 0, 0.0, np.clip(round_half_away(col / safe), bottom, top))
+            codes[:, :, i] = c
+            e = (col - c * step) / u[None, :, i, i]
+            err[:, :, i - j0] = e.T
+            w[:, :, i + 1 : j1] -= e[:, :, None] * u[None, :, i, i + 1 : j1]
+        if j1 < g:  # the later blocks of every group, once per block
+            w[:, :, j1:] -= np.matmul(err, u[:, j0:j1, j1:]).transpose(1, 0, 2)
     flat = codes.reshape(n_out, ng * g)[:, :n_in]
     if scheme == "int8":
         return QuantTensor("int8", n_out, n_in, flat.astype(np.int8), scale.astype(np.float32))
