@@ -15,18 +15,24 @@ its own calibration tokens and the one whose output is closest to the fp32 exper
   channels that carry large activations get finer steps in w2 (and smaller values in the int8
   activation row). s_j = E[|h_j|]^alpha, normalised to geometric mean 1 and bounded by
   FOLD_LIMIT (0 = no fold);
-- with ``--calib-method gptq`` only, error compensation (:mod:`colibri.quant.gptq`, GPTQ's
-  idea): each matrix quantised column by column, the rounding error of each column spread over
-  the columns not yet rounded through the inverse of the expert's own H = X^T X (w1 / w3: its
-  routed inputs; w2: its hidden activations on them), for experts with at least GPTQ_MIN_ROWS
-  calibration rows.
+- block-local error compensation ("blocks", :func:`colibri.quant.gptq.block_compensated_matrix`):
+  each matrix rounded column by column, the rounding error of each column spread over the
+  later columns of its group of GROUP inputs through the inverse of the group's second moments
+  (w1 / w3: the expert's routed inputs; w2: its hidden activations), summed in the one pass
+  over every routed token ("blocks") and over the sample rows ("blocks-sample", when the
+  sample is not every token): a GROUP x GROUP solve per group, no whole-matrix one;
+- with ``--calib-method gptq`` only, whole-matrix error compensation (:mod:`colibri.quant.gptq`,
+  GPTQ): the same through the inverse of the expert's whole H = X^T X of its sample rows, for
+  experts with at least GPTQ_MIN_ROWS calibration rows.
 
 The default method, "importance", measures the folds of IMPORTANCE_ALPHAS on at most
 IMPORTANCE_EVAL_MACS multiply-adds of rows per candidate: every statistic comes from one pass
-of the calibration tokens and no second-order solve runs, so an expert costs a few scale
-searches and a few small forward passes. "gptq" (the method before issue 38) measures every
-alpha of FOLD_ALPHAS and the compensated candidate on up to EVAL_MACS per candidate, and needs
-the hidden activations of the sample rows kept.
+of the calibration tokens and no whole-matrix solve runs (measured: 8 s for a 1024 x 2816
+int4 expert, 5 s int8, on one core). "gptq" (the method before issue 38, plus the block
+candidates) measures every alpha of FOLD_ALPHAS and the GPTQ candidate on up to EVAL_MACS per
+candidate, and needs the hidden activations of the sample rows kept. On the trained test
+model (3,072 held-out positions) both give int4 95.15 % next-token top-1 agreement with fp32,
+93.46 % without calibration.
 
 The fold lives in the stored weights only; the kernels are unchanged. Experts never hit in
 calibration, and fp32 / fp16 experts, are quantised as without calibration.
@@ -250,9 +256,11 @@ def quantize_expert_calibrated(
     candidates += _fold_candidates(e, base, stats, scheme, name, search, alphas)
     rows_ok = stats.hidden_rows is not None and stats.rows.shape[0] >= GPTQ_MIN_ROWS
     if search != "none":  # its scales come from the search
-        sources = (("blocks", stats.xblk, stats.hblk),)
+        sources: list[tuple[str, np.ndarray | None, np.ndarray | None]] = [
+            ("blocks", stats.xblk, stats.hblk)
+        ]
         if stats.rows.shape[0] >= GPTQ_MIN_ROWS and stats.rows.shape[0] < stats.hits:
-            sources += (("blocks-sample", stats.xblk_sample, stats.hblk_sample),)
+            sources.append(("blocks-sample", stats.xblk_sample, stats.hblk_sample))
         for label, xb, hb in sources:
             if xb is None or hb is None:
                 continue
