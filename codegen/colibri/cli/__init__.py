@@ -17,7 +17,8 @@ from ..errors import interrupted
 #: the reference's products (calibration, the kernels' mirror, accuracy) are a few hundred rows
 #: each, where BLAS threads cost more than they give and stall whenever the machine is busy
 #: (`generate --calib` on a 13.9 M-parameter Mixtral, 2 cores shared with other jobs:
-#: calibrate + quantise + analyse 81 s with OpenBLAS's default threads, 20 s with one).
+#: calibrate + quantise + analyse under cProfile 81 s with OpenBLAS's default threads, 20 s
+#: with one).
 BLAS_THREADS = "1"
 
 

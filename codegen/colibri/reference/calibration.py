@@ -5,8 +5,11 @@ The fp32 reference runs over the calibration input — a whole transformer's for
 ids, or a lone MoE layer's own input rows — and every token is routed by the layer's fp32 router
 (the C-identical one). Each stored expert then accumulates, over the tokens routed to it only:
 hits, E[x^2] of its input (d_model), E[h^2] and E[|h|] of its hidden activation h =
-act(w1 x + b1) (* w3 x when gated; d_ff), and a deterministic sample of up to MAX_EXPERT_ROWS of
-those inputs with the fp32 expert's float64 output on them. The result is the plain arrays of
+act(w1 x + b1) (* w3 x when gated; d_ff), the second moments of both within groups of
+colibri.quant.gptq.GROUP channels (what the block-local error compensation reads), and a
+deterministic sample of up to MAX_EXPERT_ROWS of those inputs with the fp32 expert's float64
+output on them (and the group moments of the sample, and with --calib-method gptq its hidden
+activations). The result is the plain arrays of
 :class:`colibri.quant.calib.LayerCalib`, which the quantisation stage uses.
 
 :func:`expert_heat` turns the hits into the per-layer heat a whole-model file stores.
