@@ -141,6 +141,12 @@ def test_capture_hook_sees_every_moe_input() -> None:
     assert np.array_equal(plain, logits)
     moe = [i for i, layer in enumerate(model.layers) if layer.moe is not None]
     assert sorted(seen) == moe and all(seen[i].shape == (5, model.config.d_model) for i in moe)
+    # calibration's pass skips the LM head (and any layer after the last MoE block): the same
+    # captures, no logits
+    quick: dict[int, np.ndarray] = {}
+    none = forward(model, ids, capture=lambda i, h: quick.setdefault(i, h), logits=False)
+    assert none.shape == (5, 0) and sorted(quick) == moe
+    assert all(np.array_equal(quick[i], seen[i]) for i in moe)
     stats = transformer_calibration(model, [np.array(ids), np.array(ids[:3])])
     assert sorted(stats) == moe
     for lc in stats.values():

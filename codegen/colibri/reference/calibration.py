@@ -201,7 +201,7 @@ def transformer_calibration(
     counter = _Counter(stage, stats, len(sequences))
     for seq in sequences:
         counter.batch += 1
-        forward(model, seq, capture=counter.capture)
+        forward(model, seq, capture=counter.capture, logits=False)
     out: dict[int, LayerCalib] = {}
     for i, s in stats.items():
         counter.layer = i
