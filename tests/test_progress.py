@@ -385,3 +385,47 @@ def test_calibrating_a_transformer_reports_batches_layers_and_experts(tmp_path: 
         assert f"statistics  layer {layer}/2  expert {experts}/{experts}" in details
     assert calls[-1][2] == 3 * 2 + 2 * experts
     check_counts(calls)
+
+
+def test_calibrated_generate_and_convert_draw_every_stage(tmp_path: Path) -> None:
+    """Issue 38: `generate --calib` draws a counting line for each stage it runs (calibrate,
+    quantise, analyse, then plan / emit), and `convert --calib` for calibrate and quantise:
+    no stage runs without one."""
+    from colibri.cli.pipeline import convert, render
+    from colibri.frontends.hf_model import load_transformer
+    from colibri.options import GenerateOptions
+
+    ckpt = tmp_path / "mixtral"
+    ckpt.mkdir()
+    config = {
+        "architectures": ["MixtralForCausalLM"],
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+        "rms_norm_eps": 1e-5,
+    }
+    (ckpt / "config.json").write_text(json.dumps(config))
+    write_safetensors(mixtral_tensors(2, 32, 64, 4, 64), ckpt / "model.safetensors")
+    ids = np.random.default_rng(2).integers(0, 64, (2, 12))
+    np.save(tmp_path / "ids.npy", ids)
+    opts = GenerateOptions(quant="int4", max_context=16, calib=str(tmp_path / "ids.npy"))
+    rec = Recorder()
+    render(load_transformer(ckpt), opts, progress=rec)
+    names = list(dict.fromkeys(c[0] for c in rec.calls))
+    assert names == ["calibrate", "quantise", "analyse", "plan", "emit"], names
+    for name in ("calibrate", "quantise", "analyse"):
+        calls = rec.of(name)
+        assert any(not c[4] for c in calls), (name, calls)  # counted while it runs
+        check_counts(calls)
+    assert rec.of("analyse")[-2][3] == "layer 2/2"
+    rec = Recorder()
+    convert(ckpt, tmp_path / "m.clb", opts, progress=rec)
+    names = list(dict.fromkeys(c[0] for c in rec.calls))
+    assert names[names.index("calibrate") :] == ["calibrate", "quantise", "write"], names
+    for name in ("calibrate", "quantise"):
+        check_counts(rec.of(name))

@@ -2,9 +2,9 @@
 
 A lone MoE layer uses ``max_tokens`` (tokens per chunk), the cache options and ``ram_budget``;
 a whole transformer uses ``max_context`` and ``dense_quant``. ``quant``, ``act``,
-``router_quant``, ``scale_search`` and ``calib`` (a layer: [T, d_model] activations; a
-transformer: token ids or text) apply to both. :meth:`GenerateOptions.as_dict` is what the
-manifest records.
+``router_quant``, ``scale_search``, ``calib`` (a layer: [T, d_model] activations; a
+transformer: token ids or text) and ``calib_method`` apply to both.
+:meth:`GenerateOptions.as_dict` is what the manifest records.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class GenerateOptions:
     dense_quant: str = "fp32"
     #: How int8 / int4 scales are chosen: "mse" (search, the default) or "none" (plain).
     scale_search: str = "mse"
+    #: How --calib chooses the experts' weights (colibri.quant.calib.CALIB_METHODS):
+    #: "importance" (the default) or "gptq" (adds the error-compensated candidate).
+    calib_method: str = "importance"
 
     @property
     def context(self) -> int:

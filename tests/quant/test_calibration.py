@@ -141,6 +141,12 @@ def test_capture_hook_sees_every_moe_input() -> None:
     assert np.array_equal(plain, logits)
     moe = [i for i, layer in enumerate(model.layers) if layer.moe is not None]
     assert sorted(seen) == moe and all(seen[i].shape == (5, model.config.d_model) for i in moe)
+    # calibration's pass skips the LM head (and any layer after the last MoE block): the same
+    # captures, no logits
+    quick: dict[int, np.ndarray] = {}
+    none = forward(model, ids, capture=lambda i, h: quick.setdefault(i, h), logits=False)
+    assert none.shape == (5, 0) and sorted(quick) == moe
+    assert all(np.array_equal(quick[i], seen[i]) for i in moe)
     stats = transformer_calibration(model, [np.array(ids), np.array(ids[:3])])
     assert sorted(stats) == moe
     for lc in stats.values():
@@ -277,7 +283,7 @@ def test_layer_report_states_errors_per_expert(tmp_path: Path) -> None:
     assert [e["expert"] for e in experts] == [0, 1, 2, 3]
     for e in experts:
         assert e["hits"] > 0 and e["stored"] <= e["plain"]
-        assert e["method"] in ("plain", "search", "calibrated", "compensated")
+        assert e["method"] in ("plain", "search", "calibrated", "blocks", "blocks-sample")
     text = format_accuracy(manifest["accuracy"])
     assert "expert 0 (int4):" in text and "plain ->" in text
     # without --calib the report (on seeded random tokens) states the same figures, uncalibrated
@@ -474,3 +480,68 @@ def test_large_experts_are_measured_on_a_spread_subset_of_rows() -> None:
     big = eval_rows(expert(1024, 2816), 512)
     assert len(big) == max(EVAL_MIN_ROWS, EVAL_MACS // (3 * 1024 * 2816))
     assert big[0] == 0 and big[-1] == 511 and np.all(np.diff(big) > 0)
+
+
+# -- --calib-method (issue 38: importance-weighted by default, GPTQ on request) -------------------
+
+
+def test_default_method_runs_no_gptq_and_the_option_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default --calib-method (importance) never runs the error-compensated solve nor
+    keeps the hidden rows it needs; --calib-method gptq runs it on every matrix of every
+    expert with enough rows, and keeps its candidates (so it is never worse on every row)."""
+    import colibri.quant.calib as calib_mod
+    from colibri.cli.pipeline import quantise
+    from colibri.ir.model import as_model
+
+    calls: list[tuple[int, int]] = []
+    real = calib_mod.gptq_matrix
+
+    def counting(w_t: np.ndarray, scheme: str, h: np.ndarray) -> Any:
+        calls.append(w_t.shape)
+        return real(w_t, scheme, h)
+
+    monkeypatch.setattr(calib_mod, "gptq_matrix", counting)
+    layer = _gated_layer(seed=9)
+    x = _x(300, 64, seed=4)
+    qd = quantise(as_model(layer), GenerateOptions(quant="int4"), calib=x)
+    assert calls == []
+    assert all(st.hidden_rows is None for st in qd.stats.experts.values())
+    methods = {qe.calibration["method"] for qe in qd.q.experts.values()}  # type: ignore[index]
+    assert methods <= {"plain", "search", "calibrated", "blocks", "blocks-sample"}, methods
+    opts = GenerateOptions(quant="int4", calib_method="gptq")
+    qg = quantise(as_model(layer), opts, calib=x)
+    hit = [e for e, st in qg.stats.experts.items() if st.rows.shape[0] >= 32]
+    assert hit and len(calls) == 3 * len(hit)
+    assert all(qg.stats.experts[e].hidden_rows is not None for e in hit)
+    for e in hit:  # gptq measures a superset of the default's candidates on the same rows
+        st = qg.stats.experts[e]
+        assert qg.q.experts[e].calibration["error"] <= output_error(  # type: ignore[index]
+            qd.q.experts[e], st, qg.stats.run
+        ) * (1 + 1e-12)
+
+
+def test_calib_method_flag(
+    mixtral_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--calib-method gptq is recorded in the manifest, the default is not; without --calib
+    it is refused; --help documents it."""
+    ids = np.random.default_rng(4).integers(0, 64, (2, 16))
+    np.save(tmp_path / "ids.npy", ids)
+    base = ["generate", str(mixtral_ckpt), "--quant", "int4", "--max-context", "16"]
+    calib = ["--calib", str(tmp_path / "ids.npy")]
+    assert main([*base, "--out", str(tmp_path / "a"), *calib, "--calib-method", "gptq"]) == 0
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["options"]["calib_method"] == "gptq"
+    assert main([*base, "--out", str(tmp_path / "b"), *calib]) == 0
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert "calib_method" not in manifest["options"]
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "c"), "--calib-method", "gptq"]) == 1
+    assert "--calib-method gptq chooses how --calib calibrates: pass --calib FILE" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "--calib-method {importance,gptq}" in capsys.readouterr().out

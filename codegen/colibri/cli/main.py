@@ -370,6 +370,7 @@ def _quant_options(a: argparse.Namespace, **extra: Any) -> Any:
         max_context=a.max_context,
         dense_quant=a.dense_quant,
         scale_search=a.scale_search,
+        calib_method=a.calib_method,
         **extra,
     )
 
@@ -445,6 +446,7 @@ def _reference_lm_file(a: argparse.Namespace) -> int:
             ("--dense-quant", a.dense_quant != "fp32"),
             ("--calib", a.calib is not None),
             ("--scale-search", a.scale_search != "mse"),
+            ("--calib-method", a.calib_method != "importance"),
             ("--max-context", a.max_context is not None),
         )
         if on
@@ -715,6 +717,17 @@ def add_quant_args(s: argparse.ArgumentParser) -> None:
         help="int8 / int4 scales: mse (default) searches each int4 block's / int8 channel's "
         "scale for the least reconstruction error; none: the plain max|w| / 7 (int4) and "
         "max|w| / 127 (int8)",
+    )
+    s.add_argument(
+        "--calib-method",
+        choices=("importance", "gptq"),
+        default="importance",
+        help="with --calib, how int8 / int4 experts are chosen, each by its output error on "
+        "the tokens routed to it: importance (default) weights the scale search by the "
+        "expert's activation statistics from one pass of the calibration tokens (E[x^2] of its "
+        "inputs, E[h^2] of its hidden channels) and measures the plain and uncalibrated scales "
+        "and 3 activation-aware folds on a sample of those tokens; gptq adds error compensation "
+        "(GPTQ: a second-order solve per matrix) and 9 folds, measured on more tokens (slower)",
     )
     s.add_argument(
         "--max-context",

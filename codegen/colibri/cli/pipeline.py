@@ -65,7 +65,12 @@ from ..options import GenerateOptions
 from ..plan.budget import check_fits
 from ..plan.model import plan
 from ..progress import SILENT, Progress
-from ..quant.calib import CALIBRATED_SCHEMES, LayerCalib
+from ..quant.calib import (
+    CALIBRATED_SCHEMES,
+    DEFAULT_CALIB_METHOD,
+    LayerCalib,
+    check_calib_method,
+)
 from ..quant.formats import check_scheme
 from ..quant.model import (
     TransformerQuant,
@@ -120,7 +125,7 @@ def quantise_transformer(
             )
         with progress.stage("calibrate") as st:
             ids = load_calib_ids(source, model, options.context)
-            tstats = transformer_calibration(model, ids, st)
+            tstats = transformer_calibration(model, ids, st, _wants_hidden(options))
     q = quantize_transformer_as_asked(
         model,
         options.quant,
@@ -130,8 +135,28 @@ def quantise_transformer(
         options.scale_search,
         tstats,
         progress,
+        options.calib_method,
     )
     return q, tstats
+
+
+def check_calib_method_use(options: GenerateOptions, calib: bool = False) -> None:
+    """ConfigError for a --calib-method without --calib (`calib`: calibration data given
+    otherwise) or one that does not exist."""
+    check_calib_method(options.calib_method)
+    if options.calib_method != DEFAULT_CALIB_METHOD and options.calib is None and not calib:
+        raise ConfigError(
+            f"--calib-method {options.calib_method} chooses how --calib calibrates: pass "
+            f"--calib FILE too (or drop --calib-method)"
+        )
+
+
+def _wants_hidden(options: GenerateOptions) -> bool:
+    """Whether calibration keeps each expert's hidden activations on its sample rows (only
+    --calib-method gptq's error compensation reads them); ConfigError for a --calib-method
+    that cannot apply."""
+    check_calib_method(options.calib_method)
+    return options.calib_method == "gptq"
 
 
 @dataclass
@@ -152,6 +177,7 @@ def quantise(
     progress: Progress = SILENT,
 ) -> Quantised:
     """The calibrate + quantise stages of either kind as `generate` runs them."""
+    check_calib_method_use(options, calib is not None)
     if model.decoder is not None:
         check_supported(model.decoder)
         return Quantised(*quantise_transformer(model.decoder, options, calib, progress))
@@ -159,7 +185,7 @@ def quantise(
     if calib is not None or options.calib is not None:
         with progress.stage("calibrate") as st:
             calib = load_calib(options, calib, layer.config.d_model)
-            stats = layer_calibration(layer, calib, st)
+            stats = layer_calibration(layer, calib, st, _wants_hidden(options))
     q = quantize_moe_layer(
         layer,
         options.quant,
@@ -169,6 +195,7 @@ def quantise(
         options.scale_search,
         stats,
         progress,
+        options.calib_method,
     )
     return Quantised(q, stats, calib)
 
@@ -181,7 +208,10 @@ def analyse(model: Model, qd: Quantised, options: GenerateOptions, progress: Pro
             return analyse_layer(model.layer, qd.q, options, qd.calib, qd.stats)
     if qd.q is None or qd.stats is None:
         return None
-    return transformer_accuracy(model.decoder, qd.q, qd.stats)
+    with progress.stage("analyse", len(qd.stats)) as st:
+        return transformer_accuracy(
+            model.decoder, qd.q, qd.stats, lambda k, n: st.update(k, f"layer {k}/{n}")
+        )
 
 
 def render(
@@ -313,6 +343,7 @@ def convert_whole(
         )
     tok = Path(model) / "tokenizer.json"
     tok_bytes = tok.read_bytes() if tok.is_file() else None
+    check_calib_method_use(options)
     if options.calib is None:
         return convert_streamed(model, out, options, tok_bytes, progress)
     ir = load(model, progress=progress)

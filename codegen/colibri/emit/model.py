@@ -635,6 +635,8 @@ def _decoder(
             manifest["options"]["scale_search"] = opts.scale_search
         if accuracy is not None:  # a calibrated transformer's (the analyse stage)
             manifest["options"]["calib"] = str(opts.calib or "(array)")
+            if opts.calib_method != "importance":
+                manifest["options"]["calib_method"] = opts.calib_method
             manifest["accuracy"] = accuracy
         if q is None:
             return

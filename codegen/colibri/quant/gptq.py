@@ -129,3 +129,118 @@ def gptq_matrix(w_t: np.ndarray, scheme: str, h: np.ndarray) -> QuantTensor:
     if scheme == "int8":
         return QuantTensor("int8", n_out, n_in, q.astype(np.int8), scale.astype(np.float32))
     return QuantTensor("int4", n_out, n_in, int4_blocks_with_scales(q.astype(np.float32), d16))
+
+
+# -- block-local compensation (issue 38: the default --calib method's cheap candidate) -----------
+#
+# The same column-by-column rounding with the error spread over the later columns, but only
+# inside each group of GROUP inputs, through the group's own GROUP x GROUP second moments (the
+# diagonal blocks of H, summed in the one calibration pass): no solve of the whole [in, in]
+# matrix, and every group of every row is rounded at once (a loop of GROUP steps per matrix,
+# vectorised over rows and groups). int4: each block of QK4's scale is searched (weighted by
+# diag(H)) on the weights as they stand when the block is reached, as in gptq_matrix; int8: the
+# channel scales are searched first.
+
+#: Inputs per group of the block-local compensation (a multiple of QK4).
+GROUP = 128
+
+
+def block_moments_shape(n_in: int, group: int = GROUP) -> tuple[int, int, int]:
+    """The shape of :func:`block_moments` for `n_in` inputs."""
+    return (-(-n_in // group), group, group)
+
+
+def block_moments(x: np.ndarray, group: int = GROUP) -> np.ndarray:
+    """sum over rows of x_g^T x_g for every group g of `group` inputs of rows x [n, in] (the
+    last group zero-padded): float64 [ng, group, group]."""
+    x = np.asarray(x, dtype=np.float64)
+    n, n_in = x.shape
+    ng = -(-n_in // group)
+    padded = np.zeros((n, ng * group))
+    padded[:, :n_in] = x
+    xg = padded.reshape(n, ng, group).transpose(1, 0, 2)
+    return np.asarray(np.matmul(xg.transpose(0, 2, 1), xg))
+
+
+def _block_factors(hb: np.ndarray) -> np.ndarray:
+    """Upper Cholesky factors of (H_g + damping)^-1 for every diagonal block H_g [ng, G, G]
+    (dead inputs: identity rows, so no compensation through them)."""
+    h = np.array(hb, dtype=np.float64)
+    if not np.isfinite(h).all():
+        raise ConfigError(
+            "calibration statistics hold NaN or Inf: check --calib for NaN/Inf values (a NaN "
+            "activation in the fp32 model on these tokens means the model itself overflows)"
+        )
+    k = h.shape[1]
+    diag = np.diagonal(h, axis1=1, axis2=2)
+    dead = diag <= 0
+    h = np.where(dead[:, :, None] | dead[:, None, :], 0.0, h)
+    eye = np.eye(k)[None]
+    h = h + eye * dead[:, :, None]
+    live = diag[~dead]
+    mean = float(live.mean()) if live.size else 1.0
+    h = h + eye * (DAMP * mean)
+    try:
+        inv = np.linalg.inv(h)
+        u = np.linalg.cholesky((inv + inv.transpose(0, 2, 1)) / 2).transpose(0, 2, 1)
+    except np.linalg.LinAlgError as exc:
+        raise ConfigError(
+            f"calibration statistics are not usable ({exc}): the calibration activations are "
+            "too large for float64; check --calib"
+        ) from exc
+    return np.asarray(u)
+
+
+def block_compensated_matrix(w_t: np.ndarray, scheme: str, hb: np.ndarray) -> QuantTensor:
+    """w_t [out, in] in `scheme` (int8 / int4), rounded with the error compensated inside each
+    group of inputs through hb [ng, G, G] (:func:`block_moments` of its inputs; G a multiple
+    of QK4)."""
+    if scheme not in GPTQ_SCHEMES:
+        raise ConfigError(f"error-compensated quantisation is for {GPTQ_SCHEMES}, not {scheme}")
+    w_t = np.asarray(w_t, dtype=np.float32)
+    n_out, n_in = w_t.shape
+    hb = np.asarray(hb, dtype=np.float64)
+    g = hb.shape[1] if hb.ndim == 3 else 0
+    ng = -(-n_in // g) if g else 0
+    if g == 0 or g % QK4 or hb.shape != (ng, g, g):
+        raise ConfigError(f"calibration blocks are {hb.shape}, the weights have {n_in} inputs")
+    u = _block_factors(hb)
+    diag = np.diagonal(hb, axis1=1, axis2=2).reshape(-1)
+    live = diag > 0
+    imp = np.where(live, diag, float(diag[live].mean()) if live.any() else 1.0).reshape(ng, g)
+    padded = np.zeros((n_out, ng * g))
+    padded[:, :n_in] = w_t
+    w = padded.reshape(n_out, ng, g)
+    codes = np.zeros((n_out, ng, g))
+    if scheme == "int8":
+        scale = search_int8_scales(w_t, imp.reshape(-1)[:n_in]).astype(np.float64)
+        step = np.broadcast_to(scale[:, None], (n_out, ng))
+        top, bottom = Q8_MAX, -Q8_MAX
+    else:
+        d16 = np.zeros((n_out, ng, g // QK4), np.float16)
+        top, bottom = 7, -8
+    for j0 in range(0, g, QK4):  # the columns of block j of every group, updates lazily
+        j1 = j0 + QK4
+        if scheme == "int4":  # the scales of block j of every group, on the weights as they are
+            blk = w[:, :, j0:j1].reshape(n_out, ng * QK4).astype(np.float32)
+            d16[:, :, j0 // QK4] = search_int4_scales(blk, imp[:, j0:j1].reshape(-1))
+            step = d16[:, :, j0 // QK4].astype(np.float64)
+        safe = np.where(step == 0, 1.0, step)
+        err = np.zeros((ng, n_out, QK4))
+        for i in range(j0, j1):
+            col = w[:, :, i]
+            c = np.where(step == 0, 0.0, np.clip(round_half_away(col / safe), bottom, top))
+            codes[:, :, i] = c
+            e = (col - c * step) / u[None, :, i, i]
+            err[:, :, i - j0] = e.T
+            w[:, :, i + 1 : j1] -= e[:, :, None] * u[None, :, i, i + 1 : j1]
+        if j1 < g:  # the later blocks of every group, once per block
+            w[:, :, j1:] -= np.matmul(err, u[:, j0:j1, j1:]).transpose(1, 0, 2)
+    flat = codes.reshape(n_out, ng * g)[:, :n_in]
+    if scheme == "int8":
+        return QuantTensor("int8", n_out, n_in, flat.astype(np.int8), scale.astype(np.float32))
+    d_all = d16.reshape(n_out, -1)[:, : q4_blocks(n_in)]
+    values = flat * np.repeat(d_all.astype(np.float64), QK4, axis=1)[:, :n_in]
+    return QuantTensor(
+        "int4", n_out, n_in, int4_blocks_with_scales(values.astype(np.float32), d_all)
+    )

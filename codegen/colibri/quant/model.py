@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..ir.moe import MoELayer
 from ..ir.transformer import DecoderLayer, MoETransformer
 from ..progress import SILENT, Progress, Stage, Tick
-from .calib import LayerCalib, quantize_expert_calibrated
+from .calib import DEFAULT_CALIB_METHOD, LayerCalib, quantize_expert_calibrated
 from .formats import (
     DEFAULT_SCALE_SEARCH,
     QuantExpert,
@@ -64,10 +64,11 @@ def quantize_experts(
     search: str = DEFAULT_SCALE_SEARCH,
     calib: LayerCalib | None = None,
     tick: Tick | None = None,
+    method: str = DEFAULT_CALIB_METHOD,
 ) -> dict[int, QuantExpert]:
     """Every stored expert of the layer in its plan's scheme (keyed by the storing expert's
-    index), calibrated by `calib` when given (experts it never hit as without); `tick(done,
-    total)` follows the experts."""
+    index), calibrated by `calib` when given (experts it never hit as without; `method`: the
+    --calib-method); `tick(done, total)` follows the experts."""
     check_scale_search(search)
     if calib is None:
         return quantize_layer(layer, plan, search, tick)
@@ -83,6 +84,7 @@ def quantize_experts(
             layer.config.gated,
             f"expert.{idx}",
             search,
+            method,
         )
         if tick is not None:
             tick(n, len(stored))
@@ -98,13 +100,15 @@ def quantize_moe_layer(
     search: str = DEFAULT_SCALE_SEARCH,
     calib: LayerCalib | None = None,
     progress: Progress = SILENT,
+    method: str = DEFAULT_CALIB_METHOD,
 ) -> LayerQuant:
     """Quantise a lone MoE layer as `colibri generate --quant --expert-quant --act
-    --router-quant --scale-search [--calib]` asks (`progress`: a line counting the experts)."""
+    --router-quant --scale-search [--calib --calib-method]` asks (`progress`: a line counting
+    the experts)."""
     plan = make_plan(layer.config.n_experts, quant, expert_quant, act)
     with progress.stage("quantise", len(set(layer.storage_map()))) as st:
         experts = quantize_experts(
-            layer, plan, search, calib, lambda k, n: st.update(k, f"expert {k}/{n}")
+            layer, plan, search, calib, lambda k, n: st.update(k, f"expert {k}/{n}"), method
         )
     return LayerQuant(plan, experts, quantize_router(layer.router_w, router))
 
@@ -160,6 +164,7 @@ def quantize_transformer(
     search: str = DEFAULT_SCALE_SEARCH,
     calib: dict[int, LayerCalib] | None = None,
     progress: Progress = SILENT,
+    method: str = DEFAULT_CALIB_METHOD,
 ) -> TransformerQuant:
     """Quantise the routed experts of every MoE layer (colibri.quant.formats; calibrated per
     layer by calib[layer index] when given) and, with dense fp16 / int8, every other matrix;
@@ -168,7 +173,7 @@ def quantize_transformer(
     shows one line counting the layers and their experts."""
     q = new_transformer_quant(scheme, act, dense, router, search)
     with progress.stage("quantise", _quant_steps(model, q.dense_scheme)) as st:
-        _quantize_transformer(q, model, search, calib, st)
+        _quantize_transformer(q, model, search, calib, st, method)
     return q
 
 
@@ -185,6 +190,7 @@ def _quantize_transformer(
     search: str,
     calib: dict[int, LayerCalib] | None,
     st: Stage,
+    method: str = DEFAULT_CALIB_METHOD,
 ) -> None:
     """Every layer of `model` into `q` (its schemes set by :func:`new_transformer_quant`)."""
     n_layers = len(model.layers)
@@ -197,7 +203,7 @@ def _quantize_transformer(
         def tick(k: int, n: int, i: int = i, step: int = step) -> None:
             st.update(step + k / n, f"layer {i + 1}/{n_layers}  expert {k}/{n}")
 
-        quantize_layer_experts(q, i, layer, search, lcal, tick)
+        quantize_layer_experts(q, i, layer, search, lcal, tick, method)
         step += 1
     if q.dense_scheme == "fp32":
         return
@@ -232,12 +238,13 @@ def quantize_layer_experts(
     search: str = DEFAULT_SCALE_SEARCH,
     calib: LayerCalib | None = None,
     tick: Tick | None = None,
+    method: str = DEFAULT_CALIB_METHOD,
 ) -> None:
     """The routed experts (and with --router-quant the router) of MoE layer `i` into q."""
     if layer.moe is None:
         return
     plan = make_plan(layer.moe.config.n_experts, q.scheme, None, _act_arg(q.scheme, q.act))
-    q.experts[i] = quantize_experts(layer.moe, plan, search, calib, tick)
+    q.experts[i] = quantize_experts(layer.moe, plan, search, calib, tick, method)
     if q.router_scheme != "fp32":
         q.routers[i] = quantize_router(layer.moe.router_w, q.router_scheme)
 
@@ -299,6 +306,7 @@ def quantize_transformer_as_asked(
     search: str = DEFAULT_SCALE_SEARCH,
     calib: dict[int, LayerCalib] | None = None,
     progress: Progress = SILENT,
+    method: str = DEFAULT_CALIB_METHOD,
 ) -> TransformerQuant | None:
     """The quantisation stage of a whole transformer: None when everything stays fp32 (the
     generated C then holds no quantisation code), else every layer quantised as
@@ -306,7 +314,7 @@ def quantize_transformer_as_asked(
     q = transformer_quant_as_asked(quant, act, dense, router, search)
     if q is not None:
         with progress.stage("quantise", _quant_steps(model, q.dense_scheme)) as st:
-            _quantize_transformer(q, model, search, calib, st)
+            _quantize_transformer(q, model, search, calib, st, method)
     return q
 
 

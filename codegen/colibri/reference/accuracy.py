@@ -29,6 +29,7 @@ from ..frontends.load import check_input, load_npy
 from ..ir.moe import MoELayer
 from ..ir.transformer import MoETransformer
 from ..options import DEFAULT_CALIB_SEED, DEFAULT_CALIB_TOKENS, GenerateOptions
+from ..progress import Tick
 from ..quant.calib import ExpertCalib, LayerCalib, output_error, target_energy
 from ..quant.formats import QuantExpert, QuantRouter, quantize_expert
 from ..quant.model import LayerQuant, TransformerQuant
@@ -75,7 +76,8 @@ def expert_report(
     """Per stored expert: scheme, calibration hits and the relative error (sqrt of sum of
     squares over its calibration tokens, vs the fp32 expert) of its output with the plain
     scales and as stored (None when calibration never hit it); with calibration, how it was
-    chosen ("method": plain / search / calibrated / compensated, and the fold's "alpha")."""
+    chosen ("method": plain / search / calibrated / blocks / blocks-sample / compensated, and
+    the fold's "alpha")."""
     out: list[dict[str, Any]] = []
     for idx, qe in sorted(qexperts.items()):
         st = calib.experts.get(idx)
@@ -137,20 +139,25 @@ def accuracy_report(
 
 
 def transformer_accuracy(
-    model: MoETransformer, q: TransformerQuant, calib: dict[int, LayerCalib]
+    model: MoETransformer,
+    q: TransformerQuant,
+    calib: dict[int, LayerCalib],
+    tick: Tick | None = None,
 ) -> dict[str, Any]:
     """The manifest's "accuracy" entry of a whole transformer calibrated with --calib: per MoE
     layer, the errors of its routed experts' output on a sample of its calibration inputs
-    ("inputs" rows) and the per-expert report."""
+    ("inputs" rows) and the per-expert report; `tick(k, n)` after each of the n layers."""
     layers: list[dict[str, Any]] = []
     tokens = 0
-    for i, lc in sorted(calib.items()):
+    for k, (i, lc) in enumerate(sorted(calib.items()), start=1):
         moe = model.layers[i].moe
         assert moe is not None
         tokens = max(tokens, lc.tokens)
         m = layer_metrics(moe, q.experts[i], lc.inputs, q.routers.get(i))
         experts = expert_report(moe, q.experts[i], lc)
         layers.append({"layer": i, "inputs": int(lc.inputs.shape[0]), **m, "experts": experts})
+        if tick is not None:
+            tick(k, len(calib))
     return {"tokens": tokens, "layers": layers}
 
 

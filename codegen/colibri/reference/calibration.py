@@ -5,8 +5,11 @@ The fp32 reference runs over the calibration input — a whole transformer's for
 ids, or a lone MoE layer's own input rows — and every token is routed by the layer's fp32 router
 (the C-identical one). Each stored expert then accumulates, over the tokens routed to it only:
 hits, E[x^2] of its input (d_model), E[h^2] and E[|h|] of its hidden activation h =
-act(w1 x + b1) (* w3 x when gated; d_ff), and a deterministic sample of up to MAX_EXPERT_ROWS of
-those inputs with the fp32 expert's float64 output on them. The result is the plain arrays of
+act(w1 x + b1) (* w3 x when gated; d_ff), the second moments of both within groups of
+colibri.quant.gptq.GROUP channels (what the block-local error compensation reads), and a
+deterministic sample of up to MAX_EXPERT_ROWS of those inputs with the fp32 expert's float64
+output on them (and the group moments of the sample, and with --calib-method gptq its hidden
+activations). The result is the plain arrays of
 :class:`colibri.quant.calib.LayerCalib`, which the quantisation stage uses.
 
 :func:`expert_heat` turns the hits into the per-layer heat a whole-model file stores.
@@ -31,6 +34,7 @@ from ..ir.transformer import MoETransformer
 from ..progress import Stage, Tick
 from ..quant.calib import ExpertCalib, ExpertRunner, LayerCalib
 from ..quant.formats import QuantExpert
+from ..quant.gptq import block_moments, block_moments_shape
 from .kernels import quant_expert_ffn
 from .moe import ffn, hidden, route
 from .transformer import forward
@@ -98,6 +102,8 @@ class _LayerStats:
         self.habs = np.zeros((c.n_experts, c.d_ff))
         self.samples = [_Sample(MAX_EXPERT_ROWS) for _ in range(c.n_experts)]
         self.inputs = _Sample(MAX_LAYER_ROWS)
+        self.xblk = np.zeros((c.n_experts, *block_moments_shape(c.d_model)))
+        self.hblk = np.zeros((c.n_experts, *block_moments_shape(c.d_ff)))
 
     @property
     def n_stored(self) -> int:
@@ -122,10 +128,13 @@ class _LayerStats:
             self.x2[e] += np.sum(xe.astype(np.float64) ** 2, axis=0)
             self.h2[e] += np.sum(h**2, axis=0)
             self.habs[e] += np.sum(np.abs(h), axis=0)
+            self.xblk[e] += block_moments(xe)
+            self.hblk[e] += block_moments(h)
             self.samples[e].add(xe)
 
-    def result(self, tick: Tick | None = None) -> LayerCalib:
-        """The statistics; `tick(k, n)` after each of the n stored experts."""
+    def result(self, tick: Tick | None = None, hidden_rows: bool = False) -> LayerCalib:
+        """The statistics; `tick(k, n)` after each of the n stored experts; `hidden_rows`:
+        keep each expert's hidden activations on its sample rows (--calib-method gptq)."""
         layer, c = self.layer, self.layer.config
         experts: dict[int, ExpertCalib] = {}
         stored = sorted(set(self.storage))
@@ -136,17 +145,31 @@ class _LayerStats:
             rows = self.samples[e].array(c.d_model)
             target = ffn(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_model))
             hrows = hidden(layer.experts[e], layer, rows) if n else np.zeros((0, c.d_ff))
+            ns = max(rows.shape[0], 1)
+            sample_blk = (block_moments(rows) / ns, block_moments(hrows) / ns)
             div = max(n, 1)
             experts[e] = ExpertCalib(
-                n, self.x2[e] / div, self.h2[e] / div, self.habs[e] / div, rows, target, hrows
+                n,
+                self.x2[e] / div,
+                self.h2[e] / div,
+                self.habs[e] / div,
+                rows,
+                target,
+                hrows if hidden_rows else None,
+                self.xblk[e] / div,
+                self.hblk[e] / div,
+                *sample_blk,
             )
         return LayerCalib(self.tokens, experts, expert_runner(layer), self.inputs.array(c.d_model))
 
 
-def layer_calibration(layer: MoELayer, x: np.ndarray, stage: Stage | None = None) -> LayerCalib:
+def layer_calibration(
+    layer: MoELayer, x: np.ndarray, stage: Stage | None = None, hidden_rows: bool = True
+) -> LayerCalib:
     """Calibration statistics of a lone MoE layer from its input rows x [T, d_model].
     `stage` (a colibri.progress line) counts the experts: the batch's statistics of each
-    expert it reaches, then each stored expert's sample outputs."""
+    expert it reaches, then each stored expert's sample outputs. `hidden_rows`: keep the
+    hidden activations of the sample rows (what --calib-method gptq needs)."""
     stats = _LayerStats(layer)
     n = stats.n_stored
     if stage is not None:
@@ -160,25 +183,29 @@ def layer_calibration(layer: MoELayer, x: np.ndarray, stage: Stage | None = None
         return update
 
     stats.add(x, tick(0, f"{x.shape[0]} tokens"))
-    return stats.result(tick(1, "statistics"))
+    return stats.result(tick(1, "statistics"), hidden_rows)
 
 
 def transformer_calibration(
-    model: MoETransformer, sequences: list[np.ndarray], stage: Stage | None = None
+    model: MoETransformer,
+    sequences: list[np.ndarray],
+    stage: Stage | None = None,
+    hidden_rows: bool = True,
 ) -> dict[int, LayerCalib]:
     """Calibration statistics of every MoE layer (by layer index) from the fp32 reference
     forward over each token-id sequence (a fresh KV cache each). `stage` (a colibri.progress
     line) counts each sequence's pass through each MoE layer, then each stored expert's
-    statistics: ``calibrate  batch 3/8  layer 2/4  expert 5/8``."""
+    statistics: ``calibrate  batch 3/8  layer 2/4  expert 5/8``. `hidden_rows`: keep each
+    expert's hidden activations on its sample rows (what --calib-method gptq needs)."""
     stats = {i: _LayerStats(layer.moe) for i, layer in enumerate(model.layers) if layer.moe}
     counter = _Counter(stage, stats, len(sequences))
     for seq in sequences:
         counter.batch += 1
-        forward(model, seq, capture=counter.capture)
+        forward(model, seq, capture=counter.capture, logits=False)
     out: dict[int, LayerCalib] = {}
     for i, s in stats.items():
         counter.layer = i
-        out[i] = s.result(counter.tick_result)
+        out[i] = s.result(counter.tick_result, hidden_rows)
         counter.done += s.n_stored
     return out
 

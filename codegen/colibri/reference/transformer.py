@@ -159,11 +159,14 @@ def forward(
     cache: KVCache | None = None,
     quant: TransformerQuant | str | None = None,
     capture: Callable[[int, np.ndarray], None] | None = None,
+    logits: bool = True,
 ) -> np.ndarray:
     """Logits [T, vocab] (float64) of `token_ids`, which follow the cache's positions. With
     `quant` (a :class:`TransformerQuant`, or a scheme name quantised on the fly) the routed
     experts run through the quantised kernels' mirror. `capture(layer index, rows)` sees the
-    fp32 input rows [T, d_model] of every MoE block (calibration statistics)."""
+    fp32 input rows [T, d_model] of every MoE block (calibration statistics); with `logits`
+    False (fp32 only) the layers after the last MoE block (the cache then lacks them) and the
+    LM head are skipped and [T, 0] returned (calibration reads only the captures)."""
     c = model.config
     q = _as_quant(model, quant)
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
@@ -179,7 +182,10 @@ def forward(
         return mirror_forward(model, ids, cache, q, capture).astype(np.float64)
     start = cache.length
     x = model.embed[ids].astype(np.float64)
+    last_moe = max((i for i, layer in enumerate(model.layers) if layer.moe), default=-1)
     for i, layer in enumerate(model.layers):
+        if not logits and i > last_moe:
+            break
         h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
         x = x + attention_forward(c, layer.attention, h, cache, i, start)
         h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
@@ -192,6 +198,8 @@ def forward(
             assert layer.mlp is not None
             y = _swiglu(layer.mlp, h)
         x = x + y
+    if not logits:
+        return np.zeros((ids.size, 0))
     x = rms_norm(x, model.final_norm, c.rms_norm_eps)
     return np.asarray(x @ model.lm_head.astype(np.float64).T)
 
