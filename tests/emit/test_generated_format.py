@@ -168,8 +168,11 @@ def _checkpoint(out: Path, config: dict[str, Any], shapes: dict[str, tuple[int, 
     return out
 
 
-def _layer_cases() -> Iterator[tuple[str, Any, GenerateOptions, np.ndarray | None]]:
-    """(case name, model, options, calibration tokens) of the lone-layer family."""
+def _layer_cases(
+    name: str | None = None,
+) -> Iterator[tuple[str, Any, GenerateOptions, np.ndarray | None]]:
+    """(case name, model, options, calibration tokens) of the lone-layer family, every model
+    called `name` when given (else NAMES in turn, and the default)."""
     for b, board in enumerate(BOARDS):
         for s, (quant, expert_quant, act) in enumerate(SCHEMES):
             activation = ACTIVATIONS[(b + s) % len(ACTIVATIONS)]

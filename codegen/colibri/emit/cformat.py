@@ -230,6 +230,26 @@ C_RESERVED = frozenset(
 )
 
 
+#: Longest C name of a model (``--name`` after :func:`c_ident`). The longest identifier derived
+#: from it adds 24 characters (``<name>_l<layer>_shared_expert_gate`` below 1000 layers), so
+#: every generated identifier and macro stays within the 63 significant characters C11
+#: guarantees (5.2.4.1); the generated files are clang-format clean for every length up to it.
+MAX_NAME = 32
+
+
+def model_ident(name: str, what: str = "model name") -> str:
+    """The C name of a model called `name` (:func:`c_ident`), refused (ConfigError) when longer
+    than MAX_NAME."""
+    ident = c_ident(name)
+    if len(ident) > MAX_NAME:
+        said = f" (C name '{ident}')" if ident != name else ""
+        raise ConfigError(
+            f"{what} '{name}'{said} is {len(ident)} characters long; allowed: at most "
+            f"{MAX_NAME} (pass a shorter --name)"
+        )
+    return ident
+
+
 def c_ident(name: str) -> str:
     """A valid, non-reserved C identifier derived from name (lower case, [a-z0-9_])."""
     s = re.sub(r"[^0-9a-zA-Z_]", "_", name).lower().strip("_")
