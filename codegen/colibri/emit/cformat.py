@@ -68,7 +68,12 @@ def _pack(first: str, col: int, pieces: list[str]) -> list[str]:
             if not fresh:
                 lines.append(cur)
                 cur = " " * col
-            cur += p
+            if len(cur) + len(p) > COLUMN_LIMIT and " + " in p:  # a sum: broken after a "+"
+                first, rest = p.split(" + ", 1)
+                lines.append(cur + first + " +")
+                cur = " " * (col + CONTINUATION) + rest
+            else:
+                cur += p
         else:
             cur += " " + p
         fresh = False
@@ -114,7 +119,13 @@ def c_call(
     paren = _AFTER_PAREN[kind] + (
         _BREAK * (len(broken) - 2) if kind == "decl" else _BREAK * (len(broken) - 1)
     )
-    options.append((paren, 2, broken))
+    if _fits(broken):
+        options.append((paren, 2, broken))
+    if not options and kind == "decl" and " " in head:  # return type and name on their own lines
+        rtype, name = head.rsplit(" ", 1)
+        options.append((0, 3, [indent + rtype, f"{indent}{name}("] + broken[1:]))
+    if not options:
+        options.append((paren, 2, broken))
     return "\n".join(min(options, key=lambda o: (o[0], o[1]))[2])
 
 
@@ -199,6 +210,82 @@ def c_trailing(code: str, comment: str, indent: str = "") -> str:
     return c_comment(comment, indent, "/* ", " * ") + "\n" + indent + code
 
 
+def _pack_sum(first: str, expr: str, tail: str, limit: int = COLUMN_LIMIT) -> list[str] | None:
+    """`first` then `expr` + `tail` broken after its " + " operators, the operands packed and
+    continued under the first one (after the innermost "(" open at the first break), every
+    line within `limit`; None when it has no " + " or a part does not fit."""
+    terms = expr.split(" + ")
+    if len(terms) < 2:
+        return None
+    depth: list[int] = []
+    for i, ch in enumerate(first + terms[0]):
+        if ch == "(":
+            depth.append(i + 1)
+        elif ch == ")" and depth:
+            depth.pop()
+    if not depth:
+        return None
+    col = depth[-1]
+    lines = [first + terms[0]]
+    for t in terms[1:-1] + [terms[-1] + tail]:
+        if len(lines[-1]) + 3 + len(t) <= limit:
+            lines[-1] += " + " + t
+        else:
+            lines[-1] += " +"
+            lines.append(" " * col + t)
+    return lines if all(len(x) <= limit for x in lines) else None
+
+
+def c_assign(lhs: str, rhs: str, tail: str = ";", indent: str = "") -> str:
+    """``lhs = rhs;`` (or a designated initialiser's ``.f = v,``): on one line if it fits, else
+    the value on the next line (4 more columns), else broken after its " + "."""
+    one = f"{indent}{lhs} = {rhs}{tail}"
+    if len(one) <= COLUMN_LIMIT:
+        return one
+    nxt = f"{indent}{' ' * CONTINUATION}{rhs}{tail}"
+    if len(nxt) <= COLUMN_LIMIT:
+        return f"{indent}{lhs} =\n{nxt}"
+    packed = _pack_sum(f"{indent}{lhs} = ", rhs, tail)
+    if packed is None:  # broken after "=" and after the " + " too
+        packed = _pack_sum(f"{indent}{' ' * CONTINUATION}", rhs, tail)
+        packed = packed and [f"{indent}{lhs} ="] + packed
+    return "\n".join(packed) if packed else one
+
+
+def c_define(head: str, value: str = "") -> str:
+    """``#define head value``: on one line if it fits, else the value on the next lines (4
+    columns in, broken after its " + "), each line but the last ending in a backslash at the
+    column limit (clang-format's AlignEscapedNewlines: Right)."""
+    one = f"#define {head} {value}".rstrip()
+    if len(one) <= COLUMN_LIMIT:
+        return one
+    ind = " " * CONTINUATION
+    lines = [f"#define {head}"]
+    if len(ind + value) <= COLUMN_LIMIT:
+        lines.append(ind + value)
+    else:
+        lines += _pack_sum(ind, value, "", COLUMN_LIMIT - 2) or [ind + value]
+    return "\n".join([x.ljust(COLUMN_LIMIT - 1) + "\\" for x in lines[:-1]] + lines[-1:])
+
+
+def c_declare(decl: str, declarator: str, tail: str, indent: str = "") -> tuple[str, int]:
+    """A declaration ``decl declarator tail`` (tail: " = {" opening an initialiser, or e.g.
+    " ATTRIBUTE;") laid out as clang-format does, and how many columns further in the
+    initialiser's lines then go (0, or 4 when the declaration is broken): on one line; else
+    (an initialiser) the "{" on the next line; else the declarator on the next line; else
+    broken before the declarator's "["."""
+    one = f"{indent}{decl} {declarator}{tail}"
+    if len(one) <= COLUMN_LIMIT:
+        return one, 0
+    ind = indent + " " * CONTINUATION
+    if tail == " = {" and len(one) - 2 <= COLUMN_LIMIT:
+        return f"{one[:-2]}\n{ind}{{", CONTINUATION
+    if len(ind + declarator + tail) <= COLUMN_LIMIT:
+        return f"{indent}{decl}\n{ind}{declarator}{tail}", CONTINUATION
+    ident, sub = declarator.split("[", 1)
+    return f"{indent}{decl} {ident}\n{ind}[{sub}{tail}", CONTINUATION
+
+
 def c_aligned_comments(items: list[tuple[str, str]], indent: str = "    ") -> str:
     """Lines ``code /* comment */`` with the comments aligned (clang-format's
     AlignTrailingComments), one per line."""
@@ -217,6 +304,9 @@ def register(env: Any) -> None:
         c_brief=c_brief,
         c_trailing=c_trailing,
         c_aligned_comments=c_aligned_comments,
+        c_assign=c_assign,
+        c_define=c_define,
+        c_declare=c_declare,
     )
 
 
