@@ -68,10 +68,15 @@ def _pack(first: str, col: int, pieces: list[str]) -> list[str]:
             if not fresh:
                 lines.append(cur)
                 cur = " " * col
+            summed = None
             if len(cur) + len(p) > COLUMN_LIMIT and " + " in p:  # a sum: broken after a "+"
-                first, rest = p.split(" + ", 1)
-                lines.append(cur + first + " +")
-                cur = " " * (col + CONTINUATION) + rest
+                summed = _pack_sum(cur, p, "") if "(" in p.split(" + ")[0] else None
+                if summed is None:
+                    term, rest = p.split(" + ", 1)
+                    summed = [cur + term + " +", " " * (col + CONTINUATION) + rest]
+            if summed:
+                lines += summed[:-1]
+                cur = summed[-1]
             else:
                 cur += p
         else:
@@ -171,6 +176,8 @@ def c_assert(lhs: str | list[str], op: str, rhs: str, message: str) -> str:
     both = f"{ind}{cond}, {msg}"
     if len(both) <= COLUMN_LIMIT:
         return f"{head}\n{both}"
+    if len(f"{ind}{cond},") > COLUMN_LIMIT:  # the condition broken after its operator
+        cond = f"{' + '.join(terms)} {op}\n{ind}{ind}{rhs}"
     return f"{head}\n{ind}{cond},\n{ind}{msg}"
 
 
