@@ -71,6 +71,12 @@ def _pack(first: str, col: int, pieces: list[str]) -> list[str]:
             summed = None
             if len(cur) + len(p) > COLUMN_LIMIT and " + " in p:  # a sum: broken after a "+"
                 summed = _pack_sum(cur, p, "") if "(" in p.split(" + ")[0] else None
+                if summed is None and " * " in p.split(" + ", 1)[1]:  # after the "*" of a b * c
+                    term, rest = p.split(" + ", 1)
+                    left, right = rest.rsplit(" * ", 1)
+                    at = len(cur) + len(term) + 3 + CONTINUATION
+                    lines2 = [f"{cur}{term} + {left} *", " " * at + right]
+                    summed = lines2 if _fits(lines2) else None
                 if summed is None:
                     term, rest = p.split(" + ", 1)
                     summed = [cur + term + " +", " " * (col + CONTINUATION) + rest]
@@ -234,8 +240,10 @@ def _pack_sum(first: str, expr: str, tail: str, limit: int = COLUMN_LIMIT) -> li
         return None
     col = depth[-1]
     lines = [first + terms[0]]
-    for t in terms[1:-1] + [terms[-1] + tail]:
-        if len(lines[-1]) + 3 + len(t) <= limit:
+    rest = terms[1:-1] + [terms[-1] + tail]
+    for i, t in enumerate(rest):
+        more = 2 if i + 1 < len(rest) else 0  # room for the " +" after it
+        if len(lines[-1]) + 3 + len(t) + more <= limit:
             lines[-1] += " + " + t
         else:
             lines[-1] += " +"
@@ -252,10 +260,10 @@ def c_assign(lhs: str, rhs: str, tail: str = ";", indent: str = "") -> str:
     nxt = f"{indent}{' ' * CONTINUATION}{rhs}{tail}"
     if len(nxt) <= COLUMN_LIMIT:
         return f"{indent}{lhs} =\n{nxt}"
-    packed = _pack_sum(f"{indent}{lhs} = ", rhs, tail)
-    if packed is None:  # broken after "=" and after the " + " too
-        packed = _pack_sum(f"{indent}{' ' * CONTINUATION}", rhs, tail)
-        packed = packed and [f"{indent}{lhs} ="] + packed
+    same = _pack_sum(f"{indent}{lhs} = ", rhs, tail)
+    after = _pack_sum(f"{indent}{' ' * CONTINUATION}", rhs, tail)  # after "=" and a " + "
+    after = after and [f"{indent}{lhs} ="] + after
+    packed = same or after
     return "\n".join(packed) if packed else one
 
 
