@@ -71,15 +71,13 @@ def _pack(first: str, col: int, pieces: list[str]) -> list[str]:
             summed = None
             if len(cur) + len(p) > COLUMN_LIMIT and " + " in p:  # a sum: broken after a "+"
                 summed = _pack_sum(cur, p, "") if "(" in p.split(" + ")[0] else None
-                if summed is None and " * " in p.split(" + ", 1)[1]:  # after the "*" of a b * c
-                    term, rest = p.split(" + ", 1)
-                    left, right = rest.rsplit(" * ", 1)
-                    at = len(cur) + len(term) + 3 + CONTINUATION
-                    lines2 = [f"{cur}{term} + {left} *", " " * at + right]
-                    summed = lines2 if _fits(lines2) else None
-                if summed is None:
+                if summed is None:  # after the "+", else after the "*" of a + b * c
                     term, rest = p.split(" + ", 1)
                     summed = [cur + term + " +", " " * (col + CONTINUATION) + rest]
+                    if not _fits(summed) and " * " in rest:
+                        left, right = rest.rsplit(" * ", 1)
+                        at = len(cur) + len(term) + 3 + CONTINUATION
+                        summed = [f"{cur}{term} + {left} *", " " * at + right]
             if summed:
                 lines += summed[:-1]
                 cur = summed[-1]
