@@ -1,9 +1,10 @@
 """C text of generated code: identifiers and literals (:func:`c_ident`, :func:`c_float`,
 :class:`NameTable`: one place that sanitises names and formats numbers, so templates stay free
-of formatting logic), and the layout of generated C lines whose length depends on the model:
-function signatures and calls,
-comments and trailing comments, written the way clang-format writes them with the repository's
-``.clang-format`` (LLVM based, 100 columns, 4-space indent), so that generated sources are
+of formatting logic), and the layout of generated C lines whose length depends on the model
+and its name (up to MAX_NAME characters): function signatures and calls, #defines,
+assignments, declarations, comments and trailing comments, written the way clang-format
+writes them with the repository's ``.clang-format`` (LLVM based, 100 columns, 4-space
+indent), so that generated sources are
 unchanged by ``clang-format`` (tests/emit/test_generated_format.py) without running it: the
 output never depends on a tool's version.
 
@@ -293,7 +294,7 @@ def c_declare(decl: str, declarator: str, tail: str, indent: str = "") -> tuple[
     ind = indent + " " * CONTINUATION
     if tail == " = {" and len(one) - 2 <= COLUMN_LIMIT:
         return f"{one[:-2]}\n{ind}{{", CONTINUATION
-    if len(ind + declarator + tail) <= COLUMN_LIMIT:
+    if len(ind + declarator + tail) <= COLUMN_LIMIT or "[" not in declarator:
         return f"{indent}{decl}\n{ind}{declarator}{tail}", CONTINUATION
     ident, sub = declarator.split("[", 1)
     return f"{indent}{decl} {ident}\n{ind}[{sub}{tail}", CONTINUATION
