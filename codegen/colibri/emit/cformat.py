@@ -4,9 +4,9 @@ of formatting logic), and the layout of generated C lines whose length depends o
 and its name (up to MAX_NAME characters): function signatures and calls, #defines,
 assignments, declarations, comments and trailing comments, written the way clang-format
 writes them with the repository's ``.clang-format`` (LLVM based, 100 columns, 4-space
-indent), so that generated sources are
-unchanged by ``clang-format`` (tests/emit/test_generated_format.py) without running it: the
-output never depends on a tool's version.
+indent), so that generated sources are unchanged by ``clang-format``
+(tests/emit/test_generated_format.py) without running it: the output never depends on a
+tool's version.
 
 Templates own the fixed text; these helpers (Jinja globals, :func:`register`) own the lines
 whose breaks depend on names and sizes.
