@@ -524,3 +524,27 @@ def test_verify_hf_checkpoint(cli: Cli, tmp_path: Path) -> None:
     write_safetensors(tensors, ckpt / "model.safetensors")
     proc = cli("verify", str(ckpt), check=False)
     assert_one_line_error(proc, "o_proj.weight", "NaN/Inf")
+
+
+def test_generate_name_is_limited(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--name: a C name of at most MAX_NAME characters (every generated file stays clang-format
+    clean up to it, tests/emit/test_generated_format.py); longer is one line naming the limit,
+    as is an output directory's name used as the default."""
+    from colibri.cli import pipeline
+    from colibri.emit.cformat import MAX_NAME
+    from colibri.errors import ConfigError
+    from colibri.options import GenerateOptions
+
+    ok = "n" * MAX_NAME
+    assert build_parser().parse_args(["generate", "M", "--out", "O", "--name", ok]).name == ok
+    long = "n" * (MAX_NAME + 1)
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "M", "--out", str(tmp_path / "out"), "--name", long])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("colibri: error: argument --name: "), err
+    assert err.count("\n") == 1 and f"at most {MAX_NAME}" in err and long in err, err
+    assert not (tmp_path / "out").exists()
+    toy = make_toy(4, 8, 16, 2, "relu", seed=0)
+    with pytest.raises(ConfigError, match=f"{MAX_NAME + 1} characters long; allowed: at most"):
+        pipeline.render(toy, GenerateOptions(name=long))

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from colibri.cli import pipeline
+from colibri.emit.cformat import MAX_NAME
 from colibri.emit.output import as_binary
 from colibri.frontends.hf import write_safetensors
 from colibri.frontends.seed import make_toy
@@ -41,9 +43,12 @@ SCHEMES: tuple[tuple[str, str | None, str | None], ...] = (
 )
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "swiglu")
 COLUMN_LIMIT = 100
-#: Model names (--name): the default, and one of 10 characters (the generated names and macros
-#: grow with it; much longer names can still give lines clang-format would break).
+#: Model names (--name) of the whole family: the default, and one of 10 characters.
 NAMES = ("model", "mixtral_l3")
+#: Names of other lengths up to the longest --name (MAX_NAME; the generated names and macros grow
+#: with it), each over a subset of the family that still renders every template: every board,
+#: both kinds of model, each scheme and each dense scheme once (tests/emit: issue 36).
+LONG_NAMES = ("m", "moe_block_16char", "a_model_name_of_31_characters_x", "x" * MAX_NAME)
 
 
 def _write_text(out: Path, files: dict[str, Any]) -> list[Path]:
@@ -168,15 +173,21 @@ def _checkpoint(out: Path, config: dict[str, Any], shapes: dict[str, tuple[int, 
     return out
 
 
-def _layer_cases() -> Iterator[tuple[str, Any, GenerateOptions, np.ndarray | None]]:
-    """(case name, model, options, calibration tokens) of the lone-layer family."""
+def _layer_cases(
+    name: str | None = None, subset: bool = False
+) -> Iterator[tuple[str, Any, GenerateOptions, np.ndarray | None]]:
+    """(case name, model, options, calibration tokens) of the lone-layer family, every model
+    called `name` when given (else NAMES in turn, and the default); `subset`: each scheme on
+    one or two boards, one cache / placement case per scheme."""
     for b, board in enumerate(BOARDS):
         for s, (quant, expert_quant, act) in enumerate(SCHEMES):
+            if subset and s % len(BOARDS) != b:
+                continue
             activation = ACTIVATIONS[(b + s) % len(ACTIVATIONS)]
             model = make_toy(4, 32, 64, 2, activation, seed=s)
             opts = GenerateOptions(
                 board=board,
-                name=NAMES[s % 2],
+                name=name or NAMES[s % 2],
                 quant=quant,
                 expert_quant=expert_quant,
                 act=act,
@@ -188,13 +199,17 @@ def _layer_cases() -> Iterator[tuple[str, Any, GenerateOptions, np.ndarray | Non
     relu = make_toy(4, 32, 64, 2, "relu", seed=7)
     shared = make_toy(24, 32, 64, 2, "gelu", seed=9)  # experts 1..22 share expert 0's weights
     shared.experts[1:23] = [shared.experts[0]] * 22
-    yield "host-int8-sharing", shared, GenerateOptions(quant="int8", scale_search="none"), None
+    named = {"name": name} if name else {}
+    opts = GenerateOptions(quant="int8", scale_search="none", **named)
+    yield "host-int8-sharing", shared, opts, None
     swiglu = make_toy(4, 32, 64, 2, "swiglu", seed=8)
     calib = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
     for board in ("host", "cortex-m4"):
-        for quant in ("fp32", "int8", "int4"):
-            for model, act in ((relu, "relu"), (swiglu, "swiglu")):
-                base = GenerateOptions(board=board, quant=quant, scale_search="none")
+        for q, quant in enumerate(("fp32", "int8", "int4")):
+            for a, (model, act) in enumerate(((relu, "relu"), (swiglu, "swiglu"))):
+                if subset and (q + a) % 2 != (board == "host"):
+                    continue
+                base = GenerateOptions(board=board, quant=quant, scale_search="none", **named)
                 yield (
                     f"{board}-{quant}-{act}-lru",
                     model,
@@ -205,7 +220,7 @@ def _layer_cases() -> Iterator[tuple[str, Any, GenerateOptions, np.ndarray | Non
         yield (
             f"{board}-router",
             relu,
-            GenerateOptions(board=board, quant="int8", router_quant="int8"),
+            GenerateOptions(board=board, quant="int8", router_quant="int8", **named),
             None,
         )
 
@@ -214,17 +229,20 @@ def _with(opts: GenerateOptions, **kw: Any) -> GenerateOptions:
     return GenerateOptions(**{**opts.__dict__, **kw})
 
 
-def generate_family(out: Path) -> list[Path]:
-    """Every generated .c / .h of the family, written under `out` (one directory per case)."""
+def generate_family(out: Path, name: str | None = None, subset: bool = False) -> list[Path]:
+    """Every generated .c / .h of the family, written under `out` (one directory per case):
+    every model called `name` when given; `subset`: the part of it that renders every template
+    (every board, each scheme and each transformer configuration once)."""
+    named = {"name": name} if name else {}
     files: list[Path] = []
-    for what, model, opts, calib in _layer_cases():
+    for what, model, opts, calib in _layer_cases(name, subset):
         rendered, _ = pipeline.render(model, opts, calib)
         files += _write_text(out / what, rendered)
     qwen = pipeline.load(_qwen2_checkpoint(out / "ckpt-qwen2"))
     olmoe = pipeline.load(_olmoe_checkpoint(out / "ckpt-olmoe"))
     shared = pipeline.load(out / "ckpt-qwen2", layer=0)  # a lone layer with a shared expert
     for board in ("host", "cortex-m4"):
-        rendered, _ = pipeline.render(shared, GenerateOptions(board=board))
+        rendered, _ = pipeline.render(shared, GenerateOptions(board=board, **named))
         files += _write_text(out / f"{board}-shared-expert", rendered)
     lm_cases = (
         ("fp32", "fp32", None),
@@ -233,8 +251,10 @@ def generate_family(out: Path) -> list[Path]:
         ("int4", "fp16", None),
         ("fp16", "fp32", None),
     )
-    for board in BOARDS:
-        for quant, dense, act in lm_cases:
+    for b, board in enumerate(BOARDS):
+        for c, (quant, dense, act) in enumerate(lm_cases):
+            if subset and c != b:
+                continue
             for arch, model in (("qwen2", qwen), ("olmoe", olmoe)):
                 opts = GenerateOptions(
                     board=board,
@@ -243,6 +263,7 @@ def generate_family(out: Path) -> list[Path]:
                     dense_quant=dense,
                     act=act,
                     scale_search="none",
+                    **named,
                 )
                 rendered, _ = pipeline.render(model, opts)
                 what = f"{board}-{arch}-{quant}-{dense}-{act or 'dflt'}"
@@ -292,12 +313,29 @@ def test_generated_c_is_clang_format_clean(tmp_path: Path) -> None:
     assert not long_lines(files)
 
 
-if __name__ == "__main__":  # the figures of issue 36: lines to reformat, longest line
+@pytest.mark.parametrize("name", LONG_NAMES, ids=lambda n: f"{len(n)}chars")
+def test_any_name_length_is_clang_format_clean(tmp_path: Path, name: str) -> None:
+    """Names of 1, 16, 31 and MAX_NAME characters over the family's subset: the lines whose
+    breaks depend on the name go through emit/cformat.py's helpers."""
+    clang_format = require_tool("clang-format", "clang-format")
+    assert len(name) in (1, 16, 31, MAX_NAME)
+    files = generate_family(tmp_path / "family", name, subset=True)
+    assert len(files) > 60
+    assert all(name in p.read_text() for p in files if p.name.endswith("_model.h"))
+    changes = clang_format_changes(clang_format, files)
+    assert not changes, f"{len(changes)} lines clang-format would change:\n" + "\n".join(
+        changes[:40]
+    )
+    assert not long_lines(files)
+
+
+if __name__ == "__main__":  # the figures of issue 36: lines to reformat, longest line (--name N)
     import sys
     import tempfile
 
+    name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else None
     with tempfile.TemporaryDirectory() as tmp:
-        found = generate_family(Path(tmp) / "family")
+        found = generate_family(Path(tmp) / "family", name)
         changes = clang_format_changes(shutil.which("clang-format") or "clang-format", found)
         longest = max(
             (len(line), str(p.relative_to(tmp)))

@@ -126,6 +126,22 @@ def float_range(
     return parse
 
 
+def model_name(text: str) -> str:
+    """An argparse type: generate's --name, whose C name (lower case, [a-z0-9_]) is at most
+    MAX_NAME characters (the one-line error names the limit)."""
+    from ..emit.cformat import model_ident
+    from ..errors import ConfigError
+
+    try:
+        model_ident(text, "--name")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+model_name.__name__ = "name"
+
+
 def board_name(text: str) -> str:
     """An argparse type: the name of a board file (boards/<name>.toml); an unknown name is the
     one-line error listing the boards."""

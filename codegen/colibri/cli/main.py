@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import __version__
 from ..boards import list_boards, load_board
+from ..emit.cformat import MAX_NAME
 from ..emit.container import container_bytes
 from ..errors import ColibriError, ConfigError, InputError, OutputError, interrupted
 from ..frontends.container import is_lm_container
@@ -61,6 +62,7 @@ from .argtypes import (
     add_board_argument,
     float_range,
     int_range,
+    model_name,
 )
 from .inspect import add_parser as add_inspect_parser
 from .lm import add_run_arguments, cmd_run_lm
@@ -785,7 +787,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="config.json (default: beside the model)")
     add_board_argument(s, "host")
     s.add_argument("--out", required=True, help="output directory")
-    s.add_argument("--name", help="C name of the model (default: the output directory's name)")
+    s.add_argument(
+        "--name",
+        type=model_name,
+        help=f"C name of the model, at most {MAX_NAME} characters (default: the output "
+        "directory's name)",
+    )
     s.add_argument(
         "--max-tokens",
         type=int_range(1, MAX_TOKENS, "tokens per chunk"),

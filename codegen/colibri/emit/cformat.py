@@ -1,11 +1,12 @@
 """C text of generated code: identifiers and literals (:func:`c_ident`, :func:`c_float`,
 :class:`NameTable`: one place that sanitises names and formats numbers, so templates stay free
-of formatting logic), and the layout of generated C lines whose length depends on the model:
-function signatures and calls,
-comments and trailing comments, written the way clang-format writes them with the repository's
-``.clang-format`` (LLVM based, 100 columns, 4-space indent), so that generated sources are
-unchanged by ``clang-format`` (tests/emit/test_generated_format.py) without running it: the
-output never depends on a tool's version.
+of formatting logic), and the layout of generated C lines whose length depends on the model
+and its name (up to MAX_NAME characters): function signatures and calls, #defines,
+assignments, declarations, comments and trailing comments, written the way clang-format
+writes them with the repository's ``.clang-format`` (LLVM based, 100 columns, 4-space
+indent), so that generated sources are unchanged by ``clang-format``
+(tests/emit/test_generated_format.py) without running it: the output never depends on a
+tool's version.
 
 Templates own the fixed text; these helpers (Jinja globals, :func:`register`) own the lines
 whose breaks depend on names and sizes.
@@ -68,7 +69,21 @@ def _pack(first: str, col: int, pieces: list[str]) -> list[str]:
             if not fresh:
                 lines.append(cur)
                 cur = " " * col
-            cur += p
+            summed = None
+            if len(cur) + len(p) > COLUMN_LIMIT and " + " in p:  # a sum: broken after a "+"
+                summed = _pack_sum(cur, p, "") if "(" in p.split(" + ")[0] else None
+                if summed is None:  # after the "+", else after the "*" of a + b * c
+                    term, rest = p.split(" + ", 1)
+                    summed = [cur + term + " +", " " * (col + CONTINUATION) + rest]
+                    if not _fits(summed) and " * " in rest:
+                        left, right = rest.rsplit(" * ", 1)
+                        at = len(cur) + len(term) + 3 + CONTINUATION
+                        summed = [f"{cur}{term} + {left} *", " " * at + right]
+            if summed:
+                lines += summed[:-1]
+                cur = summed[-1]
+            else:
+                cur += p
         else:
             cur += " " + p
         fresh = False
@@ -114,7 +129,13 @@ def c_call(
     paren = _AFTER_PAREN[kind] + (
         _BREAK * (len(broken) - 2) if kind == "decl" else _BREAK * (len(broken) - 1)
     )
-    options.append((paren, 2, broken))
+    if _fits(broken):
+        options.append((paren, 2, broken))
+    if not options and kind == "decl" and " " in head:  # return type and name on their own lines
+        rtype, name = head.rsplit(" ", 1)
+        options.append((0, 3, [indent + rtype, f"{indent}{name}("] + broken[1:]))
+    if not options:
+        options.append((paren, 2, broken))
     return "\n".join(min(options, key=lambda o: (o[0], o[1]))[2])
 
 
@@ -160,6 +181,8 @@ def c_assert(lhs: str | list[str], op: str, rhs: str, message: str) -> str:
     both = f"{ind}{cond}, {msg}"
     if len(both) <= COLUMN_LIMIT:
         return f"{head}\n{both}"
+    if len(f"{ind}{cond},") > COLUMN_LIMIT:  # the condition broken after its operator
+        cond = f"{' + '.join(terms)} {op}\n{ind}{ind}{rhs}"
     return f"{head}\n{ind}{cond},\n{ind}{msg}"
 
 
@@ -199,6 +222,84 @@ def c_trailing(code: str, comment: str, indent: str = "") -> str:
     return c_comment(comment, indent, "/* ", " * ") + "\n" + indent + code
 
 
+def _pack_sum(first: str, expr: str, tail: str, limit: int = COLUMN_LIMIT) -> list[str] | None:
+    """`first` then `expr` + `tail` broken after its " + " operators, the operands packed and
+    continued under the first one (after the innermost "(" open at the first break), every
+    line within `limit`; None when it has no " + " or a part does not fit."""
+    terms = expr.split(" + ")
+    if len(terms) < 2:
+        return None
+    depth: list[int] = []
+    for i, ch in enumerate(first + terms[0]):
+        if ch == "(":
+            depth.append(i + 1)
+        elif ch == ")" and depth:
+            depth.pop()
+    if not depth:
+        return None
+    col = depth[-1]
+    lines = [first + terms[0]]
+    rest = terms[1:-1] + [terms[-1] + tail]
+    for i, t in enumerate(rest):
+        more = 2 if i + 1 < len(rest) else 0  # room for the " +" after it
+        if len(lines[-1]) + 3 + len(t) + more <= limit:
+            lines[-1] += " + " + t
+        else:
+            lines[-1] += " +"
+            lines.append(" " * col + t)
+    return lines if all(len(x) <= limit for x in lines) else None
+
+
+def c_assign(lhs: str, rhs: str, tail: str = ";", indent: str = "") -> str:
+    """``lhs = rhs;`` (or a designated initialiser's ``.f = v,``): on one line if it fits, else
+    the value on the next line (4 more columns), else broken after its " + "."""
+    one = f"{indent}{lhs} = {rhs}{tail}"
+    if len(one) <= COLUMN_LIMIT:
+        return one
+    nxt = f"{indent}{' ' * CONTINUATION}{rhs}{tail}"
+    if len(nxt) <= COLUMN_LIMIT:
+        return f"{indent}{lhs} =\n{nxt}"
+    same = _pack_sum(f"{indent}{lhs} = ", rhs, tail)
+    after = _pack_sum(f"{indent}{' ' * CONTINUATION}", rhs, tail)  # after "=" and a " + "
+    after = after and [f"{indent}{lhs} ="] + after
+    packed = same or after
+    return "\n".join(packed) if packed else one
+
+
+def c_define(head: str, value: str = "") -> str:
+    """``#define head value``: on one line if it fits, else the value on the next lines (4
+    columns in, broken after its " + "), each line but the last ending in a backslash at the
+    column limit (clang-format's AlignEscapedNewlines: Right)."""
+    one = f"#define {head} {value}".rstrip()
+    if len(one) <= COLUMN_LIMIT:
+        return one
+    ind = " " * CONTINUATION
+    lines = [f"#define {head}"]
+    if len(ind + value) <= COLUMN_LIMIT:
+        lines.append(ind + value)
+    else:
+        lines += _pack_sum(ind, value, "", COLUMN_LIMIT - 2) or [ind + value]
+    return "\n".join([x.ljust(COLUMN_LIMIT - 1) + "\\" for x in lines[:-1]] + lines[-1:])
+
+
+def c_declare(decl: str, declarator: str, tail: str, indent: str = "") -> tuple[str, int]:
+    """A declaration ``decl declarator tail`` (tail: " = {" opening an initialiser, or e.g.
+    " ATTRIBUTE;") laid out as clang-format does, and how many columns further in the
+    initialiser's lines then go (0, or 4 when the declaration is broken): on one line; else
+    (an initialiser) the "{" on the next line; else the declarator on the next line; else
+    broken before the declarator's "["."""
+    one = f"{indent}{decl} {declarator}{tail}"
+    if len(one) <= COLUMN_LIMIT:
+        return one, 0
+    ind = indent + " " * CONTINUATION
+    if tail == " = {" and len(one) - 2 <= COLUMN_LIMIT:
+        return f"{one[:-2]}\n{ind}{{", CONTINUATION
+    if len(ind + declarator + tail) <= COLUMN_LIMIT or "[" not in declarator:
+        return f"{indent}{decl}\n{ind}{declarator}{tail}", CONTINUATION
+    ident, sub = declarator.split("[", 1)
+    return f"{indent}{decl} {ident}\n{ind}[{sub}{tail}", CONTINUATION
+
+
 def c_aligned_comments(items: list[tuple[str, str]], indent: str = "    ") -> str:
     """Lines ``code /* comment */`` with the comments aligned (clang-format's
     AlignTrailingComments), one per line."""
@@ -217,6 +318,9 @@ def register(env: Any) -> None:
         c_brief=c_brief,
         c_trailing=c_trailing,
         c_aligned_comments=c_aligned_comments,
+        c_assign=c_assign,
+        c_define=c_define,
+        c_declare=c_declare,
     )
 
 
@@ -228,6 +332,26 @@ C_RESERVED = frozenset(
     union unsigned void volatile while _Alignas _Alignof _Atomic _Bool _Complex _Generic
     _Imaginary _Noreturn _Static_assert _Thread_local bool true false NULL main asm""".split()
 )
+
+
+#: Longest C name of a model (``--name`` after :func:`c_ident`). The longest identifier derived
+#: from it adds 24 characters (``<name>_l<layer>_shared_expert_gate`` below 1000 layers), so
+#: every generated identifier and macro stays within the 63 significant characters C11
+#: guarantees (5.2.4.1); the generated files are clang-format clean for every length up to it.
+MAX_NAME = 32
+
+
+def model_ident(name: str, what: str = "model name") -> str:
+    """The C name of a model called `name` (:func:`c_ident`), refused (ConfigError) when longer
+    than MAX_NAME."""
+    ident = c_ident(name)
+    if len(ident) > MAX_NAME:
+        said = f" (C name '{ident}')" if ident != name else ""
+        raise ConfigError(
+            f"{what} '{name}'{said} is {len(ident)} characters long; allowed: at most "
+            f"{MAX_NAME} (pass a shorter --name)"
+        )
+    return ident
 
 
 def c_ident(name: str) -> str:

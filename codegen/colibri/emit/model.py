@@ -46,7 +46,7 @@ from ..quant.formats import ROUTER_SCHEME_CODES, QuantExpert, QuantRouter, Quant
 from ..quant.model import LayerQuant, TransformerQuant
 from ..reference.accuracy import Analysis
 from ..reference.transformer import rope_tables
-from .cformat import c_float, c_ident
+from .cformat import c_float, model_ident
 from .experts import PACK_ISAS, PARTS, ffn_kernel, fp32_expert, kernel_params, packed_kernel
 from .output import (
     GENERATED_FILES,
@@ -73,7 +73,7 @@ def render(
     """The emit stage: every generated file and the manifest of `model` from its quantised
     weights (a lone layer's LayerQuant; a transformer's TransformerQuant, None when all fp32),
     the analysis stage's result and the plan; returns ({filename: text}, manifest)."""
-    name = c_ident(options.name)
+    name = model_ident(options.name)
     w = WeightTable(name)
     kinds: dict[str, dict[str, Any]] = {}
     if model.decoder is None:

@@ -115,7 +115,8 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
                 f"sizeof({tname_c})",
                 "==",
                 str(size),
-                f"{tname_c} differs from colibri/quant/formats.py q8_channel_dtype",
+                f"{tname_c.removeprefix(name + '_')} differs from colibri/quant/formats.py "
+                "q8_channel_dtype",
             )
         )
         return {
