@@ -29,9 +29,7 @@ import stack_sweep  # noqa: E402
 
 #: Bare-metal boards whose runner platform carries the stack guard (every runner platform).
 GUARDED = [
-    b.name
-    for b in list_boards()
-    if b.is_baremetal and b.platform in ("arm_semihost", "xtensa_sim")
+    b.name for b in list_boards() if b.is_baremetal and b.platform in ("arm_semihost", "xtensa_sim")
 ]
 #: The start-up's frames above main in the deepest path, per runner platform.
 ENTRY_PATH = {"arm_semihost": ["clb_reset_handler", "main"], "xtensa_sim": ["_start"]}
