@@ -17,10 +17,9 @@
  * of unpacking per operand word. |65536 a b| <= 2^30, so ACC (2^39) holds 256 of them: each piece
  * of at most 256 codes is read out (ACC / 65536, exact) and ACC cleared. a and b are 4-byte
  * aligned and n a multiple of 4. ACC is the core's (ESP-IDF saves it with a task's context). */
-/* One word of each operand: unpack both into masked halves, four MULAs. */
-#define CLB_MAC16_WORD(off)                                                                        \
-    "l32i   %[x], %[pa], " #off "\n\t"                                                             \
-    "l32i   %[y], %[pb], " #off "\n\t"                                                             \
+/* The words x and y of four codes each: both unpacked into masked halves (xh / yh: codes 3 and
+ * 1, x / y: codes 2 and 0, times 256), four MULAs. */
+#define CLB_MAC16_MULA4                                                                            \
     "and    %[xh], %[x], %[m]\n\t"                                                                 \
     "and    %[yh], %[y], %[m]\n\t"                                                                 \
     "slli   %[x], %[x], 8\n\t"                                                                     \
@@ -31,6 +30,27 @@
     "mula.aa.ll %[xh], %[yh]\n\t"                                                                  \
     "mula.aa.hh %[x], %[y]\n\t"                                                                    \
     "mula.aa.ll %[x], %[y]\n\t"
+
+/* ACC = 0, before a piece. */
+static inline __attribute__((always_inline)) void clb_mac16_clear(void)
+{
+    __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+}
+
+/* ACC / 65536 (bits 39..16, a 24-bit two's complement value): a piece's exact integer sum. */
+static inline __attribute__((always_inline)) int32_t clb_mac16_piece(void)
+{
+    uint32_t lo;
+    uint32_t hi;
+    __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
+    const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
+    return (int32_t)(piece << 8) >> 8;
+}
+
+/* One word of each operand: loaded, then CLB_MAC16_MULA4. */
+#define CLB_MAC16_WORD(off)                                                                        \
+    "l32i   %[x], %[pa], " #off "\n\t"                                                             \
+    "l32i   %[y], %[pb], " #off "\n\t" CLB_MAC16_MULA4
 
 static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *a, const int8_t *b,
                                                                   int32_t n)
@@ -46,7 +66,7 @@ static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *
         uint32_t y;
         uint32_t xh;
         uint32_t yh;
-        __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+        clb_mac16_clear();
         /* A branch loop, not the zero-overhead LOOP: GCC may turn an enclosing loop into one,
          * and LOOP registers do not nest. */
         if (quads > 0) {
@@ -68,12 +88,7 @@ static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *
                              : [m] "a"(mask)
                              : "memory");
         }
-        uint32_t lo;
-        uint32_t hi;
-        __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
-        /* ACC / 65536: bits 39..16, a 24-bit two's complement value */
-        const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
-        acc += (int32_t)(piece << 8) >> 8;
+        acc += clb_mac16_piece();
         left -= words * 4;
     }
     return acc;
@@ -90,17 +105,7 @@ static inline __attribute__((always_inline)) int32_t dot_q8_mac16(const int8_t *
 #define CLB_MAC16_UWORD(off, lo, hi)                                                               \
     "l32i   %[" #hi "], %[pa], " #off "+4\n\t"                                                     \
     "src    %[x], %[" #hi "], %[" #lo "]\n\t"                                                      \
-    "l32i   %[y], %[pb], " #off "\n\t"                                                             \
-    "and    %[xh], %[x], %[m]\n\t"                                                                 \
-    "and    %[yh], %[y], %[m]\n\t"                                                                 \
-    "slli   %[x], %[x], 8\n\t"                                                                     \
-    "slli   %[y], %[y], 8\n\t"                                                                     \
-    "and    %[x], %[x], %[m]\n\t"                                                                  \
-    "and    %[y], %[y], %[m]\n\t"                                                                  \
-    "mula.aa.hh %[xh], %[yh]\n\t"                                                                  \
-    "mula.aa.ll %[xh], %[yh]\n\t"                                                                  \
-    "mula.aa.hh %[x], %[y]\n\t"                                                                    \
-    "mula.aa.ll %[x], %[y]\n\t"
+    "l32i   %[y], %[pb], " #off "\n\t" CLB_MAC16_MULA4
 
 static __attribute__((noinline)) int32_t dot_q8_mac16_u(const int8_t *a, const int8_t *b, int32_t n)
 {
@@ -119,7 +124,7 @@ static __attribute__((noinline)) int32_t dot_q8_mac16_u(const int8_t *a, const i
         uint32_t xh;
         uint32_t yh;
         uint32_t w1;
-        __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+        clb_mac16_clear();
         if (pairs > 0) {
             __asm__ volatile(
                 "ssa8l  %[s]\n\t"
@@ -143,11 +148,7 @@ static __attribute__((noinline)) int32_t dot_q8_mac16_u(const int8_t *a, const i
                 : [m] "a"(mask), [s] "a"(sar)
                 : "memory");
         }
-        uint32_t lo;
-        uint32_t hi;
-        __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
-        const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
-        acc += (int32_t)(piece << 8) >> 8;
+        acc += clb_mac16_piece();
         left -= words * 4;
     }
     return acc;
@@ -175,7 +176,7 @@ static __attribute__((noinline)) int32_t dot_q8_mac16_uu(const int8_t *a, const 
         uint32_t y;
         uint32_t xh;
         uint32_t yh;
-        __asm__ volatile("wsr %0, acclo\n\twsr %0, acchi" ::"a"(0) : "memory");
+        clb_mac16_clear();
         __asm__ volatile("1:\n\t"
                          "l32i   %[xh], %[pa], 4\n\t"
                          "ssa8l  %[sa]\n\t"
@@ -184,18 +185,7 @@ static __attribute__((noinline)) int32_t dot_q8_mac16_uu(const int8_t *a, const 
                          "l32i   %[yh], %[pb], 4\n\t"
                          "ssa8l  %[sb]\n\t"
                          "src    %[y], %[yh], %[wb]\n\t"
-                         "mov    %[wb], %[yh]\n\t"
-                         "and    %[xh], %[x], %[m]\n\t"
-                         "and    %[yh], %[y], %[m]\n\t"
-                         "slli   %[x], %[x], 8\n\t"
-                         "slli   %[y], %[y], 8\n\t"
-                         "and    %[x], %[x], %[m]\n\t"
-                         "and    %[y], %[y], %[m]\n\t"
-                         "mula.aa.hh %[xh], %[yh]\n\t"
-                         "mula.aa.ll %[xh], %[yh]\n\t"
-                         "mula.aa.hh %[x], %[y]\n\t"
-                         "mula.aa.ll %[x], %[y]\n\t"
-                         "addi   %[pa], %[pa], 4\n\t"
+                         "mov    %[wb], %[yh]\n\t" CLB_MAC16_MULA4 "addi   %[pa], %[pa], 4\n\t"
                          "addi   %[pb], %[pb], 4\n\t"
                          "addi   %[q], %[q], -1\n\t"
                          "bnez   %[q], 1b"
@@ -203,11 +193,7 @@ static __attribute__((noinline)) int32_t dot_q8_mac16_uu(const int8_t *a, const 
                            [wb] "+a"(wb), [x] "=&a"(x), [y] "=&a"(y), [xh] "=&a"(xh), [yh] "=&a"(yh)
                          : [m] "a"(mask), [sa] "a"(sa), [sb] "a"(sb)
                          : "memory");
-        uint32_t lo;
-        uint32_t hi;
-        __asm__ volatile("rsr %0, acclo\n\trsr %1, acchi" : "=a"(lo), "=a"(hi));
-        const uint32_t piece = ((hi & 0xFFu) << 16) | (lo >> 16);
-        acc += (int32_t)(piece << 8) >> 8;
+        acc += clb_mac16_piece();
     }
     return acc;
 }
@@ -236,6 +222,7 @@ colibri_mac16_dot_q8(const int8_t *a, const int8_t *b, int32_t n, int32_t *pi)
     *pi = i;
     return acc;
 }
+#undef CLB_MAC16_MULA4
 #define COLIBRI_ISA_DOT_Q8 colibri_mac16_dot_q8
 
 #endif /* COLIBRI_KERNELS_MAC16_H */
