@@ -48,14 +48,19 @@ def hessian(x: np.ndarray) -> np.ndarray:
     return (x.T @ x) / max(1, x.shape[0])
 
 
-def _inverse_factor(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(upper Cholesky factor U of (H + damping)^-1, the inputs that never move)."""
-    h = np.array(h, dtype=np.float64)
+def _check_finite(h: np.ndarray) -> None:
+    """Refuse calibration statistics that hold NaN or Inf (ConfigError naming the fix)."""
     if not np.isfinite(h).all():
         raise ConfigError(
             "calibration statistics hold NaN or Inf: check --calib for NaN/Inf values (a NaN "
             "activation in the fp32 model on these tokens means the model itself overflows)"
         )
+
+
+def _inverse_factor(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(upper Cholesky factor U of (H + damping)^-1, the inputs that never move)."""
+    h = np.array(h, dtype=np.float64)
+    _check_finite(h)
     n = h.shape[0]
     dead = np.diag(h) <= 0
     h[dead, :] = 0
@@ -166,11 +171,7 @@ def _block_factors(hb: np.ndarray) -> np.ndarray:
     """Upper Cholesky factors of (H_g + damping)^-1 for every diagonal block H_g [ng, G, G]
     (dead inputs: identity rows, so no compensation through them)."""
     h = np.array(hb, dtype=np.float64)
-    if not np.isfinite(h).all():
-        raise ConfigError(
-            "calibration statistics hold NaN or Inf: check --calib for NaN/Inf values (a NaN "
-            "activation in the fp32 model on these tokens means the model itself overflows)"
-        )
+    _check_finite(h)
     k = h.shape[1]
     diag = np.diagonal(h, axis1=1, axis2=2)
     dead = diag <= 0
