@@ -53,6 +53,31 @@ size_t colibri_slot_book_bytes(int32_t n_slots);
  */
 void colibri_topk_f32(const float *x, int32_t n, int32_t k, int32_t *ids, float *vals);
 
+/*
+ * The MoE block's grouping and combining, shared by colibri_sparse_forward (the generated
+ * models' dispatch) and the container's lm_step.c: a chunk's (token, slot) pairs are numbered
+ * pair = token * top_k + slot (ids and gates [tokens][top_k]).
+ */
+
+/**
+ * @brief Counting sort of n_pairs pairs by expert id, stable in pair order: offsets[e] ..
+ *        offsets[e + 1] - 1 are the positions in perm of expert e's pairs (offsets [n_experts
+ *        + 1], cursor [n_experts] scratch, perm [n_pairs]).
+ */
+void clb_moe_group(const int32_t *ids, int32_t n_pairs, int32_t n_experts, int32_t *offsets,
+                   int32_t *cursor, int32_t *perm);
+
+/** @brief The token rows of pairs[0 .. count) of x [tokens][d_model], in order, into xg. */
+void clb_moe_gather(const int32_t *pairs, int32_t count, int32_t top_k, const float *x, float *xg,
+                    int32_t d_model);
+
+/**
+ * @brief out[token of pairs[r]] += gates[pairs[r]] * y[r] for r = 0 .. count - 1, in that
+ *        order: over an expert-sorted perm, each token adds its experts in ascending id.
+ */
+void clb_moe_scatter_add(const int32_t *pairs, int32_t count, int32_t top_k, const float *gates,
+                         const float *y, float *out, int32_t d_model);
+
 /** @brief A sharing map is valid when every entry is in range and map[map[i]] == map[i]. */
 colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts);
 

@@ -15,6 +15,11 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(COLIBRI_NO_X86_DISPATCH)
 #define COLIBRI_X86_DISPATCH 1
+/* AVX-VNNI / AVX-512 VNNI (and the packed kernels, AVX-512 VNNI's) need GCC 11 or clang 12
+ * (target names and intrinsics); older compilers build the base and AVX2 levels only. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define COLIBRI_X86_PACKED 1
+#endif
 #endif
 
 #if defined(COLIBRI_X86_DISPATCH)
@@ -60,12 +65,24 @@ size_t colibri_x86_packed_bytes(int32_t kind, int32_t n_out, int32_t n_in);
 void colibri_x86_pack(int32_t kind, const void *w, const float *scale, int32_t n_out, int32_t n_in,
                       void *dst);
 
+/** @brief Alignment of a block of packed copies: a huge page, so madvise(MADV_HUGEPAGE) can
+ *         back it. */
+#define CLB_PACK_ALIGN ((size_t)2 << 20)
+
+/** @brief A block of `bytes` (a multiple of CLB_PACK_ALIGN) for packed copies, aligned to
+ *         CLB_PACK_ALIGN and advised for huge pages before its first write (mat_pack.c; NULL:
+ *         no memory). The generated models' colibri_pack_matrices and the model-file runtime's
+ *         clb_lm_pack take theirs here; free() releases it. */
+void *clb_pack_alloc(size_t bytes);
+
+#if defined(COLIBRI_X86_PACKED)
 /** @brief Rows [r0, r1) (r0 a multiple of 16) of W x for n_tok int8 activation rows (xq / sx as
  *         colibri_matmul_q8_q8's): output row t at y + t * ldy, y and rscale (PACK_Q8: the per-row
  *         scales) at row r0. Every value has the bits colibri_matvec_* gives it. */
 void colibri_x86_matmul_packed(int32_t kind, const void *packed, const float *rscale, int32_t n_out,
                                int32_t n_in, int32_t r0, int32_t r1, const int8_t *xq,
                                const float *sx, float *y, int32_t ldy, int32_t n_tok);
+#endif
 
 /** @brief In a public kernel of kernels_q.c: run the level's version when it has one. */
 #define COLIBRI_X86_KERNEL(name, args)                                                             \

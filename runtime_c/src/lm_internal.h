@@ -162,15 +162,17 @@ struct colibri_lm {
     int32_t n_threads; /* >= 1: the caller's thread and n_threads - 1 pool workers */
     int32_t batch;     /* token rows of the activations: prefill chunk (decode uses row 0) */
     int32_t max_k;     /* largest top_k of the model's MoE layers (at least 1) */
+    int32_t max_e;     /* most experts of the model's MoE layers (at least 1) */
     lm_mat embed, lm_head;
     const float *final_norm, *rope_cos, *rope_sin;
     lm_layer *layers;
     /* the arena: activations of `batch` token rows ([batch][n] each; a decode step is row 0) */
     float *x, *hbuf, *q, *k, *v, *att, *proj, *shared, *ffn_scratch, *y_expert;
     float *gates, *route_temp, *logits, *kv, *sxq;
-    int32_t *ids;          /* [batch][max_k] routed experts (sorted by id), gates alongside */
-    int32_t *keys;         /* [batch * max_k] (expert, token, slot) keys grouping a layer's uses */
-    int32_t *groups;       /* [batch * max_k + 1] start of each expert's run in keys */
+    int32_t *ids;          /* [batch][top_k] a layer's routed experts, gates alongside */
+    int32_t *perm;         /* [batch * max_k] the (row, slot) pairs by expert (clb_moe_group) */
+    int32_t *offsets;      /* [2 max_experts + 1] clb_moe_group's offsets, then its cursor */
+    int32_t *groups;       /* [batch * max_k + 1] start of each used expert's run in perm */
     int32_t *owner;        /* [batch * max_k] the thread that runs each run */
     int64_t *load;         /* [n_threads] rows assigned to each thread (owner's balance) */
     int8_t *xq;            /* [batch][act_n] int8 activation rows of the dense matrices */

@@ -1,13 +1,13 @@
 /**
  * @file lm_pack.c
- * @brief The memory of a whole model (colibri_lm.h): the arena's layout and the packed
- *        matrices (int8 / int4 weights copied at init into the CPU's packed kernel layout).
+ * @brief The memory of a whole model (colibri_lm.h): the arena's layout, the packed
+ *        matrices (int8 / int4 weights copied at init into the CPU's packed kernel layout)
+ *        and what colibri_lm_info / colibri_lm_sampler_workspace report of them.
  *        Compiled out with COLIBRI_NO_FILESYSTEM (MCUs run the generated C).
  */
 #ifndef COLIBRI_NO_FILESYSTEM
 
 #define _POSIX_C_SOURCE 200809L
-#define _DEFAULT_SOURCE /* madvise (MADV_DONTNEED: glibc's posix_madvise ignores it) */
 
 #include "lm_internal.h"
 
@@ -46,7 +46,8 @@ uint64_t clb_lm_arena_layout(colibri_lm_t *lm, unsigned char *arena)
     LM_REGION(ffn_scratch, float, mul64(8u * b, ff));
     LM_REGION(ids, int32_t, mul64(4u * b, kk));
     LM_REGION(gates, float, mul64(4u * b, kk));
-    LM_REGION(keys, int32_t, mul64(4u * b, kk));
+    LM_REGION(perm, int32_t, mul64(4u * b, kk));
+    LM_REGION(offsets, int32_t, add64(mul64(8u, (uint64_t)lm->max_e), 4u));
     LM_REGION(groups, int32_t, add64(mul64(4u * b, kk), 4u));
     LM_REGION(owner, int32_t, mul64(4u * b, kk));
     LM_REGION(load, int64_t, mul64(8u, nt));
@@ -85,7 +86,6 @@ uint64_t clb_lm_arena_layout(colibri_lm_t *lm, unsigned char *arena)
  * it off; every output has the same bits either way. */
 
 #if defined(COLIBRI_X86_DISPATCH)
-#define LM_PACK_ALIGN ((size_t)2 << 20)
 
 /* m's packed bytes at *off (64-aligned), packed there when base is not NULL. */
 static void pack_mat(lm_mat *m, int32_t act, unsigned char *base, size_t *off)
@@ -147,7 +147,8 @@ static size_t pack_all(colibri_lm_t *lm, unsigned char *base)
 }
 #endif
 
-/* The bytes clb_lm_pack allocates: the packed matrices rounded up to LM_PACK_ALIGN (0: none). */
+/* The bytes clb_lm_pack allocates: the packed matrices rounded up to CLB_PACK_ALIGN (0: none).
+ */
 uint64_t clb_lm_pack_bytes(colibri_lm_t *lm)
 {
 #if defined(COLIBRI_X86_DISPATCH)
@@ -156,7 +157,7 @@ uint64_t clb_lm_pack_bytes(colibri_lm_t *lm)
         return 0u;
     }
     const size_t bytes = pack_all(lm, NULL);
-    return bytes == 0u ? 0u : (bytes + LM_PACK_ALIGN - 1u) & ~(LM_PACK_ALIGN - 1u);
+    return bytes == 0u ? 0u : (bytes + CLB_PACK_ALIGN - 1u) & ~(CLB_PACK_ALIGN - 1u);
 #else
     (void)lm;
     return 0u;
@@ -172,13 +173,10 @@ colibri_status clb_lm_pack(colibri_lm_t *lm)
     if (total == 0u) {
         return COLIBRI_OK;
     }
-    unsigned char *base = (unsigned char *)aligned_alloc(LM_PACK_ALIGN, total);
+    unsigned char *base = (unsigned char *)clb_pack_alloc(total);
     if (base == NULL) {
         return COLIBRI_ERR_NOMEM;
     }
-#if defined(MADV_HUGEPAGE)
-    (void)madvise(base, total, MADV_HUGEPAGE); /* before the first write; a hint */
-#endif
     (void)pack_all(lm, base); /* the same matrices in the same order as the sizing pass */
     lm->packed = base;
     lm->packed_bytes = total;
@@ -186,6 +184,26 @@ colibri_status clb_lm_pack(colibri_lm_t *lm)
     (void)lm;
 #endif
     return COLIBRI_OK;
+}
+
+colibri_status colibri_lm_info(const colibri_lm_t *lm, colibri_lm_info_t *info)
+{
+    if (lm == NULL || info == NULL) {
+        return COLIBRI_ERR_ARG;
+    }
+    info->vocab_size = (int32_t)lm->h.vocab;
+    info->d_model = (int32_t)lm->h.d_model;
+    info->n_layers = (int32_t)lm->h.n_layers;
+    info->max_context = lm->max_context;
+    info->arena_bytes = lm->arena_bytes;
+    info->weight_bytes = lm->map_size;
+    info->packed_bytes = lm->packed_bytes;
+    return COLIBRI_OK;
+}
+
+void *colibri_lm_sampler_workspace(colibri_lm_t *lm)
+{
+    return lm != NULL ? lm->sample_ws : NULL;
 }
 
 #else

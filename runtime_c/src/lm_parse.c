@@ -668,15 +668,18 @@ static colibri_status lm_open(const colibri_lm_config_t *config, colibri_lm_memo
      * d_ff is the shape of its experts' (or dense MLP's) matrices in the file. */
     int32_t max_ff = 1;
     int32_t max_k = 1;
+    int32_t max_e = 1;
     for (uint32_t l = 0; l < h->n_layers; l++) {
         if (descs[l].v[0] == 1) {
             max_ff = descs[l].v[3] > max_ff ? descs[l].v[3] : max_ff;
             max_k = descs[l].v[2] > max_k ? descs[l].v[2] : max_k;
+            max_e = descs[l].v[1] > max_e ? descs[l].v[1] : max_e;
         }
         max_ff = descs[l].v[6] > max_ff ? descs[l].v[6] : max_ff;
     }
     lm->max_ff = max_ff;
     lm->max_k = max_k;
+    lm->max_e = max_e;
     lm->n_threads = config->num_threads > 1 ? config->num_threads : 1;
     lm->par_min_work = LM_PAR_MIN_WORK;
     const char *min_work = getenv("COLIBRI_LM_PAR_MIN_WORK");
@@ -792,26 +795,6 @@ void colibri_lm_free(colibri_lm_t *lm)
     close(lm->fd);
     munmap(lm->map, lm->map_size);
     free(lm);
-}
-
-colibri_status colibri_lm_info(const colibri_lm_t *lm, colibri_lm_info_t *info)
-{
-    if (lm == NULL || info == NULL) {
-        return COLIBRI_ERR_ARG;
-    }
-    info->vocab_size = (int32_t)lm->h.vocab;
-    info->d_model = (int32_t)lm->h.d_model;
-    info->n_layers = (int32_t)lm->h.n_layers;
-    info->max_context = lm->max_context;
-    info->arena_bytes = lm->arena_bytes;
-    info->weight_bytes = lm->map_size;
-    info->packed_bytes = lm->packed_bytes;
-    return COLIBRI_OK;
-}
-
-void *colibri_lm_sampler_workspace(colibri_lm_t *lm)
-{
-    return lm != NULL ? lm->sample_ws : NULL;
 }
 
 #else

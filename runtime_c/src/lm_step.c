@@ -163,22 +163,27 @@ static colibri_status hook_attend(void *ctx, const colibri_attention_shape_t *sh
     return lm_run_sized(lm, job_att, &j, work);
 }
 
-/* The routed experts of a layer for n rows, grouped by expert: lm->keys (id * n + row, sorted)
- * in runs lm->groups[g] .. lm->groups[g + 1]; each expert runs once on its rows (one GEMM per
- * matrix), and its output row for (row, slot) goes to y_expert[row][slot]. */
+/* The routed experts of a layer for n rows, grouped by expert (clb_moe_group): lm->perm holds
+ * the (row, slot) pairs (pair = row * top_k + slot) in expert order, in runs lm->groups[g] ..
+ * lm->groups[g + 1] - 1; each expert runs once on its rows (one GEMM per matrix) and writes
+ * its output rows in that order to y_expert[lm->groups[g] ..]. */
 typedef struct {
     const lm_layer *ly;
     const float *x;
     int32_t n, g0, g1; /* the runs g0 .. g1 - 1 */
 } lm_moe_job;
 
+/* The expert id of run g. */
+static int32_t run_expert_id(const colibri_lm_t *lm, int32_t g)
+{
+    return lm->ids[lm->perm[lm->groups[g]]];
+}
+
 static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t nt)
 {
     const lm_moe_job *j = (const lm_moe_job *)arg;
     const lm_layer *ly = j->ly;
-    const int32_t n = j->n;
-    const size_t d = (size_t)lm->h.d_model;
-    const int32_t kk = lm->max_k;
+    const int32_t d = (int32_t)lm->h.d_model;
     lm_scratch *sc = &lm->scratch[tid];
     for (int32_t g = j->g0; g < j->g1; g++) {
         if ((nt > 1 ? lm->owner[g] : 0) != tid) {
@@ -186,43 +191,23 @@ static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t 
         }
         const int32_t first = lm->groups[g];
         const int32_t cnt = lm->groups[g + 1] - first;
-        const int32_t id = lm->keys[first] / n;
-        const lm_expert *e = clb_lm_expert_at(lm, ly, id);
+        const lm_expert *e = clb_lm_expert_at(lm, ly, run_expert_id(lm, g));
         if (e == NULL) {
             return COLIBRI_ERR_EXPERT; /* not reached: clb_lm_expert_use made it resident */
         }
-        for (int32_t r = 0; r < cnt; r++) {
-            const int32_t t = lm->keys[first + r] % n;
-            memcpy(sc->xin + (size_t)r * d, j->x + (size_t)t * d, d * sizeof(float));
-        }
+        float *y = lm->y_expert + (size_t)first * (size_t)d;
+        clb_moe_gather(lm->perm + first, cnt, ly->top_k, j->x, sc->xin, d);
         if (e->scheme == COLIBRI_QUANT_F32) {
-            colibri_expert_ffn_f32(&ly->moe, &e->fw, sc->xin, sc->yout, cnt, sc->hh);
+            colibri_expert_ffn_f32(&ly->moe, &e->fw, sc->xin, y, cnt, sc->hh);
         } else {
-            const colibri_status st = colibri_tf_swiglu_rows(e->w, e->act, sc->xin, sc->yout, cnt,
-                                                             sc->hh, sc->xq, sc->sx);
+            const colibri_status st =
+                colibri_tf_swiglu_rows(e->w, e->act, sc->xin, y, cnt, sc->hh, sc->xq, sc->sx);
             if (st != COLIBRI_OK) {
                 return st;
             }
         }
-        for (int32_t r = 0; r < cnt; r++) {
-            const int32_t t = lm->keys[first + r] % n;
-            const int32_t *ids = lm->ids + (size_t)t * (size_t)kk;
-            int32_t slot = 0;
-            while (slot < ly->top_k - 1 && ids[slot] != id) {
-                slot++;
-            }
-            memcpy(lm->y_expert + ((size_t)t * (size_t)kk + (size_t)slot) * d,
-                   sc->yout + (size_t)r * d, d * sizeof(float));
-        }
     }
     return COLIBRI_OK;
-}
-
-static int cmp_i32(const void *a, const void *b)
-{
-    const int32_t x = *(const int32_t *)a;
-    const int32_t y = *(const int32_t *)b;
-    return (x > y) - (x < y);
 }
 
 /* Runs g0 .. g1 - 1 of lm_moe's grouping on the threads. */
@@ -244,10 +229,10 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
         const int32_t end = ng - g0 < cap ? ng : g0 + cap;
         clb_lm_uses_begin(lm);
         for (int32_t g = g0; g < end; g++) {
-            clb_lm_expert_pin(lm, ly, lm->keys[lm->groups[g]] / n);
+            clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
         for (; g1 < end; g1++) {
-            const colibri_status st = clb_lm_expert_use(lm, ly, lm->keys[lm->groups[g1]] / n);
+            const colibri_status st = clb_lm_expert_use(lm, ly, run_expert_id(lm, g1));
             if (st != COLIBRI_OK) {
                 return st;
             }
@@ -260,73 +245,10 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
     return COLIBRI_OK;
 }
 
-/* The MoE block for n rows: colibri_route per row, then colibri_sparse_forward's order per row
- * (experts in ascending id, out = 0 + sum g * y). With a budget, one row uses its top_k experts
- * then prefetches the next layer's; several rows (a prefill chunk) go in waves. */
-static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next, const float *x,
-                             float *out, int32_t n)
+/* Each run to a thread, largest first, to the least loaded (lowest tid on ties): fixed by the
+ * routing alone (and which thread runs an expert never changes its output). */
+static void lm_moe_owners(colibri_lm_t *lm, int32_t ng)
 {
-    const int32_t k = ly->top_k;
-    const int32_t d = (int32_t)lm->h.d_model;
-    const int32_t kk = lm->max_k;
-    colibri_status st;
-    for (int32_t t = 0; t < n; t++) {
-        int32_t *ids = lm->ids + (size_t)t * (size_t)kk;
-        float *gates = lm->gates + (size_t)t * (size_t)kk;
-        st = colibri_route(&ly->moe, x + (size_t)t * (size_t)d, 1, k, ids, gates, lm->route_temp);
-        if (st != COLIBRI_OK) {
-            return st;
-        }
-        for (int32_t i = 1; i < k; ++i) { /* insertion sort by expert id, gates along */
-            const int32_t id = ids[i];
-            const float g = gates[i];
-            int32_t j = i - 1;
-            for (; j >= 0 && ids[j] > id; --j) {
-                ids[j + 1] = ids[j];
-                gates[j + 1] = gates[j];
-            }
-            ids[j + 1] = id;
-            gates[j + 1] = g;
-        }
-        for (int32_t i = 0; i < k; ++i) {
-            if (ids[i] < 0 || ids[i] >= ly->moe.n_experts || (i > 0 && ids[i] == ids[i - 1])) {
-                return COLIBRI_ERR_EXPERT;
-            }
-        }
-    }
-    if (lm->cache != NULL && n == 1) {
-        /* all top_k resident first (n_slots >= top_k and pinned for these uses: none evicts
-         * another of them), then the next layer's prefetch, which leaves them in place */
-        clb_lm_uses_begin(lm);
-        for (int32_t i = 0; i < k; ++i) {
-            clb_lm_expert_pin(lm, ly, lm->ids[i]);
-        }
-        for (int32_t i = 0; i < k; ++i) {
-            st = clb_lm_expert_use(lm, ly, lm->ids[i]);
-            if (st != COLIBRI_OK) {
-                return st;
-            }
-        }
-        if (next != NULL) {
-            clb_lm_prefetch(lm, next);
-        }
-    }
-    int32_t nk = 0;
-    for (int32_t t = 0; t < n; t++) {
-        for (int32_t i = 0; i < k; ++i) {
-            lm->keys[nk++] = lm->ids[(size_t)t * (size_t)kk + (size_t)i] * n + t;
-        }
-    }
-    qsort(lm->keys, (size_t)nk, sizeof *lm->keys, cmp_i32);
-    int32_t ng = 0;
-    for (int32_t i = 0; i < nk; i++) {
-        if (i == 0 || lm->keys[i] / n != lm->keys[i - 1] / n) {
-            lm->groups[ng++] = i;
-        }
-    }
-    lm->groups[ng] = nk;
-    /* Each run to a thread, largest first, to the least loaded (lowest tid on ties): fixed
-     * by the routing alone (and which thread runs an expert never changes its output). */
     const int32_t nt = lm->pool != NULL ? lm->n_threads : 1;
     for (int32_t t = 0; t < nt; t++) {
         lm->load[t] = 0;
@@ -349,25 +271,62 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
         lm->owner[best] = to;
         lm->load[to] += lm->groups[best + 1] - lm->groups[best];
     }
+}
+
+/* The MoE block for n rows, as colibri_forward runs it (the generated models): colibri_route,
+ * clb_moe_group, each expert once on its gathered rows, clb_moe_scatter_add (out = 0 + the
+ * gated expert rows, ascending expert id per row). With a budget, one row uses its top_k
+ * experts then prefetches the next layer's; several rows (a prefill chunk) go in waves. */
+static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *next, const float *x,
+                             float *out, int32_t n)
+{
+    const int32_t k = ly->top_k;
+    const int32_t d = (int32_t)lm->h.d_model;
+    const int32_t nk = n * k;
+    colibri_status st = colibri_route(&ly->moe, x, n, k, lm->ids, lm->gates, NULL);
+    if (st != COLIBRI_OK) {
+        return st;
+    }
+    for (int32_t p = 0; p < nk; p++) {
+        if (lm->ids[p] < 0 || lm->ids[p] >= ly->moe.n_experts) {
+            return COLIBRI_ERR_EXPERT;
+        }
+    }
+    const int32_t n_exp = ly->moe.n_experts;
+    clb_moe_group(lm->ids, nk, n_exp, lm->offsets, lm->offsets + n_exp + 1, lm->perm);
+    int32_t ng = 0;
+    for (int32_t e = 0; e < n_exp; e++) {
+        if (lm->offsets[e + 1] > lm->offsets[e]) {
+            lm->groups[ng++] = lm->offsets[e];
+        }
+    }
+    lm->groups[ng] = nk;
+    if (lm->cache != NULL && n == 1) {
+        /* all top_k resident first, in ascending id (n_slots >= top_k and pinned for these
+         * uses: none evicts another of them), then the next layer's prefetch, which leaves
+         * them in place */
+        clb_lm_uses_begin(lm);
+        for (int32_t g = 0; g < ng; ++g) {
+            clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
+        }
+        for (int32_t g = 0; g < ng; ++g) {
+            st = clb_lm_expert_use(lm, ly, run_expert_id(lm, g));
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+        }
+        if (next != NULL) {
+            clb_lm_prefetch(lm, next);
+        }
+    }
+    lm_moe_owners(lm, ng);
     st = lm->cache != NULL && n > 1 ? lm_moe_waves(lm, ly, x, n, ng)
                                     : lm_moe_runs(lm, ly, x, n, 0, ng);
     if (st != COLIBRI_OK) {
         return st;
     }
-    for (int32_t t = 0; t < n; t++) {
-        float *o = out + (size_t)t * (size_t)d;
-        const float *gates = lm->gates + (size_t)t * (size_t)kk;
-        for (int32_t i = 0; i < d; ++i) {
-            o[i] = 0.0f;
-        }
-        for (int32_t s = 0; s < k; ++s) {
-            const float g = gates[s];
-            const float *ye = lm->y_expert + ((size_t)t * (size_t)kk + (size_t)s) * (size_t)d;
-            for (int32_t i = 0; i < d; ++i) {
-                o[i] += g * ye[i];
-            }
-        }
-    }
+    memset(out, 0, (size_t)n * (size_t)d * sizeof(float));
+    clb_moe_scatter_add(lm->perm, nk, k, lm->gates, lm->y_expert, out, d);
     clb_lm_layer_done(lm, ly); /* its unused prefetches go cold, its prediction judged */
     return COLIBRI_OK;
 }

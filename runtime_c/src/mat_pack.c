@@ -29,8 +29,16 @@ _Static_assert((int)COLIBRI_PACK_Q8 == (int)COLIBRI_X86_PACK_Q8 &&
                    (int)COLIBRI_PACK_Q4 == (int)COLIBRI_X86_PACK_Q4,
                "colibri_transformer.h and kernels_x86.h disagree on the packed kinds");
 
-/* The block's alignment: a huge page (as lm_pack.c), so madvise(MADV_HUGEPAGE) can back it. */
-#define PACK_ALIGN ((size_t)2 << 20)
+void *clb_pack_alloc(size_t bytes)
+{
+    void *base = aligned_alloc(CLB_PACK_ALIGN, bytes);
+#if defined(MADV_HUGEPAGE)
+    if (base != NULL) {
+        (void)madvise(base, bytes, MADV_HUGEPAGE); /* before the first write; a hint */
+    }
+#endif
+    return base;
+}
 
 /* Bytes of item's packed copy (0: it does not pack). */
 static size_t item_bytes(const colibri_pack_item_t *it)
@@ -87,14 +95,11 @@ colibri_status colibri_pack_matrices(colibri_pack_item_t *items, int32_t n, int3
     if (total == 0u) {
         return COLIBRI_OK;
     }
-    total = (total + PACK_ALIGN - 1u) & ~(PACK_ALIGN - 1u);
-    unsigned char *base = (unsigned char *)aligned_alloc(PACK_ALIGN, total);
+    total = (total + CLB_PACK_ALIGN - 1u) & ~(CLB_PACK_ALIGN - 1u);
+    unsigned char *base = (unsigned char *)clb_pack_alloc(total);
     if (base == NULL) {
         return COLIBRI_ERR_NOMEM;
     }
-#if defined(MADV_HUGEPAGE)
-    (void)madvise(base, total, MADV_HUGEPAGE); /* before the first write; a hint */
-#endif
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
         const colibri_pack_item_t *it = &items[i];
@@ -136,7 +141,7 @@ void colibri_matmul_packed(int32_t kind, const void *packed, const float *rscale
                            int32_t n_in, int32_t r0, int32_t r1, const int8_t *xq, const float *sx,
                            float *y, int32_t ldy, int32_t n_tok)
 {
-#if defined(COLIBRI_PACK_HOST) && defined(COLIBRI_X86_DISPATCH)
+#if defined(COLIBRI_PACK_HOST) && defined(COLIBRI_X86_PACKED)
     colibri_x86_matmul_packed(kind, packed, rscale, n_out, n_in, r0, r1, xq, sx, y, ldy, n_tok);
 #else
     /* colibri_pack_matrices packs nothing here: there is no packed copy to run */

@@ -68,12 +68,55 @@ static colibri_status check_topk(const colibri_model_t *model, int32_t top_k)
     return COLIBRI_OK;
 }
 
-/* Run expert e over rows [begin, end) of the chunk's sorted pairs. */
+void clb_moe_group(const int32_t *ids, int32_t n_pairs, int32_t n_experts, int32_t *offsets,
+                   int32_t *cursor, int32_t *perm)
+{
+    /* Counting sort, stable in pair order: counts -> prefix offsets -> placement. */
+    memset(offsets, 0, ((size_t)n_experts + 1u) * sizeof(int32_t));
+    for (int32_t p = 0; p < n_pairs; p++) {
+        offsets[ids[p] + 1]++;
+    }
+    for (int32_t e = 0; e < n_experts; e++) {
+        offsets[e + 1] += offsets[e];
+        cursor[e] = offsets[e];
+    }
+    for (int32_t p = 0; p < n_pairs; p++) {
+        perm[cursor[ids[p]]++] = p;
+    }
+    COLIBRI_DEBUG_ASSERT(offsets[n_experts] == n_pairs);
+}
+
+void clb_moe_gather(const int32_t *pairs, int32_t count, int32_t top_k, const float *x, float *xg,
+                    int32_t d_model)
+{
+    const size_t d = (size_t)d_model;
+    for (int32_t r = 0; r < count; r++) {
+        const size_t tok = (size_t)(pairs[r] / top_k);
+        memcpy(xg + (size_t)r * d, x + tok * d, d * sizeof(float));
+    }
+}
+
+void clb_moe_scatter_add(const int32_t *pairs, int32_t count, int32_t top_k, const float *gates,
+                         const float *y, float *out, int32_t d_model)
+{
+    const size_t d = (size_t)d_model;
+    for (int32_t r = 0; r < count; r++) {
+        const int32_t pair = pairs[r];
+        const float g = gates[pair];
+        const float *yr = y + (size_t)r * d;
+        float *o = out + (size_t)(pair / top_k) * d;
+        for (size_t i = 0; i < d; i++) {
+            o[i] += g * yr[i];
+        }
+    }
+}
+
+/* Run expert e over rows [begin, end) of the chunk's sorted pairs (the chunk's first token is
+ * t0: input, output and gates are offset to it). */
 static colibri_status run_expert_group(colibri_model_t *model, const workspace_view *ws, int32_t e,
-                                       int32_t begin, int32_t end, int32_t t0, int32_t top_k,
+                                       int32_t begin, int32_t end, int32_t top_k,
                                        const float *input, float *output, const float *gates)
 {
-    const size_t d = (size_t)model->d_model;
     const colibri_expert_weights_t *w = NULL;
     colibri_status st = colibri_load_expert(model, e, &w);
     if (st != COLIBRI_OK) {
@@ -84,26 +127,13 @@ static colibri_status run_expert_group(colibri_model_t *model, const workspace_v
 
     for (int32_t b = begin; b < end; b += model->max_tokens) {
         const int32_t m = (end - b < model->max_tokens) ? end - b : model->max_tokens;
-        for (int32_t r = 0; r < m; r++) {
-            const int32_t pair = ws->perm[b + r];
-            const size_t tok = (size_t)t0 + (size_t)(pair / top_k);
-            memcpy(ws->x_gathered + (size_t)r * d, input + tok * d, d * sizeof(float));
-        }
+        clb_moe_gather(ws->perm + b, m, top_k, input, ws->x_gathered, model->d_model);
         if (kernel != NULL) {
             kernel(w, ws->x_gathered, ws->y_expert, m, ws->hidden);
         } else {
             colibri_expert_ffn_f32(model, w, ws->x_gathered, ws->y_expert, m, ws->hidden);
         }
-        for (int32_t r = 0; r < m; r++) {
-            const int32_t pair = ws->perm[b + r];
-            const size_t tok = (size_t)t0 + (size_t)(pair / top_k);
-            const float g = gates[(size_t)t0 * (size_t)top_k + (size_t)pair];
-            const float *y = ws->y_expert + (size_t)r * d;
-            float *out = output + tok * d;
-            for (size_t o = 0; o < d; o++) {
-                out[o] += g * y[o];
-            }
-        }
+        clb_moe_scatter_add(ws->perm + b, m, top_k, gates, ws->y_expert, output, model->d_model);
     }
     return COLIBRI_OK;
 }
@@ -145,32 +175,19 @@ colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input
         const int32_t chunk_pairs = n * top_k;
         const int32_t *ids = expert_ids + (size_t)t0 * (size_t)top_k;
 
-        /* Counting sort, stable in token order: counts -> prefix offsets -> placement. */
-        memset(ws.offsets, 0, ((size_t)n_exp + 1u) * sizeof(int32_t));
-        for (int32_t p = 0; p < chunk_pairs; p++) {
-            ws.offsets[ids[p] + 1]++;
-        }
-        for (int32_t e = 0; e < n_exp; e++) {
-            ws.offsets[e + 1] += ws.offsets[e];
-            ws.cursor[e] = ws.offsets[e];
-        }
-        for (int32_t p = 0; p < chunk_pairs; p++) {
-            ws.perm[ws.cursor[ids[p]]++] = p;
-        }
-        COLIBRI_DEBUG_ASSERT(ws.offsets[n_exp] == chunk_pairs);
-
+        const size_t at = (size_t)t0 * (size_t)model->d_model;
+        clb_moe_group(ids, chunk_pairs, n_exp, ws.offsets, ws.cursor, ws.perm);
         for (int32_t e = 0; e < n_exp; e++) {
             if (ws.offsets[e + 1] == ws.offsets[e]) {
                 continue;
             }
-            st = run_expert_group(model, &ws, e, ws.offsets[e], ws.offsets[e + 1], t0, top_k, input,
-                                  output, gates);
+            st = run_expert_group(model, &ws, e, ws.offsets[e], ws.offsets[e + 1], top_k,
+                                  input + at, output + at, gates + (size_t)t0 * (size_t)top_k);
             if (st != COLIBRI_OK) {
                 return st;
             }
         }
         if (model->shared_expert != NULL) { /* every token of the chunk, after its experts */
-            const size_t at = (size_t)t0 * (size_t)model->d_model;
             model->shared_expert(input + at, output + at, n, ws.y_expert, ws.hidden);
         }
     }

@@ -27,7 +27,7 @@ colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const
     const size_t ro = (size_t)r0;
     const size_t ni = (size_t)n_in;
     float *yo = y + ro;
-#if defined(COLIBRI_X86_DISPATCH)
+#if defined(COLIBRI_X86_PACKED)
     if (m->packed != NULL && act == 1) { /* r0: a multiple of 32 (the caller's split) */
         const float *rs = (m->pack_kind == COLIBRI_X86_PACK_Q8) ? m->scale + ro : NULL;
         colibri_x86_matmul_packed(m->pack_kind, m->packed, rs, m->n_out, n_in, r0, r1, xq, sx, yo,

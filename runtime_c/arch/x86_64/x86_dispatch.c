@@ -232,28 +232,15 @@ void colibri_x86_pack(int32_t kind, const void *w, const float *scale, int32_t n
 #endif
 }
 
+#if defined(KX_HAVE_VNNI)
 void colibri_x86_matmul_packed(int32_t kind, const void *packed, const float *rscale, int32_t n_out,
                                int32_t n_in, int32_t r0, int32_t r1, const int8_t *xq,
                                const float *sx, float *y, int32_t ldy, int32_t n_tok)
 {
-#if defined(KX_HAVE_VNNI)
     colibri_x86_matmul_packed_avx512(kind, packed, rscale, n_out, n_in, r0, r1, xq, sx, y, ldy,
                                      n_tok);
-#else
-    (void)kind;
-    (void)packed;
-    (void)rscale;
-    (void)n_out;
-    (void)n_in;
-    (void)r0;
-    (void)r1;
-    (void)xq;
-    (void)sx;
-    (void)y;
-    (void)ldy;
-    (void)n_tok;
-#endif
 }
+#endif
 
 #else
 /* Not x86-64 (or COLIBRI_NO_X86_DISPATCH): kernels_q.c is the only path. ISO C wants a

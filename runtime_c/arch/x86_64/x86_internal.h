@@ -26,9 +26,8 @@
 #include <string.h>
 
 #define KX_AVX2 __attribute__((target("avx2,f16c")))
-/* AVX-VNNI / AVX-512 VNNI need GCC 11 or clang 12 (target names and intrinsics); older compilers
- * build the base and AVX2 levels only. */
-#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+/* AVX-VNNI / AVX-512 VNNI: with the compilers that have them (kernels_x86.h) */
+#if defined(COLIBRI_X86_PACKED)
 #define KX_HAVE_VNNI 1
 #endif
 #define KX_AVXVNNI __attribute__((target("avx2,f16c,avxvnni")))
