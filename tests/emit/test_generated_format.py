@@ -223,6 +223,9 @@ def _layer_cases(
             GenerateOptions(board=board, quant="int8", router_quant="int8", **named),
             None,
         )
+    # experts in the ESP32-S3's PSRAM (weights.c's clb_psram_push block)
+    psram = GenerateOptions(board="esp32s3", quant="int8", scale_search="none", **named)
+    yield "esp32s3-int8-psram", relu, _with(psram, ram_budget=9000, psram_budget=60000), calib
 
 
 def _with(opts: GenerateOptions, **kw: Any) -> GenerateOptions:
