@@ -9,11 +9,14 @@
  *        0, all 15 or mixed, codes all -128, all 127 or alternating, every block alignment (qs at
  *        2 or 0 mod 4), activations at every byte offset, every partial block length 1..32.
  *        Integer and float kernels alike must match bit for bit (the float
- *        kernels keep the documented order of operations; a NaN need only stay a NaN). Prints
- *        "colibri refkernels: N checks, M failed, K kernels, levels ..." and returns 0 when
- *        nothing failed; the first mismatches are printed with kernel, level, shape, index,
- *        actual and expected bits.
+ *        kernels keep the documented order of operations; a NaN need only stay a NaN). Then, at
+ *        every level, the tiles of generated code against their twins (refkernels_tiles.c).
+ *        Prints "colibri refkernels: N checks, M failed, K kernels, T tiles, levels ...; tiles
+ *        C checks, int P, float Q" (C of the N checks are the tiles', P and Q their paths on this
+ *        core) and returns 0 when nothing failed; the first mismatches are printed with kernel,
+ *        level, shape, index, actual and expected bits.
  */
+#include "refkernels.h"
 #include "colibri_fmt.h"
 #include "colibri_platform.h"
 #include "colibri_quant.h"
@@ -59,12 +62,12 @@ static _Alignas(64) uint8_t rk_packed[64u * 9u * ((RK_OUT + 15) / 16) * (RK_NB8 
 #endif
 
 static uint32_t rk_state = 0x2545F491u;
-static uint32_t rk_checks;
-static uint32_t rk_failed;
-static const char *rk_level = "base";
-static int32_t rk_shape[3];
+uint32_t rk_checks;
+uint32_t rk_failed;
+const char *rk_level = "base";
+int32_t rk_shape[3];
 
-static uint32_t rk_next(void)
+uint32_t rk_next(void)
 {
     uint32_t s = rk_state; /* xorshift32 */
     s ^= s << 13;
@@ -74,13 +77,12 @@ static uint32_t rk_next(void)
     return s;
 }
 
-/* uniform in [-1, 1) */
-static float rk_float(void)
+float rk_float(void)
 {
     return (float)((int32_t)(rk_next() >> 8) - (1 << 23)) * (1.0f / 8388608.0f);
 }
 
-static uint32_t rk_bits(float f)
+uint32_t rk_bits(float f)
 {
     uint32_t b;
     memcpy(&b, &f, sizeof b);
@@ -115,7 +117,7 @@ static void rk_fail(const char *kernel, int32_t index, uint32_t got, uint32_t wa
     clb_platform_puts(line);
 }
 
-static void rk_int(const char *kernel, int32_t index, int32_t got, int32_t want)
+void rk_int(const char *kernel, int32_t index, int32_t got, int32_t want)
 {
     rk_checks++;
     if (got != want) {
@@ -123,8 +125,7 @@ static void rk_int(const char *kernel, int32_t index, int32_t got, int32_t want)
     }
 }
 
-/* n floats, bit for bit (any NaN equals any NaN of the same sign) */
-static void rk_floats(const char *kernel, const float *got, const float *want, int32_t n)
+void rk_floats(const char *kernel, const float *got, const float *want, int32_t n)
 {
     for (int32_t i = 0; i < n; i++) {
         const uint32_t a = rk_bits(got[i]);
@@ -405,6 +406,17 @@ int main(int argc, char **argv)
             rk_compare(n_out, n_in, n_tok);
         }
     }
+    /* the tiles of generated code against their twins (refkernels_tiles.c), at every level:
+     * their fallbacks and tails call the library */
+    uint32_t tile_checks = 0;
+    for (int32_t level = COLIBRI_KERNEL_BASE; level <= COLIBRI_KERNEL_AVX512_VNNI; level++) {
+        if (colibri_kernel_set_level(level) != level) {
+            continue;
+        }
+        rk_level = colibri_kernel_level_name(level);
+        rk_state = 0x9E3779B9u; /* the same operands at every level */
+        tile_checks += rk_tiles();
+    }
     (void)colibri_kernel_set_level(start);
     char line[200];
     char *p = clb_append(line, "colibri refkernels: ");
@@ -413,13 +425,19 @@ int main(int argc, char **argv)
     p = clb_append_u32(p, rk_failed);
     p = clb_append(p, " failed, ");
     p = clb_append_u32(p, RK_KERNELS);
-    p = clb_append(p, " kernels, levels");
+    p = clb_append(p, " kernels, ");
+    p = clb_append_u32(p, RK_TILES);
+    p = clb_append(p, " tiles, levels");
     for (int32_t level = 0; level < 4; level++) {
         if (levels & (1u << level)) {
             p = clb_append(p, " ");
             p = clb_append(p, colibri_kernel_level_name(level));
         }
     }
+    p = clb_append(p, "; tiles ");
+    p = clb_append_u32(p, tile_checks);
+    p = clb_append(p, " checks, ");
+    p = clb_append(p, rk_tiles_paths());
     p = clb_append(p, "\n");
     *p = '\0';
     clb_platform_puts(line);

@@ -251,21 +251,34 @@ def test_isa_dot_products_are_exact(name: str, build_root: Path, tmp_path: Path)
             assert f < p, f"{name}: the runtime's {what} is not faster than the plain loop"
 
 
-#: The line of tests/platform/refkernels.c: checks, failures, kernels compared and levels run.
+#: The line of tests/platform/refkernels.c: checks, failures, kernels and tiles compared, levels
+#: run, then the checks of the tiles alone and their paths on the board.
 REFKERNELS_LINE = re.compile(
-    r"colibri refkernels: (\d+) checks, (\d+) failed, (\d+) kernels, levels ([a-z0-9 ]+)"
+    r"colibri refkernels: (\d+) checks, (\d+) failed, (\d+) kernels, (\d+) tiles, "
+    r"levels ([a-z0-9 ]+); tiles (\d+) checks, int ([a-z0-9+]+), float ([a-z0-9-]+)"
 )
+#: The tiles' paths each board compiles (colibri_qi_common.h, colibri_qinline_f.h): the twins
+#: are compared with these.
+TILE_PATHS = {
+    "cortex-m4": ("simd32+vfp", "vfp"),
+    "cortex-m7": ("simd32+vfp", "vfp"),
+    "cortex-m55": ("helium", "helium"),
+    "esp32s3": ("c", "xtensa-fpu"),
+}
 
 
 @pytest.mark.parametrize("name", ALL_BOARDS)
-def test_optimised_kernels_equal_their_ref_twins(
+def test_refkernels_kernels_and_tiles_equal_their_ref_twins(
     name: str, build_root: Path, tmp_path: Path
 ) -> None:
     """Every optimised kernel of the runtime (the board's ISA path; on x86-64 every CPUID level the
     CPU has, and the packed AVX-512 VNNI matrices) returns the bits of its portable _ref twin
     (runtime_c/src/kernels_q_ref.c) on seeded random shapes with tails (n_in not a multiple of
     the block, odd n_out, 1..9 tokens, a wider row stride), and the fp16 conversion on all 65536
-    patterns (tests/platform/refkernels.c)."""
+    patterns (tests/platform/refkernels.c); and every tile of generated code (runtime_c/tiles,
+    the board's assembly / Helium / SIMD32 path or its C one) the bits of its twin of
+    runtime_c/tiles/colibri_qi_ref.c on shapes with tails, every n_in its layout allows and
+    extreme values (tests/platform/refkernels_tiles.c)."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "refkernels", build_root / name)
@@ -275,7 +288,9 @@ def test_optimised_kernels_equal_their_ref_twins(
     print(f"\n{name}: {found.group(0)}")
     assert found.group(2) == "0", f"{found.group(0)}\n{result.stdout}"
     assert int(found.group(1)) > 65536 and int(found.group(3)) == 17, found.group(0)
-    assert found.group(4).split()[0] == "base", found.group(0)
+    assert int(found.group(4)) == 15 and int(found.group(6)) > 10000, found.group(0)
+    assert found.group(5).split()[0] == "base", found.group(0)
+    assert (found.group(7), found.group(8)) == TILE_PATHS.get(name, ("c", "c")), found.group(0)
 
 
 QKERNELS_LINE = re.compile(r"colibri qkernels: (\d+) checks, (\d+) failed")
