@@ -60,20 +60,29 @@ static void print_stats(void)
 {
     colibri_lm_stats_t s;
     colibri_lm_get_stats(g_lm, &s);
+    const struct {
+        const char *label;
+        uint64_t value;
+    } f[] = {
+        {"colibri: expert slots: ", s.n_slots},
+        {" x ", s.slot_bytes},
+        {" bytes, loads ", s.loads},
+        {" hits ", s.hits},
+        {" misses ", s.misses},
+        {" evictions ", s.evictions},
+        {" prefetches ", s.prefetches},
+        {" prefetch hits ", s.prefetch_hits},
+        {" bytes read ", s.bytes_read},
+        {" pinned ", s.n_pinned},
+        {" pinned hits ", s.pinned_hits},
+        {" bytes ahead ", s.bytes_prefetched},
+        {" skipped ", s.prefetch_skipped},
+    };
     char line[400];
-    char *p = put_u64(line, "colibri: expert slots: ", s.n_slots);
-    p = put_u64(p, " x ", s.slot_bytes);
-    p = put_u64(p, " bytes, loads ", s.loads);
-    p = put_u64(p, " hits ", s.hits);
-    p = put_u64(p, " misses ", s.misses);
-    p = put_u64(p, " evictions ", s.evictions);
-    p = put_u64(p, " prefetches ", s.prefetches);
-    p = put_u64(p, " prefetch hits ", s.prefetch_hits);
-    p = put_u64(p, " bytes read ", s.bytes_read);
-    p = put_u64(p, " pinned ", s.n_pinned);
-    p = put_u64(p, " pinned hits ", s.pinned_hits);
-    p = put_u64(p, " bytes ahead ", s.bytes_prefetched);
-    p = put_u64(p, " skipped ", s.prefetch_skipped);
+    char *p = line;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        p = put_u64(p, f[i].label, f[i].value);
+    }
     memcpy(p, "\n", 2u);
     clb_platform_puts(line);
 }

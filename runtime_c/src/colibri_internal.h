@@ -64,19 +64,54 @@ void colibri_topk_f32(const float *x, int32_t n, int32_t k, int32_t *ids, float 
  *        offsets[e + 1] - 1 are the positions in perm of expert e's pairs (offsets [n_experts
  *        + 1], cursor [n_experts] scratch, perm [n_pairs]).
  */
-void clb_moe_group(const int32_t *ids, int32_t n_pairs, int32_t n_experts, int32_t *offsets,
-                   int32_t *cursor, int32_t *perm);
+static inline void clb_moe_group(const int32_t *ids, int32_t n_pairs, int32_t n_experts,
+                                 int32_t *offsets, int32_t *cursor, int32_t *perm)
+{
+    /* Counting sort, stable in pair order: counts -> prefix offsets -> placement. */
+    memset(offsets, 0, ((size_t)n_experts + 1u) * sizeof(int32_t));
+    for (int32_t p = 0; p < n_pairs; p++) {
+        offsets[ids[p] + 1]++;
+    }
+    for (int32_t e = 0; e < n_experts; e++) {
+        offsets[e + 1] += offsets[e];
+        cursor[e] = offsets[e];
+    }
+    for (int32_t p = 0; p < n_pairs; p++) {
+        perm[cursor[ids[p]]++] = p;
+    }
+    COLIBRI_DEBUG_ASSERT(offsets[n_experts] == n_pairs);
+}
 
 /** @brief The token rows of pairs[0 .. count) of x [tokens][d_model], in order, into xg. */
-void clb_moe_gather(const int32_t *pairs, int32_t count, int32_t top_k, const float *x, float *xg,
-                    int32_t d_model);
+static inline void clb_moe_gather(const int32_t *pairs, int32_t count, int32_t top_k,
+                                  const float *x, float *xg, int32_t d_model)
+{
+    const size_t d = (size_t)d_model;
+    for (int32_t r = 0; r < count; r++) {
+        const size_t tok = (size_t)(pairs[r] / top_k);
+        memcpy(xg + (size_t)r * d, x + tok * d, d * sizeof(float));
+    }
+}
 
 /**
  * @brief out[token of pairs[r]] += gates[pairs[r]] * y[r] for r = 0 .. count - 1, in that
  *        order: over an expert-sorted perm, each token adds its experts in ascending id.
  */
-void clb_moe_scatter_add(const int32_t *pairs, int32_t count, int32_t top_k, const float *gates,
-                         const float *y, float *out, int32_t d_model);
+static inline void clb_moe_scatter_add(const int32_t *pairs, int32_t count, int32_t top_k,
+                                       const float *gates, const float *y, float *out,
+                                       int32_t d_model)
+{
+    const size_t d = (size_t)d_model;
+    for (int32_t r = 0; r < count; r++) {
+        const int32_t pair = pairs[r];
+        const float g = gates[pair];
+        const float *yr = y + (size_t)r * d;
+        float *o = out + (size_t)(pair / top_k) * d;
+        for (size_t i = 0; i < d; i++) {
+            o[i] += g * yr[i];
+        }
+    }
+}
 
 /** @brief A sharing map is valid when every entry is in range and map[map[i]] == map[i]. */
 colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts);

@@ -154,7 +154,7 @@ struct colibri_lm {
     void *map;
     size_t map_size;
     int fd;              /* the model file: pread of budgeted experts, the change check */
-    struct stat at_load; /* its fstat at load: size, inode, mtime (clb_lm_file_check) */
+    struct stat at_load; /* its fstat at load: size, inode, mtime (lm_step.c lm_file_check) */
     int32_t n_pos;       /* KV cache positions 0 .. n_pos - 1 hold the current sequence */
     int budgeted;        /* expert_ram_budget > 0: routed experts live in slots */
     lm_header h;
@@ -223,10 +223,6 @@ typedef colibri_status (*lm_job_fn)(colibri_lm_t *lm, void *arg, int32_t tid, in
 
 /** @brief Drop a blob's pages from the mapping (they leave the process's resident set). */
 void clb_lm_drop_pages(const unsigned char *p, uint64_t len);
-
-/** @brief COLIBRI_ERR_CHANGED when the model file is no longer the one loaded (size, inode
- *         or modification time differ: truncated, grown or rewritten in place), else OK. */
-colibri_status clb_lm_file_check(const colibri_lm_t *lm);
 
 /* lm_pack.c */
 

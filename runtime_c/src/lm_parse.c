@@ -485,20 +485,6 @@ static colibri_status integrity(const unsigned char *base, const lm_entry *entri
     return st;
 }
 
-colibri_status clb_lm_file_check(const colibri_lm_t *lm)
-{
-    struct stat sb;
-    const struct stat *a = &lm->at_load;
-    if (fstat(lm->fd, &sb) != 0) {
-        return COLIBRI_ERR_IO;
-    }
-    if (sb.st_size != a->st_size || sb.st_ino != a->st_ino || sb.st_dev != a->st_dev ||
-        sb.st_mtim.tv_sec != a->st_mtim.tv_sec || sb.st_mtim.tv_nsec != a->st_mtim.tv_nsec) {
-        return COLIBRI_ERR_CHANGED;
-    }
-    return COLIBRI_OK;
-}
-
 /* Free what a (partly) opened model holds; lm may be a block whose later parts are NULL. */
 static void lm_release(colibri_lm_t *lm)
 {

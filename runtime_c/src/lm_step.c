@@ -410,6 +410,22 @@ static colibri_status lm_step(colibri_lm_t *lm, const int32_t *tokens, int32_t n
     return st == COLIBRI_OK ? colibri_tf_logits(m, n, logits) : st;
 }
 
+/* COLIBRI_ERR_CHANGED when the model file is no longer the one loaded (size, inode or
+ * modification time differ: truncated, grown or rewritten in place), else OK. */
+static colibri_status lm_file_check(const colibri_lm_t *lm)
+{
+    struct stat sb;
+    const struct stat *a = &lm->at_load;
+    if (fstat(lm->fd, &sb) != 0) {
+        return COLIBRI_ERR_IO;
+    }
+    if (sb.st_size != a->st_size || sb.st_ino != a->st_ino || sb.st_dev != a->st_dev ||
+        sb.st_mtim.tv_sec != a->st_mtim.tv_sec || sb.st_mtim.tv_nsec != a->st_mtim.tv_nsec) {
+        return COLIBRI_ERR_CHANGED;
+    }
+    return COLIBRI_OK;
+}
+
 colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
                                   const float **logits)
 {
@@ -436,7 +452,7 @@ colibri_status colibri_lm_prefill(colibri_lm_t *lm, const int32_t *tokens, int32
     if (pos0 > lm->n_pos) {
         return COLIBRI_ERR_POSITION; /* it would attend to KV rows never written */
     }
-    colibri_status st = clb_lm_file_check(lm);
+    colibri_status st = lm_file_check(lm);
     if (st != COLIBRI_OK) {
         return st;
     }

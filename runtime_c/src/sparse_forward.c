@@ -68,49 +68,6 @@ static colibri_status check_topk(const colibri_model_t *model, int32_t top_k)
     return COLIBRI_OK;
 }
 
-void clb_moe_group(const int32_t *ids, int32_t n_pairs, int32_t n_experts, int32_t *offsets,
-                   int32_t *cursor, int32_t *perm)
-{
-    /* Counting sort, stable in pair order: counts -> prefix offsets -> placement. */
-    memset(offsets, 0, ((size_t)n_experts + 1u) * sizeof(int32_t));
-    for (int32_t p = 0; p < n_pairs; p++) {
-        offsets[ids[p] + 1]++;
-    }
-    for (int32_t e = 0; e < n_experts; e++) {
-        offsets[e + 1] += offsets[e];
-        cursor[e] = offsets[e];
-    }
-    for (int32_t p = 0; p < n_pairs; p++) {
-        perm[cursor[ids[p]]++] = p;
-    }
-    COLIBRI_DEBUG_ASSERT(offsets[n_experts] == n_pairs);
-}
-
-void clb_moe_gather(const int32_t *pairs, int32_t count, int32_t top_k, const float *x, float *xg,
-                    int32_t d_model)
-{
-    const size_t d = (size_t)d_model;
-    for (int32_t r = 0; r < count; r++) {
-        const size_t tok = (size_t)(pairs[r] / top_k);
-        memcpy(xg + (size_t)r * d, x + tok * d, d * sizeof(float));
-    }
-}
-
-void clb_moe_scatter_add(const int32_t *pairs, int32_t count, int32_t top_k, const float *gates,
-                         const float *y, float *out, int32_t d_model)
-{
-    const size_t d = (size_t)d_model;
-    for (int32_t r = 0; r < count; r++) {
-        const int32_t pair = pairs[r];
-        const float g = gates[pair];
-        const float *yr = y + (size_t)r * d;
-        float *o = out + (size_t)(pair / top_k) * d;
-        for (size_t i = 0; i < d; i++) {
-            o[i] += g * yr[i];
-        }
-    }
-}
-
 /* Run expert e over rows [begin, end) of the chunk's sorted pairs (the chunk's first token is
  * t0: input, output and gates are offset to it). */
 static colibri_status run_expert_group(colibri_model_t *model, const workspace_view *ws, int32_t e,
