@@ -53,6 +53,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,9 @@ API_ENTRY_POINTS = (
     "colibri_sample",
 )
 API_ENTRY_SUFFIXES = ("_lm_setup", "_lm_step")
+#: The generated expert kernels (``<name>_expert_<j>``, what colibri_model_t.kernels points
+#: at): each one's stack and the code it reaches are reported on their own (StackReport.kernels).
+KERNEL_NAME = re.compile(r"_expert_\d+$")
 
 _ARM_CONDS = "eq|ne|cs|hs|cc|lo|mi|pl|vs|vc|hi|ls|ge|lt|gt|le|al"
 _ARM_CALL = re.compile(rf"^blx?({_ARM_CONDS})?(\.[nw])?$")
@@ -131,6 +135,11 @@ class StackReport:
     #: The two largest frames reachable from the entry point, added, plus 8: the least MPU guard
     #: no overflow can step over (see the module doc).
     guard_need: int = 0
+    #: Each expert kernel (KERNEL_NAME): its worst-case stack ("bound"), its largest frame
+    #: ("frame": [function, bytes]) and the bytes of code it reaches ("code": the sizes of every
+    #: function reachable from it, itself included, each once: what one expert kind costs in
+    #: flash when nothing else shares it), "calls" the functions reached, by name.
+    kernels: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worst(self) -> int:
@@ -156,6 +165,7 @@ class StackReport:
             "largest_frame": list(self.largest_frame) if self.largest_frame else None,
             "fault_stack": self.fault_stack,
             "guard_need": self.guard_need,
+            "kernels": self.kernels,
         }
 
     @classmethod
@@ -180,6 +190,7 @@ class StackReport:
             largest_frame=(str(lf[0]), int(lf[1])) if (lf := d.get("largest_frame")) else None,
             fault_stack=int(d.get("fault_stack", 0)),
             guard_need=int(d.get("guard_need", 0)),
+            kernels=list(d.get("kernels", [])),
         )
 
 
@@ -495,9 +506,14 @@ START_FUNCTIONS = ("clb_xtensa_start", "main")
 
 
 def analyse_stack(
-    elf_path: str | Path, board: Board, su_files: list[str | Path], stack_size: int | None = None
+    elf_path: str | Path,
+    board: Board,
+    su_files: list[str | Path],
+    stack_size: int | None = None,
+    kernel_roots: tuple[str, ...] = (),
 ) -> StackReport:
-    """Worst-case stack per entry point of a linked bare-metal ELF (see the module doc)."""
+    """Worst-case stack per entry point of a linked bare-metal ELF (see the module doc);
+    `kernel_roots`: functions reported in StackReport.kernels besides the expert kernels."""
     elf_path = Path(elf_path)
     funcs, files, machine, entry_addr, (fh, elf) = _elf_functions(elf_path)
     try:
@@ -611,11 +627,46 @@ def analyse_stack(
                 rep.api.append(entry(fn.addr))
     for addr in sorted(vectors - {entry_addr}):
         rep.handlers.append(entry(addr))
+    rep.kernels = [
+        kernel_entry(entry(fn.addr), reached(fn.addr, by_addr, callees), by_addr)
+        for fn in funcs
+        if KERNEL_NAME.search(fn.name) or fn.name in kernel_roots
+    ]
     rep.estimated = {
         by_addr[a].name: by_addr[a].frame for a in sorted(memo) if by_addr[a].source != "su"
     }
     rep.problems = problems
     return rep
+
+
+def reached(
+    root: int, by_addr: dict[int, FunctionInfo], callees: Callable[[FunctionInfo], list[int]]
+) -> set[int]:
+    """The addresses of the functions reachable from `root` (itself included) by the call
+    graph."""
+    seen = {root}
+    todo = [root]
+    while todo:
+        for callee in callees(by_addr[todo.pop()]):
+            if callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return seen
+
+
+def kernel_entry(
+    e: StackEntry, funcs: set[int], by_addr: dict[int, FunctionInfo]
+) -> dict[str, Any]:
+    """StackReport.kernels' entry of one expert kernel: its stack (e) and the code of the
+    functions it reaches (funcs)."""
+    big = max((by_addr[a] for a in funcs), key=lambda fn: (fn.frame, fn.name))
+    return {
+        "name": e.name,
+        "bound": e.bound,
+        "frame": [big.name, big.frame],
+        "code": sum(by_addr[a].size for a in funcs),
+        "calls": sorted(by_addr[a].name for a in funcs),
+    }
 
 
 # -- report and check -------------------------------------------------------------------------
@@ -671,8 +722,43 @@ def format_stack(rep: StackReport) -> list[str]:
             f"exceed the {rep.guard}-byte MPU guard under the stack: an overflow could step "
             f"over the guard"
         )
+    lines += format_kernels(rep.kernels)
     for p in rep.problems:
         lines.append(f"    PROBLEM: {p}")
+    return lines
+
+
+def _ids_text(ids: list[int]) -> str:
+    """Expert numbers as ranges: 0-3, 5."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def format_kernels(kernels: list[dict[str, Any]]) -> list[str]:
+    """One line per expert kind (the kernels that reach the same functions besides themselves):
+    its experts, the code one of them reaches, its worst-case stack and largest frame."""
+    kinds: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for k in kernels:
+        kinds.setdefault(tuple(c for c in k["calls"] if c != k["name"]), []).append(k)
+    lines = []
+    for group in kinds.values():
+        ids = [int(k["name"].rsplit("_", 1)[1]) for k in group if KERNEL_NAME.search(k["name"])]
+        what = f"expert kernel{'s' if len(ids) > 1 else ''} {_ids_text(ids)}"
+        if len(ids) < len(group):
+            what = ", ".join(k["name"] for k in group)
+        code = max(int(k["code"]) for k in group)
+        worst = max(group, key=lambda k: int(k["bound"]))
+        fname, fbytes = worst["frame"]
+        lines.append(
+            f"    {what}: code {code} bytes "
+            f"(every function reached), stack {worst['bound']} bytes (largest frame {fname} "
+            f"{fbytes})"
+        )
     return lines
 
 
