@@ -45,10 +45,14 @@ def build_bench(
     work: Path,
     name: str,
     library: Path | None = None,
+    foreign: Sequence[Path] = (),
+    includes: Sequence[Path] = (),
 ) -> Path:
     """Compile `sources` and the board's platform with the board's compiler, flags and defines
     (plus `defines`, without -D), link them (with `library` if given, and the board's libraries;
-    bare metal: the board's linker script) into work/<name><elf suffix>."""
+    bare metal: the board's linker script) into work/<name><elf suffix>. `foreign`: sources of
+    another project (e.g. a CMSIS-NN checkout's) compiled and linked too, with the same flags
+    but their warnings not errors (-w); `includes`: more -I directories."""
     ok, why = board.can_build()
     if not ok:
         raise SystemExit(why)
@@ -56,13 +60,14 @@ def build_bench(
     flags = [f"-D{d}" for d in [*board.all_defines(), *defines]]
     cc = [board.compiler, *board.compile_flags(), *flags]
     cc += [f"-I{rt / 'include'}", f"-I{rt / 'tiles'}", f"-I{rt / 'platform'}"]
+    cc += [f"-I{d}" for d in includes]
     pdir = rt / "platform" / board.platform
     all_sources = [*sources, *sorted(p for p in pdir.iterdir() if p.suffix in (".c", ".S"))]
     objs = []
-    for src in all_sources:
+    for src in [*all_sources, *foreign]:
         obj = work / "obj" / f"{src.stem}.o"
         obj.parent.mkdir(parents=True, exist_ok=True)
-        run_cmd([*cc, "-c", str(src), "-o", str(obj)])
+        run_cmd([*cc, *(["-w"] if src in foreign else []), "-c", str(src), "-o", str(obj)])
         objs.append(str(obj))
     elf = work / f"{name}{board.elf_suffix}"
     link = [board.compiler, *board.link_flags()]

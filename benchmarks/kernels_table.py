@@ -5,6 +5,7 @@ pass, per board and scheme, plus the router's instructions per token (issue 11).
     python benchmarks/kernels_table.py [--board host] [--board cortex-m4] [--scheme int8]
                                        [--json kernels.json] [--tiny] [--workdir DIR]
                                        [--family N [--seed S]]
+                                       [--sweep N [--seed S] [--cmsis-nn DIR]]
 
 The model is the issue's: the seed toy (colibri.frontends.seed.make_toy, 2 experts) with
 d_model 128, d_ff 512, relu, top-k 1, generated with ``--quant SCHEME`` (fp32: no --quant) and
@@ -52,6 +53,21 @@ relu, silu and gelu and top-k through 1 and 2 (2 experts, so k 2 runs both). Eac
 measured as above (no router); a token costs 2 * k * d_model * d_ff MACs. The table lists every
 shape, then per board and scheme the minimum, median and maximum of each column over the family
 and the shape of the worst (largest) whole-pass slope.
+
+``--sweep N --seed S [--cmsis-nn DIR]`` (issue 40): N shapes drawn by a seeded generator, d_model
+and d_ff log-uniform in 16..1024 (the first odd by odd, the second multiples of 16 but not of 32),
+the activation cycling through relu, silu, gelu, gelu_tanh and swiglu, top-k through 1 and 2,
+4..16 experts (halved, down to max(2, k), on a board the model does not fit), on every MCU board
+(cortex-m3/m4/m7/m55, esp32s3; --board picks some) and every scheme. Per case: pass@1, slope and
+kslope as above, and from the build's stack report (colibri.targets.stack) the code reachable
+from one expert kernel (every function it reaches, itself included: one expert kind's flash) and
+its worst-case stack. With ``--cmsis-nn DIR`` (a CMSIS-NN checkout; CI runs without one), every
+int8 / int4 case on an Arm board also builds benchmarks/cmsis_fc_bench.c against it: CMSIS-NN's
+``arm_fully_connected_s8`` / ``_s4`` pair (w1 with a ReLU clamp, then w2) on the same d_model and
+d_ff, counted the same way (the 1-vs-9-token slope per MAC), and the code reachable from the pair.
+The table lists every case, then per board and scheme the min / median / max of each column and
+the worst case; ``--json`` writes the report and a PNG beside it (whole-pass slope against MACs
+per token, CMSIS-NN's beside).
 """
 
 from __future__ import annotations
@@ -71,7 +87,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "codegen"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import plots  # noqa: E402
 import router_table  # noqa: E402
+from bench_common import build_bench, count_modes  # noqa: E402
 from colibri.boards import Board, load_board  # noqa: E402
 from colibri.cli.argtypes import add_board_argument, board_help  # noqa: E402
 from colibri.cli.pipeline import generate  # noqa: E402
@@ -83,6 +101,7 @@ from colibri.reference.moe import route  # noqa: E402
 from colibri.targets.build import build_model  # noqa: E402
 from colibri.targets.lmrun import read_output, write_input  # noqa: E402
 from colibri.targets.qemu import run_elf  # noqa: E402
+from colibri.targets.stack import analyse_stack, load_report  # noqa: E402
 
 BOARDS = (
     "host",
@@ -97,26 +116,64 @@ BOARDS = (
 )
 SCHEMES = ("int8", "int4", "fp16", "fp32")
 FAMILY_ACTIVATIONS = ("relu", "silu", "gelu")
+#: --sweep: every MCU board, every activation.
+SWEEP_BOARDS = ("cortex-m3", "cortex-m4", "cortex-m7", "cortex-m55", "esp32s3")
+SWEEP_ACTIVATIONS = ("relu", "silu", "gelu", "gelu_tanh", "swiglu")
+#: CMSIS-NN's fully-connected function for a Colibri scheme (--cmsis-nn), and its sources.
+CMSIS_FC = {"int8": "s8", "int4": "s4"}
+CMSIS_SOURCES = (
+    "Source/FullyConnectedFunctions/arm_fully_connected_s8.c",
+    "Source/FullyConnectedFunctions/arm_fully_connected_s4.c",
+    "Source/FullyConnectedFunctions/arm_vector_sum_s8.c",
+    "Source/NNSupportFunctions/arm_nn_vec_mat_mult_t_s8.c",
+    "Source/NNSupportFunctions/arm_nn_vec_mat_mult_t_s4.c",
+)
 TOKENS = (1, 8, 9)
 NAME = "kt"  # the generated model's name: its expert kernels are kt_expert_<i>
 COLUMNS = ("kernel@1", "kernel@8", "kslope", "pass@1", "pass@8", "slope", "group8", "g8/k1")
 
 
 def model_shape(
-    tiny: bool, d_model: int = 128, d_ff: int = 512, activation: str = "relu", top_k: int = 1
+    tiny: bool,
+    d_model: int = 128,
+    d_ff: int = 512,
+    activation: str = "relu",
+    top_k: int = 1,
+    experts: int = 2,
 ) -> dict[str, Any]:
     if tiny:
         d_model, d_ff = 32, 64
+    matrices = 3 if activation == "swiglu" else 2  # w1 (+ w3 gated) and w2
     return {
         "source": "colibri.frontends.seed.make_toy (seed layout)",
-        "experts": 2,
+        "experts": experts,
         "d_model": d_model,
         "d_ff": d_ff,
         "activation": activation,
         "top_k": top_k,
         "seed": 3,
-        "macs_per_token": 2 * top_k * d_model * d_ff,
+        "macs_per_token": matrices * top_k * d_model * d_ff,
     }
+
+
+def sweep_shapes(n: int, seed: int) -> list[dict[str, Any]]:
+    """n model shapes drawn from `seed` (see the module docstring, --sweep): d_model and d_ff
+    log-uniform in 16..1024, the first odd by odd, the second multiples of 16 but not of 32,
+    the activation cycling through SWEEP_ACTIVATIONS, top-k through 1 and 2, 4..16 experts."""
+    rng = np.random.default_rng(seed)
+    shapes = []
+    for i in range(n):
+        d_model, d_ff = (
+            int(round(float(np.exp(rng.uniform(np.log(16), np.log(1024)))))) for _ in "df"
+        )
+        if i == 0:
+            d_model, d_ff = d_model | 1, d_ff | 1
+        elif i == 1:
+            d_model, d_ff = (v // 32 * 32 + 16 for v in (d_model, d_ff))
+        act = SWEEP_ACTIVATIONS[i % len(SWEEP_ACTIVATIONS)]
+        experts = int(rng.integers(4, 17))
+        shapes.append(model_shape(False, d_model, d_ff, act, 1 + i % 2, experts))
+    return shapes
 
 
 def family_shapes(n: int, seed: int) -> list[dict[str, Any]]:
@@ -192,6 +249,7 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
     except BudgetExceeded as exc:
         return {"skipped": " ".join(line.strip() for line in str(exc).splitlines()[:2])}
     exe = build_model(gen, board.name)
+    kernel = kernel_footprint(exe)
     passes: dict[str, int] = {}
     kernels: dict[str, int] = {}
     d = shape["d_model"]
@@ -229,7 +287,72 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
         "group8": kernels["group8"] / (8 * macs),
     }
     per_mac["g8/k1"] = per_mac["group8"] / per_mac["kernel@1"]
-    return {"instructions": {"pass": passes, "kernel": kernels}, "instr_per_mac": per_mac}
+    out: dict[str, Any] = {
+        "instructions": {"pass": passes, "kernel": kernels},
+        "instr_per_mac": per_mac,
+        "experts": shape["experts"],
+    }
+    if kernel is not None:
+        out["kernel"] = kernel
+    return out
+
+
+def kernel_footprint(elf: Path) -> dict[str, Any] | None:
+    """Expert 0's kernel in a bare-metal build's stack report (colibri.targets.stack): the code
+    it reaches, its worst-case stack and largest frame, and the guard below the stack. None on
+    hosted boards (no report)."""
+    rep = load_report(elf)
+    if rep is None:
+        return None
+    k0 = next((k for k in rep.kernels if k["name"] == f"{NAME}_expert_0"), None)
+    if k0 is None:
+        return None
+    return {"code": k0["code"], "stack": k0["bound"], "frame": k0["frame"], "guard": rep.guard}
+
+
+def measure_fitting(board: Board, scheme: str, shape: dict[str, Any], work: Path) -> dict[str, Any]:
+    """measure_scheme, with half the experts (down to max(2, top_k)) while the model does not
+    fit the board; the result's "experts" says how many were measured."""
+    res = measure_scheme(board, scheme, shape, work)
+    while "skipped" in res and shape["experts"] > max(2, shape["top_k"]):
+        shape = {**shape, "experts": max(2, shape["top_k"], shape["experts"] // 2)}
+        res = measure_scheme(board, scheme, shape, work)
+    return res
+
+
+def measure_cmsis(
+    board: Board, scheme: str, shape: dict[str, Any], cmsis: Path, work: Path
+) -> dict[str, Any]:
+    """CMSIS-NN's fully-connected pair (benchmarks/cmsis_fc_bench.c) on the shape: the same
+    1-vs-9-token slope per MAC, the code reachable from the pair and its stack, or
+    {"skipped": why}."""
+    fc = CMSIS_FC.get(scheme)
+    if fc is None or not board.arch.startswith(("armv7", "armv8")) or board.kind == "host":
+        return {"skipped": f"CMSIS-NN has no {scheme} fully-connected layer for {board.name}"}
+    d, f = shape["d_model"], shape["d_ff"]
+    defines = [f"FC_D={d}", f"FC_F={f}", f"FC_S4={1 if fc == 's4' else 0}"]
+    elf = build_bench(
+        board,
+        [ROOT / "benchmarks" / "cmsis_fc_bench.c"],
+        defines,
+        work,
+        "cmsis_fc",
+        foreign=[cmsis / src for src in CMSIS_SOURCES],
+        includes=[cmsis / "Include"],
+    )
+    (n1, line1), (n9, line9) = count_modes(board, elf, (1, 9), "cmsis-fc:")
+    if "status ok" not in line1 or "status ok" not in line9:
+        raise SystemExit(f"{board.name}: CMSIS-NN {fc} failed: {line1.strip()} / {line9.strip()}")
+    macs = 2 * d * f
+    rep = analyse_stack(elf, board, [], kernel_roots=("cmsis_fc_pair",))
+    pair = next(k for k in rep.kernels if k["name"] == "cmsis_fc_pair")
+    return {
+        "function": f"arm_fully_connected_{fc}",
+        "instructions": {"1": n1, "9": n9},
+        "instr_per_mac": {"pass@1": n1 / macs, "slope": (n9 - n1) / 8 / macs},
+        "code": pair["code"],
+        "stack": pair["bound"],
+    }
 
 
 def measure_router(board: Board, tiny: bool, work: Path) -> dict[str, Any]:
@@ -360,6 +483,178 @@ def render_family(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SWEEP_COLUMNS = ("pass@1", "slope", "kslope", "code", "stack", "cmsis", "x cmsis", "code x")
+
+
+def sweep_row(res: dict[str, Any], cm: dict[str, Any] | None) -> dict[str, float | None]:
+    """One sweep case's columns: Colibri's whole-pass figures and its kernel's code and stack,
+    CMSIS-NN's slope, and the ratios (Colibri's whole-pass slope / CMSIS-NN's kernel slope; code
+    of the expert kind / code of the pair)."""
+    ipm = res["instr_per_mac"]
+    k = res.get("kernel") or {}
+    row: dict[str, float | None] = {
+        "pass@1": ipm["pass@1"],
+        "slope": ipm["slope"],
+        "kslope": ipm["kslope"],
+        "code": k.get("code"),
+        "stack": k.get("stack"),
+        "cmsis": None,
+        "x cmsis": None,
+        "code x": None,
+    }
+    if cm and "skipped" not in cm:
+        row["cmsis"] = cm["instr_per_mac"]["slope"]
+        row["x cmsis"] = ipm["slope"] / cm["instr_per_mac"]["slope"]
+        if k.get("code"):
+            row["code x"] = k["code"] / cm["code"]
+    return row
+
+
+def _cell(v: float | None, c: str) -> str:
+    if v is None:
+        return f"{'-':>8}"
+    return f"{int(v):>8}" if c in ("code", "stack") else f"{v:>8.2f}"
+
+
+def sweep_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per board and scheme: cases measured / skipped, min / median / max of every column, and
+    the worst case of the slope and of the ratio to CMSIS-NN."""
+    out: dict[str, Any] = {}
+    for case in cases:
+        key = f"{case['board']} {case['scheme']}"
+        out.setdefault(key, {"measured": 0, "skipped": 0, "rows": []})
+        if "row" in case:
+            out[key]["measured"] += 1
+            out[key]["rows"].append((case["label"], case["row"]))
+        else:
+            out[key]["skipped"] += 1
+    for entry in out.values():
+        rows = entry.pop("rows")
+        entry["stats"] = {}
+        for c in SWEEP_COLUMNS:
+            v = np.array([r[c] for _, r in rows if r[c] is not None], dtype=float)
+            if len(v):
+                entry["stats"][c] = {
+                    "min": float(v.min()),
+                    "median": float(np.median(v)),
+                    "max": float(v.max()),
+                }
+        for c in ("slope", "x cmsis", "code x", "stack"):
+            have = [(lbl, r) for lbl, r in rows if r[c] is not None]
+            if have:
+                lbl, r = max(have, key=lambda lr: float(lr[1][c] or 0.0))
+                entry[f"worst {c}"] = {"shape": lbl, "value": r[c]}
+    return out
+
+
+def render_sweep(report: dict[str, Any]) -> str:
+    sw = report["sweep"]
+    lines = [
+        f"Sweep: {sw['n']} shapes (seed {sw['seed']}), every board and scheme asked; whole-pass "
+        "instr/MAC (pass@1, slope), the kernels' slope (kslope), code bytes reached from one "
+        "expert kernel and its worst-case stack; with --cmsis-nn, CMSIS-NN's fully-connected pair "
+        "(slope, Colibri slope / CMSIS slope, code / code of the pair)",
+        "",
+        f"{'board':11} {'scheme':6} {'shape':30} " + " ".join(f"{c:>8}" for c in SWEEP_COLUMNS),
+    ]
+    for case in sw["cases"]:
+        head = f"{case['board']:11} {case['scheme']:6} {case['label']:30} "
+        if "row" not in case:
+            lines.append(head + short_reason(case["skipped"]))
+            continue
+        lines.append(head + " ".join(_cell(case["row"][c], c) for c in SWEEP_COLUMNS))
+    lines += ["", "Worst case per board and scheme (min / median / max of each column)"]
+    for key, entry in sw["summary"].items():
+        lines.append(f"{key}: {entry['measured']} measured, {entry['skipped']} skipped")
+        for c, st in entry["stats"].items():
+            lines.append(f"    {c:8} {st['min']:>10.2f} {st['median']:>10.2f} {st['max']:>10.2f}")
+        for c in ("slope", "x cmsis", "code x", "stack"):
+            if f"worst {c}" in entry:
+                w = entry[f"worst {c}"]
+                lines.append(f"    worst {c}: {w['value']:.2f} at {w['shape']}")
+    return "\n".join(lines)
+
+
+def sweep_label(shape: dict[str, Any], experts: int) -> str:
+    return f"{shape_label(shape)} e{experts}"
+
+
+def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
+    """--sweep: every case of the drawn family on every board and scheme asked (see the module
+    docstring); the report's "sweep" part, its table on stdout, JSON + PNG with --json."""
+    shapes = sweep_shapes(a.sweep, a.seed)
+    cmsis = Path(a.cmsis_nn) if a.cmsis_nn else None
+    if cmsis is not None and not (cmsis / CMSIS_SOURCES[0]).is_file():
+        print(f"colibri: --cmsis-nn {cmsis}: no {CMSIS_SOURCES[0]} there", file=sys.stderr)
+        return 2
+    work = Path(a.workdir) / f"sweep{a.sweep}-seed{a.seed}"
+    cases: list[dict[str, Any]] = []
+    report["sweep"] = {"n": a.sweep, "seed": a.seed, "shapes": shapes, "cases": cases}
+    for name in a.board or SWEEP_BOARDS:
+        board = load_board(name)
+        ok, why = board.can_build()
+        if ok:
+            ok, why = board.can_run()
+        if not ok:
+            print(f"{name}: skipped: {why}", file=sys.stderr, flush=True)
+            cases.append({"board": name, "scheme": "*", "label": "*", "skipped": why})
+            continue
+        for scheme in a.scheme or SCHEMES:
+            for i, shape in enumerate(shapes):
+                where = work / name / scheme / f"shape{i}"
+                try:
+                    res = measure_fitting(board, scheme, shape, where)
+                except ColibriError as exc:
+                    print(f"colibri: {name} {scheme} {shape_label(shape)}: {exc}", file=sys.stderr)
+                    return 1
+                case: dict[str, Any] = {
+                    "board": name,
+                    "scheme": scheme,
+                    "shape": i,
+                    "label": sweep_label(shape, res.get("experts", shape["experts"])),
+                    "macs_per_token": shape["macs_per_token"],
+                    "colibri": res,
+                }
+                if "skipped" in res:
+                    case["skipped"] = res["skipped"]
+                else:
+                    cm = None
+                    if cmsis is not None:
+                        cm = measure_cmsis(board, scheme, shape, cmsis, where / "cmsis")
+                        case["cmsis"] = cm
+                    case["row"] = sweep_row(res, cm)
+                cases.append(case)
+                shown = case.get("skipped") or {
+                    c: None if v is None else round(v, 2) for c, v in case["row"].items()
+                }
+                print(f"{name} {scheme} {case['label']}: {shown}", file=sys.stderr, flush=True)
+    report["sweep"]["summary"] = sweep_summary(cases)
+    print(render_sweep(report))
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
+        series: dict[str, tuple[list[float], list[float]]] = {}
+        for case in cases:
+            if "row" not in case:
+                continue
+            key = f"{case['board']} {case['scheme']}"
+            series.setdefault(key, ([], []))
+            series[key][0].append(case["macs_per_token"])
+            series[key][1].append(case["row"]["slope"])
+            if case["row"]["cmsis"] is not None:
+                ck = f"{case['board']} CMSIS-NN {CMSIS_FC[case['scheme']]}"
+                series.setdefault(ck, ([], []))
+                series[ck][0].append(case["macs_per_token"])
+                series[ck][1].append(case["row"]["cmsis"])
+        plots.scatter_plot(
+            a.json,
+            series,
+            title=f"Whole-pass instructions per MAC over the sweep (seed {a.seed})",
+            xlabel="MACs per token",
+            ylabel="instructions / MAC (1-vs-9-token slope)",
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_board_argument(
@@ -379,11 +674,30 @@ def main(argv: list[str] | None = None) -> int:
         help="measure N seeded random shapes (odd sizes, relu / silu / gelu, k 1 / 2) instead of "
         "the one; no router",
     )
-    p.add_argument("--seed", type=int, default=0, help="the --family generator's seed (default 0)")
+    p.add_argument(
+        "--sweep",
+        type=int,
+        metavar="N",
+        help="N seeded shapes (d_model, d_ff 16..1024, every activation, k 1 / 2, 4-16 experts) on "
+        f"every MCU board ({', '.join(SWEEP_BOARDS)}) and scheme: instr/MAC, code and stack",
+    )
+    p.add_argument(
+        "--cmsis-nn",
+        metavar="DIR",
+        help="with --sweep: a CMSIS-NN checkout; its s8 / s4 fully-connected pair is built and "
+        "counted beside every int8 / int4 case on the Arm boards",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="the --family / --sweep generator's seed (default 0)"
+    )
     p.add_argument("--workdir", default=str(ROOT / "build" / "kernels_table"))
     a = p.parse_args(argv)
     if a.family is not None and (a.family < 1 or a.tiny):
         p.error("--family takes N >= 1 and does not go with --tiny")
+    if a.sweep is not None and (a.sweep < 1 or a.tiny or a.family):
+        p.error("--sweep takes N >= 1 and goes with neither --tiny nor --family")
+    if a.cmsis_nn and not a.sweep:
+        p.error("--cmsis-nn goes with --sweep")
     shapes = family_shapes(a.family, a.seed) if a.family else [model_shape(a.tiny)]
     report: dict[str, Any] = {
         "model": shapes[0],
@@ -408,6 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "boards": {},
     }
+    if a.sweep:
+        return run_sweep(a, report)
     if a.family:
         report["family"] = {"n": a.family, "seed": a.seed, "shapes": shapes}
         work = Path(a.workdir) / f"family{a.family}-seed{a.seed}"

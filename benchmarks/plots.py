@@ -114,3 +114,31 @@ def bar_plot(
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     return _save(plt, fig, json_path)
+
+
+def scatter_plot(
+    json_path: str | os.PathLike[str],
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx: bool = True,
+) -> Path | None:
+    """Points (x, y) of each series, a marker each (log x by default): a sweep's cases."""
+    plt = pyplot()
+    if plt is None:
+        _skipped(json_path)
+        return None
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    for name, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), marker="o", linestyle="none", label=name)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    return _save(plt, fig, json_path)

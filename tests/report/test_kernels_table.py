@@ -110,3 +110,59 @@ def test_family_shapes_and_summary() -> None:
     assert (summary["shapes"], summary["skipped"]) == (3, 1)
     assert summary["stats"]["slope"] == {"min": 1.0, "median": 2.0, "max": 3.0}
     assert summary["worst"]["shape"] == kernels_table.shape_label(shapes[2])
+
+
+def test_sweep_shapes() -> None:
+    """--sweep: the same seed gives the same shapes, d_model / d_ff in 16..1024, the first odd
+    by odd, the second multiples of 16 but not of 32; every activation and k 1 / 2 in turn;
+    4..16 experts; MACs count w3 for swiglu."""
+    shapes = kernels_table.sweep_shapes(10, 40)
+    assert shapes == kernels_table.sweep_shapes(10, 40)
+    assert shapes != kernels_table.sweep_shapes(10, 41)
+    assert shapes[0]["d_model"] % 2 == 1 and shapes[0]["d_ff"] % 2 == 1
+    assert shapes[1]["d_model"] % 32 == 16 and shapes[1]["d_ff"] % 32 == 16
+    assert [s["activation"] for s in shapes] == list(kernels_table.SWEEP_ACTIVATIONS) * 2
+    assert [s["top_k"] for s in shapes] == [1, 2] * 5
+    for s in shapes:
+        assert 16 <= s["d_model"] <= 1024 and 16 <= s["d_ff"] <= 1024
+        assert 4 <= s["experts"] <= 16
+        matrices = 3 if s["activation"] == "swiglu" else 2
+        assert s["macs_per_token"] == matrices * s["top_k"] * s["d_model"] * s["d_ff"]
+
+
+def test_sweep_on_cortex_m4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--sweep 1 --seed 3 (23x43 relu k1, 6 experts) on cortex-m4 int8 / int4, no CMSIS-NN
+    checkout (CI has none): every case measured, with the code its expert kernel reaches and
+    that kernel's stack from the build's stack report, and the summary; JSON and its PNG."""
+    require_board("cortex-m4")
+    out = tmp_path / "sweep.json"
+    argv = ["--sweep", "1", "--seed", "3", "--board", "cortex-m4", "--json", str(out)]
+    argv += [f"--scheme={s}" for s in SCHEMES]
+    assert kernels_table.main([*argv, "--workdir", str(tmp_path / "work")]) == 0
+    table = capsys.readouterr().out
+    assert "23x43 relu k1 e6" in table and "worst slope" in table
+    report = json.loads(out.read_text())
+    cases = report["sweep"]["cases"]
+    assert [(c["board"], c["scheme"]) for c in cases] == [("cortex-m4", s) for s in SCHEMES]
+    for case in cases:
+        row = case["row"]
+        assert row["slope"] > 0 and row["pass@1"] > 0
+        kernel = case["colibri"]["kernel"]
+        assert row["code"] == kernel["code"] > 0 and row["stack"] == kernel["stack"] > 0
+        assert kernel["guard"] >= 512 and kernel["frame"][1] <= kernel["stack"]
+        assert row["cmsis"] is None and row["x cmsis"] is None
+    summary = report["sweep"]["summary"]
+    assert set(summary) == {f"cortex-m4 {s}" for s in SCHEMES}
+    for entry in summary.values():
+        assert (entry["measured"], entry["skipped"]) == (1, 0)
+        assert entry["worst slope"]["shape"] == "23x43 relu k1 e6"
+    if kernels_table.plots.pyplot() is not None:
+        assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_sweep_arguments() -> None:
+    with pytest.raises(SystemExit):
+        kernels_table.main(["--cmsis-nn", "/nonexistent"])  # without --sweep
+    with pytest.raises(SystemExit):
+        kernels_table.main(["--sweep", "2", "--family", "2"])
+    assert kernels_table.main(["--sweep", "1", "--cmsis-nn", "/nonexistent"]) == 2
