@@ -37,54 +37,45 @@
 
 static colibri_lm_t *g_lm; /* the model the steps run on */
 
-/* Append "<label><v>" to a line at p (decimal, no printf). */
-static char *put_u64(char *p, const char *label, uint64_t v)
+/* Print `tmpl` with each '%' replaced by the next of values[] in decimal (no printf); line
+ * holds the result (the callers size it). */
+static void put_line(char *line, const char *tmpl, const uint64_t *values)
 {
-    const size_t n = strlen(label);
-    memcpy(p, label, n);
-    p += n;
-    char tmp[21];
-    int k = 0;
-    do {
-        tmp[k++] = (char)('0' + (int)(v % 10u));
-        v /= 10u;
-    } while (v != 0u);
-    while (k > 0) {
-        *p++ = tmp[--k];
+    char *p = line;
+    for (; *tmpl != '\0'; tmpl++) {
+        if (*tmpl != '%') {
+            *p++ = *tmpl;
+            continue;
+        }
+        uint64_t v = *values++;
+        char tmp[21];
+        int k = 0;
+        do {
+            tmp[k++] = (char)('0' + (int)(v % 10u));
+            v /= 10u;
+        } while (v != 0u);
+        while (k > 0) {
+            *p++ = tmp[--k];
+        }
     }
     *p = '\0';
-    return p;
+    clb_platform_puts(line);
 }
 
 static void print_stats(void)
 {
     colibri_lm_stats_t s;
     colibri_lm_get_stats(g_lm, &s);
-    const struct {
-        const char *label;
-        uint64_t value;
-    } f[] = {
-        {"colibri: expert slots: ", s.n_slots},
-        {" x ", s.slot_bytes},
-        {" bytes, loads ", s.loads},
-        {" hits ", s.hits},
-        {" misses ", s.misses},
-        {" evictions ", s.evictions},
-        {" prefetches ", s.prefetches},
-        {" prefetch hits ", s.prefetch_hits},
-        {" bytes read ", s.bytes_read},
-        {" pinned ", s.n_pinned},
-        {" pinned hits ", s.pinned_hits},
-        {" bytes ahead ", s.bytes_prefetched},
-        {" skipped ", s.prefetch_skipped},
-    };
-    char line[400];
-    char *p = line;
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        p = put_u64(p, f[i].label, f[i].value);
-    }
-    memcpy(p, "\n", 2u);
-    clb_platform_puts(line);
+    const uint64_t v[] = {s.n_slots,         s.slot_bytes, s.loads,       s.hits,
+                          s.misses,          s.evictions,  s.prefetches,  s.prefetch_hits,
+                          s.bytes_read,      s.n_pinned,   s.pinned_hits, s.bytes_prefetched,
+                          s.prefetch_skipped};
+    char line[512];
+    put_line(line,
+             "colibri: expert slots: % x % bytes, loads % hits % misses % evictions % "
+             "prefetches % prefetch hits % bytes read % pinned % pinned hits % bytes ahead % "
+             "skipped %\n",
+             v);
 }
 
 /* The bytes the model needs (after COLIBRI_ERR_MEMORY), one line. */
@@ -94,16 +85,14 @@ static void print_memory(const colibri_lm_config_t *config)
     if (colibri_lm_measure(config, &m) != COLIBRI_OK) {
         return;
     }
+    const uint64_t v[] = {
+        m.total_bytes, m.kv_bytes,   (uint64_t)m.max_context, m.arena_bytes - m.kv_bytes,
+        m.table_bytes, m.slot_bytes, m.packed_bytes};
     char line[400];
-    char *p = put_u64(line, "colibri: memory needed: ", m.total_bytes);
-    p = put_u64(p, " bytes (KV cache ", m.kv_bytes);
-    p = put_u64(p, " for ", (uint64_t)m.max_context);
-    p = put_u64(p, " positions, arena ", m.arena_bytes - m.kv_bytes);
-    p = put_u64(p, ", tables ", m.table_bytes);
-    p = put_u64(p, ", expert slots ", m.slot_bytes);
-    p = put_u64(p, ", packed ", m.packed_bytes);
-    memcpy(p, ")\n", 3u);
-    clb_platform_puts(line);
+    put_line(line,
+             "colibri: memory needed: % bytes (KV cache % for % positions, arena %, tables %, "
+             "expert slots %, packed %)\n",
+             v);
 }
 
 /* CLOCK_MONOTONIC in ns, for lm_runner.h's timing (COLIBRI_TIMING=1). */
@@ -128,13 +117,10 @@ static void print_timing(void)
     if (on == NULL || on[0] == '\0' || strcmp(on, "0") == 0) {
         return;
     }
+    const uint64_t v[] = {lm_timing.prompt_tokens, lm_timing.prefill_ns, lm_timing.decode_steps,
+                          lm_timing.decode_ns};
     char line[200];
-    char *p = put_u64(line, "colibri: timing: prefill ", lm_timing.prompt_tokens);
-    p = put_u64(p, " tokens ", lm_timing.prefill_ns);
-    p = put_u64(p, " ns, decode ", lm_timing.decode_steps);
-    p = put_u64(p, " tokens ", lm_timing.decode_ns);
-    memcpy(p, " ns\n", 5u);
-    clb_platform_puts(line);
+    put_line(line, "colibri: timing: prefill % tokens % ns, decode % tokens % ns\n", v);
 }
 
 /* The C type of a numeric command-line argument's field. */
