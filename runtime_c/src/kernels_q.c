@@ -1,7 +1,7 @@
 /**
  * @file kernels_q.c
- * @brief Kernels of the quantised formats (colibri_quant.h): fp16 / int8 / int4 weights against
- *        fp32 or per-token int8 activations. The order of every float operation is the one
+ * @brief Kernels of the quantised formats (colibri_quant.h): fp16 / int8 / int4 / q4k weights
+ * against fp32 or per-token int8 activations. The order of every float operation is the one
  *        documented in colibri_quant.h; colibri/reference/kernels.py mirrors it.
  *
  * The integer dot products have per-ISA paths chosen by the compiler's ACLE feature macros
@@ -235,6 +235,56 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
     }
 }
 
+/* sc_j and m_j, 6 bits each, of sub-block j of a q4k super-block's scale bytes. */
+static inline void q4k_scale_min(const uint8_t *s, int32_t j, int32_t *sc, int32_t *m)
+{
+    const uint32_t hi = (uint32_t)s[8 + (j >> 1)] >> (4u * (uint32_t)(j & 1));
+    *sc = (int32_t)(((uint32_t)s[j] & 0x0Fu) | ((hi & 3u) << 4));
+    *m = (int32_t)(((uint32_t)s[j] >> 4) | (((hi >> 2) & 3u) << 4));
+}
+
+void colibri_matvec_q4k_q8(const colibri_block_q4k *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t n_out, int32_t n_in)
+{
+    const size_t nsb = COLIBRI_Q4K_BLOCKS(n_in);
+    const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t o = 0; o < n_out; o++) {
+        const colibri_block_q4k *row = w + (size_t)o * nsb;
+        float acc = 0.0f;
+        for (int32_t b = 0; b < nb; b++) {
+            const colibri_block_q4k *blk = &row[b / 8];
+            const int32_t j = b % 8;
+            const int32_t i0 = b * COLIBRI_QK8;
+            const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
+            const uint8_t *qs = blk->qs + 16 * j;
+            const int8_t *xb = xq + i0;
+            int32_t isum = 0;
+            int32_t xsum = 0;
+            if (n == COLIBRI_QK8) { /* integer sums: any order gives the same result */
+                for (int32_t k = 0; k < 16; k++) {
+                    isum += (int32_t)(qs[k] & 0x0Fu) * (int32_t)xb[k] +
+                            (int32_t)(qs[k] >> 4) * (int32_t)xb[k + 16];
+                    xsum += (int32_t)xb[k] + (int32_t)xb[k + 16];
+                }
+            } else {
+                for (int32_t k = 0; k < n; k++) {
+                    const uint32_t q = k < 16 ? (qs[k] & 0x0Fu) : (uint32_t)(qs[k - 16] >> 4);
+                    isum += (int32_t)q * (int32_t)xb[k];
+                    xsum += (int32_t)xb[k];
+                }
+            }
+            int32_t sc;
+            int32_t m;
+            q4k_scale_min(blk->scales, j, &sc, &m);
+            const float d = colibri_f16_to_f32(blk->d);
+            const float dmin = colibri_f16_to_f32(blk->dmin);
+            acc += (float)(sc * isum) * (d * sx[b]);
+            acc -= (float)(m * xsum) * (dmin * sx[b]);
+        }
+        y[o] = acc;
+    }
+}
+
 void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                            float *y, int32_t n_out, int32_t n_in)
 {
@@ -415,6 +465,22 @@ void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
             colibri_matvec_q4_q8(w + (size_t)o0 * nb, xq + (size_t)t * (size_t)n_in,
                                  sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m,
                                  n_in);
+        }
+    }
+}
+
+void colibri_matmul_q4k_q8(const colibri_block_q4k *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nsb = COLIBRI_Q4K_BLOCKS(n_in);
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows(nsb * sizeof(colibri_block_q4k), n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            colibri_matvec_q4k_q8(w + (size_t)o0 * nsb, xq + (size_t)t * (size_t)n_in,
+                                  sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m,
+                                  n_in);
         }
     }
 }

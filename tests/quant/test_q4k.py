@@ -1,9 +1,14 @@
 """The q4k scheme (formats.py's q4k section): 6-bit scale packing, bits per weight, round trips
 within the stated bound, its error against int4 at the same 4.5 bits per weight (random rows
 and rows with outliers), importance weighting, and the numpy mirror of colibri_matvec_q4k_q8
-against a scalar loop written from the documented operation order."""
+against a scalar loop written from the documented operation order and against the C kernel
+(kernels_q.c on the host, ctypes), bit for bit; the C struct read back from compiled objects."""
 
 from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +27,7 @@ from colibri.quant.formats import (
     reconstruction_error,
 )
 from colibri.reference.kernels import matvec, matvec_q4k_q8, quantize_rows_q8
+from conftest import ROOT, host_kernels, require_board
 
 SHAPES = [(1, 1), (3, 32), (5, 33), (4, 256), (7, 300), (16, 1000), (40, 72)]
 
@@ -145,3 +151,81 @@ def test_int8_activations_only() -> None:
     with pytest.raises(ConfigError, match="q4k experts have int8-activation kernels only"):
         make_plan(4, "q4k", act="fp32")
     assert make_plan(4, "int4", "1=q4k").schemes == ["int4", "q4k", "int4", "int4"]
+
+
+# -- the C kernel (kernels_q.c on the host, ctypes) and the C struct ----------------------------
+
+
+@pytest.fixture(scope="module")
+def kq(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    return host_kernels(tmp_path_factory.mktemp("kq4k"))
+
+
+def _p(a: np.ndarray) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 32), (5, 33), (4, 256), (7, 300), (9, 1000)])
+def test_c_kernel_bit_exact_with_the_mirror(kq: ctypes.CDLL, shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(11 * shape[0] + shape[1])
+    n_out, n_in = shape
+    w = _outlier_rows(rng, shape)
+    w[0, : min(n_in, 40)] = 0.0  # a zero sub-block (sc 0)
+    t = quantize_matrix(w, "q4k")
+    n_tok = 3
+    x = (rng.standard_normal((n_tok, n_in)) * 2).astype(np.float32)
+    xq, sx = quantize_rows_q8(x)
+    blocks = np.ascontiguousarray(t.data)
+    want = matvec_q4k_q8(blocks, xq, sx, n_in)
+    y = np.zeros(n_out, np.float32)
+    for r in range(n_tok):
+        kq.colibri_matvec_q4k_q8(
+            _p(blocks), _p(np.ascontiguousarray(xq[r])), _p(np.ascontiguousarray(sx[r])),
+            _p(y), n_out, n_in,
+        )  # fmt: skip
+        assert np.array_equal(y.view(np.uint32), want[r].view(np.uint32)), (r, y, want[r])
+    ldy = n_out + 3
+    ym = np.full((n_tok, ldy), 7.0, np.float32)
+    xqc, sxc = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+    kq.colibri_matmul_q4k_q8(_p(blocks), _p(xqc), _p(sxc), _p(ym), ldy, n_out, n_in, n_tok)
+    assert np.array_equal(ym[:, :n_out].view(np.uint32), want.view(np.uint32))
+    assert np.all(ym[:, n_out:] == 7.0)
+
+
+PROBE = r"""
+#include <stddef.h>
+#include <stdint.h>
+#include "colibri_quant.h"
+const uint32_t colibri_probe_layout[5] = {
+    (uint32_t)sizeof(colibri_block_q4k), (uint32_t)offsetof(colibri_block_q4k, d),
+    (uint32_t)offsetof(colibri_block_q4k, dmin), (uint32_t)offsetof(colibri_block_q4k, scales),
+    (uint32_t)offsetof(colibri_block_q4k, qs)};
+"""
+
+
+@pytest.mark.parametrize("board", ["host", "cortex-m4", "esp32s3"])
+def test_block_layout_read_back_from_object(board: str, tmp_path: Path) -> None:
+    """colibri_block_q4k as each compiler lays it out == BLOCK_Q4K_DTYPE."""
+    from colibri.boards import load_board
+    from elftools.elf.elffile import ELFFile
+
+    require_board(board, run=False)
+    b = load_board(board)
+    src = tmp_path / "probe.c"
+    src.write_text(PROBE)
+    obj = tmp_path / "probe.o"
+    subprocess.run(
+        [b.compiler, *b.compile_flags(), "-I", str(ROOT / "runtime_c" / "include")]
+        + ["-I", str(ROOT / "runtime_c" / "tiles"), "-c", str(src), "-o", str(obj)],
+        check=True,
+    )
+    with open(obj, "rb") as f:
+        elf = ELFFile(f)
+        symtab = elf.get_section_by_name(".symtab")
+        syms = {s.name: s for s in symtab.iter_symbols()}  # type: ignore[union-attr]
+        lay = syms["colibri_probe_layout"]
+        raw = elf.get_section(lay["st_shndx"]).data()[lay["st_value"] : lay["st_value"] + 20]
+        values = np.frombuffer(raw, dtype="<u4" if elf.little_endian else ">u4").tolist()
+    fields = BLOCK_Q4K_DTYPE.fields
+    assert fields is not None
+    assert values == [BLOCK_Q4K_DTYPE.itemsize] + [fields[f][1] for f in BLOCK_Q4K_DTYPE.names]

@@ -1,0 +1,71 @@
+"""q4k experts (formats.py's q4k section, colibri_matvec_q4k_q8 / colibri_matmul_q4k_q8 of
+kernels_q.c) generated, built with each board's -Wall -Wextra -Werror flags and run (host,
+QEMU): outputs and routing equal colibri.reference.kernels.quant_moe_forward bit for bit, on a
+small layer with partial blocks (d_model 72: one partial super-block and a partial sub-block;
+an int4 expert beside the q4k ones) and on a SwiGLU layer of two super-blocks with tails
+(d_model 260, d_ff 100: a sub-block of 4 inputs), run in groups of tokens
+(colibri_matmul_q4k_q8) and one at a time. A row whose length is not a multiple of 256 pays
+for a whole last super-block (d_model 300: 1.40x int4's bytes; 256: the same bytes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from colibri.cli.main import run_model
+from colibri.cli.pipeline import generate
+from colibri.frontends.seed import make_toy
+from colibri.ir.moe import MoELayer
+from colibri.options import GenerateOptions
+from colibri.quant.formats import make_plan, quantize_layer
+from colibri.reference.kernels import quant_moe_forward
+from conftest import require_board
+
+#: The boards of the brief (bare metal Cortex-M4 DSP, Cortex-M55 Helium, Xtensa ESP32-S3 and
+#: the host), then the others of one case each.
+BOARDS = ["host", "cortex-m4", "cortex-m55", "esp32s3"]
+MORE_BOARDS = ["cortex-m3", "cortex-m7", "cortex-a53"]
+EXPERT_QUANT = "1=int4"
+
+
+def _layer(kind: str) -> tuple[MoELayer, np.ndarray]:
+    if kind == "small":
+        layer = make_toy(4, 72, 40, 2, "silu", seed=13, router_bias=True)
+    else:
+        layer = make_toy(4, 260, 100, 2, "swiglu", seed=5)
+    x = np.random.default_rng(3).standard_normal((9, layer.config.d_model)).astype(np.float32)
+    return layer, x
+
+
+def _check(board: str, kind: str, max_tokens: int, tmp_path: Path) -> None:
+    require_board(board)
+    layer, x = _layer(kind)
+    opts = GenerateOptions(
+        board=board, name="k", max_tokens=max_tokens, quant="q4k", expert_quant=EXPERT_QUANT
+    )
+    generate(layer, tmp_path / "k", opts)
+    got, _ = run_model(tmp_path / "k", board, x)
+    plan = make_plan(4, "q4k", EXPERT_QUANT, None)
+    assert plan.schemes == ["q4k", "int4", "q4k", "q4k"] and plan.acts == ["int8"] * 4
+    ref, rq = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    np.testing.assert_array_equal(got.expert_ids, rq.expert_ids)
+    want = ref.astype(np.float32)
+    bad = got.output.view(np.uint32) != want.view(np.uint32)
+    assert not bad.any(), (
+        f"{board}/{kind}: {int(bad.sum())} of {bad.size} outputs differ from the mirror, max "
+        f"|diff| {np.abs(got.output - want).max():.3g}"
+    )
+
+
+@pytest.mark.parametrize("kind,max_tokens", [("small", 16), ("swiglu", 1)])
+@pytest.mark.parametrize("board", BOARDS)
+def test_q4k_layer_bit_exact_with_the_mirror(
+    board: str, kind: str, max_tokens: int, tmp_path: Path
+) -> None:
+    _check(board, kind, max_tokens, tmp_path)
+
+
+@pytest.mark.parametrize("board", MORE_BOARDS)
+def test_q4k_layer_on_more_boards(board: str, tmp_path: Path) -> None:
+    _check(board, "small", 16, tmp_path)
