@@ -33,6 +33,8 @@ static uint64_t mat_w_bytes(const lm_mat *m)
         return n_out * n_in;
     case COLIBRI_QUANT_Q4:
         return n_out * ((n_in + 31u) / 32u) * 18u;
+    case COLIBRI_QUANT_Q4K:
+        return n_out * ((n_in + (COLIBRI_QK_K - 1u)) / COLIBRI_QK_K) * sizeof(colibri_block_q4k);
     default:
         return 4u * n_out * n_in;
     }

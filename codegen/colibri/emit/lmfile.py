@@ -31,8 +31,10 @@ from ..frontends.container import (
     ACT_CODES,
     ALIGN,
     BLOCK_Q4_DTYPE,
+    BLOCK_Q4K_DTYPE,
     DTYPE_CODES,
     DTYPE_Q4,
+    DTYPE_Q4K,
     EXPERT_COLUMNS,
     FLAG_CLIP_QKV,
     FLAG_QK_NORM,
@@ -250,6 +252,8 @@ def _check_heat(h: np.ndarray, n_experts: int, layer: int) -> np.ndarray:
 def _dtype_code(arr: np.ndarray) -> int:
     if arr.dtype == BLOCK_Q4_DTYPE:
         return DTYPE_Q4
+    if arr.dtype == BLOCK_Q4K_DTYPE:
+        return DTYPE_Q4K
     dt = np.dtype(arr.dtype).newbyteorder("<")
     if dt == np.dtype("<u2"):
         return DTYPE_CODES[np.dtype("<f2")]  # fp16 bits
@@ -421,7 +425,7 @@ def write_lm_container_streamed(
 
 def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
     """The matrix `name` [out, in] as stored: its scheme from its dtype (fp32, fp16 bits,
-    int8 with `name.scale`, int4 blocks), exactly the QuantTensor the writer was given."""
+    int8 with `name.scale`, int4 / q4k blocks), exactly the QuantTensor the writer was given."""
     arr = lm.tensors.get(name)
     if arr is None:
         raise ModelFormatError(f"tensor '{name}' is missing")
@@ -431,6 +435,8 @@ def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
     n_out, n_in = shape
     if arr.dtype == BLOCK_Q4_DTYPE:
         return QuantTensor("int4", n_out, n_in, arr)
+    if arr.dtype == BLOCK_Q4K_DTYPE:
+        return QuantTensor("q4k", n_out, n_in, arr)
     if arr.dtype == np.dtype("<u2"):
         return QuantTensor("fp16", n_out, n_in, arr)
     if arr.dtype == np.dtype("i1"):

@@ -112,6 +112,21 @@ QK4 = 32
 #: numpy mirror of colibri_block_q4_32 (C struct: uint16_t d; uint8_t qs[16]; 18 bytes), the
 #: stored form of dtype code 3 (colibri.quant.formats quantises into it).
 BLOCK_Q4_DTYPE = np.dtype([("d", "<u2"), ("qs", "u1", (QK4 // 2,))])
+#: Table dtype of q4k super-blocks (colibri_block_q4k, 144 bytes; the shape is [out, in]).
+DTYPE_Q4K = 5
+#: Values per q4k super-block (COLIBRI_QK_K).
+QK_K = 256
+#: numpy mirror of colibri_block_q4k (C: uint16_t d, dmin; uint8_t scales[12]; uint8_t
+#: qs[128]; 144 bytes), the stored form of dtype code 5 (colibri.quant.formats: the q4k
+#: section).
+BLOCK_Q4K_DTYPE = np.dtype(
+    [("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (QK_K // 2,))]
+)
+#: Block dtypes of the table: (numpy dtype, weights per block) by dtype code.
+BLOCK_DTYPES: dict[int, tuple[np.dtype, int]] = {
+    DTYPE_Q4: (BLOCK_Q4_DTYPE, QK4),
+    DTYPE_Q4K: (BLOCK_Q4K_DTYPE, QK_K),
+}
 #: Version 2 reads the item dtypes as stored (fp16 as its bits).
 LM_DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"),
@@ -128,7 +143,7 @@ HEAT_TENSOR = "heat"
 #: Version-2 header `kind` of a whole decoder-only transformer.
 KIND_DECODER = 1
 #: Weight schemes of the version-2 descriptors (colibri_quant_scheme order).
-SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3}
+SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "q4k": 4}
 ACT_CODES = {"fp32": 0, "int8": 1}
 #: Version-2 header flags.
 FLAG_TIED = 0x1
@@ -489,14 +504,15 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
             raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
         if name in tensors:
             raise ModelFormatError(f"{source}: tensor '{name}' appears twice")
-        if dtype == DTYPE_Q4:
+        if dtype in BLOCK_DTYPES:
+            bdt, per = BLOCK_DTYPES[dtype]
             if ndim != 2:
-                raise ModelFormatError(f"{source}: int4 tensor '{name}' is not 2-D")
-            blocks = (shape[0], q4_blocks(shape[1]))
+                raise ModelFormatError(f"{source}: block tensor '{name}' is not 2-D")
+            blocks = (shape[0], (shape[1] + per - 1) // per)
             count = blocks[0] * blocks[1]
-            if count * BLOCK_Q4_DTYPE.itemsize != nb:
+            if count * bdt.itemsize != nb:
                 raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
-            arr = np.frombuffer(data, BLOCK_Q4_DTYPE, count, off).reshape(blocks)
+            arr = np.frombuffer(data, bdt, count, off).reshape(blocks)
         elif dtype in LM_DTYPES:
             count = int(np.prod(shape))
             if count * LM_DTYPES[dtype].itemsize != nb:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ModelFormatError, ShapeError
-from ..frontends.container import BLOCK_Q4_DTYPE, QK4, q4_blocks
+from ..frontends.container import BLOCK_Q4_DTYPE, BLOCK_Q4K_DTYPE, QK4, QK_K, q4_blocks
 from ..ir.moe import Expert, MoELayer
 from ..progress import Tick
 
@@ -492,19 +492,15 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 # (fp16), the 6-bit sc_j / m_j nearest for those, and the codes nearest for the stored
 # (d sc_j, dmin m_j). search "none" skips the grid (s = (max - min) / 15, m = -min).
 
-#: Weights per q4k super-block (COLIBRI_QK_K) and per sub-block (== QK8).
-QK_K = 256
+#: Weights per q4k sub-block (== QK8); QK_K, the super-block, and BLOCK_Q4K_DTYPE (the
+#: numpy mirror of colibri_block_q4k) are part of the container format
+#: (:mod:`colibri.frontends.container`).
 QK_K_SUB = 32
 #: Sub-blocks per super-block.
 Q4K_SUBS = QK_K // QK_K_SUB
 #: Largest 6-bit sub-block scale / minimum, largest code.
 Q4K_SCALE_MAX = 63
 Q4K_CODE_MAX = 15
-#: numpy mirror of colibri_block_q4k (C: uint16_t d, dmin; uint8_t scales[12]; uint8_t
-#: qs[128]; 144 bytes).
-BLOCK_Q4K_DTYPE = np.dtype(
-    [("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (QK_K // 2,))]
-)
 #: Bits per weight of q4k (whole super-blocks).
 Q4K_BITS_PER_WEIGHT = BLOCK_Q4K_DTYPE.itemsize * 8 / QK_K
 #: The grid of the sub-block search: inverse scales (Q4K_CODE_MAX + k * Q4K_STEP) / (max - min)
