@@ -5,7 +5,9 @@ small layer with partial blocks (d_model 72: one partial super-block and a parti
 an int4 expert beside the q4k ones) and on a SwiGLU layer of two super-blocks with tails
 (d_model 260, d_ff 100: a sub-block of 4 inputs), run in groups of tokens
 (colibri_matmul_q4k_q8) and one at a time. A row whose length is not a multiple of 256 pays
-for a whole last super-block (d_model 300: 1.40x int4's bytes; 256: the same bytes)."""
+for a whole last super-block (d_model 300: 1.40x int4's bytes; 256: the same bytes). A whole
+tiny Mixtral with q4k routed experts: its generated C gives the mirror's logits
+(colibri.reference.transformer.forward with the same TransformerQuant) bit for bit."""
 
 from __future__ import annotations
 
@@ -69,3 +71,26 @@ def test_q4k_layer_bit_exact_with_the_mirror(
 @pytest.mark.parametrize("board", MORE_BOARDS)
 def test_q4k_layer_on_more_boards(board: str, tmp_path: Path) -> None:
     _check(board, "small", 16, tmp_path)
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_q4k_transformer_bit_exact_with_the_mirror(board: str, tmp_path: Path) -> None:
+    from colibri.cli.pipeline import quantise_transformer
+    from colibri.frontends.hf_model import load_hf_transformer
+    from colibri.reference.transformer import KVCache, forward
+    from colibri.targets.lmrun import run_lm
+    from hf_tiny import generate_lm, lm_options, make_model, require_torch, save_model
+
+    require_torch()
+    require_board(board)
+    ours = load_hf_transformer(save_model(make_model("mixtral", seed=70), tmp_path / "ckpt"))
+    q, _ = quantise_transformer(ours, lm_options(board, "lm", 32, quant="q4k"))
+    gen, _ = generate_lm(ours, tmp_path / "gen", board, "lm", 32, quant="q4k")
+    prompt = [3, 17, 5, 60, 9, 41]
+    out, _ = run_lm(gen, board, prompt, 4, want_logits=True)
+    assert out.logits is not None
+    want = forward(ours, prompt, KVCache(), q).astype(np.float32)
+    got = out.logits[: len(prompt)]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
+        f"{board}: max |logit diff| {np.abs(got - want).max():.3g}"
+    )
