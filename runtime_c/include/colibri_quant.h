@@ -113,8 +113,18 @@ _Static_assert(offsetof(colibri_block_q4k, scales) == 4, "colibri_block_q4k.scal
 _Static_assert(offsetof(colibri_block_q4k, qs) == 16, "colibri_block_q4k.qs at offset 16");
 _Static_assert(COLIBRI_QK_K == 8 * COLIBRI_QK8, "q4k sub-blocks line up with activation blocks");
 
-/** Super-blocks of one row of n_in inputs (the last one zero-padded). */
+/** Super-blocks of one row of n_in inputs (the last one possibly partial). */
 #define COLIBRI_Q4K_BLOCKS(n_in) (((size_t)(n_in) + (COLIBRI_QK_K - 1u)) / COLIBRI_QK_K)
+
+/** Stored bytes of one q4k row of n_in weights: its whole super-blocks, then the last one cut
+ *  after its last used sub-block (its 16-byte head and 16 bytes of codes per sub-block), so a
+ *  row shorter than 256 does not pay for 256 weights. Always a multiple of 16; rows follow each
+ *  other at this stride (a row's super-block s at byte s * sizeof(colibri_block_q4k)). */
+#define COLIBRI_Q4K_ROW_BYTES(n_in)                                                                \
+    ((size_t)(n_in) / COLIBRI_QK_K * sizeof(colibri_block_q4k) +                                   \
+     (((size_t)(n_in) % COLIBRI_QK_K) != 0u                                                        \
+          ? 16u + 16u * ((((size_t)(n_in) % COLIBRI_QK_K) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)     \
+          : 0u))
 
 /** @brief Exact conversion of IEEE binary16 bits to fp32 (normals, subnormals, inf, NaN). */
 float colibri_f16_to_f32(uint16_t h);
@@ -153,9 +163,9 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
                           int32_t n_out, int32_t n_in);
 
 /** @brief y[o] = sum_b (float)(sc_b * isum_b) * (d * sx[b]) - (float)(m_b * xsum_b) *
- *         (dmin * sx[b]) over the sub-blocks in order (the q4k x q8 order above), w
- *         [n_out][COLIBRI_Q4K_BLOCKS(n_in)] super-blocks. Portable C on every board. */
-void colibri_matvec_q4k_q8(const colibri_block_q4k *w, const int8_t *xq, const float *sx, float *y,
+ *         (dmin * sx[b]) over the sub-blocks in order (the q4k x q8 order above), w n_out rows
+ *         of COLIBRI_Q4K_ROW_BYTES(n_in) bytes (2-byte aligned). Portable C on every board. */
+void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in);
 
 /*
@@ -196,8 +206,8 @@ int32_t colibri_argmax_f32(const float *x, int32_t n);
  * same name writes to y[o] for row t, bit for bit. Activation rows are contiguous: x + t * n_in
  * (fp32), xq + t * n_in (codes), sx + t * COLIBRI_Q8_BLOCKS(n_in) (scales). A caller splitting
  * rows (threads) passes q + o0 * n_in, scale + o0 (per-channel) or scale + o0 * blocks (q8b),
- * w + o0 * COLIBRI_Q4_BLOCKS(n_in) (int4) or w + o0 * COLIBRI_Q4K_BLOCKS(n_in) (q4k), y + o0 and
- * n_out = o1 - o0.
+ * w + o0 * COLIBRI_Q4_BLOCKS(n_in) (int4) or w + o0 * COLIBRI_Q4K_ROW_BYTES(n_in) bytes (q4k), y +
+ * o0 and n_out = o1 - o0.
  */
 void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
@@ -205,8 +215,8 @@ void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
-void colibri_matmul_q4k_q8(const colibri_block_q4k *w, const int8_t *xq, const float *sx, float *y,
-                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,
                             int32_t n_in, int32_t n_tok);
 void colibri_matmul_q8_f32(const int8_t *q, const float *scale, const float *x, float *y,

@@ -243,16 +243,19 @@ static inline void q4k_scale_min(const uint8_t *s, int32_t j, int32_t *sc, int32
     *m = (int32_t)(((uint32_t)s[j] >> 4) | (((hi >> 2) & 3u) << 4));
 }
 
-void colibri_matvec_q4k_q8(const colibri_block_q4k *w, const int8_t *xq, const float *sx, float *y,
+void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in)
 {
-    const size_t nsb = COLIBRI_Q4K_BLOCKS(n_in);
+    const size_t rb = COLIBRI_Q4K_ROW_BYTES(n_in);
     const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
     for (int32_t o = 0; o < n_out; o++) {
-        const colibri_block_q4k *row = w + (size_t)o * nsb;
+        const uint8_t *row = (const uint8_t *)w + (size_t)o * rb;
         float acc = 0.0f;
         for (int32_t b = 0; b < nb; b++) {
-            const colibri_block_q4k *blk = &row[b / 8];
+            /* only the used sub-blocks' bytes of a cut last super-block are read */
+            const colibri_block_q4k *blk =
+                (const colibri_block_q4k *)(const void *)(row + (size_t)(b / 8) *
+                                                                    sizeof(colibri_block_q4k));
             const int32_t j = b % 8;
             const int32_t i0 = b * COLIBRI_QK8;
             const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
@@ -469,18 +472,18 @@ void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
     }
 }
 
-void colibri_matmul_q4k_q8(const colibri_block_q4k *w, const int8_t *xq, const float *sx, float *y,
-                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+void colibri_matmul_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok)
 {
-    const size_t nsb = COLIBRI_Q4K_BLOCKS(n_in);
+    const size_t rb = COLIBRI_Q4K_ROW_BYTES(n_in);
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
-    const int32_t step = matmul_chunk_rows(nsb * sizeof(colibri_block_q4k), n_out);
+    const int32_t step = matmul_chunk_rows(rb, n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
         for (int32_t t = 0; t < n_tok; t++) {
-            colibri_matvec_q4k_q8(w + (size_t)o0 * nsb, xq + (size_t)t * (size_t)n_in,
-                                  sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m,
-                                  n_in);
+            colibri_matvec_q4k_q8((const uint8_t *)w + (size_t)o0 * rb,
+                                  xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                                  y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
         }
     }
 }

@@ -104,12 +104,11 @@ static uint64_t entry_bytes(uint32_t dtype, uint32_t ndim, const uint32_t *shape
         const uint64_t nb = ((uint64_t)shape[1] + 31u) / 32u;
         return mul64(mul64(shape[0], nb), 18u);
     }
-    if (dtype == DT_Q4K) { /* colibri_block_q4k super-blocks of 256, 144 bytes */
+    if (dtype == DT_Q4K) { /* rows of COLIBRI_Q4K_ROW_BYTES(n_in) bytes */
         if (ndim != 2u) {
             return UINT64_MAX;
         }
-        const uint64_t nb = ((uint64_t)shape[1] + (COLIBRI_QK_K - 1u)) / COLIBRI_QK_K;
-        return mul64(mul64(shape[0], nb), (uint64_t)sizeof(colibri_block_q4k));
+        return mul64(shape[0], (uint64_t)COLIBRI_Q4K_ROW_BYTES(shape[1]));
     }
     uint64_t n = (dtype == DT_F32 || dtype == DT_I32) ? 4u : (dtype == DT_F16) ? 2u : 1u;
     if (dtype > DT_I32) {

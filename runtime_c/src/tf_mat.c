@@ -95,8 +95,7 @@ colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const
         break;
     }
     case COLIBRI_QUANT_Q4K: { /* int8 activations only (the loader refuses act 0) */
-        const colibri_block_q4k *w =
-            (const colibri_block_q4k *)m->w + ro * COLIBRI_Q4K_BLOCKS(n_in);
+        const uint8_t *w = (const uint8_t *)m->w + ro * COLIBRI_Q4K_ROW_BYTES(n_in);
         if (act != 1) {
             return COLIBRI_ERR_UNSUPPORTED;
         }

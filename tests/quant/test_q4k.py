@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from colibri.errors import ConfigError
+from colibri.frontends.container import q4k_row_bytes, q4k_rows_restore, q4k_rows_stored
 from colibri.quant.formats import (
     BLOCK_Q4K_DTYPE,
     Q4K_BITS_PER_WEIGHT,
@@ -52,6 +53,20 @@ def test_bits_per_weight_is_four_and_a_half() -> None:
     assert t.nbytes == 3 * 2 * 144
     # d_ff 512, d_model 256, gated: w1 / w3 [512, 256] (one super-block per row), w2 [256, 512]
     assert expert_matrix_bytes(256, 512, True, "q4k") == (2 * 512 * 1 + 256 * 2) * 144
+
+
+@pytest.mark.parametrize(
+    "n_in,row_bytes", [(1, 32), (32, 32), (33, 48), (96, 64), (128, 80), (256, 144), (300, 192)]
+)
+def test_short_rows_store_only_their_used_sub_blocks(n_in: int, row_bytes: int) -> None:
+    """The last super-block of a row is cut after its last used sub-block: d_model 96 costs
+    64 bytes per row (5.33 bits per weight), 128 costs 80 (5.0), not 144."""
+    assert q4k_row_bytes(n_in) == row_bytes
+    t = quantize_matrix(np.ones((2, n_in), np.float32), "q4k")
+    assert t.nbytes == 2 * row_bytes
+    stored = q4k_rows_stored(t.data, n_in)
+    assert stored.shape == (2, row_bytes)
+    assert np.array_equal(q4k_rows_restore(stored, 2, n_in), t.data)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -175,8 +190,9 @@ def test_c_kernel_bit_exact_with_the_mirror(kq: ctypes.CDLL, shape: tuple[int, i
     n_tok = 3
     x = (rng.standard_normal((n_tok, n_in)) * 2).astype(np.float32)
     xq, sx = quantize_rows_q8(x)
-    blocks = np.ascontiguousarray(t.data)
-    want = matvec_q4k_q8(blocks, xq, sx, n_in)
+    want = matvec_q4k_q8(t.data, xq, sx, n_in)
+    blocks = q4k_rows_stored(t.data, n_in)  # as stored: rows of q4k_row_bytes(n_in)
+    assert blocks.nbytes == t.nbytes and np.array_equal(q4k_rows_restore(blocks, *shape), t.data)
     y = np.zeros(n_out, np.float32)
     for r in range(n_tok):
         kq.colibri_matvec_q4k_q8(

@@ -133,7 +133,7 @@ def weight_types(name: str, scheme: str, d_model: int, d_ff: int) -> tuple[str, 
         "fp32": "const float *",
         "fp16": "const uint16_t *",
         "int4": "const colibri_block_q4_32 *",
-        "q4k": "const colibri_block_q4k *",
+        "q4k": "const uint8_t *",
     }[scheme]
     return pointer, pointer
 

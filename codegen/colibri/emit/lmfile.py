@@ -49,6 +49,8 @@ from ..frontends.container import (
     SCHEME_CODES,
     TOKENIZER_TENSOR,
     LMContainer,
+    q4k_row_dtype,
+    q4k_rows_stored,
     read_lm_container,
 )
 from ..ir.transformer import DecoderLayer, MoETransformer
@@ -74,6 +76,10 @@ def _matrix(
 ) -> None:
     """A stored matrix [out, in]: its codes / values under `name`, int8 scales in `name.scale`."""
     shape = (t.n_out, t.n_in)
+    if t.scheme == "q4k":  # rows cut after their last used sub-block (q4k_row_bytes)
+        rows = q4k_rows_stored(t.data, t.n_in).view(q4k_row_dtype(t.n_in)).reshape(t.n_out)
+        tensors.append((name, rows, expert, shape))
+        return
     tensors.append((name, np.ascontiguousarray(t.data), expert, shape))
     if t.scheme == "int8":
         assert t.scale is not None
@@ -252,7 +258,7 @@ def _check_heat(h: np.ndarray, n_experts: int, layer: int) -> np.ndarray:
 def _dtype_code(arr: np.ndarray) -> int:
     if arr.dtype == BLOCK_Q4_DTYPE:
         return DTYPE_Q4
-    if arr.dtype == BLOCK_Q4K_DTYPE:
+    if arr.dtype.names == ("q4k_row",):
         return DTYPE_Q4K
     dt = np.dtype(arr.dtype).newbyteorder("<")
     if dt == np.dtype("<u2"):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..frontends.container import q4k_rows_stored
 from ..quant.formats import (
     QuantExpert,
     QuantTensor,
@@ -74,6 +75,8 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         size = q8_channel_dtype(t.n_out, t.n_in, scale.size).itemsize
         pad = size - scale.nbytes - q.nbytes
         return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]
+    if t.scheme == "q4k":  # rows cut after their last used sub-block (q4k_row_bytes)
+        return [_view(q4k_rows_stored(t.data, t.n_in))]
     if t.layout == "q4r4":  # int4 in layout q4r4: a reordered copy, the same size
         return [_view(q4r4_order(np.asarray(t.data)))]
     # int4: BLOCK_Q4_DTYPE records, 18 bytes; q4k: BLOCK_Q4K_DTYPE records, 144 bytes
@@ -130,7 +133,17 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
             "ptype": f"const {tname_c} *",
             "quantised": True,
         }
-    block = "colibri_block_q4k" if t.scheme == "q4k" else "colibri_block_q4_32"
+    if t.scheme == "q4k":  # COLIBRI_Q4K_ROW_BYTES(n_in) bytes per row, read by byte offset
+        return {
+            "symbol": sym,
+            "decl": f"{const}uint8_t {sym}[{t.nbytes}]",
+            "nbytes": t.nbytes,
+            "typedef": None,
+            "ref": sym,
+            "ptype": "const uint8_t *",
+            "quantised": True,
+        }
+    block = "colibri_block_q4_32"
     return {
         "symbol": sym,
         "decl": f"{const}{block} {sym}[{t.data.size}]",

@@ -122,11 +122,41 @@ QK_K = 256
 BLOCK_Q4K_DTYPE = np.dtype(
     [("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (QK_K // 2,))]
 )
-#: Block dtypes of the table: (numpy dtype, weights per block) by dtype code.
-BLOCK_DTYPES: dict[int, tuple[np.dtype, int]] = {
-    DTYPE_Q4: (BLOCK_Q4_DTYPE, QK4),
-    DTYPE_Q4K: (BLOCK_Q4K_DTYPE, QK_K),
-}
+#: Bytes of a q4k super-block's head (d, dmin, scales) and of each sub-block's codes.
+Q4K_HEAD_BYTES = 16
+Q4K_SUB_BYTES = 16
+
+
+def q4k_row_bytes(n_in: int) -> int:
+    """COLIBRI_Q4K_ROW_BYTES: stored bytes of one q4k row of n_in weights: its whole
+    super-blocks, then a last one cut after its last used sub-block (head + 16 bytes per
+    sub-block), so a short row does not pay for 256 weights."""
+    full, rest = divmod(n_in, QK_K)
+    tail = Q4K_HEAD_BYTES + Q4K_SUB_BYTES * ((rest + 31) // 32) if rest else 0
+    return full * BLOCK_Q4K_DTYPE.itemsize + tail
+
+
+def q4k_rows_stored(blocks: np.ndarray, n_in: int) -> np.ndarray:
+    """BLOCK_Q4K_DTYPE [out, nsb] as stored: uint8 [out, q4k_row_bytes(n_in)] (each row's
+    bytes up to its last used sub-block)."""
+    raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(blocks.shape[0], -1)
+    return np.ascontiguousarray(raw[:, : q4k_row_bytes(n_in)])
+
+
+def q4k_rows_restore(raw: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The inverse of :func:`q4k_rows_stored`: BLOCK_Q4K_DTYPE [out, nsb], unused sub-blocks
+    zero."""
+    nsb = (n_in + QK_K - 1) // QK_K
+    full = np.zeros((n_out, nsb * BLOCK_Q4K_DTYPE.itemsize), np.uint8)
+    full[:, : q4k_row_bytes(n_in)] = np.asarray(raw, np.uint8).reshape(n_out, -1)
+    return full.view(BLOCK_Q4K_DTYPE).reshape(n_out, nsb)
+
+
+#: The array type the container writer takes for q4k rows as stored (dtype code 5).
+def q4k_row_dtype(n_in: int) -> np.dtype:
+    return np.dtype([("q4k_row", "u1", (q4k_row_bytes(n_in),))])
+
+
 #: Version 2 reads the item dtypes as stored (fp16 as its bits).
 LM_DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"),
@@ -504,15 +534,22 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
             raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
         if name in tensors:
             raise ModelFormatError(f"{source}: tensor '{name}' appears twice")
-        if dtype in BLOCK_DTYPES:
-            bdt, per = BLOCK_DTYPES[dtype]
+        if dtype in (DTYPE_Q4, DTYPE_Q4K):
             if ndim != 2:
                 raise ModelFormatError(f"{source}: block tensor '{name}' is not 2-D")
-            blocks = (shape[0], (shape[1] + per - 1) // per)
-            count = blocks[0] * blocks[1]
-            if count * bdt.itemsize != nb:
+            if dtype == DTYPE_Q4:
+                size = shape[0] * q4_blocks(shape[1]) * BLOCK_Q4_DTYPE.itemsize
+            else:
+                size = shape[0] * q4k_row_bytes(shape[1])
+            if size != nb:
                 raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
-            arr = np.frombuffer(data, bdt, count, off).reshape(blocks)
+            if dtype == DTYPE_Q4:
+                blocks = (shape[0], q4_blocks(shape[1]))
+                arr = np.frombuffer(data, BLOCK_Q4_DTYPE, blocks[0] * blocks[1], off)
+                arr = arr.reshape(blocks)
+            else:
+                raw = np.frombuffer(data, np.uint8, nb, off)
+                arr = q4k_rows_restore(raw, shape[0], shape[1])
         elif dtype in LM_DTYPES:
             count = int(np.prod(shape))
             if count * LM_DTYPES[dtype].itemsize != nb:

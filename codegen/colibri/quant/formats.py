@@ -44,7 +44,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ModelFormatError, ShapeError
-from ..frontends.container import BLOCK_Q4_DTYPE, BLOCK_Q4K_DTYPE, QK4, QK_K, q4_blocks
+from ..frontends.container import (
+    BLOCK_Q4_DTYPE,
+    BLOCK_Q4K_DTYPE,
+    QK4,
+    QK_K,
+    q4_blocks,
+    q4k_row_bytes,
+)
 from ..ir.moe import Expert, MoELayer
 from ..progress import Tick
 
@@ -501,7 +508,9 @@ Q4K_SUBS = QK_K // QK_K_SUB
 #: Largest 6-bit sub-block scale / minimum, largest code.
 Q4K_SCALE_MAX = 63
 Q4K_CODE_MAX = 15
-#: Bits per weight of q4k (whole super-blocks).
+#: Bits per weight of q4k (whole super-blocks; a row of n_in weights is stored in
+#: q4k_row_bytes(n_in) bytes, its last super-block cut after its last used sub-block: d_model
+#: 96, 5.33 bits per weight; 128, 5.0).
 Q4K_BITS_PER_WEIGHT = BLOCK_Q4K_DTYPE.itemsize * 8 / QK_K
 #: The grid of the sub-block search: inverse scales (Q4K_CODE_MAX + k * Q4K_STEP) / (max - min)
 #: for k in -Q4K_STEPS .. Q4K_STEPS.
@@ -861,6 +870,8 @@ class QuantTensor:
         if self.scheme == "int8":
             assert self.scale is not None
             return q8_channel_dtype(self.n_out, self.n_in, self.scale.size).itemsize
+        if self.scheme == "q4k":
+            return self.n_out * q4k_row_bytes(self.n_in)
         return int(self.data.nbytes)
 
     def dequantize(self) -> np.ndarray:
@@ -1183,9 +1194,7 @@ def expert_matrix_bytes(d_model: int, d_ff: int, gated: bool, scheme: str) -> in
             BLOCK_Q4_DTYPE.itemsize
         )
     if scheme == "q4k":
-        return (n_in_d * d_ff * q4k_blocks(d_model) + d_model * q4k_blocks(d_ff)) * (
-            BLOCK_Q4K_DTYPE.itemsize
-        )
+        return n_in_d * d_ff * q4k_row_bytes(d_model) + d_model * q4k_row_bytes(d_ff)
     width = {"fp32": 4, "fp16": 2, "int8": 1}[check_scheme(scheme)]
     if scheme == "int8":
         return (
