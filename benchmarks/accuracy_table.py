@@ -99,12 +99,13 @@ _BASE = [
     Scheme("int4", "int4"),
     Scheme("int4+d8", "int4", "int8"),
 ]
-#: Rows measured only when named (--schemes): q4k routed experts (issue 38; no --calib yet).
+#: Rows measured only when named (--schemes): q4k routed experts (issue 38).
 _EXTRA = [Scheme("q4k", "q4k"), Scheme("q4k+d8", "q4k", "int8")]
 #: Every row by key: the base schemes, and each quantised one with --calib ("int4+calib").
 SCHEMES: dict[str, Scheme] = {s.key: s for s in _BASE}
 SCHEMES.update({s.with_calib().key: s.with_calib() for s in _BASE if s.key != "fp32"})
 SCHEMES.update({s.key: s for s in _EXTRA})
+SCHEMES.update({s.with_calib().key: s.with_calib() for s in _EXTRA})
 DEFAULT_SCHEMES = [s.key for s in _BASE]
 
 
