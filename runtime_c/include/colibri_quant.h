@@ -15,6 +15,8 @@
  *          of 32 with a 6-bit scale sc_j and a 6-bit minimum m_j each, one fp16 super-scale d
  *          and super-minimum dmin (144 bytes, 4.5 bits per weight): w = d sc_j q - dmin m_j,
  *          q in 0..15. int8 activations only (colibri/quant/formats.py's q4k section).
+ *  - q5k:  the same with 5-bit codes, q in 0..31 (colibri_block_q5k, 176 bytes, 5.5 bits per
+ *          weight); the q4k x q8 order below with the 5-bit codes.
  *
  * The kernels assume nothing of how scales and codes were chosen (docs/format.md section 6): an
  * int4 d may be negative (so a block's largest weight can use the -8 level) or 0, an int8 scale
@@ -77,7 +79,8 @@ typedef enum {
     COLIBRI_QUANT_F16 = 1,
     COLIBRI_QUANT_Q8 = 2,
     COLIBRI_QUANT_Q4 = 3,
-    COLIBRI_QUANT_Q4K = 4
+    COLIBRI_QUANT_Q4K = 4,
+    COLIBRI_QUANT_Q5K = 5
 } colibri_quant_scheme;
 
 /** 32 int4 weights with one fp16 scale: 18 bytes, 4.5 bits per weight. Nibble j (j < 16) of
@@ -126,6 +129,27 @@ _Static_assert(COLIBRI_QK_K == 8 * COLIBRI_QK8, "q4k sub-blocks line up with act
           ? 16u + 16u * ((((size_t)(n_in) % COLIBRI_QK_K) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)     \
           : 0u))
 
+/** q4k with 5-bit codes: 176 bytes, 5.5 bits per weight. Sub-block j is qs[20 j .. 20 j + 20):
+ *  16 bytes of low nibbles as in colibri_block_q4k, then 4 bytes whose bit k (a little-endian
+ *  32-bit word) is bit 4 of code k. */
+typedef struct {
+    uint16_t d;         /**< super-scale, IEEE binary16 bits */
+    uint16_t dmin;      /**< super-minimum, IEEE binary16 bits */
+    uint8_t scales[12]; /**< the 8 sc_j and 8 m_j, 6 bits each */
+    uint8_t qs[8 * 20]; /**< per sub-block: 16 bytes of nibbles, 4 of fifth bits */
+} colibri_block_q5k;
+
+_Static_assert(sizeof(colibri_block_q5k) == 176, "colibri_block_q5k must be 176 bytes");
+_Static_assert(offsetof(colibri_block_q5k, qs) == 16, "colibri_block_q5k.qs at offset 16");
+
+/** Stored bytes of one q5k row of n_in weights (as COLIBRI_Q4K_ROW_BYTES, 20 bytes per
+ *  sub-block). Always even. */
+#define COLIBRI_Q5K_ROW_BYTES(n_in)                                                                \
+    ((size_t)(n_in) / COLIBRI_QK_K * sizeof(colibri_block_q5k) +                                   \
+     (((size_t)(n_in) % COLIBRI_QK_K) != 0u                                                        \
+          ? 16u + 20u * ((((size_t)(n_in) % COLIBRI_QK_K) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)     \
+          : 0u))
+
 /** @brief Exact conversion of IEEE binary16 bits to fp32 (normals, subnormals, inf, NaN). */
 float colibri_f16_to_f32(uint16_t h);
 
@@ -166,6 +190,10 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
  *         (dmin * sx[b]) over the sub-blocks in order (the q4k x q8 order above), w n_out rows
  *         of COLIBRI_Q4K_ROW_BYTES(n_in) bytes (2-byte aligned). Portable C on every board. */
 void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t n_out, int32_t n_in);
+
+/** @brief colibri_matvec_q4k_q8 with 5-bit codes: w n_out rows of COLIBRI_Q5K_ROW_BYTES(n_in). */
+void colibri_matvec_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in);
 
 /*
@@ -215,6 +243,8 @@ void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_matmul_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
                            int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,

@@ -49,7 +49,7 @@
 #define LM_MAX_BATCH 4096
 
 /* Table dtypes. */
-enum { DT_F32 = 0, DT_F16 = 1, DT_I8 = 2, DT_Q4 = 3, DT_I32 = 4, DT_Q4K = 5 };
+enum { DT_F32 = 0, DT_F16 = 1, DT_I8 = 2, DT_Q4 = 3, DT_I32 = 4, DT_Q4K = 5, DT_Q5K = 6 };
 
 /* ------------------------------------------------------------------------------------------ */
 /* Parsed file                                                                                 */

@@ -205,7 +205,7 @@ def test_divide_rows_keeps_codes(scheme: str) -> None:
 # -- calibrated quantisation ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int8", "q4k"])
+@pytest.mark.parametrize("scheme", ["int4", "int8", "q4k", "q5k"])
 def test_calibration_reduces_expert_error(scheme: str) -> None:
     """On their calibration tokens, calibrated experts are never worse than the plain method
     or the uncalibrated search (both are candidates), and on this layer's outlier channels the

@@ -45,13 +45,14 @@ MAX_CONTEXT = 32
 PROMPT = [3, 17, 5, 60, 9, 41]
 N_NEW = 8
 #: The schemes of the issue: fp32, int8 / int4 routed experts, int8 experts + int8 dense; and
-#: q4k routed experts (issue 38).
+#: q4k / q5k routed experts (issue 38).
 SCHEMES: dict[str, dict[str, str]] = {
     "fp32": {},
     "int8": {"quant": "int8"},
     "int4": {"quant": "int4"},
     "int8-dense-int8": {"quant": "int8", "dense": "int8"},
     "q4k": {"quant": "q4k"},
+    "q5k": {"quant": "q5k"},
 }
 
 

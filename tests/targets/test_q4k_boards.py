@@ -1,13 +1,12 @@
-"""q4k experts (formats.py's q4k section, colibri_matvec_q4k_q8 / colibri_matmul_q4k_q8 of
-kernels_q.c) generated, built with each board's -Wall -Wextra -Werror flags and run (host,
-QEMU): outputs and routing equal colibri.reference.kernels.quant_moe_forward bit for bit, on a
-small layer with partial blocks (d_model 72: one partial super-block and a partial sub-block;
-an int4 expert beside the q4k ones) and on a SwiGLU layer of two super-blocks with tails
-(d_model 260, d_ff 100: a sub-block of 4 inputs), run in groups of tokens
-(colibri_matmul_q4k_q8) and one at a time. A row whose length is not a multiple of 256 pays
-for a whole last super-block (d_model 300: 1.40x int4's bytes; 256: the same bytes). A whole
-tiny Mixtral with q4k routed experts: its generated C gives the mirror's logits
-(colibri.reference.transformer.forward with the same TransformerQuant) bit for bit."""
+"""q4k and q5k experts (formats.py's q4k section, colibri_matvec_q4k_q8 / _q5k_q8 and the
+matmuls of kernels_q.c) generated, built with each board's -Wall -Wextra -Werror flags and run
+(host, QEMU): outputs and routing equal colibri.reference.kernels.quant_moe_forward bit for
+bit, on a small layer with partial blocks (d_model 72: a cut super-block with a partial
+sub-block; an int4 expert beside the q4k / q5k ones) and on a SwiGLU layer of two super-blocks
+with tails (d_model 260, d_ff 100: a sub-block of 4 inputs), run in groups of tokens (the
+matmuls) and one at a time. A whole tiny Mixtral with q4k routed experts: its generated C gives
+the mirror's logits (colibri.reference.transformer.forward with the same TransformerQuant) bit
+for bit."""
 
 from __future__ import annotations
 
@@ -40,16 +39,16 @@ def _layer(kind: str) -> tuple[MoELayer, np.ndarray]:
     return layer, x
 
 
-def _check(board: str, kind: str, max_tokens: int, tmp_path: Path) -> None:
+def _check(board: str, kind: str, max_tokens: int, tmp_path: Path, scheme: str = "q4k") -> None:
     require_board(board)
     layer, x = _layer(kind)
     opts = GenerateOptions(
-        board=board, name="k", max_tokens=max_tokens, quant="q4k", expert_quant=EXPERT_QUANT
+        board=board, name="k", max_tokens=max_tokens, quant=scheme, expert_quant=EXPERT_QUANT
     )
     generate(layer, tmp_path / "k", opts)
     got, _ = run_model(tmp_path / "k", board, x)
-    plan = make_plan(4, "q4k", EXPERT_QUANT, None)
-    assert plan.schemes == ["q4k", "int4", "q4k", "q4k"] and plan.acts == ["int8"] * 4
+    plan = make_plan(4, scheme, EXPERT_QUANT, None)
+    assert plan.schemes == [scheme, "int4", scheme, scheme] and plan.acts == ["int8"] * 4
     ref, rq = quant_moe_forward(layer, quantize_layer(layer, plan), x)
     np.testing.assert_array_equal(got.expert_ids, rq.expert_ids)
     want = ref.astype(np.float32)
@@ -60,12 +59,13 @@ def _check(board: str, kind: str, max_tokens: int, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("scheme", ["q4k", "q5k"])
 @pytest.mark.parametrize("kind,max_tokens", [("small", 16), ("swiglu", 1)])
 @pytest.mark.parametrize("board", BOARDS)
 def test_q4k_layer_bit_exact_with_the_mirror(
-    board: str, kind: str, max_tokens: int, tmp_path: Path
+    board: str, kind: str, max_tokens: int, scheme: str, tmp_path: Path
 ) -> None:
-    _check(board, kind, max_tokens, tmp_path)
+    _check(board, kind, max_tokens, tmp_path, scheme)
 
 
 @pytest.mark.parametrize("board", MORE_BOARDS)

@@ -29,6 +29,7 @@ from ..errors import BudgetExceeded, ConfigError, ModelFormatError, ShapeError
 from ..frontends.container import (
     DTYPE_Q4,
     DTYPE_Q4K,
+    DTYPE_Q5K,
     EXPERT_COLUMNS,
     HEAT_TENSOR,
     LAYER_DESC,
@@ -422,6 +423,7 @@ _FILE_DTYPES = {
     DTYPE_Q4: "int4 (q4_32 blocks)",
     4: "int32",
     DTYPE_Q4K: "q4k (super-blocks of 256)",
+    DTYPE_Q5K: "q5k (super-blocks of 256)",
 }
 _SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
 #: Tensors of a container that are not weights (descriptors, tables, tokenizer, RoPE tables).

@@ -134,6 +134,7 @@ def weight_types(name: str, scheme: str, d_model: int, d_ff: int) -> tuple[str, 
         "fp16": "const uint16_t *",
         "int4": "const colibri_block_q4_32 *",
         "q4k": "const uint8_t *",
+        "q5k": "const uint8_t *",
     }[scheme]
     return pointer, pointer
 

@@ -32,9 +32,11 @@ from ..frontends.container import (
     ALIGN,
     BLOCK_Q4_DTYPE,
     BLOCK_Q4K_DTYPE,
+    BLOCK_Q5K_DTYPE,
     DTYPE_CODES,
     DTYPE_Q4,
     DTYPE_Q4K,
+    DTYPE_Q5K,
     EXPERT_COLUMNS,
     FLAG_CLIP_QKV,
     FLAG_QK_NORM,
@@ -76,8 +78,10 @@ def _matrix(
 ) -> None:
     """A stored matrix [out, in]: its codes / values under `name`, int8 scales in `name.scale`."""
     shape = (t.n_out, t.n_in)
-    if t.scheme == "q4k":  # rows cut after their last used sub-block (q4k_row_bytes)
-        rows = q4k_rows_stored(t.data, t.n_in).view(q4k_row_dtype(t.n_in)).reshape(t.n_out)
+    if t.scheme in ("q4k", "q5k"):  # rows cut after their last used sub-block (q4k_row_bytes)
+        bits = 5 if t.scheme == "q5k" else 4
+        rows = q4k_rows_stored(t.data, t.n_in).view(q4k_row_dtype(t.n_in, bits))
+        rows = rows.reshape(t.n_out)
         tensors.append((name, rows, expert, shape))
         return
     tensors.append((name, np.ascontiguousarray(t.data), expert, shape))
@@ -260,6 +264,8 @@ def _dtype_code(arr: np.ndarray) -> int:
         return DTYPE_Q4
     if arr.dtype.names == ("q4k_row",):
         return DTYPE_Q4K
+    if arr.dtype.names == ("q5k_row",):
+        return DTYPE_Q5K
     dt = np.dtype(arr.dtype).newbyteorder("<")
     if dt == np.dtype("<u2"):
         return DTYPE_CODES[np.dtype("<f2")]  # fp16 bits
@@ -443,6 +449,8 @@ def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
         return QuantTensor("int4", n_out, n_in, arr)
     if arr.dtype == BLOCK_Q4K_DTYPE:
         return QuantTensor("q4k", n_out, n_in, arr)
+    if arr.dtype == BLOCK_Q5K_DTYPE:
+        return QuantTensor("q5k", n_out, n_in, arr)
     if arr.dtype == np.dtype("<u2"):
         return QuantTensor("fp16", n_out, n_in, arr)
     if arr.dtype == np.dtype("i1"):

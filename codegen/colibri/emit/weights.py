@@ -75,7 +75,7 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         size = q8_channel_dtype(t.n_out, t.n_in, scale.size).itemsize
         pad = size - scale.nbytes - q.nbytes
         return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]
-    if t.scheme == "q4k":  # rows cut after their last used sub-block (q4k_row_bytes)
+    if t.scheme in ("q4k", "q5k"):  # rows cut after their last used sub-block (q4k_row_bytes)
         return [_view(q4k_rows_stored(t.data, t.n_in))]
     if t.layout == "q4r4":  # int4 in layout q4r4: a reordered copy, the same size
         return [_view(q4r4_order(np.asarray(t.data)))]
@@ -133,7 +133,7 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
             "ptype": f"const {tname_c} *",
             "quantised": True,
         }
-    if t.scheme == "q4k":  # COLIBRI_Q4K_ROW_BYTES(n_in) bytes per row, read by byte offset
+    if t.scheme in ("q4k", "q5k"):  # COLIBRI_Q4K / Q5K_ROW_BYTES(n_in) bytes per row
         return {
             "symbol": sym,
             "decl": f"{const}uint8_t {sym}[{t.nbytes}]",

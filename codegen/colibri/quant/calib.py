@@ -75,7 +75,7 @@ GPTQ_MIN_ROWS = 32
 #: Schemes calibration applies to (fp32 / fp16 have no scales to choose). q4k experts get the
 #: plain, searched, importance-weighted and folded candidates only (no error compensation:
 #: colibri.quant.gptq's GPTQ_SCHEMES).
-CALIBRATED_SCHEMES = ("int8", "int4", "q4k")
+CALIBRATED_SCHEMES = ("int8", "int4", "q4k", "q5k")
 #: --calib-method: "importance" (the default: the importance-weighted search and a few folds,
 #: measured on a subsample of rows) or "gptq" (every fold of FOLD_ALPHAS, the uncalibrated
 #: search and the error-compensated candidate, measured on every row up to EVAL_MACS).

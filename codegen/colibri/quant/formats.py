@@ -12,6 +12,7 @@ Schemes (one per expert, chosen per model and overridable per expert):
   and a 6-bit minimum each, one fp16 super-scale and super-minimum (144 bytes per 256
   weights, 4.5 bits per weight), w = d * sc * q - dmin * m with q in 0..15; int8 activations
   only (the k-quant-class scheme of issue 38: the q4k section below).
+- ``q5k``: q4k with 5-bit codes (q in 0..31; 176 bytes per 256 weights, 5.5 bits per weight).
 
 The int8 / int4 scales are chosen by the scale search (``search="mse"``, the default:
 :func:`search_int4_scales`, :func:`search_int8_scales`) or are the plain ones (``"none"``:
@@ -47,6 +48,7 @@ from ..errors import ConfigError, ModelFormatError, ShapeError
 from ..frontends.container import (
     BLOCK_Q4_DTYPE,
     BLOCK_Q4K_DTYPE,
+    KQUANT_DTYPES,
     QK4,
     QK_K,
     q4_blocks,
@@ -56,7 +58,7 @@ from ..ir.moe import Expert, MoELayer
 from ..progress import Tick
 
 #: Weight schemes, in colibri_quant_scheme order.
-SCHEMES: tuple[str, ...] = ("fp32", "fp16", "int8", "int4", "q4k")
+SCHEMES: tuple[str, ...] = ("fp32", "fp16", "int8", "int4", "q4k", "q5k")
 #: Activation modes of the quantised kernels.
 ACT_MODES: tuple[str, ...] = ("fp32", "int8")
 #: Default activation mode per scheme: integer dot products for integer weights.
@@ -66,9 +68,12 @@ DEFAULT_ACT: dict[str, str] = {
     "int8": "int8",
     "int4": "int8",
     "q4k": "int8",
+    "q5k": "int8",
 }
+#: The k-quant-class schemes and their code bits (the q4k section).
+KQUANT_BITS: dict[str, int] = {"q4k": 4, "q5k": 5}
 #: Schemes whose kernels take int8 activations only (no fp32-activation kernel).
-INT8_ACT_ONLY: tuple[str, ...] = ("q4k",)
+INT8_ACT_ONLY: tuple[str, ...] = ("q4k", "q5k")
 
 QK8 = 32  # COLIBRI_QK8: activations per scale of the int8 activation quantiser
 Q8_MAX = 127  # COLIBRI_Q8_MAX
@@ -110,6 +115,7 @@ LAYER_TOLERANCE: dict[tuple[str, str], float] = {
     ("int8", "int8"): 5e-3,
     ("int4", "int8"): 5e-3,
     ("q4k", "int8"): 5e-3,
+    ("q5k", "int8"): 5e-3,
 }
 
 
@@ -498,6 +504,11 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 # SIGMA_WEIGHT mean(w^2))); then per super-block d = max_j s_j / 63 and dmin = max_j m_j / 63
 # (fp16), the 6-bit sc_j / m_j nearest for those, and the codes nearest for the stored
 # (d sc_j, dmin m_j). search "none" skips the grid (s = (max - min) / 15, m = -min).
+#
+# q5k (colibri_block_q5k, 176 bytes, 5.5 bits per weight) is the same with codes 0..31: each
+# sub-block takes 20 bytes of qs, its 16 bytes of low nibbles (as q4k's) then 4 bytes whose
+# bit k (a little-endian 32-bit word) is bit 4 of code k; the kernel's order is the same
+# (|sc_j * isum| <= 63 * 32 * 31 * 127 < 2^24, still exact in fp32).
 
 #: Weights per q4k sub-block (== QK8); QK_K, the super-block, and BLOCK_Q4K_DTYPE (the
 #: numpy mirror of colibri_block_q4k) are part of the container format
@@ -543,10 +554,21 @@ def q4k_unpack_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, m
 
 
+def kquant_code_max(bits: int) -> int:
+    return (1 << bits) - 1
+
+
 def q4k_codes(blocks: np.ndarray, n_in: int) -> np.ndarray:
-    """Codes 0..15 int32 [out, n_in] of BLOCK_Q4K_DTYPE blocks [out, nsb]."""
-    qs = blocks["qs"].reshape(blocks.shape + (Q4K_SUBS, QK_K_SUB // 2))
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int32)
+    """Codes (0..15 q4k, 0..31 q5k) int32 [out, n_in] of super-blocks [out, nsb]."""
+    sub = blocks["qs"].shape[-1] // Q4K_SUBS
+    qs = blocks["qs"].reshape(blocks.shape + (Q4K_SUBS, sub))
+    nib = qs[..., :16]
+    q = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).astype(np.int32)
+    if sub == 20:  # q5k: the fifth bits, bit k of the little-endian word of bytes 16..19
+        hb = qs[..., 16:20].astype(np.uint32)
+        word = hb[..., 0] | (hb[..., 1] << 8) | (hb[..., 2] << 16) | (hb[..., 3] << 24)
+        hi = (word[..., None] >> np.arange(QK_K_SUB, dtype=np.uint32)) & 1
+        q |= hi.astype(np.int32) << 4
     return q.reshape(blocks.shape[0], -1)[:, :n_in]
 
 
@@ -605,24 +627,27 @@ def _q4k_fit(
     return s, -b, err
 
 
-def _q4k_sub_search(g: np.ndarray, a: np.ndarray, search: str) -> tuple[np.ndarray, np.ndarray]:
-    """The (s, m) float64 [...] of each sub-block g [..., 32] (weights a): the plain range,
-    then (search "mse") the grid of inverse scales, each refitted (module comment)."""
+def _q4k_sub_search(
+    g: np.ndarray, a: np.ndarray, search: str, top: int = Q4K_CODE_MAX
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (s, m) float64 [...] of each sub-block g [..., 32] (weights a) for codes 0..top: the
+    plain range, then (search "mse") the grid of inverse scales, each refitted (module
+    comment)."""
     lo = np.minimum(g.min(-1), 0).astype(np.float64)
     hi = g.max(-1).astype(np.float64)
     rng = hi - lo
-    s = rng / Q4K_CODE_MAX
+    s = rng / top
     m = -lo
     if search == "none":
         return s, m
     safe = np.where(rng > 0, rng, 1.0)
     shifted = g.astype(np.float64) - lo[..., None]
-    codes = np.clip(np.rint(shifted / np.where(s > 0, s, 1.0)[..., None]), 0, Q4K_CODE_MAX)
+    codes = np.clip(np.rint(shifted / np.where(s > 0, s, 1.0)[..., None]), 0, top)
     d = s[..., None] * codes - m[..., None] - g
     err = np.einsum("...k,...k->...", a.astype(np.float64), d * d)
     for k in range(-Q4K_STEPS, Q4K_STEPS + 1):
-        inv = (Q4K_CODE_MAX + k * Q4K_STEP) / safe
-        codes = np.clip(np.rint(shifted * inv[..., None]), 0, Q4K_CODE_MAX)
+        inv = (top + k * Q4K_STEP) / safe
+        codes = np.clip(np.rint(shifted * inv[..., None]), 0, top)
         s2, m2, e2 = _q4k_fit(g, a, codes)
         better = (e2 < err) & (rng > 0)
         s, m, err = np.where(better, s2, s), np.where(better, m2, m), np.where(better, e2, err)
@@ -641,29 +666,40 @@ def _q4k_six_bit(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d16.view(np.uint16), q.astype(np.uint8)
 
 
-def q4k_blocks_with_scales(w_t: np.ndarray, s: np.ndarray, m: np.ndarray) -> np.ndarray:
+def q4k_blocks_with_scales(
+    w_t: np.ndarray, s: np.ndarray, m: np.ndarray, bits: int = 4
+) -> np.ndarray:
     """BLOCK_Q4K_DTYPE [out, nsb] of w_t [out, in] for the sub-block steps s and minimums m
     [out, nsb * 8] (>= 0): their 6-bit quantisation per super-block, then the nearest codes
     for the stored step and minimum."""
     n_out = w_t.shape[0]
     g = _q4k_padded(w_t)
     nsb = g.shape[1] // Q4K_SUBS
-    out = np.zeros((n_out, nsb), dtype=BLOCK_Q4K_DTYPE)
+    out = np.zeros((n_out, nsb), dtype=KQUANT_DTYPES[bits])
+    top = kquant_code_max(bits)
     out["d"], sc = _q4k_six_bit(np.asarray(s, np.float64).reshape(n_out, nsb, Q4K_SUBS))
     out["dmin"], mq = _q4k_six_bit(np.asarray(m, np.float64).reshape(n_out, nsb, Q4K_SUBS))
     out["scales"] = q4k_pack_scales(sc, mq)
     step, low = q4k_sub_scales(out)
     with np.errstate(divide="ignore", invalid="ignore"):
         v = round_half_away((g + low[..., None]) / np.where(step > 0, step, 1)[..., None])
-    v = np.where(step[..., None] > 0, np.clip(v, 0, Q4K_CODE_MAX), 0).astype(np.uint8)
+    v = np.where(step[..., None] > 0, np.clip(v, 0, top), 0).astype(np.uint8)
     v = v.reshape(n_out, nsb, Q4K_SUBS, QK_K_SUB)
-    qs = v[..., :16] | (v[..., 16:] << 4)
-    out["qs"] = qs.reshape(n_out, nsb, QK_K // 2)
+    qs = (v[..., :16] & 0x0F) | ((v[..., 16:] & 0x0F) << 4)
+    if bits == 5:  # the fifth bits: bit k of the little-endian word of 4 more bytes
+        hi = ((v >> 4) & 1).astype(np.uint32) << np.arange(QK_K_SUB, dtype=np.uint32)
+        word = hi.sum(axis=-1, dtype=np.uint32)
+        hb = np.stack([(word >> (8 * i)) & 0xFF for i in range(4)], axis=-1).astype(np.uint8)
+        qs = np.concatenate([qs, hb], axis=-1)
+    out["qs"] = qs.reshape(n_out, nsb, -1)
     return out
 
 
 def quantize_q4k(
-    w_t: np.ndarray, importance: np.ndarray | None = None, search: str = DEFAULT_SCALE_SEARCH
+    w_t: np.ndarray,
+    importance: np.ndarray | None = None,
+    search: str = DEFAULT_SCALE_SEARCH,
+    bits: int = 4,
 ) -> np.ndarray:
     """w_t [out, in] -> BLOCK_Q4K_DTYPE [out, nsb] (module comment: the sub-block search,
     weighted by importance [in] when given, then the 6-bit scales and the codes)."""
@@ -680,8 +716,8 @@ def quantize_q4k(
     for r0 in range(0, n_out, rows):
         g = _q4k_padded(w_t[r0 : r0 + rows])
         a = _objective_weights(g, imp_g)
-        s[r0 : r0 + rows], m[r0 : r0 + rows] = _q4k_sub_search(g, a, search)
-    return q4k_blocks_with_scales(w_t, s, m)
+        s[r0 : r0 + rows], m[r0 : r0 + rows] = _q4k_sub_search(g, a, search, kquant_code_max(bits))
+    return q4k_blocks_with_scales(w_t, s, m, bits)
 
 
 # -- stored layouts ----------------------------------------------------------------------------
@@ -870,8 +906,8 @@ class QuantTensor:
         if self.scheme == "int8":
             assert self.scale is not None
             return q8_channel_dtype(self.n_out, self.n_in, self.scale.size).itemsize
-        if self.scheme == "q4k":
-            return self.n_out * q4k_row_bytes(self.n_in)
+        if self.scheme in KQUANT_BITS:
+            return self.n_out * q4k_row_bytes(self.n_in, KQUANT_BITS[self.scheme])
         return int(self.data.nbytes)
 
     def dequantize(self) -> np.ndarray:
@@ -886,7 +922,7 @@ class QuantTensor:
                 per = np.repeat(self.scale, QK8, axis=1)[:, : self.n_in]
                 return (self.data.astype(np.float32) * per).astype(np.float32)
             return dequantize_int8(self.data, self.scale)
-        if self.scheme == "q4k":
+        if self.scheme in KQUANT_BITS:
             return dequantize_q4k(self.data, self.n_in)
         return dequantize_int4(self.data, self.n_in)
 
@@ -900,12 +936,13 @@ class QuantTensor:
             return np.maximum(FP16_REL_BOUND * np.abs(w_t), FP16_ABS_BOUND) + ulp
         # Nearest codes: half a step, or for a weight beyond the largest code (a searched
         # scale may clip) its distance to that code's value.
-        if self.scheme == "q4k":
+        if self.scheme in KQUANT_BITS:
+            kmax = kquant_code_max(KQUANT_BITS[self.scheme])
             step, low = q4k_sub_scales(self.data)
             st = np.repeat(step.astype(np.float64), QK_K_SUB, axis=1)[:, : self.n_in]
             lo = np.repeat(low.astype(np.float64), QK_K_SUB, axis=1)[:, : self.n_in]
             w64 = w_t.astype(np.float64)
-            out = np.maximum(np.maximum(-lo - w64, w64 - (Q4K_CODE_MAX * st - lo)), 0)
+            out = np.maximum(np.maximum(-lo - w64, w64 - (kmax * st - lo)), 0)
             return np.maximum(QUANT_STEP_FRACTION * st, out) * (1 + 1e-6) + 2 * ulp
         if self.scheme == "int8":
             assert self.scale is not None
@@ -942,7 +979,7 @@ def divide_rows(t: QuantTensor, s: np.ndarray) -> QuantTensor | None:
         out = t.data.copy()
         out["d"] = d16.view(np.uint16)
         return QuantTensor("int4", t.n_out, t.n_in, out)
-    if t.scheme == "q4k":
+    if t.scheme in KQUANT_BITS:
         out = t.data.copy()
         for f in ("d", "dmin"):
             v = f16_to_f32(t.data[f]) / s[:, None]
@@ -950,7 +987,7 @@ def divide_rows(t: QuantTensor, s: np.ndarray) -> QuantTensor | None:
             if not np.all(np.abs(v) <= FP16_MAX) or np.any((v16 == 0) & (v != 0)):
                 return None
             out[f] = v16.view(np.uint16)
-        return QuantTensor("q4k", t.n_out, t.n_in, out)
+        return QuantTensor(t.scheme, t.n_out, t.n_in, out)
     w = t.dequantize() / s[:, None]
     if t.scheme == "fp16" and not np.all(np.abs(w) <= FP16_MAX):
         return None
@@ -1000,8 +1037,9 @@ def quantize_matrix(
             return QuantTensor(scheme, n_out, n_in, quantize_int4_blocks(w_t))
         d16 = search_int4_scales(w_t, importance)
         return QuantTensor(scheme, n_out, n_in, int4_blocks_with_scales(w_t, d16))
-    if scheme == "q4k":
-        return QuantTensor(scheme, n_out, n_in, quantize_q4k(w_t, importance, search))
+    if scheme in KQUANT_BITS:
+        data = quantize_q4k(w_t, importance, search, KQUANT_BITS[scheme])
+        return QuantTensor(scheme, n_out, n_in, data)
     raise ConfigError(f"unknown scheme '{scheme}'; supported: {', '.join(SCHEMES)}")
 
 
@@ -1193,8 +1231,9 @@ def expert_matrix_bytes(d_model: int, d_ff: int, gated: bool, scheme: str) -> in
         return (n_in_d * d_ff * q4_blocks(d_model) + d_model * q4_blocks(d_ff)) * (
             BLOCK_Q4_DTYPE.itemsize
         )
-    if scheme == "q4k":
-        return n_in_d * d_ff * q4k_row_bytes(d_model) + d_model * q4k_row_bytes(d_ff)
+    if scheme in KQUANT_BITS:
+        bits = KQUANT_BITS[scheme]
+        return n_in_d * d_ff * q4k_row_bytes(d_model, bits) + d_model * q4k_row_bytes(d_ff, bits)
     width = {"fp32": 4, "fp16": 2, "int8": 1}[check_scheme(scheme)]
     if scheme == "int8":
         return (

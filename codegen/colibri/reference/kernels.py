@@ -180,7 +180,7 @@ def matvec_q4_q8(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) 
 
 
 def matvec_q4k_q8(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) -> np.ndarray:
-    """colibri_matvec_q4k_q8 (q4k super-blocks [out, nsb], formats.py's q4k section): for
+    """colibri_matvec_q4k_q8 / _q5k_q8 (super-blocks [out, nsb], formats.py's q4k section): for
     each sub-block b in order, acc += (float)(sc * isum_b) * (d * sx[b]), then
     acc -= (float)(m * xsum_b) * (dmin * sx[b]); isum_b = sum q * xq, xsum_b = sum xq."""
     t, n_out = xq.shape[0], blocks.shape[0]
@@ -220,11 +220,11 @@ def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
             return matvec_q8_q8(t.data, t.scale, xq, sx)
         if t.scheme == "int4":
             return matvec_q4_q8(t.data, xq, sx, t.n_in)
-        if t.scheme == "q4k":
+        if t.scheme in ("q4k", "q5k"):
             return matvec_q4k_q8(t.data, xq, sx, t.n_in)
         # fp16 weights have no integer kernel: activations stay fp32
-    if t.scheme == "q4k":
-        raise ValueError("q4k weights have an int8-activation kernel only (act='int8')")
+    if t.scheme in ("q4k", "q5k"):
+        raise ValueError(f"{t.scheme} weights have an int8-activation kernel only (act='int8')")
     if t.scheme == "fp16":
         return matvec_f16_f32(t.data, x)
     if t.scheme == "int8":
