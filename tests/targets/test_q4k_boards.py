@@ -94,3 +94,25 @@ def test_q4k_transformer_bit_exact_with_the_mirror(board: str, tmp_path: Path) -
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
         f"{board}: max |logit diff| {np.abs(got - want).max():.3g}"
     )
+
+
+@pytest.mark.parametrize("cache", ["lru", "none"])
+@pytest.mark.parametrize("board", ["host", "cortex-m4"])
+def test_q4k_q5k_experts_through_the_expert_cache(board: str, cache: str, tmp_path: Path) -> None:
+    """q4k experts with a q5k one, kept in flash and copied into 2 LRU slots on use (or read in
+    place, none): the stored rows are copied as they are and the outputs stay the mirror's."""
+    require_board(board)
+    layer, x = _layer("small")
+    opts = GenerateOptions(
+        board=board, name="c", max_tokens=16, quant="q4k", expert_quant="2=q5k",
+        cache=cache, cache_slots=2,
+    )  # fmt: skip
+    generate(layer, tmp_path / "c", opts)
+    got, _ = run_model(tmp_path / "c", board, x)
+    plan = make_plan(4, "q4k", "2=q5k", None)
+    ref, rq = quant_moe_forward(layer, quantize_layer(layer, plan), x)
+    np.testing.assert_array_equal(got.expert_ids, rq.expert_ids)
+    want = ref.astype(np.float32)
+    assert np.array_equal(got.output.view(np.uint32), want.view(np.uint32)), (
+        f"{board}/{cache}: max |diff| {np.abs(got.output - want).max():.3g}"
+    )
