@@ -26,7 +26,7 @@ from conftest import require_board
 #: The boards of the brief (bare metal Cortex-M4 DSP, Cortex-M55 Helium, Xtensa ESP32-S3 and
 #: the host), then the others of one case each.
 BOARDS = ["host", "cortex-m4", "cortex-m55", "esp32s3"]
-MORE_BOARDS = ["cortex-m3", "cortex-m7", "cortex-a53"]
+MORE_BOARDS = ["cortex-m3", "cortex-m7", "cortex-a53", "cortex-a7", "cortex-a76", "xtensa-lx106"]
 EXPERT_QUANT = "1=int4"
 
 
