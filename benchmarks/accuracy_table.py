@@ -22,7 +22,7 @@ held-in token ids for the calibrated rows.
 
     python benchmarks/accuracy_table.py --checkpoint tests/data/trained_moe \
         [--text FILE | --ids FILE.npy] [--windows 8 --window 96] [--board host|cortex-m7] \
-        [--schemes fp32 int8 int8+d8 int4 int4+d8 q4k q4k+d8 q5k ...] [--calib FILE.npy] [--work DIR]
+        [--schemes fp32 int8 int8+d8 int4 int4+d8 q4k q5k ...] [--calib FILE.npy] [--work DIR]
 
 The functions are importable (tests/quant/test_trained_accuracy.py uses them).
 """
