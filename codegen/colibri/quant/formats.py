@@ -486,6 +486,10 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 # scales[8 + j / 2] holds their high 2 bits, sc_j's at bit 4 * (j % 2) and m_j's at bit
 # 4 * (j % 2) + 2. Sub-block j's codes are qs[16 j .. 16 j + 16): code i (i < 16) in the low
 # nibble of qs[16 j + i], code i + 16 in its high nibble (the int4 block's order).
+# QuantTensor.data holds whole super-blocks (the last zero-padded); as stored (generated weights,
+# container), each row's last super-block is cut after its last used sub-block
+# (colibri.frontends.container.q4k_row_bytes, COLIBRI_Q4K_ROW_BYTES), so short rows do not pay
+# for 256 weights.
 #
 # The kernel with int8 activations (xq, one scale sx[b] per block b of 32, the last possibly
 # shorter), per output, the fp32 operations in this order (C == mirror bit for bit):
@@ -503,7 +507,8 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 # refitted by weighted least squares for s and m), weighted as the int4 search (imp * (w^2 +
 # SIGMA_WEIGHT mean(w^2))); then per super-block d = max_j s_j / 63 and dmin = max_j m_j / 63
 # (fp16), the 6-bit sc_j / m_j nearest for those, and the codes nearest for the stored
-# (d sc_j, dmin m_j). search "none" skips the grid (s = (max - min) / 15, m = -min).
+# (d sc_j, dmin m_j). search "none" skips the grid (s = (max - min) / 15 (q5k: / 31),
+# m = -min).
 #
 # q5k (colibri_block_q5k, 176 bytes, 5.5 bits per weight) is the same with codes 0..31: each
 # sub-block takes 20 bytes of qs, its 16 bytes of low nibbles (as q4k's) then 4 bytes whose
