@@ -22,7 +22,7 @@ held-in token ids for the calibrated rows.
 
     python benchmarks/accuracy_table.py --checkpoint tests/data/trained_moe \
         [--text FILE | --ids FILE.npy] [--windows 8 --window 96] [--board host|cortex-m7] \
-        [--schemes fp32 int8 int8+d8 int4 int4+d8] [--calib FILE.npy] [--work DIR]
+        [--schemes fp32 int8 int8+d8 int4 int4+d8 q4k q5k ...] [--calib FILE.npy] [--work DIR]
 
 The functions are importable (tests/quant/test_trained_accuracy.py uses them).
 """
@@ -99,9 +99,18 @@ _BASE = [
     Scheme("int4", "int4"),
     Scheme("int4+d8", "int4", "int8"),
 ]
+#: Rows measured only when named (--schemes): q4k / q5k routed experts (issue 38).
+_EXTRA = [
+    Scheme("q4k", "q4k"),
+    Scheme("q4k+d8", "q4k", "int8"),
+    Scheme("q5k", "q5k"),
+    Scheme("q5k+d8", "q5k", "int8"),
+]
 #: Every row by key: the base schemes, and each quantised one with --calib ("int4+calib").
 SCHEMES: dict[str, Scheme] = {s.key: s for s in _BASE}
 SCHEMES.update({s.with_calib().key: s.with_calib() for s in _BASE if s.key != "fp32"})
+SCHEMES.update({s.key: s for s in _EXTRA})
+SCHEMES.update({s.with_calib().key: s.with_calib() for s in _EXTRA})
 DEFAULT_SCHEMES = [s.key for s in _BASE]
 
 

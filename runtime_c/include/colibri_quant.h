@@ -11,6 +11,12 @@
  *  - int8: int8_t q[out][in] with one fp32 scale per output channel (symmetric, q in -127..127).
  *  - int4: colibri_block_q4_32 blocks of 32 weights along the input dimension, one fp16 scale
  *          per block (the 4.5-bit-per-weight layout of ggml's q4_0): w = d * (nibble - 8).
+ *  - q4k:  colibri_block_q4k super-blocks of 256 weights along the input dimension, 8 sub-blocks
+ *          of 32 with a 6-bit scale sc_j and a 6-bit minimum m_j each, one fp16 super-scale d
+ *          and super-minimum dmin (144 bytes, 4.5 bits per weight): w = d sc_j q - dmin m_j,
+ *          q in 0..15. int8 activations only (colibri/quant/formats.py's q4k section).
+ *  - q5k:  the same with 5-bit codes, q in 0..31 (colibri_block_q5k, 176 bytes, 5.5 bits per
+ *          weight); the q4k x q8 order below with the 5-bit codes.
  *
  * The kernels assume nothing of how scales and codes were chosen (docs/format.md section 6): an
  * int4 d may be negative (so a block's largest weight can use the -8 level) or 0, an int8 scale
@@ -32,6 +38,9 @@
  *                                                acc += bs * d_b }     ; y = acc
  *  - q8 x q8:       acc = 0; for each block b: acc += (float)isum_b * sx[b] ; y = acc * s[o]
  *  - q4 x q8:       acc = 0; for each block b: acc += (float)isum_b * (d_b * sx[b]) ; y = acc
+ *  - q4k x q8:      acc = 0; for each sub-block b (of super-block s): { acc += (float)(sc_b *
+ *                   isum_b) * (d_s * sx[b]) ; acc -= (float)(m_b * xsum_b) * (dmin_s * sx[b]) }
+ *                   ; y = acc   (xsum_b = sum over the block's i of xq[i], int32)
  * where isum_b = sum over the block's i of q(o,i) * xq[i] (int32), and the row quantiser, per
  * block b of 32 values (the last may be shorter), is amax = max|x|, sx[b] = amax / 127,
  * inv = 127 / amax (one division per block), xq = round(x * inv) half away from zero, in 16.16
@@ -69,7 +78,9 @@ typedef enum {
     COLIBRI_QUANT_F32 = 0,
     COLIBRI_QUANT_F16 = 1,
     COLIBRI_QUANT_Q8 = 2,
-    COLIBRI_QUANT_Q4 = 3
+    COLIBRI_QUANT_Q4 = 3,
+    COLIBRI_QUANT_Q4K = 4,
+    COLIBRI_QUANT_Q5K = 5
 } colibri_quant_scheme;
 
 /** 32 int4 weights with one fp16 scale: 18 bytes, 4.5 bits per weight. Nibble j (j < 16) of
@@ -85,6 +96,59 @@ _Static_assert(offsetof(colibri_block_q4_32, qs) == 2, "colibri_block_q4_32.qs a
 
 /** Blocks of one row of n_in inputs (the last block is zero-padded). */
 #define COLIBRI_Q4_BLOCKS(n_in) (((size_t)(n_in) + (COLIBRI_QK4 - 1u)) / COLIBRI_QK4)
+
+/** Weights per q4k super-block (8 sub-blocks of COLIBRI_QK8). */
+#define COLIBRI_QK_K 256
+
+/** 256 weights in 8 sub-blocks of 32: 144 bytes, 4.5 bits per weight. scales[j] (j < 8) holds
+ *  the low 4 bits of sc_j (low nibble) and m_j (high nibble); scales[8 + j / 2] their high 2
+ *  bits, sc_j's at bit 4 * (j % 2), m_j's at bit 4 * (j % 2) + 2. Code i of sub-block j is the
+ *  low nibble of qs[16 j + i] (i < 16) or the high nibble of qs[16 j + i - 16]. */
+typedef struct {
+    uint16_t d;                   /**< super-scale, IEEE binary16 bits */
+    uint16_t dmin;                /**< super-minimum, IEEE binary16 bits */
+    uint8_t scales[12];           /**< the 8 sc_j and 8 m_j, 6 bits each */
+    uint8_t qs[COLIBRI_QK_K / 2]; /**< codes 0..15, two per byte */
+} colibri_block_q4k;
+
+_Static_assert(sizeof(colibri_block_q4k) == 144, "colibri_block_q4k must be 144 bytes");
+_Static_assert(offsetof(colibri_block_q4k, scales) == 4, "colibri_block_q4k.scales at offset 4");
+_Static_assert(offsetof(colibri_block_q4k, qs) == 16, "colibri_block_q4k.qs at offset 16");
+_Static_assert(COLIBRI_QK_K == 8 * COLIBRI_QK8, "q4k sub-blocks line up with activation blocks");
+
+/** Super-blocks of one row of n_in inputs (the last one possibly partial). */
+#define COLIBRI_Q4K_BLOCKS(n_in) (((size_t)(n_in) + (COLIBRI_QK_K - 1u)) / COLIBRI_QK_K)
+
+/** Stored bytes of one q4k row of n_in weights: its whole super-blocks, then the last one cut
+ *  after its last used sub-block (its 16-byte head and 16 bytes of codes per sub-block), so a
+ *  row shorter than 256 does not pay for 256 weights. Always a multiple of 16; rows follow each
+ *  other at this stride (a row's super-block s at byte s * sizeof(colibri_block_q4k)). */
+#define COLIBRI_Q4K_ROW_BYTES(n_in)                                                                \
+    ((size_t)(n_in) / COLIBRI_QK_K * sizeof(colibri_block_q4k) +                                   \
+     (((size_t)(n_in) % COLIBRI_QK_K) != 0u                                                        \
+          ? 16u + 16u * ((((size_t)(n_in) % COLIBRI_QK_K) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)     \
+          : 0u))
+
+/** q4k with 5-bit codes: 176 bytes, 5.5 bits per weight. Sub-block j is qs[20 j .. 20 j + 20):
+ *  16 bytes of low nibbles as in colibri_block_q4k, then 4 bytes whose bit k (a little-endian
+ *  32-bit word) is bit 4 of code k. */
+typedef struct {
+    uint16_t d;         /**< super-scale, IEEE binary16 bits */
+    uint16_t dmin;      /**< super-minimum, IEEE binary16 bits */
+    uint8_t scales[12]; /**< the 8 sc_j and 8 m_j, 6 bits each */
+    uint8_t qs[8 * 20]; /**< per sub-block: 16 bytes of nibbles, 4 of fifth bits */
+} colibri_block_q5k;
+
+_Static_assert(sizeof(colibri_block_q5k) == 176, "colibri_block_q5k must be 176 bytes");
+_Static_assert(offsetof(colibri_block_q5k, qs) == 16, "colibri_block_q5k.qs at offset 16");
+
+/** Stored bytes of one q5k row of n_in weights (as COLIBRI_Q4K_ROW_BYTES, 20 bytes per
+ *  sub-block). Always even. */
+#define COLIBRI_Q5K_ROW_BYTES(n_in)                                                                \
+    ((size_t)(n_in) / COLIBRI_QK_K * sizeof(colibri_block_q5k) +                                   \
+     (((size_t)(n_in) % COLIBRI_QK_K) != 0u                                                        \
+          ? 16u + 20u * ((((size_t)(n_in) % COLIBRI_QK_K) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)     \
+          : 0u))
 
 /** @brief Exact conversion of IEEE binary16 bits to fp32 (normals, subnormals, inf, NaN). */
 float colibri_f16_to_f32(uint16_t h);
@@ -121,6 +185,16 @@ void colibri_matvec_q8_q8(const int8_t *q, const float *scale, const int8_t *xq,
 /** @brief y[o] = sum_b (float)dot(block_b, xq_b) * (d_b * sx[b]). */
 void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t n_out, int32_t n_in);
+
+/** @brief y[o] = sum_b (float)(sc_b * isum_b) * (d * sx[b]) - (float)(m_b * xsum_b) *
+ *         (dmin * sx[b]) over the sub-blocks in order (the q4k x q8 order above), w n_out rows
+ *         of COLIBRI_Q4K_ROW_BYTES(n_in) bytes (2-byte aligned). Portable C on every board. */
+void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t n_out, int32_t n_in);
+
+/** @brief colibri_matvec_q4k_q8 with 5-bit codes: w n_out rows of COLIBRI_Q5K_ROW_BYTES(n_in). */
+void colibri_matvec_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t n_out, int32_t n_in);
 
 /*
  * Block-scaled int8 (the dense matrices of --dense-quant int8): q int8 [n_out][n_in] as above,
@@ -160,7 +234,8 @@ int32_t colibri_argmax_f32(const float *x, int32_t n);
  * same name writes to y[o] for row t, bit for bit. Activation rows are contiguous: x + t * n_in
  * (fp32), xq + t * n_in (codes), sx + t * COLIBRI_Q8_BLOCKS(n_in) (scales). A caller splitting
  * rows (threads) passes q + o0 * n_in, scale + o0 (per-channel) or scale + o0 * blocks (q8b),
- * w + o0 * COLIBRI_Q4_BLOCKS(n_in) (int4), y + o0 and n_out = o1 - o0.
+ * w + o0 * COLIBRI_Q4_BLOCKS(n_in) (int4) or w + o0 * COLIBRI_Q4K_ROW_BYTES(n_in) bytes (q4k), y +
+ * o0 and n_out = o1 - o0.
  */
 void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
@@ -168,6 +243,10 @@ void colibri_matmul_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq
                            float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                           int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok);
+void colibri_matmul_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,
                             int32_t n_in, int32_t n_tok);
 void colibri_matmul_q8_f32(const int8_t *q, const float *scale, const float *x, float *y,

@@ -1,7 +1,7 @@
 /**
  * @file kernels_q.c
- * @brief Kernels of the quantised formats (colibri_quant.h): fp16 / int8 / int4 weights against
- *        fp32 or per-token int8 activations. The order of every float operation is the one
+ * @brief Kernels of the quantised formats (colibri_quant.h): fp16 / int8 / int4 / q4k / q5k weights
+ * against fp32 or per-token int8 activations. The order of every float operation is the one
  *        documented in colibri_quant.h; colibri/reference/kernels.py mirrors it.
  *
  * The integer dot products have per-ISA paths chosen by the compiler's ACLE feature macros
@@ -235,6 +235,79 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
     }
 }
 
+/* sc_j and m_j, 6 bits each, of sub-block j of a q4k super-block's scale bytes. */
+static inline void q4k_scale_min(const uint8_t *s, int32_t j, int32_t *sc, int32_t *m)
+{
+    const uint32_t hi = (uint32_t)s[8 + (j >> 1)] >> (4u * (uint32_t)(j & 1));
+    *sc = (int32_t)(((uint32_t)s[j] & 0x0Fu) | ((hi & 3u) << 4));
+    *m = (int32_t)(((uint32_t)s[j] >> 4) | (((hi >> 2) & 3u) << 4));
+}
+
+/* The q4k / q5k matvec (colibri_quant.h): rows of rb bytes, super-blocks of sb bytes, sub_bytes
+ * (16 or 20) per sub-block of codes. Heads are read by bytes (little-endian, as every supported
+ * core), so rows need no alignment; only the used sub-blocks of a cut last super-block are read.
+ * q4k has no fifth bits (hb = 0), so one loop serves both. */
+static inline void kq_matvec(const void *w, const int8_t *xq, const float *sx, float *y,
+                             int32_t n_out, int32_t n_in, size_t rb, size_t sb, int32_t sub_bytes)
+{
+    const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t o = 0; o < n_out; o++) {
+        const uint8_t *row = (const uint8_t *)w + (size_t)o * rb;
+        float acc = 0.0f;
+        for (int32_t b = 0; b < nb; b++) {
+            const uint8_t *base = row + (size_t)(b / 8) * sb;
+            const int32_t j = b % 8;
+            const int32_t i0 = b * COLIBRI_QK8;
+            const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
+            const uint8_t *qs = base + 16 + (size_t)sub_bytes * (size_t)j;
+            const uint32_t hb = (sub_bytes == 20)
+                                    ? ((uint32_t)qs[16] | ((uint32_t)qs[17] << 8) |
+                                       ((uint32_t)qs[18] << 16) | ((uint32_t)qs[19] << 24))
+                                    : 0u;
+            const int8_t *xb = xq + i0;
+            int32_t isum = 0;
+            int32_t xsum = 0;
+            if (n == COLIBRI_QK8) { /* integer sums: any order gives the same result */
+                for (int32_t k = 0; k < 16; k++) {
+                    const uint32_t lo = (qs[k] & 0x0Fu) | (((hb >> k) & 1u) << 4);
+                    const uint32_t hi = (uint32_t)(qs[k] >> 4) | (((hb >> (k + 16)) & 1u) << 4);
+                    isum += (int32_t)lo * (int32_t)xb[k] + (int32_t)hi * (int32_t)xb[k + 16];
+                    xsum += (int32_t)xb[k] + (int32_t)xb[k + 16];
+                }
+            } else {
+                for (int32_t k = 0; k < n; k++) {
+                    const uint32_t q4 = k < 16 ? (qs[k] & 0x0Fu) : (uint32_t)(qs[k - 16] >> 4);
+                    const uint32_t q = q4 | (((hb >> k) & 1u) << 4);
+                    isum += (int32_t)q * (int32_t)xb[k];
+                    xsum += (int32_t)xb[k];
+                }
+            }
+            int32_t sc;
+            int32_t m;
+            q4k_scale_min(base + 4, j, &sc, &m);
+            const float d = colibri_f16_to_f32((uint16_t)(base[0] | (base[1] << 8)));
+            const float dmin = colibri_f16_to_f32((uint16_t)(base[2] | (base[3] << 8)));
+            acc += (float)(sc * isum) * (d * sx[b]);
+            acc -= (float)(m * xsum) * (dmin * sx[b]);
+        }
+        y[o] = acc;
+    }
+}
+
+void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t n_out, int32_t n_in)
+{
+    kq_matvec(w, xq, sx, y, n_out, n_in, COLIBRI_Q4K_ROW_BYTES(n_in), sizeof(colibri_block_q4k),
+              16);
+}
+
+void colibri_matvec_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t n_out, int32_t n_in)
+{
+    kq_matvec(w, xq, sx, y, n_out, n_in, COLIBRI_Q5K_ROW_BYTES(n_in), sizeof(colibri_block_q5k),
+              20);
+}
+
 void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                            float *y, int32_t n_out, int32_t n_in)
 {
@@ -417,6 +490,37 @@ void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
                                  n_in);
         }
     }
+}
+
+/* The q4k / q5k matmul: row chunks of rb bytes, each token's matvec over a chunk. */
+static void kq_matmul(void (*mv)(const void *, const int8_t *, const float *, float *, int32_t,
+                                 int32_t),
+                      const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                      int32_t n_out, int32_t n_in, int32_t n_tok, size_t rb)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t step = matmul_chunk_rows(rb, n_out);
+    for (int32_t o0 = 0; o0 < n_out; o0 += step) {
+        const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        for (int32_t t = 0; t < n_tok; t++) {
+            mv((const uint8_t *)w + (size_t)o0 * rb, xq + (size_t)t * (size_t)n_in,
+               sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+        }
+    }
+}
+
+void colibri_matmul_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    kq_matmul(colibri_matvec_q4k_q8, w, xq, sx, y, ldy, n_out, n_in, n_tok,
+              COLIBRI_Q4K_ROW_BYTES(n_in));
+}
+
+void colibri_matmul_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
+                           int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    kq_matmul(colibri_matvec_q5k_q8, w, xq, sx, y, ldy, n_out, n_in, n_tok,
+              COLIBRI_Q5K_ROW_BYTES(n_in));
 }
 
 void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,

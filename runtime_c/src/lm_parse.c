@@ -104,6 +104,18 @@ static uint64_t entry_bytes(uint32_t dtype, uint32_t ndim, const uint32_t *shape
         const uint64_t nb = ((uint64_t)shape[1] + 31u) / 32u;
         return mul64(mul64(shape[0], nb), 18u);
     }
+    if (dtype == DT_Q4K) { /* rows of COLIBRI_Q4K_ROW_BYTES(n_in) bytes */
+        if (ndim != 2u) {
+            return UINT64_MAX;
+        }
+        return mul64(shape[0], (uint64_t)COLIBRI_Q4K_ROW_BYTES(shape[1]));
+    }
+    if (dtype == DT_Q5K) { /* rows of COLIBRI_Q5K_ROW_BYTES(n_in) bytes */
+        if (ndim != 2u) {
+            return UINT64_MAX;
+        }
+        return mul64(shape[0], (uint64_t)COLIBRI_Q5K_ROW_BYTES(shape[1]));
+    }
     uint64_t n = (dtype == DT_F32 || dtype == DT_I32) ? 4u : (dtype == DT_F16) ? 2u : 1u;
     if (dtype > DT_I32) {
         return UINT64_MAX;
@@ -124,7 +136,7 @@ static colibri_status table_read(const unsigned char *base, const lm_header *h, 
         if (st != COLIBRI_OK) {
             return st;
         }
-        if (e->name[0] == '\0' || e->dtype > DT_I32 || e->offset < end) {
+        if (e->name[0] == '\0' || e->dtype > DT_Q5K || e->offset < end) {
             return COLIBRI_ERR_FORMAT; /* a name, a known dtype, blobs in table order */
         }
         if (entry_bytes(e->dtype, e->ndim, e->shape) != e->nbytes) {
@@ -202,7 +214,7 @@ static colibri_status need_f32(lm_ctx *c, int required, uint32_t d0, uint32_t d1
 static colibri_status need_mat_crc(lm_ctx *c, int32_t scheme, int blocked, uint32_t n_out,
                                    uint32_t n_in, lm_mat *m, uint32_t *crc, int *n_crc)
 {
-    static const uint32_t dtypes[4] = {DT_F32, DT_F16, DT_I8, DT_Q4};
+    static const uint32_t dtypes[6] = {DT_F32, DT_F16, DT_I8, DT_Q4, DT_Q4K, DT_Q5K};
     m->scheme = scheme;
     m->blocked = blocked;
     m->n_out = (int32_t)n_out;
@@ -388,8 +400,10 @@ static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const 
             e->owner = (int32_t)rd_u32(t + 12u * j);
             e->scheme = (int32_t)rd_u32(t + 12u * j + 4u);
             e->act = (int32_t)rd_u32(t + 12u * j + 8u);
-            if (e->owner < 0 || (uint32_t)e->owner >= ne || e->scheme < 0 || e->scheme > 3 ||
-                e->act < 0 || e->act > 1 || (e->act == 1 && e->scheme < COLIBRI_QUANT_Q8)) {
+            if (e->owner < 0 || (uint32_t)e->owner >= ne || e->scheme < 0 ||
+                e->scheme > COLIBRI_QUANT_Q5K || e->act < 0 || e->act > 1 ||
+                (e->act == 1 && e->scheme < COLIBRI_QUANT_Q8) ||
+                (e->act != 1 && e->scheme >= COLIBRI_QUANT_Q4K)) { /* q4k / q5k: int8 acts */
                 return COLIBRI_ERR_EXPERT;
             }
         }

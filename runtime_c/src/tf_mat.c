@@ -94,6 +94,30 @@ colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const
         }
         break;
     }
+    case COLIBRI_QUANT_Q4K: { /* int8 activations only (the loader refuses act 0) */
+        const uint8_t *w = (const uint8_t *)m->w + ro * COLIBRI_Q4K_ROW_BYTES(n_in);
+        if (act != 1) {
+            return COLIBRI_ERR_UNSUPPORTED;
+        }
+        if (n_tok == 1) {
+            colibri_matvec_q4k_q8(w, xq, sx, yo, cnt, n_in);
+        } else {
+            colibri_matmul_q4k_q8(w, xq, sx, yo, ldy, cnt, n_in, n_tok);
+        }
+        break;
+    }
+    case COLIBRI_QUANT_Q5K: { /* int8 activations only (the loader refuses act 0) */
+        const uint8_t *w = (const uint8_t *)m->w + ro * COLIBRI_Q5K_ROW_BYTES(n_in);
+        if (act != 1) {
+            return COLIBRI_ERR_UNSUPPORTED;
+        }
+        if (n_tok == 1) {
+            colibri_matvec_q5k_q8(w, xq, sx, yo, cnt, n_in);
+        } else {
+            colibri_matmul_q5k_q8(w, xq, sx, yo, ldy, cnt, n_in, n_tok);
+        }
+        break;
+    }
     default:
         return COLIBRI_ERR_UNSUPPORTED;
     }

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.frontends.load import load_model
+from colibri.quant.formats import SCHEMES
 from conftest import run_cli
 
 
@@ -70,13 +71,13 @@ def test_seed_toy_against_generate(toy: Path, tmp_path: Path) -> None:
     assert rep["parameters"] == layer_numbers(toy)
     assert rep["dtypes"] == {"float32": 2 + 8 * 4}  # router w + b, w1 b1 w2 b2 per expert
     assert rep["budget_at"] == {"max_tokens": 32}
-    for scheme in ("fp32", "int8"):
+    for scheme in ("fp32", "int8", "q4k"):  # q4k: rows cut after their last sub-block
         mem = generated(toy, tmp_path / scheme, "--quant", scheme)
         assert rep["schemes"][scheme]["weight_bytes"] == mem["weight_bytes"]
         assert rep["schemes"][scheme]["arena_bytes"] == mem["arena_size"]
     # the board table against generate --board: refused with a budget error, or generated
     boards = rep["boards"]
-    assert boards["host"] == dict.fromkeys(("fp32", "fp16", "int8", "int4"), "fits")
+    assert boards["host"] == dict.fromkeys(SCHEMES, "fits")
     assert boards["cortex-m3"]["fp32"] == "flash over"
     assert boards["cortex-m3"]["int8"] == "fits"
     for board, scheme in (("cortex-m3", "fp32"), ("cortex-m3", "int8"), ("host", "fp32")):
@@ -105,7 +106,8 @@ def test_seed_toy_against_generate(toy: Path, tmp_path: Path) -> None:
     assert "architecture: single MoE layer" in text
     assert "dims: d_model 64, d_ff 128, 8 experts, top-k 2, gelu" in text
     assert re.search(rf"^  fp32\s+{rep['schemes']['fp32']['weight_bytes']}\s", text, re.M)
-    assert re.search(r"^  cortex-m3\s+flash over\s+flash over\s+fits\s+fits$", text, re.M)
+    m3_row = r"^  cortex-m3\s+flash over\s+flash over\s+fits\s+fits\s+fits\s+fits$"  # + q4k, q5k
+    assert re.search(m3_row, text, re.M)
 
 
 def test_container_and_npz(toy: Path, tmp_path: Path) -> None:

@@ -181,23 +181,31 @@ def test_fold_scales_are_bounded() -> None:
     assert s.max() <= 64.0 and s.min() >= 1 / 64.0
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int8"])
+@pytest.mark.parametrize("scheme", ["int4", "int8", "q4k"])
 def test_divide_rows_keeps_codes(scheme: str) -> None:
     w = _x(48, 64, seed=3)
     t = quantize_matrix(w, scheme)
     s = np.random.default_rng(0).uniform(0.1, 8.0, 48).astype(np.float32)
     d = divide_rows(t, s)
     assert d is not None
-    np.testing.assert_allclose(d.dequantize(), t.dequantize() / s[:, None], rtol=2e-3, atol=0)
+    want = t.dequantize() / s[:, None]
+    if scheme == "q4k":  # d * sc * q - dmin * m, each fp16 factor rounded: row-relative bound
+        bound = 2e-3 * np.abs(want).max(axis=1, keepdims=True)
+        assert np.all(np.abs(d.dequantize() - want) <= bound)
+    else:
+        np.testing.assert_allclose(d.dequantize(), want, rtol=2e-3, atol=0)
     if scheme == "int4":
         assert np.array_equal(d.data["qs"], t.data["qs"])
         assert divide_rows(t, np.full(48, 1e-9, np.float32)) is None  # past the fp16 range
+    if scheme == "q4k":
+        assert np.array_equal(d.data["qs"], t.data["qs"])
+        assert np.array_equal(d.data["scales"], t.data["scales"])
 
 
 # -- calibrated quantisation ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int8"])
+@pytest.mark.parametrize("scheme", ["int4", "int8", "q4k", "q5k"])
 def test_calibration_reduces_expert_error(scheme: str) -> None:
     """On their calibration tokens, calibrated experts are never worse than the plain method
     or the uncalibrated search (both are candidates), and on this layer's outlier channels the

@@ -44,12 +44,15 @@ from hf_tiny import (
 MAX_CONTEXT = 32
 PROMPT = [3, 17, 5, 60, 9, 41]
 N_NEW = 8
-#: The schemes of the issue: fp32, int8 / int4 routed experts, int8 experts + int8 dense.
+#: The schemes of the issue: fp32, int8 / int4 routed experts, int8 experts + int8 dense; and
+#: q4k / q5k routed experts (issue 38).
 SCHEMES: dict[str, dict[str, str]] = {
     "fp32": {},
     "int8": {"quant": "int8"},
     "int4": {"quant": "int4"},
     "int8-dense-int8": {"quant": "int8", "dense": "int8"},
+    "q4k": {"quant": "q4k"},
+    "q5k": {"quant": "q5k"},
 }
 
 
@@ -224,6 +227,13 @@ def _corrupt(kind: str, good: bytes) -> bytearray:
         struct.pack_into("<i", d, off, 99)  # expert 0's owner out of range
         nb = struct.unpack_from("<Q", d, t + 80)[0]
         struct.pack_into("<I", d, t + 92, zlib.crc32(bytes(d[off : off + nb])))
+    elif kind in ("q4k-fp32-acts", "unknown-scheme"):
+        t = ents["layer.0.experts"]
+        off = struct.unpack_from("<Q", d, t + 72)[0]
+        scheme, act = (4, 0) if kind == "q4k-fp32-acts" else (6, 1)
+        struct.pack_into("<ii", d, off + 4, scheme, act)  # expert 0's scheme and act
+        nb = struct.unpack_from("<Q", d, t + 80)[0]
+        struct.pack_into("<I", d, t + 92, zlib.crc32(bytes(d[off : off + nb])))
     else:
         raise AssertionError(kind)
     return d
@@ -248,6 +258,8 @@ BAD_FILES = {
     "bad-crc": -15,
     "nan-weight": -16,
     "bad-expert-table": -12,
+    "q4k-fp32-acts": -12,  # q4k / q5k experts have int8-activation kernels only
+    "unknown-scheme": -12,
 }
 
 

@@ -28,6 +28,8 @@ from ..boards import Board, list_boards
 from ..errors import BudgetExceeded, ConfigError, ModelFormatError, ShapeError
 from ..frontends.container import (
     DTYPE_Q4,
+    DTYPE_Q4K,
+    DTYPE_Q5K,
     EXPERT_COLUMNS,
     HEAT_TENSOR,
     LAYER_DESC,
@@ -414,7 +416,15 @@ def hf_report(path: Path, max_context: int) -> Report:
 # -- a whole-model container (version 2), from its header and tensor table ----------------------
 
 #: Table dtype codes -> the names the report uses.
-_FILE_DTYPES = {0: "float32", 1: "float16", 2: "int8", DTYPE_Q4: "int4 (q4_32 blocks)", 4: "int32"}
+_FILE_DTYPES = {
+    0: "float32",
+    1: "float16",
+    2: "int8",
+    DTYPE_Q4: "int4 (q4_32 blocks)",
+    4: "int32",
+    DTYPE_Q4K: "q4k (super-blocks of 256)",
+    DTYPE_Q5K: "q5k (super-blocks of 256)",
+}
 _SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
 #: Tensors of a container that are not weights (descriptors, tables, tokenizer, RoPE tables).
 _NOT_PARAMETERS = (".desc", ".experts", f".{HEAT_TENSOR}", ".scale")

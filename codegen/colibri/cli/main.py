@@ -43,6 +43,7 @@ from ..paths import check_output_file, check_output_parent, write_files_atomic
 from ..plan.model import MAX_LRU_SLOTS
 from ..plan.placement import format_placement_report
 from ..progress import SILENT, model_bytes, progress_for
+from ..quant.formats import SCHEMES
 from ..reference.kernels import quant_moe_forward
 from ..reference.moe import FP32_TOLERANCE, compare, moe_forward
 from ..report.html import write_report
@@ -674,8 +675,9 @@ def add_quant_args(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--quant",
         default="fp32",
-        choices=("fp32", "fp16", "int8", "int4"),
-        help="expert weight scheme (default fp32; the router stays fp32)",
+        choices=SCHEMES,
+        help="expert weight scheme (default fp32; the router stays fp32). q4k: super-blocks of "
+        "256 with 6-bit sub-block scales and minimums, 4.5 bits/weight, int8 activations",
     )
     s.add_argument(
         "--expert-quant",

@@ -120,8 +120,9 @@ def quantise_transformer(
     if source is not None:
         if options.quant not in CALIBRATED_SCHEMES:
             raise ConfigError(
-                f"--calib calibrates the routed experts' int8 / int4 scales, but --quant is "
-                f"{options.quant}: pass --quant int8 or --quant int4 (or drop --calib)"
+                f"--calib calibrates the routed experts' int8 / int4 / q4k / q5k scales, but "
+                f"--quant is {options.quant}: pass --quant int8, int4, q4k or q5k (or drop "
+                "--calib)"
             )
         with progress.stage("calibrate") as st:
             ids = load_calib_ids(source, model, options.context)

@@ -77,6 +77,8 @@ def packed_kernel(k: dict[str, Any]) -> dict[str, Any]:
     is in another layout than rows."""
     if any(v != "rows" for v in k["layouts"].values()) or k["group"] != 1:
         return k
+    if k["scheme"] not in ("int8", "int4"):  # q4k: no packed kernel, its portable one runs
+        return k
     kind = "COLIBRI_PACK_Q8" if k["scheme"] == "int8" else "COLIBRI_PACK_Q4"
     return {
         **k,
@@ -131,6 +133,8 @@ def weight_types(name: str, scheme: str, d_model: int, d_ff: int) -> tuple[str, 
         "fp32": "const float *",
         "fp16": "const uint16_t *",
         "int4": "const colibri_block_q4_32 *",
+        "q4k": "const uint8_t *",
+        "q5k": "const uint8_t *",
     }[scheme]
     return pointer, pointer
 

@@ -31,8 +31,12 @@ from ..frontends.container import (
     ACT_CODES,
     ALIGN,
     BLOCK_Q4_DTYPE,
+    BLOCK_Q4K_DTYPE,
+    BLOCK_Q5K_DTYPE,
     DTYPE_CODES,
     DTYPE_Q4,
+    DTYPE_Q4K,
+    DTYPE_Q5K,
     EXPERT_COLUMNS,
     FLAG_CLIP_QKV,
     FLAG_QK_NORM,
@@ -47,6 +51,8 @@ from ..frontends.container import (
     SCHEME_CODES,
     TOKENIZER_TENSOR,
     LMContainer,
+    q4k_row_dtype,
+    q4k_rows_stored,
     read_lm_container,
 )
 from ..ir.transformer import DecoderLayer, MoETransformer
@@ -72,6 +78,12 @@ def _matrix(
 ) -> None:
     """A stored matrix [out, in]: its codes / values under `name`, int8 scales in `name.scale`."""
     shape = (t.n_out, t.n_in)
+    if t.scheme in ("q4k", "q5k"):  # rows cut after their last used sub-block (q4k_row_bytes)
+        bits = 5 if t.scheme == "q5k" else 4
+        rows = q4k_rows_stored(t.data, t.n_in).view(q4k_row_dtype(t.n_in, bits))
+        rows = rows.reshape(t.n_out)
+        tensors.append((name, rows, expert, shape))
+        return
     tensors.append((name, np.ascontiguousarray(t.data), expert, shape))
     if t.scheme == "int8":
         assert t.scale is not None
@@ -250,6 +262,10 @@ def _check_heat(h: np.ndarray, n_experts: int, layer: int) -> np.ndarray:
 def _dtype_code(arr: np.ndarray) -> int:
     if arr.dtype == BLOCK_Q4_DTYPE:
         return DTYPE_Q4
+    if arr.dtype.names == ("q4k_row",):
+        return DTYPE_Q4K
+    if arr.dtype.names == ("q5k_row",):
+        return DTYPE_Q5K
     dt = np.dtype(arr.dtype).newbyteorder("<")
     if dt == np.dtype("<u2"):
         return DTYPE_CODES[np.dtype("<f2")]  # fp16 bits
@@ -421,7 +437,7 @@ def write_lm_container_streamed(
 
 def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
     """The matrix `name` [out, in] as stored: its scheme from its dtype (fp32, fp16 bits,
-    int8 with `name.scale`, int4 blocks), exactly the QuantTensor the writer was given."""
+    int8 with `name.scale`, int4 / q4k blocks), exactly the QuantTensor the writer was given."""
     arr = lm.tensors.get(name)
     if arr is None:
         raise ModelFormatError(f"tensor '{name}' is missing")
@@ -431,6 +447,10 @@ def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
     n_out, n_in = shape
     if arr.dtype == BLOCK_Q4_DTYPE:
         return QuantTensor("int4", n_out, n_in, arr)
+    if arr.dtype == BLOCK_Q4K_DTYPE:
+        return QuantTensor("q4k", n_out, n_in, arr)
+    if arr.dtype == BLOCK_Q5K_DTYPE:
+        return QuantTensor("q5k", n_out, n_in, arr)
     if arr.dtype == np.dtype("<u2"):
         return QuantTensor("fp16", n_out, n_in, arr)
     if arr.dtype == np.dtype("i1"):

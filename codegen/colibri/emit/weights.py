@@ -2,7 +2,8 @@
 
 Weights are never written as C text. :func:`tensor_bytes` gives a tensor's bytes in the layout
 the kernels read (fp32 arrays, fp16 bits, the int8 per-output-channel struct with its padding,
-int4 ``colibri_block_q4_32`` blocks; little-endian, as every supported core is) and
+int4 ``colibri_block_q4_32`` and q4k ``colibri_block_q4k`` blocks; little-endian, as every
+supported core is) and
 :func:`tensor_entry` its C declaration, typedef and reference. :class:`WeightTable` names each
 tensor once (:class:`~colibri.emit.cformat.NameTable`), lays the bytes out back to back in one
 blob (16-byte aligned, in the order added) and counts them per part of the model; the
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..frontends.container import q4k_rows_stored
 from ..quant.formats import (
     QuantExpert,
     QuantTensor,
@@ -73,9 +75,12 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         size = q8_channel_dtype(t.n_out, t.n_in, scale.size).itemsize
         pad = size - scale.nbytes - q.nbytes
         return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]
+    if t.scheme in ("q4k", "q5k"):  # rows cut after their last used sub-block (q4k_row_bytes)
+        return [_view(q4k_rows_stored(t.data, t.n_in))]
     if t.layout == "q4r4":  # int4 in layout q4r4: a reordered copy, the same size
         return [_view(q4r4_order(np.asarray(t.data)))]
-    return [_view(np.ascontiguousarray(t.data))]  # int4: BLOCK_Q4_DTYPE records, 18 bytes
+    # int4: BLOCK_Q4_DTYPE records, 18 bytes; q4k: BLOCK_Q4K_DTYPE records, 144 bytes
+    return [_view(np.ascontiguousarray(t.data))]
 
 
 def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -> dict[str, Any]:
@@ -128,13 +133,24 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
             "ptype": f"const {tname_c} *",
             "quantised": True,
         }
+    if t.scheme in ("q4k", "q5k"):  # COLIBRI_Q4K / Q5K_ROW_BYTES(n_in) bytes per row
+        return {
+            "symbol": sym,
+            "decl": f"{const}uint8_t {sym}[{t.nbytes}]",
+            "nbytes": t.nbytes,
+            "typedef": None,
+            "ref": sym,
+            "ptype": "const uint8_t *",
+            "quantised": True,
+        }
+    block = "colibri_block_q4_32"
     return {
         "symbol": sym,
-        "decl": f"{const}colibri_block_q4_32 {sym}[{t.data.size}]",
+        "decl": f"{const}{block} {sym}[{t.data.size}]",
         "nbytes": t.nbytes,
         "typedef": None,
         "ref": sym,
-        "ptype": "const colibri_block_q4_32 *",
+        "ptype": f"const {block} *",
         "quantised": True,
     }
 

@@ -112,6 +112,74 @@ QK4 = 32
 #: numpy mirror of colibri_block_q4_32 (C struct: uint16_t d; uint8_t qs[16]; 18 bytes), the
 #: stored form of dtype code 3 (colibri.quant.formats quantises into it).
 BLOCK_Q4_DTYPE = np.dtype([("d", "<u2"), ("qs", "u1", (QK4 // 2,))])
+#: Table dtype of q4k super-blocks (colibri_block_q4k, 144 bytes; the shape is [out, in]).
+DTYPE_Q4K = 5
+#: Values per q4k super-block (COLIBRI_QK_K).
+QK_K = 256
+#: numpy mirror of colibri_block_q4k (C: uint16_t d, dmin; uint8_t scales[12]; uint8_t
+#: qs[128]; 144 bytes), the stored form of dtype code 5 (colibri.quant.formats: the q4k
+#: section).
+BLOCK_Q4K_DTYPE = np.dtype(
+    [("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (QK_K // 2,))]
+)
+#: Table dtype of q5k super-blocks (colibri_block_q5k, 176 bytes; the shape is [out, in]).
+DTYPE_Q5K = 6
+#: numpy mirror of colibri_block_q5k (C: uint16_t d, dmin; uint8_t scales[12]; uint8_t
+#: qs[160]; 176 bytes): q4k's layout with 20 bytes per sub-block (16 of low nibbles, then 4
+#: holding the codes' fifth bits).
+BLOCK_Q5K_DTYPE = np.dtype(
+    [("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (8 * 20,))]
+)
+#: The k-quant-class schemes: dtype of their super-blocks by code bits.
+KQUANT_DTYPES: dict[int, np.dtype] = {4: BLOCK_Q4K_DTYPE, 5: BLOCK_Q5K_DTYPE}
+#: Table dtype codes of their stored rows by code bits.
+KQUANT_DTYPE_CODES: dict[int, int] = {4: DTYPE_Q4K, 5: DTYPE_Q5K}
+#: Bytes of a super-block's head (d, dmin, scales).
+KQUANT_HEAD_BYTES = 16
+
+
+def kquant_sub_bytes(bits: int) -> int:
+    """Bytes of one sub-block of 32 codes: 16 of nibbles, + 4 of fifth bits (q5k)."""
+    return 16 if bits == 4 else 20
+
+
+def kquant_bits(dtype: np.dtype) -> int:
+    """Code bits (4 or 5) of a k-quant super-block dtype."""
+    return 4 if dtype == BLOCK_Q4K_DTYPE else 5
+
+
+def q4k_row_bytes(n_in: int, bits: int = 4) -> int:
+    """COLIBRI_Q4K_ROW_BYTES / COLIBRI_Q5K_ROW_BYTES: stored bytes of one q4k / q5k row of n_in
+    weights: its whole super-blocks, then a last one cut after its last used sub-block (head +
+    16 / 20 bytes per sub-block), so a short row does not pay for 256 weights."""
+    full, rest = divmod(n_in, QK_K)
+    sub = kquant_sub_bytes(bits)
+    tail = KQUANT_HEAD_BYTES + sub * ((rest + 31) // 32) if rest else 0
+    return full * KQUANT_DTYPES[bits].itemsize + tail
+
+
+def q4k_rows_stored(blocks: np.ndarray, n_in: int) -> np.ndarray:
+    """q4k / q5k super-blocks [out, nsb] as stored: uint8 [out, q4k_row_bytes(n_in, bits)]
+    (each row's bytes up to its last used sub-block)."""
+    raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(blocks.shape[0], -1)
+    return np.ascontiguousarray(raw[:, : q4k_row_bytes(n_in, kquant_bits(blocks.dtype))])
+
+
+def q4k_rows_restore(raw: np.ndarray, n_out: int, n_in: int, bits: int = 4) -> np.ndarray:
+    """The inverse of :func:`q4k_rows_stored`: super-blocks [out, nsb], unused sub-blocks
+    zero."""
+    nsb = (n_in + QK_K - 1) // QK_K
+    dt = KQUANT_DTYPES[bits]
+    full = np.zeros((n_out, nsb * dt.itemsize), np.uint8)
+    full[:, : q4k_row_bytes(n_in, bits)] = np.asarray(raw, np.uint8).reshape(n_out, -1)
+    return full.view(dt).reshape(n_out, nsb)
+
+
+#: The array type the container writer takes for q4k / q5k rows as stored (dtype 5 / 6).
+def q4k_row_dtype(n_in: int, bits: int = 4) -> np.dtype:
+    return np.dtype([(f"q{bits}k_row", "u1", (q4k_row_bytes(n_in, bits),))])
+
+
 #: Version 2 reads the item dtypes as stored (fp16 as its bits).
 LM_DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"),
@@ -128,7 +196,7 @@ HEAT_TENSOR = "heat"
 #: Version-2 header `kind` of a whole decoder-only transformer.
 KIND_DECODER = 1
 #: Weight schemes of the version-2 descriptors (colibri_quant_scheme order).
-SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3}
+SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "q4k": 4, "q5k": 5}
 ACT_CODES = {"fp32": 0, "int8": 1}
 #: Version-2 header flags.
 FLAG_TIED = 0x1
@@ -489,14 +557,23 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
             raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
         if name in tensors:
             raise ModelFormatError(f"{source}: tensor '{name}' appears twice")
-        if dtype == DTYPE_Q4:
+        if dtype in (DTYPE_Q4, DTYPE_Q4K, DTYPE_Q5K):
             if ndim != 2:
-                raise ModelFormatError(f"{source}: int4 tensor '{name}' is not 2-D")
-            blocks = (shape[0], q4_blocks(shape[1]))
-            count = blocks[0] * blocks[1]
-            if count * BLOCK_Q4_DTYPE.itemsize != nb:
+                raise ModelFormatError(f"{source}: block tensor '{name}' is not 2-D")
+            bits = 5 if dtype == DTYPE_Q5K else 4
+            if dtype == DTYPE_Q4:
+                size = shape[0] * q4_blocks(shape[1]) * BLOCK_Q4_DTYPE.itemsize
+            else:
+                size = shape[0] * q4k_row_bytes(shape[1], bits)
+            if size != nb:
                 raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
-            arr = np.frombuffer(data, BLOCK_Q4_DTYPE, count, off).reshape(blocks)
+            if dtype == DTYPE_Q4:
+                blocks = (shape[0], q4_blocks(shape[1]))
+                arr = np.frombuffer(data, BLOCK_Q4_DTYPE, blocks[0] * blocks[1], off)
+                arr = arr.reshape(blocks)
+            else:
+                raw = np.frombuffer(data, np.uint8, nb, off)
+                arr = q4k_rows_restore(raw, shape[0], shape[1], bits)
         elif dtype in LM_DTYPES:
             count = int(np.prod(shape))
             if count * LM_DTYPES[dtype].itemsize != nb:

@@ -56,7 +56,7 @@ from .formats import (
     quantize_expert,
     quantize_matrix,
 )
-from .gptq import block_compensated_matrix, gptq_matrix, hessian
+from .gptq import GPTQ_SCHEMES, block_compensated_matrix, gptq_matrix, hessian
 
 #: The quantised expert on rows x [n, d_model] -> [n, d_model], as the generated C computes it.
 ExpertRunner = Callable[[QuantExpert, np.ndarray], np.ndarray]
@@ -72,8 +72,10 @@ EVAL_MIN_ROWS = 64
 #: Calibration rows an expert needs before the error-compensated candidate (colibri.quant.gptq)
 #: is tried: with fewer, H = X^T X is mostly damping and the compensation fits the sample.
 GPTQ_MIN_ROWS = 32
-#: Schemes calibration applies to (fp32 / fp16 have no scales to choose).
-CALIBRATED_SCHEMES = ("int8", "int4")
+#: Schemes calibration applies to (fp32 / fp16 have no scales to choose). q4k experts get the
+#: plain, searched, importance-weighted and folded candidates only (no error compensation:
+#: colibri.quant.gptq's GPTQ_SCHEMES).
+CALIBRATED_SCHEMES = ("int8", "int4", "q4k", "q5k")
 #: --calib-method: "importance" (the default: the importance-weighted search and a few folds,
 #: measured on a subsample of rows) or "gptq" (every fold of FOLD_ALPHAS, the uncalibrated
 #: search and the error-compensated candidate, measured on every row up to EVAL_MACS).
@@ -255,7 +257,8 @@ def quantize_expert_calibrated(
     alphas = (FOLD_ALPHAS if gptq else IMPORTANCE_ALPHAS) if folds else ()
     candidates += _fold_candidates(e, base, stats, scheme, name, search, alphas)
     rows_ok = stats.hidden_rows is not None and stats.rows.shape[0] >= GPTQ_MIN_ROWS
-    if search != "none":  # its scales come from the search
+    compensate = search != "none" and scheme in GPTQ_SCHEMES
+    if compensate:  # its scales come from the search
         sources: list[tuple[str, np.ndarray | None, np.ndarray | None]] = [
             ("blocks", stats.xblk, stats.hblk)
         ]
@@ -265,7 +268,7 @@ def quantize_expert_calibrated(
             if xb is None or hb is None:
                 continue
             candidates.append((label, 0.0, _block_compensated(e, base, scheme, xb, hb)))
-    if gptq and rows_ok and search != "none":  # its scales come from the search
+    if gptq and rows_ok and compensate:  # its scales come from the search
         assert stats.hidden_rows is not None
         hx = hessian(stats.rows)
         hh = hessian(stats.hidden_rows)

@@ -8,6 +8,11 @@ Schemes (one per expert, chosen per model and overridable per expert):
 - ``int4``: blocks of 32 weights along the input dimension with one fp16 scale per block
   (18 bytes per block, 4.5 bits per weight: ggml's q4_0 layout), w = d * (nibble - 8); d may
   be negative.
+- ``q4k``: super-blocks of 256 weights along the input, 8 sub-blocks of 32 with a 6-bit scale
+  and a 6-bit minimum each, one fp16 super-scale and super-minimum (144 bytes per 256
+  weights, 4.5 bits per weight), w = d * sc * q - dmin * m with q in 0..15; int8 activations
+  only (the k-quant-class scheme of issue 38: the q4k section below).
+- ``q5k``: q4k with 5-bit codes (q in 0..31; 176 bytes per 256 weights, 5.5 bits per weight).
 
 The int8 / int4 scales are chosen by the scale search (``search="mse"``, the default:
 :func:`search_int4_scales`, :func:`search_int8_scales`) or are the plain ones (``"none"``:
@@ -40,16 +45,35 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ModelFormatError, ShapeError
-from ..frontends.container import BLOCK_Q4_DTYPE, QK4, q4_blocks
+from ..frontends.container import (
+    BLOCK_Q4_DTYPE,
+    BLOCK_Q4K_DTYPE,
+    KQUANT_DTYPES,
+    QK4,
+    QK_K,
+    q4_blocks,
+    q4k_row_bytes,
+)
 from ..ir.moe import Expert, MoELayer
 from ..progress import Tick
 
 #: Weight schemes, in colibri_quant_scheme order.
-SCHEMES: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
+SCHEMES: tuple[str, ...] = ("fp32", "fp16", "int8", "int4", "q4k", "q5k")
 #: Activation modes of the quantised kernels.
 ACT_MODES: tuple[str, ...] = ("fp32", "int8")
 #: Default activation mode per scheme: integer dot products for integer weights.
-DEFAULT_ACT: dict[str, str] = {"fp32": "fp32", "fp16": "fp32", "int8": "int8", "int4": "int8"}
+DEFAULT_ACT: dict[str, str] = {
+    "fp32": "fp32",
+    "fp16": "fp32",
+    "int8": "int8",
+    "int4": "int8",
+    "q4k": "int8",
+    "q5k": "int8",
+}
+#: The k-quant-class schemes and their code bits (the q4k section).
+KQUANT_BITS: dict[str, int] = {"q4k": 4, "q5k": 5}
+#: Schemes whose kernels take int8 activations only (no fp32-activation kernel).
+INT8_ACT_ONLY: tuple[str, ...] = ("q4k", "q5k")
 
 QK8 = 32  # COLIBRI_QK8: activations per scale of the int8 activation quantiser
 Q8_MAX = 127  # COLIBRI_Q8_MAX
@@ -90,6 +114,8 @@ LAYER_TOLERANCE: dict[tuple[str, str], float] = {
     ("fp16", "int8"): 5e-3,
     ("int8", "int8"): 5e-3,
     ("int4", "int8"): 5e-3,
+    ("q4k", "int8"): 5e-3,
+    ("q5k", "int8"): 5e-3,
 }
 
 
@@ -443,6 +469,262 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
     return float(np.sum(diff**2))
 
 
+# -- q4k: super-blocks of 256 with 6-bit sub-block scales and minimums ------------------------
+#
+# The k-quant-class 4-bit scheme (issue 38; the idea of llama.cpp's Q4_K, this project's own
+# layout and quantiser). A row of n_in weights is cut into super-blocks of QK_K = 256 (the
+# last one zero-padded), each of 8 sub-blocks of 32 that line up with the int8 activation
+# blocks (QK8). Sub-block j of a super-block stores the 32 codes q in 0..15, a 6-bit scale
+# sc_j and a 6-bit minimum m_j; the super-block stores one fp16 super-scale d and one fp16
+# super-minimum dmin:
+#
+#     w ~ (d * sc_j) * q - (dmin * m_j)
+#
+# colibri_block_q4k (runtime_c/include/colibri_quant.h), 144 bytes per 256 weights, 4.5 bits
+# per weight: d (2 bytes), dmin (2), scales (12: the 16 6-bit values), qs (128: the nibbles).
+# scales[j] (j < 8) holds the low 4 bits of sc_j (low nibble) and of m_j (high nibble);
+# scales[8 + j / 2] holds their high 2 bits, sc_j's at bit 4 * (j % 2) and m_j's at bit
+# 4 * (j % 2) + 2. Sub-block j's codes are qs[16 j .. 16 j + 16): code i (i < 16) in the low
+# nibble of qs[16 j + i], code i + 16 in its high nibble (the int4 block's order).
+# QuantTensor.data holds whole super-blocks (the last zero-padded); as stored (generated weights,
+# container), each row's last super-block is cut after its last used sub-block
+# (colibri.frontends.container.q4k_row_bytes, COLIBRI_Q4K_ROW_BYTES), so short rows do not pay
+# for 256 weights.
+#
+# The kernel with int8 activations (xq, one scale sx[b] per block b of 32, the last possibly
+# shorter), per output, the fp32 operations in this order (C == mirror bit for bit):
+#
+#     acc = 0; for each sub-block b (8 s + j) with 32 b < n_in:
+#         isum = sum_i q_i * xq[i]; xsum = sum_i xq[i]          (int32, over the block's inputs)
+#         acc += (float)(sc_j * isum) * (d_s * sx[b])
+#         acc -= (float)(m_j * xsum) * (dmin_s * sx[b])
+#     y = acc
+#
+# sc_j * isum and m_j * xsum are exact in int32 and in fp32 (|.| <= 63 * 32 * 15 * 127 < 2^24).
+#
+# Quantiser: per sub-block, the scale s and minimum m >= 0 of w ~ s q - m are searched over
+# Q4K_STEPS code ranges (llama.cpp's make_qkx idea: codes of a grid of inverse scales, each
+# refitted by weighted least squares for s and m), weighted as the int4 search (imp * (w^2 +
+# SIGMA_WEIGHT mean(w^2))); then per super-block d = max_j s_j / 63 and dmin = max_j m_j / 63
+# (fp16), the 6-bit sc_j / m_j nearest for those, and the codes nearest for the stored
+# (d sc_j, dmin m_j). search "none" skips the grid (s = (max - min) / 15 (q5k: / 31),
+# m = -min).
+#
+# q5k (colibri_block_q5k, 176 bytes, 5.5 bits per weight) is the same with codes 0..31: each
+# sub-block takes 20 bytes of qs, its 16 bytes of low nibbles (as q4k's) then 4 bytes whose
+# bit k (a little-endian 32-bit word) is bit 4 of code k; the kernel's order is the same
+# (|sc_j * isum| <= 63 * 32 * 31 * 127 < 2^24, still exact in fp32).
+
+#: Weights per q4k sub-block (== QK8); QK_K, the super-block, and BLOCK_Q4K_DTYPE (the
+#: numpy mirror of colibri_block_q4k) are part of the container format
+#: (:mod:`colibri.frontends.container`).
+QK_K_SUB = 32
+#: Sub-blocks per super-block.
+Q4K_SUBS = QK_K // QK_K_SUB
+#: Largest 6-bit sub-block scale / minimum, largest code.
+Q4K_SCALE_MAX = 63
+Q4K_CODE_MAX = 15
+#: Bits per weight of q4k (whole super-blocks; a row of n_in weights is stored in
+#: q4k_row_bytes(n_in) bytes, its last super-block cut after its last used sub-block: d_model
+#: 96, 5.33 bits per weight; 128, 5.0).
+Q4K_BITS_PER_WEIGHT = BLOCK_Q4K_DTYPE.itemsize * 8 / QK_K
+#: The grid of the sub-block search: inverse scales (Q4K_CODE_MAX + k * Q4K_STEP) / (max - min)
+#: for k in -Q4K_STEPS .. Q4K_STEPS.
+Q4K_STEPS = 10
+Q4K_STEP = 0.1
+
+
+def q4k_blocks(n_in: int) -> int:
+    """COLIBRI_Q4K_BLOCKS: super-blocks per row of n_in values (the last one zero-padded)."""
+    return (n_in + QK_K - 1) // QK_K
+
+
+def q4k_pack_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The 12 scale bytes [..., 12] of 6-bit scales sc [..., 8] and minimums m [..., 8]."""
+    sc = np.asarray(sc, dtype=np.uint8)
+    m = np.asarray(m, dtype=np.uint8)
+    out = np.zeros(sc.shape[:-1] + (12,), np.uint8)
+    out[..., :8] = (sc & 15) | ((m & 15) << 4)
+    hi = ((sc >> 4) & 3) | (((m >> 4) & 3) << 2)  # [..., 8], 4 bits per sub-block
+    out[..., 8:] = hi[..., 0::2] | (hi[..., 1::2] << 4)
+    return out
+
+
+def q4k_unpack_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sc, m) int32 [..., 8] of the 12 scale bytes [..., 12]."""
+    s = np.asarray(scales, dtype=np.int32)
+    hi = np.stack([s[..., 8:] & 15, s[..., 8:] >> 4], axis=-1).reshape(s.shape[:-1] + (8,))
+    sc = (s[..., :8] & 15) | ((hi & 3) << 4)
+    m = (s[..., :8] >> 4) | ((hi >> 2) << 4)
+    return sc, m
+
+
+def kquant_code_max(bits: int) -> int:
+    return (1 << bits) - 1
+
+
+def q4k_codes(blocks: np.ndarray, n_in: int) -> np.ndarray:
+    """Codes (0..15 q4k, 0..31 q5k) int32 [out, n_in] of super-blocks [out, nsb]."""
+    sub = blocks["qs"].shape[-1] // Q4K_SUBS
+    qs = blocks["qs"].reshape(blocks.shape + (Q4K_SUBS, sub))
+    nib = qs[..., :16]
+    q = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).astype(np.int32)
+    if sub == 20:  # q5k: the fifth bits, bit k of the little-endian word of bytes 16..19
+        hb = qs[..., 16:20].astype(np.uint32)
+        word = hb[..., 0] | (hb[..., 1] << 8) | (hb[..., 2] << 16) | (hb[..., 3] << 24)
+        hi = (word[..., None] >> np.arange(QK_K_SUB, dtype=np.uint32)) & 1
+        q |= hi.astype(np.int32) << 4
+    return q.reshape(blocks.shape[0], -1)[:, :n_in]
+
+
+def q4k_sub_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fp32 sub-block step and minimum [out, nsb * 8] as the dequantiser uses them:
+    d * (float)sc_j and dmin * (float)m_j, each one fp32 product."""
+    sc, m = q4k_unpack_scales(blocks["scales"])
+    d = f16_to_f32(blocks["d"])[..., None]
+    dmin = f16_to_f32(blocks["dmin"])[..., None]
+    step = (d * sc.astype(np.float32)).astype(np.float32)
+    low = (dmin * m.astype(np.float32)).astype(np.float32)
+    return step.reshape(blocks.shape[0], -1), low.reshape(blocks.shape[0], -1)
+
+
+def dequantize_q4k(blocks: np.ndarray, n_in: int) -> np.ndarray:
+    """float32 [out, n_in]: (d sc_j) * q - (dmin m_j), in fp32."""
+    step, low = q4k_sub_scales(blocks)
+    q = q4k_codes(blocks, blocks.shape[1] * QK_K).astype(np.float32)
+    q = q.reshape(blocks.shape[0], -1, QK_K_SUB)
+    w = (q * step[..., None]).astype(np.float32) - low[..., None]
+    return w.reshape(blocks.shape[0], -1)[:, :n_in].astype(np.float32)
+
+
+def _q4k_padded(w_t: np.ndarray) -> np.ndarray:
+    """w_t [out, in] as zero-padded sub-blocks [out, nsb * 8, 32] (float32)."""
+    w_t = np.asarray(w_t, dtype=np.float32)
+    n_out, n_in = w_t.shape
+    padded = np.zeros((n_out, q4k_blocks(n_in) * QK_K), dtype=np.float32)
+    padded[:, :n_in] = w_t
+    return padded.reshape(n_out, -1, QK_K_SUB)
+
+
+def _q4k_fit(
+    g: np.ndarray, a: np.ndarray, codes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The weighted least-squares (s >= 0, m >= 0) of g ~ s codes - m per group [..., 32], and
+    its objective: (s, m, err) float64."""
+    g64 = g.astype(np.float64)
+    a64 = a.astype(np.float64)
+    sw = a64.sum(-1)
+    sl = np.einsum("...k,...k->...", a64, codes)
+    sll = np.einsum("...k,...k->...", a64, codes * codes)
+    sx = np.einsum("...k,...k->...", a64, g64)
+    slx = np.einsum("...k,...k->...", a64 * codes, g64)
+    det = sw * sll - sl * sl
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(det > 0, (sw * slx - sl * sx) / np.where(det > 0, det, 1), 0.0)
+        b = np.where(det > 0, (sll * sx - sl * slx) / np.where(det > 0, det, 1), 0.0)
+        # the minimum must be >= 0 (b = -m <= 0): else the fit through the origin
+        alone = np.where(sll > 0, slx / np.where(sll > 0, sll, 1), 0.0)
+    pos = b > 0
+    s = np.where(pos, alone, s)
+    b = np.where(pos, 0.0, b)
+    s = np.maximum(s, 0.0)
+    err = np.einsum("...k,...k->...", a64, (s[..., None] * codes + b[..., None] - g64) ** 2)
+    return s, -b, err
+
+
+def _q4k_sub_search(
+    g: np.ndarray, a: np.ndarray, search: str, top: int = Q4K_CODE_MAX
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (s, m) float64 [...] of each sub-block g [..., 32] (weights a) for codes 0..top: the
+    plain range, then (search "mse") the grid of inverse scales, each refitted (module
+    comment)."""
+    lo = np.minimum(g.min(-1), 0).astype(np.float64)
+    hi = g.max(-1).astype(np.float64)
+    rng = hi - lo
+    s = rng / top
+    m = -lo
+    if search == "none":
+        return s, m
+    safe = np.where(rng > 0, rng, 1.0)
+    shifted = g.astype(np.float64) - lo[..., None]
+    codes = np.clip(np.rint(shifted / np.where(s > 0, s, 1.0)[..., None]), 0, top)
+    d = s[..., None] * codes - m[..., None] - g
+    err = np.einsum("...k,...k->...", a.astype(np.float64), d * d)
+    for k in range(-Q4K_STEPS, Q4K_STEPS + 1):
+        inv = (top + k * Q4K_STEP) / safe
+        codes = np.clip(np.rint(shifted * inv[..., None]), 0, top)
+        s2, m2, e2 = _q4k_fit(g, a, codes)
+        better = (e2 < err) & (rng > 0)
+        s, m, err = np.where(better, s2, s), np.where(better, m2, m), np.where(better, e2, err)
+    return s, m
+
+
+def _q4k_six_bit(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per super-block: (fp16 bits [...], 6-bit values [..., 8]) of v [..., 8] >= 0:
+    D = fp16(max / 63), q = clamp(roundf(v / D), 0, 63) (0 where D is 0)."""
+    top = v.max(-1)
+    d16 = (top / Q4K_SCALE_MAX).astype(np.float32).astype(np.float16)
+    d = d16.astype(np.float32).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = round_half_away(v / np.where(d > 0, d, 1.0)[..., None])
+    q = np.where(d[..., None] > 0, np.clip(q, 0, Q4K_SCALE_MAX), 0)
+    return d16.view(np.uint16), q.astype(np.uint8)
+
+
+def q4k_blocks_with_scales(
+    w_t: np.ndarray, s: np.ndarray, m: np.ndarray, bits: int = 4
+) -> np.ndarray:
+    """BLOCK_Q4K_DTYPE [out, nsb] of w_t [out, in] for the sub-block steps s and minimums m
+    [out, nsb * 8] (>= 0): their 6-bit quantisation per super-block, then the nearest codes
+    for the stored step and minimum."""
+    n_out = w_t.shape[0]
+    g = _q4k_padded(w_t)
+    nsb = g.shape[1] // Q4K_SUBS
+    out = np.zeros((n_out, nsb), dtype=KQUANT_DTYPES[bits])
+    top = kquant_code_max(bits)
+    out["d"], sc = _q4k_six_bit(np.asarray(s, np.float64).reshape(n_out, nsb, Q4K_SUBS))
+    out["dmin"], mq = _q4k_six_bit(np.asarray(m, np.float64).reshape(n_out, nsb, Q4K_SUBS))
+    out["scales"] = q4k_pack_scales(sc, mq)
+    step, low = q4k_sub_scales(out)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = round_half_away((g + low[..., None]) / np.where(step > 0, step, 1)[..., None])
+    v = np.where(step[..., None] > 0, np.clip(v, 0, top), 0).astype(np.uint8)
+    v = v.reshape(n_out, nsb, Q4K_SUBS, QK_K_SUB)
+    qs = (v[..., :16] & 0x0F) | ((v[..., 16:] & 0x0F) << 4)
+    if bits == 5:  # the fifth bits: bit k of the little-endian word of 4 more bytes
+        hi = ((v >> 4) & 1).astype(np.uint32) << np.arange(QK_K_SUB, dtype=np.uint32)
+        word = hi.sum(axis=-1, dtype=np.uint32)
+        hb = np.stack([(word >> (8 * i)) & 0xFF for i in range(4)], axis=-1).astype(np.uint8)
+        qs = np.concatenate([qs, hb], axis=-1)
+    out["qs"] = qs.reshape(n_out, nsb, -1)
+    return out
+
+
+def quantize_q4k(
+    w_t: np.ndarray,
+    importance: np.ndarray | None = None,
+    search: str = DEFAULT_SCALE_SEARCH,
+    bits: int = 4,
+) -> np.ndarray:
+    """w_t [out, in] -> BLOCK_Q4K_DTYPE [out, nsb] (module comment: the sub-block search,
+    weighted by importance [in] when given, then the 6-bit scales and the codes)."""
+    w_t = np.asarray(w_t, dtype=np.float32)
+    n_out, n_in = w_t.shape
+    nsb = q4k_blocks(n_in)
+    imp = normalise_importance(importance, n_in, "q4k scale search")
+    flat = np.zeros(nsb * QK_K, np.float32)
+    flat[:n_in] = 1 if imp is None else imp  # padded inputs weigh nothing
+    imp_g = flat.reshape(-1, QK_K_SUB)
+    s = np.zeros((n_out, nsb * Q4K_SUBS))
+    m = np.zeros((n_out, nsb * Q4K_SUBS))
+    rows = max(1, SEARCH_CHUNK // max(1, nsb * QK_K))
+    for r0 in range(0, n_out, rows):
+        g = _q4k_padded(w_t[r0 : r0 + rows])
+        a = _objective_weights(g, imp_g)
+        s[r0 : r0 + rows], m[r0 : r0 + rows] = _q4k_sub_search(g, a, search, kquant_code_max(bits))
+    return q4k_blocks_with_scales(w_t, s, m, bits)
+
+
 # -- stored layouts ----------------------------------------------------------------------------
 
 #: Output rows per group and inputs per chunk of layout ``r4`` (colibri_qinline.h R4).
@@ -611,7 +893,8 @@ class QuantTensor:
     scheme: str
     n_out: int
     n_in: int
-    data: np.ndarray  # fp32 [out,in] | uint16 [out,in] | int8 [out,in] | BLOCK_Q4 [out,nb]
+    #: fp32 [out,in] | uint16 [out,in] | int8 [out,in] | BLOCK_Q4 [out,nb] | BLOCK_Q4K [out,nsb]
+    data: np.ndarray
     #: int8: float32 [out] (one scale per output channel), or [out, ceil(in / 32)] (one per
     #: block of 32 inputs: the dense matrices of --dense-quant int8, see quantize_matrix)
     scale: np.ndarray | None = None
@@ -628,6 +911,8 @@ class QuantTensor:
         if self.scheme == "int8":
             assert self.scale is not None
             return q8_channel_dtype(self.n_out, self.n_in, self.scale.size).itemsize
+        if self.scheme in KQUANT_BITS:
+            return self.n_out * q4k_row_bytes(self.n_in, KQUANT_BITS[self.scheme])
         return int(self.data.nbytes)
 
     def dequantize(self) -> np.ndarray:
@@ -642,6 +927,8 @@ class QuantTensor:
                 per = np.repeat(self.scale, QK8, axis=1)[:, : self.n_in]
                 return (self.data.astype(np.float32) * per).astype(np.float32)
             return dequantize_int8(self.data, self.scale)
+        if self.scheme in KQUANT_BITS:
+            return dequantize_q4k(self.data, self.n_in)
         return dequantize_int4(self.data, self.n_in)
 
     def roundtrip_bound(self, w_t: np.ndarray) -> np.ndarray:
@@ -654,6 +941,14 @@ class QuantTensor:
             return np.maximum(FP16_REL_BOUND * np.abs(w_t), FP16_ABS_BOUND) + ulp
         # Nearest codes: half a step, or for a weight beyond the largest code (a searched
         # scale may clip) its distance to that code's value.
+        if self.scheme in KQUANT_BITS:
+            kmax = kquant_code_max(KQUANT_BITS[self.scheme])
+            step, low = q4k_sub_scales(self.data)
+            st = np.repeat(step.astype(np.float64), QK_K_SUB, axis=1)[:, : self.n_in]
+            lo = np.repeat(low.astype(np.float64), QK_K_SUB, axis=1)[:, : self.n_in]
+            w64 = w_t.astype(np.float64)
+            out = np.maximum(np.maximum(-lo - w64, w64 - (kmax * st - lo)), 0)
+            return np.maximum(QUANT_STEP_FRACTION * st, out) * (1 + 1e-6) + 2 * ulp
         if self.scheme == "int8":
             assert self.scale is not None
             if self.blocked:
@@ -689,6 +984,15 @@ def divide_rows(t: QuantTensor, s: np.ndarray) -> QuantTensor | None:
         out = t.data.copy()
         out["d"] = d16.view(np.uint16)
         return QuantTensor("int4", t.n_out, t.n_in, out)
+    if t.scheme in KQUANT_BITS:
+        out = t.data.copy()
+        for f in ("d", "dmin"):
+            v = f16_to_f32(t.data[f]) / s[:, None]
+            v16 = v.astype(np.float16)
+            if not np.all(np.abs(v) <= FP16_MAX) or np.any((v16 == 0) & (v != 0)):
+                return None
+            out[f] = v16.view(np.uint16)
+        return QuantTensor(t.scheme, t.n_out, t.n_in, out)
     w = t.dequantize() / s[:, None]
     if t.scheme == "fp16" and not np.all(np.abs(w) <= FP16_MAX):
         return None
@@ -738,6 +1042,9 @@ def quantize_matrix(
             return QuantTensor(scheme, n_out, n_in, quantize_int4_blocks(w_t))
         d16 = search_int4_scales(w_t, importance)
         return QuantTensor(scheme, n_out, n_in, int4_blocks_with_scales(w_t, d16))
+    if scheme in KQUANT_BITS:
+        data = quantize_q4k(w_t, importance, search, KQUANT_BITS[scheme])
+        return QuantTensor(scheme, n_out, n_in, data)
     raise ConfigError(f"unknown scheme '{scheme}'; supported: {', '.join(SCHEMES)}")
 
 
@@ -849,6 +1156,12 @@ def make_plan(
     acts = [
         "fp32" if s in ("fp32", "fp16") else (act or DEFAULT_ACT[s]) for s in schemes
     ]  # fp16 has no integer kernel
+    for s, a in zip(schemes, acts):
+        if s in INT8_ACT_ONLY and a != "int8":
+            raise ConfigError(
+                f"--act {a}: {s} experts have int8-activation kernels only; drop --act or "
+                f"pass --act int8"
+            )
     return QuantPlan(schemes, acts)
 
 
@@ -923,6 +1236,9 @@ def expert_matrix_bytes(d_model: int, d_ff: int, gated: bool, scheme: str) -> in
         return (n_in_d * d_ff * q4_blocks(d_model) + d_model * q4_blocks(d_ff)) * (
             BLOCK_Q4_DTYPE.itemsize
         )
+    if scheme in KQUANT_BITS:
+        bits = KQUANT_BITS[scheme]
+        return n_in_d * d_ff * q4k_row_bytes(d_model, bits) + d_model * q4k_row_bytes(d_ff, bits)
     width = {"fp32": 4, "fp16": 2, "int8": 1}[check_scheme(scheme)]
     if scheme == "int8":
         return (
