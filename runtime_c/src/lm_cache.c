@@ -12,6 +12,18 @@
 
 #include "lm_internal.h"
 
+/* Drop a blob's pages from the mapping (read only, never written: they come back from the
+ * file if touched again), so they leave the process's resident set. */
+void clb_lm_drop_pages(const unsigned char *p, uint64_t len)
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || len == 0u) {
+        return;
+    }
+    const uintptr_t a = (uintptr_t)p & ~((uintptr_t)page - 1u);
+    (void)madvise((void *)a, (size_t)((uintptr_t)p + len - a), MADV_DONTNEED);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Routed experts beyond RAM: slots filled with pread, LRU, prefetch (expert_ram_budget > 0)  */
 

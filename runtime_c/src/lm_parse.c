@@ -457,18 +457,6 @@ static colibri_status bind_layer(lm_ctx *c, colibri_lm_t *lm, uint32_t l, const 
     return COLIBRI_OK;
 }
 
-/* Drop a blob's pages from the mapping (read only, never written: they come back from the
- * file if touched again), so they leave the process's resident set. */
-void clb_lm_drop_pages(const unsigned char *p, uint64_t len)
-{
-    const long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0 || len == 0u) {
-        return;
-    }
-    const uintptr_t a = (uintptr_t)p & ~((uintptr_t)page - 1u);
-    (void)madvise((void *)a, (size_t)((uintptr_t)p + len - a), MADV_DONTNEED);
-}
-
 /* CRC-32 and NaN / Inf checks; drop_experts (a RAM budget): each routed expert's blob leaves
  * the resident set once checked, so the checks' peak stays the dense weights plus one blob. */
 static colibri_status integrity(const unsigned char *base, const lm_entry *entries, uint32_t n,
