@@ -575,6 +575,19 @@ def render_sweep(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ready_board(name: str) -> tuple[Board | None, str]:
+    """The board, or None and why it is skipped (its toolchain or emulator missing; said on
+    stderr)."""
+    board = load_board(name)
+    ok, why = board.can_build()
+    if ok:
+        ok, why = board.can_run()
+    if not ok:
+        print(f"{name}: skipped: {why}", file=sys.stderr, flush=True)
+        return None, why
+    return board, ""
+
+
 def sweep_label(shape: dict[str, Any], experts: int) -> str:
     return f"{shape_label(shape)} e{experts}"
 
@@ -591,12 +604,8 @@ def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
     cases: list[dict[str, Any]] = []
     report["sweep"] = {"n": a.sweep, "seed": a.seed, "shapes": shapes, "cases": cases}
     for name in a.board or SWEEP_BOARDS:
-        board = load_board(name)
-        ok, why = board.can_build()
-        if ok:
-            ok, why = board.can_run()
-        if not ok:
-            print(f"{name}: skipped: {why}", file=sys.stderr, flush=True)
+        board, why = ready_board(name)
+        if board is None:
             cases.append({"board": name, "scheme": "*", "label": "*", "skipped": why})
             continue
         for scheme in a.scheme or SCHEMES:
@@ -730,12 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         work = Path(a.workdir) / ("tiny" if a.tiny else "full")
     for name in a.board or BOARDS:
-        board = load_board(name)
-        ok, why = board.can_build()
-        if ok:
-            ok, why = board.can_run()
-        if not ok:
-            print(f"{name}: skipped: {why}", file=sys.stderr, flush=True)
+        board, why = ready_board(name)
+        if board is None:
             report["boards"][name] = {"skipped": why}
             continue
         entry: dict[str, Any] = {

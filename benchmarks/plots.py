@@ -54,6 +54,36 @@ def _save(plt: Any, fig: Any, json_path: str | os.PathLike[str]) -> Path:
     return out
 
 
+def _figure(json_path: str | os.PathLike[str]) -> tuple[Any, Any, Any] | None:
+    """(pyplot, figure, axes) of a new plot, or None (said) when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        _skipped(json_path)
+        return None
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    return plt, fig, ax
+
+
+def _finish(
+    plt: Any,
+    fig: Any,
+    ax: Any,
+    json_path: str | os.PathLike[str],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    legend: bool,
+) -> Path:
+    """Title, axis labels, a light grid and (several series) the legend; then saved."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7)
+    return _save(plt, fig, json_path)
+
+
 def line_plot(
     json_path: str | os.PathLike[str],
     x: Sequence[float],
@@ -64,23 +94,16 @@ def line_plot(
     ylabel: str,
 ) -> Path | None:
     """Lines of `series` over `x`, each point marked and the last one labelled with its value."""
-    plt = pyplot()
-    if plt is None:
-        _skipped(json_path)
+    fig_ax = _figure(json_path)
+    if fig_ax is None:
         return None
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    plt, fig, ax = fig_ax
     for name, ys in series.items():
         ax.plot(list(x)[: len(ys)], list(ys), marker="o", label=name)
         if ys:
             ax.annotate(f"{ys[-1]:g}", (list(x)[len(ys) - 1], ys[-1]), textcoords="offset points",
                         xytext=(4, 4))  # fmt: skip
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    if len(series) > 1:
-        ax.legend()
-    return _save(plt, fig, json_path)
+    return _finish(plt, fig, ax, json_path, title, xlabel, ylabel, len(series) > 1)
 
 
 def bar_plot(
@@ -95,11 +118,10 @@ def bar_plot(
 ) -> Path | None:
     """Grouped bars (one group per label, one bar per series) with an optional horizontal
     limit line (a budget)."""
-    plt = pyplot()
-    if plt is None:
-        _skipped(json_path)
+    fig_ax = _figure(json_path)
+    if fig_ax is None:
         return None
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    plt, fig, ax = fig_ax
     n = max(len(series), 1)
     width = 0.8 / n
     for i, (name, ys) in enumerate(series.items()):
@@ -126,19 +148,12 @@ def scatter_plot(
     logx: bool = True,
 ) -> Path | None:
     """Points (x, y) of each series, a marker each (log x by default): a sweep's cases."""
-    plt = pyplot()
-    if plt is None:
-        _skipped(json_path)
+    fig_ax = _figure(json_path)
+    if fig_ax is None:
         return None
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    plt, fig, ax = fig_ax
     for name, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), marker="o", linestyle="none", label=name)
     if logx:
         ax.set_xscale("log")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    if len(series) > 1:
-        ax.legend(fontsize=7)
-    return _save(plt, fig, json_path)
+    return _finish(plt, fig, ax, json_path, title, xlabel, ylabel, len(series) > 1)
