@@ -87,7 +87,8 @@ def plan(
             raise ConfigError(
                 f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {n}"
             )
-        return plan_transformer(model.decoder, n, transformer_act_q(model.decoder, q))
+        act_q = transformer_act_q(model.decoder, q, board.isa)
+        return plan_transformer(model.decoder, n, act_q)
     layer = model.layer
     if options.cache not in CACHE_POLICIES:
         raise ConfigError(
@@ -136,11 +137,19 @@ def plan(
     return LayerPlan(memory, placements, n_slots, floats)
 
 
-def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
+def transformer_act_q(model: MoETransformer, q: TransformerQuant | None, isa: str = "") -> int:
     """Values of the int8 row that quantised matrices with int8 activations need: the widest
-    input they quantise (expert / FFN inputs and hidden rows, attention inputs); 0 for none."""
+    input they quantise (expert / FFN inputs and hidden rows, attention inputs; an expert's or
+    FFN's padded to the stored row width of its layouts on `isa`, colibri.quant.layouts); 0
+    for none."""
     if q is None:
         return 0
+    d = model.config.d_model
+    padded = [
+        act_row_width(isa, e.scheme, e.act, d, int(e.w1.n_out))
+        for qe in [*q.experts.values(), q.dense_ffn]
+        for e in qe.values()
+    ]
     experts = [
         i
         for i, layer in enumerate(model.layers)
@@ -150,7 +159,8 @@ def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
     ]
     dense = q.dense_scheme != "fp32"
     ffns = [i for i, f in q.dense_ffn.items() if dense and f.act == "int8"]
-    return _act_q_values(model, experts, ffns, dense and q.dense_act == "int8")
+    plain = _act_q_values(model, experts, ffns, dense and q.dense_act == "int8")
+    return max([plain, *padded]) if plain else 0
 
 
 def transformer_act_q_for(model: MoETransformer, quant: str, dense: str) -> int:

@@ -14,7 +14,7 @@ choice in the manifest (``weight_layouts``).
 
 from __future__ import annotations
 
-from .formats import R4_ROWS, c8_fits, stored_width
+from .formats import R4_ROWS, c8_fits, r4_fits, r4p_fits, stored_width
 
 #: Board ISAs (boards/*.toml ``isa``) whose int8 x int8 expert kernels read layout r4
 #: (colibri_qinline.h): the Cortex-M4 / M7 DSP extension and Helium.
@@ -34,10 +34,11 @@ C8_ISAS = ("armv7em_dsp", "mve")
 
 
 def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[str, str]:
-    """Stored layout of each weight part of an expert kind on a core: r4 / r4p (int8 weights)
-    or q4r4 (int4 weights) where the core's kernel reads four rows at once (int8 activations)
-    and the matrix has at least four rows (any n_in: its rows padded to whole chunks), c8
-    (fp16 weights) where it converts eight outputs' weights at once and the shape allows."""
+    """Stored layout of each weight part of an expert kind on a core: r4 / r4p (int8 weights,
+    :func:`_int8_layout`) or q4r4 (int4 weights) where the core's kernel reads four rows at
+    once (int8 activations) and the matrix has at least four rows (any n_in: its rows padded
+    to whole chunks), c8 (fp16 weights) where it converts eight outputs' weights at once and
+    the shape allows."""
     if isa in F16C8_ISAS and scheme == "fp16":
         up16 = "c8" if c8_fits(d_ff, d_model) else "rows"
         down16 = "c8" if c8_fits(d_model, d_ff) else "rows"
@@ -47,16 +48,20 @@ def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[st
         down4 = "q4r4" if d_model >= R4_ROWS else "rows"
         return {"w1": up4, "w3": up4, "w2": down4}
     fast = isa in R4_ISAS and scheme == "int8" and act == "int8"
-    up = _int8_layout(isa, fast, d_ff)
-    down = _int8_layout(isa, fast, d_model)
+    up = _int8_layout(isa, fast, d_ff, d_model)
+    down = _int8_layout(isa, fast, d_model, d_ff)
     return {"w1": up, "w3": up, "w2": down}
 
 
-def _int8_layout(isa: str, fast: bool, n_out: int) -> str:
-    """r4p, r4 or rows for an int8 x int8 matrix of n_out rows on a core (see layouts)."""
+def _int8_layout(isa: str, fast: bool, n_out: int, n_in: int) -> str:
+    """r4p, r4 or rows for an int8 x int8 matrix [n_out, n_in] on a core (see layouts): on the
+    R4P cores r4 where n_in is whole chunks of 16 but not blocks of 32 (unpadded), else r4p
+    (padded to blocks of 32 where it is not whole ones)."""
     if not fast or n_out < R4_ROWS:
         return "rows"
-    return "r4p" if isa in R4P_ISAS else "r4"
+    if isa in R4P_ISAS and not (r4_fits(n_out, n_in) and not r4p_fits(n_out, n_in)):
+        return "r4p"
+    return "r4"
 
 
 def fp32_layouts(isa: str, d_model: int, d_ff: int) -> dict[str, str]:
