@@ -14,7 +14,7 @@ choice in the manifest (``weight_layouts``).
 
 from __future__ import annotations
 
-from .formats import R4_ROWS, c8_fits, r4_fits, r4p_fits, stored_width
+from .formats import R4_CHUNK, R4_ROWS, c8_fits, stored_width
 
 #: Board ISAs (boards/*.toml ``isa``) whose int8 x int8 expert kernels read layout r4
 #: (colibri_qinline.h): the Cortex-M4 / M7 DSP extension and Helium.
@@ -55,13 +55,12 @@ def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[st
 
 def _int8_layout(isa: str, fast: bool, n_out: int, n_in: int) -> str:
     """r4p, r4 or rows for an int8 x int8 matrix [n_out, n_in] on a core (see layouts): on the
-    R4P cores r4 where n_in is whole chunks of 16 but not blocks of 32 (unpadded), else r4p
-    (padded to blocks of 32 where it is not whole ones)."""
+    R4P cores r4p (padded to blocks of 32 where n_in is not whole ones), but r4 for n_in of
+    at most one chunk of 16 (r4p would pad it to twice its width or more); r4 on the others
+    (padded to chunks of 16)."""
     if not fast or n_out < R4_ROWS:
         return "rows"
-    if isa in R4P_ISAS and not (r4_fits(n_out, n_in) and not r4p_fits(n_out, n_in)):
-        return "r4p"
-    return "r4"
+    return "r4p" if isa in R4P_ISAS and n_in > R4_CHUNK else "r4"
 
 
 def fp32_layouts(isa: str, d_model: int, d_ff: int) -> dict[str, str]:
