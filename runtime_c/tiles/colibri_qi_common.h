@@ -220,6 +220,22 @@ COLIBRI_QI_INLINE void colibri_qi_quantize_row(const float *x, int8_t *xq, float
 #endif
 }
 
+/**
+ * @brief colibri_qi_quantize_row of the n values at x, then width - n zero codes after the n
+ *        codes: the activation row of matrices whose rows are stored padded to width inputs with
+ *        zero columns (layouts r4 / r4p / q4r4, colibri/quant/layouts.py). The zero codes add
+ *        nothing to a block's integer sum and no block scale sees them (sx as for n values), so
+ *        a kernel run over width inputs gives the bits of the n-input matvec.
+ */
+COLIBRI_QI_INLINE void colibri_qi_quantize_row_pad(const float *x, int8_t *xq, float *sx, int32_t n,
+                                                   int32_t width)
+{
+    colibri_qi_quantize_row(x, xq, sx, n);
+    for (int32_t j = n; j < width; j++) {
+        xq[j] = 0;
+    }
+}
+
 #ifdef __cplusplus
 }
 #endif

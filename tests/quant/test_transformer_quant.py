@@ -474,8 +474,11 @@ def test_c_int8_on_cortex_m7(tmp_path: Path, arch: str, arch_ckpts: dict[str, Pa
         manifest_saved = render_lm(ours, "cortex-m7", arch, MAX_CONTEXT, "int8")[1]
         expected = manifest_saved["quantization"]["bytes_saved"]
         assert 0.9 * expected < saved < 1.1 * expected
-        # RAM barely moves: + the act_q row, - the fp32 expert pointer tables (.data).
-        assert abs(small.ram_used - big.ram_used) < 1024
+        # RAM barely moves: + the act_q row, - the fp32 expert pointer tables (.data). The
+        # stack and its guard are sized by the deepest path and largest frames
+        # (colibri/targets/stack.py): the int8 experts' r4p kernels (w2's 24 inputs padded to
+        # 32) keep activation pairs on the stack, so the stack is compared apart.
+        assert abs(_ram_but_stack(small) - _ram_but_stack(big)) < 1024
 
 
 # -- generation options, budget, CLI -----------------------------------------------------------
@@ -610,10 +613,24 @@ def test_c_dense_quant_on_cortex_m7(tmp_path: Path, arch_ckpts: dict[str, Path])
     experts, man_e = generate_lm(
         ours, tmp_path / "experts", "cortex-m7", "lm", MAX_CONTEXT, quant="int8"
     )
-    saved = size_report(experts, "cortex-m7").flash_used - size_report(gen, "cortex-m7").flash_used
+    # the weights (all but the code: the int8 dense FFN runs its own kernel kind, layout r4p
+    # with its 20 hidden inputs padded to 32, whose code the fp32 one did not need)
+    saved = _flash_but_code(size_report(experts, "cortex-m7")) - _flash_but_code(
+        size_report(gen, "cortex-m7")
+    )
     expected = man_e["memory"]["weight_bytes"] - man["memory"]["weight_bytes"]
     print(f"\n--dense-quant int8 saves {saved} bytes of flash (manifest: {expected})")
     assert 0.9 * expected < saved < 1.1 * expected
+
+
+def _flash_but_code(rep: Any) -> int:
+    """Flash bytes of a size report but its code (.text)."""
+    return int(rep.flash_used) - sum(s["size"] for s in rep.sections if s["name"] == ".text")
+
+
+def _ram_but_stack(rep: Any) -> int:
+    """RAM bytes of a size report but the stack region (stack, its guard: .stack)."""
+    return int(rep.ram_used) - sum(s["size"] for s in rep.sections if s["name"] == ".stack")
 
 
 def test_budget_hint_names_dense_quant(tmp_path: Path) -> None:

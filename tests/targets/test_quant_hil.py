@@ -51,10 +51,12 @@ def test_scheme_on_board_matches_reference(
 
 
 def _int8_layout(board: str, n_out: int, n_in: int) -> str:
-    """The layout the emitter picks for an int8 x int8 matrix [n_out, n_in] on `board`."""
-    if board in ("cortex-m4", "cortex-m7") and n_in % 32 == 0:
-        return "r4p"
-    return "r4" if board != "host" and n_in % 16 == 0 else "rows"
+    """The layout the emitter picks for an int8 x int8 matrix [n_out, n_in] (n_out >= 4) on
+    `board`: the M4 / M7 r4p (padded to blocks of 32) but r4 for n_in <= 16; the M55 r4
+    (padded to chunks of 16); the host rows."""
+    if board == "host":
+        return "rows"
+    return "r4p" if board in ("cortex-m4", "cortex-m7") and n_in > 16 else "r4"
 
 
 @pytest.mark.parametrize("dims", [(32, 48), (64, 98), (64, 288)])
@@ -63,13 +65,14 @@ def _int8_layout(board: str, n_out: int, n_in: int) -> str:
 def test_r4_experts_equal_the_host_bit_for_bit(
     board: str, activation: str, dims: tuple[int, int], tmp_path: Path
 ) -> None:
-    """int8 experts whose shapes allow layout r4 (whole chunks of 16 inputs) are stored four
-    rows interleaved on the DSP / Helium cores, in layout r4p on the M4 / M7 where the inputs
-    are whole blocks of 32, and run by colibri_qinline.h's kernels: the manifest records the
+    """int8 experts are stored four rows interleaved on the DSP / Helium cores (layout r4 on
+    the M55, r4p on the M4 / M7), their rows padded with zero codes to whole chunks of 16 (r4)
+    or blocks of 32 (r4p) and read by colibri_qinline.h's kernels: the manifest records the
     layouts, the outputs equal the host's (row-major weights, one row at a time) bit for bit,
-    and both match the quantised reference. d_model 32 / d_ff 48: w1 r4p, w2 r4 on the M4 / M7;
-    64 / 98: w1 r4p with a tail of 2 rows, w2 rows; 64 / 288: w2 r4p over two chunks of
-    inputs (COLIBRI_QI_R4P_CHUNK)."""
+    and both match the quantised reference. d_model 32 / d_ff 48: w1 r4p, w2 r4p with its 48
+    inputs padded to 64 on the M4 / M7; 64 / 98: w1 r4p with a tail of 2 rows, w2's 98 inputs
+    padded (r4p: to 128, r4: to 112) and its hidden rows with zero codes; 64 / 288: w2 r4p
+    over two chunks of inputs (COLIBRI_QI_R4P_CHUNK)."""
     require_board(board)
     require_board("host")
     d_model, d_ff = dims
@@ -99,9 +102,11 @@ def test_int4_experts_equal_the_host_bit_for_bit(
     """int4 experts (int8 activations) on the DSP / Helium cores run colibri_qinline_q4.h's
     four-rows-per-pass kernels: the outputs equal the host's (the library, one row at a time,
     plain blocks) bit for bit, and both match the quantised reference. d_model 40 / d_ff 50:
-    partial last blocks and a tail of rows after the groups of four, plain blocks everywhere;
-    d_model 64 / d_ff 38: on the M4 / M7 w1 and w3 (whole blocks) in layout q4r4 with a tail
-    of 2 rows, w2 plain with a partial block (the manifest records the layouts)."""
+    partial last blocks and a tail of rows after the groups of four; d_model 64 / d_ff 38:
+    w1 and w3 (whole blocks) with a tail of 2 rows, w2 with a partial block. On the M4 / M7
+    every matrix is in layout q4r4 (a partial last block read whole: its weights are zero
+    beyond n_in and the activation row is padded with zero codes), on the M55 plain blocks
+    (the manifest records the layouts)."""
     require_board(board)
     require_board("host")
     d_model, d_ff = dims
@@ -111,8 +116,8 @@ def test_int4_experts_equal_the_host_bit_for_bit(
     for b in ("host", board):
         opts = GenerateOptions(board=b, name="r", max_tokens=8, quant="int4")
         gen, manifest = generate(layer, tmp_path / b, opts)
-        up = "q4r4" if b in ("cortex-m4", "cortex-m7") and d_model % 32 == 0 else "rows"
-        assert manifest["weight_layouts"] == {"r_ffn_int4_int8": {"w1": up, "w3": up, "w2": "rows"}}
+        lay = "q4r4" if b in ("cortex-m4", "cortex-m7") else "rows"
+        assert manifest["weight_layouts"] == {"r_ffn_int4_int8": {"w1": lay, "w3": lay, "w2": lay}}
         outs[b], _ = run_model(gen, b, x)
     np.testing.assert_array_equal(outs[board].expert_ids, outs["host"].expert_ids)
     np.testing.assert_array_equal(outs[board].output, outs["host"].output)

@@ -10,7 +10,12 @@ regenerate.
 Before the fix of issue 40, a Cortex-M55 int8 layer whose R4 matrices have one group of four
 rows and one and a half blocks of inputs (d_model 48, d_ff 4 or 5: ISSUE_40_CASES) did not
 compile: the Helium two-token block (colibri_qi_r4_block2) asked for 8 even core registers in
-one asm statement while the low-overhead loop around it held LR."""
+one asm statement while the low-overhead loop around it held LR.
+
+Every int8 case on the M4 / M7 / M55 and int4 case on the M4 / M7 (int8 activations) records a
+fast layout (r4 / r4p / q4r4), never "rows", in its manifest: inputs that are no whole number
+of the layout's chunks are padded with zero columns inside it (TAIL_CASES adds such shapes,
+the issue's 200 x 328 among them)."""
 
 from __future__ import annotations
 
@@ -104,6 +109,30 @@ def family(seed: int = SEED) -> list[Case]:
 ISSUE_40_CASES = [Case("cortex-m55", 48, d_ff, 4, 2, "relu", "int8") for d_ff in (4, 5)]
 
 
+#: Tails inside the fast layouts (issue 40 item 1): int8 / int4 shapes whose n_in is no whole
+#: number of the layout's chunks (r4 16, r4p and q4r4 32), stored with zero columns up to it;
+#: 200 x 328 is the issue's named shape, 19 x 45 pads w1's inputs by two thirds.
+TAIL_CASES = [
+    Case("cortex-m4", 200, 328, 2, 1, "relu", "int8"),
+    Case("cortex-m4", 19, 45, 4, 2, "swiglu", "int8"),
+    Case("cortex-m7", 50, 70, 5, 2, "gelu", "int8"),
+    Case("cortex-m55", 200, 328, 2, 1, "relu", "int8"),
+    Case("cortex-m55", 19, 45, 4, 2, "swiglu", "int8"),
+    Case("cortex-m4", 50, 70, 4, 2, "swiglu", "int4"),
+    Case("cortex-m7", 200, 47, 4, 1, "relu", "int4"),
+]
+
+#: The layouts a board's kernels read for a scheme (int8 activations) at every shape with at
+#: least 4 rows per matrix: never the generic "rows" (colibri/quant/layouts.py).
+FAST_LAYOUTS = {
+    ("cortex-m4", "int8"): {"r4p", "r4"},
+    ("cortex-m7", "int8"): {"r4p", "r4"},
+    ("cortex-m55", "int8"): {"r4"},
+    ("cortex-m4", "int4"): {"q4r4"},
+    ("cortex-m7", "int4"): {"q4r4"},
+}
+
+
 def test_family_covers_the_shape_kinds() -> None:
     """The drawn family has, on each board, every scheme, and d_model odd, a multiple of 16 not
     of 32 and a multiple of 32; both top-k and every activation appear."""
@@ -120,7 +149,7 @@ def test_family_covers_the_shape_kinds() -> None:
     assert {c.act for c in cases} == set(ACTIVATIONS)
 
 
-@pytest.mark.parametrize("case", family() + ISSUE_40_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", family() + ISSUE_40_CASES + TAIL_CASES, ids=lambda c: c.id)
 def test_case_generates_compiles_and_equals_the_mirror(case: Case, tmp_path: Path) -> None:
     require_board(case.board)
     layer = make_toy(
@@ -128,7 +157,12 @@ def test_case_generates_compiles_and_equals_the_mirror(case: Case, tmp_path: Pat
     )
     x = np.random.default_rng(SEED).standard_normal((TOKENS, case.d_model)).astype(np.float32)
     opts = GenerateOptions(board=case.board, name="f", max_tokens=MAX_TOKENS, quant=case.scheme)
-    generate(layer, tmp_path / "gen", opts)
+    _, manifest = generate(layer, tmp_path / "gen", opts)
+    fast = FAST_LAYOUTS.get((case.board, case.scheme))
+    if fast is not None and min(case.d_model, case.d_ff) >= 4:
+        # every matrix in a fast layout, tails padded inside it (the manifest records which)
+        for kind, lay in manifest["weight_layouts"].items():
+            assert set(lay.values()) <= fast, f"{case.id}: {kind} {lay}"
     out, _ = run_model(tmp_path / "gen", case.board, x)
     plan = make_plan(case.experts, case.scheme, None, None)
     ref, rq = quant_moe_forward(layer, quantize_layer(layer, plan), x)

@@ -21,49 +21,20 @@ from typing import Any
 import numpy as np
 
 from ..ir.moe import Expert
-from ..quant.formats import QuantExpert, QuantTensor, c8_fits, q4r4_fits, r4_fits, r4p_fits
+from ..quant.formats import QuantExpert, QuantTensor
+from ..quant.layouts import (  # noqa: F401 (the layout stage's names, as emit/ knew them)
+    C8_ISAS,
+    F16C8_ISAS,
+    Q4R4_ISAS,
+    R4_ISAS,
+    R4P_ISAS,
+    fp32_layouts,
+    input_widths,
+    layouts,
+)
 
 #: Parts of an expert in the order of the kernels' parameters.
 PARTS = ("w1", "b1", "w2", "b2", "w3")
-#: Board ISAs (boards/*.toml ``isa``) whose int8 x int8 expert kernels read layout r4
-#: (colibri_qinline.h): the Cortex-M4 / M7 DSP extension and Helium.
-R4_ISAS = ("armv7em_dsp", "mve")
-#: Of those, the ISAs whose kernels read layout r4p instead where n_in is a multiple of 32
-#: (colibri_qinline.h: one SXTB16 per 4 weights instead of two): the Cortex-M4 / M7.
-R4P_ISAS = ("armv7em_dsp",)
-#: Board ISAs whose int4 x int8 expert kernels read layout q4r4 (colibri_qinline_q4.h): the
-#: Cortex-M4 / M7 DSP extension (Helium reads the plain blocks as fast).
-Q4R4_ISAS = ("armv7em_dsp",)
-#: Board ISAs whose fp16 expert kernels read layout c8 (colibri_qinline_f.h colibri_qf_f16_c8):
-#: the Cortex-M4 / M7 FPU converts fp16 by VCVTB / VCVTT (Helium reads the plain rows).
-F16C8_ISAS = ("armv7em_dsp",)
-
-
-def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[str, str]:
-    """Stored layout of each weight part of an expert kind on a core: r4 (int8 weights) or
-    q4r4 (int4 weights) where the core's kernel reads four rows at once (int8 activations),
-    c8 (fp16 weights) where it converts eight outputs' weights at once, and the shape allows."""
-    if isa in F16C8_ISAS and scheme == "fp16":
-        up16 = "c8" if c8_fits(d_ff, d_model) else "rows"
-        down16 = "c8" if c8_fits(d_model, d_ff) else "rows"
-        return {"w1": up16, "w3": up16, "w2": down16}
-    if isa in Q4R4_ISAS and scheme == "int4" and act == "int8":
-        up4 = "q4r4" if q4r4_fits(d_ff, d_model) else "rows"
-        down4 = "q4r4" if q4r4_fits(d_model, d_ff) else "rows"
-        return {"w1": up4, "w3": up4, "w2": down4}
-    fast = isa in R4_ISAS and scheme == "int8" and act == "int8"
-    up = _int8_layout(isa, fast, d_ff, d_model)
-    down = _int8_layout(isa, fast, d_model, d_ff)
-    return {"w1": up, "w3": up, "w2": down}
-
-
-def _int8_layout(isa: str, fast: bool, n_out: int, n_in: int) -> str:
-    """r4p, r4 or rows for an int8 x int8 matrix [n_out, n_in] on a core (see layouts)."""
-    if fast and isa in R4P_ISAS and r4p_fits(n_out, n_in):
-        return "r4p"
-    return "r4" if fast and r4_fits(n_out, n_in) else "rows"
-
-
 #: Board ISAs whose generated transformer packs its int8 / int4 matrices at setup for the CPU's
 #: packed kernels where it has them (colibri_transformer.h colibri_pack_matrices: x86-64 hosts
 #: with AVX-512 VNNI, chosen at run time; elsewhere every packed pointer stays NULL).
@@ -88,25 +59,10 @@ def packed_kernel(k: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: Board ISAs whose fp32 experts read layout c8 with fused multiply-adds (colibri_qinline_f.h):
-#: the Cortex-M4 / M7 single-precision FPU (VFMA, VLDM) and Helium (VFMA by a scalar).
-C8_ISAS = ("armv7em_dsp", "mve")
-
-
 #: Board ISAs whose fp32 experts in the seed layout run their i-outer loops through
 #: colibri_axpy_f32, which x86-64 dispatches by CPUID (AVX2 where the CPU has it; a separate
 #: multiply and add per element in the same order, so the same bits as the plain loop).
 AXPY_ISAS = ("x86_64",)
-
-
-def fp32_layouts(isa: str, d_model: int, d_ff: int) -> dict[str, str]:
-    """Stored layout of each weight part of an fp32 expert on a core: c8 (column blocks of
-    the seed layout, read by colibri_qinline_f.h's dot-form kernels) where the core has a fast
-    path and the shape allows, else the seed layout (``rows``)."""
-    fast = isa in C8_ISAS
-    up = "c8" if fast and c8_fits(d_ff, d_model) else "rows"
-    down = "c8" if fast and c8_fits(d_model, d_ff) else "rows"
-    return {"w1": up, "w3": up, "w2": down}
 
 
 def fp32_expert(e: Expert) -> QuantExpert:
@@ -125,10 +81,14 @@ def with_layout(t: QuantTensor, part: str, kernel: dict[str, Any]) -> QuantTenso
     return replace(t, layout=kernel["layouts"].get(part, "rows"))
 
 
-def weight_types(name: str, scheme: str, d_model: int, d_ff: int) -> tuple[str, str]:
-    """C pointer types of (w1 / w3 [d_ff][d_model], w2 [d_model][d_ff]) in `scheme`."""
+def weight_types(
+    name: str, scheme: str, d_model: int, d_ff: int, widths: tuple[int, int] | None = None
+) -> tuple[str, str]:
+    """C pointer types of (w1 / w3 [d_ff][d_model], w2 [d_model][d_ff]) in `scheme`; widths:
+    their stored row widths where the layouts pad them (:func:`input_widths`)."""
     if scheme == "int8":
-        return f"const {name}_q8_{d_ff}x{d_model}_t *", f"const {name}_q8_{d_model}x{d_ff}_t *"
+        win, wff = widths or (d_model, d_ff)
+        return f"const {name}_q8_{d_ff}x{win}_t *", f"const {name}_q8_{d_model}x{wff}_t *"
     pointer = {
         "fp32": "const float *",
         "fp16": "const uint16_t *",
@@ -139,9 +99,17 @@ def weight_types(name: str, scheme: str, d_model: int, d_ff: int) -> tuple[str, 
     return pointer, pointer
 
 
-def kernel_params(name: str, scheme: str, d_model: int, d_ff: int, bias: bool) -> str:
-    """The weight parameters of an FFN kernel: w1, (b1,) w2, (b2,) w3."""
-    t_in, t_out = weight_types(name, scheme, d_model, d_ff)
+def kernel_params(
+    name: str,
+    scheme: str,
+    d_model: int,
+    d_ff: int,
+    bias: bool,
+    widths: tuple[int, int] | None = None,
+) -> str:
+    """The weight parameters of an FFN kernel: w1, (b1,) w2, (b2,) w3 (widths: as
+    :func:`weight_types`)."""
+    t_in, t_out = weight_types(name, scheme, d_model, d_ff, widths)
     types = {"w1": t_in, "b1": "const float *", "w2": t_out, "b2": "const float *", "w3": t_in}
     return ", ".join(f"{types[p]}{p}" for p in PARTS if bias or p[0] == "w")
 
@@ -169,6 +137,9 @@ def ffn_kernel(
     shared: a lone layer's shared expert (its own d_ff, fp32: ``{name}_shared_ffn``)."""
     fp32 = scheme == "fp32"
     lay = fp32_layouts(isa, d_model, d_ff) if fp32 else layouts(isa, scheme, act, d_model, d_ff)
+    # codes per quantised input / hidden row the matrices read (wider where a layout pads)
+    win, wff = input_widths(lay, d_model, d_ff) if act == "int8" else (d_model, d_ff)
+    widths = {"widths": (win, wff), "pad_in": win != d_model, "pad_ff": wff != d_ff}
     if lone_layer and shared:
         return {
             **ffn_kernel(name, prefix, scheme, act, d_model, d_ff, gated, True, isa, group),
@@ -184,7 +155,7 @@ def ffn_kernel(
             "matvec_in": f"{name}_matvec_in",
             "brief": f"FFN of one {scheme} expert ({act} activations) over n tokens",
             "storage": "static inline",
-            "params": kernel_params(name, scheme, d_model, d_ff, bias=True),
+            "params": kernel_params(name, scheme, d_model, d_ff, True, (win, wff)),
             "scheme": scheme,
             "act": act,
             "gated": gated,
@@ -193,6 +164,9 @@ def ffn_kernel(
             "rows": 2 if gated else 1,
             "f": f"{prefix}_D_FF",
             "f_stride": f"{prefix}_D_FF",
+            "nin": f"{win}" if win != d_model else f"{prefix}_D_MODEL",
+            "nff": f"{wff}" if wff != d_ff else f"{prefix}_D_FF",
+            **widths,
             "d_ff": d_ff,
             "act_q_in_scratch": True,
             "layouts": lay,
@@ -206,7 +180,7 @@ def ffn_kernel(
         "brief": f"SwiGLU FFN of one {scheme} expert ({act} activations, d_ff {d_ff}) over n "
         "tokens",
         "storage": "static",
-        "params": kernel_params(name, scheme, d_model, d_ff, bias=False),
+        "params": kernel_params(name, scheme, d_model, d_ff, False, (win, wff)),
         "scheme": scheme,
         "act": act,
         "gated": True,
@@ -215,6 +189,9 @@ def ffn_kernel(
         "rows": 2,
         "f": str(d_ff),
         "f_stride": f"{d_ff}u",
+        "nin": f"{win}" if win != d_model else f"{prefix}_D_MODEL",
+        "nff": f"{wff}",
+        **widths,
         "d_ff": d_ff,
         "act_q_in_scratch": False,
         "layouts": lay,

@@ -293,11 +293,18 @@ def _layer(
         or shared_ex is not None
         or any(k["gated"] or k["act"] != "int8" or act_name != "relu" for k in kinds.values()),
         "quantised": quantised,
-        "kernel_params": {
-            s["ffn"]: kernel_params(name, s["scheme"], c.d_model, c.d_ff, bias=True) for s in stored
+        "kernel_params": {  # the kind's own (its weight types name their stored row widths)
+            s["ffn"]: kinds[s["ffn"]]["params"]
+            if s["ffn"] in kinds
+            else kernel_params(name, s["scheme"], c.d_model, c.d_ff, bias=True)
+            for s in stored
         },
         "variants": variants,
         "act_q_codes": act_q_group_codes_offset(max(c.d_model, c.d_ff), memory.max_tokens),
+        # codes per quantised row: wider than d_model / d_ff where the layouts pad their rows
+        "act_q_row": max(
+            [c.d_model, c.d_ff] + [max(k["widths"]) for k in kinds.values() if k["act"] == "int8"]
+        ),
         # int8-activation kernels quantise the rows of a group of up to max_tokens tokens into
         # their scratch (the calling handle's workspace), after the hidden rows:
         # colibri_model_t.kernel_scratch_bytes

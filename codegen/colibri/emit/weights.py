@@ -26,6 +26,7 @@ from ..quant.formats import (
     QuantExpert,
     QuantTensor,
     c8_order,
+    pad_inputs,
     q4r4_order,
     q8_channel_dtype,
     r4_order,
@@ -66,13 +67,13 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         assert t.scale is not None
         scale = np.ascontiguousarray(t.scale, dtype="<f4").reshape(-1)
         q = np.ascontiguousarray(t.data, dtype=np.int8)
-        if t.layout == "r4":  # layout r4: a reordered copy
-            q = r4_order(q)
-        elif t.layout == "r4p":  # layout r4p: a reordered, pair-corrected copy
-            q = r4p_order(q)
+        if t.layout == "r4":  # layout r4: a reordered copy (zero columns up to stored_in)
+            q = r4_order(pad_inputs(q, t.stored_in))
+        elif t.layout == "r4p":  # layout r4p: a reordered, pair-corrected copy (the same)
+            q = r4p_order(pad_inputs(q, t.stored_in))
         else:
             q = q.reshape(-1)
-        size = q8_channel_dtype(t.n_out, t.n_in, scale.size).itemsize
+        size = q8_channel_dtype(t.n_out, t.stored_in, scale.size).itemsize
         pad = size - scale.nbytes - q.nbytes
         return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]
     if t.scheme in ("q4k", "q5k"):  # rows cut after their last used sub-block (q4k_row_bytes)
@@ -109,12 +110,13 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
         }
     if t.scheme == "int8":
         assert t.scale is not None
-        # per output channel: scale[n_out]; block-scaled: scale[n_out][blocks] (flattened)
-        tname_c = f"{name}_q8{'b' if t.blocked else ''}_{t.n_out}x{t.n_in}_t"
+        # per output channel: scale[n_out]; block-scaled: scale[n_out][blocks] (flattened);
+        # named by the stored row width (a layout that pads its rows: QuantTensor.stored_in)
+        tname_c = f"{name}_q8{'b' if t.blocked else ''}_{t.n_out}x{t.stored_in}_t"
         size = t.nbytes
         typedef = (
             f"typedef struct {{\n    float scale[{t.scale.size}];\n"
-            f"    int8_t q[{t.n_out * t.n_in}];\n"
+            f"    int8_t q[{t.n_out * t.stored_in}];\n"
             f"}} {tname_c};\n"
             + c_assert(
                 f"sizeof({tname_c})",

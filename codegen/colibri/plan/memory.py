@@ -119,17 +119,27 @@ def _act_q_what(n: int) -> str:
     return f"float[{q8_blocks(n)}] block scales + int8[{n}] quantised activation row"
 
 
-def kernel_scratch_bytes(c: MoEConfig, act_q: bool, tokens: int = 1, shared_d_ff: int = 0) -> int:
+def kernel_scratch_bytes(
+    c: MoEConfig, act_q: bool, tokens: int = 1, shared_d_ff: int = 0, act_width: int = 0
+) -> int:
     """colibri_model_t.kernel_scratch_bytes of a lone layer's generated kernels: the quantised
     activation rows of a group of `tokens` tokens (the chunk's max_tokens: a kernel quantises
     every row of its group before its matrix products) that kernels with int8 activations keep
     in their scratch after the hidden rows: the group's block scales, then its codes
     (:func:`act_q_group_codes_offset`); 0 without them. A shared expert wider than the routed
     ones (shared_d_ff > d_ff: colibri_shared_expert_fn) runs a chunk's rows in the same scratch,
-    so it is at least the bytes its hidden rows need beyond the routed experts' hidden rows."""
-    ks = tokens * act_q_bytes(max(c.d_model, c.d_ff)) if act_q else 0
+    so it is at least the bytes its hidden rows need beyond the routed experts' hidden rows.
+    act_width: codes per row where the kernels' layouts pad their rows beyond max(d_model, d_ff)
+    (colibri.quant.layouts.act_row_width; the block scales stay those of the unpadded row)."""
+    ks = tokens * act_q_bytes(act_q_width(c, act_width)) if act_q else 0
     rows = 2 if c.gated else 1
     return max(ks, 4 * tokens * rows * max(0, shared_d_ff - c.d_ff))
+
+
+def act_q_width(c: MoEConfig, act_width: int = 0) -> int:
+    """Codes per quantised activation row of a lone layer's kernels: max(d_model, d_ff), or
+    act_width where their layouts pad the rows wider."""
+    return max(c.d_model, c.d_ff, act_width)
 
 
 def act_q_group_codes_offset(n: int, tokens: int) -> int:
@@ -147,6 +157,7 @@ def plan_memory(
     act_q: bool = False,
     slot_floats: int = 0,
     shared_d_ff: int = 0,
+    act_width: int = 0,
 ) -> MemoryPlan:
     """Lay out the arena for chunks of max_tokens tokens.
 
@@ -155,13 +166,14 @@ def plan_memory(
     size, COLIBRI_EXPERT_FLOATS); act_q: the kernels quantise activations to int8, so the
     workspace also holds their quantised row after the hidden rows (:func:`kernel_scratch_bytes`,
     per handle: the workspace is what colibri_init_shared_static needs); shared_d_ff: d_ff of
-    a shared expert (0: none), whose hidden rows may need more kernel scratch."""
+    a shared expert (0: none), whose hidden rows may need more kernel scratch; act_width: the
+    kernels' activation rows where their layouts pad them (:func:`kernel_scratch_bytes`)."""
     t, d, k = max_tokens, c.d_model, c.top_k
-    ks = kernel_scratch_bytes(c, act_q, t, shared_d_ff)
-    aq = kernel_scratch_bytes(c, act_q, t)
+    ks = kernel_scratch_bytes(c, act_q, t, shared_d_ff, act_width)
+    aq = kernel_scratch_bytes(c, act_q, t, 0, act_width)
     what = "sparse-forward workspace (COLIBRI_WORKSPACE_BYTES)"
     if ks and ks == aq:
-        n = max(d, c.d_ff)
+        n = act_q_width(c, act_width)
         what += f" + the kernels' int8 activation rows ({ks} bytes: {t} x {_act_q_what(n)})"
     elif ks:
         what += f" + the kernels' scratch ({ks} bytes: the shared expert's hidden rows)"

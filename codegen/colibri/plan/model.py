@@ -9,7 +9,7 @@ experts and each stored expert's placement and kernel variant
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..boards import Board
@@ -18,7 +18,8 @@ from ..ir.model import Model
 from ..ir.moe import Expert, MoELayer
 from ..ir.transformer import DecoderLayer, MoETransformer
 from ..options import CACHE_POLICIES, MAX_CONTEXT_LIMIT, GenerateOptions
-from ..quant.formats import DEFAULT_ACT, stored_nbytes
+from ..quant.formats import DEFAULT_ACT, QuantTensor, stored_nbytes
+from ..quant.layouts import act_row_width, layouts
 from ..quant.model import LayerQuant, TransformerQuant
 from .memory import (
     MemoryPlan,
@@ -56,16 +57,21 @@ def default_ram_budget(board: Board, plan: MemoryPlan) -> int:
     return max(0, free // 2)
 
 
-def slot_floats(layer: MoELayer, q: LayerQuant, bias: bool) -> int:
+def slot_floats(layer: MoELayer, q: LayerQuant, bias: bool, isa: str = "") -> int:
     """Floats of one cache slot when some experts are quantised: the largest stored expert as
     the loader packs it (fp32: COLIBRI_EXPERT_FLOATS back to back; quantised: each part at a
-    16-byte aligned offset, loader.c slot_fill), rounded up so every slot starts 16-aligned."""
-    largest = 4 * expert_floats(layer.config, bias)
+    16-byte aligned offset, loader.c slot_fill, in the layout its kernel on `isa` reads:
+    colibri.quant.layouts), rounded up so every slot starts 16-aligned."""
+    c = layer.config
+    largest = 4 * expert_floats(c, bias)
     for qe in q.experts.values():
         if qe.scheme == "fp32":
             continue
+        lay = layouts(isa, qe.scheme, qe.act, c.d_model, c.d_ff)
         off = 0
-        for _, t in qe.tensors():
+        for part, t in qe.tensors():
+            if isinstance(t, QuantTensor):
+                t = replace(t, layout=lay.get(part, "rows"))
             off = align16(off) + stored_nbytes(t)
         largest = max(largest, off)
     return align16(largest) // 4
@@ -81,7 +87,8 @@ def plan(
             raise ConfigError(
                 f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {n}"
             )
-        return plan_transformer(model.decoder, n, transformer_act_q(model.decoder, q))
+        act_q = transformer_act_q(model.decoder, q, board.isa)
+        return plan_transformer(model.decoder, n, act_q)
     layer = model.layer
     if options.cache not in CACHE_POLICIES:
         raise ConfigError(
@@ -95,11 +102,17 @@ def plan(
         )
     bias = layer.experts[0].b1 is not None
     act_q = any(e.act == "int8" and e.scheme != "fp32" for e in q.experts.values())
-    floats = slot_floats(layer, q, bias) if n_slots and q.quantised else 0
+    c = layer.config
+    # the kernels' quantised rows, padded where their layouts pad (colibri.quant.layouts)
+    act_width = max(
+        [act_row_width(board.isa, e.scheme, e.act, c.d_model, c.d_ff) for e in q.experts.values()],
+        default=0,
+    )
+    floats = slot_floats(layer, q, bias, board.isa) if n_slots and q.quantised else 0
     se = layer.shared_expert
     shared_d_ff = int(se.w1.shape[1]) if se is not None else 0
     memory = plan_memory(
-        layer.config, options.max_tokens, n_slots, bias, act_q, floats, shared_d_ff
+        layer.config, options.max_tokens, n_slots, bias, act_q, floats, shared_d_ff, act_width
     )
     ram_budget = options.ram_budget
     if ram_budget is None:
@@ -124,11 +137,19 @@ def plan(
     return LayerPlan(memory, placements, n_slots, floats)
 
 
-def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
+def transformer_act_q(model: MoETransformer, q: TransformerQuant | None, isa: str = "") -> int:
     """Values of the int8 row that quantised matrices with int8 activations need: the widest
-    input they quantise (expert / FFN inputs and hidden rows, attention inputs); 0 for none."""
+    input they quantise (expert / FFN inputs and hidden rows, attention inputs; an expert's or
+    FFN's padded to the stored row width of its layouts on `isa`, colibri.quant.layouts); 0
+    for none."""
     if q is None:
         return 0
+    d = model.config.d_model
+    padded = [
+        act_row_width(isa, e.scheme, e.act, d, int(e.w1.n_out))
+        for qe in [*q.experts.values(), q.dense_ffn]
+        for e in qe.values()
+    ]
     experts = [
         i
         for i, layer in enumerate(model.layers)
@@ -138,7 +159,8 @@ def transformer_act_q(model: MoETransformer, q: TransformerQuant | None) -> int:
     ]
     dense = q.dense_scheme != "fp32"
     ffns = [i for i, f in q.dense_ffn.items() if dense and f.act == "int8"]
-    return _act_q_values(model, experts, ffns, dense and q.dense_act == "int8")
+    plain = _act_q_values(model, experts, ffns, dense and q.dense_act == "int8")
+    return max([plain, *padded]) if plain else 0
 
 
 def transformer_act_q_for(model: MoETransformer, quant: str, dense: str) -> int:

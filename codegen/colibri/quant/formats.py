@@ -739,6 +739,33 @@ C8_CHUNK = 4
 LAYOUTS = ("rows", "r4", "r4p", "q4r4", "c8")
 
 
+#: The multiple of inputs each layout stores a row as (its kernels' chunk: r4 16, r4p a block of
+#: QK8, q4r4 a block of QK4, whose blocks are always whole); the emitter pads a matrix whose
+#: n_in is not one with zero columns (:func:`stored_width`, :func:`pad_inputs`), and the
+#: quantised activation row it reads with zero codes to the same width (colibri_qi_common.h
+#: colibri_qi_quantize_row_pad): a zero code times a zero weight adds nothing to a block's
+#: integer sum, and no scale sees the padding, so the outputs are the unpadded ones bit for bit.
+LAYOUT_IN_MULTIPLE = {"r4": R4_CHUNK, "r4p": QK8, "q4r4": QK4}
+
+
+def stored_width(layout: str, n_in: int) -> int:
+    """Inputs per stored row of a matrix with n_in inputs in `layout` (n_in rounded up to the
+    layout's :data:`LAYOUT_IN_MULTIPLE`; n_in itself for the other layouts)."""
+    m = LAYOUT_IN_MULTIPLE.get(layout, 1)
+    return (n_in + m - 1) // m * m
+
+
+def pad_inputs(codes: np.ndarray, width: int) -> np.ndarray:
+    """codes [n_out, n_in] with width - n_in zero columns after the last input (codes itself
+    when width == n_in)."""
+    n_out, n_in = codes.shape
+    if width == n_in:
+        return codes
+    out = np.zeros((n_out, width), dtype=codes.dtype)
+    out[:, :n_in] = codes
+    return out
+
+
 def r4_fits(n_out: int, n_in: int) -> bool:
     """Whether an [n_out, n_in] matrix can be stored in layout r4 (whole chunks, one group)."""
     return n_out >= R4_ROWS and n_in % R4_CHUNK == 0
@@ -906,11 +933,18 @@ class QuantTensor:
         return self.scheme == "int8" and self.scale is not None and self.scale.ndim == 2
 
     @property
+    def stored_in(self) -> int:
+        """Inputs per stored row in its layout (:func:`stored_width`: n_in, or for r4 / r4p /
+        q4r4 n_in rounded up to the layout's chunk with zero columns)."""
+        return stored_width(self.layout, self.n_in)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes as stored in the generated C (int8: the padded struct)."""
+        """Bytes as stored in the generated C (int8: the padded struct, its codes stored_in to
+        a row)."""
         if self.scheme == "int8":
             assert self.scale is not None
-            return q8_channel_dtype(self.n_out, self.n_in, self.scale.size).itemsize
+            return q8_channel_dtype(self.n_out, self.stored_in, self.scale.size).itemsize
         if self.scheme in KQUANT_BITS:
             return self.n_out * q4k_row_bytes(self.n_in, KQUANT_BITS[self.scheme])
         return int(self.data.nbytes)
