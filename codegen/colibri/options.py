@@ -19,6 +19,11 @@ DEFAULT_CALIB_SEED = 0
 
 
 CACHE_POLICIES = ("pinned", "lru", "none")
+#: --optimize: what the generated expert kernels favour. speed (default): the core's fast
+#: layouts and inline tiles, one specialised kernel per expert kind; size: the portable layout
+#: (rows) on every core, each kind's kernel calling the library's matrix kernels (themselves
+#: ISA-dispatched at compile time), so expert kinds share their code.
+OPTIMIZE = ("speed", "size")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class GenerateOptions:
     #: How --calib chooses the experts' weights (colibri.quant.calib.CALIB_METHODS):
     #: "importance" (the default) or "gptq" (adds the error-compensated candidate).
     calib_method: str = "importance"
+    #: What the expert kernels favour (OPTIMIZE): "speed" (the default) or "size".
+    optimize: str = "speed"
+
+    def kernel_isa(self, isa: str) -> str:
+        """The core ISA the expert kernels' layouts and tiles are chosen for: the board's
+        (``speed``), or none (``size``: the portable layouts, colibri.quant.layouts)."""
+        return "" if self.optimize == "size" else isa
 
     @property
     def context(self) -> int:

@@ -38,7 +38,7 @@ from ..frontends.load import check_input, load_model, load_npy, save_npy, save_n
 from ..frontends.seed import make_toy, write_seed
 from ..ir.moe import MAX_TOP_K
 from ..options import MAX_CONTEXT_LIMIT as MAX_CONTEXT
-from ..options import GenerateOptions
+from ..options import OPTIMIZE, GenerateOptions
 from ..paths import check_output_file, check_output_parent, write_files_atomic
 from ..plan.model import MAX_LRU_SLOTS
 from ..plan.placement import format_placement_report
@@ -218,6 +218,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         cache_slots=a.cache_slots if a.cache == "lru" else 0,
         ram_budget=a.ram_budget,
         psram_budget=a.psram_budget,
+        optimize=a.optimize,
     )
     out, manifest = generate(model, a.out, opts, force=a.force, progress=progress)
     if model.decoder is not None:
@@ -833,6 +834,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="boards with external PSRAM (esp32s3): bytes of the hottest experts that did not "
         "fit --ram-budget placed in PSRAM (section .colibri_psram) instead of flash. Default: "
         "with --calib the board's whole PSRAM, without 0 (every expert in flash).",
+    )
+    s.add_argument(
+        "--optimize",
+        choices=OPTIMIZE,
+        default="speed",
+        help="what the expert kernels favour: speed (default: the core's fast weight layouts "
+        "and inline tiles, a kernel specialised per expert kind) or size (the portable layout "
+        "on every core, each kind calling the library's matrix kernels, so kinds share code; "
+        "`colibri size` prints the code each kind's kernel reaches)",
     )
     s.add_argument("--layer", type=LAYER, help=MOE_LAYER_HELP)
     add_quiet(s)

@@ -255,7 +255,7 @@ def _layer(
     c = layer.config
     name = w.name
     prefix = name.upper()
-    isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
+    isa = options.kernel_isa(board.isa)  # the layouts its kernels read (emit/experts.py)
 
     def kernel(scheme: str, act: str, d_ff: int) -> dict[str, Any]:
         k = ffn_kernel(
@@ -490,8 +490,8 @@ def _decoder(
         e = w.add_stored(f"l{i}_{n}", dq.dense[f"l{i}.{n}"], f"{what}, {dense}")
         return str(e["ref"])
 
-    isa = board.isa  # the layouts its kernels read (colibri/emit/experts.py)
-    pack = isa in PACK_ISAS  # int8 / int4 matrices packed at setup where the CPU has kernels
+    isa = opts.kernel_isa(board.isa)  # the layouts its kernels read (emit/experts.py)
+    pack = board.isa in PACK_ISAS  # int8 / int4 matrices packed at setup where the CPU has them
 
     def kernel(scheme: str, kact: str, d_ff: int) -> dict[str, Any]:
         k = ffn_kernel(name, name.upper(), scheme, kact, c.d_model, d_ff, True, False, isa)

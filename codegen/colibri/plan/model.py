@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..ir.model import Model
 from ..ir.moe import Expert, MoELayer
 from ..ir.transformer import DecoderLayer, MoETransformer
-from ..options import CACHE_POLICIES, MAX_CONTEXT_LIMIT, GenerateOptions
+from ..options import CACHE_POLICIES, MAX_CONTEXT_LIMIT, OPTIMIZE, GenerateOptions
 from ..quant.formats import DEFAULT_ACT, QuantTensor, stored_nbytes
 from ..quant.layouts import act_row_width, layouts
 from ..quant.model import LayerQuant, TransformerQuant
@@ -81,13 +81,17 @@ def plan(
     model: Model, q: Any, analysis: Any, board: Board, options: GenerateOptions
 ) -> LayerPlan | TransformerPlan:
     """The planning stage: `q` and `analysis` are what the quantise and analyse stages gave."""
+    if options.optimize not in OPTIMIZE:
+        raise ConfigError(
+            f"--optimize: unknown choice '{options.optimize}'; supported: {', '.join(OPTIMIZE)}"
+        )
     if model.decoder is not None:
         n = options.context
         if isinstance(n, bool) or not 1 <= n <= MAX_CONTEXT_LIMIT:
             raise ConfigError(
                 f"--max-context must be between 1 and {MAX_CONTEXT_LIMIT} positions, got {n}"
             )
-        act_q = transformer_act_q(model.decoder, q, board.isa)
+        act_q = transformer_act_q(model.decoder, q, options.kernel_isa(board.isa))
         return plan_transformer(model.decoder, n, act_q)
     layer = model.layer
     if options.cache not in CACHE_POLICIES:
@@ -103,12 +107,13 @@ def plan(
     bias = layer.experts[0].b1 is not None
     act_q = any(e.act == "int8" and e.scheme != "fp32" for e in q.experts.values())
     c = layer.config
+    isa = options.kernel_isa(board.isa)  # the core the kernels' layouts are chosen for
     # the kernels' quantised rows, padded where their layouts pad (colibri.quant.layouts)
     act_width = max(
-        [act_row_width(board.isa, e.scheme, e.act, c.d_model, c.d_ff) for e in q.experts.values()],
+        [act_row_width(isa, e.scheme, e.act, c.d_model, c.d_ff) for e in q.experts.values()],
         default=0,
     )
-    floats = slot_floats(layer, q, bias, board.isa) if n_slots and q.quantised else 0
+    floats = slot_floats(layer, q, bias, isa) if n_slots and q.quantised else 0
     se = layer.shared_expert
     shared_d_ff = int(se.w1.shape[1]) if se is not None else 0
     memory = plan_memory(
