@@ -86,6 +86,41 @@ def host_kernels(out_dir: Path) -> ctypes.CDLL:
     return lib
 
 
+def probe_object(board: str, source: str, tmp_path: Path) -> dict[str, tuple[list[int], int]]:
+    """Compile C `source` for `board` (its flags, the runtime's include and tiles directories)
+    and read its symbols back from the object: name -> (the 32-bit words of its data in the
+    object's byte order, its size in bytes). Used to check C struct layouts against numpy
+    dtypes on every compiler."""
+    from colibri.boards import load_board
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    b = load_board(board)
+    src = tmp_path / "probe.c"
+    src.write_text(source)
+    obj = tmp_path / "probe.o"
+    include = ["-I", str(ROOT / "runtime_c" / "include"), "-I", str(ROOT / "runtime_c" / "tiles")]
+    subprocess.run([b.compiler, *b.compile_flags(), *include, "-c", str(src), "-o", str(obj)],
+                   check=True)  # fmt: skip
+    out: dict[str, tuple[list[int], int]] = {}
+    with open(obj, "rb") as f:
+        elf = ELFFile(f)
+        symtab = elf.get_section_by_name(".symtab")
+        assert isinstance(symtab, SymbolTableSection)
+        order = "<" if elf.little_endian else ">"
+        for sym in symtab.iter_symbols():
+            shndx, size = sym["st_shndx"], int(sym["st_size"])
+            if not sym.name or not isinstance(shndx, int) or size == 0:
+                continue
+            sec = elf.get_section(shndx)
+            raw = b"" if sec["sh_type"] == "SHT_NOBITS" else sec.data()
+            raw = raw[sym["st_value"] : sym["st_value"] + size // 4 * 4]
+            words = [int.from_bytes(raw[i : i + 4], "little" if order == "<" else "big")
+                     for i in range(0, len(raw), 4)]  # fmt: skip
+            out[sym.name] = (words, size)
+    return out
+
+
 def scons_cmd() -> list[str]:
     """SCons from the virtualenv running the tests (its `scons` script, else `-m SCons`)."""
     scons = Path(sys.executable).with_name("scons")

@@ -7,7 +7,6 @@ against a scalar loop written from the documented operation order and against th
 from __future__ import annotations
 
 import ctypes
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,7 @@ from colibri.quant.formats import (
     reconstruction_error,
 )
 from colibri.reference.kernels import matvec, matvec_q4k_q8, quantize_rows_q8
-from conftest import ROOT, host_kernels, require_board
+from conftest import host_kernels, probe_object, require_board
 
 SHAPES = [(1, 1), (3, 32), (5, 33), (4, 256), (7, 300), (16, 1000), (40, 72)]
 
@@ -260,26 +259,8 @@ const uint32_t colibri_probe_layout[10] = {
 @pytest.mark.parametrize("board", ["host", "cortex-m4", "esp32s3"])
 def test_block_layout_read_back_from_object(board: str, tmp_path: Path) -> None:
     """colibri_block_q4k / q5k as each compiler lays them out == BLOCK_Q4K / Q5K_DTYPE."""
-    from colibri.boards import load_board
-    from elftools.elf.elffile import ELFFile
-
     require_board(board, run=False)
-    b = load_board(board)
-    src = tmp_path / "probe.c"
-    src.write_text(PROBE)
-    obj = tmp_path / "probe.o"
-    subprocess.run(
-        [b.compiler, *b.compile_flags(), "-I", str(ROOT / "runtime_c" / "include")]
-        + ["-I", str(ROOT / "runtime_c" / "tiles"), "-c", str(src), "-o", str(obj)],
-        check=True,
-    )
-    with open(obj, "rb") as f:
-        elf = ELFFile(f)
-        symtab = elf.get_section_by_name(".symtab")
-        syms = {s.name: s for s in symtab.iter_symbols()}  # type: ignore[union-attr]
-        lay = syms["colibri_probe_layout"]
-        raw = elf.get_section(lay["st_shndx"]).data()[lay["st_value"] : lay["st_value"] + 40]
-        values = np.frombuffer(raw, dtype="<u4" if elf.little_endian else ">u4").tolist()
+    values = probe_object(board, PROBE, tmp_path)["colibri_probe_layout"][0]
     want = []
     for dt in (BLOCK_Q4K_DTYPE, BLOCK_Q5K_DTYPE):
         fields = dt.fields

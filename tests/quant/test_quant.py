@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import subprocess
 import zlib
 from pathlib import Path
 
@@ -58,7 +57,7 @@ from colibri.reference.kernels import (
     quantize_rows_q8,
 )
 from colibri.reference.moe import compare, moe_forward
-from conftest import ROOT, host_kernels, require_board, run_cli
+from conftest import host_kernels, probe_object, require_board, run_cli
 
 SHAPES = [(1, 1), (3, 32), (5, 33), (17, 64), (8, 100), (40, 36)]
 
@@ -277,30 +276,10 @@ const colibri_block_q4_32 colibri_probe_blocks[3] = {{0}};
 
 @pytest.mark.parametrize("board", ["host", "cortex-m4", "cortex-m3", "xtensa-lx106"])
 def test_block_layout_read_back_from_object(board: str, tmp_path: Path) -> None:
-    from colibri.boards import load_board
-    from elftools.elf.elffile import ELFFile
-
     require_board(board, run=False)
-    b = load_board(board)
-    src = tmp_path / "probe.c"
-    src.write_text(PROBE)
-    obj = tmp_path / "probe.o"
-    subprocess.run(
-        [b.compiler, *b.compile_flags(), "-I", str(ROOT / "runtime_c" / "include")]
-        + ["-I", str(ROOT / "runtime_c" / "tiles")]
-        + ["-c", str(src), "-o", str(obj)],
-        check=True,
-    )
-    with open(obj, "rb") as f:
-        elf = ELFFile(f)
-        symtab = elf.get_section_by_name(".symtab")
-        syms = {s.name: s for s in symtab.iter_symbols()}  # type: ignore[union-attr]
-        lay = syms["colibri_probe_layout"]
-        sec = elf.get_section(lay["st_shndx"])
-        raw = sec.data()[lay["st_value"] : lay["st_value"] + 16]
-        order = "<" if elf.little_endian else ">"
-        values = np.frombuffer(raw, dtype=f"{order}u4").tolist()
-        blocks_size = int(syms["colibri_probe_blocks"]["st_size"])
+    syms = probe_object(board, PROBE, tmp_path)
+    values = syms["colibri_probe_layout"][0]
+    blocks_size = syms["colibri_probe_blocks"][1]
     fields = BLOCK_Q4_DTYPE.fields
     assert fields is not None
     assert values == [
