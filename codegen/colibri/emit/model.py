@@ -172,7 +172,7 @@ def emit_block(
                 "pack": k.get("pack"),
                 "wargs": ", ".join(warg[p] for p in params),
                 "part_bytes": part_bytes,
-                "nbytes": qe.nbytes,
+                "nbytes": pl.nbytes,  # as stored (layout padding included: the plan's)
                 "scheme": qe.scheme,
                 "act": qe.act,
                 "kernel": pl.kernel,

@@ -18,7 +18,7 @@ from ..ir.model import Model
 from ..ir.moe import Expert, MoELayer
 from ..ir.transformer import DecoderLayer, MoETransformer
 from ..options import CACHE_POLICIES, MAX_CONTEXT_LIMIT, OPTIMIZE, GenerateOptions
-from ..quant.formats import DEFAULT_ACT, QuantTensor, stored_nbytes
+from ..quant.formats import DEFAULT_ACT, QuantExpert, QuantTensor, stored_nbytes
 from ..quant.layouts import act_row_width, layouts
 from ..quant.model import LayerQuant, TransformerQuant
 from .memory import (
@@ -55,6 +55,17 @@ def default_ram_budget(board: Board, plan: MemoryPlan) -> int:
         return 0
     free = ram.size - plan.arena_size - board.stack_size - 4096
     return max(0, free // 2)
+
+
+def stored_expert_bytes(qe: QuantExpert, d_model: int, d_ff: int, isa: str) -> int:
+    """Bytes of an expert's arrays as the generated C stores them: each quantised part in the
+    layout its kernel on `isa` reads (rows padded to the layout's chunk included:
+    colibri.quant.layouts), so the RAM / PSRAM budgets count what the ELF holds."""
+    lay = {} if qe.scheme == "fp32" else layouts(isa, qe.scheme, qe.act, d_model, d_ff)
+    return sum(
+        stored_nbytes(replace(t, layout=lay.get(part, "rows")) if isinstance(t, QuantTensor) else t)
+        for part, t in qe.tensors()
+    )
 
 
 def slot_floats(layer: MoELayer, q: LayerQuant, bias: bool, isa: str = "") -> int:
@@ -136,8 +147,9 @@ def plan(
             f"--psram-budget {psram_budget} exceeds board {board.name}'s PSRAM "
             f"({psram.size} bytes); pass at most {psram.size}"
         )
+    sizes = {i: stored_expert_bytes(qe, c.d_model, c.d_ff, isa) for i, qe in q.experts.items()}
     placements = plan_placement(
-        layer, q.experts, analysis.heat, ram_budget, analysis.calibrated, psram_budget
+        layer, q.experts, analysis.heat, ram_budget, analysis.calibrated, psram_budget, sizes
     )
     return LayerPlan(memory, placements, n_slots, floats)
 

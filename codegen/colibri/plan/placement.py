@@ -49,17 +49,20 @@ def plan_placement(
     ram_budget: int,
     calibrated: bool,
     psram_budget: int = 0,
+    sizes: dict[int, int] | None = None,
 ) -> list[Placement]:
     """Placements of the stored experts, in storage order (hottest first when calibrated):
     "ram" within ram_budget bytes, then "psram" within psram_budget bytes, else "flash"; an
-    expert no calibration token chose stays in flash."""
+    expert no calibration token chose stays in flash. sizes: each stored expert's bytes as the
+    generated C holds them (its layouts' padding included); default QuantExpert.nbytes."""
+    nbytes = {i: (sizes or {}).get(i, q.nbytes) for i, q in qexperts.items()}
     storage = layer.storage_map()
     stored_heat = {idx: 0 for idx in qexperts}
     for i, owner in enumerate(storage):
         stored_heat[owner] += int(heat[i])
     if not calibrated:
         return [
-            Placement(i, q.scheme, q.act, "flash", "default", q.nbytes, stored_heat[i])
+            Placement(i, q.scheme, q.act, "flash", "default", nbytes[i], stored_heat[i])
             for i, q in sorted(qexperts.items())
         ]
     order = sorted(qexperts, key=lambda i: (-stored_heat[i], i))
@@ -68,10 +71,10 @@ def plan_placement(
     n_hot = max(1, len(order) // 4)  # no RAM budget: the hottest quarter gets the speed kernel
     for rank, i in enumerate(order):
         q = qexperts[i]
-        ram = stored_heat[i] > 0 and used + q.nbytes <= ram_budget
-        used += q.nbytes if ram else 0
-        psram = not ram and stored_heat[i] > 0 and used_psram + q.nbytes <= psram_budget
-        used_psram += q.nbytes if psram else 0
+        ram = stored_heat[i] > 0 and used + nbytes[i] <= ram_budget
+        used += nbytes[i] if ram else 0
+        psram = not ram and stored_heat[i] > 0 and used_psram + nbytes[i] <= psram_budget
+        used_psram += nbytes[i] if psram else 0
         hot = ram or (ram_budget == 0 and stored_heat[i] > 0 and rank < n_hot)
         out.append(
             Placement(
@@ -80,7 +83,7 @@ def plan_placement(
                 q.act,
                 "ram" if ram else "psram" if psram else "flash",
                 "speed" if hot else "compact",
-                q.nbytes,
+                nbytes[i],
                 stored_heat[i],
             )
         )
