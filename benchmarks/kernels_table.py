@@ -327,8 +327,10 @@ def measure_cmsis(
     1-vs-9-token slope per MAC, the code reachable from the pair and its stack, or
     {"skipped": why}."""
     fc = CMSIS_FC.get(scheme)
-    if fc is None or not board.arch.startswith(("armv7", "armv8")) or board.kind == "host":
-        return {"skipped": f"CMSIS-NN has no {scheme} fully-connected layer for {board.name}"}
+    if fc is None or not (board.is_baremetal and board.arch.startswith("armv")):
+        return {
+            "skipped": f"CMSIS-NN (Cortex-M) has no {scheme} fully-connected layer on {board.name}"
+        }
     d, f = shape["d_model"], shape["d_ff"]
     defines = [f"FC_D={d}", f"FC_F={f}", f"FC_S4={1 if fc == 's4' else 0}"]
     elf = build_bench(
