@@ -34,6 +34,10 @@ Method:
   then 2 threads, then llama.cpp, then PyTorch at 1 and 2 threads), ``--rounds`` rounds;
   min / median / max per engine. The page cache is warm (each container was just written and
   run once).
+* **Sampled decode** (``--sampled``): every Colibri scheme and thread count also decodes with
+  temperature 0.8, top-k 40, top-p 0.95 (seed 1), interleaved with the greedy runs; the runner's
+  decode time includes drawing every token, so "decode ÷ greedy decode" is what sampling costs
+  (issue 41: at least 0.95). Its tokens differ from greedy's but not between thread counts.
 * **Bandwidth:** a small C program (compiled here with the host compiler, ``-O2
   -march=native``) sums a 1 GiB buffer 12 times with one thread, four independent 32-byte vector
   streams, two passes in three also prefetching into L2 (8 or 32 KB ahead: Colibri's packed x86
@@ -57,7 +61,7 @@ Method:
 
     python benchmarks/host_table.py [--schemes int8,int4] [--threads 1,2] [--rounds 5]
         [--tokens 64] [--prompt 64] [--no-torch] [--llama-cpp SRC [--llama-cpp-bin DIR]]
-        [--json FILE] [--tiny] [--out DIR]
+        [--sampled] [--json FILE] [--tiny] [--out DIR]
 """
 
 from __future__ import annotations
@@ -96,6 +100,10 @@ GOALS = {
 }
 #: llama.cpp's quantisation type beside each Colibri scheme (the same bits per weight class).
 LLAMA_TYPES = {"int8": "Q8_0", "int4": "Q4_0", "fp32": "F32"}
+#: --sampled: the settings llama.cpp's and most chat front ends' defaults are near (top-k 40,
+#: top-p 0.95); decode then ranks the 40 best by partial selection (colibri_sample)
+SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 1}
+SAMPLED_TAG = " sampled"
 TIMING = re.compile(r"colibri: timing: prefill (\d+) tokens (\d+) ns, decode (\d+) tokens (\d+) ns")
 
 BANDWIDTH_C = r"""
@@ -239,9 +247,17 @@ def decode_bytes_per_token(clb: Path, top_k: int, n_experts: int) -> dict[str, i
 class ColibriEngine:
     """The prebuilt model-file runner on one container, at a thread count."""
 
-    def __init__(self, name: str, runner: Path, clb: Path, threads: int, work: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        runner: Path,
+        clb: Path,
+        threads: int,
+        work: Path,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
         self.name, self.runner, self.clb, self.threads = name, runner, clb, threads
-        self.work = work
+        self.work, self.sampling = work, sampling
         work.mkdir(parents=True, exist_ok=True)
 
     def run(self, prompt: list[int], max_new: int) -> tuple[dict[str, float], list[int]]:
@@ -252,7 +268,8 @@ class ColibriEngine:
             write_lm_input,
         )
 
-        write_lm_input(self.work / "input.bin", prompt, max_new, SamplingOptions(), False)
+        sampling = SamplingOptions(**self.sampling) if self.sampling else SamplingOptions()
+        write_lm_input(self.work / "input.bin", prompt, max_new, sampling, False)
         cmd = [str(self.runner), *lmfile_args(self.clb, threads=self.threads)]
         env = dict(os.environ, COLIBRI_TIMING="1")
         proc = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, env=env)
@@ -448,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="where llama-bench and llama-quantize are (default: SRC/build/bin)",
     )
+    ap.add_argument(
+        "--sampled",
+        action="store_true",
+        help="also decode every Colibri scheme and thread count sampled (temperature 0.8, top-k "
+        "40, top-p 0.95, seed 1), interleaved with the greedy runs: its decode rate over greedy's",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--tiny", action="store_true", help="a small model (for the test)")
     args = ap.parse_args(argv)
@@ -496,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
                 engines.append(
                     ColibriEngine(f"colibri {s} x{t}", runner, clb, t, root / s / f"t{t}")
                 )
+                if args.sampled:
+                    name = f"colibri {s} x{t}{SAMPLED_TAG}"
+                    work = root / s / f"t{t}-sampled"
+                    engines.append(ColibriEngine(name, runner, clb, t, work, SAMPLED))
         if args.llama_cpp is not None:
             bindir = args.llama_cpp_bin or args.llama_cpp / "build" / "bin"
             bench = llama_tool(bindir, "llama-bench")
@@ -569,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                 "working_set_bytes": working_set[key],
                 "working_set_bandwidth_bytes_per_s": bw_ws[key],
                 "prefill_vs_decode": pre["median"] / dec["median"],
+                "sampling": dict(e.sampling) if getattr(e, "sampling", None) else "greedy",
             }
         )
     _ratios(rows)
@@ -582,11 +610,20 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_description(),
         "load_average": os.getloadavg(),
         "rows": rows,
-        # every thread count of a scheme generates the same tokens (bit-identical promise)
+        # every thread count of a scheme generates the same tokens (bit-identical promise), and
+        # so does every thread count of its sampled runs (the same seed)
         "same_tokens": all(
-            len({tuple(tokens[e.name]) for e in engines if e.name.startswith(f"colibri {scheme} ")})
-            == 1
+            len(
+                {
+                    tuple(tokens[e.name])
+                    for e in engines
+                    if e.name.startswith(f"colibri {scheme} ")
+                    and e.name.endswith(SAMPLED_TAG) == sampled
+                }
+            )
+            <= 1
             for scheme in schemes
+            for sampled in (False, True)
         ),
     }
     _print(result)
@@ -630,6 +667,7 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
     by = {
         (r["scheme"] if not r["engine"].startswith("pytorch") else "torch", r["threads"]): r
         for r in rows
+        if r.get("sampling", "greedy") == "greedy"
     }
 
     def med(r: dict[str, Any], what: str = "decode") -> float:
@@ -645,6 +683,9 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
             llama = by.get((LLAMA_TYPES[r["scheme"]], r["threads"]))
         r["vs_llama_cpp"] = med(r) / med(llama) if llama else None
         r["prefill_vs_llama_cpp"] = med(r, "prefill") / med(llama, "prefill") if llama else None
+        sampled = r.get("sampling", "greedy") != "greedy"
+        greedy = by.get((r["scheme"], r["threads"])) if sampled else None
+        r["vs_greedy"] = med(r) / med(greedy) if greedy else None
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -682,6 +723,13 @@ def _print(result: dict[str, Any]) -> None:
             vl = r.get("vs_llama_cpp")
             line += f" {vl:.2f} / {r['prefill_vs_llama_cpp']:.2f} |" if vl is not None else " – |"
         print(line)
+    sampled = [r for r in result["rows"] if r.get("vs_greedy") is not None]
+    if sampled:
+        print()
+        print("| sampled engine (T 0.8, top-k 40, top-p 0.95) | decode ÷ greedy decode (medians) |")
+        print("|---|---|")
+        for r in sampled:
+            print(f"| {r['engine']} | {r['vs_greedy']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,41 @@ def test_host_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert engines["colibri int8 x2"]["vs_one_thread"] is not None
 
 
+def test_host_table_sampled_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--sampled adds a sampled run per scheme and thread count, interleaved with the greedy one:
+    its rate over greedy's is reported, and its tokens equal between thread counts."""
+    require_board("host")
+    out = tmp_path / "host.json"
+    argv = ["--tiny", "--rounds", "1", "--tokens", "8", "--prompt", "6", "--schemes", "int8"]
+    argv += ["--no-torch", "--sampled", "--out", str(tmp_path / "work"), "--json", str(out)]
+    assert host_table.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "decode ÷ greedy decode" in table
+    result = json.loads(out.read_text())
+    assert result["same_tokens"] is True
+    engines = {r["engine"]: r for r in result["rows"]}
+    assert set(engines) == {
+        "colibri int8 x1",
+        "colibri int8 x2",
+        "colibri int8 x1 sampled",
+        "colibri int8 x2 sampled",
+    }
+    for t in (1, 2):
+        greedy, sampled = engines[f"colibri int8 x{t}"], engines[f"colibri int8 x{t} sampled"]
+        assert greedy["sampling"] == "greedy" and greedy["vs_greedy"] is None
+        assert sampled["sampling"] == host_table.SAMPLED
+        want = sampled["decode_tokens_per_s"]["median"] / greedy["decode_tokens_per_s"]["median"]
+        assert sampled["vs_greedy"] == pytest.approx(want)
+        # the sampled row's other ratios are taken against the greedy rows, not itself
+        assert sampled["vs_one_thread"] == pytest.approx(
+            sampled["decode_tokens_per_s"]["median"]
+            / engines["colibri int8 x1"]["decode_tokens_per_s"]["median"]
+        )
+    work = tmp_path / "work" / "int8"
+    sampled_tokens = (work / "t1-sampled" / "output.bin").read_bytes()
+    assert sampled_tokens != (work / "t1" / "output.bin").read_bytes()
+
+
 def test_llama_cpp_bytes_per_token_rule() -> None:
     """The GGUF rule is Colibri's: routed experts top_k / n_experts of them, one embedding row,
     the rest whole."""
