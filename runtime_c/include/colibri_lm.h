@@ -109,7 +109,10 @@ typedef struct {
     int32_t num_threads;
     /**
      * Tokens colibri_lm_prefill runs through each layer together (0 = 64, at most 4096,
-     * clamped to max_context): the activations are sized for this many rows.
+     * clamped to max_context): the activations are sized for this many rows. 0 with an expert
+     * RAM budget sizes the chunk to the budget: a chunk reads each expert it routes to once per
+     * layer, so it takes as many rows as keep its activations within a quarter of the budget
+     * (at least 64), and never more than max_memory (when set) leaves room for.
      */
     int32_t prefill_batch;
     /**

@@ -229,6 +229,16 @@ void clb_lm_drop_pages(const unsigned char *p, uint64_t len);
 /** @brief The arena's bytes for lm's dims; carves it into lm's regions when arena != NULL. */
 uint64_t clb_lm_arena_layout(colibri_lm_t *lm, unsigned char *arena);
 
+/**
+ * @brief The prefill chunk (prefill_batch 0) under an expert RAM budget: a chunk reads each expert
+ *        it routes to once per layer, so the longer the chunk the fewer the reads. As many rows
+ *        (at most max_context and LM_MAX_BATCH) as keep the chunk's activations within a quarter
+ *        of the budget, at least LM_DEFAULT_BATCH as without a budget; with ceiling > 0 never
+ *        more than keep other + the arena within it (fewer than LM_DEFAULT_BATCH rather than a
+ *        model over max_memory; at least 1). lm's dims but batch must be set.
+ */
+int32_t clb_lm_budget_chunk(colibri_lm_t *lm, uint64_t budget, uint64_t ceiling, uint64_t other);
+
 /** @brief Bytes clb_lm_pack will allocate for lm (0: nothing to pack on this CPU). */
 uint64_t clb_lm_pack_bytes(colibri_lm_t *lm);
 

@@ -74,6 +74,46 @@ uint64_t clb_lm_arena_layout(colibri_lm_t *lm, unsigned char *arena)
     return off;
 }
 
+/* The arena's bytes with b activation rows (lm->batch is left as it was). */
+static uint64_t arena_rows(colibri_lm_t *lm, int32_t b)
+{
+    const int32_t keep = lm->batch;
+    lm->batch = b;
+    const uint64_t bytes = clb_lm_arena_layout(lm, NULL);
+    lm->batch = keep;
+    return bytes;
+}
+
+/* The largest b in [0, most] with base + arena(b rows) <= limit (both grow with b). */
+static int32_t largest_rows(colibri_lm_t *lm, int32_t most, uint64_t base, uint64_t limit)
+{
+    int32_t lo = 0;
+    int32_t hi = most;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo + 1) / 2;
+        if (add64(base, arena_rows(lm, mid)) <= limit) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+int32_t clb_lm_budget_chunk(colibri_lm_t *lm, uint64_t budget, uint64_t ceiling, uint64_t other)
+{
+    const int32_t most = lm->max_context < LM_MAX_BATCH ? lm->max_context : LM_MAX_BATCH;
+    const int32_t least = most < LM_DEFAULT_BATCH ? most : LM_DEFAULT_BATCH;
+    /* the activations (the arena's growth past no rows) within a quarter of the budget */
+    int32_t rows = largest_rows(lm, most, 0u, add64(budget / 4u, arena_rows(lm, 0)));
+    rows = rows > least ? rows : least;
+    if (ceiling > 0u) {
+        const int32_t room = largest_rows(lm, most, other, ceiling);
+        rows = rows < room ? rows : room;
+    }
+    return rows > 1 ? rows : 1;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Packed matrices: the int8 / int4 matrices that run with int8 activations, copied at init into
  * the layout of the CPU's packed kernels (colibri_x86_pack: x86-64 with AVX-512 VNNI), in one

@@ -691,9 +691,14 @@ static colibri_status lm_open(const colibri_lm_config_t *config, colibri_lm_memo
     if (st != COLIBRI_OK) {
         goto fail;
     }
-    const uint64_t arena = clb_lm_arena_layout(lm, NULL);
     const uint64_t packed = clb_lm_pack_bytes(lm);
     const uint64_t pool = clb_lm_pool_bytes(lm->n_threads);
+    if (config->prefill_batch == 0 && lm->budgeted) {
+        const uint64_t other =
+            add64(add64(add64(parse_bytes, table_bytes), slot_bytes), add64(packed, pool));
+        lm->batch = clb_lm_budget_chunk(lm, config->expert_ram_budget, config->max_memory, other);
+    }
+    const uint64_t arena = clb_lm_arena_layout(lm, NULL);
     const uint64_t total = add64(add64(add64(parse_bytes, table_bytes), add64(arena, slot_bytes)),
                                  add64(packed, pool));
     if (mem != NULL) {

@@ -476,3 +476,62 @@ def test_prefill_reads_each_expert_once_per_layer(files: dict[str, Path], thread
     assert chunked["misses"] <= N_LAYERS * N_EXPERTS
     assert steps["loads"] == len(prompt) * N_LAYERS * TOP_K
     assert chunked["bytes_read"] * 2 < steps["bytes_read"], (chunked, steps)
+
+
+LONG_CONTEXT = 160
+
+
+@pytest.fixture(scope="module")
+def long_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Mixtral as an int8 file with room for a 150-token prompt."""
+    require_torch()
+    tmp = tmp_path_factory.mktemp("long")
+    hf = make_model("mixtral", seed=78, num_local_experts=N_EXPERTS, num_hidden_layers=N_LAYERS)
+    model = load_hf_transformer(save_model(hf, tmp / "ckpt"))
+    q, _ = quantise_transformer(model, lm_options("host", "lm", LONG_CONTEXT, quant="int8"))
+    return write_lm_container(model, q, tmp / "int8.clb", LONG_CONTEXT)
+
+
+def test_prefill_chunk_is_sized_to_the_budget(long_file: Path) -> None:
+    """Issue 41, point 2: prefill_batch 0 under a budget sizes the chunk to it (a chunk reads
+    each expert it routes to once per layer, so longer chunks read less): as many rows as keep
+    the activations within a quarter of the budget, at least 64, at most max_context, and under
+    max_memory (fewer than 64 rather than a refusal). The arena colibri_lm_measure reports is
+    the one of that many rows; the logits stay the all-resident run's bit for bit."""
+    from colibri.targets.binding import lm_memory
+
+    def arena(rows: int) -> int:
+        return lm_memory(long_file, prefill_batch=rows)["arena_bytes"]
+
+    def auto(budget: int, max_memory: int = 0) -> int:
+        return lm_memory(long_file, ram_budget=budget, max_memory=max_memory)["arena_bytes"]
+
+    with LM(long_file) as lm:
+        experts = lm.stats()["expert_bytes"]
+    row = arena(2) - arena(1)
+    assert row > 0 and arena(0 + 1) < arena(64) < arena(LONG_CONTEXT)
+    assert auto(0) == arena(64)  # no budget: 64 rows as before
+    # a quarter of the experts' bytes holds fewer than 64 rows of this tiny model: the floor
+    assert experts // 4 // 4 < 64 * row
+    assert auto(experts // 4) == arena(64)
+    # a budget whose quarter is 100 rows' growth of the arena past one row: 100 rows or a few
+    # fewer (the rule counts from no rows, whose arena is smaller than one row's by more than a
+    # row: every region's 16-byte rounding)
+    budget = 4 * (arena(100) - arena(1))
+    near = {arena(r): r for r in range(92, 101)}
+    assert auto(budget) in near, (auto(budget), near)
+    # a budget far above the rows: max_context rows (one chunk for any prompt)
+    huge = 1000 * arena(LONG_CONTEXT)
+    assert auto(huge) == arena(LONG_CONTEXT)
+    # max_memory caps the chunk: the total of 80 rows as the ceiling gives 80 rows, and opens
+    ceiling = lm_memory(long_file, ram_budget=huge, prefill_batch=80)["total_bytes"]
+    assert auto(huge, ceiling) == arena(80)
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, 64, 150)]
+    with LM(long_file) as lm:
+        want = lm.prefill(prompt)
+    with LM(long_file, ram_budget=huge, max_memory=ceiling, prefetch=False) as lm:
+        _same_bits(lm.prefill(prompt), want, "prefill, chunk sized to max_memory")
+    with pytest.raises(RuntimeStatusError):
+        LM(long_file, ram_budget=huge, max_memory=ceiling, prefill_batch=LONG_CONTEXT)
+    with LM(long_file, ram_budget=budget, prefetch=False) as lm:
+        _same_bits(lm.prefill(prompt), want, "prefill, chunk sized to the budget")

@@ -90,8 +90,8 @@ def test_default_context_is_modest_not_the_files(files: dict[str, Path]) -> None
 )
 def test_ceiling_is_exact_and_names_the_bytes(files: dict[str, Path], options: dict) -> None:
     """colibri_lm_measure's total is the ceiling that loads and one byte less is refused with
-    COLIBRI_ERR_MEMORY, naming the bytes; the arena it reports is the one allocated, and the
-    parts add up to the total."""
+    COLIBRI_ERR_MEMORY, naming the bytes (with a budget: one byte less than one prefill row's
+    need); the arena it reports is the one allocated, and the parts add up to the total."""
     path = files["small"]
     m = lm_memory(path, **options)
     parts = ("table_bytes", "arena_bytes", "slot_bytes", "packed_bytes", "pool_bytes")
@@ -105,6 +105,16 @@ def test_ceiling_is_exact_and_names_the_bytes(files: dict[str, Path], options: d
         logits = lm.prefill(PROMPT)
     with LM(path, **options) as lm:
         assert np.array_equal(lm.prefill(PROMPT).view(np.uint32), logits.view(np.uint32))
+    if options.get("ram_budget"):
+        # with a budget the prefill chunk is sized to it and to the ceiling (issue 41): one byte
+        # less loads with a shorter chunk, the same logits; only a ceiling that one row does
+        # not fit under is refused
+        less = m["total_bytes"] - 1
+        with LM(path, max_memory=less, **options) as lm:
+            assert lm.arena_bytes < m["arena_bytes"]
+            assert lm.arena_bytes == lm_memory(path, max_memory=less, **options)["arena_bytes"]
+            assert np.array_equal(lm.prefill(PROMPT).view(np.uint32), logits.view(np.uint32))
+        m = lm_memory(path, prefill_batch=1, **options)
     with pytest.raises(RuntimeStatusError) as err:
         LM(path, max_memory=m["total_bytes"] - 1, **options)
     assert err.value.status == ERR_MEMORY

@@ -176,7 +176,7 @@ class _LMConfig(ctypes.Structure):
         ("expert_ram_budget", ctypes.c_uint64),  # 0 = every expert read in place
         ("expert_flags", ctypes.c_uint32),  # COLIBRI_LM_NO_PREFETCH = 1, _NO_PIN = 2
         ("num_threads", ctypes.c_int32),  # 0 / 1 = the caller's thread only
-        ("prefill_batch", ctypes.c_int32),  # 0 = 64 tokens per prefill chunk
+        ("prefill_batch", ctypes.c_int32),  # 0 = 64 (sized to the budget with one)
         ("pinned_slots", ctypes.c_int32),  # 0 = auto
         ("max_memory", ctypes.c_uint64),  # 0 = no ceiling on colibri_lm_init's allocations
     ]
@@ -631,13 +631,15 @@ def lm_memory(
     ram_budget: int = 0,
     threads: int = 0,
     prefill_batch: int = 0,
+    max_memory: int = 0,
 ) -> dict[str, int]:
     """The bytes LM(model_path, ...) allocates with these options (colibri_lm_measure), by
     part: table_bytes, arena_bytes, kv_bytes (of the arena), slot_bytes, packed_bytes,
     pool_bytes, total_bytes, and the max_context they are for. Nothing beyond the file's tables
-    is allocated."""
+    is allocated. ``max_memory`` is not checked here, but it sizes the prefill chunk as LM's
+    does (prefill_batch 0 with a budget)."""
     _, cfg = _lm_config(
-        model_path, max_context, True, ram_budget, True, threads, prefill_batch, "auto", 0
+        model_path, max_context, True, ram_budget, True, threads, prefill_batch, "auto", max_memory
     )
     return _lm_measure(cfg)
 
@@ -660,12 +662,14 @@ class LM(_Handle):
     pinned when the file has calibration heat: ``pin`` "auto", 0 or a slot count, see
     :func:`pin_setting`): the same logits; :meth:`stats` counts hits, misses and bytes read.
     ``threads`` > 1 splits the large matrices and the experts of a layer over that many threads
-    (a pool created here): the same logits bit for bit. ``prefill_batch``: tokens
-    :meth:`prefill` runs through a layer together (0 = 64). ``max_context``: KV cache positions
-    (0 = 2048, or the file's maximum when smaller). ``max_memory`` > 0: a ceiling on the bytes
-    the handle allocates (:func:`lm_memory` says how many it needs); over it, RuntimeStatusError
-    -18 naming the bytes needed, before they are allocated. ``read_check=False``: the experts
-    read into slots under a budget are not checked against their CRC-32 (COLIBRI_LM_NO_READ_CHECK;
+    (a pool created here): the same logits bit for bit. ``prefill_batch``: tokens :meth:`prefill`
+    runs through a layer together (0 = 64; with ``ram_budget``, as many as keep the chunk's
+    activations within a quarter of the budget and under ``max_memory``, at least 64 where the
+    ceiling allows: a chunk reads each expert once per layer). ``max_context``: KV cache positions
+    (0 = 2048, or the file's maximum when smaller). ``max_memory`` > 0: a ceiling on the bytes the
+    handle allocates (:func:`lm_memory` says how many it needs); over it, RuntimeStatusError -18
+    naming the bytes needed, before they are allocated. ``read_check=False``: the experts read into
+    slots under a budget are not checked against their CRC-32 (COLIBRI_LM_NO_READ_CHECK;
     ``verify=False`` turns off both this and the load-time checks)."""
 
     def __init__(
