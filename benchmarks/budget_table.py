@@ -16,10 +16,14 @@ loaded first; per repeat the engines run interleaved. Decode: prefill 8 tokens, 
 ``--tokens`` greedy forward steps timed together (time.perf_counter). Prefill: a 64-token
 prompt through colibri_lm_prefill from position 0 (batch 64). The engines' logits are compared
 bit for bit. min / median / max over ``--repeats``; the load average is printed before and
-after, since the machine is shared.
+after, since the machine is shared. ``--prompt N`` prefills N tokens instead of 64, and the
+budgeted engines' prefill chunk is ``--chunk`` (0, the default: sized to the budget, as a user
+gets it; the resident engine runs chunks of 64): a chunk reads each expert it routes to once
+per layer, so a prompt longer than the chunk reads them again.
 
     python benchmarks/budget_table.py [--hidden 512] [--ff 1408] [--layers 4]
         [--schemes int8,int4] [--repeats 5] [--tokens 32] [--budget-share 0.25]
+        [--prompt 64] [--chunk 0]
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from threads_prefill import container, mixtral, model_args, prompt64, summary  # noqa: E402
+from threads_prefill import container, mixtral, model_args, summary  # noqa: E402
 
 #: engine -> LM keyword arguments besides the budget (None: every expert resident)
 ENGINES: dict[str, dict[str, Any] | None] = {
@@ -55,7 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--budget-share", type=float, default=0.25)
+    ap.add_argument("--prompt", type=int, default=64, help="prefill prompt tokens (default 64)")
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=0,
+        help="prefill chunk of the budgeted engines (0: sized to the budget, the default)",
+    )
     a = ap.parse_args(argv)
+    if a.prompt < 8 or a.chunk < 0:
+        ap.error("--prompt >= 8 and --chunk >= 0")
     from colibri.targets.binding import LM
 
     print("load before:", os.getloadavg(), f"({os.cpu_count()} CPUs)")
@@ -63,15 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = Path(tmp) / "ckpt"
         mixtral(ckpt, a.hidden, a.ff, a.layers, a.vocab)
         for scheme in a.schemes.split(","):
-            prompt = prompt64(a.vocab)
-            clb = container(ckpt, scheme, Path(tmp) / f"{scheme}.clb", 128)
+            prompt = [int(t) for t in np.random.default_rng(0).integers(1, a.vocab, a.prompt)]
+            clb = container(ckpt, scheme, Path(tmp) / f"{scheme}.clb", max(128, a.prompt + 8))
             with LM(clb) as probe:
                 expert_bytes = probe.stats()["expert_bytes"]
             budget = int(expert_bytes * a.budget_share)
             lms = {
                 name: LM(clb, prefill_batch=64)
                 if kw is None
-                else LM(clb, ram_budget=budget, prefill_batch=64, **kw)
+                else LM(clb, ram_budget=budget, prefill_batch=a.chunk, **kw)
                 for name, kw in ENGINES.items()
             }
             dec: dict[str, list[float]] = {n: [] for n in lms}
