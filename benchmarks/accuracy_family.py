@@ -395,14 +395,16 @@ def member_table(result: dict[str, Any]) -> str:
 
 def worst_rows(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per scheme key, the worst figure over the members: lowest top-1, highest perplexity
-    ratio and KL (each with the member it comes from), bits per weight the highest."""
+    ratio and KL (each with the member it comes from), bits per weight (whole model and routed
+    experts) the highest."""
     worst: dict[str, dict[str, Any]] = {}
     for res in results:
         for key, r in res["rows"].items():
             if "top1" not in r:
                 continue
             w = worst.setdefault(key, {"kind": r["kind"], "flags": r.get("flags", key)})
-            for col, pick in (("top1", min), ("ppl_ratio", max), ("kl", max), ("bpw", max)):
+            picks = (("top1", min), ("ppl_ratio", max), ("kl", max), ("bpw", max))
+            for col, pick in (*picks, ("expert_bpw", max)):
                 if col not in w or pick(w[col], r[col]) != w[col]:
                     w[col] = r[col]
                     w[col + "_member"] = res["member"]
@@ -412,8 +414,9 @@ def worst_rows(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def worst_table(results: Sequence[dict[str, Any]]) -> str:
     """The worst member's figure per scheme, as markdown."""
     lines = [
-        "| scheme | worst top-1 | worst ppl ratio | worst KL (nats) | bits/weight |",
-        "|---|---|---|---|---|",
+        "| scheme | worst top-1 | worst ppl ratio | worst KL (nats) | bits/weight "
+        "| expert bits/weight |",
+        "|---|---|---|---|---|---|",
     ]
     for key, w in worst_rows(results).items():
         name = w["flags"] if w["kind"] == "colibri" else f"llama.cpp {key}"
@@ -423,6 +426,7 @@ def worst_table(results: Sequence[dict[str, Any]]) -> str:
             f"{_f(w['ppl_ratio'], '.4f')} ({w['ppl_ratio_member']})",
             f"{_f(w['kl'], '.5f')} ({w['kl_member']})",
             _f(w["bpw"], ".2f"),
+            _f(w["expert_bpw"], ".2f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

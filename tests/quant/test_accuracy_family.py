@@ -128,7 +128,7 @@ def test_worst_rows_take_each_figure_from_the_worst_member() -> None:
 
 def test_report_tables_and_goals() -> None:
     text = fam.report(_results())
-    assert "| --quant q4k | 90.00 % (b) | 1.0000 (a) | 0.02000 (a) | 4.50 |" in text
+    assert "| --quant q4k | 90.00 % (b) | 1.0000 (a) | 0.02000 (a) | 4.50 | 4.50 |" in text
     assert "| llama.cpp Q4_K_M+imatrix | 97.00 % |" in text
     assert "| --quant int8 | n/a: does not fit |" in text
     lines = fam.goals(_results())
