@@ -136,7 +136,7 @@ def test_report_tables_and_goals() -> None:
         ": met"
     )
     assert lines[1].endswith("MISSED")  # q4k+calib top-1 below Q4_K_M+imatrix
-    assert lines[2].endswith("met")  # q4k vs Q4_K_M without imatrix
+    assert lines[2].endswith("met")  # q4k vs Q4_K_M without imatrix (no q4k+d8 rows)
     assert lines[3].endswith("n/a")  # member b's int8+d8 row could not be measured
 
 
