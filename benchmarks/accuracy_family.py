@@ -367,13 +367,18 @@ def _types(types: dict[str, int] | None) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted((types or {}).items()))
 
 
+def _colibri_first(rows: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The rows, Colibri's before llama.cpp's, each kind in its measured order."""
+    return sorted(rows.items(), key=lambda kv: kv[1]["kind"] != "colibri")
+
+
 def member_table(result: dict[str, Any]) -> str:
     """One member's rows as markdown."""
     lines = [
         "| scheme | top-1 | ppl ratio | KL (nats) | bits/weight | expert bits/weight | types |",
         "|---|---|---|---|---|---|---|",
     ]
-    for key, r in result["rows"].items():
+    for key, r in _colibri_first(result["rows"]):
         if key == "F32":
             continue
         name = r.get("flags", key) if r["kind"] == "colibri" else f"llama.cpp {key}"
@@ -418,7 +423,7 @@ def worst_table(results: Sequence[dict[str, Any]]) -> str:
         "| expert bits/weight |",
         "|---|---|---|---|---|---|",
     ]
-    for key, w in worst_rows(results).items():
+    for key, w in _colibri_first(worst_rows(results)):
         name = w["flags"] if w["kind"] == "colibri" else f"llama.cpp {key}"
         cells = [
             name,
