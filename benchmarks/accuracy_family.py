@@ -27,6 +27,8 @@ accuracy_family.md: a table per member and the worst figure of each scheme over 
     python benchmarks/accuracy_family.py [--members NAME ...] [--cache ~/.cache/colibri/trained]
         [--llama-cpp DIR] [--llama-cpp-bin DIR] [--out DIR] [--no-llama] [--threads 2]
 
+The gguf package is imported as installed, else from the llama.cpp tree's gguf-py.
+
 Without llama.cpp (no --llama-cpp tree, or its build/bin lacks llama-quantize / llama-imatrix)
 the llama.cpp rows are skipped with a message saying how to get it.
 """
@@ -90,11 +92,15 @@ LLAMA_TYPES = ["Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"]
 #: The llama.cpp row each Colibri scheme is set against (issue 38's goals).
 LLAMA_PEER = {"int8+d8": "Q8_0", "int4": "Q4_K_M", "q4k": "Q4_K_M", "q5k": "Q5_K_M"}
 DEFAULT_CACHE = Path.home() / ".cache" / "colibri" / "trained"
-DEFAULT_LLAMA = ROOT.parent / "llama" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
+#: --llama-cpp's default: the tree named by $COLIBRI_LLAMA_CPP, if set.
+DEFAULT_LLAMA = (
+    Path(os.environ["COLIBRI_LLAMA_CPP"]) if os.environ.get("COLIBRI_LLAMA_CPP") else None
+)
 GET_LLAMA = (
     "llama.cpp is needed for its rows: clone https://github.com/ggml-org/llama.cpp, build it "
     "with `cmake -B build && cmake --build build --target llama-quantize llama-imatrix`, and "
-    "pass --llama-cpp DIR (its tree; --llama-cpp-bin for another binary directory), or "
+    "pass --llama-cpp DIR or set COLIBRI_LLAMA_CPP (its tree; --llama-cpp-bin for another "
+    "binary directory), or "
     "--no-llama for the Colibri rows only"
 )
 
@@ -515,7 +521,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--members", nargs="+", choices=[m.name for m in FAMILY])
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="trained members' home")
-    ap.add_argument("--llama-cpp", type=Path, default=DEFAULT_LLAMA, help="llama.cpp tree")
+    ap.add_argument(
+        "--llama-cpp", type=Path, default=DEFAULT_LLAMA, help="llama.cpp tree ($COLIBRI_LLAMA_CPP)"
+    )
     ap.add_argument("--llama-cpp-bin", type=Path, help="its binaries (default TREE/build/bin)")
     ap.add_argument("--no-llama", action="store_true", help="the Colibri rows only")
     ap.add_argument("--schemes", nargs="+", default=COLIBRI_SCHEMES, choices=sorted(acc.SCHEMES))

@@ -43,7 +43,7 @@ def test_hf_tensors_names_every_mixtral_tensor() -> None:
 
 def _gguf() -> Any:
     try:
-        return fam.gguf_module(fam.DEFAULT_LLAMA if fam.DEFAULT_LLAMA.is_dir() else None)
+        return fam.gguf_module(fam.DEFAULT_LLAMA)  # installed, or $COLIBRI_LLAMA_CPP/gguf-py
     except ImportError:
         pytest.skip("the gguf package is not installed (pip install gguf)")
 
