@@ -283,13 +283,16 @@ class ColibriEngine:
         return {"prefill": p_n / (p_ns * 1e-9), "decode": d_n / (d_ns * 1e-9)}, tokens
 
 
-#: Runs llama.cpp's convert_hf_to_gguf.py (argv: SRC, then the converter's arguments) with
-#: llama.cpp's bundled LLaMA SentencePiece vocabulary in place of the checkpoint's tokenizer
-#: (the random checkpoint has none). LlamaModel is in the script itself in older trees and in
-#: its conversion package in newer ones.
+#: Runs llama.cpp's convert_hf_to_gguf.py (argv: SRC, VOCAB, then the converter's arguments).
+#: VOCAB "llama-spm": llama.cpp's bundled LLaMA SentencePiece vocabulary in place of the
+#: checkpoint's tokenizer (the random checkpoint has none); "gpt2": the checkpoint's own
+#: byte-level BPE tokenizer.json with GPT-2's pre-tokenizer (the trained checkpoints, whose
+#: hash the converter does not know), so llama-imatrix tokenizes text as the checkpoint does.
+#: LlamaModel is in the script itself in older trees and in its conversion package in newer ones.
 LLAMA_CONVERT = """
 import importlib.util, sys
 src = sys.argv.pop(1)
+vocab = sys.argv.pop(1)
 sys.path[:0] = [src, src + "/gguf-py"]
 sys.argv[0] = src + "/convert_hf_to_gguf.py"
 spec = importlib.util.spec_from_file_location("convert_hf_to_gguf", sys.argv[0])
@@ -301,7 +304,11 @@ if llama is None:
     import conversion.llama
     llama = conversion.llama.LlamaModel
 def set_vocab(self):
-    self._set_vocab_builtin("llama-spm", self.hparams["vocab_size"])
+    if vocab == "gpt2":
+        self.get_vocab_base_pre = lambda tokenizer: "gpt-2"
+        self._set_vocab_gpt2()
+    else:
+        self._set_vocab_builtin("llama-spm", self.hparams["vocab_size"])
 llama.set_vocab = set_vocab
 mod.main()
 """
@@ -325,25 +332,35 @@ def llama_tool(bindir: Path, name: str) -> Path:
     return exe
 
 
-def llama_gguf(src: Path, bindir: Path, ckpt: Path, root: Path, qtype: str) -> Path:
-    """The checkpoint as a GGUF of llama.cpp type qtype (F32, Q8_0, Q4_0): converted once to
-    F32 by llama.cpp's converter, then quantised by llama-quantize with its default rules."""
+def llama_gguf(
+    src: Path,
+    bindir: Path,
+    ckpt: Path,
+    root: Path,
+    qtype: str,
+    vocab: str = "llama-spm",
+    imatrix: Path | None = None,
+) -> Path:
+    """The checkpoint as a GGUF of llama.cpp type qtype (F32, Q8_0, Q4_0, Q4_K_M, ...): converted
+    once to F32 by llama.cpp's converter (vocabulary `vocab`, see LLAMA_CONVERT), then quantised
+    by llama-quantize with its default rules, with the importance matrix `imatrix` if given."""
     f32 = root / "llama-F32.gguf"
     if not f32.exists():
         tmp = f32.with_suffix(".part")
         _run_llama_step(
             "llama.cpp's convert_hf_to_gguf.py",
-            [sys.executable, "-c", LLAMA_CONVERT, str(src), str(ckpt), "--outtype", "f32"]
+            [sys.executable, "-c", LLAMA_CONVERT, str(src), vocab, str(ckpt), "--outtype", "f32"]
             + ["--outfile", str(tmp)],
         )
         tmp.replace(f32)
     if qtype == "F32":
         return f32
-    out = root / f"llama-{qtype}.gguf"
+    out = root / f"llama-{qtype}{'-imatrix' if imatrix is not None else ''}.gguf"
     if not out.exists():
         tmp = out.with_suffix(".part")
         quantize = llama_tool(bindir, "llama-quantize")
-        _run_llama_step("llama-quantize", [str(quantize), str(f32), str(tmp), qtype])
+        extra = ["--imatrix", str(imatrix)] if imatrix is not None else []
+        _run_llama_step("llama-quantize", [str(quantize), *extra, str(f32), str(tmp), qtype])
         tmp.replace(out)
     return out
 

@@ -26,8 +26,12 @@ The held-out perplexity reported is transformers' fp32 model on EVAL_WINDOWS eve
 windows of EVAL_WINDOW tokens of heldout.txt (colibri.reference.lm_metrics), the windows
 benchmarks/accuracy_table.py and tests/quant/test_trained_accuracy.py use.
 
-    python benchmarks/train_trained_moe.py [--out DIR] [--size small|large] [--steps 480]
-                                           [--plot-only]
+    python benchmarks/train_trained_moe.py [--out DIR] [--size small|large|k256] [--steps 480]
+                                           [--seed 0] [--corpus pydoc|stdlib] [--plot-only]
+
+--corpus stdlib trains on the running Python's standard library sources instead (the first
+STDLIB_CHARS characters of each top-level module, split by sorted file name the same way);
+--seed changes the initial weights and the crops (default 0, the committed model).
 
 The figures depend on the Python version (its pydoc topics), torch's CPU kernels and the thread
 count; the committed files were made with CPython 3.11.7, torch 2.13.0 (CPU), transformers
@@ -92,13 +96,40 @@ MODEL_CONFIG: dict[str, Any] = dict(
 LARGE_CONFIG: dict[str, Any] = dict(
     MODEL_CONFIG, hidden_size=128, intermediate_size=256, num_hidden_layers=4
 )
-SIZES = {"small": MODEL_CONFIG, "large": LARGE_CONFIG}
+#: --size k256: hidden and expert widths of 256, the super-block of llama.cpp's k-quants (rows
+#: of other widths fall back to Q5_0 / Q5_1 / Q8_0 in llama-quantize), 1 layer (about 2.3 M
+#: parameters): the family member on which Q4_K_M / Q5_K_M / Q6_K are really k-quants.
+K256_CONFIG: dict[str, Any] = dict(
+    MODEL_CONFIG, hidden_size=256, intermediate_size=256, num_hidden_layers=1
+)
+SIZES = {"small": MODEL_CONFIG, "large": LARGE_CONFIG, "k256": K256_CONFIG}
+#: --corpus stdlib: the first STDLIB_CHARS characters of every top-level module of the running
+#: Python's standard library (sorted file names; ~600 k characters of code on CPython 3.11).
+STDLIB_CHARS = 4000
+CORPORA = ("pydoc", "stdlib")
 
 
-def split_topics() -> tuple[list[str], list[str]]:
-    """(held-in texts, held-out texts) of pydoc_data's topics, by sorted key."""
-    from pydoc_data.topics import topics
+def corpus_texts(corpus: str = "pydoc") -> dict[str, str]:
+    """The documents of a corpus by name: pydoc_data's help() topics, or the standard library's
+    top-level modules (file name -> its first STDLIB_CHARS characters)."""
+    if corpus == "pydoc":
+        from pydoc_data.topics import topics
 
+        return dict(topics)
+    if corpus == "stdlib":
+        import sysconfig
+
+        lib = Path(sysconfig.get_paths()["stdlib"])
+        return {
+            p.name: p.read_text(encoding="utf-8", errors="replace")[:STDLIB_CHARS]
+            for p in sorted(lib.glob("*.py"))
+        }
+    raise ValueError(f"unknown corpus {corpus!r} (one of {', '.join(CORPORA)})")
+
+
+def split_topics(corpus: str = "pydoc") -> tuple[list[str], list[str]]:
+    """(held-in texts, held-out texts) of a corpus (default pydoc_data's topics), by sorted key."""
+    topics = corpus_texts(corpus)
     keys = sorted(topics)
     held_in = [topics[k] for i, k in enumerate(keys) if i % HELDOUT_EVERY != HELDOUT_AT]
     held_out = [topics[k] for i, k in enumerate(keys) if i % HELDOUT_EVERY == HELDOUT_AT]
@@ -141,12 +172,14 @@ def train(
     threads: int,
     config: dict[str, Any] = MODEL_CONFIG,
     log_every: int = 50,
+    seed: int = SEED,
 ) -> tuple[Any, list[float], float]:
-    """The trained model (eval mode, fp32), the loss every log_every steps, seconds."""
+    """The trained model (eval mode, fp32), the loss every log_every steps, seconds; `seed`
+    seeds the initial weights and the crops."""
     import torch
     import transformers
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     cfg = transformers.MixtralConfig(**config, output_router_logits=True)
@@ -161,7 +194,7 @@ def train(
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * t))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(seed)
     losses: list[float] = []
     model.train()
     t0 = time.perf_counter()
@@ -221,6 +254,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--steps", type=int, default=480)
+    ap.add_argument("--seed", type=int, default=SEED, help="initial weights and crops")
+    ap.add_argument("--corpus", choices=CORPORA, default="pydoc", help="training / held-out text")
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
@@ -234,7 +269,7 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    held_in, held_out = split_topics()
+    held_in, held_out = split_topics(args.corpus)
     tok = train_tokenizer(held_in)
     stream = encode_stream(tok, held_in)
     heldout_text = "".join(t + EOT for t in held_out)
@@ -243,7 +278,9 @@ def main() -> int:
         f"held-in {sum(map(len, held_in))} characters = {len(stream)} tokens, held-out "
         f"{len(heldout_text)} characters = {len(heldout_ids)} tokens"
     )
-    model, losses, seconds = train(stream, args.steps, args.lr, args.threads, SIZES[args.size])
+    model, losses, seconds = train(
+        stream, args.steps, args.lr, args.threads, SIZES[args.size], seed=args.seed
+    )
     # Round to the stored dtype, so the fp32 model evaluated here is the one written.
     with torch.no_grad():
         for p in model.parameters():
@@ -267,6 +304,8 @@ def main() -> int:
         "torch": torch.__version__,
         "threads": args.threads,
         "size": args.size,
+        "corpus": args.corpus,
+        "seed": args.seed,
         "steps": args.steps,
         "batch": [BATCH, SEQ],
         "lr": args.lr,

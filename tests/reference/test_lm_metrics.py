@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from colibri.errors import InputError
 from colibri.reference.lm_metrics import (
+    kl_divergence,
     log_softmax,
     max_abs_diff,
     next_token_nll,
@@ -63,3 +64,20 @@ def test_top1_agreement_counts_every_position() -> None:
         top1_matches([np.eye(3)], ref[:1])
     with pytest.raises(InputError):
         perplexity([np.eye(4)], [])
+
+
+def test_kl_divergence_against_a_hand_computation() -> None:
+    # Position 0: p = (1/2, 1/4, 1/4), q = (1/4, 1/2, 1/4):
+    #   KL = 1/2 ln 2 + 1/4 ln(1/2) + 0 = 1/4 ln 2. Position 1: the same distribution, 0.
+    # Window 2, one position: p = (1, 0, 0) up to exp(-40), q uniform: KL = ln 3 (to ~1e-16).
+    p0 = np.log([0.5, 0.25, 0.25])
+    q0 = np.log([0.25, 0.5, 0.25]) + 7.0  # a shift of every logit changes nothing
+    ref = [np.stack([p0, p0]), np.array([[40.0, 0.0, 0.0]])]
+    got = [np.stack([q0, p0 - 3.0]), np.zeros((1, 3), np.float32)]
+    want = (0.25 * math.log(2) + 0.0 + math.log(3)) / 3
+    assert kl_divergence(got, ref) == pytest.approx(want, rel=1e-12, abs=1e-12)
+    assert kl_divergence(ref, ref) == 0.0
+    with pytest.raises(InputError):
+        kl_divergence(got[:1], ref)
+    with pytest.raises(InputError):
+        kl_divergence([np.zeros((3, 3))], ref[:1])

@@ -8,7 +8,10 @@ A quantised build is judged against a reference (transformers' fp32 model) on he
   position of every window;
 - :func:`perplexity` is exp of the mean negative log-likelihood of each window's next tokens
   (position t predicts token t + 1, so a window of T tokens scores T - 1 of them), pooled over
-  the windows; :func:`perplexity_ratio` divides two of them.
+  the windows; :func:`perplexity_ratio` divides two of them;
+- :func:`kl_divergence` is the mean over every position of every window of KL(reference || q),
+  the divergence of the next-token distribution from the reference's, in nats (llama.cpp's
+  ``llama-perplexity --kl-divergence`` figure).
 
 Log-softmax is computed in float64 whatever the logits' dtype.
 """
@@ -103,3 +106,18 @@ def max_abs_diff(logits: Sequence[np.ndarray], reference: Sequence[np.ndarray]) 
         float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
         for a, b in zip(logits, reference)
     )
+
+
+def kl_divergence(logits: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> float:
+    """Mean over every position of every window of KL(p || q) = sum_v p_v (log p_v - log q_v)
+    in nats, p the reference's softmax and q the logits'; 0.0 when they are the same."""
+    if len(logits) != len(reference) or not len(reference):
+        raise InputError(f"{len(logits)} logit arrays for {len(reference)} reference arrays")
+    total = 0.0
+    count = 0
+    for lg, ref in zip(logits, reference):
+        lp = log_softmax(ref)
+        lq = log_softmax(_check_rows(lg, lp.shape[0], "kl_divergence"))
+        total += float((np.exp(lp) * (lp - lq)).sum())
+        count += lp.shape[0]
+    return total / count
