@@ -731,6 +731,7 @@ static colibri_status lm_open(const colibri_lm_config_t *config, colibri_lm_memo
     }
     if (st == COLIBRI_OK) {
         clb_lm_view(lm);
+        clb_lm_cache_advise(lm);
     }
 #ifndef COLIBRI_NO_THREADS
     if (st == COLIBRI_OK && lm->n_threads > 1) {

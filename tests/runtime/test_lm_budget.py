@@ -164,6 +164,44 @@ def test_budget_zero_is_unchanged(files: dict[str, Path]) -> None:
     assert s == base and s["loads"] == s["n_slots"] == s["slot_bytes"] == 0
 
 
+
+def _random_read_flags(path: Path) -> list[bool]:
+    """For each region of this process's mappings of `path`: whether it is advised random
+    (VmFlags "rr" in /proc/self/smaps)."""
+    flags, inside = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a region's header
+            inside = len(head) >= 6 and head[5] == str(path.resolve())
+        elif inside and line.startswith("VmFlags:"):
+            flags.append("rr" in line.split()[1:])
+    return flags
+
+
+def test_budget_turns_readahead_off_where_reads_scatter(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a budget the file's scattered reads go without the kernel's readahead (lm_cache.c
+    clb_lm_cache_advise: under a memory cap the 8 MiB read around each fault evicted what the
+    next token needed): the mapping is advised random, except matrices streamed from it; the
+    logits do not change; COLIBRI_LM_READAHEAD=1 keeps the default; no budget, no advice."""
+    if not Path("/proc/self/smaps").is_file():
+        pytest.skip("no /proc/self/smaps (not Linux)")
+    path = files["int8"]
+    want, _, base = _decode(path)
+    budget = base["expert_bytes"] // 4
+    with LM(path) as lm:
+        assert _random_read_flags(path) and not any(_random_read_flags(path))
+    with LM(path, ram_budget=budget) as lm:
+        assert any(_random_read_flags(path))
+    got, _, _ = _decode(path, ram_budget=budget)
+    _same_bits(got, want, "budget, readahead off")
+    monkeypatch.setenv("COLIBRI_LM_READAHEAD", "1")
+    with LM(path, ram_budget=budget) as lm:
+        assert _random_read_flags(path) and not any(_random_read_flags(path))
+        lm.logits(PROMPT)
+
+
 # -- the model-file runner and the CLI -----------------------------------------------------------
 
 
