@@ -22,9 +22,11 @@ Method:
 * **Cold and equal starts:** before every run the engine's model file is evicted from the
   page cache (posix_fadvise DONTNEED), so every run reads it from storage under its cap.
 * **Colibri** runs with default flags (prefetch on, one compute thread) and an expert RAM
-  budget matched to the cap: the cap minus the runner's own resident set (measured once,
-  uncapped, with the smallest budget of top_k slots: its peak RSS minus those slots) minus
-  ``--headroom`` of the cap for the page cache the reads pass through; never below top_k slots.
+  budget matched to the cap: the cap minus the runner's own memory (what colibri_lm_measure
+  counts besides the slots, asked once through the runner's "memory needed" line, plus 8 MiB
+  of code, libc and touched pages of the mapping) minus ``--headroom`` of the cap for the page
+  cache the reads pass through; never below top_k slots. The cap less 8 MiB is also the
+  runtime's ``max_memory``, so a model that cannot fit is refused with what it needs.
   Timing from the runner (``COLIBRI_TIMING=1``: the decode loop's wall time), hit rate and
   expert bytes read from its stats line.
 * **llama.cpp** (``--llama-cpp SRC``; without it, or when its tools are missing, Colibri runs
@@ -92,6 +94,11 @@ ENGINES = ("colibri", "llama.cpp")
 GOAL_CAP = Fraction(1, 4)
 GOAL_RATIO = 2.0
 TIME = "/usr/bin/time"
+#: The runner's line when its max_memory ceiling is too low (lmfile_main.c print_memory).
+NEEDED = re.compile(r"memory needed: (\d+) bytes .*expert slots (\d+)")
+#: The runner's memory besides what colibri_lm_measure counts: code, libc, stack, the pages of
+#: the mapping a token touches (norms, routers, an embedding row).
+OVERHEAD_BYTES = 8 << 20
 LLAMA_HOWTO = (
     "llama.cpp is left out: pass --llama-cpp SRC, a llama.cpp source tree with llama-bench and "
     "llama-quantize built (`cmake -B build -DGGML_NATIVE=ON && cmake --build build --target "
@@ -166,15 +173,18 @@ class Colibri:
         self.slot_bytes = 0
         self.top_k = 0
         self.base_rss = 0
+        self.heap_bytes = 0
 
-    def cmd(self, budget: int) -> list[str]:
+    def cmd(self, budget: int, max_memory: int = 0) -> list[str]:
         from colibri.targets.lmrun import lmfile_args
 
-        return [str(self.runner), *lmfile_args(self.clb.resolve(), ram_budget=budget)]
+        args = lmfile_args(self.clb.resolve(), ram_budget=budget, max_memory=max_memory)
+        return [str(self.runner), *args]
 
     def probe(self, top_k: int) -> None:
-        """Slot size (an unbounded budget) and the runner's own RSS (top_k slots: its peak RSS
-        minus the slots), uncapped."""
+        """Slot size (an unbounded budget) and the runner's own memory: what the runtime says
+        it allocates besides the slots (its "memory needed" line, asked with a 1-byte ceiling)
+        plus OVERHEAD_BYTES."""
         from colibri.targets.lmrun import parse_expert_stats
 
         self.top_k = top_k
@@ -183,11 +193,12 @@ class Colibri:
         if first["exit"] != 0 or stats is None:
             raise RuntimeError(f"colibri probe failed: {first.get('error', first['stdout'])}")
         self.slot_bytes = stats["slot_bytes"]
-        small = timed(self.cmd(top_k * self.slot_bytes), None, self.work, self.env)
-        stats = parse_expert_stats(small["stdout"])
-        if small["exit"] != 0 or stats is None:
-            raise RuntimeError(f"colibri probe failed: {small.get('error', small['stdout'])}")
-        self.base_rss = small["peak_rss_bytes"] - stats["n_slots"] * stats["slot_bytes"]
+        need = timed(self.cmd(top_k * self.slot_bytes, 1), None, self.work, self.env)
+        m = NEEDED.search(need["stdout"])
+        if m is None:
+            raise RuntimeError(f"colibri probe: no memory line: {need.get('error', '')}")
+        self.heap_bytes = int(m.group(1)) - int(m.group(2))
+        self.base_rss = self.heap_bytes + OVERHEAD_BYTES
 
     def budget(self, cap_bytes: int, headroom: float) -> int:
         room = cap_bytes - self.base_rss - int(headroom * cap_bytes)
@@ -197,7 +208,17 @@ class Colibri:
         from colibri.targets.lmrun import parse_expert_stats
 
         memcap.drop_file_cache(self.clb)
-        got = timed(self.cmd(budget), cap, self.work, self.env)
+        # the cap less the overhead as the runtime's ceiling: a model that cannot fit is refused
+        # with what it needs (exit 28) rather than killed by the cgroup mid-run
+        ceiling = max(cap.limit_bytes - OVERHEAD_BYTES, 1)
+        got = timed(self.cmd(budget, ceiling), cap, self.work, self.env)
+        need = NEEDED.search(got["stdout"])
+        if got["exit"] != 0 and need is not None:
+            got["error"] = (
+                f"does not fit: the runtime needs {_mib(int(need.group(1)))} MiB besides code "
+                f"(expert slots {_mib(int(need.group(2)))} MiB) under a ceiling of "
+                f"{_mib(ceiling)} MiB"
+            )
         m = TIMING.search(got["stdout"])
         if got["exit"] == 0 and m is not None:
             _, _, d_n, d_ns = (int(g) for g in m.groups())
@@ -405,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "colibri_slot_bytes": colibri.slot_bytes,
         "colibri_own_rss_bytes": colibri.base_rss,
+        "colibri_heap_bytes": colibri.heap_bytes,
         "headroom": args.headroom,
         "prompt_tokens": args.prompt,
         "tokens": args.tokens,
