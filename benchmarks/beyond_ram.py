@@ -25,8 +25,11 @@ Method:
   budget matched to the cap: the cap minus the runner's own memory (what colibri_lm_measure
   counts besides the slots, asked once through the runner's "memory needed" line, plus 8 MiB
   of code, libc and touched pages of the mapping) minus ``--headroom`` of the cap for the page
-  cache the reads pass through; never below top_k slots. The cap less 8 MiB is also the
-  runtime's ``max_memory``, so a model that cannot fit is refused with what it needs.
+  cache the reads pass through; never below top_k slots. Where the packed copy of the dense
+  matrices (x86 with AVX-512 VNNI) leaves no room for top_k slots, the run has it off
+  (``COLIBRI_LM_PACK=0``: the matrices are read from the file; said in the table). The cap
+  less 8 MiB is also the runtime's ``max_memory``, so a model that cannot fit is refused with
+  what it needs.
   Timing from the runner (``COLIBRI_TIMING=1``: the decode loop's wall time), hit rate and
   expert bytes read from its stats line.
 * **llama.cpp** (``--llama-cpp SRC``; without it, or when its tools are missing, Colibri runs
@@ -95,7 +98,7 @@ GOAL_CAP = Fraction(1, 4)
 GOAL_RATIO = 2.0
 TIME = "/usr/bin/time"
 #: The runner's line when its max_memory ceiling is too low (lmfile_main.c print_memory).
-NEEDED = re.compile(r"memory needed: (\d+) bytes .*expert slots (\d+)")
+NEEDED = re.compile(r"memory needed: (\d+) bytes .*expert slots (\d+), packed (\d+)")
 #: The runner's memory besides what colibri_lm_measure counts: code, libc, stack, the pages of
 #: the mapping a token touches (norms, routers, an embedding row).
 OVERHEAD_BYTES = 8 << 20
@@ -174,6 +177,7 @@ class Colibri:
         self.top_k = 0
         self.base_rss = 0
         self.heap_bytes = 0
+        self.packed_bytes = 0
 
     def cmd(self, budget: int, max_memory: int = 0) -> list[str]:
         from colibri.targets.lmrun import lmfile_args
@@ -198,20 +202,28 @@ class Colibri:
         if m is None:
             raise RuntimeError(f"colibri probe: no memory line: {need.get('error', '')}")
         self.heap_bytes = int(m.group(1)) - int(m.group(2))
+        self.packed_bytes = int(m.group(3))
         self.base_rss = self.heap_bytes + OVERHEAD_BYTES
 
-    def budget(self, cap_bytes: int, headroom: float) -> int:
+    def plan(self, cap_bytes: int, headroom: float) -> tuple[int, bool]:
+        """(expert budget, packed copy on) under a cap: the packed copy of the dense matrices
+        (x86 with AVX-512 VNNI) stays on unless it leaves no room for top_k slots."""
         room = cap_bytes - self.base_rss - int(headroom * cap_bytes)
-        return max(room, self.top_k * self.slot_bytes)
+        minimum = self.top_k * self.slot_bytes
+        if room < minimum and self.packed_bytes > 0 and room + self.packed_bytes >= minimum:
+            return room + self.packed_bytes, False
+        return max(room, minimum), True
 
-    def run(self, cap: memcap.MemoryCap, budget: int) -> dict[str, Any]:
+    def run(self, cap: memcap.MemoryCap, headroom: float) -> dict[str, Any]:
         from colibri.targets.lmrun import parse_expert_stats
 
+        budget, pack = self.plan(cap.limit_bytes, headroom)
+        env = self.env if pack else dict(self.env, COLIBRI_LM_PACK="0")
         memcap.drop_file_cache(self.clb)
         # the cap less the overhead as the runtime's ceiling: a model that cannot fit is refused
         # with what it needs (exit 28) rather than killed by the cgroup mid-run
         ceiling = max(cap.limit_bytes - OVERHEAD_BYTES, 1)
-        got = timed(self.cmd(budget, ceiling), cap, self.work, self.env)
+        got = timed(self.cmd(budget, ceiling), cap, self.work, env)
         need = NEEDED.search(got["stdout"])
         if got["exit"] != 0 and need is not None:
             got["error"] = (
@@ -230,6 +242,7 @@ class Colibri:
         elif got["exit"] == 0:
             got["error"] = "the runner printed no timing line"
         got["budget_bytes"] = budget
+        got["packed"] = pack
         return got
 
 
@@ -275,6 +288,7 @@ def _cell(runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
         cell["hit_rate"] = summary([r["hit_rate"] for r in ok])
         cell["expert_bytes_read"] = summary([r["stats"]["bytes_read"] for r in ok])
         cell["budget_bytes"] = ok[0]["budget_bytes"]
+        cell["packed"] = ok[0]["packed"]
         cell["slots"] = ok[0]["stats"]["n_slots"]
     return cell
 
@@ -386,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     with memcap.MemoryCap(nbytes) as cap:
                         if eng == "colibri":
-                            got = colibri.run(cap, colibri.budget(nbytes, args.headroom))
+                            got = colibri.run(cap, args.headroom)
                         else:
                             assert llama is not None
                             got = llama.run(cap)
@@ -427,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         "colibri_slot_bytes": colibri.slot_bytes,
         "colibri_own_rss_bytes": colibri.base_rss,
         "colibri_heap_bytes": colibri.heap_bytes,
+        "colibri_packed_bytes": colibri.packed_bytes,
         "headroom": args.headroom,
+        "colibri_env": {k: v for k, v in os.environ.items() if k.startswith("COLIBRI_LM")},
         "prompt_tokens": args.prompt,
         "tokens": args.tokens,
         "rounds": args.rounds,
@@ -474,6 +490,7 @@ def print_table(result: dict[str, Any]) -> None:
                 f"{(per_tok or 0) / 1e6:7.1f} {_mib(c['peak_rss_bytes']):>7} "
                 f"{_mib(c['group_peak_bytes']):>9} "
                 f"{_mib(c['budget_bytes']) if 'budget_bytes' in c else '-':>10}"
+                + ("" if c.get("packed", True) else "  (packed copy off: no room)")
             )
             for err in c["failed"]:
                 print(f"      failed: {' '.join(err.split())[-160:]}")
