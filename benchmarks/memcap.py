@@ -94,7 +94,9 @@ class MemoryCap:
 
     # files by version
     def _limit_file(self) -> Path:
-        return self.path / ("memory.max" if self.hierarchy.version == 2 else "memory.limit_in_bytes")
+        return self.path / (
+            "memory.max" if self.hierarchy.version == 2 else "memory.limit_in_bytes"
+        )
 
     def _procs_file(self) -> Path:
         return self.path / "cgroup.procs"
@@ -189,4 +191,3 @@ def drop_file_cache(path: str | os.PathLike[str]) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-

@@ -165,7 +165,6 @@ def test_budget_zero_is_unchanged(files: dict[str, Path]) -> None:
     assert s == base and s["loads"] == s["n_slots"] == s["slot_bytes"] == 0
 
 
-
 def _random_read_flags(path: Path, flag: str = "rr") -> list[bool]:
     """For each region of this process's mappings of `path`: whether it has a VmFlags flag in
     /proc/self/smaps ("rr": advised random, "lo": locked)."""
