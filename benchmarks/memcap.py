@@ -62,9 +62,9 @@ def find_hierarchy(mounts: Path = MOUNTS, self_cgroup: Path = CGROUP_OF_SELF) ->
     seen = []
     for fstype, point, _ in found:
         if fstype == "cgroup2":
-            ctrls = (point / "cgroup.controllers").read_text().split()
-            seen.append(f"cgroup v2 at {point} (controllers: {' '.join(ctrls) or 'none'})")
-            if "memory" in ctrls:
+            names = (point / "cgroup.controllers").read_text().split()
+            seen.append(f"cgroup v2 at {point} (controllers: {' '.join(names) or 'none'})")
+            if "memory" in names:
                 return Hierarchy(2, point, point / groups.get("", "/").lstrip("/"))
     for fstype, point, opts in found:
         if fstype == "cgroup" and "memory" in opts.split(","):
