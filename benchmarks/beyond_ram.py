@@ -35,7 +35,8 @@ Method:
   expert bytes read from its stats line.
 * **llama.cpp** (``--llama-cpp SRC``; without it, or when its tools are missing, Colibri runs
   alone and the script says how to get them): the checkpoint converted and quantised as
-  benchmarks/host_table.py does (its ``llama_gguf``), timed by ``llama-bench -mmp 1 -r 1``:
+  benchmarks/host_table.py does (its ``llama_gguf``), timed by ``llama-bench -r 1`` with the
+  model mapped (``-lm mmap``, or ``-mmp 1`` where llama-bench is older):
   decode = its ``tg`` test of ``--tokens - 1`` tokens at a context depth of the prompt.
 * **Every run** is under GNU time: peak RSS (``%M``), bytes read from storage (``%I`` x 512:
   the kernel's block-input count, page faults of a mapping included) and major faults
@@ -257,10 +258,15 @@ class LlamaCpp:
 
     def __init__(self, bench: Path, gguf: Path, prompt: int, tokens: int) -> None:
         self.bench, self.gguf, self.prompt, self.n_gen = bench, gguf, prompt, tokens - 1
+        # newer llama-bench names its loading `-lm mmap` (auto may pick another); older `-mmp 1`
+        usage = subprocess.run([str(bench), "--help"], capture_output=True, text=True)
+        self.mmap = (
+            ["-lm", "mmap"] if "--load-mode" in usage.stdout + usage.stderr else ["-mmp", "1"]
+        )
 
     def run(self, cap: memcap.MemoryCap) -> dict[str, Any]:
         memcap.drop_file_cache(self.gguf)
-        cmd = [str(self.bench), "-m", str(self.gguf), "-t", "1", "-r", "1", "-mmp", "1"]
+        cmd = [str(self.bench), "-m", str(self.gguf), "-t", "1", "-r", "1", *self.mmap]
         cmd += ["-p", "0", "-n", str(self.n_gen), "-d", str(self.prompt), "-o", "json"]
         got = timed(cmd, cap, self.gguf.parent, dict(os.environ))
         if got["exit"] == 0:
