@@ -54,7 +54,12 @@
  * slot left free), and a read
  * that meets the end of the file is COLIBRI_ERR_CHANGED. A truncation between that check and
  * the kernels' reads of the mapping can still end the process with SIGBUS: POSIX gives a
- * library no way to read a mapping safely under a concurrent truncation.
+ * library no way to read a mapping safely under a concurrent truncation. With a budget, after
+ * load, the kernel reads no further ahead than asked where the reads scatter (the expert preads,
+ * the mapping except the matrices still streamed from it) and the small fp32 tensors every step
+ * reads (norms, routers, scale rows) are locked in (mlock, best effort): under a memory cap that
+ * charges the page cache, readahead and their eviction tripled the bytes read
+ * (benchmarks/beyond_ram.py). COLIBRI_LM_READAHEAD=1 in the environment keeps the defaults.
  */
 #ifndef COLIBRI_LM_H
 #define COLIBRI_LM_H

@@ -8,6 +8,7 @@ prefetch never evicts a pinned slot, and a prefill chunk reads each expert once 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,47 @@ def test_budget_zero_is_unchanged(files: dict[str, Path]) -> None:
     got, _, s = _decode(files["int4"], ram_budget=0, prefetch=False)
     _same_bits(got, want, "budget 0")
     assert s == base and s["loads"] == s["n_slots"] == s["slot_bytes"] == 0
+
+
+def _random_read_flags(path: Path, flag: str = "rr") -> list[bool]:
+    """For each region of this process's mappings of `path`: whether it has a VmFlags flag in
+    /proc/self/smaps ("rr": advised random, "lo": locked)."""
+    flags, inside = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a region's header
+            inside = len(head) >= 6 and head[5] == str(path.resolve())
+        elif inside and line.startswith("VmFlags:"):
+            flags.append(flag in line.split()[1:])
+    return flags
+
+
+def test_budget_turns_readahead_off_where_reads_scatter(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a budget the file's scattered reads go without the kernel's readahead (lm_cache.c
+    clb_lm_cache_advise: under a memory cap the 8 MiB read around each fault evicted what the
+    next token needed): the mapping is advised random, except matrices streamed from it; the
+    logits do not change; the small fp32 tensors every step reads are locked in (lm_parse.c
+    lock_small); COLIBRI_LM_READAHEAD=1 keeps the defaults; no budget, no advice."""
+    if not Path("/proc/self/smaps").is_file():
+        pytest.skip("no /proc/self/smaps (not Linux)")
+    path = files["int8"]
+    want, _, base = _decode(path)
+    budget = base["expert_bytes"] // 4
+    with LM(path) as lm:
+        assert _random_read_flags(path) and not any(_random_read_flags(path))
+    with LM(path, ram_budget=budget) as lm:
+        assert any(_random_read_flags(path))
+        if os.geteuid() == 0:  # the small fp32 tensors locked in (best effort without root)
+            assert any(_random_read_flags(path, "lo"))
+    got, _, _ = _decode(path, ram_budget=budget)
+    _same_bits(got, want, "budget, readahead off")
+    monkeypatch.setenv("COLIBRI_LM_READAHEAD", "1")
+    with LM(path, ram_budget=budget) as lm:
+        assert _random_read_flags(path) and not any(_random_read_flags(path))
+        assert not any(_random_read_flags(path, "lo"))
+        lm.logits(PROMPT)
 
 
 # -- the model-file runner and the CLI -----------------------------------------------------------
