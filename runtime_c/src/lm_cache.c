@@ -61,7 +61,28 @@ static uint64_t mapped_codes(const lm_mat *m)
  * mapping except the matrices still streamed from it each token (not packed: lm_head,
  * attention, dense FFN), which keep the default. COLIBRI_LM_READAHEAD=1 in the environment
  * leaves the kernel's defaults. Hints only: the logits are the same either way. */
-void clb_lm_cache_advise(colibri_lm_t *lm)
+/* With a budget: every step reads the fp32 tensors of up to
+ * LM_LOCK_MAX bytes other than the routed experts' (norms, routers, scale rows, RoPE rows) through
+ * the mapping. The expert reads stream through the page cache, and under a memory cap they evicted
+ * these pages every token: some 40 synchronous 4 KiB reads a token on the 353 M model. They are
+ * locked in (best effort: a refused mlock, e.g. over RLIMIT_MEMLOCK, leaves them to the page
+ * cache); under a megabyte on that model. COLIBRI_LM_READAHEAD=1 turns this off too. */
+#define LM_LOCK_MAX (1u << 20)
+static void lock_small(const unsigned char *base, const lm_entry *entries, uint32_t n)
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    for (uint32_t i = 0; i < n && page > 0; i++) {
+        if (entries[i].dtype != DT_F32 || entries[i].nbytes > LM_LOCK_MAX ||
+            entries[i].nbytes == 0u || strstr(entries[i].name, ".expert.") != NULL) {
+            continue;
+        }
+        const uintptr_t p = (uintptr_t)(base + entries[i].offset);
+        const uintptr_t a = p & ~((uintptr_t)page - 1u);
+        (void)mlock((const void *)a, (size_t)(p + entries[i].nbytes - a));
+    }
+}
+
+void clb_lm_cache_advise(colibri_lm_t *lm, const lm_entry *entries, uint32_t n_entries)
 {
     const char *keep = getenv("COLIBRI_LM_READAHEAD");
     if (lm->cache == NULL || (keep != NULL && keep[0] != '\0' && strcmp(keep, "0") != 0)) {
@@ -78,6 +99,7 @@ void clb_lm_cache_advise(colibri_lm_t *lm)
             advise_pages(m[i]->w, mapped_codes(m[i]), MADV_NORMAL);
         }
     }
+    lock_small((const unsigned char *)lm->map, entries, n_entries);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -247,9 +247,10 @@ colibri_status clb_lm_pack(colibri_lm_t *lm);
 
 /* lm_cache.c */
 
-/** @brief With a budget, after init: the kernel's readahead off where the reads are scattered
- *         (lm_cache.c). */
-void clb_lm_cache_advise(colibri_lm_t *lm);
+/** @brief With a budget, after init: the kernel's readahead off where the reads are scattered,
+ *         and the small fp32 tensors every step reads locked in (lm_cache.c); entries: the
+ *         file's tensor table. */
+void clb_lm_cache_advise(colibri_lm_t *lm, const lm_entry *entries, uint32_t n_entries);
 
 /** @brief Free an expert cache (NULL: nothing). */
 void clb_lm_cache_free(lm_cache *c);

@@ -487,32 +487,6 @@ static colibri_status integrity(const unsigned char *base, const lm_entry *entri
     return st;
 }
 
-/* With a budget (clb_lm_cache_advise): every step reads the fp32 tensors of up to
- * LM_LOCK_MAX bytes other than the routed experts' (norms, routers, scale rows, RoPE rows) through
- * the mapping. The expert reads stream through the page cache, and under a memory cap they evicted
- * these pages every token: some 40 synchronous 4 KiB reads a token on the 353 M model. They are
- * locked in (best effort: a refused mlock, e.g. over RLIMIT_MEMLOCK, leaves them to the page
- * cache); under a megabyte on that model. COLIBRI_LM_READAHEAD=1 turns this off too. */
-#define LM_LOCK_MAX (1u << 20)
-static void lock_small(const colibri_lm_t *lm, const unsigned char *base, const lm_entry *entries,
-                       uint32_t n)
-{
-    const char *keep = getenv("COLIBRI_LM_READAHEAD");
-    if (lm->cache == NULL || (keep != NULL && keep[0] != '\0' && strcmp(keep, "0") != 0)) {
-        return;
-    }
-    const long page = sysconf(_SC_PAGESIZE);
-    for (uint32_t i = 0; i < n && page > 0; i++) {
-        if (entries[i].dtype != DT_F32 || entries[i].nbytes > LM_LOCK_MAX ||
-            entries[i].nbytes == 0u || strstr(entries[i].name, ".expert.") != NULL) {
-            continue;
-        }
-        const uintptr_t p = (uintptr_t)(base + entries[i].offset);
-        const uintptr_t a = p & ~((uintptr_t)page - 1u);
-        (void)mlock((const void *)a, (size_t)(p + entries[i].nbytes - a));
-    }
-}
-
 /* Free what a (partly) opened model holds; lm may be a block whose later parts are NULL. */
 static void lm_release(colibri_lm_t *lm)
 {
@@ -762,8 +736,7 @@ static colibri_status lm_open(const colibri_lm_config_t *config, colibri_lm_memo
     }
     if (st == COLIBRI_OK) {
         clb_lm_view(lm);
-        clb_lm_cache_advise(lm);
-        lock_small(lm, (const unsigned char *)map, entries, lm->h.n_tensors);
+        clb_lm_cache_advise(lm, entries, lm->h.n_tensors);
     }
 #ifndef COLIBRI_NO_THREADS
     if (st == COLIBRI_OK && lm->n_threads > 1) {
