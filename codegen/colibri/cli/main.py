@@ -700,11 +700,13 @@ def add_quant_args(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--dense-quant",
-        choices=("fp32", "fp16", "int8"),
+        choices=("fp32", "fp16", "int8", "int4", "q4k", "q5k"),
         default="fp32",
         help="whole transformers: scheme of every matrix besides the routed experts (attention, "
         "shared expert, dense MLPs, embedding, LM head; default fp32; norms and routers stay "
-        "fp32)",
+        "fp32). int4 / q4k / q5k: the routed experts' 4- / 5-bit blocks (q4k and q5k with int8 "
+        "activations only), e.g. --quant int4 --dense-quant int4 reads fewer bytes per token "
+        "than llama.cpp's Q4_0",
     )
     s.add_argument(
         "--calib",
