@@ -7,7 +7,8 @@ intermediate 2816, 8 experts top-2, 4 layers, 16 / 4 heads, vocab 32000: 352.9 M
 ``--tiny`` swaps in a small config so a test runs the whole script in seconds.
 
 Schemes (`colibri convert` flags): ``int8`` = ``--quant int8 --dense-quant int8``; ``int4`` =
-``--quant int4 --dense-quant int8``; ``fp32`` (no flags) on request.
+``--quant int4 --dense-quant int8``; ``int4+d4`` = ``--quant int4 --dense-quant int4`` and
+``fp32`` (no flags) on request.
 
 Method:
 
@@ -85,6 +86,7 @@ SCHEMES: dict[str, list[str]] = {
     "fp32": [],
     "int8": ["--quant", "int8", "--dense-quant", "int8"],
     "int4": ["--quant", "int4", "--dense-quant", "int8"],
+    "int4+d4": ["--quant", "int4", "--dense-quant", "int4"],  # issue 41 item 5: all 4-bit
 }
 #: Issue 13's goals (single thread unless said).
 GOALS = {
@@ -95,7 +97,7 @@ GOALS = {
     "two_threads": 1.6,
 }
 #: llama.cpp's quantisation type beside each Colibri scheme (the same bits per weight class).
-LLAMA_TYPES = {"int8": "Q8_0", "int4": "Q4_0", "fp32": "F32"}
+LLAMA_TYPES = {"int8": "Q8_0", "int4": "Q4_0", "int4+d4": "Q4_0", "fp32": "F32"}
 TIMING = re.compile(r"colibri: timing: prefill (\d+) tokens (\d+) ns, decode (\d+) tokens (\d+) ns")
 
 BANDWIDTH_C = r"""
@@ -501,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
             bench = llama_tool(bindir, "llama-bench")
             for s in schemes:
                 qtype = LLAMA_TYPES[s]
+                if qtype in bytes_per_token:  # int4 and int4+d4 share Q4_0
+                    continue
                 log(f"[llama.cpp {qtype}] convert and quantise")
                 gguf = llama_gguf(args.llama_cpp, bindir, ckpt, root, qtype)
                 bytes_per_token[qtype] = gguf_bytes_per_token(
