@@ -111,7 +111,8 @@ def test_container_equals_generated_c_on_host(
 
 @pytest.mark.parametrize(
     ("arch", "scheme"),
-    [(a, "int8-dense-int8") for a in ARCHS] + [("mixtral", "int4")],
+    [(a, "int8-dense-int8") for a in ARCHS]
+    + [("mixtral", "int4"), ("qwen2_moe", "int4-dense-int4")],
 )
 def test_container_equals_generated_c_on_cortex_a53(
     models: dict[str, tuple[MoETransformer, Any]], tmp_path: Path, arch: str, scheme: str
