@@ -22,7 +22,8 @@ held-in token ids for the calibrated rows.
 
     python benchmarks/accuracy_table.py --checkpoint tests/data/trained_moe \
         [--text FILE | --ids FILE.npy] [--windows 8 --window 96] [--board host|cortex-m7] \
-        [--schemes fp32 int8 int8+d8 int4 int4+d8 q4k q5k ...] [--calib FILE.npy] [--work DIR]
+        [--schemes fp32 int8 int8+d8 int4 int4+d8 int4+d4 q4k q5k ...] [--calib FILE.npy]
+        [--work DIR]
 
 The functions are importable (tests/quant/test_trained_accuracy.py uses them).
 """
@@ -99,12 +100,17 @@ _BASE = [
     Scheme("int4", "int4"),
     Scheme("int4+d8", "int4", "int8"),
 ]
-#: Rows measured only when named (--schemes): q4k / q5k routed experts (issue 38).
+#: Rows measured only when named (--schemes): q4k / q5k routed experts (issue 38), and 4- / 5-bit
+#: dense matrices (issue 41 item 5: +d4 --dense-quant int4, +dq4k / +dq5k q4k / q5k).
 _EXTRA = [
     Scheme("q4k", "q4k"),
     Scheme("q4k+d8", "q4k", "int8"),
     Scheme("q5k", "q5k"),
     Scheme("q5k+d8", "q5k", "int8"),
+    Scheme("int4+d4", "int4", "int4"),
+    Scheme("int4+dq4k", "int4", "q4k"),
+    Scheme("q4k+dq4k", "q4k", "q4k"),
+    Scheme("q5k+dq5k", "q5k", "q5k"),
 ]
 #: Every row by key: the base schemes, and each quantised one with --calib ("int4+calib").
 SCHEMES: dict[str, Scheme] = {s.key: s for s in _BASE}

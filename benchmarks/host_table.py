@@ -7,7 +7,8 @@ intermediate 2816, 8 experts top-2, 4 layers, 16 / 4 heads, vocab 32000: 352.9 M
 ``--tiny`` swaps in a small config so a test runs the whole script in seconds.
 
 Schemes (`colibri convert` flags): ``int8`` = ``--quant int8 --dense-quant int8``; ``int4`` =
-``--quant int4 --dense-quant int8``; ``fp32`` (no flags) on request.
+``--quant int4 --dense-quant int8``; ``int4+d4`` = ``--quant int4 --dense-quant int4`` and
+``fp32`` (no flags) on request.
 
 Method:
 
@@ -89,6 +90,7 @@ SCHEMES: dict[str, list[str]] = {
     "fp32": [],
     "int8": ["--quant", "int8", "--dense-quant", "int8"],
     "int4": ["--quant", "int4", "--dense-quant", "int8"],
+    "int4+d4": ["--quant", "int4", "--dense-quant", "int4"],  # issue 41 item 5: all 4-bit
 }
 #: Issue 13's goals (single thread unless said).
 GOALS = {
@@ -99,7 +101,7 @@ GOALS = {
     "two_threads": 1.6,
 }
 #: llama.cpp's quantisation type beside each Colibri scheme (the same bits per weight class).
-LLAMA_TYPES = {"int8": "Q8_0", "int4": "Q4_0", "fp32": "F32"}
+LLAMA_TYPES = {"int8": "Q8_0", "int4": "Q4_0", "int4+d4": "Q4_0", "fp32": "F32"}
 #: --sampled: the settings llama.cpp's and most chat front ends' defaults are near (top-k 40,
 #: top-p 0.95); decode then ranks the 40 best by partial selection (colibri_sample)
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 1}
@@ -545,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
             bench = llama_tool(bindir, "llama-bench")
             for s in schemes:
                 qtype = LLAMA_TYPES[s]
+                if qtype in bytes_per_token:  # int4 and int4+d4 share Q4_0
+                    continue
                 log(f"[llama.cpp {qtype}] convert and quantise")
                 gguf = llama_gguf(args.llama_cpp, bindir, ckpt, root, qtype)
                 bytes_per_token[qtype] = gguf_bytes_per_token(

@@ -192,6 +192,11 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
 void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in);
 
+/** @brief One q4k (bits 4) or q5k (bits 5) row of n_in weights dequantised into x[n_in]:
+ *         x = (float)q * (d * (float)sc_j) - dmin * (float)m_j per sub-block j, each product
+ *         in fp32 (the embedding rows of --dense-quant q4k / q5k). */
+void colibri_dequantize_row_kq(const void *row, int32_t n_in, int32_t bits, float *x);
+
 /** @brief colibri_matvec_q4k_q8 with 5-bit codes: w n_out rows of COLIBRI_Q5K_ROW_BYTES(n_in). */
 void colibri_matvec_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in);

@@ -87,7 +87,7 @@ void colibri_swiglu_f32(const float *x, const float *w_gate, const float *w_up, 
 
 /** A stored matrix W [n_out][n_in] (one row per output) in a colibri_quant_scheme. */
 typedef struct {
-    int32_t scheme;      /**< colibri_quant_scheme: F32, F16, Q8 or Q4 */
+    int32_t scheme;      /**< colibri_quant_scheme: F32, F16, Q8, Q4, Q4K or Q5K */
     int32_t blocked;     /**< Q8: one scale per block of 32 inputs (colibri_matvec_q8b_*) */
     int32_t n_out, n_in; /**< rows, columns */
     const void *w;       /**< values / codes (Q4: colibri_block_q4_32 rows) */
@@ -147,9 +147,10 @@ void colibri_matmul_packed(int32_t kind, const void *packed, const float *rscale
                            int32_t n_in, int32_t r0, int32_t r1, const int8_t *xq, const float *sx,
                            float *y, int32_t ldy, int32_t n_tok);
 
-/** @brief colibri_tf_mat_t initialisers for the generated model's const tables: an fp32 or
- *         fp16 matrix w_ [o_][i_], or an int8 one whose generated struct *s_ holds the codes q and
- *         one scale per block of 32 inputs. */
+/** @brief colibri_tf_mat_t initialisers for the generated model's const tables: an fp32, fp16,
+ *         int4 (colibri_block_q4_32 rows), q4k or q5k (rows of COLIBRI_Q4K / Q5K_ROW_BYTES) matrix
+ *         w_ [o_][i_], or an int8 one whose generated struct *s_ holds the codes q and one scale
+ *         per block of 32 inputs. */
 #define COLIBRI_TF_MAT_F32(w_, o_, i_)                                                             \
     {                                                                                              \
         .scheme = COLIBRI_QUANT_F32, .n_out = (o_), .n_in = (i_), .w = (w_)                        \
@@ -157,6 +158,18 @@ void colibri_matmul_packed(int32_t kind, const void *packed, const float *rscale
 #define COLIBRI_TF_MAT_F16(w_, o_, i_)                                                             \
     {                                                                                              \
         .scheme = COLIBRI_QUANT_F16, .n_out = (o_), .n_in = (i_), .w = (w_)                        \
+    }
+#define COLIBRI_TF_MAT_Q4(w_, o_, i_)                                                              \
+    {                                                                                              \
+        .scheme = COLIBRI_QUANT_Q4, .n_out = (o_), .n_in = (i_), .w = (w_)                         \
+    }
+#define COLIBRI_TF_MAT_Q4K(w_, o_, i_)                                                             \
+    {                                                                                              \
+        .scheme = COLIBRI_QUANT_Q4K, .n_out = (o_), .n_in = (i_), .w = (w_)                        \
+    }
+#define COLIBRI_TF_MAT_Q5K(w_, o_, i_)                                                             \
+    {                                                                                              \
+        .scheme = COLIBRI_QUANT_Q5K, .n_out = (o_), .n_in = (i_), .w = (w_)                        \
     }
 #define COLIBRI_TF_MAT_Q8B(s_, o_, i_)                                                             \
     {                                                                                              \

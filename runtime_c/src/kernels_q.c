@@ -294,6 +294,34 @@ static inline void kq_matvec(const void *w, const int8_t *xq, const float *sx, f
     }
 }
 
+void colibri_dequantize_row_kq(const void *row, int32_t n_in, int32_t bits, float *x)
+{
+    const int32_t sub_bytes = (bits == 5) ? 20 : 16;
+    const size_t sb = (bits == 5) ? sizeof(colibri_block_q5k) : sizeof(colibri_block_q4k);
+    const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t b = 0; b < nb; b++) {
+        const uint8_t *base = (const uint8_t *)row + (size_t)(b / 8) * sb;
+        const int32_t j = b % 8;
+        const int32_t i0 = b * COLIBRI_QK8;
+        const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
+        const uint8_t *qs = base + 16 + (size_t)sub_bytes * (size_t)j;
+        const uint32_t hb = (sub_bytes == 20)
+                                ? ((uint32_t)qs[16] | ((uint32_t)qs[17] << 8) |
+                                   ((uint32_t)qs[18] << 16) | ((uint32_t)qs[19] << 24))
+                                : 0u;
+        int32_t sc;
+        int32_t m;
+        q4k_scale_min(base + 4, j, &sc, &m);
+        const float step = colibri_f16_to_f32((uint16_t)(base[0] | (base[1] << 8))) * (float)sc;
+        const float low = colibri_f16_to_f32((uint16_t)(base[2] | (base[3] << 8))) * (float)m;
+        for (int32_t k = 0; k < n; k++) {
+            const uint32_t q4 = k < 16 ? (qs[k] & 0x0Fu) : (uint32_t)(qs[k - 16] >> 4);
+            const uint32_t q = q4 | (((hb >> k) & 1u) << 4);
+            x[i0 + k] = (float)q * step - low;
+        }
+    }
+}
+
 void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in)
 {

@@ -44,6 +44,8 @@ static uint64_t mapped_codes(const lm_mat *m)
     const uint64_t n_in = (uint64_t)m->n_in;
     const uint64_t row = m->scheme == COLIBRI_QUANT_Q4
                              ? COLIBRI_Q4_BLOCKS(m->n_in) * (uint64_t)sizeof(colibri_block_q4_32)
+                         : m->scheme == COLIBRI_QUANT_Q4K ? (uint64_t)COLIBRI_Q4K_ROW_BYTES(m->n_in)
+                         : m->scheme == COLIBRI_QUANT_Q5K ? (uint64_t)COLIBRI_Q5K_ROW_BYTES(m->n_in)
                          : m->scheme == COLIBRI_QUANT_Q8  ? n_in
                          : m->scheme == COLIBRI_QUANT_F16 ? 2u * n_in
                                                           : 4u * n_in;

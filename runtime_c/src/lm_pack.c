@@ -157,8 +157,7 @@ static void pack_mat(lm_mat *m, int32_t act, unsigned char *base, size_t *off)
 static size_t pack_all(colibri_lm_t *lm, unsigned char *base)
 {
     size_t off = 0;
-    const int32_t dact =
-        (lm->h.dense_scheme == (uint32_t)COLIBRI_QUANT_Q8 && lm->h.dense_act == 1u);
+    const int32_t dact = lm->h.dense_act == 1u; /* Q8 / Q4 pack; pack_mat skips the others */
     pack_mat(&lm->lm_head, dact, base, &off);
     for (uint32_t l = 0; l < lm->h.n_layers; l++) {
         lm_layer *ly = &lm->layers[l];

@@ -66,8 +66,9 @@ static colibri_status header_read(const unsigned char *b, size_t size, lm_header
         !in_range(h->max_context, 1u, LM_MAX_DIM) || (h->flags & ~LM_FLAGS_KNOWN) != 0u ||
         !(h->eps > 0.0f) || !isfinite(h->eps) || !(h->clip >= 0.0f) || !isfinite(h->clip) ||
         ((h->flags & LM_FLAG_CLIP) != 0u) != (h->clip > 0.0f) || h->window > (uint32_t)INT32_MAX ||
-        h->dense_scheme > (uint32_t)COLIBRI_QUANT_Q8 || h->dense_act > 1u ||
-        (h->dense_act == 1u && h->dense_scheme != (uint32_t)COLIBRI_QUANT_Q8)) {
+        h->dense_scheme > (uint32_t)COLIBRI_QUANT_Q5K || h->dense_act > 1u ||
+        (h->dense_act == 1u && h->dense_scheme < (uint32_t)COLIBRI_QUANT_Q8) ||
+        (h->dense_act != 1u && h->dense_scheme >= (uint32_t)COLIBRI_QUANT_Q4K)) {
         return COLIBRI_ERR_CONFIG;
     }
     if (h->n_layers > h->n_tensors) {
@@ -84,10 +85,12 @@ static colibri_status header_read(const unsigned char *b, size_t size, lm_header
     if (h->meta_offset + h->meta_bytes > h->data_offset) {
         return COLIBRI_ERR_FORMAT;
     }
-    /* The data must at least hold the embedding (one byte a weight) and the RoPE tables the
-     * header implies (all values bounded above, so no product overflows 64 bits). */
-    const uint64_t need =
-        (uint64_t)h->vocab * h->d_model + 2u * 4u * (uint64_t)h->max_context * (h->head_dim / 2u);
+    /* The data must at least hold the embedding (one byte a weight; half a byte in the 4- / 5-bit
+     * dense schemes) and the RoPE tables the header implies (all values bounded above, so no
+     * product overflows 64 bits). */
+    const uint64_t embed = (uint64_t)h->vocab * h->d_model;
+    const uint64_t need = (h->dense_scheme >= (uint32_t)COLIBRI_QUANT_Q4 ? embed / 2u : embed) +
+                          2u * 4u * (uint64_t)h->max_context * (h->head_dim / 2u);
     if (need > h->file_size - h->data_offset) {
         return COLIBRI_ERR_TRUNCATED;
     }

@@ -35,9 +35,9 @@ static inline void colibri_tfi_quantize_rows(const float *x, int8_t *xq, float *
     }
 }
 
-/* Up to three dense matrices (attention, LM head) on n rows of x: int8 activations (Q8 with
- * m->quantize_rows) quantised once for all of them, then the hook's split or the calling
- * thread, each by m->mat_rows (never colibri_tf_mat_rows itself: a generated model links
+/* Up to three dense matrices (attention, LM head) on n rows of x: int8 activations (Q8, Q4,
+ * Q4K or Q5K with m->quantize_rows) quantised once for all of them, then the hook's split or the
+ * calling thread, each by m->mat_rows (never colibri_tf_mat_rows itself: a generated model links
  * only the kernels it calls). */
 static inline colibri_status colibri_tfi_linear(const colibri_tf_model_t *m, int32_t n_mats,
                                                 const colibri_tf_mat_t *const *w,
@@ -51,7 +51,7 @@ static inline colibri_status colibri_tfi_linear(const colibri_tf_model_t *m, int
         j.b[i] = b[i];
         j.y[i] = y[i];
     }
-    j.act = (w[0]->scheme == COLIBRI_QUANT_Q8 && m->quantize_rows != NULL) ? 1 : 0;
+    j.act = (w[0]->scheme >= COLIBRI_QUANT_Q8 && m->quantize_rows != NULL) ? 1 : 0;
     if (j.act == 1) {
         m->quantize_rows(x, m->xq, m->sxq, w[0]->n_in, n);
     }
@@ -197,6 +197,21 @@ static inline void colibri_tfi_embed_row(const colibri_tf_mat_t *em, int32_t tok
         for (int32_t i = 0; i < d; ++i) {
             x[i] = (float)row[i] * rs[i / COLIBRI_QK8];
         }
+    } else if (em->scheme == COLIBRI_QUANT_Q4) {
+        const colibri_block_q4_32 *row =
+            (const colibri_block_q4_32 *)em->w + (size_t)token * COLIBRI_Q4_BLOCKS(d);
+        for (int32_t i = 0; i < d; ++i) {
+            const colibri_block_q4_32 *blk = &row[i / COLIBRI_QK4];
+            const int32_t j = i % COLIBRI_QK4;
+            const uint32_t nib = j < 16 ? (blk->qs[j] & 0x0Fu) : (uint32_t)(blk->qs[j - 16] >> 4);
+            x[i] = (float)((int32_t)nib - 8) * colibri_f16_to_f32(blk->d);
+        }
+    } else if (em->scheme == COLIBRI_QUANT_Q4K) {
+        colibri_dequantize_row_kq((const uint8_t *)em->w + (size_t)token * COLIBRI_Q4K_ROW_BYTES(d),
+                                  d, 4, x);
+    } else if (em->scheme == COLIBRI_QUANT_Q5K) {
+        colibri_dequantize_row_kq((const uint8_t *)em->w + (size_t)token * COLIBRI_Q5K_ROW_BYTES(d),
+                                  d, 5, x);
     } else if (em->scheme == COLIBRI_QUANT_F16) {
         const uint16_t *row = (const uint16_t *)em->w + (size_t)token * (size_t)d;
         for (int32_t i = 0; i < d; ++i) {

@@ -253,6 +253,9 @@ def generate_family(out: Path, name: str | None = None, subset: bool = False) ->
         ("int8", "int8", "fp32"),
         ("int4", "fp16", None),
         ("fp16", "fp32", None),
+        ("int4", "int4", None),  # 4- / 5-bit dense matrices (issue 41 item 5)
+        ("int4", "int4", "fp32"),
+        ("q5k", "q4k", None),
     )
     for b, board in enumerate(BOARDS):
         for c, (quant, dense, act) in enumerate(lm_cases):

@@ -549,8 +549,11 @@ def test_quantize_transformer_dense_structure(qwen: Any) -> None:
     assert q.dense_ffn[0].w1.n_out == qwen.layers[0].mlp.w1.shape[1]
     assert quantize_transformer(qwen, "int8", "fp32", dense="fp16").dense_act == "fp32"
     assert quantize_transformer(qwen, "fp32", dense="int8").experts[1][0].scheme == "fp32"
-    with pytest.raises(ConfigError, match=r"--dense-quant int4 is not supported.*--quant int4"):
-        quantize_transformer(qwen, "int8", dense="int4")
+    q4 = quantize_transformer(qwen, "int4", dense="int4")
+    assert (q4.dense_scheme, q4.dense_act, q4.dense["embed"].scheme) == ("int4", "int8", "int4")
+    assert q4.dense_ffn[0].w1.scheme == "int4"
+    with pytest.raises(ConfigError, match=r"--act fp32 with --dense-quant q4k.*int8-activation"):
+        quantize_transformer(qwen, "int8", "fp32", dense="q4k")
 
 
 def test_dense_quant_mirror(qwen: Any) -> None:
@@ -573,6 +576,11 @@ DENSE_CASES = [  # (MODEL_CASES index, --quant, --act, --dense-quant)
     (7, "int8", "fp32", "int8"),  # OLMoE: attention biases, QK-norm, clip_qkv
     (2, "fp32", None, "fp16"),  # Mixtral: tied embedding, sliding window
     (8, "int4", None, "int8"),  # OLMoE: tied, MQA, k 1
+    # 4- / 5-bit dense matrices (issue 41 item 5): int4 embedding rows, q4k / q5k ones
+    (4, "int4", None, "int4"),
+    (7, "int4", "fp32", "int4"),  # int4 dense by fp32 activations
+    (8, "int4", None, "q4k"),
+    (2, "q5k", None, "q5k"),
 ]
 
 
@@ -592,7 +600,7 @@ def test_c_dense_quant_matches_mirror_on_host(
     assert manifest["options"]["dense_quant"] == dense
     _, experts_only = render_lm(ours, "host", "lm", MAX_CONTEXT, quant, act)
     assert qr["weight_bytes"] < experts_only["memory"]["weight_bytes"]
-    if dense == "int8" and q.dense_act == "int8":
+    if q.dense_act == "int8":
         regions = {r["name"]: r["size"] for r in manifest["memory"]["regions"]}
         c = ours.config
         assert regions["act_q"] >= max(c.d_model, c.n_heads * c.head_dim)
@@ -621,6 +629,20 @@ def test_c_dense_quant_on_cortex_m7(tmp_path: Path, arch_ckpts: dict[str, Path])
     expected = man_e["memory"]["weight_bytes"] - man["memory"]["weight_bytes"]
     print(f"\n--dense-quant int8 saves {saved} bytes of flash (manifest: {expected})")
     assert 0.9 * expected < saved < 1.1 * expected
+
+
+@pytest.mark.parametrize("board", ["cortex-m4", "cortex-m55"])
+def test_c_dense_int4_on_mcus(tmp_path: Path, board: str, arch_ckpts: dict[str, Path]) -> None:
+    """--quant int4 --dense-quant int4 (Qwen2-MoE: a dense MLP layer, shared experts, untied
+    LM head) on the boards whose int4 kernels differ: the mirror's logits to the bit."""
+    require_board(board)
+    ours = load_hf_transformer(arch_ckpts["qwen2_moe"])
+    q = quantize_transformer(ours, "int4", dense="int4")
+    gen, man = generate_lm(
+        ours, tmp_path / "g", board, "lm", MAX_CONTEXT, quant="int4", dense="int4"
+    )
+    assert man["quantization"]["dense_scheme"] == "int4"
+    _check_c(gen, board, ours, q, [3, 14, 15, 9, 26, 5], f"qwen2_moe int4 + dense int4 on {board}")
 
 
 def _flash_but_code(rep: Any) -> int:

@@ -44,8 +44,8 @@ from hf_tiny import (
 MAX_CONTEXT = 32
 PROMPT = [3, 17, 5, 60, 9, 41]
 N_NEW = 8
-#: The schemes of the issue: fp32, int8 / int4 routed experts, int8 experts + int8 dense; and
-#: q4k / q5k routed experts (issue 38).
+#: The schemes of the issue: fp32, int8 / int4 routed experts, int8 experts + int8 dense; q4k /
+#: q5k routed experts (issue 38); and 4- / 5-bit dense matrices (issue 41 item 5).
 SCHEMES: dict[str, dict[str, str]] = {
     "fp32": {},
     "int8": {"quant": "int8"},
@@ -53,6 +53,10 @@ SCHEMES: dict[str, dict[str, str]] = {
     "int8-dense-int8": {"quant": "int8", "dense": "int8"},
     "q4k": {"quant": "q4k"},
     "q5k": {"quant": "q5k"},
+    # every other matrix (attention, shared expert / dense MLP, embedding, LM head) 4- / 5-bit
+    "int4-dense-int4": {"quant": "int4", "dense": "int4"},
+    "int4-dense-q4k": {"quant": "int4", "dense": "q4k"},
+    "q5k-dense-q5k": {"quant": "q5k", "dense": "q5k"},
 }
 
 
@@ -107,7 +111,8 @@ def test_container_equals_generated_c_on_host(
 
 @pytest.mark.parametrize(
     ("arch", "scheme"),
-    [(a, "int8-dense-int8") for a in ARCHS] + [("mixtral", "int4")],
+    [(a, "int8-dense-int8") for a in ARCHS]
+    + [("mixtral", "int4"), ("qwen2_moe", "int4-dense-int4")],
 )
 def test_container_equals_generated_c_on_cortex_a53(
     models: dict[str, tuple[MoETransformer, Any]], tmp_path: Path, arch: str, scheme: str

@@ -250,6 +250,8 @@ TRANSFORMER_SCHEMES = [
     ("int8", ["--quant", "int8"], 0.0),
     ("int4", ["--quant", "int4"], 0.0),
     ("int8-dense-int8", ["--quant", "int8", "--dense-quant", "int8"], 0.0),
+    ("int4-dense-int4", ["--quant", "int4", "--dense-quant", "int4"], 0.0),
+    ("int4-dense-q4k", ["--quant", "int4", "--dense-quant", "q4k"], 0.0),
 ]
 
 

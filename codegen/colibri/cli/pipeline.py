@@ -409,7 +409,9 @@ def streamed_bytes(
     inspect` does from the safetensors headers (weights of the scheme, RoPE tables)."""
     quant, dense = check_scheme(options.quant), check_dense_scheme(options.dense_quant)
     rep = hf_report(Path(model), options.context)
-    v = next(v for v in rep.variants if v.quant == quant and v.dense_quant == dense)
+    # inspect tabulates dense fp32 / int8: fp16 is bounded by fp32's, 4- / 5-bit by int8's
+    shown = {"fp16": "fp32", "int4": "int8", "q4k": "int8", "q5k": "int8"}.get(dense, dense)
+    v = next(v for v in rep.variants if v.quant == quant and v.dense_quant == shown)
     # a table entry and alignment per tensor: the checkpoint's, and as many again (scales,
     # layer descriptors), plus the header and metadata
     tensors = 2 * len(HFCheckpoint(model).names())

@@ -571,7 +571,9 @@ def _decoder(
         else:
             lm_head = w.add_stored("lm_head", dq.dense["lm_head"], f"{what}, {dense}")
     # host: the expert / dense-MLP matrices its setup packs (<name>_pack), w1, w2, w3 each
-    dense_pack = pack and dq is not None and dq.dense_scheme == "int8" and dq.dense_act == "int8"
+    dense_pack = (
+        pack and dq is not None and dq.dense_scheme in ("int8", "int4") and dq.dense_act == "int8"
+    )
     pack_list: list[dict[str, Any]] = []
 
     def pack_parts(refs: dict[str, Any], pk: str, scheme: str, d_ff: int) -> None:
@@ -679,7 +681,7 @@ def _decoder(
             "activation_bytes": plan.arena_size - kv,
             "max_context": max_context,
             "weight_parts": w.parts,
-            **_packed_memory(pack_list, layers, c, dense_pack),
+            **_packed_memory(pack_list, layers, c, dense_pack, dense),
         },
         "finish": finish,
     }
@@ -696,7 +698,11 @@ def _packed_bytes(kind: str, n_out: int, n_in: int) -> int:
 
 
 def _packed_memory(
-    pack_list: list[dict[str, Any]], layers: list[dict[str, Any]], c: Any, dense_pack: bool
+    pack_list: list[dict[str, Any]],
+    layers: list[dict[str, Any]],
+    c: Any,
+    dense_pack: bool,
+    dense: str = "int8",
 ) -> dict[str, Any]:
     """A host model's packed copies (manifest memory.packed_bytes_max, none elsewhere): the one
     block its setup allocates on a CPU with packed kernels (colibri_pack_matrices), 0 bytes on
@@ -704,10 +710,11 @@ def _packed_memory(
     mats = [(p["kind"], int(p["n_out"]), int(p["n_in"])) for p in pack_list]
     if dense_pack:
         hq, hkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        kind = "COLIBRI_PACK_Q4" if dense == "int4" else "COLIBRI_PACK_Q8B"
         for _ in layers:
-            mats += [("COLIBRI_PACK_Q8B", n, c.d_model) for n in (hq, hkv, hkv)]
-            mats.append(("COLIBRI_PACK_Q8B", c.d_model, hq))
-        mats.append(("COLIBRI_PACK_Q8B", c.vocab_size, c.d_model))
+            mats += [(kind, n, c.d_model) for n in (hq, hkv, hkv)]
+            mats.append((kind, c.d_model, hq))
+        mats.append((kind, c.vocab_size, c.d_model))
     total = 0
     for kind, n_out, n_in in mats:
         b = _packed_bytes(kind, n_out, n_in)

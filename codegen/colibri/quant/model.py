@@ -4,10 +4,11 @@ A lone MoE layer (:func:`quantize_moe_layer` -> :class:`LayerQuant`): each store
 scheme (``--quant``, per expert ``--expert-quant``, activations ``--act``) and the router
 (``--router-quant``). A whole transformer (:func:`quantize_transformer` ->
 :class:`TransformerQuant`): the routed experts of every MoE layer in one scheme
-(:mod:`colibri.quant.formats`), and with ``dense`` fp16 / int8 (``--dense-quant``) every other
-matrix: attention q/k/v/o, Qwen's shared expert and dense MLPs, the token embedding and the LM
-head (one table when tied); routers on request. Norms, biases and the shared expert's gate stay
-fp32. :func:`colibri.reference.transformer.forward` runs the result through the kernels' mirror.
+(:mod:`colibri.quant.formats`), and with ``dense`` fp16 / int8 / int4 / q4k / q5k
+(``--dense-quant``) every other matrix: attention q/k/v/o, Qwen's shared expert and dense
+MLPs, the token embedding and the LM head (one table when tied); routers on request. Norms,
+biases and the shared expert's gate stay fp32. :func:`colibri.reference.transformer.forward`
+runs the result through the kernels' mirror.
 
 int8 / int4 scales come from the scale search (``--scale-search mse``, the default; ``none``:
 the plain method), and with calibration statistics (``--calib``, per MoE layer a
@@ -113,8 +114,9 @@ def quantize_moe_layer(
     return LayerQuant(plan, experts, quantize_router(layer.router_w, router))
 
 
-#: Schemes of --dense-quant (int4 blocks of 32 are for the routed experts: --quant int4).
-DENSE_SCHEMES = ("fp32", "fp16", "int8")
+#: Schemes of --dense-quant: every matrix that is not a routed expert (embedding and LM head
+#: included, as llama.cpp keeps token_embd in the quantisation type) in one of them.
+DENSE_SCHEMES = ("fp32", "fp16", "int8", "int4", "q4k", "q5k")
 #: The attention projections of every layer, as named in the IR and the generated C.
 ATTENTION_PROJECTIONS = ("wq", "wk", "wv", "wo")
 
@@ -149,8 +151,7 @@ def check_dense_scheme(dense: str) -> str:
     dense = check_scheme(dense, "--dense-quant")
     if dense not in DENSE_SCHEMES:
         raise ConfigError(
-            f"--dense-quant {dense} is not supported; supported: {', '.join(DENSE_SCHEMES)} "
-            f"(int4 blocks are for the routed experts: --quant int4)"
+            f"--dense-quant {dense} is not supported; supported: {', '.join(DENSE_SCHEMES)}"
         )
     return dense
 
@@ -167,10 +168,10 @@ def quantize_transformer(
     method: str = DEFAULT_CALIB_METHOD,
 ) -> TransformerQuant:
     """Quantise the routed experts of every MoE layer (colibri.quant.formats; calibrated per
-    layer by calib[layer index] when given) and, with dense fp16 / int8, every other matrix;
-    act is the activation mode of int8/int4 matrices (default int8: integer dot products; fp16
-    has no integer kernel and keeps fp32); search is the int8 / int4 scale search. `progress`
-    shows one line counting the layers and their experts."""
+    layer by calib[layer index] when given) and, with dense fp16 / int8 / int4 / q4k / q5k,
+    every other matrix; act is the activation mode of int8/int4 matrices (default int8: integer
+    dot products; fp16 has no integer kernel and keeps fp32); search is the int8 / int4 scale
+    search. `progress` shows one line counting the layers and their experts."""
     q = new_transformer_quant(scheme, act, dense, router, search)
     with progress.stage("quantise", _quant_steps(model, q.dense_scheme)) as st:
         _quantize_transformer(q, model, search, calib, st, method)
@@ -226,6 +227,11 @@ def new_transformer_quant(
     q = TransformerQuant(scheme=scheme, act=plan_act, experts={})
     q.router_scheme = check_router_scheme(router)
     q.dense_scheme = check_dense_scheme(dense)
+    if q.dense_scheme in ("q4k", "q5k") and act == "fp32":
+        raise ConfigError(
+            f"--act fp32 with --dense-quant {q.dense_scheme}: {q.dense_scheme} matrices have "
+            f"int8-activation kernels only; drop --act fp32, or pick --dense-quant int8 or int4"
+        )
     if q.dense_scheme != "fp32":
         q.dense_act = make_plan(1, q.dense_scheme, None, act).acts[0]
     return q
@@ -331,11 +337,13 @@ def transformer_quant_as_asked(
     everything stays fp32. --act without an int8/int4 matrix to apply to is an error."""
     quant = check_scheme(quant)
     dense = check_dense_scheme(dense)
+    integer_dense = dense not in ("fp32", "fp16")
     q: TransformerQuant | None = None
     if quant != "fp32" or dense != "fp32" or router != "fp32":
         q = new_transformer_quant(quant, act, dense, router, search)
-    if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and dense != "int8")):
+    if act is not None and (q is None or (q.scheme in ("fp32", "fp16") and not integer_dense)):
         raise ConfigError(
-            "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant int8 too"
+            "--act applies to int8/int4 matrices: pass --quant int8|int4 or --dense-quant "
+            "int8|int4 too"
         )
     return q
