@@ -351,35 +351,30 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq,
  * VCVTB / VCVTT (the conversion colibri_qi_f16 makes).
  */
 #if defined(COLIBRI_QI_MVE) && defined(__ARM_FP) && (__ARM_FP & 4)
-/* One block of a Q4H4 group (its 72 bytes at blk) times 32 codes at x (block scale xs) into
- * the group's float sums a0..a3, in one asm statement on fixed registers q0..q4 (s0..s19): q0 /
- * q1 the codes 0..15 / 16..31, q2 the nibble mask, q3 / q4 a row's nibbles and its low half.
- * Each row's integer sum starts at -8 * sum x (VADDV, VADDVA) and takes two VMLADAVA; the 4
- * sums go to q0 by two VMOVs and one VCVT (integer to float: exact or rounded to nearest as
- * the scalar VCVT rounds, no subnormal or NaN can arise); the 4 scales are converted by VCVTB /
- * VCVTT and each row then takes the scalar VMUL and VMLA of colibri_qi_mul / colibri_qi_mla. */
+/* One block of a Q4H4 group (its 72 bytes at blk) times 32 codes at x (block scale xs; x
+ * advanced by 32) into the group's float sums a0..a3, in one asm statement on fixed registers
+ * q0..q4 (s0..s19): q0 / q1 the codes 0..15 / 16..31, q2 the nibble mask, q3 / q4 a row's
+ * nibbles and its low half. Each row's integer sum q * x takes two VMLADAVs; -8 * sum x (two
+ * VMLADAVs by a vector of -8) is added to the 4 sums once they are in q0 (two VMOVs), which one
+ * VCVT turns to float (integer to float: exact or rounded to nearest as the scalar VCVT rounds;
+ * no subnormal or NaN can arise). The 4 scales are converted by VCVTB / VCVTT, and each row then
+ * takes the scalar VMUL and VMLA of colibri_qi_mul / colibri_qi_mla. */
 #define COLIBRI_Q4H_ROW(r)                                                                         \
-    "mov %[i" #r "], %[i0]\n"                                                                      \
     "vldrb.u8 q3, [%[q], #(8 + 16 * " #r ")]\n"                                                    \
     "vand q4, q3, q2\n"                                                                            \
-    "vmladava.s8 %[i" #r "], q4, q0\n"                                                             \
+    "vmladav.s8 %[i" #r "], q4, q0\n"                                                              \
     "vshr.u8 q3, q3, #4\n"                                                                         \
     "vmladava.s8 %[i" #r "], q3, q1\n"
 #define COLIBRI_Q4H_STEP(blk, x, xs)                                                               \
-    __asm__("vldrb.s8 q0, [%[x]]\n"                                                                \
-            "vldrb.s8 q1, [%[x], #16]\n"                                                           \
+    __asm__("vldrb.s8 q0, [%[x]], #16\n"                                                           \
+            "vldrb.s8 q1, [%[x]], #16\n"                                                           \
+            "vmov.i8 q4, #0xf8\n"                                                                  \
             "vmov.i8 q2, #15\n"                                                                    \
-            "vaddv.s8 %[i0], q0\n"                                                                 \
-            "vaddva.s8 %[i0], q1\n"                                                                \
-            "rsb %[i0], %[i0], #0\n"                                                               \
-            "lsl %[i0], %[i0], #3\n" COLIBRI_Q4H_ROW(1) COLIBRI_Q4H_ROW(2) COLIBRI_Q4H_ROW(3)       \
-            "vldrb.u8 q3, [%[q], #8]\n"                                                            \
-            "vand q4, q3, q2\n"                                                                    \
-            "vmladava.s8 %[i0], q4, q0\n"                                                          \
-            "vshr.u8 q3, q3, #4\n"                                                                 \
-            "vmladava.s8 %[i0], q3, q1\n"                                                          \
-            "vmov q0[2], q0[0], %[i0], %[i2]\n"                                                    \
+            "vmladav.s8 %[off], q0, q4\n"                                                          \
+            "vmladava.s8 %[off], q1, q4\n" COLIBRI_Q4H_ROW(0) COLIBRI_Q4H_ROW(1)                   \
+                COLIBRI_Q4H_ROW(2) COLIBRI_Q4H_ROW(3) "vmov q0[2], q0[0], %[i0], %[i2]\n"          \
             "vmov q0[3], q0[1], %[i1], %[i3]\n"                                                    \
+            "vadd.i32 q0, q0, %[off]\n"                                                            \
             "vcvt.f32.s32 q0, q0\n"                                                                \
             "vldr s5, [%[q]]\n"                                                                    \
             "vldr s7, [%[q], #4]\n"                                                                \
@@ -395,9 +390,10 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq,
             "vmla.f32 %[a1], s1, s5\n"                                                             \
             "vmla.f32 %[a2], s2, s6\n"                                                             \
             "vmla.f32 %[a3], s3, s7\n"                                                             \
-            : [a0] "+t"(a0), [a1] "+t"(a1), [a2] "+t"(a2), [a3] "+t"(a3), [i0] "=&Te"(i0),         \
-              [i1] "=&Te"(i1), [i2] "=&Te"(i2), [i3] "=&Te"(i3)                                    \
-            : [q] "r"(blk), [x] "r"(x), [xs] "t"(xs), "m"(*(const uint8_t(*)[72])(blk)),          \
+            : [a0] "+t"(a0), [a1] "+t"(a1), [a2] "+t"(a2), [a3] "+t"(a3), [x] "+r"(x),             \
+              [i0] "=&Te"(i0), [i1] "=&Te"(i1), [i2] "=&Te"(i2), [i3] "=&Te"(i3),                  \
+              [off] "=&Te"(off)                                                                    \
+            : [q] "r"(blk), [xs] "t"(xs), "m"(*(const uint8_t(*)[72])(blk)),                       \
               "m"(*(const int8_t(*)[32])(x))                                                       \
             : "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9")
 #endif
@@ -440,12 +436,21 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4h4(const uint8_t *w, const int8_t *xq,
     const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
     const uint8_t *blk = w;
     for (int32_t g = 0; g < groups; g++) {
+#if defined(COLIBRI_QI_MVE) && defined(__ARM_FP) && (__ARM_FP & 4)
+        /* the sums in fixed registers (q5), which GCC otherwise moves through core registers at
+         * every block */
+        register float a0 __asm__("s20") = 0.0f;
+        register float a1 __asm__("s21") = 0.0f;
+        register float a2 __asm__("s22") = 0.0f;
+        register float a3 __asm__("s23") = 0.0f;
+#else
         float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#endif
+        const int8_t *x = xq; /* block b's codes */
         for (int32_t b = 0; b < nb; b++) {
-            const int8_t *x = xq + (size_t)b * COLIBRI_QK4;
             const float xs = sx[b];
 #if defined(COLIBRI_QI_MVE) && defined(__ARM_FP) && (__ARM_FP & 4)
-            int32_t i0, i1, i2, i3;
+            int32_t i0, i1, i2, i3, off;
             COLIBRI_Q4H_STEP(blk, x, xs);
 #else
             float *acc[4] = {&a0, &a1, &a2, &a3};
@@ -458,6 +463,7 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4h4(const uint8_t *w, const int8_t *xq,
                 memcpy(&h, blk + 2 * r, sizeof h);
                 *acc[r] += (float)isum * (colibri_f16_to_f32(h) * xs);
             }
+            x += COLIBRI_QK4;
 #endif
             blk += COLIBRI_Q4R4_BYTES;
         }
