@@ -4,8 +4,8 @@
  *        (colibri_qi_common.h, colibri_qi_r4.h, colibri_qi_r4p.h, colibri_qinline_q4.h,
  *        colibri_qinline_f.h): every function generated expert kernels call, as plain C loops
  *        that read the stored layouts as colibri/quant/formats.py defines them (r4_order,
- *        r4p_order, q4r4_order, q4h4_order, c8_order) and do the float operations of the numpy mirror
- *        (colibri/reference/kernels.py) in its order; no ISA conditionals, no call into the
+ *        r4p_order, q4r4_order, q4h4_order, c8_order) and do the float operations of the numpy
+ *        mirror (colibri/reference/kernels.py) in its order; no ISA conditionals, no call into the
  *        library or the tiles. Each returns the bits its tile must return on every board.
  *
  * The integer tiles are exact against the library's order: per output row, blocks in order,

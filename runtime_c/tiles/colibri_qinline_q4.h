@@ -13,7 +13,8 @@
  *    ANDs with 0x0F0F0F0F (low nibbles, and the high nibbles shifted down), four UXTB16 and four
  *    SMLAD against the activation pairs that SXTB16 unpacked once for the four rows.
  *  - Helium: per row and block one 16-byte load, VAND / VSHR for the two nibble halves and two
- *    VMLADAVA (16 MACs each), started at -8 * sum x.
+ *    VMLADAVA (16 MACs each), started at -8 * sum x; generated kernels read layout Q4H4 below
+ *    (colibri_qi_q4_q8_q4h4: the 4 rows' blocks contiguous, one assembly statement per block).
  * The float update per block is the library's, in its order: acc += (float)isum * (d * sx[b]),
  * in scalar FPU instructions written out (colibri_qi_mul, colibri_qi_mla: not fused, and not
  * left to the vectoriser, since Helium's vector float flushes subnormals and makes default NaNs).
@@ -365,37 +366,43 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq,
     "vmladav.s8 %[i" #r "], q4, q0\n"                                                              \
     "vshr.u8 q3, q3, #4\n"                                                                         \
     "vmladava.s8 %[i" #r "], q3, q1\n"
+/* the codes, the -8 vector, the mask and -8 * sum x */
+#define COLIBRI_Q4H_HEAD                                                                           \
+    "vldrb.s8 q0, [%[x]], #16\n"                                                                   \
+    "vldrb.s8 q1, [%[x]], #16\n"                                                                   \
+    "vmov.i8 q4, #0xf8\n"                                                                          \
+    "vmov.i8 q2, #15\n"                                                                            \
+    "vmladav.s8 %[off], q0, q4\n"                                                                  \
+    "vmladava.s8 %[off], q1, q4\n"
+/* the 4 sums to float in q0, the scales times xs in q1, into a0..a3 */
+#define COLIBRI_Q4H_TAIL                                                                           \
+    "vmov q0[2], q0[0], %[i0], %[i2]\n"                                                            \
+    "vmov q0[3], q0[1], %[i1], %[i3]\n"                                                            \
+    "vadd.i32 q0, q0, %[off]\n"                                                                    \
+    "vcvt.f32.s32 q0, q0\n"                                                                        \
+    "vldr s5, [%[q]]\n"                                                                            \
+    "vldr s7, [%[q], #4]\n"                                                                        \
+    "vcvtb.f32.f16 s4, s5\n"                                                                       \
+    "vcvtt.f32.f16 s5, s5\n"                                                                       \
+    "vcvtb.f32.f16 s6, s7\n"                                                                       \
+    "vcvtt.f32.f16 s7, s7\n"                                                                       \
+    "vmul.f32 s4, s4, %[xs]\n"                                                                     \
+    "vmul.f32 s5, s5, %[xs]\n"                                                                     \
+    "vmul.f32 s6, s6, %[xs]\n"                                                                     \
+    "vmul.f32 s7, s7, %[xs]\n"                                                                     \
+    "vmla.f32 %[a0], s0, s4\n"                                                                     \
+    "vmla.f32 %[a1], s1, s5\n"                                                                     \
+    "vmla.f32 %[a2], s2, s6\n"                                                                     \
+    "vmla.f32 %[a3], s3, s7\n"
 #define COLIBRI_Q4H_STEP(blk, x, xs)                                                               \
-    __asm__("vldrb.s8 q0, [%[x]], #16\n"                                                           \
-            "vldrb.s8 q1, [%[x]], #16\n"                                                           \
-            "vmov.i8 q4, #0xf8\n"                                                                  \
-            "vmov.i8 q2, #15\n"                                                                    \
-            "vmladav.s8 %[off], q0, q4\n"                                                          \
-            "vmladava.s8 %[off], q1, q4\n" COLIBRI_Q4H_ROW(0) COLIBRI_Q4H_ROW(1)                   \
-                COLIBRI_Q4H_ROW(2) COLIBRI_Q4H_ROW(3) "vmov q0[2], q0[0], %[i0], %[i2]\n"          \
-            "vmov q0[3], q0[1], %[i1], %[i3]\n"                                                    \
-            "vadd.i32 q0, q0, %[off]\n"                                                            \
-            "vcvt.f32.s32 q0, q0\n"                                                                \
-            "vldr s5, [%[q]]\n"                                                                    \
-            "vldr s7, [%[q], #4]\n"                                                                \
-            "vcvtb.f32.f16 s4, s5\n"                                                               \
-            "vcvtt.f32.f16 s5, s5\n"                                                               \
-            "vcvtb.f32.f16 s6, s7\n"                                                               \
-            "vcvtt.f32.f16 s7, s7\n"                                                               \
-            "vmul.f32 s4, s4, %[xs]\n"                                                             \
-            "vmul.f32 s5, s5, %[xs]\n"                                                             \
-            "vmul.f32 s6, s6, %[xs]\n"                                                             \
-            "vmul.f32 s7, s7, %[xs]\n"                                                             \
-            "vmla.f32 %[a0], s0, s4\n"                                                             \
-            "vmla.f32 %[a1], s1, s5\n"                                                             \
-            "vmla.f32 %[a2], s2, s6\n"                                                             \
-            "vmla.f32 %[a3], s3, s7\n"                                                             \
-            : [a0] "+t"(a0), [a1] "+t"(a1), [a2] "+t"(a2), [a3] "+t"(a3), [x] "+r"(x),             \
-              [i0] "=&Te"(i0), [i1] "=&Te"(i1), [i2] "=&Te"(i2), [i3] "=&Te"(i3),                  \
-              [off] "=&Te"(off)                                                                    \
-            : [q] "r"(blk), [xs] "t"(xs), "m"(*(const uint8_t(*)[72])(blk)),                       \
-              "m"(*(const int8_t(*)[32])(x))                                                       \
-            : "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9")
+    __asm__(                                                                                       \
+        COLIBRI_Q4H_HEAD COLIBRI_Q4H_ROW(0) COLIBRI_Q4H_ROW(1) COLIBRI_Q4H_ROW(2)                  \
+            COLIBRI_Q4H_ROW(3) COLIBRI_Q4H_TAIL                                                    \
+        : [a0] "+t"(a0), [a1] "+t"(a1), [a2] "+t"(a2), [a3] "+t"(a3), [x] "+r"(x),                 \
+          [i0] "=&Te"(i0), [i1] "=&Te"(i1), [i2] "=&Te"(i2), [i3] "=&Te"(i3), [off] "=&Te"(off)    \
+        : [q] "r"(blk), [xs] "t"(xs), "m"(*(const uint8_t(*)[72])(blk)),                           \
+          "m"(*(const int8_t(*)[32])(x))                                                           \
+        : "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9")
 #endif
 
 #if defined(COLIBRI_QI_MVE)
@@ -409,9 +416,9 @@ COLIBRI_QI_INLINE float colibri_qi_q4_row1(const colibri_block_q4_32 *w, const i
         const int8x16_t xh = vld1q_s8(xq + (size_t)b * COLIBRI_QK4 + 16);
         const int32_t off = -8 * vaddvaq_s8(vaddvq_s8(xl), xh);
         const uint8x16_t v = vld1q_u8(w[b].qs);
-        const int32_t s = vmladavaq_s8(
-            vmladavaq_s8(off, vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), xl),
-            vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), xh);
+        const int32_t s =
+            vmladavaq_s8(vmladavaq_s8(off, vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), xl),
+                         vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), xh);
         acc = colibri_qi_mla(acc, (float)s, colibri_qi_mul(colibri_qi_f16(w[b].d), sx[b]));
     }
     return acc;
@@ -488,7 +495,9 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4h4(const uint8_t *w, const int8_t *xq,
 
 #ifdef COLIBRI_Q4H_STEP
 #undef COLIBRI_Q4H_STEP
+#undef COLIBRI_Q4H_TAIL
 #undef COLIBRI_Q4H_ROW
+#undef COLIBRI_Q4H_HEAD
 #endif
 
 /**
