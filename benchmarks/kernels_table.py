@@ -631,7 +631,10 @@ def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
                 else:
                     cm = None
                     if cmsis is not None:
-                        cm = measure_cmsis(board, scheme, shape, cmsis, where / "cmsis")
+                        try:
+                            cm = measure_cmsis(board, scheme, shape, cmsis, where / "cmsis")
+                        except SystemExit as exc:  # e.g. its buffers overflow the board's RAM
+                            cm = {"skipped": f"CMSIS-NN: {exc}"}
                         case["cmsis"] = cm
                     case["row"] = sweep_row(res, cm)
                 cases.append(case)

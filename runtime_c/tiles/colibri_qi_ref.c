@@ -293,6 +293,46 @@ void colibri_qi_mm_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const floa
     }
 }
 
+/* Q4H4 (formats.py q4h4_order): Q4R4's groups, each row's 16 bytes in the plain order (byte j:
+ * weight j low, weight 16 + j high) */
+void colibri_qi_q4_q8_q4h4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
+                               int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = n_in / REF_QK;
+    const int32_t grouped = n_out / REF_ROWS * REF_ROWS;
+    for (int32_t o = 0; o < grouped; o++) {
+        const uint8_t *g = w + (size_t)(o / REF_ROWS) * (size_t)nb * REF_Q4R4_BLOCK;
+        const int32_t r = o % REF_ROWS;
+        float acc = 0.0f;
+        for (int32_t b = 0; b < nb; b++) {
+            const uint8_t *blk = g + (size_t)b * REF_Q4R4_BLOCK;
+            const uint8_t *qs = blk + 8 + 16 * r;
+            int32_t isum = 0;
+            for (int32_t i = 0; i < REF_QK; i++) {
+                const uint8_t byte = qs[i % 16];
+                const int32_t v = (int32_t)((i >= 16) ? (byte >> 4) : (byte & 0x0Fu)) - 8;
+                isum += v * (int32_t)xq[b * REF_QK + i];
+            }
+            acc = acc + (float)isum * (colibri_ref_f16(ref_u16(blk + 2 * r)) * sx[b]);
+        }
+        y[o] = acc;
+    }
+    const uint8_t *rest = w + (size_t)(grouped / REF_ROWS) * (size_t)nb * REF_Q4R4_BLOCK;
+    for (int32_t o = grouped; o < n_out; o++) {
+        y[o] = q4_plain_row(rest + (size_t)(o - grouped) * (size_t)nb * REF_Q4_BLOCK, xq, sx, n_in);
+    }
+}
+
+void colibri_qi_mm_q4_q8_q4h4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
+                                  int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
+{
+    const size_t nb = (size_t)(n_in / REF_QK);
+    for (int32_t t = 0; t < n_tok; t++) {
+        colibri_qi_q4_q8_q4h4_ref(w, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                                  y + (size_t)t * (size_t)ldy, n_out, n_in);
+    }
+}
+
 /* acc + w * x in the order's rounding: fused or the product rounded first */
 static float ref_madd(float acc, float w, float x, colibri_qf_ref_order order)
 {

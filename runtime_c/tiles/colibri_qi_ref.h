@@ -4,8 +4,8 @@
  *        (colibri_qi_common.h, colibri_qi_r4.h, colibri_qi_r4p.h, colibri_qinline_q4.h,
  *        colibri_qinline_f.h): every function generated expert kernels call, as plain C loops
  *        that read the stored layouts as colibri/quant/formats.py defines them (r4_order,
- *        r4p_order, q4r4_order, c8_order) and do the float operations of the numpy mirror
- *        (colibri/reference/kernels.py) in its order; no ISA conditionals, no call into the
+ *        r4p_order, q4r4_order, q4h4_order, c8_order) and do the float operations of the numpy
+ *        mirror (colibri/reference/kernels.py) in its order; no ISA conditionals, no call into the
  *        library or the tiles. Each returns the bits its tile must return on every board.
  *
  * The integer tiles are exact against the library's order: per output row, blocks in order,
@@ -102,6 +102,14 @@ void colibri_qi_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const float *
 
 /** colibri_qi_mm_q4_q8_q4r4: colibri_qi_q4_q8_q4r4_ref per token. */
 void colibri_qi_mm_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
+                                  int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
+
+/** colibri_qi_q4_q8_q4h4: colibri_qi_q4_q8_ref on the bytes of layout Q4H4 (n_in % 32 == 0). */
+void colibri_qi_q4_q8_q4h4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
+                               int32_t n_out, int32_t n_in);
+
+/** colibri_qi_mm_q4_q8_q4h4: colibri_qi_q4_q8_q4h4_ref per token. */
+void colibri_qi_mm_q4_q8_q4h4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
                                   int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 
 /** colibri_qf_f32_c8: y[o] = b[o] (or 0), then plus w(o, i) * x[i] for i in order, on fp32

@@ -13,7 +13,8 @@
  *    ANDs with 0x0F0F0F0F (low nibbles, and the high nibbles shifted down), four UXTB16 and four
  *    SMLAD against the activation pairs that SXTB16 unpacked once for the four rows.
  *  - Helium: per row and block one 16-byte load, VAND / VSHR for the two nibble halves and two
- *    VMLADAVA (16 MACs each), started at -8 * sum x.
+ *    VMLADAVA (16 MACs each), started at -8 * sum x; generated kernels read layout Q4H4 below
+ *    (colibri_qi_q4_q8_q4h4: the 4 rows' blocks contiguous, one assembly statement per block).
  * The float update per block is the library's, in its order: acc += (float)isum * (d * sx[b]),
  * in scalar FPU instructions written out (colibri_qi_mul, colibri_qi_mla: not fused, and not
  * left to the vectoriser, since Helium's vector float flushes subnormals and makes default NaNs).
@@ -336,6 +337,182 @@ COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4r4(const uint8_t *w, const int8_t *xq,
         const uint8_t *rest = w + (size_t)groups * (size_t)nb * COLIBRI_Q4R4_BYTES;
         colibri_matvec_q4_q8((const colibri_block_q4_32 *)(const void *)rest, xq, sx, y + o,
                              n_out - o, n_in);
+    }
+}
+
+/*
+ * Layout Q4H4 (colibri/quant/formats.py q4h4_order), for Helium: an int4 matrix [n_out][n_in /
+ * 32 blocks], n_in a multiple of 32 (inputs padded with zero weights at generation time, the
+ * activation row with zero codes), stored as Q4R4's groups (per group of 4 output rows and per
+ * block 72 bytes: the 4 rows' fp16 scales d, then each row's 16 bytes of nibbles) with the
+ * nibbles in the plain order of colibri_block_q4_32 (byte j: weight j low, weight 16 + j high).
+ * The n_out % 4 rows after the last group are plain blocks. One pointer walks a group's blocks:
+ * per block one 16-byte load of each row's nibbles, VAND / VSHR for the two halves, two
+ * VMLADAVA (16 MACs each) started at -8 * sum x, and the 4 scales converted from two words by
+ * VCVTB / VCVTT (the conversion colibri_qi_f16 makes).
+ */
+#if defined(COLIBRI_QI_MVE) && defined(__ARM_FP) && (__ARM_FP & 4)
+/* One block of a Q4H4 group (its 72 bytes at blk) times 32 codes at x (block scale xs; x
+ * advanced by 32) into the group's float sums a0..a3, in one asm statement on fixed registers
+ * q0..q4 (s0..s19): q0 / q1 the codes 0..15 / 16..31, q2 the nibble mask, q3 / q4 a row's
+ * nibbles and its low half. Each row's integer sum q * x takes two VMLADAVs; -8 * sum x (two
+ * VMLADAVs by a vector of -8) is added to the 4 sums once they are in q0 (two VMOVs), which one
+ * VCVT turns to float (integer to float: exact or rounded to nearest as the scalar VCVT rounds;
+ * no subnormal or NaN can arise). The 4 scales are converted by VCVTB / VCVTT, and each row then
+ * takes the scalar VMUL and VMLA of colibri_qi_mul / colibri_qi_mla. */
+#define COLIBRI_Q4H_ROW(r)                                                                         \
+    "vldrb.u8 q3, [%[q], #(8 + 16 * " #r ")]\n"                                                    \
+    "vand q4, q3, q2\n"                                                                            \
+    "vmladav.s8 %[i" #r "], q4, q0\n"                                                              \
+    "vshr.u8 q3, q3, #4\n"                                                                         \
+    "vmladava.s8 %[i" #r "], q3, q1\n"
+/* the codes, the -8 vector, the mask and -8 * sum x */
+#define COLIBRI_Q4H_HEAD                                                                           \
+    "vldrb.s8 q0, [%[x]], #16\n"                                                                   \
+    "vldrb.s8 q1, [%[x]], #16\n"                                                                   \
+    "vmov.i8 q4, #0xf8\n"                                                                          \
+    "vmov.i8 q2, #15\n"                                                                            \
+    "vmladav.s8 %[off], q0, q4\n"                                                                  \
+    "vmladava.s8 %[off], q1, q4\n"
+/* the 4 sums to float in q0, the scales times xs in q1, into a0..a3 */
+#define COLIBRI_Q4H_TAIL                                                                           \
+    "vmov q0[2], q0[0], %[i0], %[i2]\n"                                                            \
+    "vmov q0[3], q0[1], %[i1], %[i3]\n"                                                            \
+    "vadd.i32 q0, q0, %[off]\n"                                                                    \
+    "vcvt.f32.s32 q0, q0\n"                                                                        \
+    "vldr s5, [%[q]]\n"                                                                            \
+    "vldr s7, [%[q], #4]\n"                                                                        \
+    "vcvtb.f32.f16 s4, s5\n"                                                                       \
+    "vcvtt.f32.f16 s5, s5\n"                                                                       \
+    "vcvtb.f32.f16 s6, s7\n"                                                                       \
+    "vcvtt.f32.f16 s7, s7\n"                                                                       \
+    "vmul.f32 s4, s4, %[xs]\n"                                                                     \
+    "vmul.f32 s5, s5, %[xs]\n"                                                                     \
+    "vmul.f32 s6, s6, %[xs]\n"                                                                     \
+    "vmul.f32 s7, s7, %[xs]\n"                                                                     \
+    "vmla.f32 %[a0], s0, s4\n"                                                                     \
+    "vmla.f32 %[a1], s1, s5\n"                                                                     \
+    "vmla.f32 %[a2], s2, s6\n"                                                                     \
+    "vmla.f32 %[a3], s3, s7\n"
+#define COLIBRI_Q4H_STEP(blk, x, xs)                                                               \
+    __asm__(                                                                                       \
+        COLIBRI_Q4H_HEAD COLIBRI_Q4H_ROW(0) COLIBRI_Q4H_ROW(1) COLIBRI_Q4H_ROW(2)                  \
+            COLIBRI_Q4H_ROW(3) COLIBRI_Q4H_TAIL                                                    \
+        : [a0] "+t"(a0), [a1] "+t"(a1), [a2] "+t"(a2), [a3] "+t"(a3), [x] "+r"(x),                 \
+          [i0] "=&Te"(i0), [i1] "=&Te"(i1), [i2] "=&Te"(i2), [i3] "=&Te"(i3), [off] "=&Te"(off)    \
+        : [q] "r"(blk), [xs] "t"(xs), "m"(*(const uint8_t(*)[72])(blk)),                           \
+          "m"(*(const int8_t(*)[32])(x))                                                           \
+        : "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9")
+#endif
+
+#if defined(COLIBRI_QI_MVE)
+/** One plain row of whole blocks (nb of them at w) times the codes xq: the library's sum. */
+COLIBRI_QI_INLINE float colibri_qi_q4_row1(const colibri_block_q4_32 *w, const int8_t *xq,
+                                           const float *sx, int32_t nb)
+{
+    float acc = 0.0f;
+    for (int32_t b = 0; b < nb; b++) {
+        const int8x16_t xl = vld1q_s8(xq + (size_t)b * COLIBRI_QK4);
+        const int8x16_t xh = vld1q_s8(xq + (size_t)b * COLIBRI_QK4 + 16);
+        const int32_t off = -8 * vaddvaq_s8(vaddvq_s8(xl), xh);
+        const uint8x16_t v = vld1q_u8(w[b].qs);
+        const int32_t s =
+            vmladavaq_s8(vmladavaq_s8(off, vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), xl),
+                         vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), xh);
+        acc = colibri_qi_mla(acc, (float)s, colibri_qi_mul(colibri_qi_f16(w[b].d), sx[b]));
+    }
+    return acc;
+}
+#endif
+
+/** Nibble q (0..15) of weight i of row r of a Q4H4 block at blk (portable). */
+COLIBRI_QI_INLINE int32_t colibri_q4h4_nibble(const uint8_t *blk, int32_t r, int32_t i)
+{
+    const uint8_t byte = blk[8 + 16 * r + (i & 15)];
+    return (int32_t)(i < 16 ? (byte & 0x0Fu) : (uint8_t)(byte >> 4));
+}
+
+/**
+ * @brief colibri_matvec_q4_q8 bit for bit on a matrix stored in layout Q4H4 (n_in a multiple
+ *        of 32): w is the stored bytes. Compile-time n_out / n_in resolve every loop bound.
+ */
+COLIBRI_QI_INLINE void colibri_qi_q4_q8_q4h4(const uint8_t *w, const int8_t *xq, const float *sx,
+                                             float *y, int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = n_in / COLIBRI_QK4;
+    const int32_t groups = n_out / COLIBRI_Q4I_ROWS;
+    const uint8_t *blk = w;
+    for (int32_t g = 0; g < groups; g++) {
+#if defined(COLIBRI_QI_MVE) && defined(__ARM_FP) && (__ARM_FP & 4)
+        /* the sums in fixed registers (q5), which GCC otherwise moves through core registers at
+         * every block */
+        register float a0 __asm__("s20") = 0.0f;
+        register float a1 __asm__("s21") = 0.0f;
+        register float a2 __asm__("s22") = 0.0f;
+        register float a3 __asm__("s23") = 0.0f;
+#else
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#endif
+        const int8_t *x = xq; /* block b's codes */
+        for (int32_t b = 0; b < nb; b++) {
+            const float xs = sx[b];
+#if defined(COLIBRI_QI_MVE) && defined(__ARM_FP) && (__ARM_FP & 4)
+            int32_t i0, i1, i2, i3, off;
+            COLIBRI_Q4H_STEP(blk, x, xs);
+#else
+            float *acc[4] = {&a0, &a1, &a2, &a3};
+            for (int32_t r = 0; r < 4; r++) {
+                int32_t isum = 0;
+                for (int32_t i = 0; i < COLIBRI_QK4; i++) {
+                    isum += (colibri_q4h4_nibble(blk, r, i) - 8) * (int32_t)x[i];
+                }
+                uint16_t h;
+                memcpy(&h, blk + 2 * r, sizeof h);
+                *acc[r] += (float)isum * (colibri_f16_to_f32(h) * xs);
+            }
+            x += COLIBRI_QK4;
+#endif
+            blk += COLIBRI_Q4R4_BYTES;
+        }
+        const int32_t o = g * COLIBRI_Q4I_ROWS;
+        y[o] = a0;
+        y[o + 1] = a1;
+        y[o + 2] = a2;
+        y[o + 3] = a3;
+    }
+    const int32_t o = groups * COLIBRI_Q4I_ROWS;
+    if (o < n_out) { /* the last 1..3 rows, plain blocks */
+        const colibri_block_q4_32 *rest = (const colibri_block_q4_32 *)(const void *)blk;
+#if defined(COLIBRI_QI_MVE)
+        for (int32_t r = 0; r < n_out - o; r++) {
+            y[o + r] = colibri_qi_q4_row1(rest + (size_t)r * (size_t)nb, xq, sx, nb);
+        }
+#else
+        colibri_matvec_q4_q8(rest, xq, sx, y + o, n_out - o, n_in);
+#endif
+    }
+}
+
+#ifdef COLIBRI_Q4H_STEP
+#undef COLIBRI_Q4H_STEP
+#undef COLIBRI_Q4H_TAIL
+#undef COLIBRI_Q4H_ROW
+#undef COLIBRI_Q4H_HEAD
+#endif
+
+/**
+ * @brief colibri_matmul_q4_q8 bit for bit on a matrix stored in layout Q4H4 (n_in a multiple of
+ *        32): row t of n_tok (codes xq + t * n_in, scales sx + t * n_in / 32) to y + t * ldy,
+ *        exactly what colibri_qi_q4_q8_q4h4 writes for it, a token at a time.
+ */
+COLIBRI_QI_INLINE void colibri_qi_mm_q4_q8_q4h4(const uint8_t *w, const int8_t *xq, const float *sx,
+                                                float *y, int32_t ldy, int32_t n_out, int32_t n_in,
+                                                int32_t n_tok)
+{
+    const size_t nb = (size_t)(n_in / COLIBRI_QK4);
+    for (int32_t t = 0; t < n_tok; t++) {
+        colibri_qi_q4_q8_q4h4(w, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb,
+                              y + (size_t)t * (size_t)ldy, n_out, n_in);
     }
 }
 

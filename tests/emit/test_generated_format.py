@@ -28,7 +28,7 @@ from colibri.options import GenerateOptions
 from conftest import ROOT, require_tool
 
 #: Boards whose generated code differs: x86, the Cortex-M4 / M7 layouts (r4p, q4r4, c8), the
-#: Cortex-M55's (r4, c8 fp32), a Cortex-A and the ESP32-S3 (portable kernels, PSRAM arena).
+#: Cortex-M55's (r4, q4h4, c8 fp32), a Cortex-A and the ESP32-S3 (portable kernels, PSRAM arena).
 BOARDS = ("host", "cortex-m4", "cortex-m55", "cortex-a53", "esp32s3")
 #: (quant, expert_quant, act) of the lone-layer cases: every scheme, both activation modes of
 #: the integer ones, and a mixed layer (one expert in each scheme).

@@ -228,6 +228,28 @@ static void rt_pack_q4r4(int32_t n_out, int32_t n_in)
            (size_t)(n_out - grouped) * (size_t)nb * sizeof(colibri_block_q4_32));
 }
 
+/* Plain int4 blocks [n_out][n_in / 32] into layout Q4H4 (formats.py q4h4_order) at rt_stored:
+ * Q4R4's groups with each row's 16 bytes of nibbles as they are. */
+static void rt_pack_q4h4(int32_t n_out, int32_t n_in)
+{
+    const int32_t nb = n_in / 32;
+    const int32_t grouped = n_out / 4 * 4;
+    uint8_t *d = rt_stored;
+    for (int32_t g = 0; g < grouped; g += 4) {
+        for (int32_t b = 0; b < nb; b++) {
+            for (int32_t r = 0; r < 4; r++) {
+                const colibri_block_q4_32 *blk = &rt_w4[(size_t)(g + r) * (size_t)nb + (size_t)b];
+                d[2 * r] = (uint8_t)(blk->d & 0xFFu);
+                d[2 * r + 1] = (uint8_t)(blk->d >> 8);
+                memcpy(d + 8 + 16 * r, blk->qs, 16);
+            }
+            d += 72;
+        }
+    }
+    memcpy(d, &rt_w4[(size_t)grouped * (size_t)nb],
+           (size_t)(n_out - grouped) * (size_t)nb * sizeof(colibri_block_q4_32));
+}
+
 /* The quantiser on rt_x (n values), tile, twin and library. */
 static void rt_quantize(int32_t n)
 {
@@ -338,7 +360,7 @@ static void rt_check_q8(int32_t n_out, int32_t n_in, int32_t n_tok, int r4p)
     }
 }
 
-/* The int4 tiles: plain blocks at any n_in, Q4R4 at n_in32. */
+/* The int4 tiles: plain blocks at any n_in, Q4R4 and Q4H4 at n_in32. */
 static void rt_check_q4(int32_t n_out, int32_t n_in, int32_t n_in32, int32_t n_tok)
 {
     rt_clear();
@@ -364,6 +386,18 @@ static void rt_check_q4(int32_t n_out, int32_t n_in, int32_t n_in32, int32_t n_t
     colibri_qi_mm_q4_q8_q4r4(rt_stored, rt_xq, rt_sx, rt_y, RT_LDY, n_out, n_in32, n_tok);
     colibri_qi_mm_q4_q8_q4r4_ref(rt_stored, rt_xq, rt_sx, rt_yref, RT_LDY, n_out, n_in32, n_tok);
     rt_rows("qi_mm_q4_q8_q4r4", n_out, n_tok);
+    /* Q4H4: the same blocks, grouped in the plain nibble order */
+    rt_pack_q4h4(n_out, n_in32);
+    rt_clear();
+    colibri_qi_q4_q8_q4h4(rt_stored, rt_xq, rt_sx, rt_y, n_out, n_in32);
+    colibri_qi_q4_q8_q4h4_ref(rt_stored, rt_xq, rt_sx, rt_yref, n_out, n_in32);
+    rk_floats("qi_q4_q8_q4h4", rt_y, rt_yref, n_out);
+    colibri_matvec_q4_q8_ref(rt_w4, rt_xq, rt_sx, rt_y, n_out, n_in32);
+    rk_floats("q4h4 twin vs library", rt_yref, rt_y, n_out);
+    rt_clear();
+    colibri_qi_mm_q4_q8_q4h4(rt_stored, rt_xq, rt_sx, rt_y, RT_LDY, n_out, n_in32, n_tok);
+    colibri_qi_mm_q4_q8_q4h4_ref(rt_stored, rt_xq, rt_sx, rt_yref, RT_LDY, n_out, n_in32, n_tok);
+    rt_rows("qi_mm_q4_q8_q4h4", n_out, n_tok);
 }
 
 /* relu and bias + relu on rows with special values (NaNs of both signs, a signalling NaN,

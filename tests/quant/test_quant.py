@@ -27,6 +27,8 @@ from colibri.quant.formats import (
     c8_restore,
     f16_to_f32,
     make_plan,
+    q4h4_order,
+    q4h4_restore,
     q4r4_order,
     q4r4_restore,
     q8_blocks,
@@ -342,6 +344,34 @@ def test_q4r4_layout_order_and_inverse(shape: tuple[int, int]) -> None:
     assert stored[tail:].tobytes() == blocks[n_out // 4 * 4 :].tobytes()
     back = q4r4_restore(stored, n_out, n_in)
     assert back.tobytes() == blocks.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(4, 32), (5, 64), (7, 96), (13, 256)])
+def test_q4h4_layout_order_and_inverse(shape: tuple[int, int]) -> None:
+    """Layout q4h4 (colibri_qinline_q4.h, Helium): per group of 4 rows and block, the 4 fp16
+    scales, then each row's 16 bytes of nibbles as in the plain block; the last n_out % 4 rows
+    plain; the size of the plain blocks; q4h4_restore undoes it."""
+    n_out, n_in = shape
+    nb = n_in // QK4
+    rng = np.random.default_rng(n_out + 1)
+    blocks = np.zeros((n_out, nb), BLOCK_Q4_DTYPE)
+    blocks["d"] = rng.integers(0, 1 << 16, (n_out, nb))
+    blocks["qs"] = rng.integers(0, 256, (n_out, nb, 16))
+    stored = q4h4_order(blocks)
+    assert stored.dtype == np.uint8 and stored.size == blocks.nbytes
+    for g in range(n_out // 4):
+        for b in range(nb):
+            at = (g * nb + b) * 72
+            np.testing.assert_array_equal(
+                stored[at : at + 8].view("<u2"), blocks["d"][4 * g : 4 * g + 4, b]
+            )
+            for r in range(4):
+                np.testing.assert_array_equal(
+                    stored[at + 8 + 16 * r : at + 24 + 16 * r], blocks["qs"][4 * g + r, b]
+                )
+    tail = n_out // 4 * 4 * nb * 18
+    assert stored[tail:].tobytes() == blocks[n_out // 4 * 4 :].tobytes()
+    assert q4h4_restore(stored, n_out, n_in).tobytes() == blocks.tobytes()
 
 
 @pytest.mark.parametrize("shape", [(8, 4), (16, 12), (24, 20), (64, 128)])

@@ -104,9 +104,9 @@ def test_int4_experts_equal_the_host_bit_for_bit(
     plain blocks) bit for bit, and both match the quantised reference. d_model 40 / d_ff 50:
     partial last blocks and a tail of rows after the groups of four; d_model 64 / d_ff 38:
     w1 and w3 (whole blocks) with a tail of 2 rows, w2 with a partial block. On the M4 / M7
-    every matrix is in layout q4r4 (a partial last block read whole: its weights are zero
-    beyond n_in and the activation row is padded with zero codes), on the M55 plain blocks
-    (the manifest records the layouts)."""
+    every matrix is in layout q4r4, on the M55 in layout q4h4 (a partial last block read whole:
+    its weights are zero beyond n_in and the activation row is padded with zero codes; the
+    manifest records the layouts)."""
     require_board(board)
     require_board("host")
     d_model, d_ff = dims
@@ -116,7 +116,7 @@ def test_int4_experts_equal_the_host_bit_for_bit(
     for b in ("host", board):
         opts = GenerateOptions(board=b, name="r", max_tokens=8, quant="int4")
         gen, manifest = generate(layer, tmp_path / b, opts)
-        lay = "q4r4" if b in ("cortex-m4", "cortex-m7") else "rows"
+        lay = {"cortex-m4": "q4r4", "cortex-m7": "q4r4", "cortex-m55": "q4h4"}.get(b, "rows")
         assert manifest["weight_layouts"] == {"r_ffn_int4_int8": {"w1": lay, "w3": lay, "w2": lay}}
         outs[b], _ = run_model(gen, b, x)
     np.testing.assert_array_equal(outs[board].expert_ids, outs["host"].expert_ids)

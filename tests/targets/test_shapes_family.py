@@ -12,8 +12,8 @@ rows and one and a half blocks of inputs (d_model 48, d_ff 4 or 5: ISSUE_40_CASE
 compile: the Helium two-token block (colibri_qi_r4_block2) asked for 8 even core registers in
 one asm statement while the low-overhead loop around it held LR.
 
-Every int8 case on the M4 / M7 / M55 and int4 case on the M4 / M7 (int8 activations) records a
-fast layout (r4 / r4p / q4r4), never "rows", in its manifest: inputs that are no whole number
+Every int8 and int4 case on the M4 / M7 / M55 (int8 activations) records a fast layout (r4 /
+r4p / q4r4 / q4h4), never "rows", in its manifest: inputs that are no whole number
 of the layout's chunks are padded with zero columns inside it (TAIL_CASES adds such shapes,
 the issue's 200 x 328 among them)."""
 
@@ -110,7 +110,7 @@ ISSUE_40_CASES = [Case("cortex-m55", 48, d_ff, 4, 2, "relu", "int8") for d_ff in
 
 
 #: Tails inside the fast layouts (issue 40 item 1): int8 / int4 shapes whose n_in is no whole
-#: number of the layout's chunks (r4 16, r4p and q4r4 32), stored with zero columns up to it;
+#: number of the layout's chunks (r4 16, r4p, q4r4 and q4h4 32), stored with zero columns up to it;
 #: 200 x 328 is the issue's named shape, 19 x 45 pads w1's inputs by two thirds.
 TAIL_CASES = [
     Case("cortex-m4", 200, 328, 2, 1, "relu", "int8"),
@@ -120,6 +120,9 @@ TAIL_CASES = [
     Case("cortex-m55", 19, 45, 4, 2, "swiglu", "int8"),
     Case("cortex-m4", 50, 70, 4, 2, "swiglu", "int4"),
     Case("cortex-m7", 200, 47, 4, 1, "relu", "int4"),
+    Case("cortex-m55", 50, 70, 4, 2, "swiglu", "int4"),
+    Case("cortex-m55", 200, 47, 4, 1, "relu", "int4"),
+    Case("cortex-m55", 19, 45, 5, 2, "gelu", "int4"),
 ]
 
 #: The layouts a board's kernels read for a scheme (int8 activations) at every shape with at
@@ -130,6 +133,7 @@ FAST_LAYOUTS = {
     ("cortex-m55", "int8"): {"r4"},
     ("cortex-m4", "int4"): {"q4r4"},
     ("cortex-m7", "int4"): {"q4r4"},
+    ("cortex-m55", "int4"): {"q4h4"},
 }
 
 

@@ -25,6 +25,7 @@ from ..quant.formats import QuantExpert, QuantTensor
 from ..quant.layouts import (  # noqa: F401 (the layout stage's names, as emit/ knew them)
     C8_ISAS,
     F16C8_ISAS,
+    Q4H4_ISAS,
     Q4R4_ISAS,
     R4_ISAS,
     R4P_ISAS,

@@ -27,6 +27,7 @@ from ..quant.formats import (
     QuantTensor,
     c8_order,
     pad_inputs,
+    q4h4_order,
     q4r4_order,
     q8_channel_dtype,
     r4_order,
@@ -80,6 +81,8 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         return [_view(q4k_rows_stored(t.data, t.n_in))]
     if t.layout == "q4r4":  # int4 in layout q4r4: a reordered copy, the same size
         return [_view(q4r4_order(np.asarray(t.data)))]
+    if t.layout == "q4h4":  # int4 in layout q4h4 (Helium): grouped rows, the same size
+        return [_view(q4h4_order(np.asarray(t.data)))]
     # int4: BLOCK_Q4_DTYPE records, 18 bytes; q4k: BLOCK_Q4K_DTYPE records, 144 bytes
     return [_view(np.ascontiguousarray(t.data))]
 

@@ -735,17 +735,17 @@ R4_CHUNK = 16
 C8_COLS = 8
 C8_CHUNK = 4
 #: Stored layouts of a matrix: ``rows`` (output-channel-major; fp32: the seed layout, input-
-#: major), ``r4`` / ``r4p`` (int8), ``q4r4`` (int4) or ``c8`` (fp32 / fp16).
-LAYOUTS = ("rows", "r4", "r4p", "q4r4", "c8")
+#: major), ``r4`` / ``r4p`` (int8), ``q4r4`` / ``q4h4`` (int4) or ``c8`` (fp32 / fp16).
+LAYOUTS = ("rows", "r4", "r4p", "q4r4", "q4h4", "c8")
 
 
 #: The multiple of inputs each layout stores a row as (its kernels' chunk: r4 16, r4p a block of
-#: QK8, q4r4 a block of QK4, whose blocks are always whole); the emitter pads a matrix whose
+#: QK8, q4r4 / q4h4 a block of QK4, whose blocks are always whole); the emitter pads a matrix whose
 #: n_in is not one with zero columns (:func:`stored_width`, :func:`pad_inputs`), and the
 #: quantised activation row it reads with zero codes to the same width (colibri_qi_common.h
 #: colibri_qi_quantize_row_pad): a zero code times a zero weight adds nothing to a block's
 #: integer sum, and no scale sees the padding, so the outputs are the unpadded ones bit for bit.
-LAYOUT_IN_MULTIPLE = {"r4": R4_CHUNK, "r4p": QK8, "q4r4": QK4}
+LAYOUT_IN_MULTIPLE = {"r4": R4_CHUNK, "r4p": QK8, "q4r4": QK4, "q4h4": QK4}
 
 
 def stored_width(layout: str, n_in: int) -> int:
@@ -849,17 +849,18 @@ def _q4_nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
-def q4r4_order(blocks: np.ndarray) -> np.ndarray:
+def q4r4_order(blocks: np.ndarray, slots: np.ndarray = Q4R4_SLOT) -> np.ndarray:
     """int4 blocks [n_out, nb] (:data:`BLOCK_Q4_DTYPE`) in layout q4r4, as the flat uint8 array
     of stored bytes: per group of R4_ROWS rows and per block, the 4 rows' fp16 scales (8 bytes),
-    then the 4 rows' 16 bytes of nibbles, reordered by :data:`Q4R4_SLOT` (72 bytes in all, as
-    the 4 plain blocks); the n_out % R4_ROWS rows after the last group as plain blocks."""
+    then the 4 rows' 16 bytes of nibbles, reordered by `slots` (:data:`Q4R4_SLOT`; 72 bytes in
+    all, as the 4 plain blocks); the n_out % R4_ROWS rows after the last group as plain
+    blocks."""
     n_out, nb = blocks.shape
     if n_out < R4_ROWS:
-        raise ShapeError(f"layout q4r4 needs n_out >= {R4_ROWS}")
+        raise ShapeError(f"layouts q4r4 / q4h4 need n_out >= {R4_ROWS}")
     g = n_out // R4_ROWS * R4_ROWS
     head = blocks[:g].reshape(g // R4_ROWS, R4_ROWS, nb).transpose(0, 2, 1)  # [G, nb, 4]
-    nib = _q4_nibbles(head["qs"])[..., Q4R4_SLOT]  # [G, nb, 4, 32] in slot order
+    nib = _q4_nibbles(head["qs"])[..., slots]  # [G, nb, 4, 32] in slot order
     qs = (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
     d = np.ascontiguousarray(head["d"], dtype="<u2").view(np.uint8)  # [G, nb, 8]
     grouped = np.concatenate([d.reshape(g // R4_ROWS, nb, 8), qs.reshape(g // R4_ROWS, nb, 64)], -1)
@@ -867,8 +868,11 @@ def q4r4_order(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([grouped.ravel(), rest])
 
 
-def q4r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
-    """The inverse of :func:`q4r4_order`: stored bytes back to blocks [n_out, nb]."""
+def q4r4_restore(
+    stored: np.ndarray, n_out: int, n_in: int, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """The inverse of :func:`q4r4_order`: stored bytes back to blocks [n_out, nb] (weights: the
+    inverse of its `slots`, :data:`Q4R4_OF_WEIGHT` by default)."""
     nb = (n_in + QK4 - 1) // QK4
     g = n_out // R4_ROWS * R4_ROWS
     flat = np.asarray(stored, dtype=np.uint8).ravel()
@@ -876,13 +880,31 @@ def q4r4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     d = np.ascontiguousarray(head[..., :8]).view("<u2")  # [G, nb, 4]
     qs = head[..., 8:].reshape(g // R4_ROWS, nb, R4_ROWS, 16)
     slots = np.stack([qs & 0x0F, qs >> 4], axis=-1).reshape(g // R4_ROWS, nb, R4_ROWS, QK4)
-    nib = slots[..., Q4R4_OF_WEIGHT]  # weight order
+    nib = slots[..., Q4R4_OF_WEIGHT if weights is None else weights]  # weight order
     out = np.empty((n_out, nb), dtype=BLOCK_Q4_DTYPE)
     rows = out[:g].reshape(g // R4_ROWS, R4_ROWS, nb)
     rows["d"] = d.transpose(0, 2, 1)
     rows["qs"] = (nib[..., :16] | (nib[..., 16:] << 4)).astype(np.uint8).transpose(0, 2, 1, 3)
     out[g:] = flat[g * nb * BLOCK_Q4_DTYPE.itemsize :].view(BLOCK_Q4_DTYPE).reshape(n_out - g, nb)
     return out
+
+
+#: Layout ``q4h4`` (int4, Helium, colibri_qinline_q4.h): the groups of layout q4r4 with each
+#: row's 16 bytes of nibbles in the plain order (byte j: weight j low, weight 16 + j high), so
+#: that one 16-byte load, VAND and VSHR give the block's two halves of weights in order; the
+#: nibble slot of weight i, in the slot order of :data:`Q4R4_SLOT`.
+Q4H4_SLOT = np.array([i // 2 + 16 * (i % 2) for i in range(QK4)], dtype=np.intp)
+Q4H4_OF_WEIGHT = np.argsort(Q4H4_SLOT)
+
+
+def q4h4_order(blocks: np.ndarray) -> np.ndarray:
+    """int4 blocks [n_out, nb] in layout q4h4 (:func:`q4r4_order` with the plain nibbles)."""
+    return q4r4_order(blocks, Q4H4_SLOT)
+
+
+def q4h4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """The inverse of :func:`q4h4_order`: stored bytes back to blocks [n_out, nb]."""
+    return q4r4_restore(stored, n_out, n_in, Q4H4_OF_WEIGHT)
 
 
 def c8_fits(n_out: int, n_in: int) -> bool:
@@ -935,7 +957,7 @@ class QuantTensor:
     @property
     def stored_in(self) -> int:
         """Inputs per stored row in its layout (:func:`stored_width`: n_in, or for r4 / r4p /
-        q4r4 n_in rounded up to the layout's chunk with zero columns)."""
+        q4r4 / q4h4 n_in rounded up to the layout's chunk with zero columns)."""
         return stored_width(self.layout, self.n_in)
 
     @property

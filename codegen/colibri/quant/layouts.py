@@ -2,7 +2,7 @@
 matrix of an expert kind takes on a core, and the width of the quantised activation rows its
 kernels then read.
 
-The fast layouts r4 / r4p (int8) and q4r4 (int4) read whole chunks of inputs; a matrix whose
+The fast layouts r4 / r4p (int8) and q4r4 / q4h4 (int4) read whole chunks of inputs; a matrix whose
 n_in is not a whole number of them is stored with zero columns up to the next one
 (:func:`colibri.quant.formats.stored_width`) and its kernel reads an activation row padded with
 zero codes to the same width, so no shape falls back to the generic layout ``rows`` for want
@@ -23,8 +23,12 @@ R4_ISAS = ("armv7em_dsp", "mve")
 #: weights instead of two; inputs padded to whole blocks of 32): the Cortex-M4 / M7.
 R4P_ISAS = ("armv7em_dsp",)
 #: Board ISAs whose int4 x int8 expert kernels read layout q4r4 (colibri_qinline_q4.h): the
-#: Cortex-M4 / M7 DSP extension (Helium reads the plain blocks as fast).
+#: Cortex-M4 / M7 DSP extension.
 Q4R4_ISAS = ("armv7em_dsp",)
+#: Board ISAs whose int4 x int8 expert kernels read layout q4h4 (colibri_qinline_q4.h: the
+#: groups of q4r4 with the plain nibble order, one pointer and one load of 4 scales per block):
+#: Helium.
+Q4H4_ISAS = ("mve",)
 #: Board ISAs whose fp16 expert kernels read layout c8 (colibri_qinline_f.h colibri_qf_f16_c8):
 #: the Cortex-M4 / M7 FPU converts fp16 by VCVTB / VCVTT (Helium reads the plain rows).
 F16C8_ISAS = ("armv7em_dsp",)
@@ -35,7 +39,7 @@ C8_ISAS = ("armv7em_dsp", "mve")
 
 def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[str, str]:
     """Stored layout of each weight part of an expert kind on a core: r4 / r4p (int8 weights,
-    :func:`_int8_layout`) or q4r4 (int4 weights) where the core's kernel reads four rows at
+    :func:`_int8_layout`) or q4r4 / q4h4 (int4 weights) where the core's kernel reads four rows at
     once (int8 activations) and the matrix has at least four rows (any n_in: its rows padded
     to whole chunks), c8 (fp16 weights) where it converts eight outputs' weights at once and
     the shape allows."""
@@ -46,6 +50,10 @@ def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[st
     if isa in Q4R4_ISAS and scheme == "int4" and act == "int8":
         up4 = "q4r4" if d_ff >= R4_ROWS else "rows"
         down4 = "q4r4" if d_model >= R4_ROWS else "rows"
+        return {"w1": up4, "w3": up4, "w2": down4}
+    if isa in Q4H4_ISAS and scheme == "int4" and act == "int8":
+        up4 = "q4h4" if d_ff >= R4_ROWS else "rows"
+        down4 = "q4h4" if d_model >= R4_ROWS else "rows"
         return {"w1": up4, "w3": up4, "w2": down4}
     fast = isa in R4_ISAS and scheme == "int8" and act == "int8"
     up = _int8_layout(isa, fast, d_ff, d_model)
