@@ -266,6 +266,34 @@ static inline colibri_v4f colibri_v4_select(colibri_v4i m, colibri_v4f a, colibr
     return (colibri_v4f)(((colibri_v4i)a & m) | ((colibri_v4i)b & ~m));
 }
 
+#if defined(__ARM_FEATURE_MVE)
+/** @brief colibri_expf on four lanes, branch-free: the same bits in every lane. Helium: the
+ *         constants as scalar operands (VMUL / VADD Qd, Qn, Rm), where the vector-extension
+ *         form makes GCC 12 rebuild each in a Q register (of eight) every time. */
+static inline colibri_v4f colibri_expf4(colibri_v4f xv)
+{
+    const float32x4_t x = (float32x4_t)xv;
+    const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
+    const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
+    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(n, COLIBRI_EXP_LN2_HI)),
+                                    vmulq_n_f32(n, COLIBRI_EXP_LN2_LO));
+    const float32x4_t z = vmulq_f32(r, r);
+    float32x4_t p = vaddq_n_f32(vmulq_n_f32(r, COLIBRI_EXP_P0), COLIBRI_EXP_P1);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P2);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
+    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
+    const mve_pred16_t top = vcmpgtq_n_f32(n, 127.0f); /* scale by 2^(n - 1), then by 2 */
+    uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
+    bits = vshlq_n_u32(vsubq_m_n_u32(bits, bits, 1u, top), 23);
+    float32x4_t e = vmulq_f32(y, (float32x4_t)bits);
+    e = vpselq_f32(vaddq_f32(e, e), e, top); /* e + e: e * 2 exactly */
+    e = vpselq_f32(vdupq_n_f32(0.0f), e, vcmpgtq_f32(vdupq_n_f32(COLIBRI_EXP_MIN), x));
+    return (colibri_v4f)vpselq_f32(vdupq_n_f32(INFINITY), e, vcmpgtq_n_f32(x, COLIBRI_EXP_MAX));
+}
+
+#else
 /** @brief colibri_expf on four lanes, branch-free: the same bits in every lane. */
 static inline colibri_v4f colibri_expf4(colibri_v4f x)
 {
@@ -288,11 +316,29 @@ static inline colibri_v4f colibri_expf4(colibri_v4f x)
     const colibri_v4f inf = {INFINITY, INFINITY, INFINITY, INFINITY};
     return colibri_v4_select(COLIBRI_V4_GT(x, COLIBRI_EXP_MAX), inf, out);
 }
+#endif
+
+#if defined(__ARM_FEATURE_MVE)
+/* a / b lane by lane: Helium has no vector divide, but the lanes of q0 and q1 are the scalar
+ * registers s0..s3 and s4..s7, which GCC 12 does not use (it moves every lane out and back) */
+static inline colibri_v4f colibri_div4(colibri_v4f a, colibri_v4f b)
+{
+    register float32x4_t qa __asm__("q0") = (float32x4_t)a;
+    register float32x4_t qb __asm__("q1") = (float32x4_t)b;
+    __asm__("vdiv.f32 s0, s0, s4\n\tvdiv.f32 s1, s1, s5\n\t"
+            "vdiv.f32 s2, s2, s6\n\tvdiv.f32 s3, s3, s7"
+            : "+w"(qa)
+            : "w"(qb));
+    return (colibri_v4f)qa;
+}
+#else
+#define colibri_div4(a, b) ((a) / (b))
+#endif
 
 /** @brief colibri_silu on four lanes. */
 static inline colibri_v4f colibri_silu4(colibri_v4f v)
 {
-    return v / (1.0f + colibri_expf4(-v));
+    return colibri_div4(v, 1.0f + colibri_expf4(-v));
 }
 
 /** @brief colibri_erff on four lanes: every branch computed, the lane's own one kept. */
@@ -307,7 +353,8 @@ static inline colibri_v4f colibri_erff4(colibri_v4f x)
     p = p * s + COLIBRI_ERF_S1;
     p = p * s + COLIBRI_ERF_S0;
     const colibri_v4f small = x + x * p;
-    const colibri_v4f t = 1.0f / (1.0f + COLIBRI_ERF_T * a);
+    const colibri_v4f one = {1.0f, 1.0f, 1.0f, 1.0f};
+    const colibri_v4f t = colibri_div4(one, 1.0f + COLIBRI_ERF_T * a);
     colibri_v4f r = t * COLIBRI_ERF_R7 + COLIBRI_ERF_R6;
     r = r * t + COLIBRI_ERF_R5;
     r = r * t + COLIBRI_ERF_R4;
@@ -316,7 +363,6 @@ static inline colibri_v4f colibri_erff4(colibri_v4f x)
     r = r * t + COLIBRI_ERF_R1;
     r = r * t + COLIBRI_ERF_R0;
     const colibri_v4f e = 1.0f - colibri_expf4(-(a * a)) * r;
-    const colibri_v4f one = {1.0f, 1.0f, 1.0f, 1.0f};
     colibri_v4f out = x + x; /* NaN: no branch below applies */
     out = colibri_v4_select(COLIBRI_V4_GE(a, COLIBRI_ERF_ONE), colibri_v4_select(neg, -one, one),
                             out);
@@ -336,7 +382,7 @@ static inline colibri_v4f colibri_gelu4(colibri_v4f x)
 static inline colibri_v4f colibri_gelu_tanh4(colibri_v4f x)
 {
     const colibri_v4f u = COLIBRI_GELU_TANH_K * (x + COLIBRI_GELU_TANH_C * x * x * x);
-    const colibri_v4f g = x / (1.0f + colibri_expf4(-(u + u)));
+    const colibri_v4f g = colibri_div4(x, 1.0f + colibri_expf4(-(u + u)));
     const colibri_v4f nz = {-0.0f, -0.0f, -0.0f, -0.0f};
     return colibri_v4_select(COLIBRI_V4_LT(x, COLIBRI_GELU_ZERO_BELOW), nz, g);
 }
