@@ -399,12 +399,13 @@ def test_qinline_float_kernels_within_rounding(name: str, build_root: Path, tmp_
 MATHFNS_LINE = re.compile(r"colibri mathfns: (\d+) values")
 #: tests/platform/mathfns.c: the grid i * 2^-13, i in -MF_GRID..MF_GRID, the MF_SCATTER bit
 #: patterns i * 0x9E3779B1 and the edge values.
-MF_GRID, MF_SCATTER = 81920, 65536
+MF_GRID, MF_EXP, MF_SCATTER, MF_CHUNK = 81920, 1792, 65536, 256
 MF_EDGES = [
     0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
     0x00000001, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,
     0x3F600000, 0x3F5FFFFF, 0xBF600000, 0x40800000, 0x407FFFFF, 0xC0800000,
     0x3F200000, 0x3F1FFFFF, 0xBF200000, 0xC1300000, 0xC12FFFFF, 0xC1300001,
+    0x42AE0000, 0xC2AE0000, 0x42B17218, 0xC2B17218, 0x42B17217, 0xC2B17217,
 ]  # fmt: skip
 #: Boards the activation functions are checked on: every one (hard- and soft-float, Xtensa).
 MATHFNS_BOARDS = ALL_BOARDS
@@ -412,18 +413,30 @@ MATHFNS_BOARDS = ALL_BOARDS
 
 def _mathfns_inputs() -> np.ndarray:
     grid = (np.arange(-MF_GRID, MF_GRID + 1, dtype=np.float64) / 8192.0).astype(np.float32)
+    ends = (86.0 + np.arange(MF_EXP, dtype=np.float64) / 512.0).astype(np.float32)
+    ends = np.stack([ends, -ends], axis=1).reshape(-1)  # +a, -a for each a
     idx = np.arange(MF_SCATTER, dtype=np.uint64)
     scatter = ((idx * 0x9E3779B1) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
     edges = np.asarray(MF_EDGES, dtype=np.uint32).view(np.float32)
-    return np.concatenate([grid, scatter, edges])
+    return np.concatenate([grid, ends, scatter, edges])
+
+
+def _swiglu_gate(x: np.ndarray) -> np.ndarray:
+    """colibri_swiglu_row's h with its gate the row of MF_CHUNK inputs reversed (mathfns.c)."""
+    g = np.concatenate([x[i : i + MF_CHUNK][::-1] for i in range(0, x.size, MF_CHUNK)])
+    with np.errstate(all="ignore"):
+        return (f32.silu_f32(x) * g).astype(np.float32)
 
 
 @pytest.mark.parametrize("name", MATHFNS_BOARDS)
 def test_gelu_functions_equal_the_mirror(name: str, build_root: Path, tmp_path: Path) -> None:
-    """colibri_erff, colibri_tanhf, colibri_gelu and colibri_gelu_tanh (colibri_math.h, no libm)
+    """colibri_erff, colibri_tanhf, colibri_gelu, colibri_gelu_tanh and colibri_silu
+    (colibri_math.h, no libm), and the row functions colibri_silu_row, colibri_gelu_row,
+    colibri_gelu_tanh_row and colibri_swiglu_row (vector lanes or the scalar common case, tails)
     give the numpy mirror's bits (colibri.reference.f32) on the board, for every multiple of
-    2^-13 in [-10, 10], 65536 bit patterns of every exponent (subnormals, NaNs) and the branch
-    edges, +-0, +-inf, NaN (tests/platform/mathfns.c; a NaN need only stay a NaN)."""
+    2^-13 in [-10, 10], +-[86, 89.5) in steps of 2^-9 (exp's range ends), 65536 bit patterns of
+    every exponent (subnormals, NaNs) and the branch edges, +-0, +-inf, NaN
+    (tests/platform/mathfns.c; a NaN need only stay a NaN)."""
     require_board(name)
     board = load_board(name)
     elf = _build(board, "mathfns", build_root / name)
@@ -431,16 +444,18 @@ def test_gelu_functions_equal_the_mirror(name: str, build_root: Path, tmp_path: 
     x = _mathfns_inputs()
     found = MATHFNS_LINE.search(result.stdout)
     assert found and int(found.group(1)) == x.size, f"{result.stdout}{result.stderr}"
-    got = np.fromfile(tmp_path / "output.bin", dtype="<f4").reshape(x.size, 4)
-    fns = (f32.erf_f32, f32.tanh_f32, f32.gelu_f32, f32.gelu_tanh_f32)
-    for col, fn in enumerate(fns):
+    got = np.fromfile(tmp_path / "output.bin", dtype="<f4").reshape(x.size, 9)
+    fns = (f32.erf_f32, f32.tanh_f32, f32.gelu_f32, f32.gelu_tanh_f32, f32.silu_f32)
+    rows = (f32.silu_f32, f32.gelu_f32, f32.gelu_tanh_f32, _swiglu_gate)
+    for col, fn in enumerate(fns + rows):
         want = fn(x)
         differ = got[:, col].view(np.uint32) != want.view(np.uint32)
         differ &= ~(np.isnan(got[:, col]) & np.isnan(want))
         if differ.any():
             i = int(np.flatnonzero(differ)[0])
             pytest.fail(
-                f"{name}: {fn.__name__}: {int(differ.sum())} of {x.size} differ, first "
+                f"{name}: column {col} {fn.__name__}: {int(differ.sum())} of {x.size} differ, "
+                "first "
                 f"x = {x[i]!r} ({x[i : i + 1].view(np.uint32)[0]:#010x}): board {got[i, col]!r} "
                 f"mirror {want[i]!r}"
             )

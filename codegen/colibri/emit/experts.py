@@ -42,6 +42,12 @@ PARTS = ("w1", "b1", "w2", "b2", "w3")
 PACK_ISAS = ("x86_64",)
 
 
+#: The activations a lone layer's quantised kernels run through ``{name}_act_row`` (colibri_math.h
+#: colibri_<act>_row: the scalar function's bits, vectorised or with its common case branch-free);
+#: relu runs colibri_qi_relu_row (int8 activations) and SwiGLU colibri_swiglu_row.
+ROW_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
 def packed_kernel(k: dict[str, Any]) -> dict[str, Any]:
     """A transformer's int8 / int4 (int8 activations) kernel `k` taking, first, its expert's
     three packed copies ``pk`` (w1, w2, w3; NULL: that matrix runs its plain kernel), run by

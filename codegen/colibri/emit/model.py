@@ -47,7 +47,15 @@ from ..quant.model import LayerQuant, TransformerQuant
 from ..reference.accuracy import Analysis
 from ..reference.transformer import rope_tables
 from .cformat import c_float, model_ident
-from .experts import PACK_ISAS, PARTS, ffn_kernel, fp32_expert, kernel_params, packed_kernel
+from .experts import (
+    PACK_ISAS,
+    PARTS,
+    ROW_ACTIVATIONS,
+    ffn_kernel,
+    fp32_expert,
+    kernel_params,
+    packed_kernel,
+)
 from .output import (
     GENERATED_FILES,
     WEIGHTS_BLOB,
@@ -287,11 +295,16 @@ def _layer(
         "plan": memory,
         "block": block,
         "act_name": act_name,
-        # {name}_act: called by the fp32 kernels and every quantised kind but int8-activation
-        # relu, which runs colibri_qi_relu_row
+        # {name}_act: called by the fp32 kernels and the quantised relu kinds with float
+        # activations; int8-activation relu runs colibri_qi_relu_row, the gated kinds
+        # colibri_swiglu_row and the other activations {name}_act_row (colibri_math.h)
         "act_used": fp32_used
         or shared_ex is not None
-        or any(k["gated"] or k["act"] != "int8" or act_name != "relu" for k in kinds.values()),
+        or any(
+            not k["gated"] and k["act"] != "int8" and act_name == "relu" for k in kinds.values()
+        ),
+        "row_acts": ROW_ACTIVATIONS,
+        "act_row_used": act_name in ROW_ACTIVATIONS and any(not k["gated"] for k in kinds.values()),
         "quantised": quantised,
         "kernel_params": {  # the kind's own (its weight types name their stored row widths)
             s["ffn"]: kinds[s["ffn"]]["params"]
