@@ -248,14 +248,20 @@ void colibri_qi_mm_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, con
     }
 }
 
-/* formats.py Q4R4_SLOT: the weight of each nibble slot (byte slot / 2, high half when odd) of a
- * row's 16 bytes in a Q4R4 block */
+/* The weight of each nibble slot (byte slot / 2, high half when odd) of a row's 16 bytes in a
+ * grouped block: Q4R4 (formats.py Q4R4_SLOT), and Q4H4 (formats.py q4h4_order: Q4R4's groups,
+ * each row's bytes in the plain order, byte j holding weight j low and 16 + j high). */
 static const uint8_t k_q4r4_weight[32] = {0,  1,  4,  5,  2,  3,  6,  7,  8,  9,  12,
                                           13, 10, 11, 14, 15, 16, 17, 20, 21, 18, 19,
                                           22, 23, 24, 25, 28, 29, 26, 27, 30, 31};
+static const uint8_t k_q4h4_weight[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                          21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                          11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
-void colibri_qi_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
-                               int32_t n_out, int32_t n_in)
+/* Rows in groups of REF_ROWS (a block of each group: REF_ROWS fp16 scales, then each row's 16
+ * bytes, nibble slots mapped to weights by slot_weight), the last n_out % REF_ROWS rows plain. */
+static void q4_grouped_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
+                           int32_t n_out, int32_t n_in, const uint8_t *slot_weight)
 {
     const int32_t nb = n_in / REF_QK;
     const int32_t grouped = n_out / REF_ROWS * REF_ROWS;
@@ -270,7 +276,7 @@ void colibri_qi_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const float *
             for (int32_t slot = 0; slot < REF_QK; slot++) {
                 const uint8_t byte = qs[slot / 2];
                 const int32_t v = (int32_t)((slot & 1) ? (byte >> 4) : (byte & 0x0Fu)) - 8;
-                isum += v * (int32_t)xq[b * REF_QK + k_q4r4_weight[slot]];
+                isum += v * (int32_t)xq[b * REF_QK + slot_weight[slot]];
             }
             acc = acc + (float)isum * (colibri_ref_f16(ref_u16(blk + 2 * r)) * sx[b]);
         }
@@ -283,6 +289,12 @@ void colibri_qi_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const float *
     }
 }
 
+void colibri_qi_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
+                               int32_t n_out, int32_t n_in)
+{
+    q4_grouped_ref(w, xq, sx, y, n_out, n_in, k_q4r4_weight);
+}
+
 void colibri_qi_mm_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
                                   int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok)
 {
@@ -293,34 +305,10 @@ void colibri_qi_mm_q4_q8_q4r4_ref(const uint8_t *w, const int8_t *xq, const floa
     }
 }
 
-/* Q4H4 (formats.py q4h4_order): Q4R4's groups, each row's 16 bytes in the plain order (byte j:
- * weight j low, weight 16 + j high) */
 void colibri_qi_q4_q8_q4h4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
                                int32_t n_out, int32_t n_in)
 {
-    const int32_t nb = n_in / REF_QK;
-    const int32_t grouped = n_out / REF_ROWS * REF_ROWS;
-    for (int32_t o = 0; o < grouped; o++) {
-        const uint8_t *g = w + (size_t)(o / REF_ROWS) * (size_t)nb * REF_Q4R4_BLOCK;
-        const int32_t r = o % REF_ROWS;
-        float acc = 0.0f;
-        for (int32_t b = 0; b < nb; b++) {
-            const uint8_t *blk = g + (size_t)b * REF_Q4R4_BLOCK;
-            const uint8_t *qs = blk + 8 + 16 * r;
-            int32_t isum = 0;
-            for (int32_t i = 0; i < REF_QK; i++) {
-                const uint8_t byte = qs[i % 16];
-                const int32_t v = (int32_t)((i >= 16) ? (byte >> 4) : (byte & 0x0Fu)) - 8;
-                isum += v * (int32_t)xq[b * REF_QK + i];
-            }
-            acc = acc + (float)isum * (colibri_ref_f16(ref_u16(blk + 2 * r)) * sx[b]);
-        }
-        y[o] = acc;
-    }
-    const uint8_t *rest = w + (size_t)(grouped / REF_ROWS) * (size_t)nb * REF_Q4R4_BLOCK;
-    for (int32_t o = grouped; o < n_out; o++) {
-        y[o] = q4_plain_row(rest + (size_t)(o - grouped) * (size_t)nb * REF_Q4_BLOCK, xq, sx, n_in);
-    }
+    q4_grouped_ref(w, xq, sx, y, n_out, n_in, k_q4h4_weight);
 }
 
 void colibri_qi_mm_q4_q8_q4h4_ref(const uint8_t *w, const int8_t *xq, const float *sx, float *y,
