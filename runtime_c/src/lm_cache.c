@@ -35,40 +35,39 @@ static void advise_pages(const void *p, uint64_t len, int advice)
     (void)madvise((void *)a, (size_t)((uintptr_t)p + len - a), advice);
 }
 
+/* Bytes of m's weights (codes, and a block format's scales) as the file stores them. */
+static uint64_t mat_w_bytes(const lm_mat *m)
+{
+    const uint64_t n_out = (uint64_t)m->n_out;
+    const uint64_t n_in = (uint64_t)m->n_in;
+    switch (m->scheme) {
+    case COLIBRI_QUANT_F16:
+        return 2u * n_out * n_in;
+    case COLIBRI_QUANT_Q8:
+        return n_out * n_in;
+    case COLIBRI_QUANT_Q4:
+        return n_out * ((n_in + 31u) / 32u) * 18u;
+    case COLIBRI_QUANT_Q4K:
+        return n_out * (uint64_t)COLIBRI_Q4K_ROW_BYTES(n_in);
+    case COLIBRI_QUANT_Q5K:
+        return n_out * (uint64_t)COLIBRI_Q5K_ROW_BYTES(n_in);
+    default:
+        return 4u * n_out * n_in;
+    }
+}
+
 /* Bytes of m's codes the kernels read through the mapping: 0 when packed (or absent). */
 static uint64_t mapped_codes(const lm_mat *m)
 {
-    if (m->w == NULL || m->packed != NULL) {
-        return 0u;
-    }
-    const uint64_t n_in = (uint64_t)m->n_in;
-    const uint64_t row = m->scheme == COLIBRI_QUANT_Q4
-                             ? COLIBRI_Q4_BLOCKS(m->n_in) * (uint64_t)sizeof(colibri_block_q4_32)
-                         : m->scheme == COLIBRI_QUANT_Q4K ? (uint64_t)COLIBRI_Q4K_ROW_BYTES(m->n_in)
-                         : m->scheme == COLIBRI_QUANT_Q5K ? (uint64_t)COLIBRI_Q5K_ROW_BYTES(m->n_in)
-                         : m->scheme == COLIBRI_QUANT_Q8  ? n_in
-                         : m->scheme == COLIBRI_QUANT_F16 ? 2u * n_in
-                                                          : 4u * n_in;
-    return row * (uint64_t)m->n_out;
+    return (m->w == NULL || m->packed != NULL) ? 0u : mat_w_bytes(m);
 }
 
-/* With a budget, after init (its checks and the packing read the file sequentially, with the
- * kernel's readahead): no readahead any more where the reads are scattered. The kernel reads
- * ahead of a pread and around a fault of the mapping by the device's read_ahead_kb (8 MiB on
- * some virtual disks): an expert's pread also read the next expert, and each fault on a norm,
- * a router, a scale row or an embedding row read 8 MiB around it. Under a memory cap (page
- * cache charged to the process's cgroup) that evicted what the next token needed and read it
- * again: at a quarter of a 353 M model's file, 5.6 GB read for 40 tokens instead of 2.7 GB.
- * So: POSIX_FADV_RANDOM on the file (a pread reads what it asks for), MADV_RANDOM on the
- * mapping except the matrices still streamed from it each token (not packed: lm_head,
- * attention, dense FFN), which keep the default. COLIBRI_LM_READAHEAD=1 in the environment
- * leaves the kernel's defaults. Hints only: the logits are the same either way. */
-/* With a budget: every step reads the fp32 tensors of up to
- * LM_LOCK_MAX bytes other than the routed experts' (norms, routers, scale rows, RoPE rows) through
- * the mapping. The expert reads stream through the page cache, and under a memory cap they evicted
- * these pages every token: some 40 synchronous 4 KiB reads a token on the 353 M model. They are
- * locked in (best effort: a refused mlock, e.g. over RLIMIT_MEMLOCK, leaves them to the page
- * cache); under a megabyte on that model. COLIBRI_LM_READAHEAD=1 turns this off too. */
+/* With a budget: every step reads the fp32 tensors of up to LM_LOCK_MAX bytes other than the
+ * routed experts' (norms, routers, scale rows, RoPE rows) through the mapping. The expert reads
+ * stream through the page cache, and under a memory cap they evicted these pages every token: some
+ * 40 synchronous 4 KiB reads a token on the 353 M model. They are locked in (best effort: a
+ * refused mlock, e.g. over RLIMIT_MEMLOCK, leaves them to the page cache); under a megabyte on
+ * that model. COLIBRI_LM_READAHEAD=1 turns this off too. */
 #define LM_LOCK_MAX (1u << 20)
 static void lock_small(const unsigned char *base, const lm_entry *entries, uint32_t n)
 {
@@ -84,6 +83,17 @@ static void lock_small(const unsigned char *base, const lm_entry *entries, uint3
     }
 }
 
+/* With a budget, after init (its checks and the packing read the file sequentially, with the
+ * kernel's readahead): no readahead any more where the reads are scattered. The kernel reads
+ * ahead of a pread and around a fault of the mapping by the device's read_ahead_kb (8 MiB on
+ * some virtual disks): an expert's pread also read the next expert, and each fault on a norm,
+ * a router, a scale row or an embedding row read 8 MiB around it. Under a memory cap (page
+ * cache charged to the process's cgroup) that evicted what the next token needed and read it
+ * again: at a quarter of a 353 M model's file, 5.6 GB read for 40 tokens instead of 2.7 GB.
+ * So: POSIX_FADV_RANDOM on the file (a pread reads what it asks for), MADV_RANDOM on the
+ * mapping except the matrices still streamed from it each token (not packed: lm_head,
+ * attention, dense FFN), which keep the default. COLIBRI_LM_READAHEAD=1 in the environment
+ * leaves the kernel's defaults. Hints only: the logits are the same either way. */
 void clb_lm_cache_advise(colibri_lm_t *lm, const lm_entry *entries, uint32_t n_entries)
 {
     const char *keep = getenv("COLIBRI_LM_READAHEAD");
@@ -113,26 +123,6 @@ typedef struct {
     const unsigned char *src; /* in the mapping: the file offset is src - map */
     uint64_t len;
 } lm_part;
-
-static uint64_t mat_w_bytes(const lm_mat *m)
-{
-    const uint64_t n_out = (uint64_t)m->n_out;
-    const uint64_t n_in = (uint64_t)m->n_in;
-    switch (m->scheme) {
-    case COLIBRI_QUANT_F16:
-        return 2u * n_out * n_in;
-    case COLIBRI_QUANT_Q8:
-        return n_out * n_in;
-    case COLIBRI_QUANT_Q4:
-        return n_out * ((n_in + 31u) / 32u) * 18u;
-    case COLIBRI_QUANT_Q4K:
-        return n_out * (uint64_t)COLIBRI_Q4K_ROW_BYTES(n_in);
-    case COLIBRI_QUANT_Q5K:
-        return n_out * (uint64_t)COLIBRI_Q5K_ROW_BYTES(n_in);
-    default:
-        return 4u * n_out * n_in;
-    }
-}
 
 /* The stored parts of an expert in a fixed order (expert_rebase sets them in the same one). */
 static int expert_parts(const lm_layer *ly, const lm_expert *e, lm_part *p)
