@@ -243,6 +243,24 @@ static inline void q4k_scale_min(const uint8_t *s, int32_t j, int32_t *sc, int32
     *m = (int32_t)(((uint32_t)s[j] >> 4) | (((hi >> 2) & 3u) << 4));
 }
 
+/* Sub-block b (32 codes) of a q4k / q5k row: its super-block (d, dmin, the packed scales), its
+ * codes' low nibbles (code k < 16 in qs[k]'s low half, k >= 16 in qs[k - 16]'s high half) and,
+ * q5k, their fifth bits (bit k of hb); returns how many codes it holds (32, fewer in a row's
+ * tail). sb: the super-block's bytes; sub_bytes: 16 (q4k) or 20 (q5k). */
+static inline int32_t kq_sub(const uint8_t *row, int32_t b, int32_t n_in, size_t sb,
+                             int32_t sub_bytes, const uint8_t **base, const uint8_t **qs,
+                             uint32_t *hb)
+{
+    *base = row + (size_t)(b / 8) * sb;
+    *qs = *base + 16 + (size_t)sub_bytes * (size_t)(b % 8);
+    const uint8_t *h = *qs + 16;
+    *hb = (sub_bytes == 20) ? ((uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) |
+                               ((uint32_t)h[3] << 24))
+                            : 0u;
+    const int32_t i0 = b * COLIBRI_QK8;
+    return (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
+}
+
 /* The q4k / q5k matvec (colibri_quant.h): rows of rb bytes, super-blocks of sb bytes, sub_bytes
  * (16 or 20) per sub-block of codes. Heads are read by bytes (little-endian, as every supported
  * core), so rows need no alignment; only the used sub-blocks of a cut last super-block are read.
@@ -255,16 +273,12 @@ static inline void kq_matvec(const void *w, const int8_t *xq, const float *sx, f
         const uint8_t *row = (const uint8_t *)w + (size_t)o * rb;
         float acc = 0.0f;
         for (int32_t b = 0; b < nb; b++) {
-            const uint8_t *base = row + (size_t)(b / 8) * sb;
+            const uint8_t *base;
+            const uint8_t *qs;
+            uint32_t hb;
+            const int32_t n = kq_sub(row, b, n_in, sb, sub_bytes, &base, &qs, &hb);
             const int32_t j = b % 8;
-            const int32_t i0 = b * COLIBRI_QK8;
-            const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
-            const uint8_t *qs = base + 16 + (size_t)sub_bytes * (size_t)j;
-            const uint32_t hb = (sub_bytes == 20)
-                                    ? ((uint32_t)qs[16] | ((uint32_t)qs[17] << 8) |
-                                       ((uint32_t)qs[18] << 16) | ((uint32_t)qs[19] << 24))
-                                    : 0u;
-            const int8_t *xb = xq + i0;
+            const int8_t *xb = xq + b * COLIBRI_QK8;
             int32_t isum = 0;
             int32_t xsum = 0;
             if (n == COLIBRI_QK8) { /* integer sums: any order gives the same result */
@@ -300,15 +314,12 @@ void colibri_dequantize_row_kq(const void *row, int32_t n_in, int32_t bits, floa
     const size_t sb = (bits == 5) ? sizeof(colibri_block_q5k) : sizeof(colibri_block_q4k);
     const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
     for (int32_t b = 0; b < nb; b++) {
-        const uint8_t *base = (const uint8_t *)row + (size_t)(b / 8) * sb;
+        const uint8_t *base;
+        const uint8_t *qs;
+        uint32_t hb;
+        const int32_t n = kq_sub((const uint8_t *)row, b, n_in, sb, sub_bytes, &base, &qs, &hb);
         const int32_t j = b % 8;
         const int32_t i0 = b * COLIBRI_QK8;
-        const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
-        const uint8_t *qs = base + 16 + (size_t)sub_bytes * (size_t)j;
-        const uint32_t hb = (sub_bytes == 20)
-                                ? ((uint32_t)qs[16] | ((uint32_t)qs[17] << 8) |
-                                   ((uint32_t)qs[18] << 16) | ((uint32_t)qs[19] << 24))
-                                : 0u;
         int32_t sc;
         int32_t m;
         q4k_scale_min(base + 4, j, &sc, &m);
