@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--budget-share", type=float, default=0.25)
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="directory keeping the checkpoint and containers between runs (reused when there)",
+    )
     ap.add_argument("--prompt", type=int, default=64, help="prefill prompt tokens (default 64)")
     ap.add_argument(
         "--chunk",
@@ -72,12 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     from colibri.targets.binding import LM
 
     print("load before:", os.getloadavg(), f"({os.cpu_count()} CPUs)")
-    with tempfile.TemporaryDirectory(prefix="colibri-bench-") as tmp:
-        ckpt = Path(tmp) / "ckpt"
-        mixtral(ckpt, a.hidden, a.ff, a.layers, a.vocab)
+    with tempfile.TemporaryDirectory(prefix="colibri-bench-") as scratch:
+        tag = f"h{a.hidden}-f{a.ff}-l{a.layers}-v{a.vocab}"
+        tmp = a.keep / tag if a.keep is not None else Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        ckpt = tmp / "ckpt"
+        if not (ckpt / "config.json").exists():
+            mixtral(ckpt, a.hidden, a.ff, a.layers, a.vocab)
         for scheme in a.schemes.split(","):
             prompt = [int(t) for t in np.random.default_rng(0).integers(1, a.vocab, a.prompt)]
-            clb = container(ckpt, scheme, Path(tmp) / f"{scheme}.clb", max(128, a.prompt + 8))
+            ctx = max(128, a.prompt + 8)
+            clb = tmp / f"{scheme}-c{ctx}.clb"
+            if not clb.exists():
+                container(ckpt, scheme, clb, ctx)
             with LM(clb) as probe:
                 expert_bytes = probe.stats()["expert_bytes"]
             budget = int(expert_bytes * a.budget_share)

@@ -197,6 +197,10 @@ void colibri_crc32_tables_init(colibri_crc32_tables *ct);
 
 /** @brief zlib's CRC-32 of n bytes (PCLMULQDQ folding where an x86-64 CPU has it). */
 uint32_t colibri_crc32(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n);
+/** @brief zlib's crc32(crc, p, n): the CRC-32 of the bytes crc was the CRC-32 of (0: none)
+ *         followed by these n, so a blob can be checked a chunk at a time as it is read. */
+uint32_t colibri_crc32_update(const colibri_crc32_tables *ct, uint32_t crc, const unsigned char *p,
+                              uint64_t n);
 /** colibri_crc32 by the tables alone (what it does without PCLMULQDQ): for the tests. */
 uint32_t colibri_crc32_portable(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n);
 

@@ -73,10 +73,12 @@ static uint32_t crc32_update(const crc32_tables *ct, uint32_t c, const unsigned 
  * (register 0) and then the under-16 tail. tests/c/test_crc.c checks it against a
  * bit-at-a-time loop and against crc32_update for every length 0..400 at every alignment.
  */
-#define CRC_K512_LO 0x8F352D95u /* x^543 mod P, reflected */
-#define CRC_K512_HI 0x1D9513D7u /* x^479 */
-#define CRC_K128_LO 0xAE689191u /* x^159 */
-#define CRC_K128_HI 0xCCAA009Eu /* x^95 */
+#define CRC_K512_LO 0x8F352D95u  /* x^543 mod P, reflected */
+#define CRC_K512_HI 0x1D9513D7u  /* x^479 */
+#define CRC_K128_LO 0xAE689191u  /* x^159 */
+#define CRC_K128_HI 0xCCAA009Eu  /* x^95 */
+#define CRC_K2048_LO 0xCE3371CBu /* x^2079: four 64-byte registers fold 256 bytes ahead */
+#define CRC_K2048_HI 0xE95C1271u /* x^2015 */
 
 /* CPUID once per process (a VM exit costs microseconds, and a container has a blob per
  * tensor): 0 unknown, 1 without, 2 with. Racing first calls store the same answer. */
@@ -90,6 +92,65 @@ static int crc32_have_clmul(void)
         atomic_store_explicit(&known, k, memory_order_relaxed);
     }
     return k == 2;
+}
+
+/* VPCLMULQDQ on 512-bit registers (CPUID 7: ECX bit 10) where the kernels run AVX-512 (the
+ * level says the OS saves the registers): 0 unknown, 1 without, 2 with. */
+static int crc32_have_vpclmul(void)
+{
+    static atomic_int known;
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k == 0) {
+        unsigned a, b, c, d;
+        k = (colibri_kernel_level() == COLIBRI_KERNEL_AVX512_VNNI &&
+             __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 10) & 1u))
+                ? 2
+                : 1;
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k == 2;
+}
+
+__attribute__((target("avx512f,vpclmulqdq"))) static __m512i crc32_fold512(__m512i x, __m512i k)
+{
+    return _mm512_xor_si512(_mm512_clmulepi64_epi128(x, k, 0x00),
+                            _mm512_clmulepi64_epi128(x, k, 0x11));
+}
+
+/* The first n - n % 256 bytes (n >= 256) folded by four 512-bit registers (each 128-bit lane
+ * folded as crc32_clmul folds one, D = 2048), then into one (D = 512): the 64-byte window
+ * crc32_clmul's x[0..3] hold, its four lanes, for the bytes past it to be folded onto. c is
+ * xored into the first four bytes as there. Four times the bytes a VPCLMULQDQ per instruction. */
+__attribute__((target("avx512f,vpclmulqdq"))) static void
+crc32_vpclmul(uint32_t c, const unsigned char *p, uint64_t n, __m128i *x)
+{
+    const __m512i k2048 =
+        _mm512_broadcast_i32x4(_mm_set_epi64x((long long)CRC_K2048_HI, (long long)CRC_K2048_LO));
+    const __m512i k512 =
+        _mm512_broadcast_i32x4(_mm_set_epi64x((long long)CRC_K512_HI, (long long)CRC_K512_LO));
+    __m512i z[4];
+    for (int i = 0; i < 4; i++) {
+        z[i] = _mm512_loadu_si512((const void *)(p + 64 * i));
+    }
+    z[0] = _mm512_xor_si512(z[0], _mm512_castsi128_si512(_mm_cvtsi32_si128((int)c)));
+    p += 256;
+    n -= 256u;
+    while (n >= 256u) {
+        for (int i = 0; i < 4; i++) {
+            z[i] = _mm512_xor_si512(crc32_fold512(z[i], k2048),
+                                    _mm512_loadu_si512((const void *)(p + 64 * i)));
+        }
+        p += 256;
+        n -= 256u;
+    }
+    __m512i a = z[0];
+    for (int i = 1; i < 4; i++) {
+        a = _mm512_xor_si512(crc32_fold512(a, k512), z[i]);
+    }
+    x[0] = _mm512_extracti32x4_epi32(a, 0);
+    x[1] = _mm512_extracti32x4_epi32(a, 1);
+    x[2] = _mm512_extracti32x4_epi32(a, 2);
+    x[3] = _mm512_extracti32x4_epi32(a, 3);
 }
 
 __attribute__((target("pclmul"))) static __m128i crc32_fold(__m128i x, __m128i k)
@@ -106,12 +167,18 @@ __attribute__((target("pclmul"))) static uint32_t crc32_clmul(const crc32_tables
     const __m128i k512 = _mm_set_epi64x((long long)CRC_K512_HI, (long long)CRC_K512_LO);
     const __m128i k128 = _mm_set_epi64x((long long)CRC_K128_HI, (long long)CRC_K128_LO);
     __m128i x[4];
-    for (int i = 0; i < 4; i++) {
-        x[i] = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i));
+    if (n >= 256u && crc32_have_vpclmul()) { /* the window: the last 64 of the bytes folded */
+        crc32_vpclmul(c, p, n, x);
+        p += n - n % 256u;
+        n %= 256u;
+    } else {
+        for (int i = 0; i < 4; i++) {
+            x[i] = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i));
+        }
+        x[0] = _mm_xor_si128(x[0], _mm_cvtsi32_si128((int)c));
+        p += 64;
+        n -= 64u;
     }
-    x[0] = _mm_xor_si128(x[0], _mm_cvtsi32_si128((int)c));
-    p += 64;
-    n -= 64u;
     while (n >= 64u) {
         for (int i = 0; i < 4; i++) {
             x[i] = _mm_xor_si128(crc32_fold(x[i], k512),
@@ -135,14 +202,20 @@ __attribute__((target("pclmul"))) static uint32_t crc32_clmul(const crc32_tables
 }
 #endif
 
-static uint32_t crc32_of(const crc32_tables *ct, const unsigned char *p, uint64_t n)
+/* zlib's crc32(crc, p, n): the register is the CRC's inverse between calls. */
+static uint32_t crc32_more(const crc32_tables *ct, uint32_t crc, const unsigned char *p, uint64_t n)
 {
 #if defined(COLIBRI_X86_DISPATCH)
     if (crc32_have_clmul()) {
-        return crc32_clmul(ct, 0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
+        return crc32_clmul(ct, crc ^ 0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
     }
 #endif
-    return crc32_update(ct, 0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
+    return crc32_update(ct, crc ^ 0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
+}
+
+static uint32_t crc32_of(const crc32_tables *ct, const unsigned char *p, uint64_t n)
+{
+    return crc32_more(ct, 0u, p, n);
 }
 
 /* 1 when all n fp32 values (little-endian, 4-aligned) are finite: exponent bits not all set.
@@ -173,6 +246,12 @@ void colibri_crc32_tables_init(colibri_crc32_tables *ct)
 uint32_t colibri_crc32(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n)
 {
     return crc32_of(ct, p, n);
+}
+
+uint32_t colibri_crc32_update(const colibri_crc32_tables *ct, uint32_t crc, const unsigned char *p,
+                              uint64_t n)
+{
+    return crc32_more(ct, crc, p, n);
 }
 
 uint32_t colibri_crc32_portable(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n)

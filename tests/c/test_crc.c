@@ -4,7 +4,10 @@
  *        folding path, elsewhere the tables. Checked against a bit-at-a-time loop written here
  *        (zlib's reflected polynomial 0xEDB88320) and the check value of "123456789", then
  *        against the tables alone (colibri_crc32_portable) for every length 0..400 at every
- *        alignment 0..15 and for a few larger sizes, so both paths return the same bits.
+ *        alignment 0..15 and for a few larger sizes, so both paths return the same bits; with
+ *        VPCLMULQDQ (512-bit folding from 256 bytes on) every length 0..1100 at a few
+ *        alignments; and colibri_crc32_update over any split of a blob (the expert reads check
+ *        a chunk at a time) against the whole blob's CRC.
  */
 #include "colibri_internal.h"
 #include "test_harness.h"
@@ -67,6 +70,28 @@ int main(void)
         }
         CHECK(same);
     }
+    /* the 512-bit folding's edges (256 bytes a round, 64 more at a time, the 16-byte tail) */
+    for (size_t n = 401u; n <= 1100u; n++) {
+        int same = 1;
+        for (size_t off = 0; off < 4u; off++) {
+            same &= colibri_crc32(&ct, buf + off, n) == colibri_crc32_portable(&ct, buf + off, n);
+        }
+        CHECK(same);
+    }
+    /* a blob checked a chunk at a time: zlib's crc32(crc, p, n) chaining, uneven splits */
+    const size_t total = 300000u;
+    const uint32_t whole = colibri_crc32_portable(&ct, buf + 1, total);
+    const size_t steps[] = {1u, 7u, 64u, 255u, 256u, 4099u, 65536u, 262144u};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        uint32_t c = 0;
+        for (size_t done = 0; done < total; done += steps[i]) {
+            const size_t n = total - done < steps[i] ? total - done : steps[i];
+            c = colibri_crc32_update(&ct, c, buf + 1 + done, n);
+        }
+        CHECK_INT(whole, c);
+    }
+    CHECK_INT(colibri_crc32(&ct, check, 9u), colibri_crc32_update(&ct, 0u, check, 9u));
+
     const size_t big[] = {4096u, 65536u + 13u, (1u << 20) + 7u};
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
         CHECK_INT(colibri_crc32_portable(&ct, buf + 3, big[i]),
