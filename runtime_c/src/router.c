@@ -267,10 +267,40 @@ static inline void route_insert(const route_state *st, int32_t pos, int32_t expe
     st->ids[pos] = expert;
 }
 
-/* Top-k over the logits l[0..n) of experts e0.. . Once k are kept, a logit enters only when it
- * is strictly above the k-th (thr). A group of logits none of which can enter is skipped by one
- * test (the test only gates the skip: each logit of a group that passes is still tested alone,
- * in index order, so a test that passes more groups than needed gives the same result):
+/* A logit x of expert e strictly above the k-th kept (*thr) enters the selection. K = 1 or 2 (a
+ * constant where inlined): the kept logits and ids are the locals *v0, *d0 (and *v1, *d1), and x
+ * moves above the first only when strictly greater (as route_insert's shift: ties stay with the
+ * lower index); otherwise (K = 0) route_insert into the caller's rows. */
+static inline __attribute__((always_inline)) void route_take(const route_state *st, int32_t K,
+                                                             float *thr, float *v0, int32_t *d0,
+                                                             float *v1, int32_t *d1, int32_t e,
+                                                             float x)
+{
+    if (K == 1) {
+        *v0 = x;
+        *d0 = e;
+        *thr = x;
+    } else if (K == 2) {
+        if (x > *v0) {
+            *v1 = *v0;
+            *d1 = *d0;
+            *v0 = x;
+            *d0 = e;
+        } else {
+            *v1 = x;
+            *d1 = e;
+        }
+        *thr = *v1;
+    } else {
+        route_insert(st, st->k - 1, e, x);
+        *thr = st->vals[st->k - 1];
+    }
+}
+
+/* Top-k over l[i..n) (experts e0 + i..) once k are kept: a logit enters only when it is strictly
+ * above the k-th (thr). A group of logits none of which can enter is skipped by one test (the
+ * test only gates the skip: each logit of a group that passes is still tested alone, in index
+ * order, so a test that passes more groups than needed gives the same result):
  *   Helium: eight logits, vmaxnm of two vectors compared with thr (vmaxnm ignores a NaN, which
  *           never enters);
  *   vector boards (SSE2 / Neon): four logits, their max compared with thr;
@@ -278,25 +308,19 @@ static inline void route_insert(const route_state *st, int32_t pos, int32_t expe
  *           thr >= 0, l > thr implies bits(l) > bits(thr); a NaN may pass), which needs no
  *           float compare (none on soft-float cores, and no FPSCR transfer on the others);
  *           before that, their max as floats.
- * Always inlined, so that route_block's loop stays as it was before colibri_topk_f32 shared it. */
-static inline __attribute__((always_inline)) void route_select(route_state *st, const float *l,
-                                                               int32_t e0, int32_t n)
+ * K: 1 or 2 keeps the selection in registers (route_take), 0 any k. */
+static inline __attribute__((always_inline)) void
+route_select_rest(route_state *st, const float *l, int32_t e0, int32_t i, int32_t n, int32_t K)
 {
-    const int32_t k = st->k;
-    int32_t i = 0;
-    for (; i < n && st->n_kept < k; i++) {
-        route_insert(st, st->n_kept, e0 + i, l[i]);
-        st->n_kept++;
-    }
-    if (i == n) {
-        return;
-    }
-    float thr = st->vals[k - 1];
+    float thr = st->vals[st->k - 1];
+    float v0 = st->vals[0];
+    int32_t d0 = st->ids[0];
+    float v1 = (K == 2) ? st->vals[1] : 0.0f;
+    int32_t d1 = (K == 2) ? st->ids[1] : 0;
 #define ROUTE_TRY(j)                                                                               \
     do {                                                                                           \
         if (l[j] > thr) {                                                                          \
-            route_insert(st, k - 1, e0 + (j), l[j]);                                               \
-            thr = st->vals[k - 1];                                                                 \
+            route_take(st, K, &thr, &v0, &d0, &v1, &d1, e0 + (j), l[j]);                           \
         }                                                                                          \
     } while (0)
 #if defined(ROUTE_MVE)
@@ -351,6 +375,38 @@ static inline __attribute__((always_inline)) void route_select(route_state *st, 
         ROUTE_TRY(i);
     }
 #undef ROUTE_TRY
+    if (K >= 1) {
+        st->vals[0] = v0;
+        st->ids[0] = d0;
+    }
+    if (K == 2) {
+        st->vals[1] = v1;
+        st->ids[1] = d1;
+    }
+}
+
+/* Top-k over the logits l[0..n) of experts e0.. : the first k kept by insertion, the rest by
+ * route_select_rest (its k = 1 and k = 2 copies for the common MoE top-k). Always inlined, so
+ * that route_block's loop stays as it was before colibri_topk_f32 shared it. */
+static inline __attribute__((always_inline)) void route_select(route_state *st, const float *l,
+                                                               int32_t e0, int32_t n)
+{
+    const int32_t k = st->k;
+    int32_t i = 0;
+    for (; i < n && st->n_kept < k; i++) {
+        route_insert(st, st->n_kept, e0 + i, l[i]);
+        st->n_kept++;
+    }
+    if (i == n) {
+        return;
+    }
+    if (k == 1) {
+        route_select_rest(st, l, e0, i, n, 1);
+    } else if (k == 2) {
+        route_select_rest(st, l, e0, i, n, 2);
+    } else {
+        route_select_rest(st, l, e0, i, n, 0);
+    }
 }
 
 void colibri_topk_f32(const float *x, int32_t n, int32_t k, int32_t *ids, float *vals)
