@@ -91,6 +91,12 @@ static inline float route_lane(float l, float m, float p3, float p4, float p5, f
     return y * scale;
 }
 
+/* FPv5 (Cortex-M7's fpv5-d16, Armv8-M mainline FPUs): VMAXNM, which fmaxf compiles to. */
+#if defined(__GNUC__) && defined(__ARM_FP) &&                                                      \
+    ((defined(__ARM_ARCH_7EM__) && (__ARM_FP & 8)) || defined(__ARM_ARCH_8M_MAIN__))
+#define ROUTE_MAXNM 1
+#endif
+
 /* GCC re-creates some of the exp constants in every lane of the unrolled loop (a VLDR or VMOV
  * each) rather than keep them in registers; an empty asm that "changes" a copy makes it a value
  * to keep (ARM FPUs only: "t" is a single-precision VFP register). */
@@ -304,7 +310,8 @@ static inline __attribute__((always_inline)) void route_take(const route_state *
  *   Helium: eight logits, vmaxnm of two vectors compared with thr (vmaxnm ignores a NaN, which
  *           never enters);
  *   vector boards (SSE2 / Neon): four logits, their max compared with thr;
- *   scalar boards: while thr >= +0, four logits as signed integers against thr's bits (for
+ *   FPv5 (Cortex-M7): four logits, their vmaxnm (fmaxf: a NaN ignored) compared with thr;
+ *   other scalar boards: while thr >= +0, four logits as signed integers against thr's bits (for
  *           thr >= 0, l > thr implies bits(l) > bits(thr); a NaN may pass), which needs no
  *           float compare (none on soft-float cores, and no FPSCR transfer on the others);
  *           before that, their max as floats.
@@ -328,6 +335,16 @@ route_select_rest(route_state *st, const float *l, int32_t e0, int32_t i, int32_
         const float32x4_t a = vmaxnmq_f32(vld1q_f32(l + i), vld1q_f32(l + i + 4));
         if (vcmpgtq_n_f32(a, thr) != 0) {
             for (int32_t j = i; j < i + 8; j++) {
+                ROUTE_TRY(j);
+            }
+        }
+    }
+#elif defined(ROUTE_MAXNM)
+    for (; i + 4 <= n; i += 4) {
+        const float a =
+            __builtin_fmaxf(__builtin_fmaxf(l[i], l[i + 1]), __builtin_fmaxf(l[i + 2], l[i + 3]));
+        if (a > thr) {
+            for (int32_t j = i; j < i + 4; j++) {
                 ROUTE_TRY(j);
             }
         }
