@@ -1,9 +1,9 @@
 /**
  * @file router_bench.c
  * @brief Instruction cost of top-k routing over precomputed gate logits (RB_TOKENS tokens,
- *        RB_EXPERTS experts, top-k RB_TOP_K), three ways with the same contract (ids best first
- *        with ties to the lower index, gates = softmax over all experts, log-sum-exp per token,
- *        NaN / Inf refused):
+ *        RB_EXPERTS experts, top-k RB_TOP_K, defaults 64 and 2, logits drawn from RB_SEED),
+ *        three ways with the same contract (ids best first with ties to the lower index, gates
+ *        = softmax over all experts, log-sum-exp per token, NaN / Inf refused):
  *          0  qsort of the expert indices + take k + a max-shifted softmax (libm expf)
  *          1  the plain two-pass loop: insertion top-k over the logits, then the softmax sum
  *             over every expert shifted by the max (the best kept logit), libm expf
@@ -26,15 +26,22 @@
 #ifndef RB_TOKENS
 #define RB_TOKENS 1024
 #endif
+#ifndef RB_EXPERTS
 #define RB_EXPERTS 64
+#endif
+#ifndef RB_TOP_K
 #define RB_TOP_K 2
+#endif
+#ifndef RB_SEED
+#define RB_SEED 0x2545F491u
+#endif
 #define RB_WAYS 3
 
 static float rb_logits[RB_TOKENS * RB_EXPERTS];
 static int32_t rb_ids[RB_WAYS][RB_TOKENS * RB_TOP_K];
 static float rb_gates[RB_WAYS][RB_TOKENS * RB_TOP_K];
 static float rb_lse[RB_WAYS][RB_TOKENS];
-static uint32_t rb_state = 0x2545F491u;
+static uint32_t rb_state = RB_SEED;
 
 /* Logits roughly N(0, 2): the sum of four uniforms in [-1.7, 1.7), on a grid of 2^-8 so that
  * equal logits (ties) occur. */

@@ -24,9 +24,16 @@
  * at most ROUTE_BLOCK experts is a plain two-pass softmax. */
 #define ROUTE_BLOCK 64
 
-#if defined(__GNUC__) && !defined(COLIBRI_ROUTE_SCALAR) &&                                         \
-    (defined(__SSE2__) || defined(__aarch64__) ||                                                  \
-     (defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)))
+#if defined(__GNUC__) && !defined(COLIBRI_ROUTE_SCALAR) && defined(__ARM_FEATURE_MVE) &&           \
+    (__ARM_FEATURE_MVE & 2)
+/* Helium (MVE with floating point): route_exp_sum and the selection's skip test are written
+ * with arm_mve.h, the exp's constants as scalar operands (vmul / vadd Qd, Qn, Rm), the x < MIN
+ * lanes zeroed by a predicate (GCC's vector-extension code for MVE broadcast every constant and
+ * compared the lanes one at a time). The same IEEE operations in the same order. */
+#define ROUTE_MVE 1
+#include <arm_mve.h>
+#elif defined(__GNUC__) && !defined(COLIBRI_ROUTE_SCALAR) &&                                       \
+    (defined(__SSE2__) || defined(__aarch64__))
 /* Four fp32 lanes (GCC / clang vector extensions): the same IEEE operations as the scalar
  * route_exp, so both give the same bits. */
 #define ROUTE_SIMD 1
@@ -55,24 +62,40 @@ typedef uint32_t route_v4u __attribute__((vector_size(16)));
     route_p = route_p * route_r + (p5);                                                            \
     const T y = (route_p * route_z + route_r) + (one)
 
-#if !defined(ROUTE_SIMD)
-/* colibri_expf for x <= 0 (or NaN), without its branches: for such x its n = 128 and +inf
- * branches never run, so only the x < COLIBRI_EXP_MIN -> 0 case is left, taken here as a
- * select after the same IEEE operations in the same order (the same bits). Branch-free, so the
- * unrolled lanes below keep their constants in registers on scalar FPUs. p3, p4, p5 and one are
- * COLIBRI_EXP_P3, P4, P5 and 1.0f, passed in so that the caller can hold them in registers. */
-static inline float route_exp_neg(float x, float p3, float p4, float p5, float one)
+#if !defined(ROUTE_SIMD) && !defined(ROUTE_MVE)
+/* exp(l - m) of one scalar lane, m the best logit so far: colibri_expf of x = l - m <= 0 (or
+ * NaN), where its n = 128 and +inf branches never run, by the same IEEE operations in the same
+ * order (the same bits). Its x < COLIBRI_EXP_MIN -> 0 case is rare (l about 87 below the max)
+ * and is tested on t's bits, already in an integer register for the scale: x < MIN makes
+ * n = t - ROUND <= -126, i.e. bits(t) <= ROUND_BITS - 126 as signed integers (t below 2^23, 0 or
+ * negative included, x = -inf too), so only those lanes compare x itself (no float compare and
+ * FPSCR transfer per lane). A lane below MIN gives 0 and sets *bad when l is -inf. p3, p4, p5 and
+ * one are COLIBRI_EXP_P3, P4, P5 and 1.0f, passed in so that the caller can hold them in
+ * registers. */
+static inline float route_lane(float l, float m, float p3, float p4, float p5, float one,
+                               uint32_t *bad)
 {
+    const float x = l - m;
     ROUTE_EXP_POLY(float, x, t, y, p3, p4, p5, one);
     uint32_t bits;
     memcpy(&bits, &t, sizeof bits);
+    if (__builtin_expect((int32_t)bits <= (int32_t)(COLIBRI_EXP_ROUND_BITS - 126u), 0) &&
+        x < COLIBRI_EXP_MIN) {
+        *bad |= (uint32_t)!isfinite(l);
+        return 0.0f;
+    }
     /* (bits + (127 - ROUND_BITS)) << 23, as one shift and one add (mod 2^32 the same) */
     bits = (bits << 23) + ((127u - COLIBRI_EXP_ROUND_BITS) << 23);
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    const float e = y * scale;
-    return (x < COLIBRI_EXP_MIN) ? 0.0f : e;
+    return y * scale;
 }
+
+/* FPv5 (Cortex-M7's fpv5-d16, Armv8-M mainline FPUs): VMAXNM, which fmaxf compiles to. */
+#if defined(__GNUC__) && defined(__ARM_FP) &&                                                      \
+    ((defined(__ARM_ARCH_7EM__) && (__ARM_FP & 8)) || defined(__ARM_ARCH_8M_MAIN__))
+#define ROUTE_MAXNM 1
+#endif
 
 /* GCC re-creates some of the exp constants in every lane of the unrolled loop (a VLDR or VMOV
  * each) rather than keep them in registers; an empty asm that "changes" a copy makes it a value
@@ -97,6 +120,58 @@ static inline route_v4f route_exp4(route_v4f x)
 }
 #endif
 
+#if defined(ROUTE_MVE)
+/* colibri_expf(v - m) on four lanes for v <= m (where its n = 128 and +inf branches never run),
+ * the x < COLIBRI_EXP_MIN lanes 0: the same IEEE operations in the same order, so the same bits. */
+static inline float32x4_t route_exp4_mve(float32x4_t v, float m, float32x4_t zero)
+{
+    const float32x4_t x = vsubq_n_f32(v, m);
+    const mve_pred16_t below = vcmpltq_n_f32(x, COLIBRI_EXP_MIN);
+    const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
+    const float32x4_t nn = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
+    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(nn, COLIBRI_EXP_LN2_HI)),
+                                    vmulq_n_f32(nn, COLIBRI_EXP_LN2_LO));
+    const float32x4_t z = vmulq_f32(r, r);
+    float32x4_t p = vaddq_n_f32(vmulq_n_f32(r, COLIBRI_EXP_P0), COLIBRI_EXP_P1);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P2);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
+    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
+    const uint32x4_t bits =
+        vshlq_n_u32(vaddq_n_u32(vreinterpretq_u32_f32(t), 127u - COLIBRI_EXP_ROUND_BITS), 23);
+    return vpselq_f32(zero, vmulq_f32(y, vreinterpretq_f32_u32(bits)), below);
+}
+
+/*
+ * Sum of exp(l[i] - m) over a block, in four lanes (lane i % 4, i ascending) added as
+ * (s0 + s1) + (s2 + s3); the last 1..3 logits are one tail-predicated vector (its lanes past n
+ * neither loaded nor added). *finite is cleared when some l[i] is NaN or infinite.
+ */
+static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
+{
+    int32_t i = 0;
+    const float32x4_t zero = vdupq_n_f32(0.0f);
+    float32x4_t vs = zero;
+    float32x4_t vc = zero; /* NaN in a lane iff some l[i] * 0 is: l[i] NaN or infinite */
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vld1q_f32(l + i);
+        vc = vaddq_f32(vc, vmulq_n_f32(v, 0.0f));
+        vs = vaddq_f32(vs, route_exp4_mve(v, m, zero));
+    }
+    if (i < n) {
+        const mve_pred16_t live = vctp32q((uint32_t)(n - i));
+        const float32x4_t v = vldrwq_z_f32(l + i, live); /* 0 past n */
+        vc = vaddq_f32(vc, vmulq_n_f32(v, 0.0f));
+        vs = vaddq_m_f32(vs, vs, route_exp4_mve(v, m, zero), live);
+    }
+    const float chk = ((vgetq_lane_f32(vc, 0) + vgetq_lane_f32(vc, 1)) + vgetq_lane_f32(vc, 2)) +
+                      vgetq_lane_f32(vc, 3);
+    *finite = (chk == 0.0f);
+    return (vgetq_lane_f32(vs, 0) + vgetq_lane_f32(vs, 1)) +
+           (vgetq_lane_f32(vs, 2) + vgetq_lane_f32(vs, 3));
+}
+#elif defined(ROUTE_SIMD)
 /*
  * Sum of exp(l[i] - m) over a block, in four lanes (lane i % 4, i ascending) added as
  * (s0 + s1) + (s2 + s3). *finite is cleared when some l[i] is NaN or infinite.
@@ -106,7 +181,6 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float chk = 0.0f; /* NaN iff some l[i] * 0 is: l[i] NaN or infinite */
     int32_t i = 0;
-#if defined(ROUTE_SIMD)
     route_v4f vs = {0.0f, 0.0f, 0.0f, 0.0f};
     route_v4f vc = vs;
     for (; i + 4 <= n; i += 4) {
@@ -119,7 +193,28 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
         s[j] = vs[j];
         chk += vc[j];
     }
+    for (; i < n; i++) {
+        chk += l[i] * 0.0f;
+        s[i & 3] += colibri_expf(l[i] - m);
+    }
+    *finite = (chk == 0.0f);
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
 #else
+/*
+ * Sum of exp(l[i] - m) over a block, in four lanes (lane i % 4, i ascending) added as
+ * (s0 + s1) + (s2 + s3). *finite is cleared when some l[i] is NaN or infinite, found without a
+ * test per logit: m is the best logit so far (every l[i] <= m unless one is NaN), so a NaN or
+ * +inf l[i] (or m = +inf, then l[i] - m = NaN for that logit) makes its exp NaN and so the sum,
+ * which no finite logits can do (each exp is in [0, 1]); a -inf l[i] gives x = -inf < MIN,
+ * checked in route_lane's rare branch. x < MIN from finite l and m (l - m overflowing to -inf
+ * included) is 0 and finite, as before.
+ */
+static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
+{
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    uint32_t bad = 0;
+    int32_t i = 0;
     float p3 = COLIBRI_EXP_P3;
     float p4 = COLIBRI_EXP_P4;
     float p5 = COLIBRI_EXP_P5;
@@ -129,24 +224,19 @@ static float route_exp_sum(const float *l, int32_t n, float m, int *finite)
     ROUTE_IN_REG(p5);
     ROUTE_IN_REG(one);
     for (; i + 4 <= n; i += 4) {
-        chk += ((l[i] * 0.0f + l[i + 1] * 0.0f) + l[i + 2] * 0.0f) + l[i + 3] * 0.0f;
-        s[0] += route_exp_neg(l[i] - m, p3, p4, p5, one);
-        s[1] += route_exp_neg(l[i + 1] - m, p3, p4, p5, one);
-        s[2] += route_exp_neg(l[i + 2] - m, p3, p4, p5, one);
-        s[3] += route_exp_neg(l[i + 3] - m, p3, p4, p5, one);
+        s[0] += route_lane(l[i], m, p3, p4, p5, one, &bad);
+        s[1] += route_lane(l[i + 1], m, p3, p4, p5, one, &bad);
+        s[2] += route_lane(l[i + 2], m, p3, p4, p5, one, &bad);
+        s[3] += route_lane(l[i + 3], m, p3, p4, p5, one, &bad);
     }
-#endif
     for (; i < n; i++) {
-        chk += l[i] * 0.0f;
-#if defined(ROUTE_SIMD)
-        s[i & 3] += colibri_expf(l[i] - m);
-#else
-        s[i & 3] += route_exp_neg(l[i] - m, COLIBRI_EXP_P3, COLIBRI_EXP_P4, COLIBRI_EXP_P5, 1.0f);
-#endif
+        s[i & 3] += route_lane(l[i], m, COLIBRI_EXP_P3, COLIBRI_EXP_P4, COLIBRI_EXP_P5, 1.0f, &bad);
     }
-    *finite = (chk == 0.0f);
-    return (s[0] + s[1]) + (s[2] + s[3]);
+    const float sum = (s[0] + s[1]) + (s[2] + s[3]);
+    *finite = (bad == 0u) && !isnan(sum);
+    return sum;
 }
+#endif
 
 /** Per-token routing state: the softmax so far and the k-sized sorted selection. */
 typedef struct {
@@ -183,10 +273,138 @@ static inline void route_insert(const route_state *st, int32_t pos, int32_t expe
     st->ids[pos] = expert;
 }
 
-/* Top-k over the logits l[0..n) of experts e0.. . Once k are kept, a logit enters only when it
- * is strictly above the k-th (thr); four logits whose max is not above thr are skipped at once
- * (the max only gates the skip: each logit is still tested alone, in index order). Always
- * inlined, so that route_block's loop stays as it was before colibri_topk_f32 shared it. */
+/* A logit x of expert e strictly above the k-th kept (*thr) enters the selection. K = 1 or 2 (a
+ * constant where inlined): the kept logits and ids are the locals *v0, *d0 (and *v1, *d1), and x
+ * moves above the first only when strictly greater (as route_insert's shift: ties stay with the
+ * lower index); otherwise (K = 0) route_insert into the caller's rows. */
+static inline __attribute__((always_inline)) void route_take(const route_state *st, int32_t K,
+                                                             float *thr, float *v0, int32_t *d0,
+                                                             float *v1, int32_t *d1, int32_t e,
+                                                             float x)
+{
+    if (K == 1) {
+        *v0 = x;
+        *d0 = e;
+        *thr = x;
+    } else if (K == 2) {
+        if (x > *v0) {
+            *v1 = *v0;
+            *d1 = *d0;
+            *v0 = x;
+            *d0 = e;
+        } else {
+            *v1 = x;
+            *d1 = e;
+        }
+        *thr = *v1;
+    } else {
+        route_insert(st, st->k - 1, e, x);
+        *thr = st->vals[st->k - 1];
+    }
+}
+
+/* Top-k over l[i..n) (experts e0 + i..) once k are kept: a logit enters only when it is strictly
+ * above the k-th (thr). A group of logits none of which can enter is skipped by one test (the
+ * test only gates the skip: each logit of a group that passes is still tested alone, in index
+ * order, so a test that passes more groups than needed gives the same result):
+ *   Helium: eight logits, vmaxnm of two vectors compared with thr (vmaxnm ignores a NaN, which
+ *           never enters);
+ *   vector boards (SSE2 / Neon): four logits, their max compared with thr;
+ *   FPv5 (Cortex-M7): four logits, their vmaxnm (fmaxf: a NaN ignored) compared with thr;
+ *   other scalar boards: while thr >= +0, four logits as signed integers against thr's bits (for
+ *           thr >= 0, l > thr implies bits(l) > bits(thr); a NaN may pass), which needs no
+ *           float compare (none on soft-float cores, and no FPSCR transfer on the others);
+ *           before that, their max as floats.
+ * K: 1 or 2 keeps the selection in registers (route_take), 0 any k. */
+static inline __attribute__((always_inline)) void
+route_select_rest(route_state *st, const float *l, int32_t e0, int32_t i, int32_t n, int32_t K)
+{
+    float thr = st->vals[st->k - 1];
+    float v0 = st->vals[0];
+    int32_t d0 = st->ids[0];
+    float v1 = (K == 2) ? st->vals[1] : 0.0f;
+    int32_t d1 = (K == 2) ? st->ids[1] : 0;
+#define ROUTE_TRY(j)                                                                               \
+    do {                                                                                           \
+        if (l[j] > thr) {                                                                          \
+            route_take(st, K, &thr, &v0, &d0, &v1, &d1, e0 + (j), l[j]);                           \
+        }                                                                                          \
+    } while (0)
+#if defined(ROUTE_MVE)
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t a = vmaxnmq_f32(vld1q_f32(l + i), vld1q_f32(l + i + 4));
+        if (vcmpgtq_n_f32(a, thr) != 0) {
+            for (int32_t j = i; j < i + 8; j++) {
+                ROUTE_TRY(j);
+            }
+        }
+    }
+#elif defined(ROUTE_MAXNM)
+    for (; i + 4 <= n; i += 4) {
+        const float a =
+            __builtin_fmaxf(__builtin_fmaxf(l[i], l[i + 1]), __builtin_fmaxf(l[i + 2], l[i + 3]));
+        if (a > thr) {
+            for (int32_t j = i; j < i + 4; j++) {
+                ROUTE_TRY(j);
+            }
+        }
+    }
+#elif !defined(ROUTE_SIMD)
+    int32_t tb; /* thr's bits: >= 0 iff thr >= +0 (or a NaN with the sign clear) */
+    memcpy(&tb, &thr, sizeof tb);
+    for (; i + 4 <= n && tb < 0; i += 4) {
+        const float a = (l[i] > l[i + 1]) ? l[i] : l[i + 1];
+        const float b = (l[i + 2] > l[i + 3]) ? l[i + 2] : l[i + 3];
+        if (((a > b) ? a : b) > thr) {
+            for (int32_t j = i; j < i + 4; j++) {
+                ROUTE_TRY(j);
+            }
+            memcpy(&tb, &thr, sizeof tb);
+        }
+    }
+    for (; i + 4 <= n; i += 4) { /* tb >= 0 from here on: thr never decreases */
+        int32_t b0;
+        int32_t b1;
+        int32_t b2;
+        int32_t b3;
+        memcpy(&b0, l + i, sizeof b0);
+        memcpy(&b1, l + i + 1, sizeof b1);
+        memcpy(&b2, l + i + 2, sizeof b2);
+        memcpy(&b3, l + i + 3, sizeof b3);
+        if (b0 > tb || b1 > tb || b2 > tb || b3 > tb) {
+            for (int32_t j = i; j < i + 4; j++) {
+                ROUTE_TRY(j);
+            }
+            memcpy(&tb, &thr, sizeof tb);
+        }
+    }
+#endif
+    for (; i + 4 <= n; i += 4) {
+        const float a = (l[i] > l[i + 1]) ? l[i] : l[i + 1];
+        const float b = (l[i + 2] > l[i + 3]) ? l[i + 2] : l[i + 3];
+        if (((a > b) ? a : b) > thr) {
+            for (int32_t j = i; j < i + 4; j++) {
+                ROUTE_TRY(j);
+            }
+        }
+    }
+    for (; i < n; i++) {
+        ROUTE_TRY(i);
+    }
+#undef ROUTE_TRY
+    if (K >= 1) {
+        st->vals[0] = v0;
+        st->ids[0] = d0;
+    }
+    if (K == 2) {
+        st->vals[1] = v1;
+        st->ids[1] = d1;
+    }
+}
+
+/* Top-k over the logits l[0..n) of experts e0.. : the first k kept by insertion, the rest by
+ * route_select_rest (its k = 1 and k = 2 copies for the common MoE top-k). Always inlined, so
+ * that route_block's loop stays as it was before colibri_topk_f32 shared it. */
 static inline __attribute__((always_inline)) void route_select(route_state *st, const float *l,
                                                                int32_t e0, int32_t n)
 {
@@ -199,24 +417,12 @@ static inline __attribute__((always_inline)) void route_select(route_state *st, 
     if (i == n) {
         return;
     }
-    float thr = st->vals[k - 1];
-    for (; i + 4 <= n; i += 4) {
-        const float a = (l[i] > l[i + 1]) ? l[i] : l[i + 1];
-        const float b = (l[i + 2] > l[i + 3]) ? l[i + 2] : l[i + 3];
-        if (((a > b) ? a : b) > thr) {
-            for (int32_t j = i; j < i + 4; j++) {
-                if (l[j] > thr) {
-                    route_insert(st, k - 1, e0 + j, l[j]);
-                    thr = st->vals[k - 1];
-                }
-            }
-        }
-    }
-    for (; i < n; i++) {
-        if (l[i] > thr) {
-            route_insert(st, k - 1, e0 + i, l[i]);
-            thr = st->vals[k - 1];
-        }
+    if (k == 1) {
+        route_select_rest(st, l, e0, i, n, 1);
+    } else if (k == 2) {
+        route_select_rest(st, l, e0, i, n, 2);
+    } else {
+        route_select_rest(st, l, e0, i, n, 0);
     }
 }
 
@@ -242,10 +448,13 @@ static int route_block(route_state *st, const float *l, int32_t e0, int32_t n)
     return finite;
 }
 
-/* Turn the kept logits into softmax probabilities; returns the log-sum-exp. */
+/* Turn the kept logits into softmax probabilities; returns the log-sum-exp. The best kept logit
+ * is the max M, and colibri_expf(M - M) = colibri_expf(+0) is exactly 1 (t = ROUND, r = 0, y = 1,
+ * scale 2^0), so its gate is 1 / S without the exp. */
 static float route_finish(const route_state *st)
 {
-    for (int32_t j = 0; j < st->k; j++) {
+    st->vals[0] = 1.0f / st->sum;
+    for (int32_t j = 1; j < st->k; j++) {
         st->vals[j] = colibri_expf(st->vals[j] - st->max) / st->sum;
     }
     return st->max + logf(st->sum);

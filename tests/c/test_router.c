@@ -299,6 +299,42 @@ static void test_model_router(uint32_t flags)
     CHECK_STATUS(COLIBRI_ERR_NAN, colibri_route(&m, x, T, K, ids_b, gates_b, temp_b));
 }
 
+/* A NaN, +inf or -inf logit is refused wherever it sits: among the first k, in a group of four,
+ * in the last 1..3 of a block, in the second block (the softmax sum finds NaN and +inf, the
+ * rare x < -87 branch -inf); a finite logit 87 or more below the max (l - m overflowing to
+ * -inf included) is not an error and gets no weight. */
+static void test_nonfinite_everywhere(void)
+{
+    enum { E = 71 };
+    static float row[E];
+    int32_t ids[3];
+    float gates[3];
+    float lse;
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    rng_seed(7u);
+    for (int32_t k = 1; k <= 3; k++) {
+        for (int32_t at = 0; at < E; at++) {
+            for (int32_t b = 0; b < 3; b++) {
+                for (int32_t e = 0; e < E; e++) {
+                    row[e] = rng_float(-3.0f, 3.0f);
+                }
+                row[at] = bad[b];
+                CHECK_STATUS(COLIBRI_ERR_NAN, colibri_route_gate(row, 1, E, k, ids, gates, &lse));
+            }
+        }
+        for (int32_t e = 0; e < E; e++) {
+            row[e] = rng_float(-3.0f, 3.0f);
+        }
+        row[E - 1] = 3e38f;
+        row[5] = -3e38f; /* l - m = -inf: finite logits, weight 0 */
+        row[40] = -100.0f;
+        CHECK_STATUS(COLIBRI_OK, colibri_route_gate(row, 1, E, k, ids, gates, &lse));
+        CHECK_INT(E - 1, ids[0]);
+        CHECK(gates[0] == 1.0f);
+        CHECK(lse == 3e38f);
+    }
+}
+
 int main(void)
 {
     test_ties();
@@ -306,6 +342,7 @@ int main(void)
     test_large();
     test_blocks();
     test_errors();
+    test_nonfinite_everywhere();
     test_model_router(0u);
     test_model_router(COLIBRI_FLAG_ROUTER_BIAS);
     test_model_router(COLIBRI_FLAG_NORM_TOPK | COLIBRI_FLAG_ROUTER_BIAS);
