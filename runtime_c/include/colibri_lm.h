@@ -165,8 +165,9 @@ typedef struct {
  * (inline where threads are not available); a use waits for its read. A prefetched expert
  * enters at the cold end of the LRU order (first to go if its layer does not use it), never
  * evicts a slot of the current layer's experts, another predicted one, a pinned one or one being
- * read (no slot left: the rest is not prefetched); the next layer's misses take a wrong
- * prediction's slot only when no other is left. A live layer returns to the shadow when fewer
+ * read (no slot left: the rest is not prefetched); the next layer's misses take the slots of
+ * its wrong predictions first, so a wrong prediction costs the one slot it took and never a
+ * second, hotter one of the LRU order. A live layer returns to the shadow when fewer
  * than half the experts read ahead for it are used, or when they save no more misses than they
  * cause (later misses on the experts their reads evicted). Outputs never change; the next
  * layer's uses of correctly predicted experts become hits instead of misses.

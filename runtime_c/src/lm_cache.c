@@ -497,13 +497,14 @@ static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
 }
 
 /* slot_victim for a miss of layer ly, never a slot of an expert of the current uses (pin ==
- * epoch: clb_lm_expert_pin). When no other slot is left: the prefetches for ly that these uses
- * do not ask for were wrong (cold now), then the slots still being read are waited for. */
+ * epoch: clb_lm_expert_pin). The prefetches for ly that these uses do not ask for were wrong:
+ * they go cold first and are the first victims (after a free slot), so a wrong prediction
+ * costs the next layer's misses no slot of the LRU order; when no slot is left, the slots
+ * still being read are waited for. */
 static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly)
 {
     lm_cache *c = lm->cache;
-    uint32_t s = slot_victim(c, c->epoch);
-    for (uint32_t i = 0; s == c->n_slots && i < c->n_slots; i++) {
+    for (uint32_t i = 0; i < c->n_slots; i++) {
         lm_slot *sl = &c->slots[i];
         if (sl->ahead && sl->pin != c->epoch && sl->expert >= ly->first_expert &&
             sl->expert < ly->first_expert + ly->moe.n_experts) {
@@ -511,7 +512,7 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly)
             sl->used = 0;
         }
     }
-    s = s == c->n_slots ? slot_victim(c, c->epoch) : s;
+    uint32_t s = slot_victim(c, c->epoch);
     if (s == c->n_slots) {
         reader_reap_all(c, 1);
         s = slot_victim(c, c->epoch);
@@ -707,12 +708,13 @@ const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, in
  * finds them in their slots while this one computes. A prefetched expert enters at the cold
  * end of the LRU order (the first victim once its layer has run without using it), never
  * evicts a slot of this layer's experts, another predicted one, a pinned one or one still
- * being read; when no slot is left the rest is not prefetched. The next layer's misses take a
- * wrong prediction's slot only when no other is left. A live layer goes back to the shadow
- * when fewer than half its experts read ahead are used or they save no more misses than they
- * cause (later misses on the experts its reads evicted). No output or status changes: the
- * prediction has its own ids / gates, a slot's bytes are the file's, and a failed read frees
- * the slot for the use to read again. */
+ * being read; when no slot is left the rest is not prefetched. The next layer's misses take
+ * its wrong predictions' slots first (demand_victim): a wrong prediction costs the slot it took
+ * and no second one, so the misses do not evict hotter experts because of it. A live layer goes
+ * back to the shadow when fewer than half its experts read ahead are used or they save no more
+ * misses than they cause (later misses on the experts its reads evicted). No output or status
+ * changes: the prediction has its own ids / gates, a slot's bytes are the file's, and a failed read
+ * frees the slot for the use to read again. */
 void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
 {
     lm_cache *c = lm->cache;
@@ -811,10 +813,11 @@ void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly)
     lm_predict *pr = &c->predict[ly - lm->layers];
     pr->n_pending = 0;
     if (pr->issued >= LM_PREDICT_WINDOW) {
-        /* on once two thirds of the experts predicted are used, and while at least half are
-         * and, read ahead, they save more misses than the slots they took cause */
+        /* on once half the experts predicted are used, and while at least half are and, read
+         * ahead, they save more misses than the slots they took cause (a wrong prediction is
+         * the first victim of its layer's misses: it costs the one slot it took, issue 41) */
         pr->live = pr->live ? 2u * pr->used >= pr->issued && pr->used > pr->cost
-                            : 3u * pr->used >= 2u * pr->issued;
+                            : 2u * pr->used >= pr->issued;
         pr->issued = 0;
         pr->used = 0;
         pr->cost = 0;

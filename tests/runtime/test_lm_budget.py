@@ -95,7 +95,9 @@ def test_prefetch_never_lowers_the_hit_rate(files: dict[str, Path], scheme: str)
     """Issue 41: on a model whose next experts cannot be predicted (random weights), the
     default prefetch costs no hits: its predictions stay in the shadow (counted, not read).
     ("always", the old default, reads every prediction ahead: 29 / 34 hits here against 29 / 30
-    without; counts, the same on every run)."""
+    without before issue 41 item 1 made a wrong prediction the first victim of its layer's
+    misses, after it int8 45 against 30 and int4 43 against 29; counts, the same on every
+    run)."""
     _, _, base = _decode(files[scheme])
     budget = base["expert_bytes"] // 4
     _, _, on = _decode(files[scheme], ram_budget=budget)
@@ -108,8 +110,9 @@ def test_prefetch_never_lowers_the_hit_rate(files: dict[str, Path], scheme: str)
 
 def test_prefetch_raises_the_hit_rate_on_a_trained_model(tmp_path: Path) -> None:
     """On a trained model (routing predictable from the previous layer's hidden state) the
-    prediction goes live after its first window and raises the hit rate: measured 45.5 % vs
-    35.9 % without prefetch (this model, int8, quarter budget, 52 tokens)."""
+    prediction goes live after its first window and raises the hit rate: measured 53.5 % vs
+    35.9 % without prefetch (167 / 312 against 112 / 312; 45.5 % before issue 41 item 1; this
+    model, int8, quarter budget, 52 tokens)."""
     from hf_tiny import trained_model
 
     hf, lang, _ = trained_model(
@@ -134,6 +137,42 @@ def test_prefetch_raises_the_hit_rate_on_a_trained_model(tmp_path: Path) -> None
     assert on["loads"] == off["loads"]
     assert on["prefetches"] > 0 and on["prefetch_hits"] > 0
     assert on["hits"] - off["hits"] >= 0.05 * on["loads"], (on, off)
+
+
+def test_wrong_predictions_cost_no_hot_expert(tmp_path: Path) -> None:
+    """Issue 41: a wrong prediction is the first victim of its layer's misses, so it costs the
+    one slot it took, not a second one from the LRU order. On the trained model
+    (tests/data/trained_moe, int8, 4 slots at a quarter budget, its held-out text
+    teacher-forced) the old policy lost hits by reading every prediction ahead: its misses
+    evicted the hot experts the wrong predictions' slots had pushed to the cold end (51.2 %
+    against 55.2 % without prefetch, budget_table --ckpt); now every prediction read ahead
+    gains hits (273 / 480 against 252 / 480), and so does the default, whose prediction goes
+    live once half of what it predicts is used."""
+    from conftest import run_cli
+    from tokenizers import Tokenizer
+
+    ckpt = Path(__file__).resolve().parents[1] / "data" / "trained_moe"
+    clb = tmp_path / "t.clb"
+    run_cli(
+        "convert", str(ckpt), "--quant", "int8", "--max-context", "128", "--out", str(clb),
+        "-q",
+    )  # fmt: skip
+    text = (ckpt / "heldout.txt").read_text(encoding="utf-8")
+    ids = Tokenizer.from_file(str(ckpt / "tokenizer.json")).encode(text).ids[:120]
+    with LM(clb) as lm:
+        budget = lm.stats()["expert_bytes"] // 4
+
+    def run(prefetch: bool | str) -> dict[str, int]:
+        with LM(clb, ram_budget=budget, prefetch=prefetch) as lm:
+            for pos, t in enumerate(ids):
+                lm.forward(t, pos)
+            return lm.stats()
+
+    off, always, on = run(False), run("always"), run(True)
+    assert off["n_slots"] == 4 and off["loads"] == always["loads"] == on["loads"] == 480
+    assert always["prefetches"] > always["prefetch_hits"] > 0  # some predictions were wrong
+    assert always["hits"] > off["hits"], (always, off)
+    assert on["prefetches"] > 0 and on["hits"] > off["hits"], (on, off)
 
 
 def test_budget_of_every_expert_reads_each_once(files: dict[str, Path]) -> None:
@@ -371,12 +410,10 @@ def test_pinned_is_bit_identical_and_counts_add_up(
     assert s["bytes_read"] == (fills + s["n_pinned"]) * per_expert
     assert s["evictions"] == fills - (s["n_slots"] - s["n_pinned"])
     # deterministic counts: pinning gains hits with LRU alone; beside every prediction read
-    # ahead it does not always (this random model, int4: 29 against 29 at a quarter budget),
-    # and it never loses at a quarter
+    # ahead on this random model it need not (int4 at a quarter budget: 39 pinned against 43
+    # unpinned since a wrong prediction is the first victim of its layer's misses, issue 41)
     if not prefetch:
         assert s["hits"] > off["hits"], (s, off)
-    elif frac == 4:
-        assert s["hits"] >= off["hits"], (s, off)
 
 
 def test_prefetch_never_evicts_a_pinned_expert(heat_files: dict[str, Path]) -> None:
