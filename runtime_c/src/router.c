@@ -309,37 +309,53 @@ int colibri_router_weights_ok(const colibri_model_t *model)
  * (float)q * scale[e]), which colibri/reference/moe.py mirrors. The R rows' sums are
  * independent chains run side by side (each in its own order, so the same bits as one row at a
  * time): a chain's adds wait for each other, R chains overlap, and x[i] is loaded once for R
- * rows. */
+ * rows. The chains are four named scalars (the rows past R never computed): an array of sums
+ * indexed by the row stays in memory on GCC 12 (a load and a store per multiply-add). */
+#define ROUTER_DOT_ROWS(W)                                                                         \
+    do {                                                                                           \
+        for (size_t i = 0; i < d; i++) {                                                           \
+            const float xi = x[i];                                                                 \
+            a0 += xi * W(0, i);                                                                    \
+            if (R > 1) {                                                                           \
+                a1 += xi * W(1, i);                                                                \
+            }                                                                                      \
+            if (R > 2) {                                                                           \
+                a2 += xi * W(2, i);                                                                \
+            }                                                                                      \
+            if (R > 3) {                                                                           \
+                a3 += xi * W(3, i);                                                                \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+#define ROUTER_W_F16(j, i) colibri_f16_to_f32(wq[(size_t)(j)*d + (i)])
+#define ROUTER_W_Q8(j, i) ((float)wq8[(size_t)(j)*d + (i)] * s[j])
+#define ROUTER_W_F32(j, i) wg[(size_t)(j)*d + (i)]
+
 static inline __attribute__((always_inline)) void router_dots(const colibri_model_t *model,
                                                               int32_t e0, const float *x, size_t d,
                                                               float *out, const int32_t R)
 {
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
     if (model->router_scheme == COLIBRI_QUANT_F16) {
         const uint16_t *wq = (const uint16_t *)model->router_wq + (size_t)e0 * d;
-        for (size_t i = 0; i < d; i++) {
-            for (int32_t j = 0; j < R; j++) {
-                acc[j] += x[i] * colibri_f16_to_f32(wq[(size_t)j * d + i]);
-            }
-        }
+        ROUTER_DOT_ROWS(ROUTER_W_F16);
     } else if (model->router_scheme == COLIBRI_QUANT_Q8) {
-        const int8_t *wq = (const int8_t *)model->router_wq + (size_t)e0 * d;
+        const int8_t *wq8 = (const int8_t *)model->router_wq + (size_t)e0 * d;
         const float *s = model->router_scale + e0;
-        for (size_t i = 0; i < d; i++) {
-            for (int32_t j = 0; j < R; j++) {
-                acc[j] += x[i] * ((float)wq[(size_t)j * d + i] * s[j]);
-            }
-        }
+        ROUTER_DOT_ROWS(ROUTER_W_Q8);
     } else {
         const float *wg = model->router_w + (size_t)e0 * d;
-        for (size_t i = 0; i < d; i++) {
-            for (int32_t j = 0; j < R; j++) {
-                acc[j] += x[i] * wg[(size_t)j * d + i];
-            }
-        }
+        ROUTER_DOT_ROWS(ROUTER_W_F32);
     }
-    for (int32_t j = 0; j < R; j++) {
-        out[j] = acc[j];
+    out[0] = a0;
+    if (R > 1) {
+        out[1] = a1;
+    }
+    if (R > 2) {
+        out[2] = a2;
+    }
+    if (R > 3) {
+        out[3] = a3;
     }
 }
 
