@@ -261,6 +261,45 @@ COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *x
         y[o + 3] = a3 * scale[o + 3];                                                              \
     }
 #if defined(COLIBRI_QI_SIMD32)
+/** Integer dot products of the 4 rows of an R4 group with a half block of 16 codes (the group's
+ *  last chunk: wg = its 64 bytes, x = the 16 codes): colibri_qi_r4_block's first two steps. */
+COLIBRI_QI_INLINE void colibri_qi_r4_half(const int8_t *wg, const int8_t *x, int32_t s[4])
+{
+    int32_t s0, s1, s2, s3;
+    uint32_t xa, xb, x1, x3, wa, wb, t;
+    __asm__(COLIBRI_QI_X(0) COLIBRI_QI_ROW0(s0, 0) COLIBRI_QI_ROW0(s1, 16) COLIBRI_QI_ROW0(s2, 32)
+                COLIBRI_QI_ROW0(s3, 48) COLIBRI_QI_X(8) COLIBRI_QI_ROW(s0, 8) COLIBRI_QI_ROW(s1, 24)
+                    COLIBRI_QI_ROW(s2, 40) COLIBRI_QI_ROW(s3, 56)
+            : COLIBRI_QI_SUMS4("=&r", s), [xa] "=&r"(xa), [xb] "=&r"(xb), [x1] "=&r"(x1),
+              [x3] "=&r"(x3), [wa] "=&r"(wa), [wb] "=&r"(wb), [t] "=&r"(t)
+            : [w] "r"(wg), [x] "r"(x), "m"(*(const int8_t(*)[64])wg), "m"(*(const int8_t(*)[16])x));
+    COLIBRI_QI_STORE4(s, s);
+}
+#endif
+
+/** colibri_dot_q8(w, x, 16): the integer dot product of a half block (16 codes each, 4-byte
+ *  aligned), inlined on the Cortex-M4 / M7 (per word two SXTB16 of each side and two SMLAD)
+ *  instead of a library call per row; the library elsewhere. */
+COLIBRI_QI_INLINE int32_t colibri_qi_dot16(const int8_t *w, const int8_t *x)
+{
+#if defined(COLIBRI_QI_SIMD32)
+    const colibri_qi_word *ww = (const colibri_qi_word *)(const void *)w;
+    const colibri_qi_word *xw = (const colibri_qi_word *)(const void *)x;
+    int32_t s = 0;
+#pragma GCC unroll 4
+    for (int32_t k = 0; k < 4; k++) {
+        const uint32_t a = ww[k];
+        const uint32_t b = xw[k];
+        s = __smlad(__sxtb16(a), __sxtb16(b), s);
+        s = __smlad(__sxtb16((a >> 8) | (a << 24)), __sxtb16((b >> 8) | (b << 24)), s);
+    }
+    return s;
+#else
+    return colibri_dot_q8(w, x, 16);
+#endif
+}
+
+#if defined(COLIBRI_QI_SIMD32)
 /** colibri_matvec_q8_q8 on the n (1..3) row-major rows at q after the last R4 / R4P group,
  *  inlined (Cortex-M4 / M7; n_in a multiple of 16, rows and codes 4-byte aligned): per word of 4
  *  codes, the activations unpacked once (two SXTB16) for the rows, each row's word by two SXTB16
@@ -374,10 +413,17 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
             const float f1 = blocked ? s0p[nb + (size_t)full] * xs : xs;
             const float f2 = blocked ? s0p[2u * nb + (size_t)full] * xs : xs;
             const float f3 = blocked ? s0p[3u * nb + (size_t)full] * xs : xs;
-            a0 += (float)colibri_dot_q8(w, x, 16) * f0;
-            a1 += (float)colibri_dot_q8(w + 16, x, 16) * f1;
-            a2 += (float)colibri_dot_q8(w + 32, x, 16) * f2;
-            a3 += (float)colibri_dot_q8(w + 48, x, 16) * f3;
+#if defined(COLIBRI_QI_SIMD32)
+            int32_t s[4];
+            colibri_qi_r4_half(w, x, s);
+#else
+            const int32_t s[4] = {colibri_qi_dot16(w, x), colibri_qi_dot16(w + 16, x),
+                                  colibri_qi_dot16(w + 32, x), colibri_qi_dot16(w + 48, x)};
+#endif
+            a0 += (float)s[0] * f0;
+            a1 += (float)s[1] * f1;
+            a2 += (float)s[2] * f2;
+            a3 += (float)s[3] * f3;
         }
         COLIBRI_QI_R4_STORE(y, o, scale, blocked);
     }
@@ -759,8 +805,8 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
                 if (half) {
                     const float xs = sx[(size_t)t * nb + (size_t)full];
                     const float f = blocked ? scale[(size_t)o * nb + (size_t)full] * xs : xs;
-                    a += (float)colibri_dot_q8(
-                             wr, xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8, 16) *
+                    a += (float)colibri_qi_dot16(wr, xq + (size_t)t * (size_t)n_in +
+                                                         (size_t)full * COLIBRI_QK8) *
                          f;
                 }
                 y[(size_t)t * (size_t)ldy + (size_t)o] = blocked ? a : a * scale[o];
@@ -815,7 +861,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
                 for (int32_t r = 0; r < 4; r++) {
                     const float f = blocked ? s0p[(size_t)r * nb + (size_t)full] * xs : xs;
                     a[4 * t + r] +=
-                        (float)colibri_dot_q8(wg + (size_t)full * 128u + 16 * r, x, 16) * f;
+                        (float)colibri_qi_dot16(wg + (size_t)full * 128u + 16 * r, x) * f;
                 }
             }
 #pragma GCC unroll 8
