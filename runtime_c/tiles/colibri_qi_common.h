@@ -155,8 +155,10 @@ COLIBRI_QI_INLINE void colibri_qi_codes32(const float *x, int8_t *xq, float inv1
  *        16, which is round(v) half away from zero without a branch or fabs, |v| <= 127 *
  *        (1 + 2^-23) needing no clamp; Helium does four lanes at a time. Helium's float
  *        operations flush subnormals to zero: with max |x| >= 2^-100 a subnormal x or v
- *        quantises to 0 either way. Other blocks (zeros, tiny, NaN, infinity, the last partial
- *        block) go through the library. The Cortex-M4 / M7 with an FPU run both passes of a
+ *        quantises to 0 either way. The last partial block (n not a multiple of 32) takes the
+ *        same arithmetic over its r values (Helium: predicated lanes; the Cortex-M4 / M7: a
+ *        scalar loop, no call), a small expert's whole row. Other blocks (zeros, tiny, NaN,
+ *        infinity) go through the library. The Cortex-M4 / M7 with an FPU run both passes of a
  *        block as assembly (colibri_qi_absmax32, colibri_qi_codes32): 3.5 instructions a value
  *        for max |x|, 6 for the codes, packed four to a word (GCC's code: 5 and 8).
  */
@@ -212,8 +214,81 @@ COLIBRI_QI_INLINE void colibri_qi_quantize_row(const float *x, int8_t *xq, float
         }
 #endif
     }
-    if (i0 < n) {
-        colibri_quantize_row_q8(x + i0, xq + i0, sx + b, n - i0);
+    if (i0 < n) { /* the last partial block: the same arithmetic, r < 32 values */
+        const int32_t r = n - i0;
+        const float *xb = x + i0;
+        uint32_t abits = 0;
+#if defined(COLIBRI_QI_MVE)
+        uint32x4_t m = vdupq_n_u32(0);
+        for (int32_t j = 0; j < r; j += 4) { /* lanes past r read as zero: no max */
+            const mve_pred16_t p = vctp32q((uint32_t)(r - j));
+            const uint32x4_t bits = vreinterpretq_u32_f32(vldrwq_z_f32(xb + j, p));
+            m = vmaxq_u32(m, vandq_u32(bits, vdupq_n_u32(0x7FFFFFFFu)));
+        }
+        abits = vmaxvq_u32(0u, m);
+#elif defined(COLIBRI_QI_VFP)
+        uint32_t m2 = 0; /* colibri_qi_absmax32's max of the bits shifted left by one */
+        const float *p = xb;
+        for (int32_t j = 0; j + 2 <= r; j += 2) {
+            uint32_t a, c;
+            __asm__(COLIBRI_QI_AMAX2
+                    : [m] "+r"(m2), [a] "=&r"(a), [b] "=&r"(c), [p] "+r"(p)
+                    : "m"(*(const float(*)[2])p)
+                    : "cc");
+        }
+        if (r & 1) {
+            uint32_t bits;
+            memcpy(&bits, &xb[r - 1], sizeof bits);
+            bits <<= 1;
+            m2 = (bits > m2) ? bits : m2;
+        }
+        abits = m2 >> 1;
+#else
+        for (int32_t j = 0; j < r; j++) {
+            uint32_t bits;
+            memcpy(&bits, &xb[j], sizeof bits);
+            bits &= 0x7FFFFFFFu;
+            abits = (bits > abits) ? bits : abits;
+        }
+#endif
+        if (abits < COLIBRI_QI_TINY_BITS || abits >= 0x7F800000u) {
+            colibri_quantize_row_q8(xb, xq + i0, sx + b, r);
+            return;
+        }
+        float amax;
+        memcpy(&amax, &abits, sizeof amax);
+        const float inv16 = ((float)COLIBRI_Q8_MAX / amax) * 65536.0f;
+        sx[b] = amax / (float)COLIBRI_Q8_MAX;
+#if defined(COLIBRI_QI_MVE)
+        for (int32_t j = 0; j < r; j += 4) {
+            const mve_pred16_t p = vctp32q((uint32_t)(r - j));
+            const int32x4_t t = vcvtq_s32_f32(vmulq_n_f32(vldrwq_z_f32(xb + j, p), inv16));
+            const int32x4_t q = vaddq_s32(vaddq_n_s32(t, 32768), vshrq_n_s32(t, 31));
+            vstrbq_p_s32(xq + i0 + j, vshrq_n_s32(q, 16), p);
+        }
+#else
+        int32_t j0 = 0; /* the first value of the scalar loop */
+#if defined(COLIBRI_QI_VFP)
+        /* four at a time as colibri_qi_codes32 (one word stored: xq + i0 is 4-byte aligned,
+         * and the Cortex-M4 / M7 store an unaligned word anyway) */
+        const float *pc = xb;
+        int8_t *qc = xq + i0;
+        j0 = r & ~3;
+        for (int32_t j = 0; j < j0; j += 4) {
+            uint32_t a, c, d, e;
+            const uint32_t k = 0x00808000u;
+            __asm__(COLIBRI_QI_CODES4
+                    : [a] "=&r"(a), [b] "=&r"(c), [c] "=&r"(d), [d] "=&r"(e), [p] "+r"(pc),
+                      [q] "+r"(qc), "=m"(*(int8_t(*)[4])qc)
+                    : [inv] "t"(inv16), [k] "r"(k), "m"(*(const float(*)[4])pc)
+                    : "s0", "s1", "s2", "s3");
+        }
+#endif
+        for (int32_t j = j0; j < r; j++) {
+            const int32_t t = (int32_t)(xb[j] * inv16);
+            xq[i0 + j] = (int8_t)((t + 32768 + (t >> 31)) >> 16);
+        }
+#endif
     }
 #else
     colibri_quantize_row_q8(x, xq, sx, n);

@@ -131,65 +131,99 @@ COLIBRI_QI_INLINE int colibri_qi_mve_scales_ok(const float *sx, int32_t nb)
     return worst <= 0x5D800000u - 0x21800000u;
 }
 
-/** colibri_qi_q8_q8_r4's 4 outputs of one R4 group over nb (>= 1) whole blocks of 32 codes
- *  (Helium, per-row scales, block scales checked by colibri_qi_mve_scales_ok): y[r] = a_r *
- *  scale[r]. Per block: 2 vector loads of codes, per row one of weights and a VMLADAV(A), then
- *  the 4 sums moved into one vector (two lane-pair moves), converted, times the block's scale
- *  and added to the running sums, 4 lanes at a time (the scalar operations, same order). The
- *  sums come back to core registers through the inverse lane-pair moves (so the rows' lanes do
- *  not depend on how the pair move orders its lanes) and take the last product in scalar
- *  float: a weight scale may be subnormal. Registers q0..q4 are fixed (q0 = the running sums,
- *  q1 = the block's products then the outputs, q2 / q3 = the codes then the weight scales,
- *  q4 = weights). */
+/* colibri_qi_r4_group_mve's assembly (one instruction per line: clang-format would reflow the
+ * string concatenation). The loop over the whole blocks (WLS: none when nb is 0); the last half
+ * block of 16 codes (a chunk: the 4 rows' 16 weights each at w, w + 16, w + 32, w + 48); the
+ * epilogue. */
+/* clang-format off */
+#define COLIBRI_QI_G1_LOOP                                                                         \
+    "vmov.i32 q0, #0\n"                                                                            \
+    "wls lr, %[nb], 2f\n"                                                                          \
+    "1:\n"                                                                                         \
+    "vldrb.8 q3, [%[x], #16]\n"                                                                    \
+    "vldrb.8 q2, [%[x]], #32\n"                                                                    \
+    "vldrb.8 q4, [%[w]], #64\n"                                                                    \
+    "vmladav.s8 %[s0], q4, q2\n"                                                                   \
+    "vldrb.8 q4, [%[w], #-48]\n"                                                                   \
+    "vmladav.s8 %[s1], q4, q2\n"                                                                   \
+    "vldrb.8 q4, [%[w], #-32]\n"                                                                   \
+    "vmladav.s8 %[s2], q4, q2\n"                                                                   \
+    "vldrb.8 q4, [%[w], #-16]\n"                                                                   \
+    "vmladav.s8 %[s3], q4, q2\n"                                                                   \
+    "vldrb.8 q4, [%[w]], #64\n"                                                                    \
+    "vmladava.s8 %[s0], q4, q3\n"                                                                  \
+    "vldrb.8 q4, [%[w], #-48]\n"                                                                   \
+    "vmladava.s8 %[s1], q4, q3\n"                                                                  \
+    "vldrb.8 q4, [%[w], #-32]\n"                                                                   \
+    "vmladava.s8 %[s2], q4, q3\n"                                                                  \
+    "vldrb.8 q4, [%[w], #-16]\n"                                                                   \
+    "vmladava.s8 %[s3], q4, q3\n"                                                                  \
+    "vmov q1[2], q1[0], %[s0], %[s2]\n"                                                            \
+    "vmov q1[3], q1[1], %[s1], %[s3]\n"                                                            \
+    "ldr %[s0], [%[sp]], #4\n"                                                                     \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[s0]\n"                                                                     \
+    "vadd.f32 q0, q0, q1\n"                                                                        \
+    "le lr, 1b\n"                                                                                  \
+    "2:\n"
+#define COLIBRI_QI_G1_HALF                                                                         \
+    "vldrb.8 q2, [%[x]]\n"                                                                         \
+    "vldrb.8 q4, [%[w]]\n"                                                                         \
+    "vmladav.s8 %[s0], q4, q2\n"                                                                   \
+    "vldrb.8 q4, [%[w], #16]\n"                                                                    \
+    "vmladav.s8 %[s1], q4, q2\n"                                                                   \
+    "vldrb.8 q4, [%[w], #32]\n"                                                                    \
+    "vmladav.s8 %[s2], q4, q2\n"                                                                   \
+    "vldrb.8 q4, [%[w], #48]\n"                                                                    \
+    "vmladav.s8 %[s3], q4, q2\n"                                                                   \
+    "vmov q1[2], q1[0], %[s0], %[s2]\n"                                                            \
+    "vmov q1[3], q1[1], %[s1], %[s3]\n"                                                            \
+    "ldr %[s0], [%[sp]]\n"                                                                         \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[s0]\n"                                                                     \
+    "vadd.f32 q0, q0, q1\n"
+#define COLIBRI_QI_G1_END                                                                          \
+    "vmov %[s0], %[s2], q0[2], q0[0]\n"                                                            \
+    "vmov %[s1], %[s3], q0[3], q0[1]\n"                                                            \
+    "vmov s4, s5, %[s0], %[s1]\n"                                                                  \
+    "vmov s6, s7, %[s2], %[s3]\n"                                                                  \
+    "vldmia %[sc], {s8-s11}\n"                                                                     \
+    "vmul.f32 s4, s4, s8\n"                                                                        \
+    "vmul.f32 s5, s5, s9\n"                                                                        \
+    "vmul.f32 s6, s6, s10\n"                                                                       \
+    "vmul.f32 s7, s7, s11\n"                                                                       \
+    "vstmia %[y], {s4-s7}\n"
+/* clang-format on */
+/* the operands: reads wg, xq, sx and scale's 4 floats, writes y's 4 */
+#define COLIBRI_QI_G1_OPERANDS                                                                     \
+    : [w] "+r"(w), [x] "+r"(x), [sp] "+r"(sp), COLIBRI_QI_SUMS4("=&Te", s)                         \
+    : [nb] "r"(nb), [sc] "r"(scale), [y] "r"(y)                                                    \
+    : "memory", "lr", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9"
+
+/** colibri_qi_q8_q8_r4's 4 outputs of one R4 group over nb (>= 0) whole blocks of 32 codes and,
+ *  when half, a last block of 16 (nb + half >= 1; Helium, per-row scales, block scales checked
+ *  by colibri_qi_mve_scales_ok): y[r] = a_r * scale[r]. Per block: 2 vector loads of codes, per
+ *  row one of weights and a VMLADAV(A), then the 4 sums moved into one vector (two lane-pair
+ *  moves), converted, times the block's scale and added to the running sums, 4 lanes at a time
+ *  (the scalar operations, same order: the half block's a += (float)dot * xs is the same
+ *  multiply and add). The sums come back to core registers through the inverse lane-pair moves
+ *  (so the rows' lanes do not depend on how the pair move orders its lanes) and take the last
+ *  product in scalar float: a weight scale may be subnormal. Registers q0..q4 are fixed (q0 =
+ *  the running sums, q1 = the block's products then the outputs, q2 / q3 = the codes then the
+ *  weight scales, q4 = weights). */
 COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *xq, const float *sx,
-                                               int32_t nb, const float *scale, float *y)
+                                               int32_t nb, int half, const float *scale, float *y)
 {
     const int8_t *w = wg;
     const int8_t *x = xq;
     const float *sp = sx;
     int32_t s0, s1, s2, s3;
-    __asm__ volatile("vmov.i32 q0, #0\n"
-                     "dls lr, %[nb]\n"
-                     "1:\n"
-                     "vldrb.8 q3, [%[x], #16]\n"
-                     "vldrb.8 q2, [%[x]], #32\n"
-                     "vldrb.8 q4, [%[w]], #64\n"
-                     "vmladav.s8 %[s0], q4, q2\n"
-                     "vldrb.8 q4, [%[w], #-48]\n"
-                     "vmladav.s8 %[s1], q4, q2\n"
-                     "vldrb.8 q4, [%[w], #-32]\n"
-                     "vmladav.s8 %[s2], q4, q2\n"
-                     "vldrb.8 q4, [%[w], #-16]\n"
-                     "vmladav.s8 %[s3], q4, q2\n"
-                     "vldrb.8 q4, [%[w]], #64\n"
-                     "vmladava.s8 %[s0], q4, q3\n"
-                     "vldrb.8 q4, [%[w], #-48]\n"
-                     "vmladava.s8 %[s1], q4, q3\n"
-                     "vldrb.8 q4, [%[w], #-32]\n"
-                     "vmladava.s8 %[s2], q4, q3\n"
-                     "vldrb.8 q4, [%[w], #-16]\n"
-                     "vmladava.s8 %[s3], q4, q3\n"
-                     "vmov q1[2], q1[0], %[s0], %[s2]\n"
-                     "vmov q1[3], q1[1], %[s1], %[s3]\n"
-                     "ldr %[s0], [%[sp]], #4\n"
-                     "vcvt.f32.s32 q1, q1\n"
-                     "vmul.f32 q1, q1, %[s0]\n"
-                     "vadd.f32 q0, q0, q1\n"
-                     "le lr, 1b\n"
-                     "vmov %[s0], %[s2], q0[2], q0[0]\n"
-                     "vmov %[s1], %[s3], q0[3], q0[1]\n"
-                     "vmov s4, s5, %[s0], %[s1]\n"
-                     "vmov s6, s7, %[s2], %[s3]\n"
-                     "vldmia %[sc], {s8-s11}\n"
-                     "vmul.f32 s4, s4, s8\n"
-                     "vmul.f32 s5, s5, s9\n"
-                     "vmul.f32 s6, s6, s10\n"
-                     "vmul.f32 s7, s7, s11\n"
-                     "vstmia %[y], {s4-s7}\n"
-                     : [w] "+r"(w), [x] "+r"(x), [sp] "+r"(sp), COLIBRI_QI_SUMS4("=&Te", s)
-                     : [nb] "r"(nb), [sc] "r"(scale), [y] "r"(y)
-                     /* reads wg, xq, sx and scale's 4 floats, writes y's 4 */
-                     : "memory", "lr", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9");
+    if (half) {
+        __asm__ volatile(
+            COLIBRI_QI_G1_LOOP COLIBRI_QI_G1_HALF COLIBRI_QI_G1_END COLIBRI_QI_G1_OPERANDS);
+    } else {
+        __asm__ volatile(COLIBRI_QI_G1_LOOP COLIBRI_QI_G1_END COLIBRI_QI_G1_OPERANDS);
+    }
 }
 #endif
 
@@ -199,7 +233,8 @@ COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *x
  * (colibri_qi_mla), V(r) = row r's integer dot product s[r] as a float.
  * COLIBRI_QI_R4_STORE: y[o + r] = a_r (plain), else a_r * scale[o + r].
  * COLIBRI_QI_Q8_REST(o0): rows o0..n_out - 1 (after the last group: row-major) by the library,
- * colibri_matvec_q8b_q8 (blocked) or colibri_matvec_q8_q8 (the kernel's parameters in scope). */
+ * colibri_matvec_q8b_q8 (blocked) or colibri_matvec_q8_q8 (inlined on the Cortex-M4 / M7:
+ * colibri_qi_q8_rest_rows; the kernel's parameters in scope). */
 #define COLIBRI_QI_R4_INT(r) ((float)s[r])
 #define COLIBRI_QI_R4_MLA4(V, sp, bb, nb, xs, blocked)                                             \
     if (blocked) {                                                                                 \
@@ -225,6 +260,103 @@ COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *x
         y[o + 2] = a2 * scale[o + 2];                                                              \
         y[o + 3] = a3 * scale[o + 3];                                                              \
     }
+#if defined(COLIBRI_QI_SIMD32)
+/** Integer dot products of the 4 rows of an R4 group with a half block of 16 codes (the group's
+ *  last chunk: wg = its 64 bytes, x = the 16 codes): colibri_qi_r4_block's first two steps. */
+COLIBRI_QI_INLINE void colibri_qi_r4_half(const int8_t *wg, const int8_t *x, int32_t s[4])
+{
+    int32_t s0, s1, s2, s3;
+    uint32_t xa, xb, x1, x3, wa, wb, t;
+    __asm__(COLIBRI_QI_X(0) COLIBRI_QI_ROW0(s0, 0) COLIBRI_QI_ROW0(s1, 16) COLIBRI_QI_ROW0(s2, 32)
+                COLIBRI_QI_ROW0(s3, 48) COLIBRI_QI_X(8) COLIBRI_QI_ROW(s0, 8) COLIBRI_QI_ROW(s1, 24)
+                    COLIBRI_QI_ROW(s2, 40) COLIBRI_QI_ROW(s3, 56)
+            : COLIBRI_QI_SUMS4("=&r", s), [xa] "=&r"(xa), [xb] "=&r"(xb), [x1] "=&r"(x1),
+              [x3] "=&r"(x3), [wa] "=&r"(wa), [wb] "=&r"(wb), [t] "=&r"(t)
+            : [w] "r"(wg), [x] "r"(x), "m"(*(const int8_t(*)[64])wg), "m"(*(const int8_t(*)[16])x));
+    COLIBRI_QI_STORE4(s, s);
+}
+#endif
+
+/** colibri_dot_q8(w, x, 16): the integer dot product of a half block (16 codes each, 4-byte
+ *  aligned), inlined on the Cortex-M4 / M7 (per word two SXTB16 of each side and two SMLAD)
+ *  instead of a library call per row; the library elsewhere. */
+COLIBRI_QI_INLINE int32_t colibri_qi_dot16(const int8_t *w, const int8_t *x)
+{
+#if defined(COLIBRI_QI_SIMD32)
+    const colibri_qi_word *ww = (const colibri_qi_word *)(const void *)w;
+    const colibri_qi_word *xw = (const colibri_qi_word *)(const void *)x;
+    int32_t s = 0;
+#pragma GCC unroll 4
+    for (int32_t k = 0; k < 4; k++) {
+        const uint32_t a = ww[k];
+        const uint32_t b = xw[k];
+        s = __smlad(__sxtb16(a), __sxtb16(b), s);
+        s = __smlad(__sxtb16((a >> 8) | (a << 24)), __sxtb16((b >> 8) | (b << 24)), s);
+    }
+    return s;
+#else
+    return colibri_dot_q8(w, x, 16);
+#endif
+}
+
+#if defined(COLIBRI_QI_SIMD32)
+/** colibri_matvec_q8_q8 on the n (1..3) row-major rows at q after the last R4 / R4P group,
+ *  inlined (Cortex-M4 / M7; n_in a multiple of 16, rows and codes 4-byte aligned): per word of 4
+ *  codes, the activations unpacked once (two SXTB16) for the rows, each row's word by two SXTB16
+ *  and two SMLAD; per block a += (float)dot * sx[b], then y[r] = a * scale[r], the library's
+ *  operations in its order (the integer block sums do not depend on theirs). */
+COLIBRI_QI_INLINE void colibri_qi_q8_rest_rows(const int8_t *q, const float *scale,
+                                               const int8_t *xq, const float *sx, float *y,
+                                               int32_t n, int32_t n_in)
+{
+    const colibri_qi_word *xw = (const colibri_qi_word *)(const void *)xq;
+    const colibri_qi_word *w0 = (const colibri_qi_word *)(const void *)q;
+    const colibri_qi_word *w1 = w0 + n_in / 4;
+    const colibri_qi_word *w2 = w1 + n_in / 4;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f;
+    for (int32_t i0 = 0, b = 0; i0 < n_in; i0 += COLIBRI_QK8, b++) {
+        const int32_t k1 = (i0 + COLIBRI_QK8 <= n_in ? i0 + COLIBRI_QK8 : n_in) / 4;
+        int32_t s0 = 0, s1 = 0, s2 = 0;
+        for (int32_t k = i0 / 4; k < k1; k++) {
+            const uint32_t v = xw[k];
+            const uint32_t xe = __sxtb16(v);
+            const uint32_t xo = __sxtb16((v >> 8) | (v << 24));
+            uint32_t wv = w0[k];
+            s0 = __smlad(__sxtb16(wv), xe, s0);
+            s0 = __smlad(__sxtb16((wv >> 8) | (wv << 24)), xo, s0);
+            if (n > 1) {
+                wv = w1[k];
+                s1 = __smlad(__sxtb16(wv), xe, s1);
+                s1 = __smlad(__sxtb16((wv >> 8) | (wv << 24)), xo, s1);
+            }
+            if (n > 2) {
+                wv = w2[k];
+                s2 = __smlad(__sxtb16(wv), xe, s2);
+                s2 = __smlad(__sxtb16((wv >> 8) | (wv << 24)), xo, s2);
+            }
+        }
+        const float xs = sx[b];
+        a0 += (float)s0 * xs;
+        a1 += (float)s1 * xs;
+        a2 += (float)s2 * xs;
+    }
+    y[0] = a0 * scale[0];
+    if (n > 1) {
+        y[1] = a1 * scale[1];
+    }
+    if (n > 2) {
+        y[2] = a2 * scale[2];
+    }
+}
+#endif
+
+#if defined(COLIBRI_QI_SIMD32)
+#define COLIBRI_QI_REST_ROWS(rest, o)                                                              \
+    colibri_qi_q8_rest_rows(rest, scale + o, xq, sx, y + o, n_out - o, n_in)
+#else
+#define COLIBRI_QI_REST_ROWS(rest, o)                                                              \
+    colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in)
+#endif
 #define COLIBRI_QI_Q8_REST(o0)                                                                     \
     do {                                                                                           \
         const int32_t o = (o0);                                                                    \
@@ -234,7 +366,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4_group_mve(const int8_t *wg, const int8_t *x
                 colibri_matvec_q8b_q8(rest, scale + (size_t)o * nb, xq, sx, y + o, n_out - o,      \
                                       n_in);                                                       \
             } else {                                                                               \
-                colibri_matvec_q8_q8(rest, scale + o, xq, sx, y + o, n_out - o, n_in);             \
+                COLIBRI_QI_REST_ROWS(rest, o);                                                     \
             }                                                                                      \
         }                                                                                          \
     } while (0)
@@ -254,10 +386,11 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
     const int32_t groups = n_out / COLIBRI_R4_ROWS;
     int32_t g0 = 0; /* the groups done by a fast path */
 #if defined(COLIBRI_QI_MVE)
-    if (!blocked && !half && full > 0 && colibri_qi_mve_scales_ok(sx, full)) {
+    if (!blocked && colibri_qi_mve_scales_ok(sx, (int32_t)nb)) {
         for (; g0 < groups; g0++) {
             const int32_t o = g0 * COLIBRI_R4_ROWS;
-            colibri_qi_r4_group_mve(q + (size_t)o * (size_t)n_in, xq, sx, full, scale + o, y + o);
+            colibri_qi_r4_group_mve(q + (size_t)o * (size_t)n_in, xq, sx, full, half, scale + o,
+                                    y + o);
         }
     }
 #endif
@@ -280,10 +413,17 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
             const float f1 = blocked ? s0p[nb + (size_t)full] * xs : xs;
             const float f2 = blocked ? s0p[2u * nb + (size_t)full] * xs : xs;
             const float f3 = blocked ? s0p[3u * nb + (size_t)full] * xs : xs;
-            a0 += (float)colibri_dot_q8(w, x, 16) * f0;
-            a1 += (float)colibri_dot_q8(w + 16, x, 16) * f1;
-            a2 += (float)colibri_dot_q8(w + 32, x, 16) * f2;
-            a3 += (float)colibri_dot_q8(w + 48, x, 16) * f3;
+#if defined(COLIBRI_QI_SIMD32)
+            int32_t s[4];
+            colibri_qi_r4_half(w, x, s);
+#else
+            const int32_t s[4] = {colibri_qi_dot16(w, x), colibri_qi_dot16(w + 16, x),
+                                  colibri_qi_dot16(w + 32, x), colibri_qi_dot16(w + 48, x)};
+#endif
+            a0 += (float)s[0] * f0;
+            a1 += (float)s[1] * f1;
+            a2 += (float)s[2] * f2;
+            a3 += (float)s[3] * f3;
         }
         COLIBRI_QI_R4_STORE(y, o, scale, blocked);
     }
@@ -466,99 +606,145 @@ typedef union {
     uintptr_t p[2 * COLIBRI_QI_MVE_NB + 3];
 } colibri_qi_pairs;
 
+/* colibri_qi_r4_group2_mve's assembly (one instruction per line: clang-format would reflow
+ * the string concatenation): the loop over the whole blocks (WLS: none when nb is 0); the last
+ * half block of 16 codes (one chunk: the 4 rows' 16 weights at w, w + 16, w + 32, w + 48, the
+ * loop body's first chunk); the epilogue. */
+/* clang-format off */
+#define COLIBRI_QI_G2_LOOP                                                                         \
+    "vmov.i32 q0, #0\n"                                                                            \
+    "vmov.i32 q5, #0\n"                                                                            \
+    "wls lr, %[nb], 2f\n"                                                                          \
+    "1:\n"                                                                                         \
+    "vldrb.8 q3, [%[xa], #16]\n"                                                                   \
+    "vldrb.8 q2, [%[xa]], #32\n"                                                                   \
+    "vldrb.8 q7, [%[xb], #16]\n"                                                                   \
+    "vldrb.8 q6, [%[xb]], #32\n"                                                                   \
+    /* rows 1 and 3 (chunk 0 at w + 16 / 48, chunk 1 at w + 80 / 112) */                           \
+    "vldrb.8 q4, [%[w], #16]\n"                                                                    \
+    "vmladav.s8 %[e0], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e2], q4, q6\n"                                                                   \
+    "vldrb.8 q4, [%[w], #48]\n"                                                                    \
+    "vmladav.s8 %[e1], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e3], q4, q6\n"                                                                   \
+    "vldrb.8 q4, [%[w], #80]\n"                                                                    \
+    "vmladava.s8 %[e0], q4, q3\n"                                                                  \
+    "vmladava.s8 %[e2], q4, q7\n"                                                                  \
+    "vldrb.8 q4, [%[w], #112]\n"                                                                   \
+    "vmladava.s8 %[e1], q4, q3\n"                                                                  \
+    "vmladava.s8 %[e3], q4, q7\n"                                                                  \
+    "vmov q1[3], q1[1], %[e0], %[e1]\n"                                                            \
+    /* rows 0 and 2 (w, w + 32, then w + 96, w + 64; w ends 128 on) */                             \
+    "vldrb.8 q4, [%[w]], #64\n"                                                                    \
+    "vmladav.s8 %[e0], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e4], q4, q6\n"                                                                   \
+    "vldrb.8 q4, [%[w], #-32]\n"                                                                   \
+    "vmladav.s8 %[e1], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e5], q4, q6\n"                                                                   \
+    "vldrb.8 q4, [%[w], #32]\n"                                                                    \
+    "vmladava.s8 %[e1], q4, q3\n"                                                                  \
+    "vmladava.s8 %[e5], q4, q7\n"                                                                  \
+    "vldrb.8 q4, [%[w]], #64\n"                                                                    \
+    "vmladava.s8 %[e0], q4, q3\n"                                                                  \
+    "vmladava.s8 %[e4], q4, q7\n"                                                                  \
+    "vmov q1[2], q1[0], %[e0], %[e1]\n"                                                            \
+    "ldrd %[e0], %[e1], [%[sp]], #8\n"                                                             \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[e0]\n"                                                                     \
+    "vadd.f32 q0, q0, q1\n"                                                                        \
+    "vmov q1[2], q1[0], %[e4], %[e5]\n"                                                            \
+    "vmov q1[3], q1[1], %[e2], %[e3]\n"                                                            \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[e1]\n"                                                                     \
+    "vadd.f32 q5, q5, q1\n"                                                                        \
+    "le lr, 1b\n"                                                                                  \
+    "2:\n"
+#define COLIBRI_QI_G2_HALF                                                                         \
+    "vldrb.8 q2, [%[xa]]\n"                                                                        \
+    "vldrb.8 q6, [%[xb]]\n"                                                                        \
+    /* rows 1 and 3 (at w + 16 / 48) */                                                            \
+    "vldrb.8 q4, [%[w], #16]\n"                                                                    \
+    "vmladav.s8 %[e0], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e2], q4, q6\n"                                                                   \
+    "vldrb.8 q4, [%[w], #48]\n"                                                                    \
+    "vmladav.s8 %[e1], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e3], q4, q6\n"                                                                   \
+    "vmov q1[3], q1[1], %[e0], %[e1]\n"                                                            \
+    /* rows 0 and 2 (at w, w + 32) */                                                              \
+    "vldrb.8 q4, [%[w]]\n"                                                                         \
+    "vmladav.s8 %[e0], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e4], q4, q6\n"                                                                   \
+    "vldrb.8 q4, [%[w], #32]\n"                                                                    \
+    "vmladav.s8 %[e1], q4, q2\n"                                                                   \
+    "vmladav.s8 %[e5], q4, q6\n"                                                                   \
+    "vmov q1[2], q1[0], %[e0], %[e1]\n"                                                            \
+    "ldrd %[e0], %[e1], [%[sp]], #8\n"                                                             \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[e0]\n"                                                                     \
+    "vadd.f32 q0, q0, q1\n"                                                                        \
+    "vmov q1[2], q1[0], %[e4], %[e5]\n"                                                            \
+    "vmov q1[3], q1[1], %[e2], %[e3]\n"                                                            \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[e1]\n"                                                                     \
+    "vadd.f32 q5, q5, q1\n"
+#define COLIBRI_QI_G2_END                                                                          \
+    "ldr %[xa], [%[sp]]\n"                                                                         \
+    "ldr %[xb], [%[sp], #4]\n"                                                                     \
+    "ldr %[w], [%[sp], #8]\n"                                                                      \
+    "vmov %[e0], %[e1], q0[2], q0[0]\n" /* rows 0, 2 */                                            \
+    "vmov %[e2], %[e3], q0[3], q0[1]\n" /* rows 1, 3 */                                            \
+    "vmov s4, s5, %[e0], %[e2]\n"                                                                  \
+    "vmov s6, s7, %[e1], %[e3]\n"                                                                  \
+    "vmov %[e0], %[e1], q5[2], q5[0]\n"                                                            \
+    "vmov %[e2], %[e3], q5[3], q5[1]\n"                                                            \
+    "vmov s12, s13, %[e0], %[e2]\n"                                                                \
+    "vmov s14, s15, %[e1], %[e3]\n"                                                                \
+    "vldmia %[xa], {s8-s11}\n"                                                                     \
+    "vmul.f32 s4, s4, s8\n"                                                                        \
+    "vmul.f32 s5, s5, s9\n"                                                                        \
+    "vmul.f32 s6, s6, s10\n"                                                                       \
+    "vmul.f32 s7, s7, s11\n"                                                                       \
+    "vmul.f32 s12, s12, s8\n"                                                                      \
+    "vmul.f32 s13, s13, s9\n"                                                                      \
+    "vmul.f32 s14, s14, s10\n"                                                                     \
+    "vmul.f32 s15, s15, s11\n"                                                                     \
+    "vstmia %[xb], {s4-s7}\n"                                                                      \
+    "vstmia %[w], {s12-s15}\n"
+/* clang-format on */
+/* the operands: reads wg, x0, x1, *sxp and scale's 4 floats, writes y0's and y1's 4 */
+#define COLIBRI_QI_G2_OPERANDS                                                                     \
+    : [w] "+r"(w), [xa] "+r"(xa), [xb] "+r"(xb), [sp] "+r"(sp), [e0] "=&Te"(e0),                   \
+    [e1] "=&Te"(e1), [e2] "=&Te"(e2), [e3] "=&Te"(e3), [e4] "=&Te"(e4), [e5] "=&Te"(e5)            \
+    : [nb] "r"(nb)                                                                                 \
+    : "memory", "lr", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9", "d10", "d11",    \
+    "d12", "d13", "d14", "d15"
+
 /** colibri_qi_r4_group_mve for 2 tokens (codes x0 and x1, block scales interleaved in sxp: x0's
- *  then x1's of each block): each weight vector is loaded once and VMLADAV'd with both tokens'
- *  codes; y0 / y1 = the 4 outputs of each. Registers q0..q7 are fixed (q0 / q5 = the running
- *  sums of token 0 / 1, q1 = products, q2 q3 / q6 q7 = the codes, q4 = weights). */
+ *  then x1's of each of the nb whole blocks and, when half, of the last half block): each weight
+ *  vector is loaded once and VMLADAV'd with both tokens' codes; y0 / y1 = the 4 outputs of each.
+ * Registers q0..q7 are fixed (q0 / q5 = the running sums of token 0 / 1, q1 = products, q2 q3 / q6
+ * q7 = the codes, q4 = weights). */
 COLIBRI_QI_INLINE void colibri_qi_r4_group2_mve(const int8_t *wg, const int8_t *x0,
                                                 const int8_t *x1, colibri_qi_pairs *sxp, int32_t nb,
-                                                const float *scale, float *y0, float *y1)
+                                                int half, const float *scale, float *y0, float *y1)
 {
-    /* the epilogue's pointers right after the nb pairs, where the scale pointer ends up: the
-     * loop needs every other register */
-    sxp->p[2 * nb] = (uintptr_t)scale;
-    sxp->p[2 * nb + 1] = (uintptr_t)y0;
-    sxp->p[2 * nb + 2] = (uintptr_t)y1;
+    /* the epilogue's pointers right after the nb + half pairs, where the scale pointer ends up:
+     * the loop needs every other register */
+    const int32_t np = nb + (half ? 1 : 0);
+    sxp->p[2 * np] = (uintptr_t)scale;
+    sxp->p[2 * np + 1] = (uintptr_t)y0;
+    sxp->p[2 * np + 2] = (uintptr_t)y1;
     const int8_t *w = wg;
     const int8_t *xa = x0;
     const int8_t *xb = x1;
     const float *sp = sxp->f;
     int32_t e0, e1, e2, e3, e4, e5; /* sums: rows 1, 3 then 0, 2 of x0 in e0 e1; x1's in e2..e5 */
-    __asm__ volatile(
-        "vmov.i32 q0, #0\n"
-        "vmov.i32 q5, #0\n"
-        "dls lr, %[nb]\n"
-        "1:\n"
-        "vldrb.8 q3, [%[xa], #16]\n"
-        "vldrb.8 q2, [%[xa]], #32\n"
-        "vldrb.8 q7, [%[xb], #16]\n"
-        "vldrb.8 q6, [%[xb]], #32\n"
-        /* rows 1 and 3 (chunk 0 at w + 16 / 48, chunk 1 at w + 80 / 112) */
-        "vldrb.8 q4, [%[w], #16]\n"
-        "vmladav.s8 %[e0], q4, q2\n"
-        "vmladav.s8 %[e2], q4, q6\n"
-        "vldrb.8 q4, [%[w], #48]\n"
-        "vmladav.s8 %[e1], q4, q2\n"
-        "vmladav.s8 %[e3], q4, q6\n"
-        "vldrb.8 q4, [%[w], #80]\n"
-        "vmladava.s8 %[e0], q4, q3\n"
-        "vmladava.s8 %[e2], q4, q7\n"
-        "vldrb.8 q4, [%[w], #112]\n"
-        "vmladava.s8 %[e1], q4, q3\n"
-        "vmladava.s8 %[e3], q4, q7\n"
-        "vmov q1[3], q1[1], %[e0], %[e1]\n"
-        /* rows 0 and 2 (w, w + 32, then w + 96, w + 64; w ends 128 on) */
-        "vldrb.8 q4, [%[w]], #64\n"
-        "vmladav.s8 %[e0], q4, q2\n"
-        "vmladav.s8 %[e4], q4, q6\n"
-        "vldrb.8 q4, [%[w], #-32]\n"
-        "vmladav.s8 %[e1], q4, q2\n"
-        "vmladav.s8 %[e5], q4, q6\n"
-        "vldrb.8 q4, [%[w], #32]\n"
-        "vmladava.s8 %[e1], q4, q3\n"
-        "vmladava.s8 %[e5], q4, q7\n"
-        "vldrb.8 q4, [%[w]], #64\n"
-        "vmladava.s8 %[e0], q4, q3\n"
-        "vmladava.s8 %[e4], q4, q7\n"
-        "vmov q1[2], q1[0], %[e0], %[e1]\n"
-        "ldrd %[e0], %[e1], [%[sp]], #8\n"
-        "vcvt.f32.s32 q1, q1\n"
-        "vmul.f32 q1, q1, %[e0]\n"
-        "vadd.f32 q0, q0, q1\n"
-        "vmov q1[2], q1[0], %[e4], %[e5]\n"
-        "vmov q1[3], q1[1], %[e2], %[e3]\n"
-        "vcvt.f32.s32 q1, q1\n"
-        "vmul.f32 q1, q1, %[e1]\n"
-        "vadd.f32 q5, q5, q1\n"
-        "le lr, 1b\n"
-        "ldr %[xa], [%[sp]]\n"
-        "ldr %[xb], [%[sp], #4]\n"
-        "ldr %[w], [%[sp], #8]\n"
-        "vmov %[e0], %[e1], q0[2], q0[0]\n" /* rows 0, 2 */
-        "vmov %[e2], %[e3], q0[3], q0[1]\n" /* rows 1, 3 */
-        "vmov s4, s5, %[e0], %[e2]\n"
-        "vmov s6, s7, %[e1], %[e3]\n"
-        "vmov %[e0], %[e1], q5[2], q5[0]\n"
-        "vmov %[e2], %[e3], q5[3], q5[1]\n"
-        "vmov s12, s13, %[e0], %[e2]\n"
-        "vmov s14, s15, %[e1], %[e3]\n"
-        "vldmia %[xa], {s8-s11}\n"
-        "vmul.f32 s4, s4, s8\n"
-        "vmul.f32 s5, s5, s9\n"
-        "vmul.f32 s6, s6, s10\n"
-        "vmul.f32 s7, s7, s11\n"
-        "vmul.f32 s12, s12, s8\n"
-        "vmul.f32 s13, s13, s9\n"
-        "vmul.f32 s14, s14, s10\n"
-        "vmul.f32 s15, s15, s11\n"
-        "vstmia %[xb], {s4-s7}\n"
-        "vstmia %[w], {s12-s15}\n"
-        : [w] "+r"(w), [xa] "+r"(xa), [xb] "+r"(xb), [sp] "+r"(sp), [e0] "=&Te"(e0),
-          [e1] "=&Te"(e1), [e2] "=&Te"(e2), [e3] "=&Te"(e3), [e4] "=&Te"(e4), [e5] "=&Te"(e5)
-        : [nb] "r"(nb)
-        /* reads wg, x0, x1, *sxp and scale's 4 floats, writes y0's and y1's 4 */
-        : "memory", "lr", "d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7", "d8", "d9", "d10", "d11",
-          "d12", "d13", "d14", "d15");
+    if (half) {
+        __asm__ volatile(
+            COLIBRI_QI_G2_LOOP COLIBRI_QI_G2_HALF COLIBRI_QI_G2_END COLIBRI_QI_G2_OPERANDS);
+    } else {
+        __asm__ volatile(COLIBRI_QI_G2_LOOP COLIBRI_QI_G2_END COLIBRI_QI_G2_OPERANDS);
+    }
 }
 #endif
 
@@ -619,8 +805,8 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
                 if (half) {
                     const float xs = sx[(size_t)t * nb + (size_t)full];
                     const float f = blocked ? scale[(size_t)o * nb + (size_t)full] * xs : xs;
-                    a += (float)colibri_dot_q8(
-                             wr, xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8, 16) *
+                    a += (float)colibri_qi_dot16(wr, xq + (size_t)t * (size_t)n_in +
+                                                         (size_t)full * COLIBRI_QK8) *
                          f;
                 }
                 y[(size_t)t * (size_t)ldy + (size_t)o] = blocked ? a : a * scale[o];
@@ -631,16 +817,16 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
     (void)T; /* 2 */
     /* g0: the groups done by the fast path */
     int32_t g0 = 0;
-    if (!blocked && !half && full > 0 && full <= COLIBRI_QI_MVE_NB &&
-        colibri_qi_mve_scales_ok(sx, full) && colibri_qi_mve_scales_ok(sx + nb, full)) {
+    if (!blocked && nb <= COLIBRI_QI_MVE_NB && colibri_qi_mve_scales_ok(sx, (int32_t)nb) &&
+        colibri_qi_mve_scales_ok(sx + nb, (int32_t)nb)) {
         colibri_qi_pairs sxp; /* the two tokens' block scales in pairs */
-        for (int32_t b = 0; b < full; b++) {
+        for (size_t b = 0; b < nb; b++) {
             sxp.f[2 * b] = sx[b];
-            sxp.f[2 * b + 1] = sx[nb + (size_t)b];
+            sxp.f[2 * b + 1] = sx[nb + b];
         }
         for (; g0 < groups; g0++) {
             const int32_t o = g0 * COLIBRI_R4_ROWS;
-            colibri_qi_r4_group2_mve(q + (size_t)o * (size_t)n_in, xq, xq + n_in, &sxp, full,
+            colibri_qi_r4_group2_mve(q + (size_t)o * (size_t)n_in, xq, xq + n_in, &sxp, full, half,
                                      scale + o, y + o, y + (size_t)ldy + (size_t)o);
         }
     }
@@ -675,7 +861,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
                 for (int32_t r = 0; r < 4; r++) {
                     const float f = blocked ? s0p[(size_t)r * nb + (size_t)full] * xs : xs;
                     a[4 * t + r] +=
-                        (float)colibri_dot_q8(wg + (size_t)full * 128u + 16 * r, x, 16) * f;
+                        (float)colibri_qi_dot16(wg + (size_t)full * 128u + 16 * r, x) * f;
                 }
             }
 #pragma GCC unroll 8

@@ -125,16 +125,33 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_block(const int8_t *wg, const uint32_t *xu
 
 #define COLIBRI_QI_R4P_FLOAT(r) colibri_qi_r4p_float(s[r])
 
+/** y[o] = y[o] + bias[o] (bias not NULL), then y[o] = y[o] > 0 ? y[o] : 0 (relu), for
+ *  o0 <= o < n: a generated relu expert kernel's steps on its hidden row, in its order. */
+COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, const float *bias,
+                                            int relu)
+{
+    for (int32_t o = o0; o < n; o++) {
+        float v = y[o];
+        if (bias != NULL) {
+            v = v + bias[o];
+        }
+        if (relu) {
+            v = v > 0.0f ? v : 0.0f;
+        }
+        y[o] = v;
+    }
+}
+
 /**
- * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
- *        stored in layout R4P, bit for bit; n_in must be a multiple of COLIBRI_QK8. The
- *        activation pairs of up to COLIBRI_QI_R4P_CHUNK inputs at a time sit on the stack; a
- *        row's running sum waits in y between chunks (a float stored and loaded back is the
- *        same float).
+ * @brief colibri_qi_q8_q8_r4p, then (per-row scales only) a relu expert kernel's steps on each
+ *        output as it is stored: + bias (when not NULL), then relu (when relu != 0), the same
+ *        operations in the same order as colibri_qi_bias_relu after it (no second pass over
+ *        the row).
  */
-COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale, const int8_t *xq,
-                                            const float *sx, float *y, int32_t n_out, int32_t n_in,
-                                            int blocked)
+COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p_br(const int8_t *q, const float *scale,
+                                               const int8_t *xq, const float *sx, float *y,
+                                               int32_t n_out, int32_t n_in, int blocked,
+                                               const float *bias, int relu)
 {
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t groups = n_out / COLIBRI_R4_ROWS;
@@ -161,27 +178,42 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale,
                 const float xs = sx[bb];
                 COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4P_FLOAT, s0p, bb, nb, xs, blocked);
             }
-            COLIBRI_QI_R4_STORE(y, o, scale, blocked || c0 + cn < n_in);
+            if (!blocked && c0 + cn >= n_in && (bias != NULL || relu)) {
+                float v[4] = {a0 * scale[o], a1 * scale[o + 1], a2 * scale[o + 2],
+                              a3 * scale[o + 3]};
+#pragma GCC unroll 4
+                for (int32_t r = 0; r < 4; r++) {
+                    if (bias != NULL) {
+                        v[r] = v[r] + bias[o + r];
+                    }
+                    if (relu) {
+                        v[r] = v[r] > 0.0f ? v[r] : 0.0f;
+                    }
+                    y[o + r] = v[r];
+                }
+            } else {
+                COLIBRI_QI_R4_STORE(y, o, scale, blocked || c0 + cn < n_in);
+            }
         }
     }
     COLIBRI_QI_Q8_REST(groups * COLIBRI_R4_ROWS); /* row-major, uncorrected */
+    if (!blocked && (bias != NULL || relu)) {
+        colibri_qi_bias_relu(y, groups * COLIBRI_R4_ROWS, n_out, bias, relu);
+    }
 }
 
-/** y[o] = y[o] + bias[o] (bias not NULL), then y[o] = y[o] > 0 ? y[o] : 0 (relu), for
- *  o0 <= o < n: a generated relu expert kernel's steps on its hidden row, in its order. */
-COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, const float *bias,
-                                            int relu)
+/**
+ * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
+ *        stored in layout R4P, bit for bit; n_in must be a multiple of COLIBRI_QK8. The
+ *        activation pairs of up to COLIBRI_QI_R4P_CHUNK inputs at a time sit on the stack; a
+ *        row's running sum waits in y between chunks (a float stored and loaded back is the
+ *        same float).
+ */
+COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale, const int8_t *xq,
+                                            const float *sx, float *y, int32_t n_out, int32_t n_in,
+                                            int blocked)
 {
-    for (int32_t o = o0; o < n; o++) {
-        float v = y[o];
-        if (bias != NULL) {
-            v = v + bias[o];
-        }
-        if (relu) {
-            v = v > 0.0f ? v : 0.0f;
-        }
-        y[o] = v;
-    }
+    colibri_qi_q8_q8_r4p_br(q, scale, xq, sx, y, n_out, n_in, blocked, NULL, 0);
 }
 
 #if defined(COLIBRI_QI_SIMD32)
@@ -385,11 +417,8 @@ COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p_act(const int8_t *q, const float 
 #endif
     for (int32_t t = t0; t < n_tok; t++) {
         float *yt = y + (size_t)t * (size_t)ldy;
-        colibri_qi_q8_q8_r4p(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb, yt,
-                             n_out, n_in, 0);
-        if (bias != NULL || relu) {
-            colibri_qi_bias_relu(yt, 0, n_out, bias, relu);
-        }
+        colibri_qi_q8_q8_r4p_br(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb, yt,
+                                n_out, n_in, 0, bias, relu);
     }
 }
 
