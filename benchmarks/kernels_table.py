@@ -57,7 +57,9 @@ and the shape of the worst (largest) whole-pass slope.
 ``--sweep N --seed S [--cmsis-nn DIR]`` (issue 40): N shapes drawn by a seeded generator, d_model
 and d_ff log-uniform in 16..1024 (the first odd by odd, the second multiples of 16 but not of 32),
 the activation cycling through relu, silu, gelu, gelu_tanh and swiglu, top-k through 1 and 2,
-4..16 experts (halved, down to max(2, k), on a board the model does not fit), on every MCU board
+4..16 experts (halved, down to max(2, k), on a board whose flash the model does not fit; on a
+board whose RAM it does not fit, the chunk of tokens halved first: 9, 4, 2, 1, label ``tN``,
+the longer passes then run in chunks with the same results), on every MCU board
 (cortex-m3/m4/m7/m55, esp32s3; --board picks some) and every scheme. Per case: pass@1, slope and
 kslope as above, and from the build's stack report (colibri.targets.stack) the code reachable
 from one expert kernel (every function it reaches, itself included: one expert kind's flash) and
@@ -260,7 +262,8 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
     )
     gen = work / scheme
     # one chunk holds the longest pass (no chunking), and no more: small boards' RAM
-    opts: dict[str, Any] = {"board": board.name, "name": NAME, "max_tokens": max(TOKENS)}
+    chunk = shape.get("max_tokens", max(TOKENS))
+    opts: dict[str, Any] = {"board": board.name, "name": NAME, "max_tokens": chunk}
     if scheme != "fp32":
         opts["quant"] = scheme
     try:
@@ -311,6 +314,7 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
         "instructions": {"pass": passes, "kernel": kernels},
         "instr_per_mac": per_mac,
         "experts": shape["experts"],
+        "max_tokens": chunk,
         "mirror": mirror,
         "layouts": manifest.get("weight_layouts", {}),
         "generic": generic_fallbacks(board, scheme, manifest),
@@ -388,11 +392,19 @@ def kernel_footprint(elf: Path) -> dict[str, Any] | None:
 
 
 def measure_fitting(board: Board, scheme: str, shape: dict[str, Any], work: Path) -> dict[str, Any]:
-    """measure_scheme, with half the experts (down to max(2, top_k)) while the model does not
-    fit the board; the result's "experts" says how many were measured."""
+    """measure_scheme while the model does not fit the board: with half the tokens per chunk
+    (9, 4, 2, 1: the longer passes run in chunks, with the same results) while its RAM is short,
+    with half the experts (down to max(2, top_k)) while its flash is; the result's "experts"
+    and "max_tokens" say what was measured."""
     res = measure_scheme(board, scheme, shape, work)
-    while "skipped" in res and shape["experts"] > max(2, shape["top_k"]):
-        shape = {**shape, "experts": max(2, shape["top_k"], shape["experts"] // 2)}
+    while "skipped" in res:
+        chunk = shape.get("max_tokens", max(TOKENS))
+        if "RAM: needs" in res["skipped"] and chunk > 1:
+            shape = {**shape, "max_tokens": chunk // 2}
+        elif shape["experts"] > max(2, shape["top_k"]):
+            shape = {**shape, "experts": max(2, shape["top_k"], shape["experts"] // 2)}
+        else:
+            break
         res = measure_scheme(board, scheme, shape, work)
     return res
 
@@ -691,8 +703,9 @@ def ready_board(name: str) -> tuple[Board | None, str]:
     return board, ""
 
 
-def sweep_label(shape: dict[str, Any], experts: int) -> str:
-    return f"{shape_label(shape)} e{experts}"
+def sweep_label(shape: dict[str, Any], experts: int, chunk: int = max(TOKENS)) -> str:
+    """The case's shape, its experts and, when smaller than the longest pass, its chunk."""
+    return f"{shape_label(shape)} e{experts}" + (f" t{chunk}" if chunk < max(TOKENS) else "")
 
 
 def case_problems(res: dict[str, Any]) -> list[str]:
@@ -738,7 +751,11 @@ def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
                     "board": name,
                     "scheme": scheme,
                     "shape": i,
-                    "label": sweep_label(shape, res.get("experts", shape["experts"])),
+                    "label": sweep_label(
+                        shape,
+                        res.get("experts", shape["experts"]),
+                        res.get("max_tokens", max(TOKENS)),
+                    ),
                     "macs_per_token": shape["macs_per_token"],
                     "colibri": res,
                 }

@@ -199,3 +199,27 @@ def test_sweep_case_problems() -> None:
         "mirror (bit-exact), 8 tokens: e",
         "generic layout rows: kt_ffn.w2",
     ]
+
+
+def test_sweep_fits_the_chunk_then_the_experts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case whose RAM is short runs with fewer tokens per chunk (9, 4, 2, 1) before fewer
+    experts; one whose flash is short with half the experts (down to max(2, k)); the label says
+    which (the Cortex-M3's 64 KB of RAM skipped most of the sweep's shapes at 9 tokens)."""
+    tried: list[tuple[int, int]] = []
+
+    def fake(board: object, scheme: str, shape: dict, work: Path) -> dict:
+        chunk = shape.get("max_tokens", 9)
+        tried.append((chunk, shape["experts"]))
+        if chunk > 2:
+            return {"skipped": "the model does not fit board b: RAM: needs ~9 bytes over budget"}
+        if shape["experts"] > 4:
+            return {"skipped": "the model does not fit board b: flash: needs ~9 bytes"}
+        return {"experts": shape["experts"], "max_tokens": chunk}
+
+    monkeypatch.setattr(kernels_table, "measure_scheme", fake)
+    shape = kernels_table.sweep_shapes(1, 3)[0] | {"experts": 16}
+    res = kernels_table.measure_fitting(None, "int8", shape, Path("."))
+    assert tried == [(9, 16), (4, 16), (2, 16), (2, 8), (2, 4)]
+    assert res == {"experts": 4, "max_tokens": 2}
+    assert kernels_table.sweep_label(shape, 4, 2).endswith(" e4 t2")
+    assert kernels_table.sweep_label(shape, 4).endswith(" e4")
