@@ -211,7 +211,8 @@ static inline float colibri_gelu_tanh(float x)
  *   IEEE operations in the same order, its three special cases (below COLIBRI_EXP_MIN, above
  *   COLIBRI_EXP_MAX, n = 128) taken as selects afterwards. The divisions stay IEEE divisions
  *   (Helium has no vector divide: four scalar VDIVs on the lanes). Helium keeps the scalar
- *   GELU (colibri_gelu_row).
+ *   GELU (colibri_gelu_row); its SiLU, SwiGLU and tanh GELU rows run only exp's common case on
+ *   the lanes and leave a group with an input out of range to the scalar function (below).
  * - Elsewhere (Cortex-M3 / M4 / M7, Xtensa, Cortex-A7) one scalar loop whose common case runs
  *   no branch of colibri_expf: when n = round(x / ln 2) is in -125..127 (|x| below about 86.9)
  *   none of its special cases applies, which t's bits tell with one unsigned compare; any other
@@ -422,9 +423,9 @@ static inline colibri_v4f colibri_gelu_tanh4(colibri_v4f x)
  * (x^3, r^2) is negligible beside what it is added to, as on the scalar path. SwiGLU's product
  * with the gate is checked too. Otherwise (NaN, inf, zero, huge or tiny x) the scalar function:
  * the same bits either way. */
-#define COLIBRI_ROW_LO 0x1B000000u        /* 2^-100's bits << 1 */
-#define COLIBRI_ROW_SILU_MAX 0x85580000u  /* 86.0f's bits << 1 */
-#define COLIBRI_ROW_GELU_MAX 0x82300000u  /* 9.5f's bits << 1 */
+#define COLIBRI_ROW_LO 0x1B000000u         /* 2^-100's bits << 1 */
+#define COLIBRI_ROW_SILU_MAX 0x85580000u   /* 86.0f's bits << 1 */
+#define COLIBRI_ROW_GELU_MAX 0x82300000u   /* 9.5f's bits << 1 */
 #define COLIBRI_ROW_NORMAL_MIN 0x01000000u /* FLT_MIN's bits << 1 */
 
 /* nonzero when a lane of x is outside 2^-100 <= |x| < the maximum (max: bits << 1) */
@@ -463,48 +464,52 @@ static inline float32x4_t colibri_silu4_common(float32x4_t x)
  * group needs the scalar function */
 static inline int32_t colibri_silu_run4(float *h, int32_t j, int32_t n4)
 {
-    for (; j < n4; j += 4) {
-        const float32x4_t x = vld1q_f32(h + j);
+    float *p = h + j;
+    for (float *const end = h + n4; p < end; p += 4) {
+        const float32x4_t x = vld1q_f32(p);
         if (colibri_v4_outside(x, COLIBRI_ROW_SILU_MAX)) {
             break;
         }
-        vst1q_f32(h + j, colibri_silu4_common(x));
+        vst1q_f32(p, colibri_silu4_common(x));
     }
-    return j;
+    return (int32_t)(p - h);
 }
 
 /* colibri_swiglu_row likewise (a subnormal gate gives a zero product: checked) */
 static inline int32_t colibri_swiglu_run4(float *h, const float *g, int32_t j, int32_t n4)
 {
-    for (; j < n4; j += 4) {
-        const float32x4_t x = vld1q_f32(h + j);
+    float *p = h + j;
+    g += j;
+    for (float *const end = h + n4; p < end; p += 4, g += 4) {
+        const float32x4_t x = vld1q_f32(p);
         if (colibri_v4_outside(x, COLIBRI_ROW_SILU_MAX)) {
             break;
         }
-        const float32x4_t v = vmulq_f32(colibri_silu4_common(x), vld1q_f32(g + j));
-        if (vcmphiq_u32(vdupq_n_u32(COLIBRI_ROW_NORMAL_MIN), vshlq_n_u32((uint32x4_t)v, 1))) {
+        const float32x4_t v = vmulq_f32(colibri_silu4_common(x), vld1q_f32(g));
+        /* a zero exponent field: zero or subnormal */
+        if (vcmpeqq_n_u32(vshrq_n_u32(vshlq_n_u32((uint32x4_t)v, 1), 24), 0u)) {
             break;
         }
-        vst1q_f32(h + j, v);
+        vst1q_f32(p, v);
     }
-    return j;
+    return (int32_t)(p - h);
 }
 
 /* colibri_gelu_tanh_row likewise */
 static inline int32_t colibri_gelu_tanh_run4(float *h, int32_t j, int32_t n4)
 {
-    for (; j < n4; j += 4) {
-        const float32x4_t x = vld1q_f32(h + j);
+    float *p = h + j;
+    for (float *const end = h + n4; p < end; p += 4) {
+        const float32x4_t x = vld1q_f32(p);
         if (colibri_v4_outside(x, COLIBRI_ROW_GELU_MAX)) {
             break;
         }
         const float32x4_t c = vmulq_f32(vmulq_f32(vmulq_n_f32(x, COLIBRI_GELU_TANH_C), x), x);
         const float32x4_t u = vmulq_n_f32(vaddq_f32(x, c), COLIBRI_GELU_TANH_K);
         const float32x4_t e = colibri_expf4_common(vnegq_f32(vaddq_f32(u, u)));
-        vst1q_f32(h + j, (float32x4_t)colibri_div4((colibri_v4f)x,
-                                                   (colibri_v4f)vaddq_n_f32(e, 1.0f)));
+        vst1q_f32(p, (float32x4_t)colibri_div4((colibri_v4f)x, (colibri_v4f)vaddq_n_f32(e, 1.0f)));
     }
-    return j;
+    return (int32_t)(p - h);
 }
 #endif
 #else
