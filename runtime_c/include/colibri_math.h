@@ -211,7 +211,8 @@ static inline float colibri_gelu_tanh(float x)
  *   IEEE operations in the same order, its three special cases (below COLIBRI_EXP_MIN, above
  *   COLIBRI_EXP_MAX, n = 128) taken as selects afterwards. The divisions stay IEEE divisions
  *   (Helium has no vector divide: four scalar VDIVs on the lanes). Helium keeps the scalar
- *   GELU (colibri_gelu_row).
+ *   GELU (colibri_gelu_row); its SiLU, SwiGLU and tanh GELU rows run only exp's common case on
+ *   the lanes and leave a group with an input out of range to the scalar function (below).
  * - Elsewhere (Cortex-M3 / M4 / M7, Xtensa, Cortex-A7) one scalar loop whose common case runs
  *   no branch of colibri_expf: when n = round(x / ln 2) is in -125..127 (|x| below about 86.9)
  *   none of its special cases applies, which t's bits tell with one unsigned compare; any other
@@ -408,6 +409,109 @@ static inline colibri_v4f colibri_gelu_tanh4(colibri_v4f x)
             (h)[n4_ + i_] = F((h)[n4_ + i_]);                                                      \
         }                                                                                          \
     } while (0)
+
+#if defined(__ARM_FEATURE_MVE)
+/* Helium's rows: colibri_expf's common case on four lanes, and the row's loop as one inline
+ * function (no select, no call in it, so GCC 12 keeps the constants in registers rather than
+ * reload them for every group of four) that returns where a group needs the scalar function.
+ * A group stays on the lanes when every x has 2^-100 <= |x| < COLIBRI_ROW_SILU_MAX (SiLU,
+ * SwiGLU) or COLIBRI_ROW_GELU_MAX (tanh GELU): one unsigned compare of (x's bits << 1) - LO.
+ * There exp's argument has n = round(arg / ln 2) in -124..110, so none of its special cases
+ * applies (nor the tanh GELU's -0 below -11), and neither the input nor the result is
+ * subnormal or zero (Helium would flush them): SiLU's result is at least min(|x| / 2,
+ * 86 e^-86) in magnitude, the tanh GELU's min(|x| / 2, 9.5 e^-76.3). A subnormal intermediate
+ * (x^3, r^2) is negligible beside what it is added to, as on the scalar path. SwiGLU's product
+ * with the gate is checked too. Otherwise (NaN, inf, zero, huge or tiny x) the scalar function:
+ * the same bits either way. */
+#define COLIBRI_ROW_LO 0x1B000000u         /* 2^-100's bits << 1 */
+#define COLIBRI_ROW_SILU_MAX 0x85580000u   /* 86.0f's bits << 1 */
+#define COLIBRI_ROW_GELU_MAX 0x82300000u   /* 9.5f's bits << 1 */
+#define COLIBRI_ROW_NORMAL_MIN 0x01000000u /* FLT_MIN's bits << 1 */
+
+/* nonzero when a lane of x is outside 2^-100 <= |x| < the maximum (max: bits << 1) */
+static inline mve_pred16_t colibri_v4_outside(float32x4_t x, uint32_t max)
+{
+    const uint32x4_t d = vsubq_n_u32(vshlq_n_u32((uint32x4_t)x, 1), COLIBRI_ROW_LO);
+    return vcmpcsq_n_u32(d, max - COLIBRI_ROW_LO);
+}
+
+/* colibri_expf(x) on four lanes when n = round(x / ln 2) is in -125..127 in every lane */
+static inline float32x4_t colibri_expf4_common(float32x4_t x)
+{
+    const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
+    const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
+    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(n, COLIBRI_EXP_LN2_HI)),
+                                    vmulq_n_f32(n, COLIBRI_EXP_LN2_LO));
+    const float32x4_t z = vmulq_f32(r, r);
+    float32x4_t p = vaddq_n_f32(vmulq_n_f32(r, COLIBRI_EXP_P0), COLIBRI_EXP_P1);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P2);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
+    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
+    const uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
+    return vmulq_f32(y, (float32x4_t)vshlq_n_u32(bits, 23));
+}
+
+/* x / (1 + colibri_expf(-x)) on four lanes (in range) */
+static inline float32x4_t colibri_silu4_common(float32x4_t x)
+{
+    const float32x4_t e = colibri_expf4_common(vnegq_f32(x));
+    return (float32x4_t)colibri_div4((colibri_v4f)x, (colibri_v4f)vaddq_n_f32(e, 1.0f));
+}
+
+/* colibri_silu_row from j on (j, n4 multiples of four): returns n4, or the first j whose
+ * group needs the scalar function */
+static inline int32_t colibri_silu_run4(float *h, int32_t j, int32_t n4)
+{
+    float *p = h + j;
+    for (float *const end = h + n4; p < end; p += 4) {
+        const float32x4_t x = vld1q_f32(p);
+        if (colibri_v4_outside(x, COLIBRI_ROW_SILU_MAX)) {
+            break;
+        }
+        vst1q_f32(p, colibri_silu4_common(x));
+    }
+    return (int32_t)(p - h);
+}
+
+/* colibri_swiglu_row likewise (a subnormal gate gives a zero product: checked) */
+static inline int32_t colibri_swiglu_run4(float *h, const float *g, int32_t j, int32_t n4)
+{
+    float *p = h + j;
+    g += j;
+    for (float *const end = h + n4; p < end; p += 4, g += 4) {
+        const float32x4_t x = vld1q_f32(p);
+        if (colibri_v4_outside(x, COLIBRI_ROW_SILU_MAX)) {
+            break;
+        }
+        const float32x4_t v = vmulq_f32(colibri_silu4_common(x), vld1q_f32(g));
+        /* a zero exponent field: zero or subnormal */
+        if (vcmpeqq_n_u32(vshrq_n_u32(vshlq_n_u32((uint32x4_t)v, 1), 24), 0u)) {
+            break;
+        }
+        vst1q_f32(p, v);
+    }
+    return (int32_t)(p - h);
+}
+
+/* colibri_gelu_tanh_row likewise */
+static inline int32_t colibri_gelu_tanh_run4(float *h, int32_t j, int32_t n4)
+{
+    float *p = h + j;
+    for (float *const end = h + n4; p < end; p += 4) {
+        const float32x4_t x = vld1q_f32(p);
+        if (colibri_v4_outside(x, COLIBRI_ROW_GELU_MAX)) {
+            break;
+        }
+        const float32x4_t c = vmulq_f32(vmulq_f32(vmulq_n_f32(x, COLIBRI_GELU_TANH_C), x), x);
+        const float32x4_t u = vmulq_n_f32(vaddq_f32(x, c), COLIBRI_GELU_TANH_K);
+        const float32x4_t e = colibri_expf4_common(vnegq_f32(vaddq_f32(u, u)));
+        vst1q_f32(p, (float32x4_t)colibri_div4((colibri_v4f)x, (colibri_v4f)vaddq_n_f32(e, 1.0f)));
+    }
+    return (int32_t)(p - h);
+}
+#endif
 #else
 /* colibri_expf(x) when no special case of it applies (n in -125..127, read from t's bits with
  * one unsigned compare): sets *e and returns 1; otherwise returns 0 (the caller takes the
@@ -481,7 +585,17 @@ static __attribute__((noinline, unused)) float colibri_gelu_tanh_rare(float x)
 /** @brief h[j] = colibri_silu(h[j]) for j < n (see above: the same bits, cheaper). */
 static inline void colibri_silu_row(float *h, int32_t n)
 {
-#if defined(COLIBRI_ACT_ROW_SIMD)
+#if defined(COLIBRI_ACT_ROW_SIMD) && defined(__ARM_FEATURE_MVE)
+    const int32_t n4 = n - (n & 3);
+    for (int32_t j = 0; (j = colibri_silu_run4(h, j, n4)) < n4; j += 4) {
+        for (int32_t i = 0; i < 4; i++) {
+            h[j + i] = colibri_silu(h[j + i]);
+        }
+    }
+    for (int32_t i = 0; i < (n & 3); i++) { /* the tail: at most three */
+        h[n4 + i] = colibri_silu(h[n4 + i]);
+    }
+#elif defined(COLIBRI_ACT_ROW_SIMD)
     COLIBRI_ACT_ROW4(h, n, colibri_silu4, colibri_silu);
 #else
     COLIBRI_EXP_CONSTS(c);
@@ -497,7 +611,17 @@ static inline void colibri_silu_row(float *h, int32_t n)
 static inline void colibri_swiglu_row(float *h, const float *g, int32_t n)
 {
     int32_t j = 0;
-#if defined(COLIBRI_ACT_ROW_SIMD)
+#if defined(COLIBRI_ACT_ROW_SIMD) && defined(__ARM_FEATURE_MVE)
+    const int32_t n4 = n - (n & 3);
+    for (; (j = colibri_swiglu_run4(h, g, j, n4)) < n4; j += 4) {
+        for (int32_t i = 0; i < 4; i++) {
+            h[j + i] = colibri_silu(h[j + i]) * g[j + i];
+        }
+    }
+    for (int32_t i = 0; i < (n & 3); i++) { /* the tail: at most three */
+        h[n4 + i] = colibri_silu(h[n4 + i]) * g[n4 + i];
+    }
+#elif defined(COLIBRI_ACT_ROW_SIMD)
     const int32_t n4 = n - (n & 3);
     for (; j < n4; j += 4) {
         colibri_v4f x;
@@ -529,7 +653,17 @@ static inline void colibri_swiglu_row(float *h, const float *g, int32_t n)
 /** @brief h[j] = colibri_gelu_tanh(h[j]) for j < n (the same bits). */
 static inline void colibri_gelu_tanh_row(float *h, int32_t n)
 {
-#if defined(COLIBRI_ACT_ROW_SIMD)
+#if defined(COLIBRI_ACT_ROW_SIMD) && defined(__ARM_FEATURE_MVE)
+    const int32_t n4 = n - (n & 3);
+    for (int32_t j = 0; (j = colibri_gelu_tanh_run4(h, j, n4)) < n4; j += 4) {
+        for (int32_t i = 0; i < 4; i++) {
+            h[j + i] = colibri_gelu_tanh(h[j + i]);
+        }
+    }
+    for (int32_t i = 0; i < (n & 3); i++) { /* the tail: at most three */
+        h[n4 + i] = colibri_gelu_tanh(h[n4 + i]);
+    }
+#elif defined(COLIBRI_ACT_ROW_SIMD)
     COLIBRI_ACT_ROW4(h, n, colibri_gelu_tanh4, colibri_gelu_tanh);
 #else
     COLIBRI_EXP_CONSTS(c);
