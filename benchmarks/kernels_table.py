@@ -57,7 +57,9 @@ and the shape of the worst (largest) whole-pass slope.
 ``--sweep N --seed S [--cmsis-nn DIR]`` (issue 40): N shapes drawn by a seeded generator, d_model
 and d_ff log-uniform in 16..1024 (the first odd by odd, the second multiples of 16 but not of 32),
 the activation cycling through relu, silu, gelu, gelu_tanh and swiglu, top-k through 1 and 2,
-4..16 experts (halved, down to max(2, k), on a board the model does not fit), on every MCU board
+4..16 experts (halved, down to max(2, k), on a board whose flash the model does not fit; on a
+board whose RAM it does not fit, the chunk of tokens halved first: 9, 4, 2, 1, label ``tN``,
+the longer passes then run in chunks with the same results), on every MCU board
 (cortex-m3/m4/m7/m55, esp32s3; --board picks some) and every scheme. Per case: pass@1, slope and
 kslope as above, and from the build's stack report (colibri.targets.stack) the code reachable
 from one expert kernel (every function it reaches, itself included: one expert kind's flash) and
@@ -68,6 +70,16 @@ d_ff, counted the same way (the 1-vs-9-token slope per MAC), and the code reacha
 The table lists every case, then per board and scheme the min / median / max of each column and
 the worst case; ``--json`` writes the report and a PNG beside it (whole-pass slope against MACs
 per token, CMSIS-NN's beside).
+
+Every run of a sweep case (1, 8, 9 tokens and the group of 8) is checked against the numpy
+mirror (colibri.reference.kernels.quant_moe_forward with the generator's quantisation): the
+expert ids equal, the outputs bit for bit where the experts' activations are int8 (int8, int4,
+q4k, q5k), else (fp32 activations: fp32, fp16) within the
+scheme's LAYER_TOLERANCE; and every weight part on a board whose kernels have a fast layout for
+the scheme (r4 / r4p, q4r4 / q4h4, c8) must be stored in it, not in the generic ``rows`` (the
+manifest's ``weight_layouts``). A case that fails to generate, build or run, differs from the
+mirror or falls back to ``rows`` is a problem: the table ends with them and the exit status is
+1 (a case skipped because the model does not fit the board is not one).
 """
 
 from __future__ import annotations
@@ -97,7 +109,16 @@ from colibri.errors import BudgetExceeded, ColibriError  # noqa: E402
 from colibri.frontends.seed import make_toy  # noqa: E402
 from colibri.ir.moe import MoELayer  # noqa: E402
 from colibri.options import GenerateOptions  # noqa: E402
-from colibri.reference.moe import route  # noqa: E402
+from colibri.quant.formats import LAYER_TOLERANCE, make_plan, quantize_layer  # noqa: E402
+from colibri.quant.layouts import (  # noqa: E402
+    C8_ISAS,
+    F16C8_ISAS,
+    Q4H4_ISAS,
+    Q4R4_ISAS,
+    R4_ISAS,
+)
+from colibri.reference.kernels import quant_moe_forward  # noqa: E402
+from colibri.reference.moe import compare, route  # noqa: E402
 from colibri.targets.build import build_model  # noqa: E402
 from colibri.targets.lmrun import read_output, write_input  # noqa: E402
 from colibri.targets.qemu import run_elf  # noqa: E402
@@ -114,7 +135,7 @@ BOARDS = (
     "cortex-a76",
     "esp32s3",
 )
-SCHEMES = ("int8", "int4", "fp16", "fp32")
+SCHEMES = ("int8", "int4", "fp16", "fp32", "q4k", "q5k")
 FAMILY_ACTIVATIONS = ("relu", "silu", "gelu")
 #: --sweep: every MCU board, every activation.
 SWEEP_BOARDS = ("cortex-m3", "cortex-m4", "cortex-m7", "cortex-m55", "esp32s3")
@@ -241,15 +262,19 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
     )
     gen = work / scheme
     # one chunk holds the longest pass (no chunking), and no more: small boards' RAM
-    opts: dict[str, Any] = {"board": board.name, "name": NAME, "max_tokens": max(TOKENS)}
+    chunk = shape.get("max_tokens", max(TOKENS))
+    opts: dict[str, Any] = {"board": board.name, "name": NAME, "max_tokens": chunk}
     if scheme != "fp32":
         opts["quant"] = scheme
     try:
-        generate(layer, gen, GenerateOptions(**opts), force=True)
+        _, manifest = generate(layer, gen, GenerateOptions(**opts), force=True)
+        exe = build_model(gen, board.name)
     except BudgetExceeded as exc:
         return {"skipped": " ".join(line.strip() for line in str(exc).splitlines()[:2])}
-    exe = build_model(gen, board.name)
     kernel = kernel_footprint(exe)
+    plan = make_plan(shape["experts"], scheme)
+    qexperts = quantize_layer(layer, plan)
+    mirror: list[dict[str, Any]] = []
     passes: dict[str, int] = {}
     kernels: dict[str, int] = {}
     d = shape["d_model"]
@@ -271,9 +296,7 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
                     f"{board.name} {scheme}: no count for {n} tokens "
                     f"(pass {result.instructions}, kernel {result.prefix_instructions})"
                 )
-            y = read_output(cwd / "output.bin").output
-            if y.shape != x.shape or not np.all(np.isfinite(y)):
-                raise SystemExit(f"{board.name} {scheme}: bad output for {n} tokens: {y.shape}")
+            mirror.append({"run": key, **mirror_check(layer, qexperts, plan, x, cwd)})
             passes[key] = result.instructions
             kernels[key] = result.prefix_instructions
     macs = shape["macs_per_token"]
@@ -291,10 +314,68 @@ def measure_scheme(board: Board, scheme: str, shape: dict[str, Any], work: Path)
         "instructions": {"pass": passes, "kernel": kernels},
         "instr_per_mac": per_mac,
         "experts": shape["experts"],
+        "max_tokens": chunk,
+        "mirror": mirror,
+        "layouts": manifest.get("weight_layouts", {}),
+        "generic": generic_fallbacks(board, scheme, manifest),
     }
     if kernel is not None:
         out["kernel"] = kernel
     return out
+
+
+def mirror_check(
+    layer: MoELayer, qexperts: dict[int, Any], plan: Any, x: np.ndarray, cwd: Path
+) -> dict[str, Any]:
+    """The run's output (cwd/output.bin) against the numpy mirror
+    (colibri.reference.kernels.quant_moe_forward with the generator's quantisation): the expert
+    ids equal, and the outputs bit for bit where the experts' activations are int8 (every
+    integer scheme), else within the scheme's LAYER_TOLERANCE. {"ok": bool, "how": "bit-exact" or
+    the tolerance, "error": what differs (when not ok)}."""
+    got = read_output(cwd / "output.bin")
+    ref, rq = quant_moe_forward(layer, qexperts, x)
+    want = ref.astype(np.float32)
+    exact = plan.acts[0] == "int8"
+    how = "bit-exact" if exact else f"tol {LAYER_TOLERANCE[(plan.schemes[0], plan.acts[0])]}"
+    err: str | None = None
+    if got.output.shape != want.shape:
+        err = f"output shape {got.output.shape} != {want.shape}"
+    elif not np.array_equal(got.expert_ids, rq.expert_ids):
+        err = f"expert ids differ in {int((got.expert_ids != rq.expert_ids).sum())} slots"
+    elif exact:
+        differ = got.output.view(np.uint32) != want.view(np.uint32)
+        if differ.any():
+            err = (
+                f"{int(differ.sum())} of {want.size} outputs differ, first at "
+                f"{np.argwhere(differ)[0].tolist()}, max |diff| "
+                f"{float(np.abs(got.output - want).max()):.3g}"
+            )
+    else:
+        err = compare(got.output, ref, LAYER_TOLERANCE[(plan.schemes[0], plan.acts[0])])
+    return {"ok": err is None, "how": how, **({"error": err} if err else {})}
+
+
+#: The fast layouts a board's expert kernels read, per scheme and the ISAs that have them
+#: (colibri.quant.layouts): a matrix of such a board stored in the generic "rows" is a fallback.
+FAST_LAYOUT_ISAS = {
+    "int8": R4_ISAS,
+    "int4": Q4R4_ISAS + Q4H4_ISAS,
+    "fp16": F16C8_ISAS,
+    "fp32": C8_ISAS,
+}
+
+
+def generic_fallbacks(board: Board, scheme: str, manifest: dict[str, Any]) -> list[str]:
+    """The weight parts (``kind.part``) that the manifest records in the generic layout "rows"
+    on a board whose kernels have a fast layout for the scheme (FAST_LAYOUT_ISAS)."""
+    if board.isa not in FAST_LAYOUT_ISAS.get(scheme, ()):
+        return []
+    return [
+        f"{kind}.{part}"
+        for kind, lay in sorted(manifest.get("weight_layouts", {}).items())
+        for part, name in sorted(lay.items())
+        if name == "rows"
+    ]
 
 
 def kernel_footprint(elf: Path) -> dict[str, Any] | None:
@@ -311,11 +392,19 @@ def kernel_footprint(elf: Path) -> dict[str, Any] | None:
 
 
 def measure_fitting(board: Board, scheme: str, shape: dict[str, Any], work: Path) -> dict[str, Any]:
-    """measure_scheme, with half the experts (down to max(2, top_k)) while the model does not
-    fit the board; the result's "experts" says how many were measured."""
+    """measure_scheme while the model does not fit the board: with half the tokens per chunk
+    (9, 4, 2, 1: the longer passes run in chunks, with the same results) while its RAM is short,
+    with half the experts (down to max(2, top_k)) while its flash is; the result's "experts"
+    and "max_tokens" say what was measured."""
     res = measure_scheme(board, scheme, shape, work)
-    while "skipped" in res and shape["experts"] > max(2, shape["top_k"]):
-        shape = {**shape, "experts": max(2, shape["top_k"], shape["experts"] // 2)}
+    while "skipped" in res:
+        chunk = shape.get("max_tokens", max(TOKENS))
+        if "RAM: needs" in res["skipped"] and chunk > 1:
+            shape = {**shape, "max_tokens": chunk // 2}
+        elif shape["experts"] > max(2, shape["top_k"]):
+            shape = {**shape, "experts": max(2, shape["top_k"], shape["experts"] // 2)}
+        else:
+            break
         res = measure_scheme(board, scheme, shape, work)
     return res
 
@@ -574,6 +663,30 @@ def render_sweep(report: dict[str, Any]) -> str:
             if f"worst {c}" in entry:
                 w = entry[f"worst {c}"]
                 lines.append(f"    worst {c}: {w['value']:.2f} at {w['shape']}")
+    cases = sw["cases"]
+    checked = [c for c in cases if "row" in c]
+    exact = sum(
+        1
+        for c in checked
+        if all(m["ok"] and m["how"] == "bit-exact" for m in c["colibri"]["mirror"])
+    )
+    within = sum(
+        1
+        for c in checked
+        if all(m["ok"] for m in c["colibri"]["mirror"])
+        and any(m["how"] != "bit-exact" for m in c["colibri"]["mirror"])
+    )
+    failed = sum(1 for c in cases if "failed" in c.get("colibri", {}))
+    lines += [
+        "",
+        f"Against the mirror (colibri.reference.kernels.quant_moe_forward, every run of a case): "
+        f"{len(cases)} cases, {len(checked)} measured: {exact} bit-exact (int8 activations), "
+        f"{within} within LAYER_TOLERANCE (fp32 activations); {failed} failed to generate, build "
+        f"or run; {len(cases) - len(checked) - failed} skipped (the board's budget or toolchain)",
+    ]
+    problems = sw.get("problems", [])
+    lines.append(f"Problems: {len(problems)}" + (":" if problems else ""))
+    lines += [f"    {why}" for why in problems]
     return "\n".join(lines)
 
 
@@ -590,8 +703,25 @@ def ready_board(name: str) -> tuple[Board | None, str]:
     return board, ""
 
 
-def sweep_label(shape: dict[str, Any], experts: int) -> str:
-    return f"{shape_label(shape)} e{experts}"
+def sweep_label(shape: dict[str, Any], experts: int, chunk: int = max(TOKENS)) -> str:
+    """The case's shape, its experts and, when smaller than the longest pass, its chunk."""
+    return f"{shape_label(shape)} e{experts}" + (f" t{chunk}" if chunk < max(TOKENS) else "")
+
+
+def case_problems(res: dict[str, Any]) -> list[str]:
+    """What keeps a sweep case from issue 40's goal: a generate / build / run failure, a run whose
+    output differs from the mirror, a weight part stored in the generic layout on a board with a
+    fast one. A case skipped for want of room (the board's budget) is none."""
+    if "failed" in res:
+        return [f"failed: {res['failed']}"]
+    out = [
+        f"mirror ({m['how']}), {m['run']} tokens: {m['error']}"
+        for m in res.get("mirror", [])
+        if not m["ok"]
+    ]
+    if res.get("generic"):
+        out.append(f"generic layout rows: {', '.join(res['generic'])}")
+    return out
 
 
 def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
@@ -615,19 +745,25 @@ def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
                 where = work / name / scheme / f"shape{i}"
                 try:
                     res = measure_fitting(board, scheme, shape, where)
-                except ColibriError as exc:
-                    print(f"colibri: {name} {scheme} {shape_label(shape)}: {exc}", file=sys.stderr)
-                    return 1
+                except (ColibriError, SystemExit) as exc:  # a build / run failure: a finding
+                    res = {"failed": f"{type(exc).__name__}: {str(exc)[-600:]}"}
                 case: dict[str, Any] = {
                     "board": name,
                     "scheme": scheme,
                     "shape": i,
-                    "label": sweep_label(shape, res.get("experts", shape["experts"])),
+                    "label": sweep_label(
+                        shape,
+                        res.get("experts", shape["experts"]),
+                        res.get("max_tokens", max(TOKENS)),
+                    ),
                     "macs_per_token": shape["macs_per_token"],
                     "colibri": res,
                 }
-                if "skipped" in res:
-                    case["skipped"] = res["skipped"]
+                problems = case_problems(res)
+                if problems:
+                    case["problems"] = problems
+                if "skipped" in res or "failed" in res:
+                    case["skipped"] = res.get("skipped") or res["failed"]
                 else:
                     cm = None
                     if cmsis is not None:
@@ -642,7 +778,15 @@ def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
                     c: None if v is None else round(v, 2) for c, v in case["row"].items()
                 }
                 print(f"{name} {scheme} {case['label']}: {shown}", file=sys.stderr, flush=True)
+                for why in problems:
+                    print(f"  PROBLEM {why}", file=sys.stderr, flush=True)
     report["sweep"]["summary"] = sweep_summary(cases)
+    problems = [
+        f"{c['board']} {c['scheme']} {c['label']}: {p}"
+        for c in cases
+        for p in c.get("problems", [])
+    ]
+    report["sweep"]["problems"] = problems
     print(render_sweep(report))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -666,7 +810,7 @@ def run_sweep(a: argparse.Namespace, report: dict[str, Any]) -> int:
             xlabel="MACs per token",
             ylabel="instructions / MAC (1-vs-9-token slope)",
         )
-    return 0
+    return 1 if problems else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,10 @@ COMMON_CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contrac
 #: replacement (the runtime's own loops must stay loops, libc may not be there).
 BAREMETAL_CFLAGS = ["-ffunction-sections", "-fdata-sections", "-fno-tree-loop-distribute-patterns"]
 BAREMETAL_DEFINES = ["COLIBRI_NO_FILESYSTEM"]
-BAREMETAL_LDFLAGS = ["-nostartfiles", "-Wl,--gc-sections"]
+#: --emit-relocs keeps the relocations in the linked ELF (no loaded byte changes): the stack
+#: analysis (colibri.targets.stack) reads from them which words of the data are pointers, so a
+#: weight whose bits equal a function's address is not taken for one.
+BAREMETAL_LDFLAGS = ["-nostartfiles", "-Wl,--gc-sections", "-Wl,--emit-relocs"]
 
 _TypeSpec = type | tuple[type, ...]
 

@@ -327,15 +327,24 @@ static float ref_madd(float acc, float w, float x, colibri_qf_ref_order order)
     return (order == COLIBRI_QF_REF_PLAIN) ? acc + w * x : colibri_ref_fmaf(w, x, acc);
 }
 
+/* Outputs in the c8 block of output o: 8, or n_out % 8 in the last block of a tail */
+static size_t ref_c8_width(int32_t o, int32_t n_out)
+{
+    const int32_t o0 = o - o % REF_C8;
+    return (size_t)((n_out - o0 < REF_C8) ? n_out - o0 : REF_C8);
+}
+
 void colibri_qf_f32_c8_ref(const float *w, const float *b, const float *x, float *y, int32_t n_out,
                            int32_t n_in, colibri_qf_ref_order order)
 {
     for (int32_t o = 0; o < n_out; o++) {
-        /* formats.py c8_order: block o / 8 is [n_in][8], contiguous */
+        /* formats.py c8_order: block o / 8 is [n_in][width] contiguous, width 8 or, for the
+           last block of n_out % 8 outputs, n_out % 8 */
+        const size_t wd = ref_c8_width(o, n_out);
         const float *col = w + (size_t)(o / REF_C8) * REF_C8 * (size_t)n_in + (size_t)(o % REF_C8);
         float acc = (b != NULL) ? b[o] : 0.0f;
         for (int32_t i = 0; i < n_in; i++) {
-            acc = ref_madd(acc, col[(size_t)i * REF_C8], x[i], order);
+            acc = ref_madd(acc, col[(size_t)i * wd], x[i], order);
         }
         y[o] = acc;
     }
@@ -345,11 +354,12 @@ void colibri_qf_f16_c8_ref(const uint16_t *w, const float *b, const float *x, fl
                            int32_t n_out, int32_t n_in, colibri_qf_ref_order order)
 {
     for (int32_t o = 0; o < n_out; o++) {
+        const size_t wd = ref_c8_width(o, n_out);
         const uint16_t *col =
             w + (size_t)(o / REF_C8) * REF_C8 * (size_t)n_in + (size_t)(o % REF_C8);
         float acc = (b != NULL) ? b[o] : 0.0f;
         for (int32_t i = 0; i < n_in; i++) {
-            acc = ref_madd(acc, colibri_ref_f16(col[(size_t)i * REF_C8]), x[i], order);
+            acc = ref_madd(acc, colibri_ref_f16(col[(size_t)i * wd]), x[i], order);
         }
         y[o] = acc;
     }

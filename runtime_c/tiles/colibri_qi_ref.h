@@ -113,7 +113,8 @@ void colibri_qi_mm_q4_q8_q4h4_ref(const uint8_t *w, const int8_t *xq, const floa
                                   int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 
 /** colibri_qf_f32_c8: y[o] = b[o] (or 0), then plus w(o, i) * x[i] for i in order, on fp32
- *  weights in layout c8 (n_out % 8 == 0, n_in % 4 == 0); order PLAIN or FUSED. */
+ *  weights in layout c8 (any n_out, n_in > 0: the last block n_out % 8 wide); order PLAIN or
+ *  FUSED. */
 void colibri_qf_f32_c8_ref(const float *w, const float *b, const float *x, float *y, int32_t n_out,
                            int32_t n_in, colibri_qf_ref_order order);
 

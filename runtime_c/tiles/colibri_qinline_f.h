@@ -35,9 +35,12 @@
  *    runtime_c/arch/xtensa/kernels_xtensa_f16.h, a sign-extending load, a shift, an and, an add
  *    and two tests on the fast path) and added by MADD.S (fused), one sum per row in input
  *    order. Other cores call the library (exact portable conversion).
- * Preconditions: y does not overlap x or w; for c8 (fp32 or fp16), n_out % 8 == 0 and
- * n_in % 4 == 0, n_in > 0 (colibri.quant.formats.c8_fits), and an fp16 c8 matrix is 4-byte
- * aligned (the weight blob aligns every tensor to 16).
+ *    Any shape (c8 tails): the n_in % 4 inputs after the last pass of four are added in C per
+ *    block, and the n_out % 8 outputs after the last whole block, stored as a narrower last
+ *    block [n_in][n_out % 8] (colibri.quant.formats.c8_order), are summed in C.
+ * Preconditions: y does not overlap x or w; for c8 (fp32 or fp16), n_out > 0 and n_in > 0
+ * (colibri.quant.formats.c8_fits), and an fp16 c8 matrix is 4-byte aligned (the weight blob
+ * aligns every tensor to 16; each whole block is 16 * n_in bytes).
  */
 #ifndef COLIBRI_QINLINE_F_H
 #define COLIBRI_QINLINE_F_H
@@ -121,24 +124,61 @@ COLIBRI_QF_INLINE void colibri_qf_c8_vfp(const float *w, const float *x, float *
 }
 #endif
 
+#if defined(COLIBRI_QF_VFP) || defined(COLIBRI_QF_MVE)
+/** acc + w * x rounded once (VFMA.F32): the c8 kernels' tails sum as their passes do, so each
+ *  output is the fused sum over its inputs in order (colibri_qi_ref.c's FUSED twins). */
+COLIBRI_QF_INLINE float colibri_qf_fma(float acc, float w, float x)
+{
+    __asm__("vfma.f32 %[a], %[w], %[x]" : [a] "+t"(acc) : [w] "t"(w), [x] "t"(x));
+    return acc;
+}
+#define COLIBRI_QF_MADD(acc, w, x) colibri_qf_fma((acc), (w), (x))
+#else
+#define COLIBRI_QF_MADD(acc, w, x) ((acc) + (w) * (x))
+#endif
+
 /* The bodies the fp32 and fp16 c8 kernels share (their parameters w, b, x, y, n_out, n_in in
- * scope). COLIBRI_QF_C8_PASSES(pass): per group of 8 outputs, y = the bias (or 0), then the
- * assembly pass adds the products. COLIBRI_QF_C8_REF(T, load): the portable loop, weights of
- * type T read as floats by load. */
-#define COLIBRI_QF_C8_PASSES(pass)                                                                 \
-    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {                                      \
+ * scope). COLIBRI_QF_C8_PASSES(T, load, pass): per whole block of 8 outputs, y = the bias (or
+ * 0), the assembly pass adds the products of the inputs in whole passes of four, C the
+ * n_in % 4 after them; then COLIBRI_QF_C8_TAIL. COLIBRI_QF_C8_TAIL(T, load): the n_out % 8
+ * outputs after the last whole block, their block [n_in][n_out % 8], in C. Both sum with
+ * COLIBRI_QF_MADD (fused where the passes are).
+ * COLIBRI_QF_C8_REF(T, load): the portable loop. Weights of type T are read as floats by load. */
+#define COLIBRI_QF_C8_PASSES(T, load, pass)                                                        \
+    for (int32_t o = 0; o + COLIBRI_QF_C8_COLS <= n_out; o += COLIBRI_QF_C8_COLS) {                \
+        const T *wb = w + (size_t)o * (size_t)n_in;                                                \
         for (int32_t r = 0; r < COLIBRI_QF_C8_COLS; r++) {                                         \
             y[o + r] = (b != NULL) ? b[o + r] : 0.0f;                                              \
         }                                                                                          \
-        pass(w + (size_t)o * (size_t)n_in, x, y + o, n_in / COLIBRI_QF_C8_CHUNK);                  \
+        if (n_in >= COLIBRI_QF_C8_CHUNK) {                                                         \
+            pass(wb, x, y + o, n_in / COLIBRI_QF_C8_CHUNK);                                        \
+        }                                                                                          \
+        for (int32_t i = n_in - n_in % COLIBRI_QF_C8_CHUNK; i < n_in; i++) {                       \
+            for (int32_t r = 0; r < COLIBRI_QF_C8_COLS; r++) {                                     \
+                y[o + r] = COLIBRI_QF_MADD(                                                        \
+                    y[o + r], load(wb[(size_t)i * COLIBRI_QF_C8_COLS + (size_t)r]), x[i]);         \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    COLIBRI_QF_C8_TAIL(T, load)
+#define COLIBRI_QF_C8_TAIL(T, load)                                                                \
+    for (int32_t o = n_out - n_out % COLIBRI_QF_C8_COLS; o < n_out; o++) {                         \
+        const int32_t wd = n_out % COLIBRI_QF_C8_COLS;                                             \
+        const T *wb = w + (size_t)(n_out - wd) * (size_t)n_in + (size_t)(o % COLIBRI_QF_C8_COLS);  \
+        float acc = (b != NULL) ? b[o] : 0.0f;                                                     \
+        for (int32_t i = 0; i < n_in; i++) {                                                       \
+            acc = COLIBRI_QF_MADD(acc, load(wb[(size_t)i * (size_t)wd]), x[i]);                    \
+        }                                                                                          \
+        y[o] = acc;                                                                                \
     }
 #define COLIBRI_QF_C8_REF(T, load)                                                                 \
     for (int32_t o = 0; o < n_out; o++) {                                                          \
-        const T *wb = w + (size_t)(o - o % COLIBRI_QF_C8_COLS) * (size_t)n_in +                    \
-                      (size_t)(o % COLIBRI_QF_C8_COLS);                                            \
+        const int32_t o0 = o - o % COLIBRI_QF_C8_COLS;                                             \
+        const int32_t wd = (n_out - o0 < COLIBRI_QF_C8_COLS) ? n_out - o0 : COLIBRI_QF_C8_COLS;    \
+        const T *wb = w + (size_t)o0 * (size_t)n_in + (size_t)(o % COLIBRI_QF_C8_COLS);            \
         float acc = (b != NULL) ? b[o] : 0.0f;                                                     \
         for (int32_t i = 0; i < n_in; i++) {                                                       \
-            acc += load(wb[(size_t)i * COLIBRI_QF_C8_COLS]) * x[i];                                \
+            acc += load(wb[(size_t)i * (size_t)wd]) * x[i];                                        \
         }                                                                                          \
         y[o] = acc;                                                                                \
     }
@@ -146,14 +186,15 @@ COLIBRI_QF_INLINE void colibri_qf_c8_vfp(const float *w, const float *x, float *
 
 /**
  * @brief y[o] = (b ? b[o] : 0) + sum_i w(o, i) * x[i] for W [n_out][n_in] stored in layout c8
- *        (w + (o / 8) * 8 * n_in + i * 8 + o % 8), fused multiply-adds on the M4 / M7 and
- *        Helium. n_out % 8 == 0, n_in % 4 == 0 and n_in > 0; y must not overlap x or w.
+ *        (w + (o / 8) * 8 * n_in + i * width + o % 8, width 8 or, in the last block of
+ *        n_out % 8 outputs, n_out % 8), fused multiply-adds on the M4 / M7 and Helium (the
+ *        tails in C). n_out > 0 and n_in > 0; y must not overlap x or w.
  */
 COLIBRI_QF_INLINE void colibri_qf_f32_c8(const float *w, const float *b, const float *x, float *y,
                                          int32_t n_out, int32_t n_in)
 {
 #if defined(COLIBRI_QF_MVE)
-    for (int32_t o = 0; o < n_out; o += COLIBRI_QF_C8_COLS) {
+    for (int32_t o = 0; o + COLIBRI_QF_C8_COLS <= n_out; o += COLIBRI_QF_C8_COLS) {
         const float *wb = w + (size_t)o * (size_t)n_in;
         float32x4_t a0 = vdupq_n_f32(0.0f);
         float32x4_t a1 = vdupq_n_f32(0.0f);
@@ -170,8 +211,9 @@ COLIBRI_QF_INLINE void colibri_qf_f32_c8(const float *w, const float *b, const f
         vst1q_f32(y + o, a0);
         vst1q_f32(y + o + 4, a1);
     }
+    COLIBRI_QF_C8_TAIL(float, COLIBRI_QF_AS_F32);
 #elif defined(COLIBRI_QF_VFP)
-    COLIBRI_QF_C8_PASSES(colibri_qf_c8_vfp);
+    COLIBRI_QF_C8_PASSES(float, COLIBRI_QF_AS_F32, colibri_qf_c8_vfp);
 #else
     COLIBRI_QF_C8_REF(float, COLIBRI_QF_AS_F32);
 #endif
@@ -224,15 +266,15 @@ COLIBRI_QF_INLINE void colibri_qf_h8_vfp(const uint16_t *w, const float *x, floa
 
 /**
  * @brief y[o] = (b ? b[o] : 0) + sum_i w(o, i) * x[i] for fp16 W [n_out][n_in] stored in layout
- *        c8 (w + (o / 8) * 8 * n_in + i * 8 + o % 8, 4-byte aligned): on the M4 / M7 hardware
- *        conversion (VCVTB / VCVTT) and fused multiply-adds. n_out % 8 == 0, n_in % 4 == 0,
- *        n_in > 0; y must not overlap x or w.
+ *        c8 (as colibri_qf_f32_c8's, 4-byte aligned): on the M4 / M7 hardware conversion
+ *        (VCVTB / VCVTT) and fused multiply-adds (the tails in C, the portable conversion).
+ *        n_out > 0 and n_in > 0; y must not overlap x or w.
  */
 COLIBRI_QF_INLINE void colibri_qf_f16_c8(const uint16_t *w, const float *b, const float *x,
                                          float *y, int32_t n_out, int32_t n_in)
 {
 #if defined(COLIBRI_QF_VFP)
-    COLIBRI_QF_C8_PASSES(colibri_qf_h8_vfp);
+    COLIBRI_QF_C8_PASSES(uint16_t, colibri_f16_to_f32, colibri_qf_h8_vfp);
 #else
     COLIBRI_QF_C8_REF(uint16_t, colibri_f16_to_f32);
 #endif

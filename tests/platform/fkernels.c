@@ -6,12 +6,14 @@
  *        rounding bound of an n-term dot product: |y - y_lib| <= 2 (n + 1) 2^-23 S +
  *        2 (n + 1) 2^-126, S = |b[o]| + sum_i |w(o, i) x[i]| (the second term: Helium flushes
  *        subnormal results to zero).
- *         - colibri_qf_f32_c8 (layout c8) against colibri_matvec_f32 (+ bias) for 4 x 4 shapes,
- *           with and without a bias, on random, wide-range and subnormal-product values;
+ *         - colibri_qf_f32_c8 (layout c8) against colibri_matvec_f32 (+ bias) for 8 x 8 shapes
+ *           (tails of outputs after the last block of 8 and of inputs after the last pass of 4
+ *           included), with and without a bias, on random, wide-range and subnormal-product
+ *           values;
  *         - colibri_qf_f16_f32 against colibri_matvec_f16_f32 for 8 x 7 shapes (row and input
  *           tails), random finite fp16 bit patterns (subnormals included) and small weights;
  *         - colibri_qf_f16_c8 (fp16 in layout c8) against colibri_matvec_f16_f32 (+ bias) for
- *           the 4 x 4 c8 shapes, with and without a bias, on the same two fp16 kinds.
+ *           the 8 x 8 c8 shapes, with and without a bias, on the same two fp16 kinds.
  *        Prints one line and returns 0 when all pass. The bench markers time, by the first byte
  *        of input.bin: 0 the seed-layout fp32 loop of a generated expert (axpy form) on an
  *        [FK_N][FK_N] matrix, 1 colibri_qf_f32_c8 on it, 2 colibri_matvec_f16_f32, 3
@@ -54,13 +56,21 @@ static float fk_unit(void)
     return (float)(int32_t)fk_next() * (1.0f / 2147483648.0f);
 }
 
-/* Row-major [n_out][n_in] into layout c8: blocks of 8 outputs, each [n_in][8]. */
+/* Where layout c8 stores weight (o, i): blocks of 8 outputs, each [n_in][8], the n_out % 8
+ * outputs after the last whole block a last block [n_in][n_out % 8] (formats.py c8_order). */
+static size_t fk_c8_at(int32_t o, int32_t i, int32_t n_out, int32_t n_in)
+{
+    const int32_t o0 = o - o % 8;
+    const int32_t wd = (n_out - o0 < 8) ? n_out - o0 : 8;
+    return (size_t)o0 * (size_t)n_in + (size_t)i * (size_t)wd + (size_t)(o % 8);
+}
+
+/* Row-major [n_out][n_in] into layout c8. */
 static void fk_to_c8(const float *src, float *dst, int32_t n_out, int32_t n_in)
 {
     for (int32_t o = 0; o < n_out; o++) {
         for (int32_t i = 0; i < n_in; i++) {
-            dst[(size_t)(o / 8) * 8u * (size_t)n_in + (size_t)i * 8u + (size_t)(o % 8)] =
-                src[(size_t)o * (size_t)n_in + (size_t)i];
+            dst[fk_c8_at(o, i, n_out, n_in)] = src[(size_t)o * (size_t)n_in + (size_t)i];
         }
     }
 }
@@ -70,8 +80,7 @@ static void fk_to_c8_h(const uint16_t *src, uint16_t *dst, int32_t n_out, int32_
 {
     for (int32_t o = 0; o < n_out; o++) {
         for (int32_t i = 0; i < n_in; i++) {
-            dst[(size_t)(o / 8) * 8u * (size_t)n_in + (size_t)i * 8u + (size_t)(o % 8)] =
-                src[(size_t)o * (size_t)n_in + (size_t)i];
+            dst[fk_c8_at(o, i, n_out, n_in)] = src[(size_t)o * (size_t)n_in + (size_t)i];
         }
     }
 }
@@ -214,8 +223,10 @@ int main(int argc, char **argv)
     (void)argc;
     (void)argv;
     clb_platform_init();
-    static const int32_t c8_outs[] = {8, 16, 24, 64};
-    static const int32_t c8_ins[] = {4, 8, 12, 64};
+    /* whole blocks and passes, and the tails: outputs after the last block of 8 (1, 3, 13,
+       27), inputs after the last pass of 4 (1, 3, 5, 47) */
+    static const int32_t c8_outs[] = {1, 3, 8, 13, 16, 24, 27, 64};
+    static const int32_t c8_ins[] = {1, 3, 4, 5, 8, 12, 47, 64};
     static const int32_t f16_outs[] = {1, 2, 3, 4, 5, 7, 8, 13};
     static const int32_t f16_ins[] = {1, 7, 8, 9, 16, 64, 130};
     uint32_t checks = 0;

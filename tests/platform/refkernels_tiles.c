@@ -7,8 +7,8 @@
  *        shapes: n_out 1..RT_OUT (tails of 1..3 rows after the groups of 4, several row chunks
  *        of the multi-token passes on the larger boards), 1..9 tokens, every n_in the layout
  *        allows (R4: each multiple of 16 up to RT_IN; R4P and Q4R4: each multiple of 32, two
- *        chunks of 256 at the largest; plain int4: any n_in; c8: each multiple of 4 up to 64),
- *        extreme codes (-128 / 127 for R4, -127 / 127 for R4P and the activations, nibbles 0
+ *        chunks of 256 at the largest; plain int4: any n_in; c8: n_out 1..16 and n_in 1..60, tails
+ * included), extreme codes (-128 / 127 for R4, -127 / 127 for R4P and the activations, nibbles 0
  *        and 15, subnormal and large fp16 scales), activation scales on both sides of Helium's
  *        guard (colibri_qi_mve_scales_ok) and zero or tiny weight scales, + bias and relu
  *        rows with NaNs, infinities and signed zeros, and the quantiser on zero, tiny,
@@ -426,7 +426,9 @@ static void rt_check_relu(int32_t n)
     }
 }
 
-/* The float tiles: c8 at n_out8 x n_in4 (fp32 and fp16), the fp16 matvec at any shape. */
+/* The float tiles: c8 at n_out8 x n_in4 (fp32 and fp16; any shape, tails of outputs after the
+ * last block of 8 and of inputs after the last pass of 4 included), the fp16 matvec at any
+ * shape. */
 static void rt_check_float(int32_t n_out8, int32_t n_in4, int32_t n_outf, int32_t n_inf)
 {
     for (int32_t i = 0; i < RT_FOUT * RT_FIN; i++) {
@@ -440,9 +442,10 @@ static void rt_check_float(int32_t n_out8, int32_t n_in4, int32_t n_outf, int32_
         rt_x[i] = 4.0f * rk_float();
     }
     for (int32_t o = 0; o < n_out8; o++) { /* row-major [n_out8][n_in4] into layout c8 */
+        const int32_t o0 = o - o % 8;
+        const int32_t wd = (n_out8 - o0 < 8) ? n_out8 - o0 : 8; /* the last block's width */
         for (int32_t i = 0; i < n_in4; i++) {
-            const size_t at =
-                (size_t)(o / 8) * 8u * (size_t)n_in4 + (size_t)i * 8u + (size_t)(o % 8);
+            const size_t at = (size_t)o0 * (size_t)n_in4 + (size_t)i * (size_t)wd + (size_t)(o % 8);
             rt_wc[at] = rt_wf[(size_t)o * (size_t)n_in4 + (size_t)i];
             rt_whc[at] = rt_wh[(size_t)o * (size_t)n_in4 + (size_t)i];
         }
@@ -492,8 +495,10 @@ uint32_t rk_tiles(void)
         rt_check_relu(n_out);
         rt_check_quantiser(n_in, kind);
         rt_check_quantiser(n_in32, s % 8);
-        const int32_t n_out8 = 8 * (1 + s % 2);
-        const int32_t n_in4 = 4 * (1 + s % (RT_FIN / 4));
+        /* c8: every n_out 1..16 and n_in 1, 3, 5, .. 60 over the shapes (whole blocks of 8
+           and passes of 4, and their tails) */
+        const int32_t n_out8 = 1 + (s * 7) % RT_FOUT;
+        const int32_t n_in4 = 1 + (s * 11) % RT_FIN;
         const int32_t n_outf = 1 + (int32_t)(rk_next() % RT_FOUT);
         const int32_t n_inf = 1 + (int32_t)(rk_next() % RT_FIN);
         rk_shape[0] = n_out8;

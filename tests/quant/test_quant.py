@@ -374,10 +374,14 @@ def test_q4h4_layout_order_and_inverse(shape: tuple[int, int]) -> None:
     assert q4h4_restore(stored, n_out, n_in).tobytes() == blocks.tobytes()
 
 
-@pytest.mark.parametrize("shape", [(8, 4), (16, 12), (24, 20), (64, 128)])
+@pytest.mark.parametrize(
+    "shape", [(8, 4), (16, 12), (24, 20), (64, 128), (4, 16), (12, 8), (8, 6), (27, 47), (1, 1)]
+)
 def test_c8_layout_order_and_inverse(shape: tuple[int, int]) -> None:
     """Layout c8 (colibri_qinline_f.h, fp32): per block of 8 outputs, for each input i the 8
-    weights w[8b .. 8b + 7][i]; c8_restore undoes it."""
+    weights w[8b .. 8b + 7][i]; the n_out % 8 outputs after the last whole block are a last
+    block of that width, [n_in][n_out % 8] (c8 tails: any shape is stored in c8, none falls
+    back to the seed layout); c8_restore undoes it."""
     n_out, n_in = shape
     w = np.arange(n_out * n_in, dtype=np.float32).reshape(n_out, n_in)
     stored = c8_order(w)
@@ -386,11 +390,15 @@ def test_c8_layout_order_and_inverse(shape: tuple[int, int]) -> None:
         for i in range(n_in):
             at = b * 8 * n_in + i * 8
             np.testing.assert_array_equal(stored[at : at + 8], w[8 * b : 8 * b + 8, i])
+    full, r = n_out // 8 * 8, n_out % 8
+    for i in range(n_in):
+        at = full * n_in + i * r
+        np.testing.assert_array_equal(stored[at : at + r], w[full:, i])
     np.testing.assert_array_equal(c8_restore(stored, n_out, n_in), w)
 
 
-@pytest.mark.parametrize("shape", [(4, 16), (12, 8), (8, 6), (0, 4)])
-def test_c8_layout_refuses_shapes_it_cannot_hold(shape: tuple[int, int]) -> None:
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0)])
+def test_c8_layout_refuses_empty_shapes(shape: tuple[int, int]) -> None:
     with pytest.raises(ShapeError, match="layout c8"):
         c8_order(np.zeros(shape, np.float32))
 
@@ -399,15 +407,17 @@ def test_c8_layout_refuses_shapes_it_cannot_hold(shape: tuple[int, int]) -> None
     ("board", "d_model", "d_ff", "want"),
     [
         ("cortex-m4", 32, 48, {"w1": "c8", "w3": "c8", "w2": "c8"}),
-        ("cortex-m55", 20, 24, {"w1": "c8", "w3": "c8", "w2": "rows"}),  # 20 outputs: no
+        ("cortex-m55", 20, 24, {"w1": "c8", "w3": "c8", "w2": "c8"}),  # 20 outputs: a tail
+        ("cortex-m7", 27, 45, {"w1": "c8", "w3": "c8", "w2": "c8"}),  # tails of both
         ("host", 32, 48, {"w1": "rows", "w3": "rows", "w2": "rows"}),
     ],
 )
 def test_fp32_experts_record_their_layout(
     board: str, d_model: int, d_ff: int, want: dict[str, str], tmp_path: Path
 ) -> None:
-    """fp32 experts are stored in layout c8 on the cores with a fused dot-form kernel where the
-    shape allows, the seed layout elsewhere; the manifest says which, and the blob holds it."""
+    """fp32 experts are stored in layout c8 on the cores with a fused dot-form kernel, whatever
+    the shape (its tails too), the seed layout elsewhere; the manifest says which, and the blob
+    holds it."""
     layer = make_toy(2, d_model, d_ff, 1, "relu", seed=5)
     gen, manifest = generate(layer, tmp_path / "g", GenerateOptions(board=board, name="f"))
     assert manifest["weight_layouts"] == {"f_ffn": want}

@@ -130,21 +130,37 @@ def test_sweep_shapes() -> None:
         assert s["macs_per_token"] == matrices * s["top_k"] * s["d_model"] * s["d_ff"]
 
 
+#: The sweep test's schemes: every integer kind, and fp32 (c8 tails at the odd shape).
+SWEEP_SCHEMES = ("int8", "int4", "q4k", "fp32")
+
+
 def test_sweep_on_cortex_m4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--sweep 1 --seed 3 (23x43 relu k1, 6 experts) on cortex-m4 int8 / int4, no CMSIS-NN
-    checkout (CI has none): every case measured, with the code its expert kernel reaches and
-    that kernel's stack from the build's stack report, and the summary; JSON and its PNG."""
+    """--sweep 1 --seed 3 (23x43 relu k1, 6 experts) on cortex-m4 int8 / int4 / q4k / fp32, no
+    CMSIS-NN checkout (CI has none): every case measured, with the code its expert kernel
+    reaches and that kernel's stack from the build's stack report, every run equal to the
+    numpy mirror (bit for bit with int8 activations, fp32 within its tolerance), every matrix
+    in the board's fast layout (fp32: c8, its tails included), no problem; the summary; JSON
+    and its PNG."""
     require_board("cortex-m4")
     out = tmp_path / "sweep.json"
     argv = ["--sweep", "1", "--seed", "3", "--board", "cortex-m4", "--json", str(out)]
-    argv += [f"--scheme={s}" for s in SCHEMES]
+    argv += [f"--scheme={s}" for s in SWEEP_SCHEMES]
     assert kernels_table.main([*argv, "--workdir", str(tmp_path / "work")]) == 0
     table = capsys.readouterr().out
     assert "23x43 relu k1 e6" in table and "worst slope" in table
+    assert "Problems: 0" in table and "3 bit-exact" in table and "1 within" in table
     report = json.loads(out.read_text())
+    assert report["sweep"]["problems"] == []
     cases = report["sweep"]["cases"]
-    assert [(c["board"], c["scheme"]) for c in cases] == [("cortex-m4", s) for s in SCHEMES]
+    assert [(c["board"], c["scheme"]) for c in cases] == [("cortex-m4", s) for s in SWEEP_SCHEMES]
     for case in cases:
+        mirror = case["colibri"]["mirror"]
+        assert [m["run"] for m in mirror] == ["1", "8", "9", "group8"]
+        exact = case["scheme"] != "fp32"
+        assert all(m["ok"] and (m["how"] == "bit-exact") == exact for m in mirror), mirror
+        assert case["colibri"]["generic"] == []
+        if case["scheme"] == "fp32":
+            assert case["colibri"]["layouts"] == {"kt_ffn": {"w1": "c8", "w2": "c8", "w3": "c8"}}
         row = case["row"]
         assert row["slope"] > 0 and row["pass@1"] > 0
         kernel = case["colibri"]["kernel"]
@@ -152,7 +168,7 @@ def test_sweep_on_cortex_m4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert kernel["guard"] >= 512 and kernel["frame"][1] <= kernel["stack"]
         assert row["cmsis"] is None and row["x cmsis"] is None
     summary = report["sweep"]["summary"]
-    assert set(summary) == {f"cortex-m4 {s}" for s in SCHEMES}
+    assert set(summary) == {f"cortex-m4 {s}" for s in SWEEP_SCHEMES}
     for entry in summary.values():
         assert (entry["measured"], entry["skipped"]) == (1, 0)
         assert entry["worst slope"]["shape"] == "23x43 relu k1 e6"
@@ -166,3 +182,44 @@ def test_sweep_arguments() -> None:
     with pytest.raises(SystemExit):
         kernels_table.main(["--sweep", "2", "--family", "2"])
     assert kernels_table.main(["--sweep", "1", "--cmsis-nn", "/nonexistent"]) == 2
+
+
+def test_sweep_case_problems() -> None:
+    """What keeps a sweep case from issue 40's goal, each named: a failure, a run that differs
+    from the mirror, a fallback to the generic layout; a clean case has none."""
+    ok = {"ok": True, "how": "bit-exact"}
+    clean = {"mirror": [{"run": "1", **ok}, {"run": "8", **ok}], "generic": []}
+    assert kernels_table.case_problems(clean) == []
+    assert kernels_table.case_problems({"failed": "BuildError: x"}) == ["failed: BuildError: x"]
+    wrong = {
+        "mirror": [{"run": "1", **ok}, {"run": "8", "ok": False, "how": "bit-exact", "error": "e"}],
+        "generic": ["kt_ffn.w2"],
+    }
+    assert kernels_table.case_problems(wrong) == [
+        "mirror (bit-exact), 8 tokens: e",
+        "generic layout rows: kt_ffn.w2",
+    ]
+
+
+def test_sweep_fits_the_chunk_then_the_experts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case whose RAM is short runs with fewer tokens per chunk (9, 4, 2, 1) before fewer
+    experts; one whose flash is short with half the experts (down to max(2, k)); the label says
+    which (the Cortex-M3's 64 KB of RAM skipped most of the sweep's shapes at 9 tokens)."""
+    tried: list[tuple[int, int]] = []
+
+    def fake(board: object, scheme: str, shape: dict, work: Path) -> dict:
+        chunk = shape.get("max_tokens", 9)
+        tried.append((chunk, shape["experts"]))
+        if chunk > 2:
+            return {"skipped": "the model does not fit board b: RAM: needs ~9 bytes over budget"}
+        if shape["experts"] > 4:
+            return {"skipped": "the model does not fit board b: flash: needs ~9 bytes"}
+        return {"experts": shape["experts"], "max_tokens": chunk}
+
+    monkeypatch.setattr(kernels_table, "measure_scheme", fake)
+    shape = kernels_table.sweep_shapes(1, 3)[0] | {"experts": 16}
+    res = kernels_table.measure_fitting(None, "int8", shape, Path("."))
+    assert tried == [(9, 16), (4, 16), (2, 16), (2, 8), (2, 4)]
+    assert res == {"experts": 4, "max_tokens": 2}
+    assert kernels_table.sweep_label(shape, 4, 2).endswith(" e4 t2")
+    assert kernels_table.sweep_label(shape, 4).endswith(" e4")

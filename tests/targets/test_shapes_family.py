@@ -15,7 +15,9 @@ one asm statement while the low-overhead loop around it held LR.
 Every int8 and int4 case on the M4 / M7 / M55 (int8 activations) records a fast layout (r4 /
 r4p / q4r4 / q4h4), never "rows", in its manifest: inputs that are no whole number
 of the layout's chunks are padded with zero columns inside it (TAIL_CASES adds such shapes,
-the issue's 200 x 328 among them)."""
+the issue's 200 x 328 among them). Every fp32 case on the M4 / M7 / M55 and fp16 case on the
+M4 / M7 records layout c8 at any shape (C8_TAIL_CASES: outputs after the last block of 8 and
+inputs after the last pass of 4)."""
 
 from __future__ import annotations
 
@@ -125,6 +127,20 @@ TAIL_CASES = [
     Case("cortex-m55", 19, 45, 5, 2, "gelu", "int4"),
 ]
 
+#: c8 tails (issue 40 item 1): fp32 / fp16 shapes whose n_out is no multiple of 8 or n_in no
+#: multiple of 4, which fell back to the generic layout (the seed layout / rows) on the M4 / M7 /
+#: M55 before layout c8 took a narrower last block and its kernels ran the inputs after the last
+#: pass of 4 in C; 27 x 47 is seed 44's first sweep shape, 3 x 13 has w1 inputs short of a pass.
+C8_TAIL_CASES = [
+    Case("cortex-m4", 27, 47, 4, 1, "relu", "fp32"),
+    Case("cortex-m4", 3, 13, 2, 1, "relu", "fp16"),
+    Case("cortex-m4", 50, 70, 4, 2, "swiglu", "fp16"),
+    Case("cortex-m7", 19, 45, 4, 2, "swiglu", "fp32"),
+    Case("cortex-m7", 27, 47, 5, 2, "gelu", "fp16"),
+    Case("cortex-m55", 27, 47, 5, 2, "silu", "fp32"),
+    Case("cortex-m55", 3, 13, 2, 1, "relu", "fp32"),
+]
+
 #: The layouts a board's kernels read for a scheme (int8 activations) at every shape with at
 #: least 4 rows per matrix: never the generic "rows" (colibri/quant/layouts.py).
 FAST_LAYOUTS = {
@@ -134,6 +150,11 @@ FAST_LAYOUTS = {
     ("cortex-m4", "int4"): {"q4r4"},
     ("cortex-m7", "int4"): {"q4r4"},
     ("cortex-m55", "int4"): {"q4h4"},
+    ("cortex-m4", "fp32"): {"c8"},
+    ("cortex-m7", "fp32"): {"c8"},
+    ("cortex-m55", "fp32"): {"c8"},
+    ("cortex-m4", "fp16"): {"c8"},
+    ("cortex-m7", "fp16"): {"c8"},
 }
 
 
@@ -153,7 +174,9 @@ def test_family_covers_the_shape_kinds() -> None:
     assert {c.act for c in cases} == set(ACTIVATIONS)
 
 
-@pytest.mark.parametrize("case", family() + ISSUE_40_CASES + TAIL_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", family() + ISSUE_40_CASES + TAIL_CASES + C8_TAIL_CASES, ids=lambda c: c.id
+)
 def test_case_generates_compiles_and_equals_the_mirror(case: Case, tmp_path: Path) -> None:
     require_board(case.board)
     layer = make_toy(
@@ -163,7 +186,7 @@ def test_case_generates_compiles_and_equals_the_mirror(case: Case, tmp_path: Pat
     opts = GenerateOptions(board=case.board, name="f", max_tokens=MAX_TOKENS, quant=case.scheme)
     _, manifest = generate(layer, tmp_path / "gen", opts)
     fast = FAST_LAYOUTS.get((case.board, case.scheme))
-    if fast is not None and min(case.d_model, case.d_ff) >= 4:
+    if fast is not None and (fast == {"c8"} or min(case.d_model, case.d_ff) >= 4):
         # every matrix in a fast layout, tails padded inside it (the manifest records which)
         for kind, lay in manifest["weight_layouts"].items():
             assert set(lay.values()) <= fast, f"{case.id}: {kind} {lay}"

@@ -205,6 +205,68 @@ def test_dynamic_frame_and_recursion_fail(tmp_path: Path) -> None:
     assert "recursion: fact -> fact" in message, message
 
 
+@pytest.mark.parametrize("board_name", ["cortex-m4", "xtensa-lx106"])
+def test_weight_equal_to_a_function_address_is_no_pointer(board_name: str, tmp_path: Path) -> None:
+    """A word of const data (a weight) whose bits equal a function's address is not a pointer:
+    only words a relocation wrote are (bare-metal links keep them: --emit-relocs). Issue 40's
+    sweep (seed 44, cortex-m7 q5k 912x16 silu k2) failed its build with a false recursion main
+    -> colibri_forward -> colibri_sparse_forward -> main: a q5k weight word equalled main's
+    address, so the kernel dispatch's indirect call was taken to reach main. Here the weights
+    hold main's address (linked twice: the second link puts the first one's address in the
+    data, after the code, so no function moves) beside a genuine table of pointers."""
+    require_board(board_name, run=False)
+    import subprocess
+
+    from colibri.boards import render_linker_script
+    from colibri.targets.stack import analyse_stack, check_stack_budget
+
+    board = load_board(board_name)
+    src = tmp_path / "disp.c"
+    src.write_text(
+        "typedef int (*fn_t)(int);\n"
+        "int leaf(int v) { return v + 1; }\n"
+        "int leaf2(int v) { return v - 1; }\n"
+        "fn_t const table[2] = {leaf, leaf2};\n"
+        "extern const unsigned weights[4];\n"
+        "volatile int pick;\n"
+        "__attribute__((noinline)) int dispatch(int v) { return table[pick & 1](v); }\n"
+        "int main(void) { return dispatch((int)weights[pick & 3]); }\n"
+        "void clb_reset_handler(void) { volatile int r = main(); (void)r; for (;;) {} }\n"
+        "void _start(void) { clb_reset_handler(); }\n"
+    )
+    script = render_linker_script(board, tmp_path / "b.ld")
+    flags = [*board.compile_flags(), "-fstack-usage"]
+    objs = [tmp_path / "disp.o", tmp_path / "weights.o"]
+    subprocess.run([board.compiler, *flags, "-c", "-o", str(objs[0]), str(src)], check=True)
+
+    def link(word: int) -> tuple[Path, int]:
+        (tmp_path / "weights.c").write_text(
+            f"const unsigned weights[4] = {{0x12345678u, {word}u, 0u, 7u}};\n"
+        )
+        cmd = [board.compiler, *flags, "-c", "-o", str(objs[1]), str(tmp_path / "weights.c")]
+        subprocess.run(cmd, check=True)
+        elf = tmp_path / "disp.elf"
+        subprocess.run(
+            [board.compiler, *board.link_flags(), "-nostdlib", "-T", str(script)]
+            + ["-o", str(elf), *map(str, objs), "-lgcc"],
+            check=True,
+        )
+        from elftools.elf.elffile import ELFFile
+
+        with open(elf, "rb") as f:
+            main = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name("main")[0]
+            return elf, int(main["st_value"])
+
+    _, main_addr = link(0)
+    elf, again = link(main_addr)
+    assert again == main_addr  # the weights now hold main's address (odd on Thumb) as data
+    rep = analyse_stack(elf, board, [tmp_path / "disp.su", tmp_path / "weights.su"])
+    check_stack_budget(rep)  # no recursion main -> dispatch -> main
+    assert rep.problems == []
+    assert {"leaf", "leaf2"} <= set(rep.indirect_targets), rep.indirect_targets
+    assert "main" not in rep.indirect_targets, rep.indirect_targets
+
+
 @pytest.fixture(scope="module")
 def m8_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Where stack_sweep.prepare generates and builds the issue's 8-expert d32/ff64 model, once

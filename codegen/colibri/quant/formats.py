@@ -730,8 +730,9 @@ def quantize_q4k(
 #: Output rows per group and inputs per chunk of layout ``r4`` (colibri_qinline.h R4).
 R4_ROWS = 4
 R4_CHUNK = 16
-#: Output columns per block of layout ``c8`` (fp32 / fp16, colibri_qinline_f.h) and the multiple of
-#: inputs its kernels need.
+#: Output columns per block of layout ``c8`` (fp32 / fp16, colibri_qinline_f.h) and the inputs per
+#: pass of its Cortex-M4 / M7 kernels (the n_in % C8_CHUNK inputs after the last pass, and the
+#: n_out % C8_COLS outputs after the last whole block, run in C: any shape is stored in c8).
 C8_COLS = 8
 C8_CHUNK = 4
 #: Stored layouts of a matrix: ``rows`` (output-channel-major; fp32: the seed layout, input-
@@ -908,27 +909,37 @@ def q4h4_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
 
 
 def c8_fits(n_out: int, n_in: int) -> bool:
-    """Whether an fp32 / fp16 [n_out, n_in] matrix can be stored in layout c8 (whole blocks)."""
-    return n_out % C8_COLS == 0 and n_in % C8_CHUNK == 0 and n_out > 0 and n_in > 0
+    """Whether an fp32 / fp16 [n_out, n_in] matrix can be stored in layout c8: any non-empty
+    one (the n_out % C8_COLS outputs after the last whole block form a narrower block, and the
+    kernels run the n_in % C8_CHUNK inputs after their last pass in C)."""
+    return n_out > 0 and n_in > 0
 
 
 def c8_order(w: np.ndarray) -> np.ndarray:
     """The fp32 weights (or fp16 codes) [n_out, n_in] in layout c8, as the flat array of stored
     elements: blocks of C8_COLS outputs; in a block, for each input i, the weights of its
     outputs 0..7 (the seed layout [n_in][n_out] cut into column blocks, each block
-    contiguous)."""
+    contiguous); the n_out % C8_COLS outputs after the last whole block are a last block of
+    that width, [n_in][n_out % C8_COLS]. Element (o, i) is at
+    (o // 8) * 8 * n_in + i * width + o % 8, width the block's (8, or n_out % 8 for the last)."""
     n_out, n_in = w.shape
     if not c8_fits(n_out, n_in):
-        raise ShapeError(f"layout c8 needs n_out % {C8_COLS} == 0 and n_in % {C8_CHUNK} == 0")
-    return np.ascontiguousarray(
-        w.reshape(n_out // C8_COLS, C8_COLS, n_in).transpose(0, 2, 1)
-    ).ravel()
+        raise ShapeError(f"layout c8 needs n_out > 0 and n_in > 0, not {n_out} x {n_in}")
+    full = n_out // C8_COLS * C8_COLS
+    head = w[:full].reshape(full // C8_COLS, C8_COLS, n_in).transpose(0, 2, 1)
+    return np.concatenate(
+        [np.ascontiguousarray(head).ravel(), np.ascontiguousarray(w[full:].T).ravel()]
+    )
 
 
 def c8_restore(stored: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     """The inverse of :func:`c8_order`: stored floats back to weights [n_out, n_in]."""
-    blocks = np.asarray(stored).ravel().reshape(n_out // C8_COLS, n_in, C8_COLS)
-    return np.ascontiguousarray(blocks.transpose(0, 2, 1)).reshape(n_out, n_in)
+    flat = np.asarray(stored).ravel()
+    full = n_out // C8_COLS * C8_COLS
+    blocks = flat[: full * n_in].reshape(full // C8_COLS, n_in, C8_COLS)
+    head = blocks.transpose(0, 2, 1).reshape(full, n_in)
+    tail = flat[full * n_in : n_out * n_in].reshape(n_in, n_out - full).T
+    return np.ascontiguousarray(np.concatenate([head, tail]))
 
 
 # -- quantised tensors and experts --------------------------------------------------------------

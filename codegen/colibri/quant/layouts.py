@@ -6,7 +6,9 @@ The fast layouts r4 / r4p (int8) and q4r4 / q4h4 (int4) read whole chunks of inp
 n_in is not a whole number of them is stored with zero columns up to the next one
 (:func:`colibri.quant.formats.stored_width`) and its kernel reads an activation row padded with
 zero codes to the same width, so no shape falls back to the generic layout ``rows`` for want
-of whole chunks. The plan sizes the activation rows and the cache slots from what is chosen
+of whole chunks; the float layout c8 (fp32 / fp16) holds any shape, its kernels running the
+outputs after the last block of 8 and the inputs after the last pass of 4 in C (c8 tails).
+The plan sizes the activation rows and the cache slots from what is chosen
 here (:func:`act_row_width`, :func:`colibri.quant.formats.QuantTensor.stored_in`); the emitter
 stores the matrices and writes the kernels from it (colibri/emit/experts.py), and records the
 choice in the manifest (``weight_layouts``).
@@ -41,8 +43,8 @@ def layouts(isa: str, scheme: str, act: str, d_model: int, d_ff: int) -> dict[st
     """Stored layout of each weight part of an expert kind on a core: r4 / r4p (int8 weights,
     :func:`_int8_layout`) or q4r4 / q4h4 (int4 weights) where the core's kernel reads four rows at
     once (int8 activations) and the matrix has at least four rows (any n_in: its rows padded
-    to whole chunks), c8 (fp16 weights) where it converts eight outputs' weights at once and
-    the shape allows."""
+    to whole chunks), c8 (fp16 weights, any shape: its tails run in C) where it converts eight
+    outputs' weights at once."""
     if isa in F16C8_ISAS and scheme == "fp16":
         up16 = "c8" if c8_fits(d_ff, d_model) else "rows"
         down16 = "c8" if c8_fits(d_model, d_ff) else "rows"
@@ -73,8 +75,8 @@ def _int8_layout(isa: str, fast: bool, n_out: int, n_in: int) -> str:
 
 def fp32_layouts(isa: str, d_model: int, d_ff: int) -> dict[str, str]:
     """Stored layout of each weight part of an fp32 expert on a core: c8 (column blocks of
-    the seed layout, read by colibri_qinline_f.h's dot-form kernels) where the core has a fast
-    path and the shape allows, else the seed layout (``rows``)."""
+    the seed layout, read by colibri_qinline_f.h's dot-form kernels; any shape, its tails run
+    in C) where the core has a fast path, else the seed layout (``rows``)."""
     fast = isa in C8_ISAS
     up = "c8" if fast and c8_fits(d_ff, d_model) else "rows"
     down = "c8" if fast and c8_fits(d_model, d_ff) else "rows"

@@ -12,6 +12,11 @@ from the ELF's disassembly (``<prefix>objdump -d``):
   generated models' kernel dispatch tables (``<name>_kernels``: expert -> kernel), so an indirect
   call in ``sparse_forward.c`` resolves to the generated expert kernels. Functions whose address
   an ARM literal load (``ldr rN, [pc, #i]``) brings into a register count as address-taken too.
+  Only words that a relocation wrote count (bare-metal boards link with ``--emit-relocs``, which
+  keeps the relocations in the ELF), so a word of the weights whose bits happen to equal a
+  function's address (the sweep of issue 40 met ``main``'s in a q5k blob: a false recursion
+  main -> colibri_forward -> colibri_sparse_forward -> main) is data, not a pointer; an ELF
+  without relocations falls back to every word.
   With no address-taken function at all (a model without a kernel table) an indirect call can
   reach nothing and adds nothing; the report lists it (``unreachable_indirect``).
 
@@ -273,10 +278,24 @@ def _elf_functions(elf_path: Path) -> tuple[list[FunctionInfo], dict[int, str], 
     return ordered, files, machine, entry, (f, elf)
 
 
+def _relocated_words(elf: Any) -> set[int] | None:
+    """Addresses of the words a relocation wrote (the ELF's relocation sections, kept by
+    ``--emit-relocs``), or None when the ELF has none (every word may then be a pointer)."""
+    from elftools.elf.relocation import RelocationSection
+
+    words: set[int] | None = None
+    for sec in elf.iter_sections():
+        if isinstance(sec, RelocationSection):
+            words = words if words is not None else set()
+            words.update(int(rel["r_offset"]) for rel in sec.iter_relocations())
+    return words
+
+
 def _address_taken(
-    elf: Any, funcs: dict[int, FunctionInfo], thumb: bool
+    elf: Any, funcs: dict[int, FunctionInfo], thumb: bool, relocated: set[int] | None = None
 ) -> tuple[set[int], set[int]]:
-    """(functions stored in data sections, vector-table handlers)."""
+    """(functions stored in data sections, vector-table handlers); with `relocated`
+    (:func:`_relocated_words`) only the words a relocation wrote outside the vector table."""
     from elftools.elf.constants import SH_FLAGS
 
     taken: set[int] = set()
@@ -291,6 +310,8 @@ def _address_taken(
         data = sec.data()
         start = int(sec["sh_addr"])
         for off in range(-start % 4, len(data) - 3, 4):
+            if relocated is not None and not is_vectors and start + off not in relocated:
+                continue
             word = int.from_bytes(data[off : off + 4], "little")
             if thumb and not word & 1:
                 continue
@@ -402,11 +423,18 @@ def _read_word(elf: Any, addr: int) -> int | None:
     return None
 
 
-def _scan_code(text: str, funcs: list[FunctionInfo], machine: str, elf: Any) -> set[int]:
+def _scan_code(
+    text: str,
+    funcs: list[FunctionInfo],
+    machine: str,
+    elf: Any,
+    relocated: set[int] | None = None,
+) -> set[int]:
     """Fill calls / indirect / estimated frame of every function from the disassembly; return
     the functions whose address a PC-relative literal load brings into a register (ARM
     ``ldr rN, [pc, #i]`` of a function's address: a pointer made in code, e.g. passed as a
-    callback), which an indirect call may reach as well as those stored in data."""
+    callback; with `relocated`, only a literal a relocation wrote), which an indirect call may
+    reach as well as those stored in data."""
     literal_taken: set[int] = set()
     starts = [fn.addr for fn in funcs]
     by_addr = {fn.addr: fn for fn in funcs}
@@ -436,7 +464,13 @@ def _scan_code(text: str, funcs: list[FunctionInfo], machine: str, elf: Any) -> 
             continue
         tgt = _TARGET.search(ops)
         target = owner(int(tgt.group(1), 16)) if tgt else None
-        if arm and mnem.split(".")[0] == "ldr" and "[pc" in ops and tgt is not None:
+        if (
+            arm
+            and mnem.split(".")[0] == "ldr"
+            and "[pc" in ops
+            and tgt is not None
+            and (relocated is None or int(tgt.group(1), 16) in relocated)
+        ):
             value = _read_word(elf, int(tgt.group(1), 16))
             if value is not None and value & 1 and (value & ~1) in by_addr:
                 literal_taken.add(value & ~1)
@@ -517,9 +551,10 @@ def analyse_stack(
     elf_path = Path(elf_path)
     funcs, files, machine, entry_addr, (fh, elf) = _elf_functions(elf_path)
     try:
-        literal_taken = _scan_code(_disassemble(board, elf_path), funcs, machine, elf)
+        relocated = _relocated_words(elf)
+        literal_taken = _scan_code(_disassemble(board, elf_path), funcs, machine, elf, relocated)
         by_addr = {fn.addr: fn for fn in funcs}
-        taken, vectors = _address_taken(elf, by_addr, machine == "EM_ARM")
+        taken, vectors = _address_taken(elf, by_addr, machine == "EM_ARM", relocated)
         guard = _stack_guard_size(elf)
         fault_stack = _symbol_span(elf, "_estack", "__fault_stack_top")
     finally:
