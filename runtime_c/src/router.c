@@ -273,20 +273,16 @@ static inline void route_insert(const route_state *st, int32_t pos, int32_t expe
     st->ids[pos] = expert;
 }
 
-/* A logit x of expert e strictly above the k-th kept (*thr) enters the selection. K = 1 or 2 (a
- * constant where inlined): the kept logits and ids are the locals *v0, *d0 (and *v1, *d1), and x
+/* A logit x of expert e strictly above the k-th kept (*thr) enters the selection. K = 2 (a
+ * constant where inlined): the kept logits and ids are the locals *v0, *d0, *v1, *d1, and x
  * moves above the first only when strictly greater (as route_insert's shift: ties stay with the
- * lower index); otherwise (K = 0) route_insert into the caller's rows. */
+ * lower index); otherwise (K = 0, any k) route_insert into the caller's rows. */
 static inline __attribute__((always_inline)) void route_take(const route_state *st, int32_t K,
                                                              float *thr, float *v0, int32_t *d0,
                                                              float *v1, int32_t *d1, int32_t e,
                                                              float x)
 {
-    if (K == 1) {
-        *v0 = x;
-        *d0 = e;
-        *thr = x;
-    } else if (K == 2) {
+    if (K == 2) {
         if (x > *v0) {
             *v1 = *v0;
             *d1 = *d0;
@@ -314,14 +310,17 @@ static inline __attribute__((always_inline)) void route_take(const route_state *
  *   other scalar boards: while thr >= +0, four logits as signed integers against thr's bits (for
  *           thr >= 0, l > thr implies bits(l) > bits(thr); a NaN may pass), which needs no
  *           float compare (none on soft-float cores, and no FPSCR transfer on the others);
- *           before that, their max as floats.
- * K: 1 or 2 keeps the selection in registers (route_take), 0 any k. */
+ *           before that, their max as floats (both tests in one loop, so that the logits of a
+ *           group that passes are tried by one copy of the code).
+ * The last 1..7 logits (Helium) or 1..3 (others) are tried one by one.
+ * K: 2 keeps the selection in registers (route_take), 0 any k (k = 1 too: a logit that enters
+ * is route_insert at the first slot, which moves nothing: two stores and thr reloaded). */
 static inline __attribute__((always_inline)) void
 route_select_rest(route_state *st, const float *l, int32_t e0, int32_t i, int32_t n, int32_t K)
 {
     float thr = st->vals[st->k - 1];
-    float v0 = st->vals[0];
-    int32_t d0 = st->ids[0];
+    float v0 = (K == 2) ? st->vals[0] : 0.0f;
+    int32_t d0 = (K == 2) ? st->ids[0] : 0;
     float v1 = (K == 2) ? st->vals[1] : 0.0f;
     int32_t d1 = (K == 2) ? st->ids[1] : 0;
 #define ROUTE_TRY(j)                                                                               \
@@ -352,33 +351,31 @@ route_select_rest(route_state *st, const float *l, int32_t e0, int32_t i, int32_
 #elif !defined(ROUTE_SIMD)
     int32_t tb; /* thr's bits: >= 0 iff thr >= +0 (or a NaN with the sign clear) */
     memcpy(&tb, &thr, sizeof tb);
-    for (; i + 4 <= n && tb < 0; i += 4) {
-        const float a = (l[i] > l[i + 1]) ? l[i] : l[i + 1];
-        const float b = (l[i + 2] > l[i + 3]) ? l[i + 2] : l[i + 3];
-        if (((a > b) ? a : b) > thr) {
+    for (; i + 4 <= n; i += 4) {
+        int pass;
+        if (tb < 0) {
+            const float a = (l[i] > l[i + 1]) ? l[i] : l[i + 1];
+            const float b = (l[i + 2] > l[i + 3]) ? l[i + 2] : l[i + 3];
+            pass = ((a > b) ? a : b) > thr;
+        } else { /* thr never decreases: tb stays >= 0 */
+            int32_t b0;
+            int32_t b1;
+            int32_t b2;
+            int32_t b3;
+            memcpy(&b0, l + i, sizeof b0);
+            memcpy(&b1, l + i + 1, sizeof b1);
+            memcpy(&b2, l + i + 2, sizeof b2);
+            memcpy(&b3, l + i + 3, sizeof b3);
+            pass = b0 > tb || b1 > tb || b2 > tb || b3 > tb;
+        }
+        if (pass) {
             for (int32_t j = i; j < i + 4; j++) {
                 ROUTE_TRY(j);
             }
             memcpy(&tb, &thr, sizeof tb);
         }
     }
-    for (; i + 4 <= n; i += 4) { /* tb >= 0 from here on: thr never decreases */
-        int32_t b0;
-        int32_t b1;
-        int32_t b2;
-        int32_t b3;
-        memcpy(&b0, l + i, sizeof b0);
-        memcpy(&b1, l + i + 1, sizeof b1);
-        memcpy(&b2, l + i + 2, sizeof b2);
-        memcpy(&b3, l + i + 3, sizeof b3);
-        if (b0 > tb || b1 > tb || b2 > tb || b3 > tb) {
-            for (int32_t j = i; j < i + 4; j++) {
-                ROUTE_TRY(j);
-            }
-            memcpy(&tb, &thr, sizeof tb);
-        }
-    }
-#endif
+#else
     for (; i + 4 <= n; i += 4) {
         const float a = (l[i] > l[i + 1]) ? l[i] : l[i + 1];
         const float b = (l[i + 2] > l[i + 3]) ? l[i + 2] : l[i + 3];
@@ -388,25 +385,25 @@ route_select_rest(route_state *st, const float *l, int32_t e0, int32_t i, int32_
             }
         }
     }
+#endif
     for (; i < n; i++) {
         ROUTE_TRY(i);
     }
 #undef ROUTE_TRY
-    if (K >= 1) {
+    if (K == 2) {
         st->vals[0] = v0;
         st->ids[0] = d0;
-    }
-    if (K == 2) {
         st->vals[1] = v1;
         st->ids[1] = d1;
     }
 }
 
 /* Top-k over the logits l[0..n) of experts e0.. : the first k kept by insertion, the rest by
- * route_select_rest (its k = 1 and k = 2 copies for the common MoE top-k). Always inlined, so
- * that route_block's loop stays as it was before colibri_topk_f32 shared it. */
-static inline __attribute__((always_inline)) void route_select(route_state *st, const float *l,
-                                                               int32_t e0, int32_t n)
+ * route_select_rest (its k = 2 copy for the common MoE top-k, its any-k copy otherwise). One
+ * out-of-line copy, shared by route_block and colibri_topk_f32: a call per block of ROUTE_BLOCK
+ * logits costs a few instructions, a second inlined copy over a kilobyte of flash. */
+static __attribute__((noinline)) void route_select(route_state *st, const float *l, int32_t e0,
+                                                   int32_t n)
 {
     const int32_t k = st->k;
     int32_t i = 0;
@@ -417,9 +414,7 @@ static inline __attribute__((always_inline)) void route_select(route_state *st, 
     if (i == n) {
         return;
     }
-    if (k == 1) {
-        route_select_rest(st, l, e0, i, n, 1);
-    } else if (k == 2) {
+    if (k == 2) {
         route_select_rest(st, l, e0, i, n, 2);
     } else {
         route_select_rest(st, l, e0, i, n, 0);
