@@ -611,6 +611,19 @@ typedef union {
  * half block of 16 codes (one chunk: the 4 rows' 16 weights at w, w + 16, w + 32, w + 48, the
  * loop body's first chunk); the epilogue. */
 /* clang-format off */
+/* a block step's end: the two tokens' four int32 sums to fp32, times the block's scale pair
+ * (ldrd from the pairs, post-incremented), added into q0 (token 0) and q5 (token 1) */
+#define COLIBRI_QI_G2_SCALE                                                                        \
+    "vmov q1[2], q1[0], %[e0], %[e1]\n"                                                            \
+    "ldrd %[e0], %[e1], [%[sp]], #8\n"                                                             \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[e0]\n"                                                                     \
+    "vadd.f32 q0, q0, q1\n"                                                                        \
+    "vmov q1[2], q1[0], %[e4], %[e5]\n"                                                            \
+    "vmov q1[3], q1[1], %[e2], %[e3]\n"                                                            \
+    "vcvt.f32.s32 q1, q1\n"                                                                        \
+    "vmul.f32 q1, q1, %[e1]\n"                                                                     \
+    "vadd.f32 q5, q5, q1\n"
 #define COLIBRI_QI_G2_LOOP                                                                         \
     "vmov.i32 q0, #0\n"                                                                            \
     "vmov.i32 q5, #0\n"                                                                            \
@@ -647,16 +660,7 @@ typedef union {
     "vldrb.8 q4, [%[w]], #64\n"                                                                    \
     "vmladava.s8 %[e0], q4, q3\n"                                                                  \
     "vmladava.s8 %[e4], q4, q7\n"                                                                  \
-    "vmov q1[2], q1[0], %[e0], %[e1]\n"                                                            \
-    "ldrd %[e0], %[e1], [%[sp]], #8\n"                                                             \
-    "vcvt.f32.s32 q1, q1\n"                                                                        \
-    "vmul.f32 q1, q1, %[e0]\n"                                                                     \
-    "vadd.f32 q0, q0, q1\n"                                                                        \
-    "vmov q1[2], q1[0], %[e4], %[e5]\n"                                                            \
-    "vmov q1[3], q1[1], %[e2], %[e3]\n"                                                            \
-    "vcvt.f32.s32 q1, q1\n"                                                                        \
-    "vmul.f32 q1, q1, %[e1]\n"                                                                     \
-    "vadd.f32 q5, q5, q1\n"                                                                        \
+    COLIBRI_QI_G2_SCALE                                                                            \
     "le lr, 1b\n"                                                                                  \
     "2:\n"
 #define COLIBRI_QI_G2_HALF                                                                         \
@@ -677,16 +681,7 @@ typedef union {
     "vldrb.8 q4, [%[w], #32]\n"                                                                    \
     "vmladav.s8 %[e1], q4, q2\n"                                                                   \
     "vmladav.s8 %[e5], q4, q6\n"                                                                   \
-    "vmov q1[2], q1[0], %[e0], %[e1]\n"                                                            \
-    "ldrd %[e0], %[e1], [%[sp]], #8\n"                                                             \
-    "vcvt.f32.s32 q1, q1\n"                                                                        \
-    "vmul.f32 q1, q1, %[e0]\n"                                                                     \
-    "vadd.f32 q0, q0, q1\n"                                                                        \
-    "vmov q1[2], q1[0], %[e4], %[e5]\n"                                                            \
-    "vmov q1[3], q1[1], %[e2], %[e3]\n"                                                            \
-    "vcvt.f32.s32 q1, q1\n"                                                                        \
-    "vmul.f32 q1, q1, %[e1]\n"                                                                     \
-    "vadd.f32 q5, q5, q1\n"
+    COLIBRI_QI_G2_SCALE
 #define COLIBRI_QI_G2_END                                                                          \
     "ldr %[xa], [%[sp]]\n"                                                                         \
     "ldr %[xb], [%[sp], #4]\n"                                                                     \
