@@ -192,6 +192,29 @@ static inline float colibri_gelu(float x)
     return 0.5f * x * (1.0f + colibri_erff(x * COLIBRI_GELU_INV_SQRT2));
 }
 
+#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
+#include <arm_mve.h>
+/* colibri_expf(x) on four Helium lanes when n = round(x / ln 2) is in -125..127 in every
+ * lane (no special case of it applies): the same operations, so the same bits. The
+ * activation rows below and the router's softmax (router.c) call it. */
+static inline float32x4_t colibri_expf4_common(float32x4_t x)
+{
+    const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
+    const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
+    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(n, COLIBRI_EXP_LN2_HI)),
+                                    vmulq_n_f32(n, COLIBRI_EXP_LN2_LO));
+    const float32x4_t z = vmulq_f32(r, r);
+    float32x4_t p = vaddq_n_f32(vmulq_n_f32(r, COLIBRI_EXP_P0), COLIBRI_EXP_P1);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P2);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
+    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
+    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
+    const uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
+    return vmulq_f32(y, (float32x4_t)vshlq_n_u32(bits, 23));
+}
+#endif
+
 /** @brief tanh GELU 0.5 x (1 + tanh u), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as
  *         x / (1 + exp(-2u)) with colibri_expf. */
 static inline float colibri_gelu_tanh(float x)
@@ -433,24 +456,6 @@ static inline mve_pred16_t colibri_v4_outside(float32x4_t x, uint32_t max)
 {
     const uint32x4_t d = vsubq_n_u32(vshlq_n_u32((uint32x4_t)x, 1), COLIBRI_ROW_LO);
     return vcmpcsq_n_u32(d, max - COLIBRI_ROW_LO);
-}
-
-/* colibri_expf(x) on four lanes when n = round(x / ln 2) is in -125..127 in every lane */
-static inline float32x4_t colibri_expf4_common(float32x4_t x)
-{
-    const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
-    const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
-    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(n, COLIBRI_EXP_LN2_HI)),
-                                    vmulq_n_f32(n, COLIBRI_EXP_LN2_LO));
-    const float32x4_t z = vmulq_f32(r, r);
-    float32x4_t p = vaddq_n_f32(vmulq_n_f32(r, COLIBRI_EXP_P0), COLIBRI_EXP_P1);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P2);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
-    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
-    const uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
-    return vmulq_f32(y, (float32x4_t)vshlq_n_u32(bits, 23));
 }
 
 /* x / (1 + colibri_expf(-x)) on four lanes (in range) */

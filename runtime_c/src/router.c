@@ -126,21 +126,7 @@ static inline route_v4f route_exp4(route_v4f x)
 static inline float32x4_t route_exp4_mve(float32x4_t v, float m, float32x4_t zero)
 {
     const float32x4_t x = vsubq_n_f32(v, m);
-    const mve_pred16_t below = vcmpltq_n_f32(x, COLIBRI_EXP_MIN);
-    const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
-    const float32x4_t nn = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
-    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(nn, COLIBRI_EXP_LN2_HI)),
-                                    vmulq_n_f32(nn, COLIBRI_EXP_LN2_LO));
-    const float32x4_t z = vmulq_f32(r, r);
-    float32x4_t p = vaddq_n_f32(vmulq_n_f32(r, COLIBRI_EXP_P0), COLIBRI_EXP_P1);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P2);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
-    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
-    const uint32x4_t bits =
-        vshlq_n_u32(vaddq_n_u32(vreinterpretq_u32_f32(t), 127u - COLIBRI_EXP_ROUND_BITS), 23);
-    return vpselq_f32(zero, vmulq_f32(y, vreinterpretq_f32_u32(bits)), below);
+    return vpselq_f32(zero, colibri_expf4_common(x), vcmpltq_n_f32(x, COLIBRI_EXP_MIN));
 }
 
 /*
