@@ -58,6 +58,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -401,15 +402,49 @@ def _disassemble(board: Board, elf_path: Path) -> str:
             f"board {board.name}: {board.tool('objdump')} not found (it comes with the compiler; "
             f"install: {board.install_hint})"
         )
-    proc = subprocess.run(
-        [objdump, "-d", "--no-show-raw-insn", str(elf_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="colibri-stack-") as tmp:
+        target = _without_property_relocs(board, elf_path, Path(tmp))
+        proc = subprocess.run(
+            [objdump, "-d", "--no-show-raw-insn", str(target)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if proc.returncode != 0:
         raise StackUsageError(f"{objdump} -d {elf_path} failed: {proc.stderr.strip()}")
     return proc.stdout
+
+
+#: The relocations of the Xtensa property tables that ``--emit-relocs`` keeps: binutils 2.40's
+#: objdump reads the tables (.xt.prop / .xt.lit: where each function's code and literal pools
+#: lie) with them applied again, calls the table invalid and then decodes literal pools as
+#: instructions, losing its place and hiding real calls (a ``call0 route_block`` in
+#: ``colibri_route`` on xtensa-lx106: the bound came out 32 bytes under the measured use).
+XT_PROPERTY_RELOCS = (".rela.xt.prop", ".rela.xt.lit", ".rela.xt.insn")
+
+
+def _without_property_relocs(board: Board, elf_path: Path, tmp: Path) -> Path:
+    """elf_path, or a copy in tmp without XT_PROPERTY_RELOCS when it has any (the tables and
+    every other relocation stay; the disassembly reads only the copy)."""
+    from elftools.elf.elffile import ELFFile
+
+    with elf_path.open("rb") as f:
+        names = {sec.name for sec in ELFFile(f).iter_sections()}
+    drop = [n for n in XT_PROPERTY_RELOCS if n in names]
+    if not drop:
+        return elf_path
+    objcopy = shutil.which(board.tool("objcopy"))
+    if objcopy is None:
+        raise StackUsageError(
+            f"board {board.name}: {board.tool('objcopy')} not found (it comes with the compiler; "
+            f"install: {board.install_hint})"
+        )
+    copy = tmp / elf_path.name
+    args = [objcopy, *(a for n in drop for a in ("--remove-section", n)), str(elf_path), str(copy)]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise StackUsageError(f"{objcopy} {elf_path} failed: {proc.stderr.strip()}")
+    return copy
 
 
 def _read_word(elf: Any, addr: int) -> int | None:
