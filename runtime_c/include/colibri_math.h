@@ -194,10 +194,11 @@ static inline float colibri_gelu(float x)
 
 #if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
 #include <arm_mve.h>
-/* colibri_expf(x) on four Helium lanes when n = round(x / ln 2) is in -125..127 in every
- * lane (no special case of it applies): the same operations, so the same bits. The
- * activation rows below and the router's softmax (router.c) call it. */
-static inline float32x4_t colibri_expf4_common(float32x4_t x)
+/* colibri_expf's reduction and polynomial on four Helium lanes: y = e^r for r = x - n ln 2, n
+ * = round(x / ln 2), with *t the rounding sum x log2(e) + ROUND (n in its low bits). The same
+ * operations as colibri_expf, so the same bits; colibri_expf4 and colibri_expf4_common scale y
+ * by 2^n. */
+static inline float32x4_t colibri_expf4_poly(float32x4_t x, float32x4_t *t_out)
 {
     const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
     const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
@@ -209,7 +210,17 @@ static inline float32x4_t colibri_expf4_common(float32x4_t x)
     p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
     p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
     p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
-    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
+    *t_out = t;
+    return vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
+}
+
+/* colibri_expf(x) on four Helium lanes when n is in -125..127 in every lane (no special case of
+ * it applies): the same bits. The activation rows below and the router's softmax (router.c)
+ * call it. */
+static inline float32x4_t colibri_expf4_common(float32x4_t x)
+{
+    float32x4_t t;
+    const float32x4_t y = colibri_expf4_poly(x, &t);
     const uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
     return vmulq_f32(y, (float32x4_t)vshlq_n_u32(bits, 23));
 }
@@ -298,17 +309,9 @@ static inline colibri_v4f colibri_v4_select(colibri_v4i m, colibri_v4f a, colibr
 static inline colibri_v4f colibri_expf4(colibri_v4f xv)
 {
     const float32x4_t x = (float32x4_t)xv;
-    const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
+    float32x4_t t;
+    const float32x4_t y = colibri_expf4_poly(x, &t);
     const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
-    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(n, COLIBRI_EXP_LN2_HI)),
-                                    vmulq_n_f32(n, COLIBRI_EXP_LN2_LO));
-    const float32x4_t z = vmulq_f32(r, r);
-    float32x4_t p = vaddq_n_f32(vmulq_n_f32(r, COLIBRI_EXP_P0), COLIBRI_EXP_P1);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P2);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
-    p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
-    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
     const mve_pred16_t top = vcmpgtq_n_f32(n, 127.0f); /* scale by 2^(n - 1), then by 2 */
     uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
     bits = vshlq_n_u32(vsubq_m_n_u32(bits, bits, 1u, top), 23);
