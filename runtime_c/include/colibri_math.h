@@ -590,19 +590,26 @@ static __attribute__((noinline, unused)) float colibri_gelu_tanh_rare(float x)
 }
 #endif
 
+/* Helium's row loop: RUN4 (colibri_*_run4) takes the groups of four it can and returns where it
+ * stopped; that group and the last n % 4 values take the scalar F. */
+#define COLIBRI_ACT_RUN_ROW(h, n, RUN4, F)                                                         \
+    do {                                                                                           \
+        const int32_t n4_ = (n) - ((n)&3);                                                         \
+        for (int32_t j_ = 0; (j_ = RUN4((h), j_, n4_)) < n4_; j_ += 4) {                           \
+            for (int32_t i_ = 0; i_ < 4; i_++) {                                                   \
+                (h)[j_ + i_] = F((h)[j_ + i_]);                                                    \
+            }                                                                                      \
+        }                                                                                          \
+        for (int32_t i_ = 0; i_ < ((n)&3); i_++) { /* the tail: at most three */                   \
+            (h)[n4_ + i_] = F((h)[n4_ + i_]);                                                      \
+        }                                                                                          \
+    } while (0)
+
 /** @brief h[j] = colibri_silu(h[j]) for j < n (see above: the same bits, cheaper). */
 static inline void colibri_silu_row(float *h, int32_t n)
 {
 #if defined(COLIBRI_ACT_ROW_SIMD) && defined(__ARM_FEATURE_MVE)
-    const int32_t n4 = n - (n & 3);
-    for (int32_t j = 0; (j = colibri_silu_run4(h, j, n4)) < n4; j += 4) {
-        for (int32_t i = 0; i < 4; i++) {
-            h[j + i] = colibri_silu(h[j + i]);
-        }
-    }
-    for (int32_t i = 0; i < (n & 3); i++) { /* the tail: at most three */
-        h[n4 + i] = colibri_silu(h[n4 + i]);
-    }
+    COLIBRI_ACT_RUN_ROW(h, n, colibri_silu_run4, colibri_silu);
 #elif defined(COLIBRI_ACT_ROW_SIMD)
     COLIBRI_ACT_ROW4(h, n, colibri_silu4, colibri_silu);
 #else
@@ -662,15 +669,7 @@ static inline void colibri_swiglu_row(float *h, const float *g, int32_t n)
 static inline void colibri_gelu_tanh_row(float *h, int32_t n)
 {
 #if defined(COLIBRI_ACT_ROW_SIMD) && defined(__ARM_FEATURE_MVE)
-    const int32_t n4 = n - (n & 3);
-    for (int32_t j = 0; (j = colibri_gelu_tanh_run4(h, j, n4)) < n4; j += 4) {
-        for (int32_t i = 0; i < 4; i++) {
-            h[j + i] = colibri_gelu_tanh(h[j + i]);
-        }
-    }
-    for (int32_t i = 0; i < (n & 3); i++) { /* the tail: at most three */
-        h[n4 + i] = colibri_gelu_tanh(h[n4 + i]);
-    }
+    COLIBRI_ACT_RUN_ROW(h, n, colibri_gelu_tanh_run4, colibri_gelu_tanh);
 #elif defined(COLIBRI_ACT_ROW_SIMD)
     COLIBRI_ACT_ROW4(h, n, colibri_gelu_tanh4, colibri_gelu_tanh);
 #else
