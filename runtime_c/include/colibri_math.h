@@ -194,11 +194,10 @@ static inline float colibri_gelu(float x)
 
 #if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
 #include <arm_mve.h>
-/* colibri_expf's reduction and polynomial on four Helium lanes: y = e^r for r = x - n ln 2, n
- * = round(x / ln 2), with *t the rounding sum x log2(e) + ROUND (n in its low bits). The same
- * operations as colibri_expf, so the same bits; colibri_expf4 and colibri_expf4_common scale y
- * by 2^n. */
-static inline float32x4_t colibri_expf4_poly(float32x4_t x, float32x4_t *t_out)
+/* colibri_expf(x) on four Helium lanes when n = round(x / ln 2) is in -125..127 in every lane
+ * (no special case of it applies): the same operations, so the same bits. The activation rows
+ * below and the router's softmax (router.c) call it. */
+static inline float32x4_t colibri_expf4_common(float32x4_t x)
 {
     const float32x4_t t = vaddq_n_f32(vmulq_n_f32(x, COLIBRI_EXP_LOG2E), COLIBRI_EXP_ROUND);
     const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
@@ -210,17 +209,7 @@ static inline float32x4_t colibri_expf4_poly(float32x4_t x, float32x4_t *t_out)
     p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P3);
     p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P4);
     p = vaddq_n_f32(vmulq_f32(p, r), COLIBRI_EXP_P5);
-    *t_out = t;
-    return vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
-}
-
-/* colibri_expf(x) on four Helium lanes when n is in -125..127 in every lane (no special case of
- * it applies): the same bits. The activation rows below and the router's softmax (router.c)
- * call it. */
-static inline float32x4_t colibri_expf4_common(float32x4_t x)
-{
-    float32x4_t t;
-    const float32x4_t y = colibri_expf4_poly(x, &t);
+    const float32x4_t y = vaddq_n_f32(vaddq_f32(vmulq_f32(p, z), r), 1.0f);
     const uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
     return vmulq_f32(y, (float32x4_t)vshlq_n_u32(bits, 23));
 }
@@ -302,26 +291,6 @@ static inline colibri_v4f colibri_v4_select(colibri_v4i m, colibri_v4f a, colibr
     return (colibri_v4f)(((colibri_v4i)a & m) | ((colibri_v4i)b & ~m));
 }
 
-#if defined(__ARM_FEATURE_MVE)
-/** @brief colibri_expf on four lanes, branch-free: the same bits in every lane. Helium: the
- *         constants as scalar operands (VMUL / VADD Qd, Qn, Rm), where the vector-extension
- *         form makes GCC 12 rebuild each in a Q register (of eight) every time. */
-static inline colibri_v4f colibri_expf4(colibri_v4f xv)
-{
-    const float32x4_t x = (float32x4_t)xv;
-    float32x4_t t;
-    const float32x4_t y = colibri_expf4_poly(x, &t);
-    const float32x4_t n = vsubq_n_f32(t, COLIBRI_EXP_ROUND);
-    const mve_pred16_t top = vcmpgtq_n_f32(n, 127.0f); /* scale by 2^(n - 1), then by 2 */
-    uint32x4_t bits = vaddq_n_u32((uint32x4_t)t, 127u - COLIBRI_EXP_ROUND_BITS);
-    bits = vshlq_n_u32(vsubq_m_n_u32(bits, bits, 1u, top), 23);
-    float32x4_t e = vmulq_f32(y, (float32x4_t)bits);
-    e = vpselq_f32(vaddq_f32(e, e), e, top); /* e + e: e * 2 exactly */
-    e = vpselq_f32(vdupq_n_f32(0.0f), e, vcmpgtq_f32(vdupq_n_f32(COLIBRI_EXP_MIN), x));
-    return (colibri_v4f)vpselq_f32(vdupq_n_f32(INFINITY), e, vcmpgtq_n_f32(x, COLIBRI_EXP_MAX));
-}
-
-#else
 /** @brief colibri_expf on four lanes, branch-free: the same bits in every lane. */
 static inline colibri_v4f colibri_expf4(colibri_v4f x)
 {
@@ -344,7 +313,6 @@ static inline colibri_v4f colibri_expf4(colibri_v4f x)
     const colibri_v4f inf = {INFINITY, INFINITY, INFINITY, INFINITY};
     return colibri_v4_select(COLIBRI_V4_GT(x, COLIBRI_EXP_MAX), inf, out);
 }
-#endif
 
 #if defined(__ARM_FEATURE_MVE)
 /* a / b lane by lane: Helium has no vector divide, but the lanes of q0 and q1 are the scalar
