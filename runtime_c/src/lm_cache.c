@@ -696,8 +696,11 @@ const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, in
 }
 
 /* A layer's prediction is judged every LM_PREDICT_WINDOW experts predicted for it (not
- * resident at the time): see clb_lm_layer_done. */
+ * resident at the time): see clb_lm_layer_done. A live layer whose wrong read-aheads outnumber
+ * its right ones by LM_PREDICT_QUIT goes back to the shadow at once, without waiting for the
+ * window's end (a run of wrong predictions would otherwise cost up to a window of slots). */
 #define LM_PREDICT_WINDOW 16u
+#define LM_PREDICT_QUIT 4u
 
 /* After the current layer made its top_k experts resident, before they compute: the next
  * layer's router on the current hidden state (lm->hbuf) predicts its experts. A layer's
@@ -812,7 +815,12 @@ void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly)
     reader_reap_all(c, 0);
     lm_predict *pr = &c->predict[ly - lm->layers];
     pr->n_pending = 0;
-    if (pr->issued >= LM_PREDICT_WINDOW) {
+    if (pr->live && pr->issued >= 2u * pr->used + LM_PREDICT_QUIT) {
+        pr->live = 0; /* wrong - right >= LM_PREDICT_QUIT: the shadow again, a new window */
+        pr->issued = 0;
+        pr->used = 0;
+        pr->cost = 0;
+    } else if (pr->issued >= LM_PREDICT_WINDOW) {
         /* on once half the experts predicted are used, and while at least half are and, read
          * ahead, they save more misses than the slots they took cause (a wrong prediction is
          * the first victim of its layer's misses: it costs the one slot it took, issue 41) */
