@@ -210,10 +210,29 @@ static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t 
     return COLIBRI_OK;
 }
 
-/* Runs g0 .. g1 - 1 of lm_moe's grouping on the threads. */
+/* Runs g0 .. g1 - 1 of lm_moe's grouping on the threads. With a budget their experts' reads by
+ * the reader thread are waited for: on one thread each just before it runs (the first computes
+ * while the reader still reads the next), with a pool all before the runs start. */
 static colibri_status lm_moe_runs(colibri_lm_t *lm, const lm_layer *ly, const float *x, int32_t n,
                                   int32_t g0, int32_t g1)
 {
+    if (lm->cache != NULL && lm->pool == NULL) {
+        for (int32_t g = g0; g < g1; g++) {
+            lm_moe_job j = {ly, x, n, g, g + 1};
+            colibri_status st = clb_lm_expert_ready(lm, ly, run_expert_id(lm, g));
+            st = st == COLIBRI_OK ? job_moe(lm, &j, 0, 1) : st;
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+        }
+        return COLIBRI_OK;
+    }
+    for (int32_t g = g0; lm->cache != NULL && g < g1; g++) {
+        const colibri_status st = clb_lm_expert_ready(lm, ly, run_expert_id(lm, g));
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
     lm_moe_job j = {ly, x, n, g0, g1};
     return g1 - g0 > 1 ? clb_lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
 }
@@ -237,7 +256,8 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
                 return st;
             }
         }
-        const colibri_status st = lm_moe_runs(lm, ly, x, n, g0, g1);
+        colibri_status st = clb_lm_uses_read(lm);
+        st = st == COLIBRI_OK ? lm_moe_runs(lm, ly, x, n, g0, g1) : st;
         if (st != COLIBRI_OK) {
             return st;
         }
@@ -314,6 +334,10 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
             if (st != COLIBRI_OK) {
                 return st;
             }
+        }
+        st = clb_lm_uses_read(lm); /* the first miss, while the reader reads the others */
+        if (st != COLIBRI_OK) {
+            return st;
         }
         if (next != NULL) {
             clb_lm_prefetch(lm, next);
