@@ -521,9 +521,10 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly)
     return s;
 }
 
-void clb_lm_uses_begin(colibri_lm_t *lm)
+void clb_lm_uses_begin(colibri_lm_t *lm, int pipeline)
 {
     lm_cache *c = lm->cache;
+    c->pipeline = pipeline && c->reader != NULL;
     /* every read still queued finished first: which slots a miss or a prefetch may take then
      * never depends on the reader's timing, so the counters are the same on every run */
     reader_reap_all(c, 1);
@@ -708,15 +709,15 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
     if (s == c->n_slots) {
         return COLIBRI_ERR_BUDGET; /* not reached: the LRU slots hold top_k (setup, pin_hot) */
     }
-    if (c->reader == NULL) {
+    if (!c->pipeline) {
         const colibri_status fill = slot_fill(lm, ly, &ly->experts[owner], g, s);
         c->slots[s].pin = c->epoch;
         return fill;
     }
-    /* with the reader: the set's first miss is read on this thread (clb_lm_uses_read) while
-     * the reader reads the others, and the first computes while the reader still reads: only
-     * the first miss's read is on the critical path (issue 41). Which slot each takes is
-     * decided here, in use order, as before: the counters do not depend on the timing. */
+    /* pipelined: the set's first miss is read on this thread (clb_lm_uses_read) while the
+     * reader reads the others, and the first computes while the reader still reads: only the
+     * first miss's read is on the critical path (issue 41). Which slot each takes is decided
+     * here, in use order, as before: the counters do not depend on the timing. */
     slot_assign(lm, ly, &ly->experts[owner], g, s, c->clock);
     c->slots[s].pin = c->epoch;
     if (c->own_miss < 0) {

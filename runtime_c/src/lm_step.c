@@ -246,7 +246,7 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
     const int32_t cap = (int32_t)(lm->cache->n_slots - lm->stats.n_pinned); /* >= top_k */
     for (int32_t g0 = 0, g1 = 0; g0 < ng; g0 = g1) {
         const int32_t end = ng - g0 < cap ? ng : g0 + cap;
-        clb_lm_uses_begin(lm);
+        clb_lm_uses_begin(lm, 0); /* a wave's compute is long: its reads stay inline */
         for (int32_t g = g0; g < end; g++) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
@@ -325,7 +325,7 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
         /* all top_k resident first, in ascending id (n_slots >= top_k and pinned for these
          * uses: none evicts another of them), then the next layer's prefetch, which leaves
          * them in place */
-        clb_lm_uses_begin(lm);
+        clb_lm_uses_begin(lm, 1);
         for (int32_t g = 0; g < ng; ++g) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
