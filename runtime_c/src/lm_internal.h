@@ -136,6 +136,7 @@ typedef struct {
     lm_reader *reader;           /* the thread that reads prefetched experts (NULL: inline) */
     lm_predict *predict;         /* [n_layers] */
     int32_t *evictor;            /* [n_experts]: 1 + the layer whose prefetch evicted it, or 0 */
+    uint64_t pipeline_min;       /* smallest slot_bytes pipelined (LM_PIPELINE_MIN, lm_cache.c) */
     int pipeline;                /* the current uses' misses pipelined (clb_lm_uses_begin) */
     int32_t own_miss; /* their first miss, read by the caller (clb_lm_uses_read) while the
                        * reader reads the others; -1: none */
