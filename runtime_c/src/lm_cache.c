@@ -272,9 +272,10 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
 }
 
 /* The smallest slot whose misses are pipelined (COLIBRI_LM_PIPELINE_MIN in the environment
- * overrides it): handing a read to the reader and waiting for it costs two thread wake-ups, more
- * than reading a small expert (stdlib-small-s1, 19 KB an int8 expert, at load 8 on 2 CPUs:
- * decode 20.2 k tokens/s pipelined against 26.9 k without prefetch, medians of 5). */
+ * overrides it): handing a read to the reader and waiting for it costs two thread wake-ups,
+ * which a small expert's read does not repay (stdlib-small-s1's int8 expert is 19 KB; its decode
+ * timings at load 6-8 were scheduling noise, 6.9 k to 57.9 k tokens/s all-resident, so this is a
+ * judgement, not a measurement; the 353 M model's experts are 4.9 MB (int4) and 8.7 MB). */
 #define LM_PIPELINE_MIN ((uint64_t)1u << 20)
 
 /* With a budget (clb_lm_cache_plan set stats.n_slots): the slots, the mapping's expert pages
