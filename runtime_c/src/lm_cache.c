@@ -271,13 +271,6 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
     return *bytes >= (uint64_t)SIZE_MAX ? COLIBRI_ERR_NOMEM : COLIBRI_OK;
 }
 
-/* The smallest slot whose misses are pipelined (COLIBRI_LM_PIPELINE_MIN in the environment
- * overrides it): handing a read to the reader and waiting for it costs two thread wake-ups,
- * which a small expert's read does not repay (stdlib-small-s1's int8 expert is 19 KB; its decode
- * timings at load 6-8 were scheduling noise, 6.9 k to 57.9 k tokens/s all-resident, so this is a
- * judgement, not a measurement; the 353 M model's experts are 4.9 MB (int4) and 8.7 MB). */
-#define LM_PIPELINE_MIN ((uint64_t)1u << 20)
-
 /* With a budget (clb_lm_cache_plan set stats.n_slots): the slots, the mapping's expert pages
  * dropped and the hottest experts pinned. */
 colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config)
@@ -320,12 +313,6 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
         return COLIBRI_ERR_NOMEM;
     }
     c->data = (unsigned char *)data;
-    c->own_miss = -1;
-    c->pipeline_min = LM_PIPELINE_MIN;
-    const char *min_bytes = getenv("COLIBRI_LM_PIPELINE_MIN");
-    if (min_bytes != NULL && min_bytes[0] >= '0' && min_bytes[0] <= '9') {
-        c->pipeline_min = strtoull(min_bytes, NULL, 10);
-    }
     for (uint64_t s = 0; s < n_slots; s++) {
         c->slots[s].expert = -1;
         c->slots[s].data = c->data + s * slot;
@@ -533,42 +520,12 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly)
     return s;
 }
 
-void clb_lm_uses_begin(colibri_lm_t *lm, int pipeline)
+void clb_lm_uses_begin(colibri_lm_t *lm)
 {
-    lm_cache *c = lm->cache;
-    c->pipeline = pipeline && c->reader != NULL && lm->stats.slot_bytes >= c->pipeline_min;
     /* every read still queued finished first: which slots a miss or a prefetch may take then
      * never depends on the reader's timing, so the counters are the same on every run */
-    reader_reap_all(c, 1);
-    if (c->own_miss >= 0) { /* a set that failed before clb_lm_uses_read: its slot unread */
-        clb_lm_slot_clear(c, (uint32_t)c->own_miss);
-        c->own_miss = -1;
-    }
-    c->epoch++;
-}
-
-colibri_status clb_lm_uses_read(colibri_lm_t *lm)
-{
-    lm_cache *c = lm->cache;
-    if (c->own_miss < 0) {
-        return COLIBRI_OK;
-    }
-    const uint32_t s = (uint32_t)c->own_miss;
-    c->own_miss = -1;
-    lm_slot *sl = &c->slots[s];
-    const colibri_status st = clb_lm_slot_read(lm, sl->src_layer, sl->src, sl->data);
-    if (st != COLIBRI_OK) {
-        clb_lm_slot_clear(c, s);
-    }
-    return st;
-}
-
-colibri_status clb_lm_expert_ready(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
-{
-    lm_cache *c = lm->cache;
-    const int32_t r = c->resident[ly->first_expert + ly->experts[id].owner];
-    int busy = 0;
-    return r < 0 ? COLIBRI_ERR_EXPERT : clb_lm_reader_reap(c, (uint32_t)r, 1, &busy);
+    reader_reap_all(lm->cache, 1);
+    lm->cache->epoch++;
 }
 
 void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
@@ -721,23 +678,9 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
     if (s == c->n_slots) {
         return COLIBRI_ERR_BUDGET; /* not reached: the LRU slots hold top_k (setup, pin_hot) */
     }
-    if (!c->pipeline) {
-        const colibri_status fill = slot_fill(lm, ly, &ly->experts[owner], g, s);
-        c->slots[s].pin = c->epoch;
-        return fill;
-    }
-    /* pipelined: the set's first miss is read on this thread (clb_lm_uses_read) while the
-     * reader reads the others, and the first computes while the reader still reads: only the
-     * first miss's read is on the critical path (issue 41). Which slot each takes is decided
-     * here, in use order, as before: the counters do not depend on the timing. */
-    slot_assign(lm, ly, &ly->experts[owner], g, s, c->clock);
+    const colibri_status fill = slot_fill(lm, ly, &ly->experts[owner], g, s);
     c->slots[s].pin = c->epoch;
-    if (c->own_miss < 0) {
-        c->own_miss = (int32_t)s;
-    } else {
-        clb_lm_reader_queue(c, s);
-    }
-    return COLIBRI_OK;
+    return fill;
 }
 
 /* The expert a layer routes to as `id`: in place in the mapping (no budget), else its slot

@@ -136,10 +136,6 @@ typedef struct {
     lm_reader *reader;           /* the thread that reads prefetched experts (NULL: inline) */
     lm_predict *predict;         /* [n_layers] */
     int32_t *evictor;            /* [n_experts]: 1 + the layer whose prefetch evicted it, or 0 */
-    uint64_t pipeline_min;       /* smallest slot_bytes pipelined (LM_PIPELINE_MIN, lm_cache.c) */
-    int pipeline;                /* the current uses' misses pipelined (clb_lm_uses_begin) */
-    int32_t own_miss; /* their first miss, read by the caller (clb_lm_uses_read) while the
-                       * reader reads the others; -1: none */
 } lm_cache;
 
 /** One thread's scratch (arena): a gathered group of an expert's tokens and its FFN. */
@@ -271,26 +267,14 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
 colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config);
 
 /** @brief Start a set of uses that must not evict one another (a layer's top_k for a token, a
- *         wave of a prefill chunk): clb_lm_expert_pin each, then clb_lm_expert_use each, then
- *         clb_lm_uses_read. With `pipeline` and the reader thread, the misses after the first
- *         are read by the reader (clb_lm_expert_use). */
-void clb_lm_uses_begin(colibri_lm_t *lm, int pipeline);
+ *         wave of a prefill chunk): clb_lm_expert_pin each, then clb_lm_expert_use each. */
+void clb_lm_uses_begin(colibri_lm_t *lm);
 
 /** @brief Expert `id` of layer ly, if resident, kept until the current uses are done. */
 void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
 
-/** @brief A use of expert `id` of layer ly (budget only): a hit, or a miss that takes a slot.
- *         Pipelined (clb_lm_uses_begin), the set's first miss is read by clb_lm_uses_read and
- *         the others by the reader (clb_lm_expert_ready waits for one); else read now. */
+/** @brief A use of expert `id` of layer ly (budget only): a hit, or a read into a slot. */
 colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
-
-/** @brief After the uses of a set: the first miss read on the caller's thread, while the reader
- *         reads the others (nothing to do when every miss was read in clb_lm_expert_use). */
-colibri_status clb_lm_uses_read(colibri_lm_t *lm);
-
-/** @brief Expert `id` of layer ly (used in the current set) ready to compute: its read by the
- *         reader waited for; the read's status (a failed read leaves it not resident). */
-colibri_status clb_lm_expert_ready(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
 
 /** @brief Expert `id` of layer ly: in place in the mapping, or its slot. */
 const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, int32_t id);

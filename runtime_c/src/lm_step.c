@@ -210,29 +210,10 @@ static colibri_status job_moe(colibri_lm_t *lm, void *arg, int32_t tid, int32_t 
     return COLIBRI_OK;
 }
 
-/* Runs g0 .. g1 - 1 of lm_moe's grouping on the threads. With a budget their experts' reads by
- * the reader thread are waited for: on one thread each just before it runs (the first computes
- * while the reader still reads the next), with a pool all before the runs start. */
+/* Runs g0 .. g1 - 1 of lm_moe's grouping on the threads. */
 static colibri_status lm_moe_runs(colibri_lm_t *lm, const lm_layer *ly, const float *x, int32_t n,
                                   int32_t g0, int32_t g1)
 {
-    if (lm->cache != NULL && lm->pool == NULL) {
-        for (int32_t g = g0; g < g1; g++) {
-            lm_moe_job j = {ly, x, n, g, g + 1};
-            colibri_status st = clb_lm_expert_ready(lm, ly, run_expert_id(lm, g));
-            st = st == COLIBRI_OK ? job_moe(lm, &j, 0, 1) : st;
-            if (st != COLIBRI_OK) {
-                return st;
-            }
-        }
-        return COLIBRI_OK;
-    }
-    for (int32_t g = g0; lm->cache != NULL && g < g1; g++) {
-        const colibri_status st = clb_lm_expert_ready(lm, ly, run_expert_id(lm, g));
-        if (st != COLIBRI_OK) {
-            return st;
-        }
-    }
     lm_moe_job j = {ly, x, n, g0, g1};
     return g1 - g0 > 1 ? clb_lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
 }
@@ -246,7 +227,7 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
     const int32_t cap = (int32_t)(lm->cache->n_slots - lm->stats.n_pinned); /* >= top_k */
     for (int32_t g0 = 0, g1 = 0; g0 < ng; g0 = g1) {
         const int32_t end = ng - g0 < cap ? ng : g0 + cap;
-        clb_lm_uses_begin(lm, 0); /* a wave's compute is long: its reads stay inline */
+        clb_lm_uses_begin(lm);
         for (int32_t g = g0; g < end; g++) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
@@ -256,8 +237,7 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
                 return st;
             }
         }
-        colibri_status st = clb_lm_uses_read(lm);
-        st = st == COLIBRI_OK ? lm_moe_runs(lm, ly, x, n, g0, g1) : st;
+        const colibri_status st = lm_moe_runs(lm, ly, x, n, g0, g1);
         if (st != COLIBRI_OK) {
             return st;
         }
@@ -325,7 +305,7 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
         /* all top_k resident first, in ascending id (n_slots >= top_k and pinned for these
          * uses: none evicts another of them), then the next layer's prefetch, which leaves
          * them in place */
-        clb_lm_uses_begin(lm, 1);
+        clb_lm_uses_begin(lm);
         for (int32_t g = 0; g < ng; ++g) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
@@ -334,10 +314,6 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
             if (st != COLIBRI_OK) {
                 return st;
             }
-        }
-        st = clb_lm_uses_read(lm); /* the first miss, while the reader reads the others */
-        if (st != COLIBRI_OK) {
-            return st;
         }
         if (next != NULL) {
             clb_lm_prefetch(lm, next);

@@ -228,18 +228,13 @@ def test_file_changed_after_load_is_a_status(
     assert r.stdout.strip() == f"status {ERR_CHANGED}", r.stdout + r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("prefetch", [False, "always"], ids=["inline", "reader"])
 def test_budgeted_expert_changed_in_place_is_a_checksum_error(
-    files: dict[str, Path], tmp_path: Path, prefetch: bool | str, monkeypatch: pytest.MonkeyPatch
+    files: dict[str, Path], tmp_path: Path
 ) -> None:
     """Before: with a RAM budget, an expert changed in the file after the load (the file's
     size and times kept, so nothing at the file level shows it) was read into a slot and run:
     logits off by 2.78, status OK. Now every read is checked against the tensor's CRC-32;
-    with verify=False (COLIBRI_LOAD_SKIP_CHECKSUM) it is not, as documented. "reader": with
-    the reader thread a layer's second miss (and every prefetch) is read there (issue 41
-    item 1; COLIBRI_LM_PIPELINE_MIN=0: these experts are far below the 1 MiB it takes), and
-    its failed check is the status all the same."""
-    monkeypatch.setenv("COLIBRI_LM_PIPELINE_MIN", "0")
+    with verify=False (COLIBRI_LOAD_SKIP_CHECKSUM) it is not, as documented."""
     path = tmp_path / "m.clb"
     original = files["small"].read_bytes()
     with LM(files["small"], ram_budget=1 << 30) as lm:
@@ -251,7 +246,7 @@ def test_budgeted_expert_changed_in_place_is_a_checksum_error(
         path.write_bytes(original)
         st = os.stat(path)
         # two slots (top_k): layer 1's experts are read from the file at nearly every token
-        with LM(path, ram_budget=2 * slot, prefetch=prefetch, pin=0, verify=verify) as lm:
+        with LM(path, ram_budget=2 * slot, prefetch=False, pin=0, verify=verify) as lm:
             lm.forward(ids[0], 0)
             data = bytearray(original)
             for offset, nbytes in parts:  # every stored part of layer 1's experts
