@@ -38,7 +38,7 @@ def test_scale_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     argv = ["--tiny", "--repeats", "1", "--schemes", "int8", "--tokens", "8"]
     assert scale_table.main([*argv, "--out", str(tmp_path / "work"), "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "decode tokens/s" in table and "int8" in table
+    assert "decode tokens/s" in table and "int8" in table and "from CPU time" in table
     if plots.pyplot() is not None:
         assert plots.png_beside(out).stat().st_size > 1000
 
@@ -58,6 +58,7 @@ def test_scale_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert row["ram_budget_bytes"] == row["expert_bytes"] // 4
     for engine in scale_table.ENGINES:
         _tps(row[engine]["tokens_per_s"])
+        _tps(row[engine]["cpu_tokens_per_s"])
         assert row[engine]["peak_rss_bytes"] > 0
     stats = row["budget_stats"]
     assert stats["loads"] == stats["hits"] + stats["misses"] > 0
@@ -65,6 +66,7 @@ def test_scale_table_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert 0.0 <= row["hit_rate"] <= 1.0
     assert row["hit_rate"] == pytest.approx(stats["hits"] / stats["loads"])
     assert math.isnan(row["budget_vs_resident"]) or row["budget_vs_resident"] > 0
+    assert math.isnan(row["compiled_vs_container"]) or row["compiled_vs_container"] > 0
     assert row["same_tokens"] is True
     assert set(row["goals"]) == {"generate_60s_2GB", "build_60s_2GB", "budget_half_speed"}
     assert all(isinstance(v, bool) for v in row["goals"].values())
