@@ -15,9 +15,12 @@ one layer):
 
     check options -> config -> check memory -> [read -> quantise -> write] per layer -> file
 
-and with --calib (the calibration runs the whole model):
+and with --calib the same, each layer calibrated before it is quantised (the fp32 residual
+stream of every calibration sequence carried from layer to layer; the same file as calibrating
+the loaded model):
 
-    check options -> load -> IR -> calibrate -> quantise -> heat -> write
+    check options -> config -> check memory -> calibration ids ->
+    [read -> calibrate -> quantise -> heat -> write] per layer -> file
 
 The load stage gives the one model IR (:class:`~colibri.ir.model.Model`: kind "layer", one MoE
 block alone, or "transformer", a whole decoder) and every later stage takes it, dispatching on
