@@ -389,8 +389,8 @@ def test_calibrating_a_transformer_reports_batches_layers_and_experts(tmp_path: 
 
 def test_calibrated_generate_and_convert_draw_every_stage(tmp_path: Path) -> None:
     """Issue 38: `generate --calib` draws a counting line for each stage it runs (calibrate,
-    quantise, analyse, then plan / emit), and `convert --calib` for calibrate and quantise:
-    no stage runs without one."""
+    quantise, analyse, then plan / emit), and `convert --calib` (streamed) one line through
+    every layer's calibrate and quantise parts: no stage runs without one."""
     from colibri.cli.pipeline import convert, render
     from colibri.frontends.hf_model import load_transformer
     from colibri.options import GenerateOptions
@@ -423,9 +423,16 @@ def test_calibrated_generate_and_convert_draw_every_stage(tmp_path: Path) -> Non
         assert any(not c[4] for c in calls), (name, calls)  # counted while it runs
         check_counts(calls)
     assert rec.of("analyse")[-2][3] == "layer 2/2"
+    # convert streams: one line whose count goes through each layer's calibration (the forward
+    # over every sequence, then each expert's statistics) and quantisation
     rec = Recorder()
     convert(ckpt, tmp_path / "m.clb", opts, progress=rec)
     names = list(dict.fromkeys(c[0] for c in rec.calls))
-    assert names[names.index("calibrate") :] == ["calibrate", "quantise", "write"], names
-    for name in ("calibrate", "quantise"):
-        check_counts(rec.of(name))
+    assert names == ["convert"], names
+    calls = rec.of("convert")
+    check_counts(calls)
+    details = {c[3] for c in calls}
+    for layer in (1, 2):
+        assert f"layer {layer}/2  calibrate  batch 2/2" in details, details
+        assert f"layer {layer}/2  calibrate  statistics  expert 4/4" in details, details
+        assert f"layer {layer}/2  quantise  expert 4/4" in details, details

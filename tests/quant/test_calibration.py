@@ -553,3 +553,38 @@ def test_calib_method_flag(
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     assert "--calib-method {importance,gptq}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("quant", "dense"), [("int8", "int8"), ("int4", "fp32")])
+def test_streamed_convert_calib_is_the_whole_model_conversion(
+    mixtral_ckpt: Path, tmp_path: Path, quant: str, dense: str
+) -> None:
+    """Issue 38 item 3: `convert --calib` reads, calibrates, quantises and writes one layer at a
+    time (memory: one layer); its file is byte for byte the whole-model path's (the loaded
+    model's transformer_calibration, quantize_transformer_as_asked, expert_heat and
+    write_lm_container), sequences cut at --max-context included."""
+    from colibri.cli.pipeline import convert
+    from colibri.emit.lmfile import write_lm_container
+    from colibri.quant.model import quantize_transformer_as_asked
+    from colibri.reference.calibration import expert_heat
+
+    ids = np.random.default_rng(38).integers(0, 64, (3, 20))
+    np.save(tmp_path / "ids.npy", ids)
+    opts = GenerateOptions(
+        quant=quant, dense_quant=dense, max_context=16, calib=str(tmp_path / "ids.npy")
+    )
+    got = convert(mixtral_ckpt, tmp_path / "streamed.clb", opts)
+    assert got.heat
+    model = load_hf_transformer(mixtral_ckpt)
+    lc = transformer_calibration(model, load_calib_ids(tmp_path / "ids.npy", model, 16))
+    q = quantize_transformer_as_asked(model, quant, None, dense, calib=lc)
+    tok = mixtral_ckpt / "tokenizer.json"
+    whole = write_lm_container(
+        model,
+        q,
+        tmp_path / "whole.clb",
+        16,
+        tok.read_bytes() if tok.is_file() else None,
+        expert_heat(model, lc),
+    )
+    assert (tmp_path / "streamed.clb").read_bytes() == whole.read_bytes()

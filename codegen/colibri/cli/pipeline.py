@@ -15,9 +15,12 @@ one layer):
 
     check options -> config -> check memory -> [read -> quantise -> write] per layer -> file
 
-and with --calib (the calibration runs the whole model):
+and with --calib the same, each layer calibrated before it is quantised (the fp32 residual
+stream of every calibration sequence carried from layer to layer; the same file as calibrating
+the loaded model):
 
-    check options -> load -> IR -> calibrate -> quantise -> heat -> write
+    check options -> config -> check memory -> calibration ids ->
+    [read -> calibrate -> quantise -> heat -> write] per layer -> file
 
 The load stage gives the one model IR (:class:`~colibri.ir.model.Model`: kind "layer", one MoE
 block alone, or "transformer", a whole decoder) and every later stage takes it, dispatching on
@@ -43,8 +46,8 @@ import numpy as np
 
 from ..boards import load_board
 from ..emit.container import write_container
-from ..emit.lmfile import check_max_context, write_lm_container, write_lm_container_streamed
-from ..emit.model import check_supported
+from ..emit.lmfile import check_max_context, write_lm_container_streamed
+from ..emit.model import check_supported, check_supported_layer
 from ..emit.model import render as emit
 from ..emit.output import FileContent, write_output
 from ..errors import ConfigError
@@ -83,8 +86,9 @@ from ..quant.model import (
 )
 from ..reference.accuracy import analyse_layer, load_calib, transformer_accuracy
 from ..reference.calibration import (
-    expert_heat,
+    LayerByLayer,
     layer_calibration,
+    layer_heat,
     load_calib_ids,
     transformer_calibration,
 )
@@ -118,12 +122,7 @@ def quantise_transformer(
     source = calib if calib is not None else options.calib
     tstats: dict[int, LayerCalib] | None = None
     if source is not None:
-        if options.quant not in CALIBRATED_SCHEMES:
-            raise ConfigError(
-                f"--calib calibrates the routed experts' int8 / int4 / q4k / q5k scales, but "
-                f"--quant is {options.quant}: pass --quant int8, int4, q4k or q5k (or drop "
-                "--calib)"
-            )
+        check_calib_scheme(options)
         with progress.stage("calibrate") as st:
             ids = load_calib_ids(source, model, options.context)
             tstats = transformer_calibration(model, ids, st, _wants_hidden(options))
@@ -139,6 +138,16 @@ def quantise_transformer(
         options.calib_method,
     )
     return q, tstats
+
+
+def check_calib_scheme(options: GenerateOptions) -> None:
+    """ConfigError for --calib with a --quant it cannot calibrate."""
+    if options.quant not in CALIBRATED_SCHEMES:
+        raise ConfigError(
+            f"--calib calibrates the routed experts' int8 / int4 / q4k / q5k scales, but "
+            f"--quant is {options.quant}: pass --quant int8, int4, q4k or q5k (or drop "
+            "--calib)"
+        )
 
 
 def check_calib_method_use(options: GenerateOptions, calib: bool = False) -> None:
@@ -332,11 +341,9 @@ def convert_whole(
 ) -> Converted:
     """`colibri convert CKPT --out F.clb` of a whole Hugging Face checkpoint: the container
     version 2 holds exactly what `generate` with the same flags stores (colibri.emit.lmfile),
-    with the checkpoint's tokenizer.json when it has one. Without --calib (which runs the whole
-    model) the layers are read, quantised and written one at a time
-    (:func:`convert_streamed`), so memory holds one layer, not the model; with it: load ->
-    calibrate -> quantise (the stages of `generate`) -> the experts' calibration heat (pinned
-    under --ram-budget) -> write."""
+    with the checkpoint's tokenizer.json when it has one. The layers are read, calibrated (with
+    --calib), quantised and written one at a time (:func:`convert_streamed`), so memory holds
+    one layer, not the model."""
     if options.expert_quant is not None:
         raise ConfigError(
             "--expert-quant: a single MoE layer option (pass --layer N); a whole transformer "
@@ -345,16 +352,13 @@ def convert_whole(
     tok = Path(model) / "tokenizer.json"
     tok_bytes = tok.read_bytes() if tok.is_file() else None
     check_calib_method_use(options)
-    if options.calib is None:
-        return convert_streamed(model, out, options, tok_bytes, progress)
-    ir = load(model, progress=progress)
-    qd = quantise(ir, options, progress=progress)  # checks the model (check_supported)
-    decoder, q = ir.decoder, qd.q
-    assert decoder is not None
-    heat = expert_heat(decoder, qd.stats) if qd.stats else None
-    with progress.stage("write"):
-        path = write_lm_container(decoder, q, out, options.context, tok_bytes, heat)
-    return Converted(path, None, decoder.config, q, tok_bytes is not None, bool(heat))
+    return convert_streamed(model, out, options, tok_bytes, progress)
+
+
+#: Shares of a layer's step on the `convert` line with --calib: the fp32 forward over the
+#: calibration sequences, then the experts' statistics, then the quantisation (about the
+#: measured split on the 353 M-parameter Mixtral of benchmarks/scale_table.py).
+CALIB_SHARES = (0.2, 0.05)
 
 
 def convert_streamed(
@@ -364,11 +368,16 @@ def convert_streamed(
     tokenizer: bytes | None = None,
     progress: Progress = SILENT,
 ) -> Converted:
-    """Convert one decoder layer at a time: read it, quantise it, write it, drop it (the file
-    is byte for byte the whole-model conversion's)."""
+    """Convert one decoder layer at a time: read it, (with --calib) run the fp32 reference of
+    the calibration sequences through it and collect its experts' statistics
+    (:class:`colibri.reference.calibration.LayerByLayer`), quantise it, write it (with its
+    experts' calibration heat), drop it. The file is byte for byte the whole-model
+    conversion's; the `convert` line shows each layer's parts."""
     ckpt = HFCheckpoint(model)
     c = load_hf_config(ckpt)
     check_max_context(options.context)
+    if options.calib is not None:
+        check_calib_scheme(options)
     q = transformer_quant_as_asked(
         options.quant,
         options.act,
@@ -377,20 +386,61 @@ def convert_streamed(
         options.scale_search,
     )
     check_fits_memory_streamed(ckpt)
-    search = options.scale_search
-    with progress.stage("convert", c.n_layers + 1) as st:
+    search, method = options.scale_search, options.calib_method
+    hidden = _wants_hidden(options)
+    n = c.n_layers
+    heated = False
+    with progress.stage("convert", n + 1) as st:
         st.update(0, "embedding / LM head")
         head = read_head(ckpt, c)
+        walk: LayerByLayer | None = None
+        last_moe = max((i for i in range(n) if ckpt.is_moe_layer(i)), default=-1)
+        if options.calib is not None:
+            walk = LayerByLayer(head, load_calib_ids(options.calib, head, options.context))
         if q is not None:
             quantize_head(q, head, search)
 
-        def layers() -> Iterator[tuple[DecoderLayer, TransformerQuant | None]]:
-            for i in range(c.n_layers):
-                st.update(i + 1, f"layer {i + 1}/{c.n_layers}")
+        def layers() -> Iterator[tuple[DecoderLayer, TransformerQuant | None, np.ndarray | None]]:
+            nonlocal heated
+            for i in range(n):
+                where = f"layer {i + 1}/{n}"
+                st.update(i + 1, where)
                 layer = read_decoder_layer(ckpt, c, i)
-                lq = quantize_layer_all(q, i, layer, search) if q is not None else None
-                yield layer, lq
-                del layer, lq
+                check_supported_layer(i, layer)
+                lcal: LayerCalib | None = None
+                if walk is not None and i <= last_moe:
+
+                    def part(what: str, k: int, m: int, i: int = i, where: str = where) -> None:
+                        done = k / max(m, 1)
+                        a, b = CALIB_SHARES
+                        at = a * done if what == "batch" else a + b * done
+                        label = (
+                            f"batch {k}/{m}" if what == "batch" else f"statistics  expert {k}/{m}"
+                        )
+                        st.update(i + 1 + at, f"{where}  calibrate  {label}")
+
+                    lcal = walk.advance(i, layer, hidden, part)
+                base = sum(CALIB_SHARES) if lcal is not None else 0.0
+
+                def quant(
+                    k: int, m: int, i: int = i, where: str = where, base: float = base
+                ) -> None:
+                    st.update(
+                        i + 1 + base + (1 - base) * k / max(m, 1),
+                        f"{where}  quantise  expert {k}/{m}",
+                    )
+
+                lq = (
+                    quantize_layer_all(q, i, layer, search, lcal, quant, method)
+                    if q is not None
+                    else None
+                )
+                heat = None
+                if lcal is not None and layer.moe is not None:
+                    heat, heated = layer_heat(layer.moe, lcal), True
+                del lcal
+                yield layer, lq, heat
+                del layer, lq, heat
 
         def needed() -> int:  # only for a full disk's message
             return streamed_bytes(model, options, tokenizer)
@@ -398,7 +448,7 @@ def convert_streamed(
         path = write_lm_container_streamed(
             out, head, q, options.context, layers(), tokenizer, needed
         )
-    return Converted(path, None, c, q, tokenizer is not None)
+    return Converted(path, None, c, q, tokenizer is not None, heated)
 
 
 def streamed_bytes(

@@ -395,15 +395,16 @@ def write_lm_container_streamed(
     head: MoETransformer,
     q: TransformerQuant | None,
     max_context: int,
-    layers: Iterable[tuple[DecoderLayer, TransformerQuant | None]],
+    layers: Iterable[tuple[DecoderLayer, TransformerQuant | None, np.ndarray | None]],
     tokenizer: bytes | None = None,
     needed: Needed = None,
 ) -> Path:
     """Write the version-2 container of a model whose decoder layers come one at a time: `head`
     holds the config, embedding, LM head and final norm (its `layers` unused), `q` the
     quantised embedding / LM head, and `layers` yields each layer in order with its quantised
-    weights (keyed by its index), which are dropped once written. The file is byte for byte
-    :func:`write_lm_container` of the whole model; memory holds one layer. `needed`: the
+    weights (keyed by its index) and its calibration heat (as `heat` of
+    :func:`write_lm_container`; None: none), which are dropped once written. The file is byte
+    for byte :func:`write_lm_container` of the whole model; memory holds one layer. `needed`: the
     bytes the write needs if known, or a function estimating them (for a full disk's
     message)."""
     check_max_context(max_context)
@@ -418,11 +419,11 @@ def write_lm_container_streamed(
         # would be in memory while the next is read
         i = 0
         for item in layers:
-            layer, lq = item
+            layer, lq, heat = item
             del item
             check_supported_layer(i, layer)
-            yield from layer_tensors(i, layer, lq)
-            del layer, lq  # before the next layer is read: one in memory at a time
+            yield from layer_tensors(i, layer, lq, heat)
+            del layer, lq, heat  # before the next layer is read: one in memory at a time
             i += 1
         yield from tail_tensors(tokenizer)
 

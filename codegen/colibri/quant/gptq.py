@@ -209,13 +209,17 @@ def block_compensated_matrix(w_t: np.ndarray, scheme: str, hb: np.ndarray) -> Qu
     diag = np.diagonal(hb, axis1=1, axis2=2).reshape(-1)
     live = diag > 0
     imp = np.where(live, diag, float(diag[live].mean()) if live.any() else 1.0).reshape(ng, g)
+    # column-major [g, ng, out]: each column of every group is one contiguous [ng, out] slab
+    # (the same operations on the same values as row-major: 0.49 -> 0.24 s CPU for int8 at
+    # 2816 x 1024)
     padded = np.zeros((n_out, ng * g))
     padded[:, :n_in] = w_t
-    w = padded.reshape(n_out, ng, g)
-    codes = np.zeros((n_out, ng, g))
+    w = np.ascontiguousarray(padded.reshape(n_out, ng, g).transpose(2, 1, 0))
+    codes = np.zeros((g, ng, n_out))
+    ud = np.ascontiguousarray(np.diagonal(u, axis1=1, axis2=2).T)[:, :, None]  # [g, ng, 1]
     if scheme == "int8":
         scale = search_int8_scales(w_t, imp.reshape(-1)[:n_in]).astype(np.float64)
-        step = np.broadcast_to(scale[:, None], (n_out, ng))
+        step = np.broadcast_to(scale[None, :], (ng, n_out))
         top, bottom = Q8_MAX, -Q8_MAX
     else:
         d16 = np.zeros((n_out, ng, g // QK4), np.float16)
@@ -223,20 +227,22 @@ def block_compensated_matrix(w_t: np.ndarray, scheme: str, hb: np.ndarray) -> Qu
     for j0 in range(0, g, QK4):  # the columns of block j of every group, updates lazily
         j1 = j0 + QK4
         if scheme == "int4":  # the scales of block j of every group, on the weights as they are
-            blk = w[:, :, j0:j1].reshape(n_out, ng * QK4).astype(np.float32)
+            blk = w[j0:j1].transpose(2, 1, 0).reshape(n_out, ng * QK4).astype(np.float32)
             d16[:, :, j0 // QK4] = search_int4_scales(blk, imp[:, j0:j1].reshape(-1))
-            step = d16[:, :, j0 // QK4].astype(np.float64)
+            step = d16[:, :, j0 // QK4].T.astype(np.float64)
         safe = np.where(step == 0, 1.0, step)
         err = np.zeros((ng, n_out, QK4))
         for i in range(j0, j1):
-            col = w[:, :, i]
+            col = w[i]
             c = np.where(step == 0, 0.0, np.clip(round_half_away(col / safe), bottom, top))
-            codes[:, :, i] = c
-            e = (col - c * step) / u[None, :, i, i]
-            err[:, :, i - j0] = e.T
-            w[:, :, i + 1 : j1] -= e[:, :, None] * u[None, :, i, i + 1 : j1]
+            codes[i] = c
+            e = (col - c * step) / ud[i]
+            err[:, :, i - j0] = e
+            # u[:, i, i + 1 : j1] as [j1 - i - 1, ng, 1] against e [ng, out]
+            w[i + 1 : j1] -= e[None] * u[:, i, i + 1 : j1].T[:, :, None]
         if j1 < g:  # the later blocks of every group, once per block
-            w[:, :, j1:] -= np.matmul(err, u[:, j0:j1, j1:]).transpose(1, 0, 2)
+            w[j1:] -= np.matmul(err, u[:, j0:j1, j1:]).transpose(2, 0, 1)
+    codes = codes.transpose(2, 1, 0)
     flat = codes.reshape(n_out, ng * g)[:, :n_in]
     if scheme == "int8":
         return QuantTensor("int8", n_out, n_in, flat.astype(np.int8), scale.astype(np.float32))

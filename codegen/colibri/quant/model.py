@@ -293,12 +293,19 @@ def quantize_layer_dense(
 
 
 def quantize_layer_all(
-    q: TransformerQuant, i: int, layer: DecoderLayer, search: str = DEFAULT_SCALE_SEARCH
+    q: TransformerQuant,
+    i: int,
+    layer: DecoderLayer,
+    search: str = DEFAULT_SCALE_SEARCH,
+    calib: LayerCalib | None = None,
+    tick: Tick | None = None,
+    method: str = DEFAULT_CALIB_METHOD,
 ) -> TransformerQuant:
     """Everything of layer `i` (experts, router, dense matrices) into a copy of q's schemes
-    holding only that layer: what a container streamed one layer at a time stores for it."""
+    holding only that layer: what a container streamed one layer at a time stores for it
+    (`calib`: the layer's calibration statistics; `tick(k, n)` after each stored expert)."""
     lq = replace(q, experts={}, dense={}, dense_ffn={}, routers={})
-    quantize_layer_experts(lq, i, layer, search)
+    quantize_layer_experts(lq, i, layer, search, calib, tick, method)
     quantize_layer_dense(lq, i, layer, search)
     return lq
 

@@ -22,6 +22,7 @@ pieces of at most max_len tokens (the generated model's --max-context).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +31,14 @@ from ..errors import ConfigError, InputError
 from ..frontends.load import load_npy
 from ..frontends.tokenizer import load_tokenizer
 from ..ir.moe import MoELayer
-from ..ir.transformer import MoETransformer
+from ..ir.transformer import DecoderLayer, MoETransformer
 from ..progress import Stage, Tick
 from ..quant.calib import ExpertCalib, ExpertRunner, LayerCalib
 from ..quant.formats import QuantExpert
 from ..quant.gptq import block_moments, block_moments_shape
 from .kernels import quant_expert_ffn
 from .moe import ffn, hidden, route
-from .transformer import forward
+from .transformer import KVCache, forward, layer_forward
 
 #: Inputs kept per expert for choosing and reporting its calibrated weights (a deterministic
 #: sample spread over the calibration data).
@@ -243,6 +244,62 @@ class _Counter:
             self.stage.update(self.done + k, f"statistics  {self.where()}  expert {k}/{n}")
 
 
+class LayerByLayer:
+    """Calibration of a transformer whose decoder layers come one at a time (`colibri convert
+    --calib`, streamed): the fp32 reference's residual stream of every calibration sequence
+    ([T, d_model] float64 each, from the embedding of `head`) is carried from one layer to the
+    next, so memory holds one layer's weights and statistics, never the model's. Each MoE
+    layer's statistics are :func:`transformer_calibration`'s to the bit (the same operations
+    on each sequence, the sequences in the same order)."""
+
+    def __init__(self, head: MoETransformer, sequences: list[np.ndarray]) -> None:
+        self.config = head.config
+        self.x = [head.embed[np.asarray(s, np.int64)].astype(np.float64) for s in sequences]
+
+    @property
+    def tokens(self) -> int:
+        return sum(x.shape[0] for x in self.x)
+
+    def advance(
+        self,
+        i: int,
+        layer: DecoderLayer,
+        hidden_rows: bool = False,
+        tick: Callable[[str, int, int], None] | None = None,
+    ) -> LayerCalib | None:
+        """Run decoder layer `i` over every sequence (a fresh KV cache each); its calibration
+        statistics when it is a MoE layer, else None. `tick(part, k, n)`: "batch" after each
+        of the n sequences, then "statistics" after each of the n stored experts.
+        `hidden_rows`: as :func:`transformer_calibration`."""
+        stats = _LayerStats(layer.moe) if layer.moe is not None else None
+
+        def capture(_: int, h: np.ndarray) -> None:
+            assert stats is not None
+            stats.add(h)
+
+        for k, x in enumerate(self.x):
+            self.x[k] = layer_forward(self.config, layer, x, KVCache(), i, 0, capture, slot=0)
+            if tick is not None:
+                tick("batch", k + 1, len(self.x))
+        if stats is None:
+            return None
+
+        def per_expert(k: int, n: int) -> None:
+            if tick is not None:
+                tick("statistics", k, n)
+
+        return stats.result(per_expert, hidden_rows)
+
+
+def layer_heat(moe: MoELayer, lc: LayerCalib) -> np.ndarray:
+    """float32 [n_experts]: the share of the layer's calibration tokens routed to each stored
+    expert (:func:`expert_heat` of one layer)."""
+    heat = np.zeros(moe.config.n_experts, np.float32)
+    for e, st in lc.experts.items():
+        heat[e] = st.hits / max(lc.tokens, 1)
+    return heat
+
+
 def expert_heat(model: MoETransformer, calib: dict[int, LayerCalib]) -> dict[int, np.ndarray]:
     """Per MoE layer (by index), float32 [n_experts]: the share of its calibration tokens
     routed to each stored expert (0 for an expert that uses another's weights, and for one the
@@ -254,10 +311,7 @@ def expert_heat(model: MoETransformer, calib: dict[int, LayerCalib]) -> dict[int
         moe = model.layers[i].moe
         if moe is None:
             continue
-        heat = np.zeros(moe.config.n_experts, np.float32)
-        for e, st in lc.experts.items():
-            heat[e] = st.hits / max(lc.tokens, 1)
-        out[i] = heat
+        out[i] = layer_heat(moe, lc)
     return out
 
 

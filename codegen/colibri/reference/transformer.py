@@ -153,6 +153,35 @@ def _swiglu(ex: Expert, x: np.ndarray) -> np.ndarray:
     return np.asarray(((g / (1.0 + np.exp(-g))) * (x @ ex.w3.astype(np.float64))) @ ex.w2)
 
 
+def layer_forward(
+    c: TransformerConfig,
+    layer: DecoderLayer,
+    x: np.ndarray,
+    cache: KVCache,
+    i: int,
+    start: int,
+    capture: Callable[[int, np.ndarray], None] | None = None,
+    slot: int | None = None,
+) -> np.ndarray:
+    """The residual stream x [T, d_model] (float64, positions start..) after decoder layer `i`
+    (its keys / values go to cache layer `slot`, default `i`); `capture(i, rows)` sees the fp32
+    input rows of its MoE block. :func:`forward` runs this for every layer; the streamed
+    calibration one layer at a time over every sequence
+    (:class:`colibri.reference.calibration.LayerByLayer`)."""
+    h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+    x = x + attention_forward(c, layer.attention, h, cache, i if slot is None else slot, start)
+    h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+    if layer.moe is not None:
+        h32 = h.astype(np.float32)
+        if capture is not None:
+            capture(i, h32)
+        y, _ = moe_forward(layer.moe, h32)
+    else:
+        assert layer.mlp is not None
+        y = _swiglu(layer.mlp, h)
+    return np.asarray(x + y)
+
+
 def forward(
     model: MoETransformer,
     token_ids: list[int] | np.ndarray,
@@ -186,18 +215,7 @@ def forward(
     for i, layer in enumerate(model.layers):
         if not logits and i > last_moe:
             break
-        h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-        x = x + attention_forward(c, layer.attention, h, cache, i, start)
-        h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-        if layer.moe is not None:
-            h32 = h.astype(np.float32)
-            if capture is not None:
-                capture(i, h32)
-            y, _ = moe_forward(layer.moe, h32)
-        else:
-            assert layer.mlp is not None
-            y = _swiglu(layer.mlp, h)
-        x = x + y
+        x = layer_forward(c, layer, x, cache, i, start, capture)
     if not logits:
         return np.zeros((ids.size, 0))
     x = rms_norm(x, model.final_norm, c.rms_norm_eps)
