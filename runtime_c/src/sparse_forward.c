@@ -84,13 +84,29 @@ static colibri_status run_expert_group(colibri_model_t *model, const workspace_v
 
     for (int32_t b = begin; b < end; b += model->max_tokens) {
         const int32_t m = (end - b < model->max_tokens) ? end - b : model->max_tokens;
-        clb_moe_gather(ws->perm + b, m, top_k, input, ws->x_gathered, model->d_model);
-        if (kernel != NULL) {
-            kernel(w, ws->x_gathered, ws->y_expert, m, ws->hidden);
-        } else {
-            colibri_expert_ffn_f32(model, w, ws->x_gathered, ws->y_expert, m, ws->hidden);
+        /* Rows of consecutive tokens (one token, or a run that all goes to e) are already
+         * gathered in the input: the kernel reads them there, no copy. */
+        const int32_t tok0 = ws->perm[b] / top_k;
+        int32_t run = 1;
+        while (run < m && ws->perm[b + run] / top_k == tok0 + run) {
+            run++;
         }
-        clb_moe_scatter_add(ws->perm + b, m, top_k, gates, ws->y_expert, output, model->d_model);
+        const float *xg = input + (size_t)tok0 * (size_t)model->d_model;
+        if (run < m) {
+            clb_moe_gather(ws->perm + b, m, top_k, input, ws->x_gathered, model->d_model);
+            xg = ws->x_gathered;
+        }
+        if (kernel != NULL) {
+            kernel(w, xg, ws->y_expert, m, ws->hidden);
+        } else {
+            colibri_expert_ffn_f32(model, w, xg, ws->y_expert, m, ws->hidden);
+        }
+        if (top_k == 1) { /* the token's one expert: its row is written once, not zeroed first */
+            clb_moe_scatter_set(ws->perm + b, m, gates, ws->y_expert, output, model->d_model);
+        } else {
+            clb_moe_scatter_add(ws->perm + b, m, top_k, gates, ws->y_expert, output,
+                                model->d_model);
+        }
     }
     return COLIBRI_OK;
 }
@@ -124,7 +140,9 @@ colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input
             return COLIBRI_ERR_NOMEM;
         }
     }
-    memset(output, 0, (size_t)batch_seq_len * (size_t)model->d_model * sizeof(float));
+    if (top_k != 1) { /* with top_k 1 every row is set once by clb_moe_scatter_set */
+        memset(output, 0, (size_t)batch_seq_len * (size_t)model->d_model * sizeof(float));
+    }
 
     const workspace_view ws = workspace_carve(model);
     for (int32_t t0 = 0; t0 < batch_seq_len; t0 += chunk) {
