@@ -113,26 +113,6 @@ static inline void clb_moe_scatter_add(const int32_t *pairs, int32_t count, int3
     }
 }
 
-/**
- * @brief out[token of pairs[r]] = 0 + gates[pairs[r]] * y[r] for r = 0 .. count - 1: the bits of
- *        clb_moe_scatter_add into a zeroed row (0.0f + v, so a -0 product still gives +0), for
- *        a token's one pair (top_k 1) without zeroing the row first.
- */
-static inline void clb_moe_scatter_set(const int32_t *pairs, int32_t count, const float *gates,
-                                       const float *y, float *out, int32_t d_model)
-{
-    const size_t d = (size_t)d_model;
-    for (int32_t r = 0; r < count; r++) {
-        const int32_t pair = pairs[r];
-        const float g = gates[pair];
-        const float *yr = y + (size_t)r * d;
-        float *o = out + (size_t)pair * d;
-        for (size_t i = 0; i < d; i++) {
-            o[i] = 0.0f + g * yr[i];
-        }
-    }
-}
-
 /** @brief A sharing map is valid when every entry is in range and map[map[i]] == map[i]. */
 colibri_status colibri_check_sharing_map(const int32_t *map, int32_t n_experts);
 

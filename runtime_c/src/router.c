@@ -554,30 +554,51 @@ static inline __attribute__((always_inline)) void router_dots(const colibri_mode
 /* router_dots of four fp32 rows on Helium: the rows' sums are the four lanes, row j's weight of
  * input i fetched by one gather load (offsets 0, d, 2d, 3d from Wg[e0] + i), then lane by lane
  * the same multiply and add in the same order (GCC 12's own vectorisation of the four chains
- * moves each weight through the stack: 3.5 instructions a multiply-add). */
+ * moves each weight through the stack: 3.5 instructions a multiply-add). Four inputs a loop, the
+ * gathers at immediate offsets from one vector of addresses: 4.5 instructions an input, was 7;
+ * R < 4 (the last 2 or 3 rows) turns the lanes past R off. */
 #define ROUTER_GATHER4 1
-static inline __attribute__((always_inline)) void router_dots4_f32(const float *wg, const float *x,
-                                                                   size_t d, float *out)
+static inline __attribute__((always_inline)) void
+router_dots4_f32(const float *wg, const float *x, size_t d, float *out, const int32_t R)
 {
-    const uint32x4_t offs = vmulq_n_u32(vidupq_n_u32(0u, 1), (uint32_t)d);
+    /* lane j: the address of Wg[e0 + j][i]; lanes j >= R are off (predicated: no load, no
+     * store) */
+    const mve_pred16_t p = vctp32q((uint32_t)R);
+#define ROUTER_GATHER(a, off)                                                                      \
+    (R == 4 ? vldrwq_gather_base_f32(a, off) : vldrwq_gather_base_z_f32(a, off, p))
+    uint32x4_t addr = vaddq_n_u32(vmulq_n_u32(vidupq_n_u32(0u, 1), (uint32_t)(d * sizeof(float))),
+                                  (uint32_t)(uintptr_t)wg);
     float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t i = 0; i < d; i++) {
-        const float32x4_t w = vldrwq_gather_shifted_offset_f32(wg + i, offs);
-        acc = vaddq_f32(acc, vmulq_n_f32(w, x[i]));
+    size_t i = 0;
+    for (; i + 4 <= d; i += 4) {
+        const float32x4_t w0 = ROUTER_GATHER(addr, 0);
+        const float32x4_t w1 = ROUTER_GATHER(addr, 4);
+        const float32x4_t w2 = ROUTER_GATHER(addr, 8);
+        const float32x4_t w3 = ROUTER_GATHER(addr, 12);
+        addr = vaddq_n_u32(addr, 16u);
+        acc = vaddq_f32(acc, vmulq_n_f32(w0, x[i]));
+        acc = vaddq_f32(acc, vmulq_n_f32(w1, x[i + 1]));
+        acc = vaddq_f32(acc, vmulq_n_f32(w2, x[i + 2]));
+        acc = vaddq_f32(acc, vmulq_n_f32(w3, x[i + 3]));
     }
-    vst1q_f32(out, acc);
+    for (; i < d; i++) {
+        acc = vaddq_f32(acc, vmulq_n_f32(ROUTER_GATHER(addr, 0), x[i]));
+        addr = vaddq_n_u32(addr, 4u);
+    }
+    vstrwq_p_f32(out, acc, p);
+#undef ROUTER_GATHER
 }
 #endif
 
 #if defined(__GNUC__) && defined(__arm__) && defined(__ARM_FP) && (__ARM_FP & 4) &&                \
-    defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M' && !defined(ROUTER_GATHER4) &&        \
-    !defined(COLIBRI_ROUTE_SCALAR)
-/* router_dots of fp32 rows on a Cortex-M VFP (M4, M7): four inputs at a time, x[i..i+3] and each
- * row's four weights fetched by one VLDMIA each (GCC issues one VLDR a float: 3.75 instructions a
- * multiply-add for four rows, 2.4 here), then per row the same VMUL and VADD in index order (no
- * fused multiply-add), so the same bits as router_dots; the last d % 4 inputs continue each
- * chain in C. s0-s3 hold x, s4-s19 the weights; the sums are operands ("t": any VFP register
- * GCC keeps apart from the clobbered ones). */
+    defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M' && !defined(COLIBRI_ROUTE_SCALAR)
+/* router_dots of fp32 rows on a Cortex-M VFP (M4, M7; on Helium the last row after the
+ * gathers, 2.75 instructions a multiply-add instead of 5): four inputs at a time,
+ * x[i..i+3] and each row's four weights fetched by one VLDMIA each (GCC issues one VLDR a
+ * float: 3.75 instructions a multiply-add for four rows, 2.4 here), then per row the same VMUL and
+ * VADD in index order (no fused multiply-add), so the same bits as router_dots; the last d % 4
+ * inputs continue each chain in C. s0-s3 hold x, s4-s19 the weights; the sums are operands ("t":
+ * any VFP register GCC keeps apart from the clobbered ones). */
 #define ROUTER_VLDM 1
 #define RV_MA(a, w, xs) "vmul.f32 " w ", " xs ", " w "\n\tvadd.f32 %[" a "], %[" a "], " w "\n\t"
 #define RV_ROW4(a, ws, w0, w1, w2, w3)                                                             \
@@ -653,16 +674,22 @@ static void router_logits(const colibri_model_t *model, int32_t e0, int32_t n, c
 #if defined(ROUTER_GATHER4)
     if (model->router_scheme == COLIBRI_QUANT_F32) {
         for (; j + 4 <= n; j += 4) {
-            router_dots4_f32(model->router_w + (size_t)(e0 + j) * d, x, d, logits + j);
+            router_dots4_f32(model->router_w + (size_t)(e0 + j) * d, x, d, logits + j, 4);
+        }
+        if (n - j >= 2) { /* the last 2 or 3 rows: lanes off past them */
+            router_dots4_f32(model->router_w + (size_t)(e0 + j) * d, x, d, logits + j, n - j);
+            j = n;
         }
     }
 #endif
 #if defined(ROUTER_VLDM)
     if (model->router_scheme == COLIBRI_QUANT_F32) {
         const float *wg = model->router_w + (size_t)e0 * d;
+#if !defined(ROUTER_GATHER4)
         for (; j + 4 <= n; j += 4) {
             router_dots_vfp(wg + (size_t)j * d, x, d, logits + j, 4);
         }
+#endif
         if (n - j >= 2) {
             router_dots_vfp(wg + (size_t)j * d, x, d, logits + j, 2);
             j += 2;
