@@ -555,26 +555,23 @@ static inline __attribute__((always_inline)) void router_dots(const colibri_mode
  * input i fetched by one gather load (offsets 0, d, 2d, 3d from Wg[e0] + i), then lane by lane
  * the same multiply and add in the same order (GCC 12's own vectorisation of the four chains
  * moves each weight through the stack: 3.5 instructions a multiply-add). Four inputs a loop, the
- * gathers at immediate offsets from one vector of addresses: 4.5 instructions an input, was 7;
- * R < 4 (the last 2 or 3 rows) turns the lanes past R off. */
+ * gathers at immediate offsets from one vector of addresses: 5.25 instructions an input, was 7.
+ * (Helium flushes subnormal products and sums, scalar VFP does not: so did these rows before.)
+ * The last 1..3 rows take the VFP path below. */
 #define ROUTER_GATHER4 1
-static inline __attribute__((always_inline)) void
-router_dots4_f32(const float *wg, const float *x, size_t d, float *out, const int32_t R)
+static inline __attribute__((always_inline)) void router_dots4_f32(const float *wg, const float *x,
+                                                                   size_t d, float *out)
 {
-    /* lane j: the address of Wg[e0 + j][i]; lanes j >= R are off (predicated: no load, no
-     * store) */
-    const mve_pred16_t p = vctp32q((uint32_t)R);
-#define ROUTER_GATHER(a, off)                                                                      \
-    (R == 4 ? vldrwq_gather_base_f32(a, off) : vldrwq_gather_base_z_f32(a, off, p))
+    /* lane j: the address of Wg[e0 + j][i] */
     uint32x4_t addr = vaddq_n_u32(vmulq_n_u32(vidupq_n_u32(0u, 1), (uint32_t)(d * sizeof(float))),
                                   (uint32_t)(uintptr_t)wg);
     float32x4_t acc = vdupq_n_f32(0.0f);
     size_t i = 0;
     for (; i + 4 <= d; i += 4) {
-        const float32x4_t w0 = ROUTER_GATHER(addr, 0);
-        const float32x4_t w1 = ROUTER_GATHER(addr, 4);
-        const float32x4_t w2 = ROUTER_GATHER(addr, 8);
-        const float32x4_t w3 = ROUTER_GATHER(addr, 12);
+        const float32x4_t w0 = vldrwq_gather_base_f32(addr, 0);
+        const float32x4_t w1 = vldrwq_gather_base_f32(addr, 4);
+        const float32x4_t w2 = vldrwq_gather_base_f32(addr, 8);
+        const float32x4_t w3 = vldrwq_gather_base_f32(addr, 12);
         addr = vaddq_n_u32(addr, 16u);
         acc = vaddq_f32(acc, vmulq_n_f32(w0, x[i]));
         acc = vaddq_f32(acc, vmulq_n_f32(w1, x[i + 1]));
@@ -582,18 +579,17 @@ router_dots4_f32(const float *wg, const float *x, size_t d, float *out, const in
         acc = vaddq_f32(acc, vmulq_n_f32(w3, x[i + 3]));
     }
     for (; i < d; i++) {
-        acc = vaddq_f32(acc, vmulq_n_f32(ROUTER_GATHER(addr, 0), x[i]));
+        acc = vaddq_f32(acc, vmulq_n_f32(vldrwq_gather_base_f32(addr, 0), x[i]));
         addr = vaddq_n_u32(addr, 4u);
     }
-    vstrwq_p_f32(out, acc, p);
-#undef ROUTER_GATHER
+    vst1q_f32(out, acc);
 }
 #endif
 
 #if defined(__GNUC__) && defined(__arm__) && defined(__ARM_FP) && (__ARM_FP & 4) &&                \
     defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M' && !defined(COLIBRI_ROUTE_SCALAR)
-/* router_dots of fp32 rows on a Cortex-M VFP (M4, M7; on Helium the last row after the
- * gathers, 2.75 instructions a multiply-add instead of 5): four inputs at a time,
+/* router_dots of fp32 rows on a Cortex-M VFP (M4, M7; on Helium the last 1..3 rows after the
+ * gathers: 2.5-2.75 instructions a multiply-add instead of 5): four inputs at a time,
  * x[i..i+3] and each row's four weights fetched by one VLDMIA each (GCC issues one VLDR a
  * float: 3.75 instructions a multiply-add for four rows, 2.4 here), then per row the same VMUL and
  * VADD in index order (no fused multiply-add), so the same bits as router_dots; the last d % 4
@@ -674,11 +670,7 @@ static void router_logits(const colibri_model_t *model, int32_t e0, int32_t n, c
 #if defined(ROUTER_GATHER4)
     if (model->router_scheme == COLIBRI_QUANT_F32) {
         for (; j + 4 <= n; j += 4) {
-            router_dots4_f32(model->router_w + (size_t)(e0 + j) * d, x, d, logits + j, 4);
-        }
-        if (n - j >= 2) { /* the last 2 or 3 rows: lanes off past them */
-            router_dots4_f32(model->router_w + (size_t)(e0 + j) * d, x, d, logits + j, n - j);
-            j = n;
+            router_dots4_f32(model->router_w + (size_t)(e0 + j) * d, x, d, logits + j);
         }
     }
 #endif

@@ -68,27 +68,20 @@ static colibri_status check_topk(const colibri_model_t *model, int32_t top_k)
     return COLIBRI_OK;
 }
 
-#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
-#include <arm_mve.h>
-#define SCATTER_MVE 1
-#elif defined(__GNUC__) && defined(__arm__) && defined(__ARM_FP) && (__ARM_FP & 4) &&              \
+#if defined(__GNUC__) && defined(__arm__) && defined(__ARM_FP) && (__ARM_FP & 4) &&                \
     defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M'
 #define SCATTER_VFP 1
 #endif
 
 /* o[i] = 0.0f + g * y[i] for i < d: the bits of clb_moe_scatter_add into a zeroed row (a -0
- * product still gives +0), four at a time on Helium (VLDRW, VMUL, VADD, VSTRW) or a Cortex-M VFP
- * (one VLDMIA and one VSTMIA for four; GCC issued a VLDR and a VSTR a float; volatile: its
- * outputs are only the pointers, which nothing reads after the loop). */
+ * product still gives +0), four at a time on a Cortex-M VFP (M4, M7, M55: one VLDMIA and one
+ * VSTMIA for four; GCC issued a VLDR and a VSTR a float). Scalar VFP on the M55 too: Helium's
+ * vector floating point would flush subnormal products. volatile: the asm's outputs are only
+ * the pointers, which nothing reads after the loop. */
 static inline void scatter_set_row(float *o, const float *y, float g, size_t d)
 {
     size_t i = 0;
-#if defined(SCATTER_MVE)
-    const float32x4_t zero = vdupq_n_f32(0.0f);
-    for (; i + 4 <= d; i += 4) {
-        vst1q_f32(o + i, vaddq_f32(zero, vmulq_n_f32(vld1q_f32(y + i), g)));
-    }
-#elif defined(SCATTER_VFP)
+#if defined(SCATTER_VFP)
     const float zero = 0.0f;
     float *op = o;
     const float *yp = y;
