@@ -214,14 +214,21 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p_br(const int8_t *q, const float *sca
                 a3 = y[o + 3];
             }
             const float *s0p = scale + (size_t)o * nb; /* blocked: row o's block scales */
-            for (int32_t b = 0; b < cn / COLIBRI_QK8; b++) {
+            /* the full blocks, then the row's last block when it has fewer live steps (out of
+             * the loop: a test in it made GCC spill the block's float step) */
+            const int32_t part = c0 + cn >= n_in && last_steps < 4;
+            for (int32_t b = 0; b < cn / COLIBRI_QK8 - part; b++) {
                 int32_t s[4];
+                colibri_qi_r4p_block(wg + (size_t)b * 128u, xu + 16 * b, s);
                 const size_t bb = (size_t)(b0 + b);
-                if (bb + 1 == nb && last_steps < 4) {
-                    colibri_qi_r4p_block_part(wg + (size_t)b * 128u, xu + 16 * b, s, last_steps);
-                } else {
-                    colibri_qi_r4p_block(wg + (size_t)b * 128u, xu + 16 * b, s);
-                }
+                const float xs = sx[bb];
+                COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4P_FLOAT, s0p, bb, nb, xs, blocked);
+            }
+            if (part) {
+                const int32_t b = cn / COLIBRI_QK8 - 1;
+                int32_t s[4];
+                colibri_qi_r4p_block_part(wg + (size_t)b * 128u, xu + 16 * b, s, last_steps);
+                const size_t bb = (size_t)(b0 + b);
                 const float xs = sx[bb];
                 COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4P_FLOAT, s0p, bb, nb, xs, blocked);
             }
