@@ -68,6 +68,56 @@ static colibri_status check_topk(const colibri_model_t *model, int32_t top_k)
     return COLIBRI_OK;
 }
 
+#if defined(__GNUC__) && defined(__arm__) && defined(__ARM_FP) && (__ARM_FP & 4) &&                \
+    defined(__ARM_ARCH_PROFILE) && __ARM_ARCH_PROFILE == 'M'
+#define SCATTER_VFP 1
+#endif
+
+/* o[i] = 0.0f + g * y[i] for i < d: the bits of clb_moe_scatter_add into a zeroed row (a -0
+ * product still gives +0), four at a time on a Cortex-M VFP (M4, M7, M55: one VLDMIA and one
+ * VSTMIA for four; GCC issued a VLDR and a VSTR a float). Scalar VFP on the M55 too: Helium's
+ * vector floating point would flush subnormal products. volatile: the asm's outputs are only
+ * the pointers, which nothing reads after the loop. */
+static inline void scatter_set_row(float *o, const float *y, float g, size_t d)
+{
+    size_t i = 0;
+#if defined(SCATTER_VFP)
+    const float zero = 0.0f;
+    float *op = o;
+    const float *yp = y;
+    for (; i + 4 <= d; i += 4) {
+        __asm__ volatile("vldmia %[y]!, {s0-s3}\n\t"
+                         "vmul.f32 s0, s0, %[g]\n\t"
+                         "vmul.f32 s1, s1, %[g]\n\t"
+                         "vmul.f32 s2, s2, %[g]\n\t"
+                         "vmul.f32 s3, s3, %[g]\n\t"
+                         "vadd.f32 s0, s0, %[z]\n\t"
+                         "vadd.f32 s1, s1, %[z]\n\t"
+                         "vadd.f32 s2, s2, %[z]\n\t"
+                         "vadd.f32 s3, s3, %[z]\n\t"
+                         "vstmia %[o]!, {s0-s3}"
+                         : [y] "+r"(yp), [o] "+r"(op)
+                         : [g] "t"(g), [z] "t"(zero)
+                         : "s0", "s1", "s2", "s3", "memory");
+    }
+#endif
+    for (; i < d; i++) {
+        o[i] = 0.0f + g * y[i];
+    }
+}
+
+/* out[token of pairs[r]] = 0 + gates[pairs[r]] * y[r] for r < count: a token's one pair (top_k
+ * 1), its row set without zeroing it first. */
+static void scatter_set(const int32_t *pairs, int32_t count, const float *gates, const float *y,
+                        float *out, int32_t d_model)
+{
+    const size_t d = (size_t)d_model;
+    for (int32_t r = 0; r < count; r++) {
+        const int32_t pair = pairs[r];
+        scatter_set_row(out + (size_t)pair * d, y + (size_t)r * d, gates[pair], d);
+    }
+}
+
 /* Run expert e over rows [begin, end) of the chunk's sorted pairs (the chunk's first token is
  * t0: input, output and gates are offset to it). */
 static colibri_status run_expert_group(colibri_model_t *model, const workspace_view *ws, int32_t e,
@@ -84,13 +134,29 @@ static colibri_status run_expert_group(colibri_model_t *model, const workspace_v
 
     for (int32_t b = begin; b < end; b += model->max_tokens) {
         const int32_t m = (end - b < model->max_tokens) ? end - b : model->max_tokens;
-        clb_moe_gather(ws->perm + b, m, top_k, input, ws->x_gathered, model->d_model);
-        if (kernel != NULL) {
-            kernel(w, ws->x_gathered, ws->y_expert, m, ws->hidden);
-        } else {
-            colibri_expert_ffn_f32(model, w, ws->x_gathered, ws->y_expert, m, ws->hidden);
+        /* Rows of consecutive tokens (one token, or a run that all goes to e) are already
+         * gathered in the input: the kernel reads them there, no copy. */
+        const int32_t tok0 = ws->perm[b] / top_k;
+        int32_t run = 1;
+        while (run < m && ws->perm[b + run] / top_k == tok0 + run) {
+            run++;
         }
-        clb_moe_scatter_add(ws->perm + b, m, top_k, gates, ws->y_expert, output, model->d_model);
+        const float *xg = input + (size_t)tok0 * (size_t)model->d_model;
+        if (run < m) {
+            clb_moe_gather(ws->perm + b, m, top_k, input, ws->x_gathered, model->d_model);
+            xg = ws->x_gathered;
+        }
+        if (kernel != NULL) {
+            kernel(w, xg, ws->y_expert, m, ws->hidden);
+        } else {
+            colibri_expert_ffn_f32(model, w, xg, ws->y_expert, m, ws->hidden);
+        }
+        if (top_k == 1) { /* the token's one expert: its row is written once, not zeroed first */
+            scatter_set(ws->perm + b, m, gates, ws->y_expert, output, model->d_model);
+        } else {
+            clb_moe_scatter_add(ws->perm + b, m, top_k, gates, ws->y_expert, output,
+                                model->d_model);
+        }
     }
     return COLIBRI_OK;
 }
@@ -124,7 +190,9 @@ colibri_status colibri_sparse_forward(colibri_model_t *model, const float *input
             return COLIBRI_ERR_NOMEM;
         }
     }
-    memset(output, 0, (size_t)batch_seq_len * (size_t)model->d_model * sizeof(float));
+    if (top_k != 1) { /* with top_k 1 every row is set once by scatter_set */
+        memset(output, 0, (size_t)batch_seq_len * (size_t)model->d_model * sizeof(float));
+    }
 
     const workspace_view ws = workspace_carve(model);
     for (int32_t t0 = 0; t0 < batch_seq_len; t0 += chunk) {

@@ -123,6 +123,47 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_block(const int8_t *wg, const uint32_t *xu
 #endif
 }
 
+/** colibri_qi_r4p_block over the block's first 8 * steps inputs only (steps 1..3): the last
+ *  block of a row whose live inputs end there (the rest are zero codes on both sides, adding
+ *  nothing: the same sums). */
+COLIBRI_QI_INLINE void colibri_qi_r4p_block_part(const int8_t *wg, const uint32_t *xu, int32_t s[4],
+                                                 int32_t steps)
+{
+#if defined(COLIBRI_QI_SIMD32)
+    int32_t s0, s1, s2, s3;
+    uint32_t ya, oa, yb, ob, wa, wb, t;
+#define COLIBRI_QI_PSTEP0                                                                          \
+    COLIBRI_QI_PX(0)                                                                               \
+    COLIBRI_QI_PROW0(s0, 0)                                                                        \
+    COLIBRI_QI_PROW0(s1, 16) COLIBRI_QI_PROW0(s2, 32) COLIBRI_QI_PROW0(s3, 48)
+#define COLIBRI_QI_PSTEP1                                                                          \
+    COLIBRI_QI_PX(16)                                                                              \
+    COLIBRI_QI_PROW(s0, 8) COLIBRI_QI_PROW(s1, 24) COLIBRI_QI_PROW(s2, 40) COLIBRI_QI_PROW(s3, 56)
+#define COLIBRI_QI_PSTEP2                                                                          \
+    COLIBRI_QI_PX(32)                                                                              \
+    COLIBRI_QI_PROW(s0, 64) COLIBRI_QI_PROW(s1, 80) COLIBRI_QI_PROW(s2, 96) COLIBRI_QI_PROW(s3, 112)
+#define COLIBRI_QI_POPS                                                                            \
+    : COLIBRI_QI_SUMS4("=&r", s), [ya] "=&r"(ya), [oa] "=&r"(oa), [yb] "=&r"(yb), [ob] "=&r"(ob), \
+      [wa] "=&r"(wa), [wb] "=&r"(wb), [t] "=&r"(t)                                                 \
+    : [w] "r"(wg), [x] "r"(xu), "m"(*(const int8_t(*)[128])wg), "m"(*(const uint32_t(*)[16])xu)
+    if (steps == 1) {
+        __asm__(COLIBRI_QI_PSTEP0 COLIBRI_QI_POPS);
+    } else if (steps == 2) {
+        __asm__(COLIBRI_QI_PSTEP0 COLIBRI_QI_PSTEP1 COLIBRI_QI_POPS);
+    } else {
+        __asm__(COLIBRI_QI_PSTEP0 COLIBRI_QI_PSTEP1 COLIBRI_QI_PSTEP2 COLIBRI_QI_POPS);
+    }
+#undef COLIBRI_QI_PSTEP0
+#undef COLIBRI_QI_PSTEP1
+#undef COLIBRI_QI_PSTEP2
+#undef COLIBRI_QI_POPS
+    COLIBRI_QI_STORE4(s, s);
+#else
+    (void)steps;
+    colibri_qi_r4p_block(wg, xu, s);
+#endif
+}
+
 #define COLIBRI_QI_R4P_FLOAT(r) colibri_qi_r4p_float(s[r])
 
 /** y[o] = y[o] + bias[o] (bias not NULL), then y[o] = y[o] > 0 ? y[o] : 0 (relu), for
@@ -151,10 +192,12 @@ COLIBRI_QI_INLINE void colibri_qi_bias_relu(float *y, int32_t o0, int32_t n, con
 COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p_br(const int8_t *q, const float *scale,
                                                const int8_t *xq, const float *sx, float *y,
                                                int32_t n_out, int32_t n_in, int blocked,
-                                               const float *bias, int relu)
+                                               const float *bias, int relu, int32_t n_live)
 {
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     const int32_t groups = n_out / COLIBRI_R4_ROWS;
+    /* steps of 8 inputs that the last block has live (1..4) */
+    const int32_t last_steps = (n_live - ((int32_t)nb - 1) * COLIBRI_QK8 + 7) / 8;
     for (int32_t c0 = 0; c0 < n_in; c0 += COLIBRI_QI_R4P_CHUNK) {
         const int32_t cn = (n_in - c0 < COLIBRI_QI_R4P_CHUNK) ? n_in - c0 : COLIBRI_QI_R4P_CHUNK;
         const int32_t b0 = c0 / COLIBRI_QK8;
@@ -171,9 +214,20 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p_br(const int8_t *q, const float *sca
                 a3 = y[o + 3];
             }
             const float *s0p = scale + (size_t)o * nb; /* blocked: row o's block scales */
-            for (int32_t b = 0; b < cn / COLIBRI_QK8; b++) {
+            /* the full blocks, then the row's last block when it has fewer live steps (out of
+             * the loop: a test in it made GCC spill the block's float step) */
+            const int32_t part = c0 + cn >= n_in && last_steps < 4;
+            for (int32_t b = 0; b < cn / COLIBRI_QK8 - part; b++) {
                 int32_t s[4];
                 colibri_qi_r4p_block(wg + (size_t)b * 128u, xu + 16 * b, s);
+                const size_t bb = (size_t)(b0 + b);
+                const float xs = sx[bb];
+                COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4P_FLOAT, s0p, bb, nb, xs, blocked);
+            }
+            if (part) {
+                const int32_t b = cn / COLIBRI_QK8 - 1;
+                int32_t s[4];
+                colibri_qi_r4p_block_part(wg + (size_t)b * 128u, xu + 16 * b, s, last_steps);
                 const size_t bb = (size_t)(b0 + b);
                 const float xs = sx[bb];
                 COLIBRI_QI_R4_MLA4(COLIBRI_QI_R4P_FLOAT, s0p, bb, nb, xs, blocked);
@@ -213,7 +267,7 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale,
                                             const float *sx, float *y, int32_t n_out, int32_t n_in,
                                             int blocked)
 {
-    colibri_qi_q8_q8_r4p_br(q, scale, xq, sx, y, n_out, n_in, blocked, NULL, 0);
+    colibri_qi_q8_q8_r4p_br(q, scale, xq, sx, y, n_out, n_in, blocked, NULL, 0, n_in);
 }
 
 #if defined(COLIBRI_QI_SIMD32)
@@ -279,18 +333,33 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4p(const int8_t *q, const float *scale,
  *  (COLIBRI_QI_GBLOCK bytes of xu; *xpp is advanced past them): f[t] = mla(f[t], the row's dot
  *  product with token t, xs_t). */
 COLIBRI_QI_INLINE void colibri_qi_r4p_tile(const int8_t *wr, const uint32_t **xpp, float f[4],
-                                           const uint32_t *xu)
+                                           const uint32_t *xu, const int32_t steps)
 {
     const uint32_t *xp = *xpp;
     int32_t a0, a1, a2, a3;
     uint32_t wa, wb;
     float f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3];
-    __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_S1(smlad, 8) COLIBRI_QI_S1(smlad, 64)
-                COLIBRI_QI_S1(smlad, 72)
-            : COLIBRI_QI_SUMS4("=&r", a), [wa] "=&r"(wa), [wb] "=&r"(wb), [xp] "+r"(xp)
-            : [wr] "r"(wr), "m"(*(const int8_t(*)[80])wr),
-              "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu)
-            : "r0", "r1", "r2", "r3", "r4", "r5");
+#define COLIBRI_QI_TOPS                                                                            \
+    : COLIBRI_QI_SUMS4("=&r", a), [wa] "=&r"(wa), [wb] "=&r"(wb), [xp] "+r"(xp)                    \
+    : [wr] "r"(wr), "m"(*(const int8_t(*)[80])wr), "m"(*(const uint32_t(*)[COLIBRI_QI_GWORDS])xu) \
+    : "r0", "r1", "r2", "r3", "r4", "r5"
+    /* steps < 4: the block's live inputs end after 8 * steps (the rest zero codes on both
+     * sides); the pairs of the steps left out are skipped (16 words a step) */
+    if (steps >= 4) {
+        __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_S1(smlad, 8) COLIBRI_QI_S1(smlad, 64)
+                    COLIBRI_QI_S1(smlad, 72) COLIBRI_QI_TOPS);
+    } else if (steps == 3) {
+        __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_S1(smlad, 8) COLIBRI_QI_S1(smlad, 64)
+                    COLIBRI_QI_TOPS);
+        xp += 16;
+    } else if (steps == 2) {
+        __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_S1(smlad, 8) COLIBRI_QI_TOPS);
+        xp += 32;
+    } else {
+        __asm__(COLIBRI_QI_S1(smuad, 0) COLIBRI_QI_TOPS);
+        xp += 48;
+    }
+#undef COLIBRI_QI_TOPS
     __asm__("vmov s0, s1, %[a0], %[a1]\n"
             "vmov s2, s3, %[a2], %[a3]\n"
             "vldmia %[xp]!, {s8-s11}\n" COLIBRI_QI_GF(f0, 0, 8) COLIBRI_QI_GF(f1, 1, 9)
@@ -312,9 +381,12 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_tile(const int8_t *wr, const uint32_t **xp
  *  between chunks (a float stored and loaded back is the same float). */
 COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale, const int8_t *xq,
                                             const float *sx, float *y, int32_t ldy, int32_t n_out,
-                                            int32_t n_in, const float *bias, int relu)
+                                            int32_t n_in, const float *bias, int relu,
+                                            int32_t n_live)
 {
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    /* steps of 8 inputs that the last block has live (1..4) */
+    const int32_t last_steps = (n_live - ((int32_t)nb - 1) * COLIBRI_QK8 + 7) / 8;
     const int32_t rows = n_out / COLIBRI_R4_ROWS * COLIBRI_R4_ROWS;
     for (int32_t c0 = 0; c0 < n_in; c0 += COLIBRI_QI_R4P_GCHUNK) {
         const int32_t cn = (n_in - c0 < COLIBRI_QI_R4P_GCHUNK) ? n_in - c0 : COLIBRI_QI_R4P_GCHUNK;
@@ -351,11 +423,15 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale,
                 f[t] = (c0 > 0) ? yo[(size_t)t * (size_t)ldy] : 0.0f;
             }
             const uint32_t *xp = xu;
-            const int8_t *wend = wr + (size_t)cb * 128u;
-            do {
-                colibri_qi_r4p_tile(wr, &xp, f, xu);
+            /* the chunk's blocks; the row's last one may have fewer live steps */
+            const int8_t *wend = wr + (size_t)(cb - (last && last_steps < 4)) * 128u;
+            while (wr != wend) {
+                colibri_qi_r4p_tile(wr, &xp, f, xu, 4);
                 wr += 128;
-            } while (wr != wend);
+            }
+            if (last && last_steps < 4) {
+                colibri_qi_r4p_tile(wr, &xp, f, xu, last_steps);
+            }
             if (last) {
                 const float sc = scale[o];
 #pragma GCC unroll 4
@@ -400,26 +476,40 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale,
  *        each output row: + bias (when not NULL), then relu (when relu != 0), bit for bit, the
  *        same operations in the same order (colibri_qi_bias_relu). On the Cortex-M4 / M7, passes
  *        of 4 tokens (colibri_qi_r4p_pass4) do them as they store each output; the rest a
- *        token at a time.
+ *        token at a time. n_live (n_in - 32 < n_live <= n_in): the inputs that may be nonzero,
+ *        the activation codes past them being zeros (a row quantised with padding,
+ *        colibri_qi_quantize_row_pad): the steps of 8 inputs of the last block past them add
+ *        nothing and are skipped (issue 40: d_ff 23 stored as 32).
  */
-COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p_act(const int8_t *q, const float *scale,
-                                                   const int8_t *xq, const float *sx, float *y,
-                                                   int32_t ldy, int32_t n_out, int32_t n_in,
-                                                   int32_t n_tok, const float *bias, int relu)
+COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p_act_live(const int8_t *q, const float *scale,
+                                                        const int8_t *xq, const float *sx, float *y,
+                                                        int32_t ldy, int32_t n_out, int32_t n_in,
+                                                        int32_t n_live, int32_t n_tok,
+                                                        const float *bias, int relu)
 {
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
     int32_t t0 = 0;
 #if defined(COLIBRI_QI_SIMD32)
     for (; t0 + 4 <= n_tok; t0 += 4) {
         colibri_qi_r4p_pass4(q, scale, xq + (size_t)t0 * (size_t)n_in, sx + (size_t)t0 * nb,
-                             y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, bias, relu);
+                             y + (size_t)t0 * (size_t)ldy, ldy, n_out, n_in, bias, relu, n_live);
     }
 #endif
     for (int32_t t = t0; t < n_tok; t++) {
         float *yt = y + (size_t)t * (size_t)ldy;
         colibri_qi_q8_q8_r4p_br(q, scale, xq + (size_t)t * (size_t)n_in, sx + (size_t)t * nb, yt,
-                                n_out, n_in, 0, bias, relu);
+                                n_out, n_in, 0, bias, relu, n_live);
     }
+}
+
+/** colibri_qi_mm_q8_q8_r4p_act_live with every input live (n_live = n_in). */
+COLIBRI_QI_INLINE void colibri_qi_mm_q8_q8_r4p_act(const int8_t *q, const float *scale,
+                                                   const int8_t *xq, const float *sx, float *y,
+                                                   int32_t ldy, int32_t n_out, int32_t n_in,
+                                                   int32_t n_tok, const float *bias, int relu)
+{
+    colibri_qi_mm_q8_q8_r4p_act_live(q, scale, xq, sx, y, ldy, n_out, n_in, n_in, n_tok, bias,
+                                     relu);
 }
 
 /**
