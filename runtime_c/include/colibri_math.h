@@ -24,18 +24,24 @@
  *   +-1 (1 - erf(4) = 1.5e-8 is below half an ulp of 1).
  * - colibri_tanhf: |x| < 0.625: x + x (x^2 Q(x^2)) (Q of degree 4); above: 1 - 2 / (exp(2|x|)
  *   + 1), sign restored (exp overflows to inf from |x| = 44.4 on, giving exactly 1).
- * - colibri_gelu: 0.5 x (1 + colibri_erff(x / sqrt 2)), the usual form (for x below -5.66 the
- *   erf is -1 and the result -0, as with libm's erff).
+ * - colibri_gelu: x Phi(x) with q = Phi(-|x|) = erfc(|x| / sqrt 2) / 2 from a table: for
+ *   |x| < 6, k = (int)(8 |x|), u = 8 |x| - k, q = a quartic in u with piece k's coefficients
+ *   (48 pieces, fitted for relative error on float64 Phi); the result x - x q for x > 0, x q
+ *   otherwise, so both tails keep their relative accuracy. x itself from 6 on (q < 1e-9), -0
+ *   below -6 (|GELU| < 6e-9). No erf, exp or division: the same operations on the lanes
+ *   (Helium gathers the table's columns) as in the scalar loops.
  * - colibri_gelu_tanh: x / (1 + exp(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3): the tanh form
  *   0.5 x (1 + tanh u) rewritten as a sigmoid, which keeps its relative accuracy for negative x
  *   where 1 + tanh u cancels.
- * Both GELUs return -0 below COLIBRI_GELU_ZERO_BELOW (-11), where the formulas already give -0
- * for finite x; it makes GELU(-inf) = -0 instead of inf * 0 = NaN. NaN gives NaN everywhere.
+ * The tanh GELU returns -0 below COLIBRI_GELU_ZERO_BELOW (-11), where the formula already gives
+ * -0 for finite x; it makes GELU(-inf) = -0 instead of inf * 0 = NaN. NaN gives NaN everywhere.
  * Measured against float64 (math.erf, numpy.tanh, the float64 GELUs) on every float32 multiple
  * of 2^-15 in [-10, 10] plus 2 million random finite bit patterns (tests/reference/
  * test_f32_ops.py repeats it): erf at most 1.41 ulp (8.4e-8 absolute), tanh at most 1.22 ulp
- * (7.25e-8); gelu at most 4.47e-7 absolute on [-10, 10] (1.03e-7 * max(|x|, 1)), 2.64 ulp for
- * x >= -1; gelu_tanh at most 5.16e-7 (1.17e-7 * max(|x|, 1)), 2.33 ulp for x >= -1. +-inf give
+ * (7.25e-8); gelu at most 2.38e-7 absolute on [-10, 10] (6.62e-8 * max(|x|, 1)), 1.66 ulp for
+ * x >= -1, relative 1.67e-7 for x >= -3, 1.38e-6 for x >= -5, 3.21e-6 down to -5.9 (the erf
+ * form it replaced: 4.47e-7, 1.02e-7, 2.64 ulp, 2.47e-7 / 1.1e-5 / 4.8e-2 / 1); gelu_tanh at
+ * most 5.16e-7 (1.17e-7 * max(|x|, 1)), 2.33 ulp for x >= -1. +-inf give
  * erf / tanh +-1, gelu(+inf) = +inf, gelu(-inf) = -0; signed zeros are kept (erf(-0) = -0).
  */
 #ifndef COLIBRI_MATH_H
@@ -352,9 +358,10 @@ static inline float colibri_gelu_tanh(float x)
  *   clang vector extensions), colibri_expf runs on four lanes without its branches: the same
  *   IEEE operations in the same order, its three special cases (below COLIBRI_EXP_MIN, above
  *   COLIBRI_EXP_MAX, n = 128) taken as selects afterwards. The divisions stay IEEE divisions
- *   (Helium has no vector divide: four scalar VDIVs on the lanes). Helium keeps the scalar
- *   GELU (colibri_gelu_row); its SiLU, SwiGLU and tanh GELU rows run only exp's common case on
- *   the lanes and leave a group with an input out of range to the scalar function (below).
+ *   (Helium has no vector divide: four scalar VDIVs on the lanes). Helium's SiLU, SwiGLU and
+ *   tanh GELU rows run only exp's common case on the lanes, its exact GELU row the table
+ *   (gathered), and leave a group with an input out of range to the scalar function (below).
+ *   SSE2 / Neon run the exact GELU's scalar loop (no gather).
  * - Elsewhere (Cortex-M3 / M4 / M7, Xtensa, Cortex-A7) one scalar loop whose common case runs
  *   no branch of colibri_expf: when n = round(x / ln 2) is in -125..127 (|x| below about 86.9)
  *   none of its special cases applies, which t's bits tell with one unsigned compare; any other
