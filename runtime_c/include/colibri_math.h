@@ -24,18 +24,24 @@
  *   +-1 (1 - erf(4) = 1.5e-8 is below half an ulp of 1).
  * - colibri_tanhf: |x| < 0.625: x + x (x^2 Q(x^2)) (Q of degree 4); above: 1 - 2 / (exp(2|x|)
  *   + 1), sign restored (exp overflows to inf from |x| = 44.4 on, giving exactly 1).
- * - colibri_gelu: 0.5 x (1 + colibri_erff(x / sqrt 2)), the usual form (for x below -5.66 the
- *   erf is -1 and the result -0, as with libm's erff).
+ * - colibri_gelu: x Phi(x) with q = Phi(-|x|) = erfc(|x| / sqrt 2) / 2 from a table: for
+ *   |x| < 6, k = (int)(8 |x|), u = 8 |x| - k, q = a quartic in u with piece k's coefficients
+ *   (48 pieces, fitted for relative error on float64 Phi); the result x - x q for x > 0, x q
+ *   otherwise, so both tails keep their relative accuracy. x itself from 6 on (q < 1e-9), -0
+ *   below -6 (|GELU| < 6e-9). No erf, exp or division: the same operations on the lanes
+ *   (Helium gathers the table's columns) as in the scalar loops.
  * - colibri_gelu_tanh: x / (1 + exp(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3): the tanh form
  *   0.5 x (1 + tanh u) rewritten as a sigmoid, which keeps its relative accuracy for negative x
  *   where 1 + tanh u cancels.
- * Both GELUs return -0 below COLIBRI_GELU_ZERO_BELOW (-11), where the formulas already give -0
- * for finite x; it makes GELU(-inf) = -0 instead of inf * 0 = NaN. NaN gives NaN everywhere.
+ * The tanh GELU returns -0 below COLIBRI_GELU_ZERO_BELOW (-11), where the formula already gives
+ * -0 for finite x; it makes GELU(-inf) = -0 instead of inf * 0 = NaN. NaN gives NaN everywhere.
  * Measured against float64 (math.erf, numpy.tanh, the float64 GELUs) on every float32 multiple
  * of 2^-15 in [-10, 10] plus 2 million random finite bit patterns (tests/reference/
  * test_f32_ops.py repeats it): erf at most 1.41 ulp (8.4e-8 absolute), tanh at most 1.22 ulp
- * (7.25e-8); gelu at most 4.47e-7 absolute on [-10, 10] (1.03e-7 * max(|x|, 1)), 2.64 ulp for
- * x >= -1; gelu_tanh at most 5.16e-7 (1.17e-7 * max(|x|, 1)), 2.33 ulp for x >= -1. +-inf give
+ * (7.25e-8); gelu at most 2.38e-7 absolute on [-10, 10] (6.62e-8 * max(|x|, 1)), 1.66 ulp for
+ * x >= -1, relative 1.67e-7 for x >= -3, 1.38e-6 for x >= -5, 3.21e-6 down to -5.9 (the erf
+ * form it replaced: 4.47e-7, 1.02e-7, 2.64 ulp, 2.47e-7 / 1.1e-5 / 4.8e-2 / 1); gelu_tanh at
+ * most 5.16e-7 (1.17e-7 * max(|x|, 1)), 2.33 ulp for x >= -1. +-inf give
  * erf / tanh +-1, gelu(+inf) = +inf, gelu(-inf) = -0; signed zeros are kept (erf(-0) = -0).
  */
 #ifndef COLIBRI_MATH_H
@@ -126,8 +132,7 @@ static inline float colibri_silu(float v)
 #define COLIBRI_TANH_Q2 (-0.0538541153f)
 #define COLIBRI_TANH_Q3 0.0210102368f
 #define COLIBRI_TANH_Q4 (-0.00611336716f)
-/* the GELUs: 1 / sqrt 2, sqrt(2 / pi), the cubic's coefficient, -0 below ZERO_BELOW */
-#define COLIBRI_GELU_INV_SQRT2 0.70710678f
+/* the tanh GELU: sqrt(2 / pi), the cubic's coefficient, -0 below ZERO_BELOW */
 #define COLIBRI_GELU_TANH_K 0.7978845608f
 #define COLIBRI_GELU_TANH_C 0.044715f
 #define COLIBRI_GELU_ZERO_BELOW (-11.0f)
@@ -183,13 +188,107 @@ static inline float colibri_tanhf(float x)
     return x < 0.0f ? -r : r;
 }
 
-/** @brief Exact (erf) GELU 0.5 x (1 + erf(x / sqrt 2)), with colibri_erff. */
+/* colibri_gelu: x Phi(x) = x (1 - q) for x > 0, x q otherwise, q = Phi(-|x|) = erfc(|x| /
+ * sqrt 2) / 2 below GELU_RANGE from a table of COLIBRI_GELU_PIECES quartics: with t = |x| *
+ * GELU_INV_STEP, k = (int)t and u = t - k (both exact), q = Q[0][k] + Q[1][k] u + ... + Q[4][k]
+ * u^4, fitted to float64 Phi for relative error (coefficient-major: Helium gathers a column) */
+#define COLIBRI_GELU_RANGE 6.0f
+#define COLIBRI_GELU_INV_STEP 8.0f
+#define COLIBRI_GELU_PIECES 48
+/* each column then a 49th piece of zeros: q = 0 where Helium's lanes clamp t to 48 */
+#define COLIBRI_GELU_STRIDE (COLIBRI_GELU_PIECES + 1)
+/* clang-format off */
+static const float colibri_gelu_q[5][COLIBRI_GELU_STRIDE] = {
+    {
+        0.5f, 0.450261772f, 0.401293665f, 0.353830218f, 0.308537543f, 0.265985519f, 0.22662735f,
+        0.190786958f, 0.158655256f, 0.130294517f, 0.105649777f, 0.0845657215f, 0.066807203f,
+        0.0520812795f, 0.0400591567f, 0.0303963628f, 0.0227501318f, 0.0167933069f, 0.0122244731f,
+        0.00877447519f, 0.00620966544f, 0.00433244836f, 0.00297976309f, 0.00202013738f,
+        0.00134989794f, 0.000889025221f, 0.000577024999f, 0.000369078392f, 0.000232629041f,
+        0.000144480699f, 8.84172623e-05f, 5.33123348e-05f, 3.16712285e-05f, 1.85367298e-05f,
+        1.068852e-05f, 6.07162019e-06f, 3.39767053e-06f, 1.87299042e-06f, 1.01708224e-06f,
+        5.44041654e-07f, 2.86651186e-07f, 1.48768649e-07f, 7.60494743e-08f, 3.82912653e-08f,
+        1.89895211e-08f, 9.27537602e-09f, 4.46215997e-09f, 2.11421014e-09f, 0.0f
+    },
+    {
+        -0.0498677529f, -0.049479682f, -0.0483334921f, -0.0464818701f, -0.0440081544f,
+        -0.0410201177f, -0.0376421809f, -0.0340068862f, -0.0302463546f, -0.0264845993f,
+        -0.022831155f, -0.0193765536f, -0.0161897168f, -0.0133172991f, -0.0107846772f,
+        -0.00859829318f, -0.00674887653f, -0.00521512609f, -0.00396745699f, -0.00297148619f,
+        -0.00219103484f, -0.0015905191f, -0.00113669143f, -0.000799761154f, -0.000553977443f,
+        -0.000377779041f, -0.00025362827f, -0.000167637612f, -0.000109083543f, -6.98813092e-05f,
+        -4.40734184e-05f, -2.73656915e-05f, -1.67282324e-05f, -1.0067175e-05f, -5.96456903e-06f,
+        -3.47908008e-06f, -1.99785359e-06f, -1.12947544e-06f, -6.2864251e-07f, -3.44464581e-07f,
+        -1.85822884e-07f, -9.86887514e-08f, -5.1600022e-08f, -2.65610893e-08f, -1.3460328e-08f,
+        -6.71551259e-09f, -3.29849925e-09f, -1.59502445e-09f, 0.0f
+    },
+    {
+        -2.40896611e-07f, 0.000386336178f, 0.000755020767f, 0.00108927593f, 0.0013751674f,
+        0.00160231942f, 0.00176450447f, 0.00185982743f, 0.00189051114f, 0.00186233758f,
+        0.001783835f, 0.00166532281f, 0.00151792518f, 0.00135265826f, 0.00117967033f,
+        0.00100768299f, 0.000843654969f, 0.000692656729f, 0.000557927589f, 0.000441069511f,
+        0.000342328713f, 0.000260918139f, 0.00019533989f, 0.000143678219f, 0.00010384382f,
+        7.37610608e-05f, 5.14978965e-05f, 3.53443611e-05f, 2.3848761e-05f, 1.58222501e-05f,
+        1.03220264e-05f, 6.62200864e-06f, 4.17804631e-06f, 2.59264561e-06f, 1.58243097e-06f,
+        9.50038384e-07f, 5.61065292e-07f, 3.25957444e-07f, 1.86295097e-07f, 1.04749375e-07f,
+        5.79463517e-08f, 3.15383843e-08f, 1.688902e-08f, 8.89883722e-09f, 4.61357086e-09f,
+        2.35356734e-09f, 1.1814395e-09f, 5.83580573e-10f, 0.0f
+    },
+    {
+        0.000130533357f, 0.000127464853f, 0.000118534947f, 0.000104428625f, 8.62045199e-05f,
+        6.51843075e-05f, 4.28193161e-05f, 2.05520773e-05f, -3.11424401e-07f, -1.87035512e-05f,
+        -3.38621066e-05f, -4.53585562e-05f, -5.30889702e-05f, -5.72338577e-05f, -5.81960921e-05f,
+        -5.65276096e-05f, -5.28549317e-05f, -4.78121074e-05f, -4.19868957e-05f, -3.58831094e-05f,
+        -2.99000621e-05f, -2.43263421e-05f, -1.93459218e-05f, -1.50521555e-05f, -1.14662553e-05f,
+        -8.55697181e-06f, -6.25912571e-06f, -4.48939727e-06f, -3.15865373e-06f, -2.18068294e-06f,
+        -1.47767389e-06f, -9.83024506e-07f, -6.42157488e-07f, -4.11994506e-07f, -2.596488e-07f,
+        -1.60764799e-07f, -9.78055539e-08f, -5.84731481e-08f, -3.43571713e-08f, -1.98421848e-08f,
+        -1.12645058e-08f, -6.28668051e-09f, -3.44945361e-09f, -1.86092675e-09f, -9.87157245e-10f,
+        -5.14929099e-10f, -2.64141403e-10f, -1.33252645e-10f, 0.0f
+    },
+    {
+        -7.61537592e-07f, -2.21821847e-06f, -3.50518417e-06f, -4.52966879e-06f, -5.22627306e-06f,
+        -5.56260284e-06f, -5.54064218e-06f, -5.19401192e-06f, -4.5816746e-06f, -3.77929928e-06f,
+        -2.86965451e-06f, -1.93335973e-06f, -1.04115145e-06f, -2.48435413e-07f, 4.0754918e-07f,
+        9.08036384e-07f, 1.25093652e-06f, 1.44756814e-06f, 1.51863514e-06f, 1.49004075e-06f,
+        1.38927192e-06f, 1.24234998e-06f, 1.07185019e-06f, 8.95780545e-07f, 7.27262545e-07f,
+        5.74811509e-07f, 4.43006059e-07f, 3.3334706e-07f, 2.451483e-07f, 1.76346575e-07f,
+        1.24167883e-07f, 8.56260201e-08f, 5.78586565e-08f, 3.83246892e-08f, 2.48939358e-08f,
+        1.58617013e-08f, 9.91669769e-09f, 6.08487127e-09f, 3.66519171e-09f, 2.16763896e-09f,
+        1.25891775e-09f, 7.1811801e-10f, 4.02386791e-10f, 2.21511753e-10f, 1.19813506e-10f,
+        6.36820804e-11f, 3.32639367e-11f, 1.70771036e-11f, 0.0f
+    },
+};
+/* clang-format on */
+
+/* colibri_gelu's q for 0 <= a < COLIBRI_GELU_RANGE (by Horner from Q[4]) */
+static inline float colibri_gelu_phi(float a)
+{
+    const float t = a * COLIBRI_GELU_INV_STEP;
+    const int32_t k = (int32_t)t;
+    const float u = t - (float)k;
+    const float *c = &colibri_gelu_q[0][k];
+    float q = c[4 * COLIBRI_GELU_STRIDE];
+    q = q * u + c[3 * COLIBRI_GELU_STRIDE];
+    q = q * u + c[2 * COLIBRI_GELU_STRIDE];
+    q = q * u + c[COLIBRI_GELU_STRIDE];
+    return q * u + c[0];
+}
+
+/** @brief Exact (erf) GELU x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)): x - x q for x > 0, x q
+ *         below, q = Phi(-|x|) from a table of quartics (see above); x from GELU_RANGE on, -0
+ *         below -GELU_RANGE (|GELU| < 6e-9 there), NaN stays NaN. */
 static inline float colibri_gelu(float x)
 {
-    if (x < COLIBRI_GELU_ZERO_BELOW) {
-        return -0.0f;
+    const float a = __builtin_fabsf(x); /* -0 and +0 give the same q */
+    if (a < COLIBRI_GELU_RANGE) {
+        const float m = x * colibri_gelu_phi(a);
+        return x > 0.0f ? x - m : m;
     }
-    return 0.5f * x * (1.0f + colibri_erff(x * COLIBRI_GELU_INV_SQRT2));
+    if (x > 0.0f) {
+        return x;
+    }
+    return x < 0.0f ? -0.0f : x + x; /* x + x: NaN */
 }
 
 #if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
@@ -233,9 +332,10 @@ static inline float colibri_gelu_tanh(float x)
  *   clang vector extensions), colibri_expf runs on four lanes without its branches: the same
  *   IEEE operations in the same order, its three special cases (below COLIBRI_EXP_MIN, above
  *   COLIBRI_EXP_MAX, n = 128) taken as selects afterwards. The divisions stay IEEE divisions
- *   (Helium has no vector divide: four scalar VDIVs on the lanes). Helium keeps the scalar
- *   GELU (colibri_gelu_row); its SiLU, SwiGLU and tanh GELU rows run only exp's common case on
- *   the lanes and leave a group with an input out of range to the scalar function (below).
+ *   (Helium has no vector divide: four scalar VDIVs on the lanes). Helium's SiLU, SwiGLU and
+ *   tanh GELU rows run only exp's common case on the lanes, its exact GELU row the table
+ *   (gathered), and leave a group with an input out of range to the scalar function (below).
+ *   SSE2 / Neon run the exact GELU's scalar loop (no gather).
  * - Elsewhere (Cortex-M3 / M4 / M7, Xtensa, Cortex-A7) one scalar loop whose common case runs
  *   no branch of colibri_expf: when n = round(x / ln 2) is in -125..127 (|x| below about 86.9)
  *   none of its special cases applies, which t's bits tell with one unsigned compare; any other
@@ -337,43 +437,6 @@ static inline colibri_v4f colibri_silu4(colibri_v4f v)
     return colibri_div4(v, 1.0f + colibri_expf4(-v));
 }
 
-/** @brief colibri_erff on four lanes: every branch computed, the lane's own one kept. */
-static inline colibri_v4f colibri_erff4(colibri_v4f x)
-{
-    const colibri_v4i neg = COLIBRI_V4_LT(x, 0.0f);
-    const colibri_v4f a = colibri_v4_select(neg, -x, x);
-    const colibri_v4f s = x * x;
-    colibri_v4f p = s * COLIBRI_ERF_S5 + COLIBRI_ERF_S4;
-    p = p * s + COLIBRI_ERF_S3;
-    p = p * s + COLIBRI_ERF_S2;
-    p = p * s + COLIBRI_ERF_S1;
-    p = p * s + COLIBRI_ERF_S0;
-    const colibri_v4f small = x + x * p;
-    const colibri_v4f one = {1.0f, 1.0f, 1.0f, 1.0f};
-    const colibri_v4f t = colibri_div4(one, 1.0f + COLIBRI_ERF_T * a);
-    colibri_v4f r = t * COLIBRI_ERF_R7 + COLIBRI_ERF_R6;
-    r = r * t + COLIBRI_ERF_R5;
-    r = r * t + COLIBRI_ERF_R4;
-    r = r * t + COLIBRI_ERF_R3;
-    r = r * t + COLIBRI_ERF_R2;
-    r = r * t + COLIBRI_ERF_R1;
-    r = r * t + COLIBRI_ERF_R0;
-    const colibri_v4f e = 1.0f - colibri_expf4(-(a * a)) * r;
-    colibri_v4f out = x + x; /* NaN: no branch below applies */
-    out = colibri_v4_select(COLIBRI_V4_GE(a, COLIBRI_ERF_ONE), colibri_v4_select(neg, -one, one),
-                            out);
-    out = colibri_v4_select(COLIBRI_V4_LT(a, COLIBRI_ERF_ONE), colibri_v4_select(neg, -e, e), out);
-    return colibri_v4_select(COLIBRI_V4_LT(a, COLIBRI_ERF_SMALL), small, out);
-}
-
-/** @brief colibri_gelu on four lanes. */
-static inline colibri_v4f colibri_gelu4(colibri_v4f x)
-{
-    const colibri_v4f g = 0.5f * x * (1.0f + colibri_erff4(x * COLIBRI_GELU_INV_SQRT2));
-    const colibri_v4f nz = {-0.0f, -0.0f, -0.0f, -0.0f};
-    return colibri_v4_select(COLIBRI_V4_LT(x, COLIBRI_GELU_ZERO_BELOW), nz, g);
-}
-
 /** @brief colibri_gelu_tanh on four lanes. */
 static inline colibri_v4f colibri_gelu_tanh4(colibri_v4f x)
 {
@@ -417,10 +480,11 @@ static inline colibri_v4f colibri_gelu_tanh4(colibri_v4f x)
  * (x^3, r^2) is negligible beside what it is added to, as on the scalar path. SwiGLU's product
  * with the gate is checked too. Otherwise (NaN, inf, zero, huge or tiny x) the scalar function:
  * the same bits either way. */
-#define COLIBRI_ROW_LO 0x1B000000u         /* 2^-100's bits << 1 */
-#define COLIBRI_ROW_SILU_MAX 0x85580000u   /* 86.0f's bits << 1 */
-#define COLIBRI_ROW_GELU_MAX 0x82300000u   /* 9.5f's bits << 1 */
-#define COLIBRI_ROW_NORMAL_MIN 0x01000000u /* FLT_MIN's bits << 1 */
+#define COLIBRI_ROW_LO 0x1B000000u           /* 2^-100's bits << 1 */
+#define COLIBRI_ROW_SILU_MAX 0x85580000u     /* 86.0f's bits << 1 */
+#define COLIBRI_ROW_GELU_MAX 0x82300000u     /* 9.5f's bits << 1 */
+#define COLIBRI_ROW_GELU_ERF_MAX 0xBF000000u /* 2^64's bits << 1 */
+#define COLIBRI_ROW_NORMAL_MIN 0x01000000u   /* FLT_MIN's bits << 1 */
 
 /* nonzero when a lane of x is outside 2^-100 <= |x| < the maximum (max: bits << 1) */
 static inline mve_pred16_t colibri_v4_outside(float32x4_t x, uint32_t max)
@@ -484,6 +548,38 @@ static inline int32_t colibri_gelu_tanh_run4(float *h, int32_t j, int32_t n4)
         const float32x4_t u = vmulq_n_f32(vaddq_f32(x, c), COLIBRI_GELU_TANH_K);
         const float32x4_t e = colibri_expf4_common(vnegq_f32(vaddq_f32(u, u)));
         vst1q_f32(p, (float32x4_t)colibri_div4((colibri_v4f)x, (colibri_v4f)vaddq_n_f32(e, 1.0f)));
+    }
+    return (int32_t)(p - h);
+}
+
+/* colibri_gelu_row likewise, for 2^-100 <= |x| < 2^64 (x + |x| cannot overflow): the table's
+ * columns gathered at k lane by lane, t clamped to 48 (no change below COLIBRI_GELU_RANGE, where t
+ * is at most 48 - 2^-18; from there on k = 48, the zero piece, so q = 0). The result is
+ * -(|x q| - relu(x)), relu(x) = (x + |x|) / 2: x - x q for x > 0, x q for x < 0 (q > 0 and
+ * x q is not zero there), x from RANGE on and -0 below -RANGE (q = 0), as the scalar function
+ * gives. Nothing kept is subnormal: |x q| is at least min(|x| / 2, 6 q(6)) below RANGE, and
+ * the Horner steps' products are above 2^-120 or zero. */
+static inline int32_t colibri_gelu_run4(float *h, int32_t j, int32_t n4)
+{
+    float *p = h + j;
+    for (float *const end = h + n4; p < end; p += 4) {
+        const float32x4_t x = vld1q_f32(p);
+        if (colibri_v4_outside(x, COLIBRI_ROW_GELU_ERF_MAX)) {
+            break;
+        }
+        const float32x4_t a = vabsq_f32(x);
+        const float32x4_t t8 = vmulq_n_f32(a, COLIBRI_GELU_INV_STEP);
+        const float32x4_t t = vminnmq_f32(t8, vdupq_n_f32((float)COLIBRI_GELU_PIECES));
+        const int32x4_t k = vcvtq_s32_f32(t); /* toward zero, as C's (int32_t) */
+        const uint32x4_t o = (uint32x4_t)k;
+        const float32x4_t u = vsubq_f32(t, vcvtq_f32_s32(k));
+        float32x4_t q = vldrwq_gather_shifted_offset_f32(colibri_gelu_q[4], o);
+        q = vaddq_f32(vmulq_f32(q, u), vldrwq_gather_shifted_offset_f32(colibri_gelu_q[3], o));
+        q = vaddq_f32(vmulq_f32(q, u), vldrwq_gather_shifted_offset_f32(colibri_gelu_q[2], o));
+        q = vaddq_f32(vmulq_f32(q, u), vldrwq_gather_shifted_offset_f32(colibri_gelu_q[1], o));
+        q = vaddq_f32(vmulq_f32(q, u), vldrwq_gather_shifted_offset_f32(colibri_gelu_q[0], o));
+        const float32x4_t relu = vmulq_n_f32(vaddq_f32(x, a), 0.5f);
+        vst1q_f32(p, vnegq_f32(vsubq_f32(vabsq_f32(vmulq_f32(x, q)), relu)));
     }
     return (int32_t)(p - h);
 }
@@ -652,17 +748,29 @@ static inline void colibri_gelu_tanh_row(float *h, int32_t n)
 #endif
 }
 
-/** @brief h[j] = colibri_gelu(h[j]) for j < n (the same bits). Four lanes on SSE2 / Neon; on
- *         Helium the scalar function, element by element: its lanes compute every branch of
- *         colibri_erff and two divisions, which cost more than the scalar branches (cortex-m55,
- *         16x272 k2: 68,875 against 65,824 instructions per token). */
+/* colibri_gelu's rare cases (|x| >= COLIBRI_GELU_RANGE, NaN), out of line as above */
+static __attribute__((noinline, unused)) float colibri_gelu_rare(float x)
+{
+    return colibri_gelu(x);
+}
+
+/** @brief h[j] = colibri_gelu(h[j]) for j < n (the same bits): on Helium four lanes, the
+ *         table gathered (colibri_gelu_run4); elsewhere one scalar loop, its rare cases out of
+ *         line. */
 static inline void colibri_gelu_row(float *h, int32_t n)
 {
-#if defined(COLIBRI_ACT_ROW_SIMD) && !defined(__ARM_FEATURE_MVE)
-    COLIBRI_ACT_ROW4(h, n, colibri_gelu4, colibri_gelu);
+#if defined(COLIBRI_ACT_ROW_SIMD) && defined(__ARM_FEATURE_MVE)
+    COLIBRI_ACT_RUN_ROW(h, n, colibri_gelu_run4, colibri_gelu);
 #else
     for (int32_t j = 0; j < n; j++) {
-        h[j] = colibri_gelu(h[j]);
+        const float x = h[j];
+        const float a = __builtin_fabsf(x);
+        if (a < COLIBRI_GELU_RANGE) {
+            const float m = x * colibri_gelu_phi(a);
+            h[j] = x > 0.0f ? x - m : m;
+        } else {
+            h[j] = colibri_gelu_rare(x);
+        }
     }
 #endif
 }
