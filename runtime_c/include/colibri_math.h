@@ -191,7 +191,8 @@ static inline float colibri_tanhf(float x)
 /* colibri_gelu: x Phi(x) = x (1 - q) for x > 0, x q otherwise, q = Phi(-|x|) = erfc(|x| /
  * sqrt 2) / 2 below GELU_RANGE from a table of COLIBRI_GELU_PIECES quartics: with t = |x| *
  * GELU_INV_STEP, k = (int)t and u = t - k (both exact), q = Q[0][k] + Q[1][k] u + ... + Q[4][k]
- * u^4, fitted to float64 Phi for relative error (coefficient-major: Helium gathers a column) */
+ * u^4, fitted to float64 Phi for relative error by scripts/gelu_table.py (coefficient-major:
+ * Helium gathers a column) */
 #define COLIBRI_GELU_RANGE 6.0f
 #define COLIBRI_GELU_INV_STEP 8.0f
 #define COLIBRI_GELU_PIECES 48
