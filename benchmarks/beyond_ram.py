@@ -78,20 +78,11 @@ from host_table import (  # noqa: E402
     llama_gguf,
     prompt_ids,
 )
-from scale_table import FULL, TINY, make_checkpoint  # noqa: E402
+from scale_table import FULL, SMALL, TINY, make_checkpoint  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {
     "353m": FULL,
-    "80m": {
-        "hidden_size": 512,
-        "intermediate_size": 1408,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "vocab_size": 8000,
-    },
+    "80m": SMALL,
     "tiny": TINY,
 }
 ENGINES = ("colibri", "llama.cpp")
