@@ -139,20 +139,7 @@ def rounding(v: Variant, q80: dict[int, np.ndarray]) -> Iterator[None]:
         return matvec(t, xr, "fp32")
 
     def expert_ffn(qe: QuantExpert, activation: str, gated: bool, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
-        h = mv(qe.w1, x, qe.act)
-        if qe.b1 is not None:
-            h = (h + qe.b1[None, :]).astype(np.float32)
-        if gated:
-            assert qe.w3 is not None
-            g = mv(qe.w3, x, qe.act)
-            h = (K._activation_f32("silu", h) * g).astype(np.float32)
-        else:
-            h = K._activation_f32(activation, h)
-        y = mv(qe.w2, h, qe.act)
-        if qe.b2 is not None:
-            y = (y + qe.b2[None, :]).astype(np.float32)
-        return y
+        return ffn(qe, activation, gated, x, mv)
 
     try:
         K.quant_expert_ffn = expert_ffn  # type: ignore[assignment]

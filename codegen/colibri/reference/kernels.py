@@ -8,6 +8,7 @@ in integers, not ``np.round`` (half to even). Weight formats are :mod:`colibri.q
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -259,20 +260,28 @@ def _activation_f32(name: str, h: np.ndarray) -> np.ndarray:
     return np.asarray(activation(name, h.astype(np.float64)), dtype=np.float32)
 
 
-def quant_expert_ffn(qe: QuantExpert, activation: str, gated: bool, x: np.ndarray) -> np.ndarray:
+#: A matrix kernel: (weights, rows [T, in], activation scheme) -> fp32 [T, out].
+MatvecFn = Callable[[QuantTensor, np.ndarray, str], np.ndarray]
+
+
+def quant_expert_ffn(
+    qe: QuantExpert, activation: str, gated: bool, x: np.ndarray, mv: MatvecFn | None = None
+) -> np.ndarray:
     """One quantised expert on rows x [n, d_model], mirroring the generated C in fp32:
-    h = W1 x (+ b1); act (gated: act(h) * W3 x); y = W2 h (+ b2)."""
+    h = W1 x (+ b1); act (gated: act(h) * W3 x); y = W2 h (+ b2). `mv` replaces :func:`matvec`
+    (benchmarks/activation_ablation.py rounds the inputs otherwise)."""
+    mv = matvec if mv is None else mv
     x = np.asarray(x, dtype=np.float32)
-    h = matvec(qe.w1, x, qe.act)
+    h = mv(qe.w1, x, qe.act)
     if qe.b1 is not None:
         h = (h + qe.b1[None, :]).astype(np.float32)
     if gated:
         assert qe.w3 is not None
-        g = matvec(qe.w3, x, qe.act)
+        g = mv(qe.w3, x, qe.act)
         h = (_activation_f32("silu", h) * g).astype(np.float32)
     else:
         h = _activation_f32(activation, h)
-    y = matvec(qe.w2, h, qe.act)
+    y = mv(qe.w2, h, qe.act)
     if qe.b2 is not None:
         y = (y + qe.b2[None, :]).astype(np.float32)
     return y
