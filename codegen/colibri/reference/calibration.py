@@ -278,7 +278,7 @@ class LayerByLayer:
             stats.add(h)
 
         for k, x in enumerate(self.x):
-            self.x[k] = layer_forward(self.config, layer, x, KVCache(), i, 0, capture, slot=0)
+            self.x[k] = layer_forward(self.config, layer, x, KVCache(), i, 0, capture)
             if tick is not None:
                 tick("batch", k + 1, len(self.x))
         if stats is None:

@@ -56,24 +56,25 @@ def _as_quant(
 
 @dataclass
 class KVCache:
-    """Keys and values (after RoPE) of every past position, per layer: [n_kv, T, head_dim]."""
+    """Keys and values (after RoPE) of every past position, per layer index: [n_kv, T,
+    head_dim]. Layers may come in any order (a streamed calibration runs one layer alone)."""
 
-    keys: list[np.ndarray] = field(default_factory=list)
-    values: list[np.ndarray] = field(default_factory=list)
+    keys: dict[int, np.ndarray] = field(default_factory=dict)
+    values: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
-        return int(self.keys[0].shape[1]) if self.keys else 0
+        return int(next(iter(self.keys.values())).shape[1]) if self.keys else 0
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Add the keys / values [n_kv, T, head_dim] of new positions to `layer`'s cache (the
         first call per layer creates it); return the layer's whole keys and values."""
-        if layer < len(self.keys):
+        if layer in self.keys:
             self.keys[layer] = np.concatenate([self.keys[layer], k], axis=1)
             self.values[layer] = np.concatenate([self.values[layer], v], axis=1)
         else:
-            self.keys.append(k)
-            self.values.append(v)
+            self.keys[layer] = k
+            self.values[layer] = v
         return self.keys[layer], self.values[layer]
 
 
@@ -161,15 +162,14 @@ def layer_forward(
     i: int,
     start: int,
     capture: Callable[[int, np.ndarray], None] | None = None,
-    slot: int | None = None,
 ) -> np.ndarray:
     """The residual stream x [T, d_model] (float64, positions start..) after decoder layer `i`
-    (its keys / values go to cache layer `slot`, default `i`); `capture(i, rows)` sees the fp32
+    (its keys / values go to the cache's layer `i`); `capture(i, rows)` sees the fp32
     input rows of its MoE block. :func:`forward` runs this for every layer; the streamed
     calibration one layer at a time over every sequence
     (:class:`colibri.reference.calibration.LayerByLayer`)."""
     h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-    x = x + attention_forward(c, layer.attention, h, cache, i if slot is None else slot, start)
+    x = x + attention_forward(c, layer.attention, h, cache, i, start)
     h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
     if layer.moe is not None:
         h32 = h.astype(np.float32)
