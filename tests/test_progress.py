@@ -436,3 +436,20 @@ def test_calibrated_generate_and_convert_draw_every_stage(tmp_path: Path) -> Non
         assert f"layer {layer}/2  calibrate  batch 2/2" in details, details
         assert f"layer {layer}/2  calibrate  statistics  expert 4/4" in details, details
         assert f"layer {layer}/2  quantise  expert 4/4" in details, details
+    # generate of the checkpoint's path streams as convert: one line through each layer's
+    # read, calibrate, quantise and analyse parts, then plan, emit and write
+    from colibri.cli.pipeline import generate
+
+    rec = Recorder()
+    generate(ckpt, tmp_path / "gen", opts, progress=rec)
+    names = list(dict.fromkeys(c[0] for c in rec.calls))
+    assert names == ["layers", "plan", "emit", "write"], names
+    calls = rec.of("layers")
+    check_counts(calls)
+    assert any(not c[4] for c in calls)  # counted while it runs
+    details = {c[3] for c in calls}
+    for layer in (1, 2):
+        for part in ("read", "calibrate  batch 2/2", "calibrate  statistics  expert 4/4"):
+            assert f"layer {layer}/2  {part}" in details, details
+        for part in ("quantise  expert 3/4", "analyse"):  # (expert 4/4: analyse's start)
+            assert f"layer {layer}/2  {part}" in details, details

@@ -588,3 +588,39 @@ def test_streamed_convert_calib_is_the_whole_model_conversion(
         expert_heat(model, lc),
     )
     assert (tmp_path / "streamed.clb").read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("arch", "quant", "dense"),
+    [
+        ("mixtral", "int8", "int8"),
+        ("mixtral", "int4", "fp32"),
+        *((a, "int8", "int4") for a in ARCHS),
+    ],
+)
+def test_streamed_generate_calib_is_the_loaded_models(
+    arch: str, quant: str, dense: str, tmp_path: Path
+) -> None:
+    """Issue 38 item 3: `generate CKPT --calib` reads, calibrates, quantises and analyses one
+    layer at a time and drops the fp32 weights it quantised (memory: one layer's fp32); every
+    generated file (C, weights blob, manifest with the model hash, accuracy and routing
+    report) is byte for byte the loaded model's, sequences cut at --max-context included."""
+    from colibri.cli.pipeline import streams
+
+    require_torch()
+    ckpt = save_model(make_model(arch, 7), tmp_path / "ckpt")
+    model = load_hf_transformer(ckpt)
+    ids = np.random.default_rng(38).integers(0, model.config.vocab_size, (3, 20))
+    np.save(tmp_path / "ids.npy", ids)
+    opts = GenerateOptions(
+        name="m", quant=quant, dense_quant=dense, max_context=16, calib=str(tmp_path / "ids.npy")
+    )
+    assert streams(ckpt, opts) and not streams(model, opts)
+    generate(ckpt, tmp_path / "streamed", opts)
+    generate(model, tmp_path / "whole", opts)  # the loaded model's stages (an IR never streams)
+    names = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "streamed").iterdir())
+    assert "routing.md" in names and "transformer_weights.bin" in names
+    for name in names:
+        got = (tmp_path / "streamed" / name).read_bytes()
+        assert got == (tmp_path / "whole" / name).read_bytes(), name

@@ -202,14 +202,15 @@ def _check_generate_options(a: argparse.Namespace, whole: bool) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
+    from ..frontends.hf import HFCheckpoint
+    from ..frontends.hf_model import load_hf_config
     from ..reference.accuracy import format_accuracy
-    from .pipeline import generate, load
+    from .pipeline import generate, load, streams
 
     board = load_board(a.board)
     check_architectures(a.model)
     _check_generate_options(a, is_whole(a.model, a.config, a.layer))
     progress = _progress(a, a.model)
-    model = load(a.model, a.config, a.layer, progress)
     opts = _quant_options(
         a,
         board=board.name,
@@ -221,9 +222,17 @@ def cmd_generate(a: argparse.Namespace) -> int:
         psram_budget=a.psram_budget,
         optimize=a.optimize,
     )
+    if streams(a.model, opts, a.config, a.layer):  # read layer by layer (memory: one layer)
+        out, manifest = generate(a.model, a.out, opts, force=a.force, progress=progress)
+        config = load_hf_config(HFCheckpoint(a.model))
+        _print_transformer_summary(out, board.name, config, manifest)
+        print(format_accuracy(manifest["accuracy"]))
+        _print_routing(manifest)
+        return 0
+    model = load(a.model, a.config, a.layer, progress)
     out, manifest = generate(model, a.out, opts, force=a.force, progress=progress)
     if model.decoder is not None:
-        _print_transformer_summary(out, board.name, model.decoder, manifest)
+        _print_transformer_summary(out, board.name, model.decoder.config, manifest)
         if "accuracy" in manifest:
             print(format_accuracy(manifest["accuracy"]))
         _print_routing(manifest)
@@ -251,9 +260,8 @@ def _print_routing(manifest: dict[str, Any]) -> None:
         print(format_routing(manifest["routing"]))
 
 
-def _print_transformer_summary(out: Path, board: str, model: Any, manifest: dict[str, Any]) -> None:
+def _print_transformer_summary(out: Path, board: str, c: Any, manifest: dict[str, Any]) -> None:
     mem = manifest["memory"]
-    c = model.config
     print(
         f"generated {out} for {board}: {c.architecture}, {c.n_layers} layers, d_model "
         f"{c.d_model}, vocab {c.vocab_size}; weights {mem['weight_bytes']} bytes (const), arena "

@@ -6,6 +6,14 @@ generate:
     load -> IR -> [calibrate] -> quantise -> analyse -> plan (memory, placement) -> emit ->
     [report] -> budget -> write
 
+and with --calib, of a whole Hugging Face checkpoint, layer by layer as convert (memory holds
+one layer's fp32 weights and statistics, the quantised model and the embedding / LM head; the
+same files as the loaded model's stages):
+
+    config -> check memory -> calibration ids ->
+    [read -> calibrate -> quantise -> analyse -> routing] per layer -> plan -> emit ->
+    report -> budget -> write
+
 convert (:func:`convert`), a single MoE block (container version 1):
 
     check options -> load -> IR -> write
@@ -38,7 +46,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +67,19 @@ from ..frontends.hf_model import (
     load_transformer,
     read_decoder_layer,
     read_head,
+    read_lm_head,
 )
 from ..frontends.load import load_model
 from ..ir.model import Model, as_model
 from ..ir.moe import MoELayer
-from ..ir.transformer import DecoderLayer, MoETransformer, TransformerConfig
+from ..ir.transformer import (
+    DecoderLayer,
+    MoETransformer,
+    TransformerConfig,
+    TransformerHash,
+    layer_tensors,
+    tail_tensors,
+)
 from ..options import GenerateOptions
 from ..plan.budget import check_fits
 from ..plan.model import plan
@@ -80,11 +96,19 @@ from ..quant.model import (
     check_dense_scheme,
     quantize_head,
     quantize_layer_all,
+    quantize_layer_dense,
+    quantize_layer_experts,
     quantize_moe_layer,
     quantize_transformer_as_asked,
     transformer_quant_as_asked,
 )
-from ..reference.accuracy import analyse_layer, load_calib, transformer_accuracy
+from ..reference.accuracy import (
+    accuracy_entry,
+    analyse_layer,
+    load_calib,
+    moe_layer_accuracy,
+    transformer_accuracy,
+)
 from ..reference.calibration import (
     LayerByLayer,
     layer_calibration,
@@ -92,7 +116,14 @@ from ..reference.calibration import (
     load_calib_ids,
     transformer_calibration,
 )
-from ..report.routing import layer_routing, routing_files, routing_summary, transformer_routing
+from ..report.routing import (
+    RoutingHeat,
+    layer_routing,
+    moe_layer_routing,
+    routing_files,
+    routing_summary,
+    transformer_routing,
+)
 from .inspect import hf_report
 
 
@@ -233,19 +264,34 @@ def render(
     """Every stage from the IR to the emitted files and manifest (not yet budget-checked);
     `progress` shows a line per stage (colibri.progress)."""
     m = as_model(model)
-    board = load_board(options.board)
     qd = quantise(m, options, calib, progress)
     analysis = analyse(m, qd, options, progress)
-    with progress.stage("plan"):
-        p = plan(m, qd.q, analysis, board, options)
-    with progress.stage("emit"):
-        files, manifest = emit(m, qd.q, analysis, p, options, board)
+    heats: list[RoutingHeat] | None = None
     if qd.stats is not None:  # the report stage of --calib: the routing heat map
         heats = (
             transformer_routing(m.decoder, qd.stats)
             if m.decoder is not None
             else [layer_routing(m.layer, qd.calib)]
         )
+    return render_quantised(m, qd.q, analysis, heats, options, progress)
+
+
+def render_quantised(
+    m: Model,
+    q: Any,
+    analysis: Any,
+    heats: list[RoutingHeat] | None,
+    options: GenerateOptions,
+    progress: Progress = SILENT,
+) -> tuple[dict[str, FileContent], dict[str, Any]]:
+    """The stages after the analysis: plan, emit and (`heats`: the routing of --calib's
+    tokens) the report."""
+    board = load_board(options.board)
+    with progress.stage("plan"):
+        p = plan(m, q, analysis, board, options)
+    with progress.stage("emit"):
+        files, manifest = emit(m, q, analysis, p, options, board)
+    if heats is not None:
         files.update(routing_files(heats, options.name))
         manifest["routing"] = routing_summary(heats)
     return files, manifest
@@ -259,15 +305,174 @@ def generate(
     calib: np.ndarray | None = None,
     progress: Progress = SILENT,
 ) -> tuple[Path, dict[str, Any]]:
-    """Generate the C sources of `model` (an IR, or a path for the load stage) into out_dir."""
-    ir = (
-        load(model, progress=progress) if isinstance(model, (str, os.PathLike)) else as_model(model)
-    )
-    files, manifest = render(ir, options, calib, progress)
+    """Generate the C sources of `model` (an IR, or a path for the load stage) into out_dir.
+    A whole Hugging Face checkpoint's path with --calib (options.calib) is read, calibrated,
+    quantised and analysed one layer at a time (:func:`calibrate_streamed`), with the same
+    output as the loaded model's."""
+    if calib is None and streams(model, options):
+        assert isinstance(model, (str, os.PathLike))
+        ir, q, analysis, heats = calibrate_streamed(model, options, progress)
+        files, manifest = render_quantised(ir, q, analysis, heats, options, progress)
+    else:
+        ir = (
+            load(model, progress=progress)
+            if isinstance(model, (str, os.PathLike))
+            else as_model(model)
+        )
+        files, manifest = render(ir, options, calib, progress)
     check_fits(ir, manifest, load_board(options.board), options)
     with progress.stage("write"):
         out = write_output(out_dir, files, manifest, force=force)
     return out, manifest
+
+
+def streams(
+    model: Model | MoELayer | MoETransformer | str | os.PathLike[str],
+    options: GenerateOptions,
+    config: str | None = None,
+    layer: int | None = None,
+) -> bool:
+    """Whether `generate` runs `model` layer by layer (:func:`calibrate_streamed`): the path of
+    a whole Hugging Face checkpoint, with --calib."""
+    return (
+        isinstance(model, (str, os.PathLike))
+        and options.calib is not None
+        and is_whole(model, config, layer)
+    )
+
+
+#: Shares of a layer's step on the streamed `generate --calib` line: reading it, the fp32
+#: forward over the calibration sequences, the experts' statistics, the quantisation, then
+#: the analysis (about the measured split on the 353 M-parameter Mixtral of
+#: benchmarks/scale_table.py).
+GENERATE_SHARES = {
+    "read": 0.06,
+    "batch": 0.18,
+    "statistics": 0.06,
+    "quantise": 0.62,
+    "analyse": 0.08,
+}
+
+
+def calibrate_streamed(
+    path: str | os.PathLike[str], options: GenerateOptions, progress: Progress = SILENT
+) -> tuple[Model, TransformerQuant, dict[str, Any], list[RoutingHeat]]:
+    """The load, calibrate, quantise, analyse and routing stages of `generate CKPT --calib`,
+    one decoder layer at a time as `convert --calib` (:func:`convert_streamed`): each layer is
+    read and hashed, run over the calibration sequences (:class:`LayerByLayer`), its experts'
+    statistics collected, quantised, its accuracy and routing taken, then its statistics and
+    the fp32 weights that were quantised dropped (:func:`drop_quantised`). Returns the model
+    (its quantised matrices' fp32 weights dropped; its hash and storage maps kept), the
+    quantised weights, the manifest's accuracy entry and the routing heat map, each equal to
+    the loaded model's stages (so the generated files are the same bytes)."""
+    calib = options.calib
+    if calib is None:
+        raise ConfigError("generate streams a checkpoint to calibrate it: pass --calib FILE")
+    ckpt = HFCheckpoint(path)
+    c = load_hf_config(ckpt)
+    check_calib_method_use(options)
+    check_calib_scheme(options)
+    q = transformer_quant_as_asked(
+        options.quant,
+        options.act,
+        options.dense_quant,
+        options.router_quant,
+        options.scale_search,
+    )
+    assert q is not None  # a calibrated scheme is quantised
+    check_fits_memory_streamed(ckpt)
+    search, method = options.scale_search, options.calib_method
+    hidden = _wants_hidden(options)
+    n = c.n_layers
+    shares = list(GENERATE_SHARES.values())
+    starts = dict(zip(GENERATE_SHARES, np.cumsum([0.0, *shares[:-1]]), strict=True))
+    accuracy: list[dict[str, Any]] = []
+    tokens: list[int] = []
+    heats: list[RoutingHeat] = []
+    layers: list[DecoderLayer] = []
+    with progress.stage("layers", n + 1) as st:
+        st.update(0, "embedding / LM head")
+        model = read_head(ckpt, c)
+        digest = TransformerHash(c)
+        digest.update([("embed", model.embed)])
+        walk = LayerByLayer(model, load_calib_ids(calib, model, options.context))
+        quantize_head(q, model, search)
+        if q.dense_scheme != "fp32":  # stored quantised (an untied LM head read again last)
+            model.embed = _dropped(model.embed)
+            model.lm_head = model.embed if c.tie_word_embeddings else _dropped(model.lm_head)
+        last_moe = max((i for i in range(n) if ckpt.is_moe_layer(i)), default=-1)
+        for i in range(n):
+            where = f"layer {i + 1}/{n}"
+
+            def show(part: str, k: int, m: int, label: str, i: int = i, where: str = where) -> None:
+                at = starts[part] + GENERATE_SHARES[part] * k / max(m, 1)
+                st.update(i + 1 + at, f"{where}  {label}")
+
+            show("read", 0, 1, "read")
+            layer = read_decoder_layer(ckpt, c, i)
+            check_supported_layer(i, layer)
+            digest.update(layer_tensors(i, layer))
+            lcal: LayerCalib | None = None
+            if i <= last_moe:
+
+                def part(what: str, k: int, m: int) -> None:
+                    label = f"batch {k}/{m}" if what == "batch" else f"statistics  expert {k}/{m}"
+                    show(what, k, m, f"calibrate  {label}")
+
+                lcal = walk.advance(i, layer, hidden, part)
+
+            analysed = lcal is not None and layer.moe is not None
+
+            def quant(k: int, m: int, analysed: bool = analysed) -> None:
+                # the last expert's count is the analysis' start: drawn at once, the line's
+                # redraw limit (colibri.progress.REDRAW_SECONDS) would hide "analyse" instead
+                if k < m or not analysed:
+                    show("quantise", k, m, f"quantise  expert {k}/{m}")
+
+            quantize_layer_experts(q, i, layer, search, lcal, quant, method)
+            quantize_layer_dense(q, i, layer, search)
+            if analysed:
+                assert lcal is not None and layer.moe is not None
+                show("analyse", 0, 1, "analyse")
+                accuracy.append(moe_layer_accuracy(i, layer.moe, q, lcal))
+                tokens.append(lcal.tokens)
+                heats.append(moe_layer_routing(i, layer.moe, lcal))
+            del lcal
+            drop_quantised(layer, q)
+            layers.append(layer)
+        st.update(n + 1, f"layer {n}/{n}")
+    if q.dense_scheme != "fp32" and not c.tie_word_embeddings:  # the hash reads it
+        digest.update(tail_tensors(replace(model, lm_head=read_lm_head(ckpt, c))))
+    else:
+        digest.update(tail_tensors(model))
+    model.layers, model.sha256 = layers, digest.hexdigest()
+    return as_model(model), q, accuracy_entry(accuracy, tokens), heats
+
+
+def _dropped(a: np.ndarray) -> np.ndarray:
+    """A stand-in for fp32 weights the generated C stores quantised: the same shape, dtype and
+    nbytes (what the plan and the manifest read), no memory, NaN if anything reads it."""
+    return np.broadcast_to(np.float32(np.nan), a.shape)
+
+
+def drop_quantised(layer: DecoderLayer, q: TransformerQuant) -> None:
+    """Replace the fp32 matrices of `layer` that `q` stores quantised by :func:`_dropped`
+    stand-ins (the routed experts with --quant, the attention projections, shared expert and
+    dense MLP with --dense-quant), keeping its storage map, norms, routers and biases."""
+    moe = layer.moe
+    if moe is not None:
+        moe.storage = moe.storage_map()
+    ffns = []
+    if moe is not None and q.scheme != "fp32":
+        ffns += moe.experts
+    if q.dense_scheme != "fp32":
+        a = layer.attention
+        a.wq, a.wk, a.wv, a.wo = (_dropped(w) for w in (a.wq, a.wk, a.wv, a.wo))
+        ffn = layer.mlp if moe is None else moe.shared_expert
+        ffns += [ffn] if ffn is not None else []
+    for e in ffns:
+        e.w1, e.w2 = _dropped(e.w1), _dropped(e.w2)
+        e.w3 = _dropped(e.w3) if e.w3 is not None else None
 
 
 # -- convert ------------------------------------------------------------------------------------

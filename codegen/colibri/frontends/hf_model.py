@@ -223,7 +223,7 @@ def read_head(ckpt: HFCheckpoint, c: TransformerConfig) -> MoETransformer:
     MoETransformer without layers (:func:`read_decoder_layer` reads those one at a time)."""
     d = c.d_model
     embed = ckpt.tensor("model.embed_tokens.weight", (c.vocab_size, d))
-    lm_head = embed if c.tie_word_embeddings else ckpt.tensor("lm_head.weight", (c.vocab_size, d))
+    lm_head = embed if c.tie_word_embeddings else read_lm_head(ckpt, c)
     return MoETransformer(
         config=c,
         embed=embed,
@@ -232,6 +232,11 @@ def read_head(ckpt: HFCheckpoint, c: TransformerConfig) -> MoETransformer:
         lm_head=lm_head,
         source=str(ckpt.path),
     )
+
+
+def read_lm_head(ckpt: HFCheckpoint, c: TransformerConfig) -> np.ndarray:
+    """The untied LM head [vocab, d_model] of the checkpoint."""
+    return ckpt.tensor("lm_head.weight", (c.vocab_size, c.d_model))
 
 
 def read_decoder_layer(ckpt: HFCheckpoint, c: TransformerConfig, i: int) -> DecoderLayer:

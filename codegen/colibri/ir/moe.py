@@ -169,6 +169,9 @@ class MoELayer:
     #: 1 when shared_gate is None) and added to the routed experts' sum.
     shared_expert: Expert | None = None
     shared_gate: np.ndarray | None = None  # [d_model]
+    #: :meth:`storage_map` when already known: set by a streamed `generate --calib`
+    #: (colibri.cli.pipeline), which drops the fp32 weights of the experts it quantised.
+    storage: list[int] | None = None
 
     def require_no_shared_expert(self, what: str) -> None:
         """Raise ConfigError when `what` (a stage) cannot represent the shared expert."""
@@ -258,6 +261,8 @@ class MoELayer:
     def storage_map(self) -> list[int]:
         """Expert i is stored as expert storage_map()[i]: explicit sharing first, then experts
         whose weights are identical by content hash are stored once (lowest index keeps them)."""
+        if self.storage is not None:
+            return list(self.storage)
         base = list(self.sharing_map) if self.sharing_map else list(range(self.config.n_experts))
         first_by_digest: dict[str, int] = {}
         out = []

@@ -148,17 +148,28 @@ def transformer_accuracy(
     layer, the errors of its routed experts' output on a sample of its calibration inputs
     ("inputs" rows) and the per-expert report; `tick(k, n)` after each of the n layers."""
     layers: list[dict[str, Any]] = []
-    tokens = 0
     for k, (i, lc) in enumerate(sorted(calib.items()), start=1):
         moe = model.layers[i].moe
         assert moe is not None
-        tokens = max(tokens, lc.tokens)
-        m = layer_metrics(moe, q.experts[i], lc.inputs, q.routers.get(i))
-        experts = expert_report(moe, q.experts[i], lc)
-        layers.append({"layer": i, "inputs": int(lc.inputs.shape[0]), **m, "experts": experts})
+        layers.append(moe_layer_accuracy(i, moe, q, lc))
         if tick is not None:
             tick(k, len(calib))
-    return {"tokens": tokens, "layers": layers}
+    return accuracy_entry(layers, [lc.tokens for lc in calib.values()])
+
+
+def moe_layer_accuracy(
+    i: int, moe: MoELayer, q: TransformerQuant, lc: LayerCalib
+) -> dict[str, Any]:
+    """One layer's entry of :func:`transformer_accuracy` (MoE layer `i` of the model)."""
+    m = layer_metrics(moe, q.experts[i], lc.inputs, q.routers.get(i))
+    experts = expert_report(moe, q.experts[i], lc)
+    return {"layer": i, "inputs": int(lc.inputs.shape[0]), **m, "experts": experts}
+
+
+def accuracy_entry(layers: list[dict[str, Any]], tokens: list[int]) -> dict[str, Any]:
+    """:func:`transformer_accuracy`'s result from its layers' entries (in layer order) and
+    each layer's calibration token count."""
+    return {"tokens": max(tokens, default=0), "layers": layers}
 
 
 def _expert_line(e: dict[str, Any]) -> str:

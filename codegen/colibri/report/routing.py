@@ -109,20 +109,23 @@ def transformer_routing(model: MoETransformer, stats: dict[int, LayerCalib]) -> 
     """Every MoE layer's routing: hits from the calibration statistics (every token; when
     experts share storage, from the layer's sample of inputs instead), the heat map from the
     sample of the layer's own inputs the statistics keep."""
-    heats = []
-    for i, layer in enumerate(model.layers):
-        moe = layer.moe
-        if moe is None or i not in stats:
-            continue
-        st = stats[i]
-        n = moe.config.n_experts
-        hits: np.ndarray | None = None
-        tokens = int(st.inputs.shape[0])
-        if moe.storage_map() == list(range(n)):  # hits per stored expert are per expert
-            hits = np.array([st.experts[e].hits if e in st.experts else 0 for e in range(n)])
-            tokens = st.tokens
-        heats.append(_heat(moe, st.inputs, i, hits, tokens))
-    return heats
+    return [
+        moe_layer_routing(i, layer.moe, stats[i])
+        for i, layer in enumerate(model.layers)
+        if layer.moe is not None and i in stats
+    ]
+
+
+def moe_layer_routing(i: int, moe: MoELayer, st: LayerCalib) -> RoutingHeat:
+    """The routing of MoE layer `i` of a transformer from its calibration statistics (one
+    entry of :func:`transformer_routing`)."""
+    n = moe.config.n_experts
+    hits: np.ndarray | None = None
+    tokens = int(st.inputs.shape[0])
+    if moe.storage_map() == list(range(n)):  # hits per stored expert are per expert
+        hits = np.array([st.experts[e].hits if e in st.experts else 0 for e in range(n)])
+        tokens = st.tokens
+    return _heat(moe, st.inputs, i, hits, tokens)
 
 
 def routing_summary(heats: Sequence[RoutingHeat]) -> dict[str, Any]:
