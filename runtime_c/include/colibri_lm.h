@@ -224,6 +224,8 @@ typedef struct {
     uint64_t bytes_prefetched; /**< of bytes_read, those read ahead by the prefetch */
     uint64_t prefetch_skipped; /**< experts predicted but not read ahead: their layer's
                                     prefetch in the shadow (counting its accuracy) */
+    uint64_t restores;         /**< experts read back into a slot after a wrong read-ahead took
+                                    theirs (in bytes_read and evictions, not in misses) */
 } colibri_lm_stats_t;
 
 /** What a loaded model is (colibri_lm_info). */

@@ -246,6 +246,7 @@ LM_STATS_TAIL = (
     ("pinned_hits", ctypes.c_uint64),
     ("bytes_prefetched", ctypes.c_uint64),
     ("prefetch_skipped", ctypes.c_uint64),
+    ("restores", ctypes.c_uint64),
 )
 
 
