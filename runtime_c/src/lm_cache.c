@@ -758,10 +758,7 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
     }
     st->misses++;
     pr->lost += ref_hit ? 1u : 0u; /* a read ahead for ly took its slot */
-    if (c->evictor[g] > 0) { /* a prefetch evicted it: a miss that prefetch caused */
-        c->predict[c->evictor[g] - 1].cost++;
-        c->evictor[g] = 0;
-    }
+    c->evictor[g] = 0;             /* read again by this miss: nothing to read back */
     const uint32_t s = demand_victim(lm, ly, ref_victim);
     if (s == c->n_slots) {
         return COLIBRI_ERR_BUDGET; /* not reached: the LRU slots hold top_k (setup, pin_hot) */
@@ -813,9 +810,9 @@ static const lm_layer *expert_layer(const colibri_lm_t *lm, int32_t g)
  * displaced (ahead_victim) and that the run without prefetch still holds is read back, by the
  * reader thread, into a spare slot (a wrong read-ahead's; there is one for each: the slots
  * are as many) with its use clock there. So after each layer the slots hold every expert the
- * run without prefetch holds (in the same LRU order) and a use that hits there hits here:
- * the hit rate with prefetch is never lower. Each read back counts as a cost of the layer's
- * prediction (lm_predict.cost) and in stats.restores. */
+ * run without prefetch holds, in the same LRU order: a use can miss where that run hits only
+ * when a read-ahead took an expert of its own layer (ahead_victim's last resort;
+ * lm_predict.lost counts those). Counted in stats.restores and lm_predict.restored. */
 static void ref_restore(colibri_lm_t *lm, int32_t done)
 {
     lm_cache *c = lm->cache;
@@ -836,8 +833,8 @@ static void ref_restore(colibri_lm_t *lm, int32_t done)
         if (s == c->n_slots || ly == NULL) {
             break; /* not reached: as many spare slots as displaced experts */
         }
-        c->predict[done].cost++;
         c->evictor[g] = 0;
+        c->predict[done].restored++;
         slot_assign(lm, ly, &ly->experts[g - ly->first_expert], g, s, c->ref_used[g]);
         lm->stats.restores++;
         lm_slot *sl = &c->slots[s];
@@ -881,9 +878,10 @@ static uint32_t ahead_victim(const lm_cache *c, const lm_layer *next, uint64_t p
 }
 
 /* A layer's prediction is judged every LM_PREDICT_WINDOW experts predicted for it (not
- * resident at the time): see clb_lm_layer_done. A live layer whose wrong read-aheads outnumber
- * its right ones by LM_PREDICT_QUIT goes back to the shadow at once, without waiting for the
- * window's end (a run of wrong predictions would otherwise cost up to a window of slots). */
+ * resident at the time): see clb_lm_layer_done. A live layer whose wasted reads (wrong
+ * read-aheads and reads back) outnumber its right read-aheads by LM_PREDICT_QUIT, or whose
+ * read-aheads lost LM_PREDICT_QUIT more hits than they gained, goes back to the shadow at
+ * once, without waiting for the window's end. */
 #define LM_PREDICT_WINDOW 16u
 #define LM_PREDICT_QUIT 4u
 
@@ -894,15 +892,17 @@ static uint32_t ahead_victim(const lm_cache *c, const lm_layer *next, uint64_t p
  * them are used (judged every LM_PREDICT_WINDOW), the prefetch into the layer is live: those
  * experts are handed to the reader thread (read inline without one), so that the next layer
  * finds them in their slots while this one computes. A prefetched expert enters at the cold
- * end of the LRU order (the first victim once its layer has run without using it), never
- * evicts a slot of this layer's experts, another predicted one, a pinned one or one still
- * being read; when no slot is left the rest is not prefetched. The next layer's misses take
- * its wrong predictions' slots first (demand_victim): a wrong prediction costs the slot it took
- * and no second one, so the misses do not evict hotter experts because of it. A live layer goes
- * back to the shadow when fewer than half its experts read ahead are used or they save no more
- * misses than they cause (later misses on the experts its reads evicted). No output or status
- * changes: the prediction has its own ids / gates, a slot's bytes are the file's, and a failed read
- * frees the slot for the use to read again. */
+ * end of the LRU order (the first victim once its layer has run without using it) and takes
+ * the slot ahead_victim gives: no expert the run without prefetch holds is kept out by it
+ * (ref_restore reads back what it displaced), and the predicted layer's own experts are taken
+ * only when no other slot is left. It never evicts a slot of this layer's experts, another
+ * predicted one, a pinned one or one still being read; when no slot is left the rest is not
+ * prefetched. The next layer's misses take its wrong predictions' slots first (demand_victim).
+ * A live layer goes back to the shadow when fewer than half its experts read ahead are used,
+ * or they gained fewer hits than they lost against the run without prefetch (lm_predict.gain /
+ * .lost: misses of experts that run holds, i.e. the layer's own experts a read-ahead took). No
+ * output or status changes: the prediction has its own ids / gates, a slot's bytes are the
+ * file's, and a failed read frees the slot for the use to read again. */
 void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
 {
     lm_cache *c = lm->cache;
@@ -1000,16 +1000,17 @@ void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly)
     reader_reap_all(c, 0);
     lm_predict *pr = &c->predict[ly - lm->layers];
     pr->n_pending = 0;
-    if (pr->live && (pr->issued >= 2u * pr->used + LM_PREDICT_QUIT ||
+    if (pr->live && (pr->issued + pr->restored >= 2u * pr->used + LM_PREDICT_QUIT ||
                      pr->lost >= pr->gain + LM_PREDICT_QUIT)) {
-        /* wrong - right >= LM_PREDICT_QUIT, or the read-aheads lost more hits than they
-         * gained: the shadow again, a new window */
-        pr->live = 0;
+        /* the reads wasted (wrong read-aheads and reads back) outnumber the misses saved by
+         * LM_PREDICT_QUIT, or the read-aheads lost LM_PREDICT_QUIT more hits than they gained:
+         * the shadow again, a new window */
         *pr = (lm_predict){0};
     } else if (pr->issued >= LM_PREDICT_WINDOW) {
-        /* on once half the experts predicted are used, and while at least half are, they gain
-         * at least the hits they lose (the run without prefetch counted alongside) and save more
-         * misses than the reads back of what they displaced cost (lm_predict.cost) */
+        /* on once half the experts predicted are used, and while at least half are and they
+         * gain at least the hits they lose (the run without prefetch counted alongside). The
+         * reads back (ref_restore) are not held against it: judging on them as well kept
+         * live layers in the shadow that gained hits (issue 41 item 1) */
         const uint32_t live = pr->live ? 2u * pr->used >= pr->issued && pr->gain >= pr->lost
                                        : 2u * pr->used >= pr->issued;
         *pr = (lm_predict){0};

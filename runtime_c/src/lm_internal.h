@@ -112,7 +112,7 @@ typedef struct lm_reader lm_reader;
 typedef struct {
     uint32_t issued;   /* experts predicted, not resident, in the current window */
     uint32_t used;     /* of which the layer used (misses a prefetch saves) */
-    uint32_t cost;     /* restores of experts the prefetch's reads displaced (reads it caused) */
+    uint32_t restored; /* experts its read-aheads displaced and ref_restore read back */
     uint32_t gain;     /* of used: hits the run without prefetch misses (hits it gains) */
     uint32_t lost;     /* misses of uses the run without prefetch hits (hits it loses) */
     uint32_t live;     /* 1: predicted experts are read ahead; 0: only counted (shadow) */
