@@ -162,15 +162,20 @@ typedef struct {
  * are not resident are only counted (prefetch_skipped), with whether the layer uses them. When
  * at least half are used (judged every 16), its prefetch goes live: they are read into slots
  * ahead (prefetch loads) by a reader thread of the handle while the current layer computes
- * (inline where threads are not available); a use waits for its read. A prefetched expert
- * enters at the cold end of the LRU order (first to go if its layer does not use it), never
- * evicts a slot of the current layer's experts, another predicted one, a pinned one or one being
- * read (no slot left: the rest is not prefetched); the next layer's misses take the slots of
- * its wrong predictions first, so a wrong prediction costs the one slot it took and never a
- * second, hotter one of the LRU order. A live layer returns to the shadow when fewer
- * than half the experts read ahead for it are used, or when they save no more misses than they
- * cause (later misses on the experts their reads evicted). Outputs never change; the next
- * layer's uses of correctly predicted experts become hits instead of misses.
+ * (inline where threads are not available); a use waits for its read. The slots of the same
+ * handle without prefetch are tracked alongside (expert ids and use clocks: an LRU over the
+ * same uses), and no read-ahead keeps out an expert that run holds: a prefetched expert takes
+ * a free slot, else one whose expert that run no longer holds, else the least recently used
+ * expert of a layer other than the one predicted for (its uses cannot name it), which is read
+ * back after that layer's uses unless that run evicted it meanwhile (restores); only when no
+ * such slot is left, one of the predicted layer's own experts. It never evicts a slot of the
+ * current layer's experts, another predicted one, a pinned one or one being read (no slot
+ * left: the rest is not prefetched). Misses take a free or spare slot first (a wrong
+ * read-ahead's), then the slot of the expert the run without prefetch evicts. A live layer
+ * returns to the shadow when fewer than half the experts read ahead for it are used, or when
+ * they gained fewer hits than they lost against the run without prefetch (at once when 4
+ * fewer). Outputs never change; the next layer's uses of correctly predicted experts become
+ * hits instead of misses.
  */
 #define COLIBRI_LM_NO_PREFETCH 0x1u
 
@@ -201,18 +206,19 @@ typedef struct {
 /**
  * Expert-slot counters (colibri_lm_get_stats); all 0 but expert_bytes without a budget.
  * loads = hits + misses (the layers' uses; the hit rate is hits / loads, prefetched experts
- * included); a slot is filled by each miss and each prefetch, so bytes_read = the sum of the
- * filled experts' stored bytes and evictions = misses + prefetches - n_slots once the slots are
- * full (they fill first; n_slots - n_pinned with pinned slots, whose init reads count in
- * bytes_read but not in misses); pinned_hits <= hits; prefetch_hits <= min(prefetches, hits), and
- * prefetch_hits / prefetches is the prediction's accuracy. With COLIBRI_LM_NO_PREFETCH prefetches =
- * prefetch_hits = bytes_prefetched = prefetch_skipped = 0.
+ * included); a slot is filled by each miss, each prefetch and each restore, so bytes_read = the
+ * sum of the filled experts' stored bytes and evictions = misses + prefetches + restores -
+ * n_slots once the slots are full (they fill first; n_slots - n_pinned with pinned slots, whose
+ * init reads count in bytes_read but not in misses); pinned_hits <= hits; prefetch_hits <=
+ * min(prefetches, hits), and prefetch_hits / prefetches is the prediction's accuracy;
+ * bytes_prefetched are the bytes read ahead. With COLIBRI_LM_NO_PREFETCH prefetches =
+ * prefetch_hits = bytes_prefetched = prefetch_skipped = restores = 0.
  */
 typedef struct {
     uint64_t loads;            /**< routed-expert uses (hits + misses) */
     uint64_t hits;             /**< uses whose expert was in a slot (prefetched or not) */
     uint64_t misses;           /**< uses that read the expert from the file into a slot */
-    uint64_t evictions;        /**< slot fills (misses and prefetches) that replaced an expert */
+    uint64_t evictions;        /**< slot fills (misses, prefetches, restores) that replaced one */
     uint64_t prefetches;       /**< predicted experts, not resident, read into a slot ahead */
     uint64_t prefetch_hits;    /**< prefetched experts used by the layer they were predicted for */
     uint64_t bytes_read;       /**< bytes pread() from the file into slots (misses + prefetches) */
@@ -224,6 +230,8 @@ typedef struct {
     uint64_t bytes_prefetched; /**< of bytes_read, those read ahead by the prefetch */
     uint64_t prefetch_skipped; /**< experts predicted but not read ahead: their layer's
                                     prefetch in the shadow (counting its accuracy) */
+    uint64_t restores;         /**< experts read back into a slot after a wrong read-ahead took
+                                    theirs (in bytes_read and evictions, not in misses) */
 } colibri_lm_stats_t;
 
 /** What a loaded model is (colibri_lm_info). */

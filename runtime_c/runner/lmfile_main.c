@@ -66,15 +66,15 @@ static void print_stats(void)
 {
     colibri_lm_stats_t s;
     colibri_lm_get_stats(g_lm, &s);
-    const uint64_t v[] = {s.n_slots,         s.slot_bytes, s.loads,       s.hits,
-                          s.misses,          s.evictions,  s.prefetches,  s.prefetch_hits,
-                          s.bytes_read,      s.n_pinned,   s.pinned_hits, s.bytes_prefetched,
-                          s.prefetch_skipped};
+    const uint64_t v[] = {s.n_slots,          s.slot_bytes, s.loads,       s.hits,
+                          s.misses,           s.evictions,  s.prefetches,  s.prefetch_hits,
+                          s.bytes_read,       s.n_pinned,   s.pinned_hits, s.bytes_prefetched,
+                          s.prefetch_skipped, s.restores};
     char line[512];
     put_line(line,
              "colibri: expert slots: % x % bytes, loads % hits % misses % evictions % "
              "prefetches % prefetch hits % bytes read % pinned % pinned hits % bytes ahead % "
-             "skipped %\n",
+             "skipped % restores %\n",
              v);
 }
 

@@ -188,6 +188,8 @@ void clb_lm_cache_free(lm_cache *c)
     clb_lm_reader_stop(c); /* joins the reader: nothing writes the slots any more */
     free(c->predict);
     free(c->evictor);
+    free(c->ref_used);
+    free(c->ref_pin);
     free(c->slots);
     free(c->data);
     free(c->resident);
@@ -268,6 +270,9 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
     *bytes = add64(*bytes, mul64(n_owners, 12u)); /* pin_hot's ranking (lm_hot) */
     *bytes = add64(*bytes, mul64(lm->h.n_layers, sizeof(lm_predict)));
     *bytes = add64(*bytes, LM_READER_BYTES + 4u * n_slots); /* the reader and its queue */
+    if ((config->expert_flags & COLIBRI_LM_NO_PREFETCH) == 0u) {
+        *bytes = add64(*bytes, 16u * (uint64_t)lm->n_experts); /* ref_used, ref_pin */
+    }
     return *bytes >= (uint64_t)SIZE_MAX ? COLIBRI_ERR_NOMEM : COLIBRI_OK;
 }
 
@@ -306,8 +311,12 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     c->resident = (int32_t *)malloc((size_t)lm->n_experts * sizeof *c->resident);
     c->predict = (lm_predict *)calloc(lm->h.n_layers, sizeof *c->predict);
     c->evictor = (int32_t *)calloc((size_t)lm->n_experts, sizeof *c->evictor);
+    if (c->prefetch) {
+        c->ref_used = (uint64_t *)calloc((size_t)lm->n_experts, sizeof *c->ref_used);
+        c->ref_pin = (uint64_t *)calloc((size_t)lm->n_experts, sizeof *c->ref_pin);
+    }
     if (c->slots == NULL || c->resident == NULL || c->predict == NULL || c->evictor == NULL ||
-        data == NULL) {
+        data == NULL || (c->prefetch && (c->ref_used == NULL || c->ref_pin == NULL))) {
         free(data);
         clb_lm_cache_free(c);
         return COLIBRI_ERR_NOMEM;
@@ -325,6 +334,7 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     (void)owner_parts(lm, 1, &total);
     lm->cache = c;
     colibri_status st = pin_hot(lm, config, max_k);
+    c->ref_cap = c->n_slots - lm->stats.n_pinned;
     if (st == COLIBRI_OK && c->prefetch) {
         st = clb_lm_reader_start(
             lm); /* after pin_hot's reads: the slots are the caller's until now */
@@ -496,12 +506,69 @@ static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
     return best;
 }
 
-/* slot_victim for a miss of layer ly, never a slot of an expert of the current uses (pin ==
+/* Whether slot sl holds no expert of the run without prefetch (free, or an expert that run
+ * does not hold: a read ahead not yet used, or one its LRU evicted since). */
+static int slot_spare(const lm_cache *c, const lm_slot *sl)
+{
+    return sl->expert < 0 || c->ref_used[sl->expert] == 0u;
+}
+
+/* With prefetch: a free slot, else the coldest slot that holds no expert of the run without
+ * prefetch (slot_spare), never a pinned one, one being read or read ahead for a layer that has
+ * not run, nor one of the current uses (pin == epoch); n_slots when there is none. */
+static uint32_t spare_victim(lm_cache *c)
+{
+    uint32_t best = c->n_slots;
+    for (uint32_t s = 0; s < c->n_slots; s++) {
+        const lm_slot *sl = &c->slots[s];
+        if (sl->pinned || sl->queued || sl->ahead || sl->pin == c->epoch || !slot_spare(c, sl)) {
+            continue;
+        }
+        if (sl->expert < 0) {
+            return s;
+        }
+        if (best == c->n_slots || sl->used < c->slots[best].used) {
+            best = s;
+        }
+    }
+    return best;
+}
+
+/* The run without prefetch (lm_cache.ref_used), for a use of expert g (not pinned): a hit
+ * there moves it to the hot end; a miss takes a free slot of that run or evicts its least
+ * recently used expert that the current uses do not name, as slot_victim would. Returns the
+ * expert it evicted, or -1. Only ids and clocks: it reads nothing. */
+static int32_t ref_use(const colibri_lm_t *lm, int32_t g)
+{
+    lm_cache *c = lm->cache;
+    int32_t w = -1;
+    if (c->ref_used[g] == 0u) {
+        if (c->ref_n < c->ref_cap) {
+            c->ref_n++;
+        } else {
+            for (int32_t x = 0; x < lm->n_experts; x++) {
+                if (c->ref_used[x] != 0u && c->ref_pin[x] != c->epoch &&
+                    (w < 0 || c->ref_used[x] < c->ref_used[w])) {
+                    w = x;
+                }
+            }
+            if (w >= 0) {
+                c->ref_used[w] = 0u;
+                c->evictor[w] = 0; /* displaced by a read ahead: that run evicts it too */
+            }
+        }
+    }
+    c->ref_used[g] = c->clock;
+    return w;
+}
+
+/* The slot for a miss of layer ly, never a slot of an expert of the current uses (pin ==
  * epoch: clb_lm_expert_pin). The prefetches for ly that these uses do not ask for were wrong:
- * they go cold first and are the first victims (after a free slot), so a wrong prediction
- * costs the next layer's misses no slot of the LRU order; when no slot is left, the slots
- * still being read are waited for. */
-static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly)
+ * they go cold first. With prefetch, a free slot, else one the run without prefetch does not
+ * hold (a wrong read ahead first), else the slot of `ref_victim`, the expert that run evicts
+ * for this miss: so every expert that run holds stays (ref_restore). Without prefetch the LRU
+ * slot (slot_victim). When no slot is left, the slots still being read are waited for. */
+static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly, int32_t ref_victim)
 {
     lm_cache *c = lm->cache;
     for (uint32_t i = 0; i < c->n_slots; i++) {
@@ -510,6 +577,18 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly)
             sl->expert < ly->first_expert + ly->moe.n_experts) {
             sl->ahead = 0;
             sl->used = 0;
+        }
+    }
+    if (c->ref_used != NULL) {
+        uint32_t s = spare_victim(c);
+        if (s == c->n_slots && ref_victim >= 0 && c->resident[ref_victim] >= 0) {
+            s = (uint32_t)c->resident[ref_victim];
+            int busy = 0;
+            (void)clb_lm_reader_reap(c, s, 1, &busy); /* a restore still being read */
+            s = c->slots[s].expert == ref_victim && !c->slots[s].pinned ? s : c->n_slots;
+        }
+        if (s != c->n_slots) {
+            return s;
         }
     }
     uint32_t s = slot_victim(c, c->epoch);
@@ -531,9 +610,13 @@ void clb_lm_uses_begin(colibri_lm_t *lm)
 void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
 {
     lm_cache *c = lm->cache;
-    const int32_t r = c->resident[ly->first_expert + ly->experts[id].owner];
+    const int32_t g = ly->first_expert + ly->experts[id].owner;
+    const int32_t r = c->resident[g];
     if (r >= 0) {
         c->slots[r].pin = c->epoch;
+    }
+    if (c->ref_pin != NULL) {
+        c->ref_pin[g] = c->epoch;
     }
 }
 
@@ -656,6 +739,9 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
         int busy = 0;
         (void)clb_lm_reader_reap(c, (uint32_t)c->resident[g], 1, &busy); /* failed: freed, a miss */
     }
+    const int pinned = c->resident[g] >= 0 && c->slots[c->resident[g]].pinned;
+    const int ref_hit = c->ref_used != NULL && !pinned && c->ref_used[g] != 0u;
+    const int32_t ref_victim = c->ref_used != NULL && !pinned ? ref_use(lm, g) : -1;
     if (c->resident[g] >= 0) {
         lm_slot *sl = &c->slots[c->resident[g]];
         st->hits++;
@@ -663,6 +749,7 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
         if (sl->ahead) {
             st->prefetch_hits++;
             pr->used++;
+            pr->gain += ref_hit ? 0u : 1u;
             sl->ahead = 0;
         }
         sl->used = c->clock;
@@ -670,11 +757,9 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
         return COLIBRI_OK;
     }
     st->misses++;
-    if (c->evictor[g] > 0) { /* a prefetch evicted it: a miss that prefetch caused */
-        c->predict[c->evictor[g] - 1].cost++;
-        c->evictor[g] = 0;
-    }
-    const uint32_t s = demand_victim(lm, ly);
+    pr->lost += ref_hit ? 1u : 0u; /* a read ahead for ly took its slot */
+    c->evictor[g] = 0;             /* read again by this miss: nothing to read back */
+    const uint32_t s = demand_victim(lm, ly, ref_victim);
     if (s == c->n_slots) {
         return COLIBRI_ERR_BUDGET; /* not reached: the LRU slots hold top_k (setup, pin_hot) */
     }
@@ -695,10 +780,108 @@ const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, in
     return s >= 0 ? &lm->cache->slots[s].e : NULL;
 }
 
+/* The read-aheads for ly that ly did not use (its uses are over): not ahead any more, at the
+ * cold end (used 0), the first victims. */
+static void ahead_cold(lm_cache *c, const lm_layer *ly)
+{
+    for (uint32_t s = 0; s < c->n_slots; s++) {
+        lm_slot *sl = &c->slots[s];
+        if (sl->ahead && sl->expert >= ly->first_expert &&
+            sl->expert < ly->first_expert + ly->moe.n_experts) {
+            sl->ahead = 0;
+            sl->used = 0;
+        }
+    }
+}
+
+/* The MoE layer that holds model-wide expert g. */
+static const lm_layer *expert_layer(const colibri_lm_t *lm, int32_t g)
+{
+    for (uint32_t l = 0; l < lm->h.n_layers; l++) {
+        const lm_layer *ly = &lm->layers[l];
+        if (ly->tf.is_moe && g >= ly->first_expert && g < ly->first_expert + ly->moe.n_experts) {
+            return ly;
+        }
+    }
+    return NULL;
+}
+
+/* After layer `done`'s uses (with prefetch): every expert that a read ahead for `done`
+ * displaced (ahead_victim) and that the run without prefetch still holds is read back, by the
+ * reader thread, into a spare slot (a wrong read-ahead's; there is one for each: the slots
+ * are as many) with its use clock there. So after each layer the slots hold every expert the
+ * run without prefetch holds, in the same LRU order: a use can miss where that run hits only
+ * when a read-ahead took an expert of its own layer (ahead_victim's last resort;
+ * lm_predict.lost counts those). Counted in stats.restores and lm_predict.restored. */
+static void ref_restore(colibri_lm_t *lm, int32_t done)
+{
+    lm_cache *c = lm->cache;
+    if (done < 0 || !lm->layers[done].tf.is_moe) {
+        return;
+    }
+    ahead_cold(c, &lm->layers[done]);
+    for (int32_t g = 0; g < lm->n_experts; g++) {
+        if (c->evictor[g] != done + 1 || c->ref_used[g] == 0u || c->resident[g] >= 0) {
+            continue;
+        }
+        uint32_t s = spare_victim(c);
+        if (s == c->n_slots) {
+            reader_reap_all(c, 1);
+            s = spare_victim(c);
+        }
+        const lm_layer *ly = expert_layer(lm, g);
+        if (s == c->n_slots || ly == NULL) {
+            break; /* not reached: as many spare slots as displaced experts */
+        }
+        c->evictor[g] = 0;
+        c->predict[done].restored++;
+        slot_assign(lm, ly, &ly->experts[g - ly->first_expert], g, s, c->ref_used[g]);
+        lm->stats.restores++;
+        lm_slot *sl = &c->slots[s];
+        if (c->reader != NULL) {
+            clb_lm_reader_queue(c, s);
+        } else if (clb_lm_slot_read(lm, ly, sl->src, sl->data) != COLIBRI_OK) {
+            clb_lm_slot_clear(c, s); /* a use of the expert reads it again (and reports) */
+        }
+    }
+}
+
+/* The slot a read ahead for layer `next` takes: a free one, else the coldest spare one (its
+ * expert not held by the run without prefetch: evicting it costs that run nothing), else the
+ * least recently used expert of a layer other than `next` (next's uses cannot name it, and
+ * ref_restore reads it back after them unless the run without prefetch evicts it meanwhile);
+ * never one of next's experts (a wrong read-ahead evicting the expert its layer then used was
+ * how prefetch lost hits on the 353 M random model), a pinned slot, one being read, one read
+ * ahead, nor one whose pin is `pin` (the current layer's experts, the predicted resident ones).
+ * n_slots when there is none. */
+static uint32_t ahead_victim(const lm_cache *c, const lm_layer *next, uint64_t pin)
+{
+    uint32_t spare = c->n_slots, other = c->n_slots, own = c->n_slots;
+    for (uint32_t s = 0; s < c->n_slots; s++) {
+        const lm_slot *sl = &c->slots[s];
+        if (sl->pinned || sl->queued || sl->ahead || sl->pin == pin) {
+            continue;
+        }
+        if (sl->expert < 0) {
+            return s;
+        }
+        if (slot_spare(c, sl)) {
+            spare = spare == c->n_slots || sl->used < c->slots[spare].used ? s : spare;
+        } else if (sl->expert < next->first_expert ||
+                   sl->expert >= next->first_expert + next->moe.n_experts) {
+            other = other == c->n_slots || sl->used < c->slots[other].used ? s : other;
+        } else {
+            own = own == c->n_slots || sl->used < c->slots[own].used ? s : own;
+        }
+    }
+    return spare != c->n_slots ? spare : other != c->n_slots ? other : own;
+}
+
 /* A layer's prediction is judged every LM_PREDICT_WINDOW experts predicted for it (not
- * resident at the time): see clb_lm_layer_done. A live layer whose wrong read-aheads outnumber
- * its right ones by LM_PREDICT_QUIT goes back to the shadow at once, without waiting for the
- * window's end (a run of wrong predictions would otherwise cost up to a window of slots). */
+ * resident at the time): see clb_lm_layer_done. A live layer whose wasted reads (wrong
+ * read-aheads and reads back) outnumber its right read-aheads by LM_PREDICT_QUIT, or whose
+ * read-aheads lost LM_PREDICT_QUIT more hits than they gained, goes back to the shadow at
+ * once, without waiting for the window's end. */
 #define LM_PREDICT_WINDOW 16u
 #define LM_PREDICT_QUIT 4u
 
@@ -709,19 +892,25 @@ const lm_expert *clb_lm_expert_at(const colibri_lm_t *lm, const lm_layer *ly, in
  * them are used (judged every LM_PREDICT_WINDOW), the prefetch into the layer is live: those
  * experts are handed to the reader thread (read inline without one), so that the next layer
  * finds them in their slots while this one computes. A prefetched expert enters at the cold
- * end of the LRU order (the first victim once its layer has run without using it), never
- * evicts a slot of this layer's experts, another predicted one, a pinned one or one still
- * being read; when no slot is left the rest is not prefetched. The next layer's misses take
- * its wrong predictions' slots first (demand_victim): a wrong prediction costs the slot it took
- * and no second one, so the misses do not evict hotter experts because of it. A live layer goes
- * back to the shadow when fewer than half its experts read ahead are used or they save no more
- * misses than they cause (later misses on the experts its reads evicted). No output or status
- * changes: the prediction has its own ids / gates, a slot's bytes are the file's, and a failed read
- * frees the slot for the use to read again. */
+ * end of the LRU order (the first victim once its layer has run without using it) and takes
+ * the slot ahead_victim gives: no expert the run without prefetch holds is kept out by it
+ * (ref_restore reads back what it displaced), and the predicted layer's own experts are taken
+ * only when no other slot is left. It never evicts a slot of this layer's experts, another
+ * predicted one, a pinned one or one still being read; when no slot is left the rest is not
+ * prefetched. The next layer's misses take its wrong predictions' slots first (demand_victim).
+ * A live layer goes back to the shadow when fewer than half its experts read ahead are used,
+ * or they gained fewer hits than they lost against the run without prefetch (lm_predict.gain /
+ * .lost: misses of experts that run holds, i.e. the layer's own experts a read-ahead took). No
+ * output or status changes: the prediction has its own ids / gates, a slot's bytes are the
+ * file's, and a failed read frees the slot for the use to read again. */
 void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
 {
     lm_cache *c = lm->cache;
-    if (c == NULL || !c->prefetch || !next->tf.is_moe) {
+    if (c == NULL || !c->prefetch) {
+        return;
+    }
+    ref_restore(lm, (int32_t)(next - lm->layers) - 1); /* the current layer's uses are over */
+    if (!next->tf.is_moe) {
         return;
     }
     lm_predict *pr = &c->predict[next - lm->layers];
@@ -770,12 +959,12 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
         if (c->resident[g] >= 0) {
             continue; /* two ids of one stored expert */
         }
-        const uint32_t s = slot_victim(c, pin);
+        const uint32_t s = ahead_victim(c, next, pin);
         if (s == c->n_slots) {
-            break; /* every other slot is pinned, protected or being read */
+            break; /* every other slot is pinned, protected, being read or next's */
         }
-        if (c->slots[s].expert >= 0) {
-            c->evictor[c->slots[s].expert] = (int32_t)(next - lm->layers) + 1;
+        if (c->slots[s].expert >= 0 && !slot_spare(c, &c->slots[s])) {
+            c->evictor[c->slots[s].expert] = (int32_t)(next - lm->layers) + 1; /* ref_restore */
         }
         slot_assign(lm, next, &next->experts[owner], g, s, 0u);
         c->evictor[g] = 0;
@@ -804,31 +993,28 @@ void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly)
     if (c == NULL) {
         return;
     }
-    for (uint32_t s = 0; s < c->n_slots; s++) { /* read ahead for ly and not used: cold */
-        lm_slot *sl = &c->slots[s];
-        if (sl->ahead && sl->expert >= ly->first_expert &&
-            sl->expert < ly->first_expert + ly->moe.n_experts) {
-            sl->ahead = 0;
-            sl->used = 0;
-        }
+    ahead_cold(c, ly); /* read ahead for ly and not used: cold */
+    if (c->ref_used != NULL) {
+        ref_restore(lm, (int32_t)(ly - lm->layers)); /* when no prefetch followed ly's uses */
     }
     reader_reap_all(c, 0);
     lm_predict *pr = &c->predict[ly - lm->layers];
     pr->n_pending = 0;
-    if (pr->live && pr->issued >= 2u * pr->used + LM_PREDICT_QUIT) {
-        pr->live = 0; /* wrong - right >= LM_PREDICT_QUIT: the shadow again, a new window */
-        pr->issued = 0;
-        pr->used = 0;
-        pr->cost = 0;
+    if (pr->live && (pr->issued + pr->restored >= 2u * pr->used + LM_PREDICT_QUIT ||
+                     pr->lost >= pr->gain + LM_PREDICT_QUIT)) {
+        /* the reads wasted (wrong read-aheads and reads back) outnumber the misses saved by
+         * LM_PREDICT_QUIT, or the read-aheads lost LM_PREDICT_QUIT more hits than they gained:
+         * the shadow again, a new window */
+        *pr = (lm_predict){0};
     } else if (pr->issued >= LM_PREDICT_WINDOW) {
-        /* on once half the experts predicted are used, and while at least half are and, read
-         * ahead, they save more misses than the slots they took cause (a wrong prediction is
-         * the first victim of its layer's misses: it costs the one slot it took, issue 41) */
-        pr->live = pr->live ? 2u * pr->used >= pr->issued && pr->used > pr->cost
-                            : 2u * pr->used >= pr->issued;
-        pr->issued = 0;
-        pr->used = 0;
-        pr->cost = 0;
+        /* on once half the experts predicted are used, and while at least half are and they
+         * gain at least the hits they lose (the run without prefetch counted alongside). The
+         * reads back (ref_restore) are not held against it: judging on them as well kept
+         * live layers in the shadow that gained hits (issue 41 item 1) */
+        const uint32_t live = pr->live ? 2u * pr->used >= pr->issued && pr->gain >= pr->lost
+                                       : 2u * pr->used >= pr->issued;
+        *pr = (lm_predict){0};
+        pr->live = live;
     }
 }
 

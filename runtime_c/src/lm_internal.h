@@ -112,7 +112,9 @@ typedef struct lm_reader lm_reader;
 typedef struct {
     uint32_t issued;   /* experts predicted, not resident, in the current window */
     uint32_t used;     /* of which the layer used (misses a prefetch saves) */
-    uint32_t cost;     /* misses on experts the prefetch's reads evicted (misses it caused) */
+    uint32_t restored; /* experts its read-aheads displaced and ref_restore read back */
+    uint32_t gain;     /* of used: hits the run without prefetch misses (hits it gains) */
+    uint32_t lost;     /* misses of uses the run without prefetch hits (hits it loses) */
     uint32_t live;     /* 1: predicted experts are read ahead; 0: only counted (shadow) */
     int32_t n_pending; /* shadow: the last prediction's experts not resident */
     int32_t pending[COLIBRI_MAX_TOP_K]; /* ... their model-wide indices */
@@ -136,6 +138,13 @@ typedef struct {
     lm_reader *reader;           /* the thread that reads prefetched experts (NULL: inline) */
     lm_predict *predict;         /* [n_layers] */
     int32_t *evictor;            /* [n_experts]: 1 + the layer whose prefetch evicted it, or 0 */
+    /* With prefetch: the slots of the same handle without it (an LRU of the same slots less the
+     * pinned ones over the same uses, experts' ids and use clocks only), so that no read ahead
+     * keeps out an expert the run without prefetch holds (lm_cache.c, ref_use / ref_restore). */
+    uint64_t *ref_used; /* [n_experts]: its use clock there, 0 when not there (NULL: no prefetch) */
+    uint64_t *ref_pin;  /* [n_experts]: the epoch of its last use (the current uses: not victims) */
+    uint32_t ref_n;     /* experts there */
+    uint32_t ref_cap;   /* its slots: n_slots - n_pinned */
 } lm_cache;
 
 /** One thread's scratch (arena): a gathered group of an expert's tokens and its FFN. */

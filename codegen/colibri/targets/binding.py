@@ -246,6 +246,7 @@ LM_STATS_TAIL = (
     ("pinned_hits", ctypes.c_uint64),
     ("bytes_prefetched", ctypes.c_uint64),
     ("prefetch_skipped", ctypes.c_uint64),
+    ("restores", ctypes.c_uint64),
 )
 
 
@@ -808,7 +809,7 @@ class LM(_Handle):
     def stats(self) -> dict[str, int]:
         """Expert-slot counters (colibri_lm_stats_t): loads, hits, misses, evictions,
         prefetches, prefetch_hits, bytes_read, expert_bytes, slot_bytes, n_slots, n_pinned,
-        pinned_hits."""
+        pinned_hits, bytes_prefetched, prefetch_skipped, restores."""
         if self._handle is None:
             raise InputError("model was closed")
         s = _LMStats()

@@ -225,13 +225,14 @@ _STATS_RE = re.compile(
     r"prefetches (?P<prefetches>\d+) prefetch hits (?P<prefetch_hits>\d+) "
     r"bytes read (?P<bytes_read>\d+) pinned (?P<n_pinned>\d+) pinned hits (?P<pinned_hits>\d+) "
     r"bytes ahead (?P<bytes_prefetched>\d+) skipped (?P<prefetch_skipped>\d+)"
+    r"(?: restores (?P<restores>\d+))?"
 )
 
 
 def parse_expert_stats(stdout: str) -> dict[str, int] | None:
     """The counters of the runner's "expert slots: ..." line, or None without one."""
     m = _STATS_RE.search(stdout)
-    return {k: int(v) for k, v in m.groupdict().items()} if m else None
+    return {k: int(v) for k, v in m.groupdict().items() if v is not None} if m else None
 
 
 def format_expert_stats(s: dict[str, int]) -> str:
@@ -242,7 +243,8 @@ def format_expert_stats(s: dict[str, int]) -> str:
         f"{s['hits']} hits ({rate:.1%}), {s['misses']} misses, {s['evictions']} evictions, "
         f"{s['prefetches']} prefetches, {s['prefetch_hits']} prefetch hits, "
         f"{s['n_pinned']} pinned ({s['pinned_hits']} hits), {s['bytes_read']} bytes read "
-        f"({s['bytes_prefetched']} ahead), {s['prefetch_skipped']} predictions skipped"
+        f"({s['bytes_prefetched']} ahead), {s['prefetch_skipped']} predictions skipped, "
+        f"{s.get('restores', 0)} restores"
     )
 
 
