@@ -80,7 +80,7 @@ def test_ccache_gives_the_same_objects_and_stack_files(
     import shutil
 
     if shutil.which("ccache") is None:
-        pytest.skip("ccache is not installed (scripts/setup.sh installs it: apt-get install ccache)")
+        pytest.skip("ccache is not installed (scripts/setup.sh installs it: apt install ccache)")
     require_board("cortex-m4", run=False)
     monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))
     monkeypatch.delenv("COLIBRI_CCACHE", raising=False)
