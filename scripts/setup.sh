@@ -38,6 +38,7 @@ APT_PACKAGES=(
     clang-format valgrind
     clang libclang-rt-14-dev
     cmake pkg-config
+    ccache
     xz-utils
     chromium-headless-shell
 )

@@ -69,3 +69,37 @@ def test_infer_example_built_by_scons(tmp_path: Path) -> None:
     assert e and int(e.group(1)) == r.expert_ids[0, 0], out
     assert abs(float(e.group(2)) - r.gates[0, 0]) < 1e-3 and float(e.group(2)) < 1.0
     assert "Input:" in out
+
+
+def test_ccache_gives_the_same_objects_and_stack_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ccache is installed the SConstruct compiles through it (COLIBRI_CCACHE=0: not):
+    a second build directory gets every runtime object and its -fstack-usage file from the
+    cache, byte for byte what the compiler wrote, which the stack check reads."""
+    import shutil
+
+    if shutil.which("ccache") is None:
+        pytest.skip("ccache is not installed (scripts/setup.sh installs it: apt install ccache)")
+    require_board("cortex-m4", run=False)
+    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))
+    monkeypatch.delenv("COLIBRI_CCACHE", raising=False)
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        proc = scons(["board=cortex-m4", f"build_dir={d}", "verbose=1"])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert re.search(r"^\S*ccache \S*arm-none-eabi-gcc .*-c .*router\.c", proc.stdout, re.M)
+    stats = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True).stdout
+    counts = dict(line.split("\t", 1) for line in stats.splitlines() if "\t" in line)
+    runtime = sorted((dirs[0] / "obj" / "runtime").glob("*.o"))
+    assert len(runtime) >= 20
+    assert int(counts["direct_cache_hit"]) >= len(runtime), stats
+    for obj in runtime:
+        for path in (obj, obj.with_suffix(".su")):
+            twin = dirs[1] / path.relative_to(dirs[0])
+            assert twin.read_bytes() == path.read_bytes(), twin
+    monkeypatch.setenv("COLIBRI_CCACHE", "0")
+    dry = scons(["board=cortex-m4", f"build_dir={tmp_path / 'c'}", "verbose=1", "-n"])
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert re.search(r"^\S*arm-none-eabi-gcc .*-c .*router\.c", dry.stdout, re.M), dry.stdout
+    assert not re.search(r"^\S*ccache ", dry.stdout, re.M), dry.stdout
