@@ -26,6 +26,19 @@ extern "C" {
 #endif
 
 #define COLIBRI_QI_INLINE static inline __attribute__((always_inline))
+/* A kernel of one out-of-line copy per translation unit (issue 40: code per expert kind): the
+ * shared activation quantiser (colibri_qi_shared.h) and the cold paths of the inline kernels
+ * (Helium's scalar fallbacks), whose shapes are run-time arguments. noinline / noclone: one
+ * copy in a translation unit that calls it (GCC would otherwise clone it per set of constant
+ * arguments); unused: none, and no warning, in one that does not once optimised (GCC keeps an
+ * unused static function at -O0: there plain static inline, neither inlined nor kept unused). */
+#if !defined(__OPTIMIZE__)
+#define COLIBRI_QI_SHARED static inline
+#elif defined(__clang__)
+#define COLIBRI_QI_SHARED static __attribute__((noinline, unused))
+#else
+#define COLIBRI_QI_SHARED static __attribute__((noinline, noclone, unused))
+#endif
 
 /* The sums of the written-out kernels (4 or 8 rows or tokens, named p0, p1, ...): as asm output
  * operands [p0] c(p0), ... with constraint c ("=&r": started by the asm, "+r": added to), and

@@ -371,29 +371,15 @@ COLIBRI_QI_INLINE void colibri_qi_q8_rest_rows(const int8_t *q, const float *sca
         }                                                                                          \
     } while (0)
 
-/**
- * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
- *        stored in layout R4, bit for bit; n_in must be a multiple of COLIBRI_R4_CHUNK.
- *        Compile-time n_out / n_in at the call site resolve every loop bound and tail.
- */
-COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, const int8_t *xq,
-                                           const float *sx, float *y, int32_t n_out, int32_t n_in,
-                                           int blocked)
+/** colibri_qi_q8_q8_r4's groups g0..groups - 1 (4 rows each) one block at a time, the same
+ *  arithmetic (its arguments; full / half / nb from n_in). */
+COLIBRI_QI_INLINE void colibri_qi_r4_groups(const int8_t *q, const float *scale, const int8_t *xq,
+                                            const float *sx, float *y, int32_t n_in, int32_t g0,
+                                            int32_t groups, int blocked)
 {
     const int32_t full = n_in / COLIBRI_QK8;
     const int32_t half = (n_in % COLIBRI_QK8) != 0; /* a last block of 16 inputs */
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
-    const int32_t groups = n_out / COLIBRI_R4_ROWS;
-    int32_t g0 = 0; /* the groups done by a fast path */
-#if defined(COLIBRI_QI_MVE)
-    if (!blocked && colibri_qi_mve_scales_ok(sx, (int32_t)nb)) {
-        for (; g0 < groups; g0++) {
-            const int32_t o = g0 * COLIBRI_R4_ROWS;
-            colibri_qi_r4_group_mve(q + (size_t)o * (size_t)n_in, xq, sx, full, half, scale + o,
-                                    y + o);
-        }
-    }
-#endif
     for (int32_t g = g0; g < groups; g++) {
         const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
         const int32_t o = g * COLIBRI_R4_ROWS;
@@ -427,6 +413,48 @@ COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, 
         }
         COLIBRI_QI_R4_STORE(y, o, scale, blocked);
     }
+}
+
+#if defined(COLIBRI_QI_MVE)
+/** colibri_qi_r4_groups out of line: on Helium the fallback of colibri_qi_q8_q8_r4's fast path
+ *  (block scales outside its guard, blocked scales), cold, so one copy serves every matrix. */
+COLIBRI_QI_SHARED void colibri_qi_r4_groups_cold(const int8_t *q, const float *scale,
+                                                 const int8_t *xq, const float *sx, float *y,
+                                                 int32_t n_in, int32_t g0, int32_t groups,
+                                                 int blocked)
+{
+    colibri_qi_r4_groups(q, scale, xq, sx, y, n_in, g0, groups, blocked);
+}
+#endif
+
+/**
+ * @brief colibri_matvec_q8_q8 (blocked = 0) or colibri_matvec_q8b_q8 (blocked = 1) on a matrix
+ *        stored in layout R4, bit for bit; n_in must be a multiple of COLIBRI_R4_CHUNK.
+ *        Compile-time n_out / n_in at the call site resolve every loop bound and tail.
+ */
+COLIBRI_QI_INLINE void colibri_qi_q8_q8_r4(const int8_t *q, const float *scale, const int8_t *xq,
+                                           const float *sx, float *y, int32_t n_out, int32_t n_in,
+                                           int blocked)
+{
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    const int32_t groups = n_out / COLIBRI_R4_ROWS;
+#if defined(COLIBRI_QI_MVE)
+    int32_t g0 = 0; /* the groups done by the fast path */
+    if (!blocked && colibri_qi_mve_scales_ok(sx, (int32_t)nb)) {
+        const int32_t full = n_in / COLIBRI_QK8;
+        const int32_t half = (n_in % COLIBRI_QK8) != 0; /* a last block of 16 inputs */
+        for (; g0 < groups; g0++) {
+            const int32_t o = g0 * COLIBRI_R4_ROWS;
+            colibri_qi_r4_group_mve(q + (size_t)o * (size_t)n_in, xq, sx, full, half, scale + o,
+                                    y + o);
+        }
+    }
+    if (g0 < groups) {
+        colibri_qi_r4_groups_cold(q, scale, xq, sx, y, n_in, g0, groups, blocked);
+    }
+#else
+    colibri_qi_r4_groups(q, scale, xq, sx, y, n_in, 0, groups, blocked);
+#endif
     COLIBRI_QI_Q8_REST(groups * COLIBRI_R4_ROWS); /* row-major */
 }
 
@@ -743,6 +771,62 @@ COLIBRI_QI_INLINE void colibri_qi_r4_group2_mve(const int8_t *wg, const int8_t *
 }
 #endif
 
+#if defined(COLIBRI_QI_MVE)
+/** colibri_qi_r4_pass's Helium fallback (block scales outside the fast path's guard, blocked
+ *  scales, n_in over 32 * COLIBRI_QI_MVE_NB): groups g0..groups - 1 of 2 tokens, the float steps
+ *  in scalar code. Cold, so out of line: one copy serves every matrix. */
+COLIBRI_QI_SHARED void colibri_qi_r4_groups2_cold(const int8_t *q, const float *scale,
+                                                  const int8_t *xq, const float *sx, float *y,
+                                                  int32_t ldy, int32_t n_in, int32_t g0,
+                                                  int32_t groups, int blocked)
+{
+    const int32_t full = n_in / COLIBRI_QK8;
+    const int32_t half = (n_in % COLIBRI_QK8) != 0;
+    const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
+    for (int32_t g = g0; g < groups; g++) {
+        const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
+        const int32_t o = g * COLIBRI_R4_ROWS;
+        const float *s0p = scale + (size_t)o * nb;
+        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f,
+                      0.0f, 0.0f, 0.0f, 0.0f}; /* token t, row r: a[4 t + r] */
+        for (int32_t b = 0; b < full; b++) {
+            float f[8];
+            colibri_qi_r4_block2(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8,
+                                 xq + (size_t)n_in + (size_t)b * COLIBRI_QK8, f);
+            /* scalar float updates (Helium's vector float flushes subnormals) */
+#pragma GCC unroll 8
+            for (int32_t t = 0; t < 2; t++) {
+                const float xs = sx[(size_t)t * nb + (size_t)b];
+#pragma GCC unroll 8
+                for (int32_t r = 0; r < 4; r++) {
+                    a[4 * t + r] =
+                        colibri_qi_mla(a[4 * t + r], f[4 * t + r],
+                                       blocked ? s0p[(size_t)r * nb + (size_t)b] * xs : xs);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int32_t t = 0; t < 2; t++) {
+            if (half) {
+                const int8_t *x = xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8;
+                const float xs = sx[(size_t)t * nb + (size_t)full];
+#pragma GCC unroll 8
+                for (int32_t r = 0; r < 4; r++) {
+                    const float f = blocked ? s0p[(size_t)r * nb + (size_t)full] * xs : xs;
+                    a[4 * t + r] +=
+                        (float)colibri_qi_dot16(wg + (size_t)full * 128u + 16 * r, x) * f;
+                }
+            }
+#pragma GCC unroll 8
+            for (int32_t r = 0; r < 4; r++) {
+                y[(size_t)t * (size_t)ldy + (size_t)(o + r)] =
+                    blocked ? a[4 * t + r] : a[4 * t + r] * scale[o + r];
+            }
+        }
+    }
+}
+#endif
+
 /** One pass of colibri_qi_mm_q8_q8_r4 over T == COLIBRI_QI_MT tokens (T > 1). */
 COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, const int8_t *xq,
                                           const float *sx, float *y, int32_t ldy, int32_t n_out,
@@ -825,46 +909,8 @@ COLIBRI_QI_INLINE void colibri_qi_r4_pass(const int8_t *q, const float *scale, c
                                      scale + o, y + o, y + (size_t)ldy + (size_t)o);
         }
     }
-    for (int32_t g = g0; g < groups; g++) {
-        const int8_t *wg = q + (size_t)g * COLIBRI_R4_ROWS * (size_t)n_in;
-        const int32_t o = g * COLIBRI_R4_ROWS;
-        const float *s0p = scale + (size_t)o * nb;
-        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f,
-                      0.0f, 0.0f, 0.0f, 0.0f}; /* token t, row r: a[4 t + r] */
-        for (int32_t b = 0; b < full; b++) {
-            float f[8];
-            colibri_qi_r4_block2(wg + (size_t)b * 128u, xq + (size_t)b * COLIBRI_QK8,
-                                 xq + (size_t)n_in + (size_t)b * COLIBRI_QK8, f);
-            /* scalar float updates (Helium's vector float flushes subnormals) */
-#pragma GCC unroll 8
-            for (int32_t t = 0; t < 2; t++) {
-                const float xs = sx[(size_t)t * nb + (size_t)b];
-#pragma GCC unroll 8
-                for (int32_t r = 0; r < 4; r++) {
-                    a[4 * t + r] =
-                        colibri_qi_mla(a[4 * t + r], f[4 * t + r],
-                                       blocked ? s0p[(size_t)r * nb + (size_t)b] * xs : xs);
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int32_t t = 0; t < 2; t++) {
-            if (half) {
-                const int8_t *x = xq + (size_t)t * (size_t)n_in + (size_t)full * COLIBRI_QK8;
-                const float xs = sx[(size_t)t * nb + (size_t)full];
-#pragma GCC unroll 8
-                for (int32_t r = 0; r < 4; r++) {
-                    const float f = blocked ? s0p[(size_t)r * nb + (size_t)full] * xs : xs;
-                    a[4 * t + r] +=
-                        (float)colibri_qi_dot16(wg + (size_t)full * 128u + 16 * r, x) * f;
-                }
-            }
-#pragma GCC unroll 8
-            for (int32_t r = 0; r < 4; r++) {
-                y[(size_t)t * (size_t)ldy + (size_t)(o + r)] =
-                    blocked ? a[4 * t + r] : a[4 * t + r] * scale[o + r];
-            }
-        }
+    if (g0 < groups) {
+        colibri_qi_r4_groups2_cold(q, scale, xq, sx, y, ldy, n_in, g0, groups, blocked);
     }
 #else
     (void)full;

@@ -395,7 +395,7 @@ COLIBRI_QI_INLINE void colibri_qi_r4p_pass4(const int8_t *q, const float *scale,
         uint32_t xu[COLIBRI_QI_GWORDS];
         for (int32_t b = 0; b < cb; b++) {
             uint32_t *xb = xu + (size_t)b * (COLIBRI_QI_GBLOCK / 4);
-#pragma GCC unroll 4
+#pragma GCC unroll 1
             for (int32_t t = 0; t < 4; t++) {
                 const colibri_qi_word *xw =
                     (const colibri_qi_word *)(const void *)(xq + (size_t)t * (size_t)n_in +

@@ -21,7 +21,9 @@
  * This header lives in runtime_c/tiles, the generated-code support directory (not the public
  * API of runtime_c/include): the builds add it to the include path of generated code. It is an
  * umbrella over one header per family: colibri_qi_common.h (ISA, quantiser), colibri_qi_r4.h
- * (layout R4), colibri_qi_r4p.h (layout R4P, relu row) and colibri_qinline_q4.h (int4 x int8).
+ * (layout R4), colibri_qi_r4p.h (layout R4P, relu row), colibri_qinline_q4.h (int4 x int8) and
+ * colibri_qi_shared.h (the out-of-line activation quantiser generated expert kernels call: one
+ * copy per model, shared by every row and expert kind).
  */
 #ifndef COLIBRI_QINLINE_H
 #define COLIBRI_QINLINE_H
@@ -29,6 +31,7 @@
 #include "colibri_qi_common.h"
 #include "colibri_qi_r4.h"
 #include "colibri_qi_r4p.h"
+#include "colibri_qi_shared.h"
 #include "colibri_qinline_q4.h" /* colibri_qi_q4_q8: int4 x int8 */
 
 #endif /* COLIBRI_QINLINE_H */

@@ -260,6 +260,15 @@ static void rt_quantize(int32_t n)
         rk_int("qi_quantize_row codes", i, rt_xq2[i], rt_xq[i]);
     }
     rk_floats("qi_quantize_row scales", rt_sx2, rt_sx, nb);
+    /* the out-of-line copy generated kernels call (colibri_qi_shared.h), padded with zero codes
+     * to the next multiple of 32 (rt_xq2 first filled with nonzero codes) */
+    const int32_t width = 32 * nb;
+    memset(rt_xq2, 0x55, sizeof rt_xq2);
+    colibri_qs_quantize_row_pad(rt_x, rt_xq2, rt_sx2, n, width);
+    for (int32_t i = 0; i < width; i++) {
+        rk_int("qs_quantize_row_pad codes", i, rt_xq2[i], i < n ? rt_xq[i] : 0);
+    }
+    rk_floats("qs_quantize_row_pad scales", rt_sx2, rt_sx, nb);
     colibri_quantize_row_q8_ref(rt_x, rt_xq2, rt_sx2, n);
     for (int32_t i = 0; i < n; i++) {
         rk_int("qi_quantize_row_ref vs library codes", i, rt_xq[i], rt_xq2[i]);

@@ -176,8 +176,9 @@ def test_four_threads_on_generated_model(
         str(gen),
     )
     source = (gen / "colibri_model.c").read_text()
-    # int8 activations: the kernels quantise their rows (colibri_qinline.h's quantiser)
-    assert ("colibri_qi_quantize_row" in source) == (scratch > 0)
+    # int8 activations: the kernels quantise their rows (colibri_qinline.h's quantiser, its
+    # out-of-line copy in colibri_qi_shared.h)
+    assert ("colibri_qs_quantize_row_pad" in source) == (scratch > 0)
     assert "_ACT_Q_OFFSET" not in source + (gen / "colibri_model.h").read_text()
     exe = tmp_path / "test_threads_gen"
     _build(
