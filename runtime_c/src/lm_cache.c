@@ -485,27 +485,6 @@ static void reader_reap_all(lm_cache *c, int wait)
     }
 }
 
-/* The least recently used slot (a free one first, then a prefetch never used: used 0), never
- * a pinned one, one being read, one read ahead for a layer that has not run yet, nor one whose
- * pin is `pin` (0: any); n_slots when there is none. */
-static uint32_t slot_victim(const lm_cache *c, uint64_t pin)
-{
-    uint32_t best = c->n_slots;
-    for (uint32_t s = 0; s < c->n_slots; s++) {
-        const lm_slot *sl = &c->slots[s];
-        if (sl->pinned || sl->queued || sl->ahead || (pin != 0u && sl->pin == pin)) {
-            continue;
-        }
-        if (sl->expert < 0) {
-            return s;
-        }
-        if (best == c->n_slots || sl->used < c->slots[best].used) {
-            best = s;
-        }
-    }
-    return best;
-}
-
 /* Whether slot sl holds no expert of the run without prefetch (free, or an expert that run
  * does not hold: a read ahead not yet used, or one its LRU evicted since). */
 static int slot_spare(const lm_cache *c, const lm_slot *sl)
@@ -513,15 +492,17 @@ static int slot_spare(const lm_cache *c, const lm_slot *sl)
     return sl->expert < 0 || c->ref_used[sl->expert] == 0u;
 }
 
-/* With prefetch: a free slot, else the coldest slot that holds no expert of the run without
- * prefetch (slot_spare), never a pinned one, one being read or read ahead for a layer that has
- * not run, nor one of the current uses (pin == epoch); n_slots when there is none. */
-static uint32_t spare_victim(lm_cache *c)
+/* The least recently used slot (a free one first, then a prefetch never used: used 0), never
+ * a pinned one, one being read, one read ahead for a layer that has not run yet, nor one whose
+ * pin is `pin` (0: any); with `spare_only` (prefetch on) only a slot that holds no expert of
+ * the run without prefetch (slot_spare). n_slots when there is none. */
+static uint32_t slot_victim(const lm_cache *c, uint64_t pin, int spare_only)
 {
     uint32_t best = c->n_slots;
     for (uint32_t s = 0; s < c->n_slots; s++) {
         const lm_slot *sl = &c->slots[s];
-        if (sl->pinned || sl->queued || sl->ahead || sl->pin == c->epoch || !slot_spare(c, sl)) {
+        if (sl->pinned || sl->queued || sl->ahead || (pin != 0u && sl->pin == pin) ||
+            (spare_only && !slot_spare(c, sl))) {
             continue;
         }
         if (sl->expert < 0) {
@@ -580,7 +561,7 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly, int32_
         }
     }
     if (c->ref_used != NULL) {
-        uint32_t s = spare_victim(c);
+        uint32_t s = slot_victim(c, c->epoch, 1);
         if (s == c->n_slots && ref_victim >= 0 && c->resident[ref_victim] >= 0) {
             s = (uint32_t)c->resident[ref_victim];
             int busy = 0;
@@ -591,10 +572,10 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly, int32_
             return s;
         }
     }
-    uint32_t s = slot_victim(c, c->epoch);
+    uint32_t s = slot_victim(c, c->epoch, 0);
     if (s == c->n_slots) {
         reader_reap_all(c, 1);
-        s = slot_victim(c, c->epoch);
+        s = slot_victim(c, c->epoch, 0);
     }
     return s;
 }
@@ -824,10 +805,10 @@ static void ref_restore(colibri_lm_t *lm, int32_t done)
         if (c->evictor[g] != done + 1 || c->ref_used[g] == 0u || c->resident[g] >= 0) {
             continue;
         }
-        uint32_t s = spare_victim(c);
+        uint32_t s = slot_victim(c, c->epoch, 1);
         if (s == c->n_slots) {
             reader_reap_all(c, 1);
-            s = spare_victim(c);
+            s = slot_victim(c, c->epoch, 1);
         }
         const lm_layer *ly = expert_layer(lm, g);
         if (s == c->n_slots || ly == NULL) {

@@ -171,6 +171,18 @@ def quantise_transformer(
     return q, tstats
 
 
+def quant_as_asked(options: GenerateOptions) -> TransformerQuant | None:
+    """transformer_quant_as_asked for the options' --quant, --act, --dense-quant,
+    --router-quant and --scale-search."""
+    return transformer_quant_as_asked(
+        options.quant,
+        options.act,
+        options.dense_quant,
+        options.router_quant,
+        options.scale_search,
+    )
+
+
 def check_calib_scheme(options: GenerateOptions) -> None:
     """ConfigError for --calib with a --quant it cannot calibrate."""
     if options.quant not in CALIBRATED_SCHEMES:
@@ -372,13 +384,7 @@ def calibrate_streamed(
     c = load_hf_config(ckpt)
     check_calib_method_use(options)
     check_calib_scheme(options)
-    q = transformer_quant_as_asked(
-        options.quant,
-        options.act,
-        options.dense_quant,
-        options.router_quant,
-        options.scale_search,
-    )
+    q = quant_as_asked(options)
     assert q is not None  # a calibrated scheme is quantised
     check_fits_memory_streamed(ckpt)
     search, method = options.scale_search, options.calib_method
@@ -583,13 +589,7 @@ def convert_streamed(
     check_max_context(options.context)
     if options.calib is not None:
         check_calib_scheme(options)
-    q = transformer_quant_as_asked(
-        options.quant,
-        options.act,
-        options.dense_quant,
-        options.router_quant,
-        options.scale_search,
-    )
+    q = quant_as_asked(options)
     check_fits_memory_streamed(ckpt)
     search, method = options.scale_search, options.calib_method
     hidden = _wants_hidden(options)
