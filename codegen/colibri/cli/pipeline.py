@@ -83,7 +83,7 @@ from ..ir.transformer import (
 from ..options import GenerateOptions
 from ..plan.budget import check_fits
 from ..plan.model import plan
-from ..progress import SILENT, Progress
+from ..progress import SILENT, Progress, Stage
 from ..quant.calib import (
     CALIBRATED_SCHEMES,
     DEFAULT_CALIB_METHOD,
@@ -353,17 +353,64 @@ def streams(
     )
 
 
-#: Shares of a layer's step on the streamed `generate --calib` line: reading it, the fp32
-#: forward over the calibration sequences, the experts' statistics, the quantisation, then
-#: the analysis (about the measured split on the 353 M-parameter Mixtral of
-#: benchmarks/scale_table.py).
-GENERATE_SHARES = {
+#: Shares of a layer's step on the line of a streamed `generate --calib` or `convert`: reading
+#: it, the fp32 forward over the calibration sequences, the experts' statistics, the
+#: quantisation, then (generate) the analysis (about the measured split on the 353 M-parameter
+#: Mixtral of benchmarks/scale_table.py). Without --calib the quantisation takes the layer's
+#: whole step after its read.
+LAYER_SHARES = {
     "read": 0.06,
     "batch": 0.18,
     "statistics": 0.06,
     "quantise": 0.62,
     "analyse": 0.08,
 }
+
+
+class LayerLine:
+    """A streamed command's one progress line over the n layers of a checkpoint (the embedding
+    and LM head first, as step 0): :meth:`show` puts layer i's part at its share of step i + 1,
+    labelled ``layer i+1/n  <label>``."""
+
+    def __init__(self, st: Stage, n: int, calibrated: bool) -> None:
+        self.st, self.n = st, n
+        shares = dict(LAYER_SHARES)
+        if not calibrated:  # the quantisation takes the rest of the layer's step
+            shares.update(batch=0.0, statistics=0.0, quantise=1.0 - shares["read"], analyse=0.0)
+        self.shares = shares
+        self.starts = dict(zip(shares, np.cumsum([0.0, *list(shares.values())[:-1]]), strict=True))
+
+    def show(self, i: int, part: str, k: int, m: int, label: str) -> None:
+        at = self.starts[part] + self.shares[part] * k / max(m, 1)
+        self.st.update(i + 1 + at, f"layer {i + 1}/{self.n}  {label}")
+
+
+def walk_layers(
+    ckpt: HFCheckpoint,
+    c: TransformerConfig,
+    walk: LayerByLayer | None,
+    hidden: bool,
+    line: LayerLine,
+) -> Iterator[tuple[int, DecoderLayer, LayerCalib | None]]:
+    """Each decoder layer of `ckpt` in order, read and checked, with (walk given, up to the
+    last MoE layer) its calibration: the fp32 forward of the calibration sequences through it
+    and its experts' statistics (:class:`LayerByLayer`). The caller quantises and drops it."""
+    n = c.n_layers
+    last_moe = max((i for i in range(n) if ckpt.is_moe_layer(i)), default=-1)
+    for i in range(n):
+        line.show(i, "read", 0, 1, "read")
+        layer = read_decoder_layer(ckpt, c, i)
+        check_supported_layer(i, layer)
+        lcal: LayerCalib | None = None
+        if walk is not None and i <= last_moe:
+
+            def part(what: str, k: int, m: int, i: int = i) -> None:
+                label = f"batch {k}/{m}" if what == "batch" else f"statistics  expert {k}/{m}"
+                line.show(i, what, k, m, f"calibrate  {label}")
+
+            lcal = walk.advance(i, layer, hidden, part)
+        yield i, layer, lcal
+        del layer, lcal  # not held while the next layer is read
 
 
 def calibrate_streamed(
@@ -390,8 +437,6 @@ def calibrate_streamed(
     search, method = options.scale_search, options.calib_method
     hidden = _wants_hidden(options)
     n = c.n_layers
-    shares = list(GENERATE_SHARES.values())
-    starts = dict(zip(GENERATE_SHARES, np.cumsum([0.0, *shares[:-1]]), strict=True))
     accuracy: list[dict[str, Any]] = []
     tokens: list[int] = []
     heats: list[RoutingHeat] = []
@@ -406,40 +451,22 @@ def calibrate_streamed(
         if q.dense_scheme != "fp32":  # stored quantised (an untied LM head read again last)
             model.embed = _dropped(model.embed)
             model.lm_head = model.embed if c.tie_word_embeddings else _dropped(model.lm_head)
-        last_moe = max((i for i in range(n) if ckpt.is_moe_layer(i)), default=-1)
-        for i in range(n):
-            where = f"layer {i + 1}/{n}"
-
-            def show(part: str, k: int, m: int, label: str, i: int = i, where: str = where) -> None:
-                at = starts[part] + GENERATE_SHARES[part] * k / max(m, 1)
-                st.update(i + 1 + at, f"{where}  {label}")
-
-            show("read", 0, 1, "read")
-            layer = read_decoder_layer(ckpt, c, i)
-            check_supported_layer(i, layer)
+        line = LayerLine(st, n, calibrated=True)
+        for i, layer, lcal in walk_layers(ckpt, c, walk, hidden, line):
             digest.update(layer_tensors(i, layer))
-            lcal: LayerCalib | None = None
-            if i <= last_moe:
-
-                def part(what: str, k: int, m: int) -> None:
-                    label = f"batch {k}/{m}" if what == "batch" else f"statistics  expert {k}/{m}"
-                    show(what, k, m, f"calibrate  {label}")
-
-                lcal = walk.advance(i, layer, hidden, part)
-
             analysed = lcal is not None and layer.moe is not None
 
-            def quant(k: int, m: int, analysed: bool = analysed) -> None:
+            def quant(k: int, m: int, i: int = i, analysed: bool = analysed) -> None:
                 # the last expert's count is the analysis' start: drawn at once, the line's
                 # redraw limit (colibri.progress.REDRAW_SECONDS) would hide "analyse" instead
                 if k < m or not analysed:
-                    show("quantise", k, m, f"quantise  expert {k}/{m}")
+                    line.show(i, "quantise", k, m, f"quantise  expert {k}/{m}")
 
             quantize_layer_experts(q, i, layer, search, lcal, quant, method)
             quantize_layer_dense(q, i, layer, search)
             if analysed:
                 assert lcal is not None and layer.moe is not None
-                show("analyse", 0, 1, "analyse")
+                line.show(i, "analyse", 0, 1, "analyse")
                 accuracy.append(moe_layer_accuracy(i, layer.moe, q, lcal))
                 tokens.append(lcal.tokens)
                 heats.append(moe_layer_routing(i, layer.moe, lcal))
@@ -566,12 +593,6 @@ def convert_whole(
     return convert_streamed(model, out, options, tok_bytes, progress)
 
 
-#: Shares of a layer's step on the `convert` line with --calib: the fp32 forward over the
-#: calibration sequences, then the experts' statistics, then the quantisation (about the
-#: measured split on the 353 M-parameter Mixtral of benchmarks/scale_table.py).
-CALIB_SHARES = (0.2, 0.05)
-
-
 def convert_streamed(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -599,41 +620,18 @@ def convert_streamed(
         st.update(0, "embedding / LM head")
         head = read_head(ckpt, c)
         walk: LayerByLayer | None = None
-        last_moe = max((i for i in range(n) if ckpt.is_moe_layer(i)), default=-1)
         if options.calib is not None:
             walk = LayerByLayer(head, load_calib_ids(options.calib, head, options.context))
         if q is not None:
             quantize_head(q, head, search)
+        line = LayerLine(st, n, calibrated=walk is not None)
 
         def layers() -> Iterator[tuple[DecoderLayer, TransformerQuant | None, np.ndarray | None]]:
             nonlocal heated
-            for i in range(n):
-                where = f"layer {i + 1}/{n}"
-                st.update(i + 1, where)
-                layer = read_decoder_layer(ckpt, c, i)
-                check_supported_layer(i, layer)
-                lcal: LayerCalib | None = None
-                if walk is not None and i <= last_moe:
+            for i, layer, lcal in walk_layers(ckpt, c, walk, hidden, line):
 
-                    def part(what: str, k: int, m: int, i: int = i, where: str = where) -> None:
-                        done = k / max(m, 1)
-                        a, b = CALIB_SHARES
-                        at = a * done if what == "batch" else a + b * done
-                        label = (
-                            f"batch {k}/{m}" if what == "batch" else f"statistics  expert {k}/{m}"
-                        )
-                        st.update(i + 1 + at, f"{where}  calibrate  {label}")
-
-                    lcal = walk.advance(i, layer, hidden, part)
-                base = sum(CALIB_SHARES) if lcal is not None else 0.0
-
-                def quant(
-                    k: int, m: int, i: int = i, where: str = where, base: float = base
-                ) -> None:
-                    st.update(
-                        i + 1 + base + (1 - base) * k / max(m, 1),
-                        f"{where}  quantise  expert {k}/{m}",
-                    )
+                def quant(k: int, m: int, i: int = i) -> None:
+                    line.show(i, "quantise", k, m, f"quantise  expert {k}/{m}")
 
                 lq = (
                     quantize_layer_all(q, i, layer, search, lcal, quant, method)
