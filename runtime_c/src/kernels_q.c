@@ -537,9 +537,12 @@ void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
 
 /* The q4k / q5k matmul: chunks of whole groups of rows (matmul_chunk_rows gives multiples of 16,
  * every COLIBRI_KQ_GROUP_ROWS divides 16, so each chunk starts a super-block), each token's
- * matvec over a chunk. bits: 4 (q4k) or 5 (q5k); direct calls, so the stack check sees them. */
-static void kq_matmul(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
-                      int32_t n_out, int32_t n_in, int32_t n_tok, int32_t bits)
+ * matvec over a chunk. bits: 4 (q4k) or 5 (q5k), a constant in each caller (inlined, so each
+ * matmul calls only its own matvec, directly: the stack check sees the call). */
+static inline __attribute__((always_inline)) void kq_matmul(const void *w, const int8_t *xq,
+                                                            const float *sx, float *y, int32_t ldy,
+                                                            int32_t n_out, int32_t n_in,
+                                                            int32_t n_tok, int32_t bits)
 {
     const size_t sb = (bits == 5) ? sizeof(colibri_block_q5k) : sizeof(colibri_block_q4k);
     const size_t sub = (bits == 5) ? 20u : 16u;
