@@ -11,10 +11,12 @@
  *  - int8: int8_t q[out][in] with one fp32 scale per output channel (symmetric, q in -127..127).
  *  - int4: colibri_block_q4_32 blocks of 32 weights along the input dimension, one fp16 scale
  *          per block (the 4.5-bit-per-weight layout of ggml's q4_0): w = d * (nibble - 8).
- *  - q4k:  colibri_block_q4k super-blocks of 256 weights along the input dimension, 8 sub-blocks
- *          of 32 with a 6-bit scale sc_j and a 6-bit minimum m_j each, one fp16 super-scale d
- *          and super-minimum dmin (144 bytes, 4.5 bits per weight): w = d sc_j q - dmin m_j,
- *          q in 0..15. int8 activations only (colibri/quant/formats.py's q4k section).
+ *  - q4k:  colibri_block_q4k super-blocks of 8 sub-blocks of 32 weights along the input, a 6-bit
+ *          scale sc_j and a 6-bit minimum m_j each, one fp16 super-scale d and super-minimum
+ *          dmin (144 bytes, 4.5 bits per weight): w = d sc_j q - dmin m_j, q in 0..15. A
+ *          matrix's rows' sub-blocks, in row-major order, fill one stream of super-blocks
+ *          (COLIBRI_Q4K_BYTES), so rows of any width pay 4.5 bits. int8 activations only
+ *          (colibri/quant/formats.py's q4k section).
  *  - q5k:  the same with 5-bit codes, q in 0..31 (colibri_block_q5k, 176 bytes, 5.5 bits per
  *          weight); the q4k x q8 order below with the 5-bit codes.
  *
@@ -116,18 +118,32 @@ _Static_assert(offsetof(colibri_block_q4k, scales) == 4, "colibri_block_q4k.scal
 _Static_assert(offsetof(colibri_block_q4k, qs) == 16, "colibri_block_q4k.qs at offset 16");
 _Static_assert(COLIBRI_QK_K == 8 * COLIBRI_QK8, "q4k sub-blocks line up with activation blocks");
 
-/** Super-blocks of one row of n_in inputs (the last one possibly partial). */
-#define COLIBRI_Q4K_BLOCKS(n_in) (((size_t)(n_in) + (COLIBRI_QK_K - 1u)) / COLIBRI_QK_K)
+/** Sub-blocks of COLIBRI_QK8 weights per q4k / q5k row of n_in (the last one zero-padded). */
+#define COLIBRI_KQ_SUBS(n_in) (((size_t)(n_in) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)
 
-/** Stored bytes of one q4k row of n_in weights: its whole super-blocks, then the last one cut
- *  after its last used sub-block (its 16-byte head and 16 bytes of codes per sub-block), so a
- *  row shorter than 256 does not pay for 256 weights. Always a multiple of 16; rows follow each
- *  other at this stride (a row's super-block s at byte s * sizeof(colibri_block_q4k)). */
-#define COLIBRI_Q4K_ROW_BYTES(n_in)                                                                \
-    ((size_t)(n_in) / COLIBRI_QK_K * sizeof(colibri_block_q4k) +                                   \
-     (((size_t)(n_in) % COLIBRI_QK_K) != 0u                                                        \
-          ? 16u + 16u * ((((size_t)(n_in) % COLIBRI_QK_K) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)     \
-          : 0u))
+/** Rows whose sub-blocks fill whole super-blocks: 8 / gcd(COLIBRI_KQ_SUBS(n_in), 8), 1 when a
+ *  row is whole super-blocks. A row r starts a super-block when r is a multiple of it. */
+#define COLIBRI_KQ_GROUP_ROWS(n_in)                                                                \
+    ((COLIBRI_KQ_SUBS(n_in) % 8u == 0u)   ? 1u                                                     \
+     : (COLIBRI_KQ_SUBS(n_in) % 4u == 0u) ? 2u                                                     \
+     : (COLIBRI_KQ_SUBS(n_in) % 2u == 0u) ? 4u                                                     \
+                                          : 8u)
+
+/** Stored bytes of the first s sub-blocks of a q4k / q5k stream: whole super-blocks of sb bytes,
+ *  then the last one cut after its last used sub-block (its 16-byte head and sub bytes per
+ *  sub-block). */
+#define COLIBRI_KQ_STREAM_BYTES(s, sb, sub)                                                        \
+    ((size_t)(s) / 8u * (size_t)(sb) +                                                             \
+     (((size_t)(s) % 8u) != 0u ? 16u + (size_t)(sub) * ((size_t)(s) % 8u) : 0u))
+
+/** Stored bytes of the first n_rows rows of a q4k matrix of n_in inputs. A matrix is one
+ *  stream of super-blocks that runs across its rows: row r's sub-block c is the stream's
+ *  sub-block k = r * COLIBRI_KQ_SUBS(n_in) + c (super-block k / 8, slot k % 8), and the stream
+ *  ends after its last used sub-block. So every shape costs 4.5 bits per stored weight (rows'
+ *  zero-padded tails and the one cut super-block aside). With n_rows a multiple of
+ *  COLIBRI_KQ_GROUP_ROWS(n_in), also the byte where row n_rows starts (row splits). */
+#define COLIBRI_Q4K_BYTES(n_rows, n_in)                                                            \
+    COLIBRI_KQ_STREAM_BYTES((size_t)(n_rows)*COLIBRI_KQ_SUBS(n_in), sizeof(colibri_block_q4k), 16u)
 
 /** q4k with 5-bit codes: 176 bytes, 5.5 bits per weight. Sub-block j is qs[20 j .. 20 j + 20):
  *  16 bytes of low nibbles as in colibri_block_q4k, then 4 bytes whose bit k (a little-endian
@@ -142,13 +158,10 @@ typedef struct {
 _Static_assert(sizeof(colibri_block_q5k) == 176, "colibri_block_q5k must be 176 bytes");
 _Static_assert(offsetof(colibri_block_q5k, qs) == 16, "colibri_block_q5k.qs at offset 16");
 
-/** Stored bytes of one q5k row of n_in weights (as COLIBRI_Q4K_ROW_BYTES, 20 bytes per
- *  sub-block). Always even. */
-#define COLIBRI_Q5K_ROW_BYTES(n_in)                                                                \
-    ((size_t)(n_in) / COLIBRI_QK_K * sizeof(colibri_block_q5k) +                                   \
-     (((size_t)(n_in) % COLIBRI_QK_K) != 0u                                                        \
-          ? 16u + 20u * ((((size_t)(n_in) % COLIBRI_QK_K) + (COLIBRI_QK8 - 1u)) / COLIBRI_QK8)     \
-          : 0u))
+/** Stored bytes of the first n_rows rows of a q5k matrix (as COLIBRI_Q4K_BYTES, 20 bytes per
+ *  sub-block). */
+#define COLIBRI_Q5K_BYTES(n_rows, n_in)                                                            \
+    COLIBRI_KQ_STREAM_BYTES((size_t)(n_rows)*COLIBRI_KQ_SUBS(n_in), sizeof(colibri_block_q5k), 20u)
 
 /** @brief Exact conversion of IEEE binary16 bits to fp32 (normals, subnormals, inf, NaN). */
 float colibri_f16_to_f32(uint16_t h);
@@ -187,17 +200,19 @@ void colibri_matvec_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
                           int32_t n_out, int32_t n_in);
 
 /** @brief y[o] = sum_b (float)(sc_b * isum_b) * (d * sx[b]) - (float)(m_b * xsum_b) *
- *         (dmin * sx[b]) over the sub-blocks in order (the q4k x q8 order above), w n_out rows
- *         of COLIBRI_Q4K_ROW_BYTES(n_in) bytes (2-byte aligned). Portable C on every board. */
+ *         (dmin * sx[b]) over a row's sub-blocks in order (the q4k x q8 order above), w the
+ *         COLIBRI_Q4K_BYTES(n_out, n_in) bytes of n_out rows, its first row starting a
+ *         super-block (row 0 or a multiple of COLIBRI_KQ_GROUP_ROWS(n_in)); no alignment
+ *         needed. Portable C on every board. */
 void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in);
 
-/** @brief One q4k (bits 4) or q5k (bits 5) row of n_in weights dequantised into x[n_in]:
- *         x = (float)q * (d * (float)sc_j) - dmin * (float)m_j per sub-block j, each product
- *         in fp32 (the embedding rows of --dense-quant q4k / q5k). */
-void colibri_dequantize_row_kq(const void *row, int32_t n_in, int32_t bits, float *x);
+/** @brief Row `row` of a q4k (bits 4) or q5k (bits 5) matrix w of n_in inputs dequantised into
+ *         x[n_in]: x = (float)q * (d * (float)sc_j) - dmin * (float)m_j per sub-block j, each
+ *         product in fp32 (the embedding rows of --dense-quant q4k / q5k). */
+void colibri_dequantize_row_kq(const void *w, int32_t row, int32_t n_in, int32_t bits, float *x);
 
-/** @brief colibri_matvec_q4k_q8 with 5-bit codes: w n_out rows of COLIBRI_Q5K_ROW_BYTES(n_in). */
+/** @brief colibri_matvec_q4k_q8 with 5-bit codes: w the COLIBRI_Q5K_BYTES(n_out, n_in) bytes. */
 void colibri_matvec_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in);
 
@@ -239,8 +254,8 @@ int32_t colibri_argmax_f32(const float *x, int32_t n);
  * same name writes to y[o] for row t, bit for bit. Activation rows are contiguous: x + t * n_in
  * (fp32), xq + t * n_in (codes), sx + t * COLIBRI_Q8_BLOCKS(n_in) (scales). A caller splitting
  * rows (threads) passes q + o0 * n_in, scale + o0 (per-channel) or scale + o0 * blocks (q8b),
- * w + o0 * COLIBRI_Q4_BLOCKS(n_in) (int4) or w + o0 * COLIBRI_Q4K_ROW_BYTES(n_in) bytes (q4k), y +
- * o0 and n_out = o1 - o0.
+ * w + o0 * COLIBRI_Q4_BLOCKS(n_in) (int4) or w + COLIBRI_Q4K_BYTES(o0, n_in) bytes (q4k / q5k,
+ * o0 a multiple of COLIBRI_KQ_GROUP_ROWS(n_in)), y + o0 and n_out = o1 - o0.
  */
 void colibri_matmul_q8_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);

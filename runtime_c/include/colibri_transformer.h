@@ -148,9 +148,9 @@ void colibri_matmul_packed(int32_t kind, const void *packed, const float *rscale
                            float *y, int32_t ldy, int32_t n_tok);
 
 /** @brief colibri_tf_mat_t initialisers for the generated model's const tables: an fp32, fp16,
- *         int4 (colibri_block_q4_32 rows), q4k or q5k (rows of COLIBRI_Q4K / Q5K_ROW_BYTES) matrix
- *         w_ [o_][i_], or an int8 one whose generated struct *s_ holds the codes q and one scale
- *         per block of 32 inputs. */
+ *         int4 (colibri_block_q4_32 rows), q4k or q5k (COLIBRI_Q4K / Q5K_BYTES: one stream of
+ * super-blocks) matrix w_ [o_][i_], or an int8 one whose generated struct *s_ holds the codes q and
+ * one scale per block of 32 inputs. */
 #define COLIBRI_TF_MAT_F32(w_, o_, i_)                                                             \
     {                                                                                              \
         .scheme = COLIBRI_QUANT_F32, .n_out = (o_), .n_in = (i_), .w = (w_)                        \
@@ -181,11 +181,12 @@ void colibri_matmul_packed(int32_t kind, const void *packed, const float *rscale
  * @brief Rows [r0, r1) of y = W x (+ b) for n_tok activation rows of m->n_in values (x fp32;
  *        xq / sx their int8 rows when act == 1), output row t at y + t * ldy. Every output is
  *        what the one-token kernel (colibri_matvec_*, colibri_linear_f32) gives it, so it does
- *        not depend on the row split nor on n_tok. r0: a multiple of 32 when m->packed is set.
+ *        not depend on the row split nor on n_tok. r0: a multiple of 32 when m->packed is set,
+ *        of COLIBRI_KQ_GROUP_ROWS(m->n_in) for q4k / q5k (a row that starts a super-block).
  *        Every scheme, so it links every kernel: what the model-file runtime runs. A generated
  *        model runs its own colibri_tf_mat_rows_fn instead, with only the kernels it calls.
- * @return COLIBRI_ERR_UNSUPPORTED for a scheme it does not know (nothing written), else
- *         COLIBRI_OK.
+ * @return COLIBRI_ERR_UNSUPPORTED for a scheme it does not know or a q4k / q5k r0 that does
+ *         not start a super-block (nothing written), else COLIBRI_OK.
  */
 colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const float *b,
                                    const float *x, const int8_t *xq, const float *sx, float *y,

@@ -243,42 +243,39 @@ static inline void q4k_scale_min(const uint8_t *s, int32_t j, int32_t *sc, int32
     *m = (int32_t)(((uint32_t)s[j] >> 4) | (((hi >> 2) & 3u) << 4));
 }
 
-/* Sub-block b (32 codes) of a q4k / q5k row: its super-block (d, dmin, the packed scales), its
- * codes' low nibbles (code k < 16 in qs[k]'s low half, k >= 16 in qs[k - 16]'s high half) and,
- * q5k, their fifth bits (bit k of hb); returns how many codes it holds (32, fewer in a row's
- * tail). sb: the super-block's bytes; sub_bytes: 16 (q4k) or 20 (q5k). */
-static inline int32_t kq_sub(const uint8_t *row, int32_t b, int32_t n_in, size_t sb,
-                             int32_t sub_bytes, const uint8_t **base, const uint8_t **qs,
-                             uint32_t *hb)
+/* The codes of the sub-block in slot j of a q4k / q5k super-block at base: their low nibbles
+ * (code k < 16 in qs[k]'s low half, k >= 16 in qs[k - 16]'s high half) and, q5k, their fifth
+ * bits (bit k of the returned word; 0 for q4k). sub_bytes: 16 (q4k) or 20 (q5k). */
+static inline uint32_t kq_codes(const uint8_t *base, int32_t j, int32_t sub_bytes,
+                                const uint8_t **qs)
 {
-    *base = row + (size_t)(b / 8) * sb;
-    *qs = *base + 16 + (size_t)sub_bytes * (size_t)(b % 8);
+    *qs = base + 16 + (size_t)sub_bytes * (size_t)j;
     const uint8_t *h = *qs + 16;
-    *hb = (sub_bytes == 20) ? ((uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) |
-                               ((uint32_t)h[3] << 24))
-                            : 0u;
-    const int32_t i0 = b * COLIBRI_QK8;
-    return (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
+    return (sub_bytes == 20) ? ((uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) |
+                                ((uint32_t)h[3] << 24))
+                             : 0u;
 }
 
-/* The q4k / q5k matvec (colibri_quant.h): rows of rb bytes, super-blocks of sb bytes, sub_bytes
- * (16 or 20) per sub-block of codes. Heads are read by bytes (little-endian, as every supported
- * core), so rows need no alignment; only the used sub-blocks of a cut last super-block are read.
- * q4k has no fifth bits (hb = 0), so one loop serves both. */
+/* The q4k / q5k matvec (colibri_quant.h): w the matrix's stream of super-blocks of sb bytes from
+ * a row that starts one, sub_bytes (16 or 20) per sub-block of codes. The rows' sub-blocks follow
+ * each other in the stream (slot j of the super-block at base, the next after slot 7 at base +
+ * sb), whatever the row width. Heads are read by bytes (little-endian, as every supported core),
+ * so nothing needs alignment; only the used sub-blocks of a cut last super-block are read. q4k
+ * has no fifth bits (hb = 0), so one loop serves both. */
 static inline void kq_matvec(const void *w, const int8_t *xq, const float *sx, float *y,
-                             int32_t n_out, int32_t n_in, size_t rb, size_t sb, int32_t sub_bytes)
+                             int32_t n_out, int32_t n_in, size_t sb, int32_t sub_bytes)
 {
     const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    const uint8_t *base = (const uint8_t *)w;
+    int32_t j = 0;
     for (int32_t o = 0; o < n_out; o++) {
-        const uint8_t *row = (const uint8_t *)w + (size_t)o * rb;
         float acc = 0.0f;
         for (int32_t b = 0; b < nb; b++) {
-            const uint8_t *base;
             const uint8_t *qs;
-            uint32_t hb;
-            const int32_t n = kq_sub(row, b, n_in, sb, sub_bytes, &base, &qs, &hb);
-            const int32_t j = b % 8;
-            const int8_t *xb = xq + b * COLIBRI_QK8;
+            const uint32_t hb = kq_codes(base, j, sub_bytes, &qs);
+            const int32_t i0 = b * COLIBRI_QK8;
+            const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
+            const int8_t *xb = xq + i0;
             int32_t isum = 0;
             int32_t xsum = 0;
             if (n == COLIBRI_QK8) { /* integer sums: any order gives the same result */
@@ -303,23 +300,28 @@ static inline void kq_matvec(const void *w, const int8_t *xq, const float *sx, f
             const float dmin = colibri_f16_to_f32((uint16_t)(base[2] | (base[3] << 8)));
             acc += (float)(sc * isum) * (d * sx[b]);
             acc -= (float)(m * xsum) * (dmin * sx[b]);
+            if (++j == 8) { /* the stream's next super-block */
+                j = 0;
+                base += sb;
+            }
         }
         y[o] = acc;
     }
 }
 
-void colibri_dequantize_row_kq(const void *row, int32_t n_in, int32_t bits, float *x)
+void colibri_dequantize_row_kq(const void *w, int32_t row, int32_t n_in, int32_t bits, float *x)
 {
     const int32_t sub_bytes = (bits == 5) ? 20 : 16;
     const size_t sb = (bits == 5) ? sizeof(colibri_block_q5k) : sizeof(colibri_block_q4k);
     const int32_t nb = (int32_t)COLIBRI_Q8_BLOCKS(n_in);
+    const size_t k0 = (size_t)row * (size_t)nb; /* the row's first sub-block in the stream */
+    const uint8_t *base = (const uint8_t *)w + k0 / 8u * sb;
+    int32_t j = (int32_t)(k0 % 8u);
     for (int32_t b = 0; b < nb; b++) {
-        const uint8_t *base;
         const uint8_t *qs;
-        uint32_t hb;
-        const int32_t n = kq_sub((const uint8_t *)row, b, n_in, sb, sub_bytes, &base, &qs, &hb);
-        const int32_t j = b % 8;
+        const uint32_t hb = kq_codes(base, j, sub_bytes, &qs);
         const int32_t i0 = b * COLIBRI_QK8;
+        const int32_t n = (n_in - i0 < COLIBRI_QK8) ? n_in - i0 : COLIBRI_QK8;
         int32_t sc;
         int32_t m;
         q4k_scale_min(base + 4, j, &sc, &m);
@@ -330,21 +332,23 @@ void colibri_dequantize_row_kq(const void *row, int32_t n_in, int32_t bits, floa
             const uint32_t q = q4 | (((hb >> k) & 1u) << 4);
             x[i0 + k] = (float)q * step - low;
         }
+        if (++j == 8) {
+            j = 0;
+            base += sb;
+        }
     }
 }
 
 void colibri_matvec_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in)
 {
-    kq_matvec(w, xq, sx, y, n_out, n_in, COLIBRI_Q4K_ROW_BYTES(n_in), sizeof(colibri_block_q4k),
-              16);
+    kq_matvec(w, xq, sx, y, n_out, n_in, sizeof(colibri_block_q4k), 16);
 }
 
 void colibri_matvec_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y,
                            int32_t n_out, int32_t n_in)
 {
-    kq_matvec(w, xq, sx, y, n_out, n_in, COLIBRI_Q5K_ROW_BYTES(n_in), sizeof(colibri_block_q5k),
-              20);
+    kq_matvec(w, xq, sx, y, n_out, n_in, sizeof(colibri_block_q5k), 20);
 }
 
 void colibri_matvec_q8b_q8(const int8_t *q, const float *scale, const int8_t *xq, const float *sx,
@@ -531,19 +535,32 @@ void colibri_matmul_q4_q8(const colibri_block_q4_32 *w, const int8_t *xq, const 
     }
 }
 
-/* The q4k / q5k matmul: row chunks of rb bytes, each token's matvec over a chunk. */
-static void kq_matmul(void (*mv)(const void *, const int8_t *, const float *, float *, int32_t,
-                                 int32_t),
-                      const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
-                      int32_t n_out, int32_t n_in, int32_t n_tok, size_t rb)
+/* The q4k / q5k matmul: chunks of whole groups of rows (matmul_chunk_rows gives multiples of 16,
+ * every COLIBRI_KQ_GROUP_ROWS divides 16, so each chunk starts a super-block), each token's
+ * matvec over a chunk. bits: 4 (q4k) or 5 (q5k), a constant in each caller (inlined, so each
+ * matmul calls only its own matvec, directly: the stack check sees the call). */
+static inline __attribute__((always_inline)) void kq_matmul(const void *w, const int8_t *xq,
+                                                            const float *sx, float *y, int32_t ldy,
+                                                            int32_t n_out, int32_t n_in,
+                                                            int32_t n_tok, int32_t bits)
 {
+    const size_t sb = (bits == 5) ? sizeof(colibri_block_q5k) : sizeof(colibri_block_q4k);
+    const size_t sub = (bits == 5) ? 20u : 16u;
     const size_t nb = COLIBRI_Q8_BLOCKS(n_in);
-    const int32_t step = matmul_chunk_rows(rb, n_out);
+    const size_t g = COLIBRI_KQ_GROUP_ROWS(n_in);
+    const int32_t step = matmul_chunk_rows(COLIBRI_KQ_STREAM_BYTES(g * nb, sb, sub) / g, n_out);
     for (int32_t o0 = 0; o0 < n_out; o0 += step) {
         const int32_t m = (n_out - o0 < step) ? n_out - o0 : step;
+        const uint8_t *wo = (const uint8_t *)w + COLIBRI_KQ_STREAM_BYTES((size_t)o0 * nb, sb, sub);
         for (int32_t t = 0; t < n_tok; t++) {
-            mv((const uint8_t *)w + (size_t)o0 * rb, xq + (size_t)t * (size_t)n_in,
-               sx + (size_t)t * nb, y + (size_t)t * (size_t)ldy + (size_t)o0, m, n_in);
+            const int8_t *xt = xq + (size_t)t * (size_t)n_in;
+            const float *st = sx + (size_t)t * nb;
+            float *yt = y + (size_t)t * (size_t)ldy + (size_t)o0;
+            if (bits == 5) {
+                colibri_matvec_q5k_q8(wo, xt, st, yt, m, n_in);
+            } else {
+                colibri_matvec_q4k_q8(wo, xt, st, yt, m, n_in);
+            }
         }
     }
 }
@@ -551,15 +568,13 @@ static void kq_matmul(void (*mv)(const void *, const int8_t *, const float *, fl
 void colibri_matmul_q4k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
                            int32_t n_out, int32_t n_in, int32_t n_tok)
 {
-    kq_matmul(colibri_matvec_q4k_q8, w, xq, sx, y, ldy, n_out, n_in, n_tok,
-              COLIBRI_Q4K_ROW_BYTES(n_in));
+    kq_matmul(w, xq, sx, y, ldy, n_out, n_in, n_tok, 4);
 }
 
 void colibri_matmul_q5k_q8(const void *w, const int8_t *xq, const float *sx, float *y, int32_t ldy,
                            int32_t n_out, int32_t n_in, int32_t n_tok)
 {
-    kq_matmul(colibri_matvec_q5k_q8, w, xq, sx, y, ldy, n_out, n_in, n_tok,
-              COLIBRI_Q5K_ROW_BYTES(n_in));
+    kq_matmul(w, xq, sx, y, ldy, n_out, n_in, n_tok, 5);
 }
 
 void colibri_matmul_f16_f32(const uint16_t *w, const float *x, float *y, int32_t ldy, int32_t n_out,

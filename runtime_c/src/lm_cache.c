@@ -48,9 +48,9 @@ static uint64_t mat_w_bytes(const lm_mat *m)
     case COLIBRI_QUANT_Q4:
         return n_out * ((n_in + 31u) / 32u) * 18u;
     case COLIBRI_QUANT_Q4K:
-        return n_out * (uint64_t)COLIBRI_Q4K_ROW_BYTES(n_in);
+        return (uint64_t)COLIBRI_Q4K_BYTES(n_out, n_in);
     case COLIBRI_QUANT_Q5K:
-        return n_out * (uint64_t)COLIBRI_Q5K_ROW_BYTES(n_in);
+        return (uint64_t)COLIBRI_Q5K_BYTES(n_out, n_in);
     default:
         return 4u * n_out * n_in;
     }

@@ -49,7 +49,20 @@
 #define LM_MAX_BATCH 4096
 
 /* Table dtypes. */
-enum { DT_F32 = 0, DT_F16 = 1, DT_I8 = 2, DT_Q4 = 3, DT_I32 = 4, DT_Q4K = 5, DT_Q5K = 6 };
+/* Table dtypes; DT_OLD_Q4K / DT_OLD_Q5K were q4k / q5k with each row its own super-blocks, a
+ * layout no longer read (a file holding one is refused: COLIBRI_ERR_FORMAT), DT_Q4K / DT_Q5K
+ * their matrices' streams of super-blocks across rows (COLIBRI_Q4K / Q5K_BYTES). */
+enum {
+    DT_F32 = 0,
+    DT_F16 = 1,
+    DT_I8 = 2,
+    DT_Q4 = 3,
+    DT_I32 = 4,
+    DT_OLD_Q4K = 5,
+    DT_OLD_Q5K = 6,
+    DT_Q4K = 7,
+    DT_Q5K = 8
+};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Parsed file                                                                                 */

@@ -107,17 +107,15 @@ static uint64_t entry_bytes(uint32_t dtype, uint32_t ndim, const uint32_t *shape
         const uint64_t nb = ((uint64_t)shape[1] + 31u) / 32u;
         return mul64(mul64(shape[0], nb), 18u);
     }
-    if (dtype == DT_Q4K) { /* rows of COLIBRI_Q4K_ROW_BYTES(n_in) bytes */
+    if (dtype == DT_Q4K || dtype == DT_Q5K) { /* COLIBRI_Q4K / Q5K_BYTES(n_out, n_in) bytes */
         if (ndim != 2u) {
             return UINT64_MAX;
         }
-        return mul64(shape[0], (uint64_t)COLIBRI_Q4K_ROW_BYTES(shape[1]));
-    }
-    if (dtype == DT_Q5K) { /* rows of COLIBRI_Q5K_ROW_BYTES(n_in) bytes */
-        if (ndim != 2u) {
-            return UINT64_MAX;
-        }
-        return mul64(shape[0], (uint64_t)COLIBRI_Q5K_ROW_BYTES(shape[1]));
+        const uint64_t subs = mul64(shape[0], ((uint64_t)shape[1] + 31u) / 32u);
+        const uint64_t sub = (dtype == DT_Q4K) ? 16u : 20u;
+        const uint64_t sb = 16u + 8u * sub;
+        const uint64_t tail = (subs % 8u != 0u) ? 16u + sub * (subs % 8u) : 0u;
+        return mul64(subs / 8u, sb) + tail;
     }
     uint64_t n = (dtype == DT_F32 || dtype == DT_I32) ? 4u : (dtype == DT_F16) ? 2u : 1u;
     if (dtype > DT_I32) {
@@ -139,8 +137,9 @@ static colibri_status table_read(const unsigned char *base, const lm_header *h, 
         if (st != COLIBRI_OK) {
             return st;
         }
-        if (e->name[0] == '\0' || e->dtype > DT_Q5K || e->offset < end) {
-            return COLIBRI_ERR_FORMAT; /* a name, a known dtype, blobs in table order */
+        if (e->name[0] == '\0' || e->dtype > DT_Q5K || e->dtype == DT_OLD_Q4K ||
+            e->dtype == DT_OLD_Q5K || e->offset < end) {
+            return COLIBRI_ERR_FORMAT; /* a name, a known dtype (not the old q4k rows), order */
         }
         if (entry_bytes(e->dtype, e->ndim, e->shape) != e->nbytes) {
             return COLIBRI_ERR_SIZE;

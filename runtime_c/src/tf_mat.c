@@ -95,8 +95,8 @@ colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const
         break;
     }
     case COLIBRI_QUANT_Q4K: { /* int8 activations only (the loader refuses act 0) */
-        const uint8_t *w = (const uint8_t *)m->w + ro * COLIBRI_Q4K_ROW_BYTES(n_in);
-        if (act != 1) {
+        const uint8_t *w = (const uint8_t *)m->w + COLIBRI_Q4K_BYTES(ro, n_in);
+        if (act != 1 || ro % COLIBRI_KQ_GROUP_ROWS(n_in) != 0u) { /* r0 must start a super-block */
             return COLIBRI_ERR_UNSUPPORTED;
         }
         if (n_tok == 1) {
@@ -107,8 +107,8 @@ colibri_status colibri_tf_mat_rows(const colibri_tf_mat_t *m, int32_t act, const
         break;
     }
     case COLIBRI_QUANT_Q5K: { /* int8 activations only (the loader refuses act 0) */
-        const uint8_t *w = (const uint8_t *)m->w + ro * COLIBRI_Q5K_ROW_BYTES(n_in);
-        if (act != 1) {
+        const uint8_t *w = (const uint8_t *)m->w + COLIBRI_Q5K_BYTES(ro, n_in);
+        if (act != 1 || ro % COLIBRI_KQ_GROUP_ROWS(n_in) != 0u) { /* r0 must start a super-block */
             return COLIBRI_ERR_UNSUPPORTED;
         }
         if (n_tok == 1) {

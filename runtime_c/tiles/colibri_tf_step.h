@@ -207,11 +207,9 @@ static inline void colibri_tfi_embed_row(const colibri_tf_mat_t *em, int32_t tok
             x[i] = (float)((int32_t)nib - 8) * colibri_f16_to_f32(blk->d);
         }
     } else if (em->scheme == COLIBRI_QUANT_Q4K) {
-        colibri_dequantize_row_kq((const uint8_t *)em->w + (size_t)token * COLIBRI_Q4K_ROW_BYTES(d),
-                                  d, 4, x);
+        colibri_dequantize_row_kq(em->w, token, d, 4, x);
     } else if (em->scheme == COLIBRI_QUANT_Q5K) {
-        colibri_dequantize_row_kq((const uint8_t *)em->w + (size_t)token * COLIBRI_Q5K_ROW_BYTES(d),
-                                  d, 5, x);
+        colibri_dequantize_row_kq(em->w, token, d, 5, x);
     } else if (em->scheme == COLIBRI_QUANT_F16) {
         const uint16_t *row = (const uint16_t *)em->w + (size_t)token * (size_t)d;
         for (int32_t i = 0; i < d; ++i) {

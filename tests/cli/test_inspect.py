@@ -71,7 +71,7 @@ def test_seed_toy_against_generate(toy: Path, tmp_path: Path) -> None:
     assert rep["parameters"] == layer_numbers(toy)
     assert rep["dtypes"] == {"float32": 2 + 8 * 4}  # router w + b, w1 b1 w2 b2 per expert
     assert rep["budget_at"] == {"max_tokens": 32}
-    for scheme in ("fp32", "int8", "q4k"):  # q4k: rows cut after their last sub-block
+    for scheme in ("fp32", "int8", "q4k"):  # q4k: one stream of super-blocks across rows
         mem = generated(toy, tmp_path / scheme, "--quant", scheme)
         assert rep["schemes"][scheme]["weight_bytes"] == mem["weight_bytes"]
         assert rep["schemes"][scheme]["arena_bytes"] == mem["arena_size"]

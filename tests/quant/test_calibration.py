@@ -183,7 +183,8 @@ def test_fold_scales_are_bounded() -> None:
 
 @pytest.mark.parametrize("scheme", ["int4", "int8", "q4k"])
 def test_divide_rows_keeps_codes(scheme: str) -> None:
-    w = _x(48, 64, seed=3)
+    # q4k rows of 256: each row its own super-block (q4k_group_rows 1), so its d / dmin alone
+    w = _x(48, 256 if scheme == "q4k" else 64, seed=3)
     t = quantize_matrix(w, scheme)
     s = np.random.default_rng(0).uniform(0.1, 8.0, 48).astype(np.float32)
     d = divide_rows(t, s)
@@ -200,6 +201,13 @@ def test_divide_rows_keeps_codes(scheme: str) -> None:
     if scheme == "q4k":
         assert np.array_equal(d.data["qs"], t.data["qs"])
         assert np.array_equal(d.data["scales"], t.data["scales"])
+
+
+def test_divide_rows_refuses_q4k_rows_sharing_super_blocks() -> None:
+    """Rows of 64 (2 sub-blocks): 4 rows share each super-block's d / dmin, so no row can be
+    divided alone; the fold quantises the divided weights instead (calib._fold_candidates)."""
+    t = quantize_matrix(_x(48, 64, seed=3), "q4k")
+    assert divide_rows(t, np.full(48, 2.0, np.float32)) is None
 
 
 # -- calibrated quantisation ---------------------------------------------------------------------

@@ -14,14 +14,16 @@ import pytest
 from colibri.errors import ConfigError
 from colibri.frontends.container import (
     BLOCK_Q5K_DTYPE,
-    q4k_row_bytes,
-    q4k_rows_restore,
-    q4k_rows_stored,
+    q4k_bytes,
+    q4k_group_rows,
+    q4k_stream_restore,
+    q4k_stream_stored,
 )
 from colibri.quant.formats import (
     BLOCK_Q4K_DTYPE,
     Q4K_BITS_PER_WEIGHT,
     QK_K,
+    dequantize_q4k,
     expert_matrix_bytes,
     f16_to_f32,
     make_plan,
@@ -60,27 +62,29 @@ def test_bits_per_weight_is_four_and_a_half() -> None:
 
 
 @pytest.mark.parametrize(
-    "n_in,row_bytes", [(1, 32), (32, 32), (33, 48), (96, 64), (128, 80), (256, 144), (300, 192)]
-)
-def test_q5k_rows(n_in: int, row_bytes: int) -> None:
-    """q5k: 20 bytes per sub-block (176 per super-block) where q4k has 16 (144)."""
-    subs = (row_bytes - 144 * (n_in // 256) - 16) // 16 if n_in % 256 else 0
-    want = 176 * (n_in // 256) + (16 + 20 * subs if n_in % 256 else 0)
-    assert q4k_row_bytes(n_in, 5) == want
-
-
-@pytest.mark.parametrize(
-    "n_in,row_bytes", [(1, 32), (32, 32), (33, 48), (96, 64), (128, 80), (256, 144), (300, 192)]
-)
-def test_short_rows_store_only_their_used_sub_blocks(n_in: int, row_bytes: int) -> None:
-    """The last super-block of a row is cut after its last used sub-block: d_model 96 costs
-    64 bytes per row (5.33 bits per weight), 128 costs 80 (5.0), not 144."""
-    assert q4k_row_bytes(n_in) == row_bytes
-    t = quantize_matrix(np.ones((2, n_in), np.float32), "q4k")
-    assert t.nbytes == 2 * row_bytes
-    stored = q4k_rows_stored(t.data, n_in)
-    assert stored.shape == (2, row_bytes)
-    assert np.array_equal(q4k_rows_restore(stored, 2, n_in), t.data)
+    "n_in,group", [(1, 8), (16, 8), (32, 8), (33, 4), (96, 8), (100, 2), (128, 2), (200, 8),
+                   (256, 1), (300, 4), (384, 2), (1000, 1)]
+)  # fmt: skip
+@pytest.mark.parametrize("bits", [4, 5])
+def test_super_blocks_run_across_rows(n_in: int, group: int, bits: int) -> None:
+    """A matrix is one stream of its rows' sub-blocks in super-blocks of 8, cut after the last
+    used one: a group of 8 / gcd(nsub, 8) rows fills whole super-blocks, so d_model 96 or 128
+    costs 4.5 bits per weight (5.5 for q5k), not 5.33 / 5.0 as rows of their own did."""
+    sb, sub = (144, 16) if bits == 4 else (176, 20)
+    nsub = -(-n_in // 32)
+    assert q4k_group_rows(n_in) == group and (group * nsub) % 8 == 0
+    assert q4k_bytes(group, n_in, bits) == group * nsub // 8 * sb
+    for n_out in (1, group, 3 * group + 1, 5 * group - 1):
+        subs = n_out * nsub
+        want = subs // 8 * sb + (16 + sub * (subs % 8) if subs % 8 else 0)
+        assert q4k_bytes(n_out, n_in, bits) == want
+        t = quantize_matrix(np.ones((n_out, n_in), np.float32), "q4k" if bits == 4 else "q5k")
+        assert t.nbytes == want and t.data.shape == (-(-subs // 8),)
+        stored = q4k_stream_stored(t.data, n_out, n_in)
+        assert stored.shape == (want,)
+        assert np.array_equal(q4k_stream_restore(stored, n_out, n_in, bits), t.data)
+    if n_in % 32 == 0:
+        assert q4k_bytes(8 * group, n_in, bits) * 8 == 8 * group * n_in * (bits + 0.5)
 
 
 @pytest.mark.parametrize("scheme", ["q4k", "q5k"])
@@ -94,14 +98,14 @@ def test_round_trip_within_bound(shape: tuple[int, int], search: str, scheme: st
         w[2] = np.abs(w[2])  # no negative weight: minimum 0
     t = quantize_matrix(w, scheme, search=search)
     dt = BLOCK_Q4K_DTYPE if scheme == "q4k" else BLOCK_Q5K_DTYPE
-    assert t.data.dtype == dt and t.data.shape == (shape[0], -(-shape[1] // QK_K))
+    assert t.data.dtype == dt and t.data.shape == (-(-shape[0] * -(-shape[1] // 32) // 8),)
     err = np.abs(t.dequantize().astype(np.float64) - w)
     bound = t.roundtrip_bound(w)
     bad = err > bound
     assert not bad.any(), f"{int(bad.sum())} values beyond the bound, worst {err.max():.3g}"
     if shape[0] > 2:
         assert not t.dequantize()[1].any()
-    codes = q4k_codes(t.data, shape[1])
+    codes = q4k_codes(t.data, *shape)
     assert codes.min() >= 0 and codes.max() <= (15 if scheme == "q4k" else 31)
     if scheme == "q5k" and shape[1] >= 32 and search == "mse":
         assert codes.max() > 15  # the fifth bit is used
@@ -151,38 +155,41 @@ def test_importance_lowers_the_weighted_error() -> None:
     assert werr(weighted) < 0.95 * werr(plain)
 
 
-def _scalar_matvec(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) -> np.ndarray:
+def _scalar_matvec(
+    blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_out: int, n_in: int
+) -> np.ndarray:
     """colibri_matvec_q4k_q8 as the header documents it, one output and one sub-block at a
-    time in numpy float32 scalars."""
+    time in numpy float32 scalars: row o's sub-block b is the stream's o * nsub + b."""
     sc, m = q4k_unpack_scales(blocks["scales"])
-    codes = q4k_codes(blocks, n_in)
-    y = np.zeros(blocks.shape[0], np.float32)
-    for o in range(blocks.shape[0]):
+    codes = q4k_codes(blocks, n_out, n_in)
+    nsub = -(-n_in // 32)
+    y = np.zeros(n_out, np.float32)
+    for o in range(n_out):
         acc = np.float32(0)
-        for b in range(-(-n_in // 32)):
-            s, j = divmod(b, 8)
+        for b in range(nsub):
+            s, j = divmod(o * nsub + b, 8)
             lo, hi = 32 * b, min(n_in, 32 * b + 32)
             isum = int(np.dot(codes[o, lo:hi].astype(np.int64), xq[lo:hi].astype(np.int64)))
             xsum = int(xq[lo:hi].astype(np.int64).sum())
-            d = f16_to_f32(blocks["d"][o, s])
-            dmin = f16_to_f32(blocks["dmin"][o, s])
-            acc = np.float32(acc + np.float32(sc[o, s, j] * isum) * np.float32(d * sx[b]))
-            acc = np.float32(acc - np.float32(m[o, s, j] * xsum) * np.float32(dmin * sx[b]))
+            d = f16_to_f32(blocks["d"][s])
+            dmin = f16_to_f32(blocks["dmin"][s])
+            acc = np.float32(acc + np.float32(sc[s, j] * isum) * np.float32(d * sx[b]))
+            acc = np.float32(acc - np.float32(m[s, j] * xsum) * np.float32(dmin * sx[b]))
         y[o] = acc
     return y
 
 
 @pytest.mark.parametrize("scheme", ["q4k", "q5k"])
-@pytest.mark.parametrize("shape", [(3, 32), (5, 33), (4, 300), (6, 520)])
+@pytest.mark.parametrize("shape", [(3, 32), (5, 33), (7, 96), (3, 100), (4, 300), (6, 520)])
 def test_mirror_follows_the_documented_order(shape: tuple[int, int], scheme: str) -> None:
     rng = np.random.default_rng(shape[1])
     n_out, n_in = shape
     t = quantize_matrix(rng.standard_normal(shape).astype(np.float32), scheme)
     x = (rng.standard_normal((3, n_in)) * 2).astype(np.float32)
     xq, sx = quantize_rows_q8(x)
-    got = matvec_q4k_q8(t.data, xq, sx, n_in)
+    got = matvec_q4k_q8(t.data, xq, sx, n_out, n_in)
     for r in range(3):
-        want = _scalar_matvec(t.data, xq[r], sx[r], n_in)
+        want = _scalar_matvec(t.data, xq[r], sx[r], n_out, n_in)
         assert np.array_equal(got[r].view(np.uint32), want.view(np.uint32))
     # and close to the dequantised product (the int8 activations' error only)
     ref = x.astype(np.float64) @ t.dequantize().T.astype(np.float64)
@@ -208,8 +215,13 @@ def _p(a: np.ndarray) -> ctypes.c_void_p:
     return ctypes.c_void_p(a.ctypes.data)
 
 
+#: Odd shapes: n_in 16 .. 1000 (groups of 8, 4, 2 and 1 rows), n_out no multiple of the group.
+C_SHAPES = [(1, 1), (3, 16), (5, 33), (7, 96), (3, 100), (5, 128), (9, 200), (4, 256), (7, 300),
+            (3, 384), (9, 1000), (21, 96), (70, 96)]  # fmt: skip
+
+
 @pytest.mark.parametrize("scheme", ["q4k", "q5k"])
-@pytest.mark.parametrize("shape", [(1, 1), (3, 32), (5, 33), (4, 256), (7, 300), (9, 1000)])
+@pytest.mark.parametrize("shape", C_SHAPES)
 def test_c_kernel_bit_exact_with_the_mirror(
     kq: ctypes.CDLL, shape: tuple[int, int], scheme: str
 ) -> None:
@@ -222,9 +234,9 @@ def test_c_kernel_bit_exact_with_the_mirror(
     n_tok = 3
     x = (rng.standard_normal((n_tok, n_in)) * 2).astype(np.float32)
     xq, sx = quantize_rows_q8(x)
-    want = matvec_q4k_q8(t.data, xq, sx, n_in)
-    blocks = q4k_rows_stored(t.data, n_in)  # as stored: rows of q4k_row_bytes(n_in)
-    restored = q4k_rows_restore(blocks, *shape, bits)
+    want = matvec_q4k_q8(t.data, xq, sx, n_out, n_in)
+    blocks = q4k_stream_stored(t.data, n_out, n_in)  # as stored: q4k_bytes(n_out, n_in)
+    restored = q4k_stream_restore(blocks, n_out, n_in, bits)
     assert blocks.nbytes == t.nbytes and np.array_equal(restored, t.data)
     y = np.zeros(n_out, np.float32)
     for r in range(n_tok):
@@ -233,6 +245,16 @@ def test_c_kernel_bit_exact_with_the_mirror(
             _p(y), n_out, n_in,
         )  # fmt: skip
         assert np.array_equal(y.view(np.uint32), want[r].view(np.uint32)), (r, y, want[r])
+    # a row split at each multiple of the group: the rows from r0 on, from their bytes
+    g = q4k_group_rows(n_in)
+    for r0 in range(g, n_out, g):
+        part = np.ascontiguousarray(blocks[q4k_bytes(r0, n_in, bits) :])
+        yp = np.zeros(n_out - r0, np.float32)
+        getattr(kq, f"colibri_matvec_{scheme}_q8")(
+            _p(part), _p(np.ascontiguousarray(xq[0])), _p(np.ascontiguousarray(sx[0])),
+            _p(yp), n_out - r0, n_in,
+        )  # fmt: skip
+        assert np.array_equal(yp.view(np.uint32), want[0, r0:].view(np.uint32)), r0
     ldy = n_out + 3
     ym = np.full((n_tok, ldy), 7.0, np.float32)
     xqc, sxc = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
@@ -240,6 +262,27 @@ def test_c_kernel_bit_exact_with_the_mirror(
     mm(_p(blocks), _p(xqc), _p(sxc), _p(ym), ldy, n_out, n_in, n_tok)
     assert np.array_equal(ym[:, :n_out].view(np.uint32), want.view(np.uint32))
     assert np.all(ym[:, n_out:] == 7.0)
+    # every row dequantised (the embedding rows of --dense-quant q4k / q5k)
+    deq = dequantize_q4k(t.data, n_out, n_in)
+    xr = np.zeros(n_in, np.float32)
+    for row in range(n_out):
+        kq.colibri_dequantize_row_kq(_p(blocks), row, n_in, bits, _p(xr))
+        assert np.array_equal(xr.view(np.uint32), deq[row].view(np.uint32)), row
+
+
+def test_c_matmul_chunks_start_super_blocks(kq: ctypes.CDLL) -> None:
+    """A matrix of rows of 96 long enough for several row chunks of the matmul (each a
+    multiple of 16 rows, so of the group of 8): the matvec's bits for every token."""
+    rng = np.random.default_rng(96)
+    n_out, n_in, n_tok = 300, 96, 2
+    t = quantize_matrix(rng.standard_normal((n_out, n_in)).astype(np.float32), "q4k")
+    xq, sx = quantize_rows_q8((rng.standard_normal((n_tok, n_in)) * 2).astype(np.float32))
+    want = matvec_q4k_q8(t.data, xq, sx, n_out, n_in)
+    blocks = q4k_stream_stored(t.data, n_out, n_in)
+    ym = np.zeros((n_tok, n_out), np.float32)
+    xqc, sxc = np.ascontiguousarray(xq), np.ascontiguousarray(sx)
+    kq.colibri_matmul_q4k_q8(_p(blocks), _p(xqc), _p(sxc), _p(ym), n_out, n_out, n_in, n_tok)
+    assert np.array_equal(ym.view(np.uint32), want.view(np.uint32))
 
 
 PROBE = r"""

@@ -645,6 +645,24 @@ def test_c_dense_int4_on_mcus(tmp_path: Path, board: str, arch_ckpts: dict[str, 
     _check_c(gen, board, ours, q, [3, 14, 15, 9, 26, 5], f"qwen2_moe int4 + dense int4 on {board}")
 
 
+@pytest.mark.parametrize("scheme", ["q4k", "q5k"])
+def test_c_dense_kquant_on_cortex_m4(
+    tmp_path: Path, scheme: str, arch_ckpts: dict[str, Path]
+) -> None:
+    """--quant / --dense-quant q4k and q5k (Qwen2-MoE) on a bare-metal board: every matrix a
+    stream of super-blocks across its rows (the generated mat_rows, the embedding rows
+    dequantised from the middle of a super-block), the mirror's logits to the bit."""
+    require_board("cortex-m4")
+    ours = load_hf_transformer(arch_ckpts["qwen2_moe"])
+    q = quantize_transformer(ours, scheme, dense=scheme)
+    gen, man = generate_lm(
+        ours, tmp_path / "g", "cortex-m4", "lm", MAX_CONTEXT, quant=scheme, dense=scheme
+    )
+    assert man["quantization"]["dense_scheme"] == scheme
+    what = f"qwen2_moe {scheme} + dense {scheme} on cortex-m4"
+    _check_c(gen, "cortex-m4", ours, q, [3, 14, 15, 9, 26, 5], what)
+
+
 def _flash_but_code(rep: Any) -> int:
     """Flash bytes of a size report but its code (.text)."""
     return int(rep.flash_used) - sum(s["size"] for s in rep.sections if s["name"] == ".text")

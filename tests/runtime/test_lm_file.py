@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from colibri.cli.pipeline import quantise_transformer
 from colibri.emit.lmfile import lm_container_bytes, write_lm_container
-from colibri.errors import BindingValueError
+from colibri.errors import BindingValueError, ModelFormatError
 from colibri.frontends.container import (
     ENTRY,
     ENTRY_SIZE,
@@ -553,3 +553,26 @@ def test_model_file_runner_under_asan_and_ubsan(
         bad.write_bytes(bytes(d))
         codes.add(run(bad, ram_budget=100000 if i % 3 == 0 else 0).returncode)
     assert len(codes) > 3, codes
+
+
+@pytest.mark.parametrize("scheme", ["q4k", "q5k"])
+def test_old_q4k_row_layout_is_refused(
+    models: dict[str, tuple[MoETransformer, Any]], tmp_path: Path, scheme: str
+) -> None:
+    """A container whose q4k / q5k matrices say dtype 5 / 6 (each row its own super-blocks,
+    before issue 38's streams across rows) is refused by name in Python and with
+    COLIBRI_ERR_FORMAT by the runtime, never read as the new layout."""
+    good = _container(models["olmoe"][0], scheme, tmp_path / "good.clb")
+    d = bytearray(good.read_bytes())
+    ents = _entries(bytes(d))
+    name = "layer.0.expert.0.w1"
+    new = struct.unpack_from("<I", d, ents[name] + 48)[0]
+    assert new == {"q4k": 7, "q5k": 8}[scheme]
+    struct.pack_into("<I", d, ents[name] + 48, new - 2)
+    bad = tmp_path / "old.clb"
+    bad.write_bytes(bytes(d))
+    with pytest.raises(ModelFormatError, match=rf"{scheme} in the old row layout.*convert"):
+        read_lm_container(bad)
+    with pytest.raises(RuntimeStatusError) as err:
+        LM(bad)
+    assert err.value.status == -14, str(err.value)

@@ -422,8 +422,10 @@ _FILE_DTYPES = {
     2: "int8",
     DTYPE_Q4: "int4 (q4_32 blocks)",
     4: "int32",
-    DTYPE_Q4K: "q4k (super-blocks of 256)",
-    DTYPE_Q5K: "q5k (super-blocks of 256)",
+    DTYPE_Q4K: "q4k (super-blocks of 256 across rows)",
+    DTYPE_Q5K: "q5k (super-blocks of 256 across rows)",
+    5: "q4k in the old row layout (no longer read: convert again)",
+    6: "q5k in the old row layout (no longer read: convert again)",
 }
 _SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
 #: Tensors of a container that are not weights (descriptors, tables, tokenizer, RoPE tables).

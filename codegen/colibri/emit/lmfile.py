@@ -51,8 +51,8 @@ from ..frontends.container import (
     SCHEME_CODES,
     TOKENIZER_TENSOR,
     LMContainer,
-    q4k_row_dtype,
-    q4k_rows_stored,
+    q4k_stream_dtype,
+    q4k_stream_stored,
     read_lm_container,
 )
 from ..ir.transformer import DecoderLayer, MoETransformer
@@ -78,11 +78,10 @@ def _matrix(
 ) -> None:
     """A stored matrix [out, in]: its codes / values under `name`, int8 scales in `name.scale`."""
     shape = (t.n_out, t.n_in)
-    if t.scheme in ("q4k", "q5k"):  # rows cut after their last used sub-block (q4k_row_bytes)
+    if t.scheme in ("q4k", "q5k"):  # one stream of super-blocks, the last cut (q4k_bytes)
         bits = 5 if t.scheme == "q5k" else 4
-        rows = q4k_rows_stored(t.data, t.n_in).view(q4k_row_dtype(t.n_in, bits))
-        rows = rows.reshape(t.n_out)
-        tensors.append((name, rows, expert, shape))
+        raw = q4k_stream_stored(t.data, t.n_out, t.n_in)
+        tensors.append((name, raw.view(q4k_stream_dtype(t.n_out, t.n_in, bits)), expert, shape))
         return
     tensors.append((name, np.ascontiguousarray(t.data), expert, shape))
     if t.scheme == "int8":
@@ -262,9 +261,9 @@ def _check_heat(h: np.ndarray, n_experts: int, layer: int) -> np.ndarray:
 def _dtype_code(arr: np.ndarray) -> int:
     if arr.dtype == BLOCK_Q4_DTYPE:
         return DTYPE_Q4
-    if arr.dtype.names == ("q4k_row",):
+    if arr.dtype.names == ("q4k_stream",):
         return DTYPE_Q4K
-    if arr.dtype.names == ("q5k_row",):
+    if arr.dtype.names == ("q5k_stream",):
         return DTYPE_Q5K
     dt = np.dtype(arr.dtype).newbyteorder("<")
     if dt == np.dtype("<u2"):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..frontends.container import q4k_rows_stored
+from ..frontends.container import q4k_stream_stored
 from ..quant.formats import (
     QuantExpert,
     QuantTensor,
@@ -77,8 +77,8 @@ def tensor_chunks(t: QuantTensor | np.ndarray) -> list[bytes | memoryview]:
         size = q8_channel_dtype(t.n_out, t.stored_in, scale.size).itemsize
         pad = size - scale.nbytes - q.nbytes
         return [_view(scale), _view(q), *([bytes(pad)] if pad else [])]
-    if t.scheme in ("q4k", "q5k"):  # rows cut after their last used sub-block (q4k_row_bytes)
-        return [_view(q4k_rows_stored(t.data, t.n_in))]
+    if t.scheme in ("q4k", "q5k"):  # one stream of super-blocks, the last cut (q4k_bytes)
+        return [_view(q4k_stream_stored(t.data, t.n_out, t.n_in))]
     if t.layout == "q4r4":  # int4 in layout q4r4: a reordered copy, the same size
         return [_view(q4r4_order(np.asarray(t.data)))]
     if t.layout == "q4h4":  # int4 in layout q4h4 (Helium): grouped rows, the same size
@@ -138,7 +138,7 @@ def tensor_entry(sym: str, t: QuantTensor | np.ndarray, name: str, const: str) -
             "ptype": f"const {tname_c} *",
             "quantised": True,
         }
-    if t.scheme in ("q4k", "q5k"):  # COLIBRI_Q4K / Q5K_ROW_BYTES(n_in) bytes per row
+    if t.scheme in ("q4k", "q5k"):  # COLIBRI_Q4K / Q5K_BYTES(n_out, n_in) bytes
         return {
             "symbol": sym,
             "decl": f"{const}uint8_t {sym}[{t.nbytes}]",

@@ -17,6 +17,7 @@ The model back from a version-2 file with its quantisation
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zlib
@@ -112,18 +113,23 @@ QK4 = 32
 #: numpy mirror of colibri_block_q4_32 (C struct: uint16_t d; uint8_t qs[16]; 18 bytes), the
 #: stored form of dtype code 3 (colibri.quant.formats quantises into it).
 BLOCK_Q4_DTYPE = np.dtype([("d", "<u2"), ("qs", "u1", (QK4 // 2,))])
-#: Table dtype of q4k super-blocks (colibri_block_q4k, 144 bytes; the shape is [out, in]).
-DTYPE_Q4K = 5
+#: Table dtype of q4k matrices (colibri_block_q4k super-blocks, 144 bytes, running across rows:
+#: :func:`q4k_bytes`; the shape is [out, in]).
+DTYPE_Q4K = 7
 #: Values per q4k super-block (COLIBRI_QK_K).
 QK_K = 256
 #: numpy mirror of colibri_block_q4k (C: uint16_t d, dmin; uint8_t scales[12]; uint8_t
-#: qs[128]; 144 bytes), the stored form of dtype code 5 (colibri.quant.formats: the q4k
+#: qs[128]; 144 bytes), the stored form of dtype code 7 (colibri.quant.formats: the q4k
 #: section).
 BLOCK_Q4K_DTYPE = np.dtype(
     [("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (QK_K // 2,))]
 )
-#: Table dtype of q5k super-blocks (colibri_block_q5k, 176 bytes; the shape is [out, in]).
-DTYPE_Q5K = 6
+#: Table dtype of q5k matrices (colibri_block_q5k super-blocks, 176 bytes; the shape is
+#: [out, in]).
+DTYPE_Q5K = 8
+#: Table dtypes 5 / 6: q4k / q5k in the layout before issue 38's streams (each row its own
+#: super-blocks, the last cut), which no reader takes any more: such a file is refused.
+OLD_KQUANT_DTYPES: dict[int, str] = {5: "q4k", 6: "q5k"}
 #: numpy mirror of colibri_block_q5k (C: uint16_t d, dmin; uint8_t scales[12]; uint8_t
 #: qs[160]; 176 bytes): q4k's layout with 20 bytes per sub-block (16 of low nibbles, then 4
 #: holding the codes' fifth bits).
@@ -132,10 +138,12 @@ BLOCK_Q5K_DTYPE = np.dtype(
 )
 #: The k-quant-class schemes: dtype of their super-blocks by code bits.
 KQUANT_DTYPES: dict[int, np.dtype] = {4: BLOCK_Q4K_DTYPE, 5: BLOCK_Q5K_DTYPE}
-#: Table dtype codes of their stored rows by code bits.
+#: Table dtype codes of their stored matrices by code bits.
 KQUANT_DTYPE_CODES: dict[int, int] = {4: DTYPE_Q4K, 5: DTYPE_Q5K}
 #: Bytes of a super-block's head (d, dmin, scales).
 KQUANT_HEAD_BYTES = 16
+#: Sub-blocks (of 32 weights) per super-block.
+KQUANT_SUBS = 8
 
 
 def kquant_sub_bytes(bits: int) -> int:
@@ -148,36 +156,50 @@ def kquant_bits(dtype: np.dtype) -> int:
     return 4 if dtype == BLOCK_Q4K_DTYPE else 5
 
 
-def q4k_row_bytes(n_in: int, bits: int = 4) -> int:
-    """COLIBRI_Q4K_ROW_BYTES / COLIBRI_Q5K_ROW_BYTES: stored bytes of one q4k / q5k row of n_in
-    weights: its whole super-blocks, then a last one cut after its last used sub-block (head +
-    16 / 20 bytes per sub-block), so a short row does not pay for 256 weights."""
-    full, rest = divmod(n_in, QK_K)
-    sub = kquant_sub_bytes(bits)
-    tail = KQUANT_HEAD_BYTES + sub * ((rest + 31) // 32) if rest else 0
+def q4k_row_subs(n_in: int) -> int:
+    """COLIBRI_KQ_SUBS: sub-blocks of 32 per row of n_in weights (the last zero-padded)."""
+    return (n_in + 31) // 32
+
+
+def q4k_group_rows(n_in: int) -> int:
+    """COLIBRI_KQ_GROUP_ROWS: rows whose sub-blocks fill whole super-blocks, 8 / gcd(nsub, 8)
+    (1 when a row is whole super-blocks). Row r starts a super-block when r is a multiple."""
+    return KQUANT_SUBS // math.gcd(q4k_row_subs(n_in), KQUANT_SUBS)
+
+
+def q4k_stream_blocks(n_out: int, n_in: int) -> int:
+    """Super-blocks of an [n_out, n_in] matrix's stream (the last one possibly partial)."""
+    return (n_out * q4k_row_subs(n_in) + KQUANT_SUBS - 1) // KQUANT_SUBS
+
+
+def q4k_bytes(n_rows: int, n_in: int, bits: int = 4) -> int:
+    """COLIBRI_Q4K_BYTES / COLIBRI_Q5K_BYTES: stored bytes of the first n_rows rows of n_in
+    weights: the stream of their n_rows * nsub sub-blocks in row-major order, in super-blocks
+    of 8, the last one cut after its last used sub-block (head + 16 / 20 bytes per sub-block).
+    With n_rows a multiple of q4k_group_rows(n_in), also where row n_rows starts."""
+    full, rest = divmod(n_rows * q4k_row_subs(n_in), KQUANT_SUBS)
+    tail = KQUANT_HEAD_BYTES + kquant_sub_bytes(bits) * rest if rest else 0
     return full * KQUANT_DTYPES[bits].itemsize + tail
 
 
-def q4k_rows_stored(blocks: np.ndarray, n_in: int) -> np.ndarray:
-    """q4k / q5k super-blocks [out, nsb] as stored: uint8 [out, q4k_row_bytes(n_in, bits)]
-    (each row's bytes up to its last used sub-block)."""
-    raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(blocks.shape[0], -1)
-    return np.ascontiguousarray(raw[:, : q4k_row_bytes(n_in, kquant_bits(blocks.dtype))])
+def q4k_stream_stored(blocks: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """A matrix's super-blocks [nsb] as stored: uint8 [q4k_bytes(n_out, n_in, bits)]."""
+    raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1)
+    return np.ascontiguousarray(raw[: q4k_bytes(n_out, n_in, kquant_bits(blocks.dtype))])
 
 
-def q4k_rows_restore(raw: np.ndarray, n_out: int, n_in: int, bits: int = 4) -> np.ndarray:
-    """The inverse of :func:`q4k_rows_stored`: super-blocks [out, nsb], unused sub-blocks
-    zero."""
-    nsb = (n_in + QK_K - 1) // QK_K
+def q4k_stream_restore(raw: np.ndarray, n_out: int, n_in: int, bits: int = 4) -> np.ndarray:
+    """The inverse of :func:`q4k_stream_stored`: super-blocks [nsb], unused sub-blocks zero."""
     dt = KQUANT_DTYPES[bits]
-    full = np.zeros((n_out, nsb * dt.itemsize), np.uint8)
-    full[:, : q4k_row_bytes(n_in, bits)] = np.asarray(raw, np.uint8).reshape(n_out, -1)
-    return full.view(dt).reshape(n_out, nsb)
+    full = np.zeros(q4k_stream_blocks(n_out, n_in) * dt.itemsize, np.uint8)
+    full[: q4k_bytes(n_out, n_in, bits)] = np.asarray(raw, np.uint8).reshape(-1)
+    return full.view(dt)
 
 
-#: The array type the container writer takes for q4k / q5k rows as stored (dtype 5 / 6).
-def q4k_row_dtype(n_in: int, bits: int = 4) -> np.dtype:
-    return np.dtype([(f"q{bits}k_row", "u1", (q4k_row_bytes(n_in, bits),))])
+#: The array type the container writer takes for a q4k / q5k matrix as stored (dtype 7 / 8):
+#: one record of its bytes.
+def q4k_stream_dtype(n_out: int, n_in: int, bits: int = 4) -> np.dtype:
+    return np.dtype([(f"q{bits}k_stream", "u1", (q4k_bytes(n_out, n_in, bits),))])
 
 
 #: Version 2 reads the item dtypes as stored (fp16 as its bits).
@@ -557,6 +579,13 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
             raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
         if name in tensors:
             raise ModelFormatError(f"{source}: tensor '{name}' appears twice")
+        if dtype in OLD_KQUANT_DTYPES:
+            raise ModelFormatError(
+                f"{source}: tensor '{name}' is {OLD_KQUANT_DTYPES[dtype]} in the old row layout "
+                f"(dtype {dtype}, each row its own super-blocks), which this colibri no longer "
+                "reads (super-blocks now run across rows, dtype "
+                f"{DTYPE_Q4K if dtype == 5 else DTYPE_Q5K}): convert the model again"
+            )
         if dtype in (DTYPE_Q4, DTYPE_Q4K, DTYPE_Q5K):
             if ndim != 2:
                 raise ModelFormatError(f"{source}: block tensor '{name}' is not 2-D")
@@ -564,7 +593,7 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
             if dtype == DTYPE_Q4:
                 size = shape[0] * q4_blocks(shape[1]) * BLOCK_Q4_DTYPE.itemsize
             else:
-                size = shape[0] * q4k_row_bytes(shape[1], bits)
+                size = q4k_bytes(shape[0], shape[1], bits)
             if size != nb:
                 raise ModelFormatError(f"{source}: tensor '{name}' size does not match its shape")
             if dtype == DTYPE_Q4:
@@ -573,7 +602,7 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
                 arr = arr.reshape(blocks)
             else:
                 raw = np.frombuffer(data, np.uint8, nb, off)
-                arr = q4k_rows_restore(raw, shape[0], shape[1], bits)
+                arr = q4k_stream_restore(raw, shape[0], shape[1], bits)
         elif dtype in LM_DTYPES:
             count = int(np.prod(shape))
             if count * LM_DTYPES[dtype].itemsize != nb:

@@ -46,9 +46,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import ConfigError
+from ..frontends.container import q4k_group_rows
 from ..ir.moe import Expert
 from .formats import (
     DEFAULT_SCALE_SEARCH,
+    KQUANT_BITS,
     QuantExpert,
     check_choice,
     check_scale_search,
@@ -202,6 +204,12 @@ def _fold_candidates(
             continue
         assert base.w3 is not None
         w3 = divide_rows(base.w3, s)
+        if w3 is None and scheme in KQUANT_BITS and q4k_group_rows(base.w3.n_in) > 1:
+            # q4k / q5k rows sharing super-blocks: the folded w3 quantised afresh (its input
+            # importances those of the base's w3)
+            folded = fold_expert(e, s).w3
+            assert folded is not None
+            w3 = quantize_matrix(folded.T, scheme, f"{name}.w3", search, stats.x2)
         if w3 is None:
             continue
         h_imp = stats.h2 / s.astype(np.float64) ** 2 if search != "none" else None

@@ -8,8 +8,9 @@ Schemes (one per expert, chosen per model and overridable per expert):
 - ``int4``: blocks of 32 weights along the input dimension with one fp16 scale per block
   (18 bytes per block, 4.5 bits per weight: ggml's q4_0 layout), w = d * (nibble - 8); d may
   be negative.
-- ``q4k``: super-blocks of 256 weights along the input, 8 sub-blocks of 32 with a 6-bit scale
-  and a 6-bit minimum each, one fp16 super-scale and super-minimum (144 bytes per 256
+- ``q4k``: super-blocks of 256 weights, 8 sub-blocks of 32 along the input (a matrix's rows'
+  sub-blocks in one stream: a super-block may span rows) with a 6-bit scale and a 6-bit minimum
+  each, one fp16 super-scale and super-minimum (144 bytes per 256
   weights, 4.5 bits per weight), w = d * sc * q - dmin * m with q in 0..15; int8 activations
   only (the k-quant-class scheme of issue 38: the q4k section below).
 - ``q5k``: q4k with 5-bit codes (q in 0..31; 176 bytes per 256 weights, 5.5 bits per weight).
@@ -52,7 +53,9 @@ from ..frontends.container import (
     QK4,
     QK_K,
     q4_blocks,
-    q4k_row_bytes,
+    q4k_bytes,
+    q4k_group_rows,
+    q4k_row_subs,
 )
 from ..ir.moe import Expert, MoELayer
 from ..progress import Tick
@@ -472,11 +475,17 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 # -- q4k: super-blocks of 256 with 6-bit sub-block scales and minimums ------------------------
 #
 # The k-quant-class 4-bit scheme (issue 38; the idea of llama.cpp's Q4_K, this project's own
-# layout and quantiser). A row of n_in weights is cut into super-blocks of QK_K = 256 (the
-# last one zero-padded), each of 8 sub-blocks of 32 that line up with the int8 activation
-# blocks (QK8). Sub-block j of a super-block stores the 32 codes q in 0..15, a 6-bit scale
-# sc_j and a 6-bit minimum m_j; the super-block stores one fp16 super-scale d and one fp16
-# super-minimum dmin:
+# layout and quantiser). A row of n_in weights is cut into nsub = ceil(n_in / 32) sub-blocks of
+# 32 (the last zero-padded) that line up with the int8 activation blocks (QK8). A matrix's
+# sub-blocks, rows in order and each row's in order, form one stream cut into super-blocks of
+# 8: row r's sub-block c is the stream's k = r * nsub + c (super-block k / 8, slot j = k % 8),
+# so a super-block may span rows and rows of any width pay 4.5 bits per weight (rows of 96 or
+# 128 inputs no longer pay a super-block's head each). Rows go in groups of G = 8 / gcd(nsub, 8)
+# whose sub-blocks fill whole super-blocks (G = 1 when nsub is a multiple of 8: then every row
+# is its own whole super-blocks, the layout of llama.cpp's rows); a row split at a multiple of
+# G starts a super-block (q4k_group_rows, COLIBRI_KQ_GROUP_ROWS). Sub-block j of a super-block
+# stores the 32 codes q in 0..15, a 6-bit scale sc_j and a 6-bit minimum m_j; the super-block
+# stores one fp16 super-scale d and one fp16 super-minimum dmin:
 #
 #     w ~ (d * sc_j) * q - (dmin * m_j)
 #
@@ -486,15 +495,14 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 # scales[8 + j / 2] holds their high 2 bits, sc_j's at bit 4 * (j % 2) and m_j's at bit
 # 4 * (j % 2) + 2. Sub-block j's codes are qs[16 j .. 16 j + 16): code i (i < 16) in the low
 # nibble of qs[16 j + i], code i + 16 in its high nibble (the int4 block's order).
-# QuantTensor.data holds whole super-blocks (the last zero-padded); as stored (generated weights,
-# container), each row's last super-block is cut after its last used sub-block
-# (colibri.frontends.container.q4k_row_bytes, COLIBRI_Q4K_ROW_BYTES), so short rows do not pay
-# for 256 weights.
+# QuantTensor.data holds the matrix's stream of super-blocks [nsb] (the last one's unused
+# slots zero); as stored (generated weights, container), the stream is cut after its last used
+# sub-block (colibri.frontends.container.q4k_bytes, COLIBRI_Q4K_BYTES).
 #
 # The kernel with int8 activations (xq, one scale sx[b] per block b of 32, the last possibly
 # shorter), per output, the fp32 operations in this order (C == mirror bit for bit):
 #
-#     acc = 0; for each sub-block b (8 s + j) with 32 b < n_in:
+#     acc = 0; for each sub-block b of the row (stream sub-block r * nsub + b: 8 s + j):
 #         isum = sum_i q_i * xq[i]; xsum = sum_i xq[i]          (int32, over the block's inputs)
 #         acc += (float)(sc_j * isum) * (d_s * sx[b])
 #         acc -= (float)(m_j * xsum) * (dmin_s * sx[b])
@@ -506,9 +514,13 @@ def reconstruction_error(t: QuantTensor, w_t: np.ndarray) -> float:
 # Q4K_STEPS code ranges (llama.cpp's make_qkx idea: codes of a grid of inverse scales, each
 # refitted by weighted least squares for s and m), weighted as the int4 search (imp * (w^2 +
 # SIGMA_WEIGHT mean(w^2))); then per super-block d = max_j s_j / 63 and dmin = max_j m_j / 63
-# (fp16), the 6-bit sc_j / m_j nearest for those, and the codes nearest for the stored
-# (d sc_j, dmin m_j). search "none" skips the grid (s = (max - min) / 15 (q5k: / 31),
-# m = -min).
+# (fp16) over the super-block's 8 sub-blocks (whichever rows they belong to), the 6-bit
+# sc_j / m_j (of the floors and ceilings of s_j / d and m_j / dmin, the pair whose nearest codes
+# give the smallest weighted error: a super-scale shared by rows of different size leaves the
+# smaller sub-blocks few 6-bit levels, where the nearest value alone costs 2-4 % more squared
+# error), and the codes nearest for the stored (d sc_j, dmin m_j). search "none" skips the
+# grid and the floor / ceiling choice (s = (max - min) / 15 (q5k: / 31), m = -min, the nearest
+# 6-bit values).
 #
 # q5k (colibri_block_q5k, 176 bytes, 5.5 bits per weight) is the same with codes 0..31: each
 # sub-block takes 20 bytes of qs, its 16 bytes of low nibbles (as q4k's) then 4 bytes whose
@@ -524,19 +536,14 @@ Q4K_SUBS = QK_K // QK_K_SUB
 #: Largest 6-bit sub-block scale / minimum, largest code.
 Q4K_SCALE_MAX = 63
 Q4K_CODE_MAX = 15
-#: Bits per weight of q4k (whole super-blocks; a row of n_in weights is stored in
-#: q4k_row_bytes(n_in) bytes, its last super-block cut after its last used sub-block: d_model
-#: 96, 5.33 bits per weight; 128, 5.0).
+#: Bits per weight of q4k (whole super-blocks; a matrix's rows share them, so every shape pays
+#: this up to its one cut last super-block and the zero-padded tail of each row's last
+#: sub-block: q4k_bytes).
 Q4K_BITS_PER_WEIGHT = BLOCK_Q4K_DTYPE.itemsize * 8 / QK_K
 #: The grid of the sub-block search: inverse scales (Q4K_CODE_MAX + k * Q4K_STEP) / (max - min)
 #: for k in -Q4K_STEPS .. Q4K_STEPS.
 Q4K_STEPS = 10
 Q4K_STEP = 0.1
-
-
-def q4k_blocks(n_in: int) -> int:
-    """COLIBRI_Q4K_BLOCKS: super-blocks per row of n_in values (the last one zero-padded)."""
-    return (n_in + QK_K - 1) // QK_K
 
 
 def q4k_pack_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -563,8 +570,26 @@ def kquant_code_max(bits: int) -> int:
     return (1 << bits) - 1
 
 
-def q4k_codes(blocks: np.ndarray, n_in: int) -> np.ndarray:
-    """Codes (0..15 q4k, 0..31 q5k) int32 [out, n_in] of super-blocks [out, nsb]."""
+def _q4k_rows(v: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """Per-sub-block values of the stream [nsb, 8, ...] as rows [n_out, nsub, ...] (the
+    stream's row-major order; the unused slots of the last super-block dropped)."""
+    nsub = q4k_row_subs(n_in)
+    flat = v.reshape((-1,) + v.shape[2:])
+    return flat[: n_out * nsub].reshape((n_out, nsub) + v.shape[2:])
+
+
+def _q4k_stream(v: np.ndarray) -> np.ndarray:
+    """Per-sub-block values [n_out, nsub, ...] as the stream's super-blocks [nsb, 8, ...] (the
+    last one's unused slots zero): row r's sub-block c is stream sub-block r * nsub + c."""
+    n = v.shape[0] * v.shape[1]
+    nsb = (n + Q4K_SUBS - 1) // Q4K_SUBS
+    out = np.zeros((nsb * Q4K_SUBS,) + v.shape[2:], v.dtype)
+    out[:n] = v.reshape((n,) + v.shape[2:])
+    return out.reshape((nsb, Q4K_SUBS) + v.shape[2:])
+
+
+def q4k_codes(blocks: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """Codes (0..15 q4k, 0..31 q5k) int32 [out, n_in] of a matrix's super-blocks [nsb]."""
     sub = blocks["qs"].shape[-1] // Q4K_SUBS
     qs = blocks["qs"].reshape(blocks.shape + (Q4K_SUBS, sub))
     nib = qs[..., :16]
@@ -574,34 +599,50 @@ def q4k_codes(blocks: np.ndarray, n_in: int) -> np.ndarray:
         word = hb[..., 0] | (hb[..., 1] << 8) | (hb[..., 2] << 16) | (hb[..., 3] << 24)
         hi = (word[..., None] >> np.arange(QK_K_SUB, dtype=np.uint32)) & 1
         q |= hi.astype(np.int32) << 4
-    return q.reshape(blocks.shape[0], -1)[:, :n_in]
+    return _q4k_rows(q, n_out, n_in).reshape(n_out, -1)[:, :n_in]
 
 
-def q4k_sub_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The fp32 sub-block step and minimum [out, nsb * 8] as the dequantiser uses them:
-    d * (float)sc_j and dmin * (float)m_j, each one fp32 product."""
+def q4k_sub_params(
+    blocks: np.ndarray, n_out: int, n_in: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(sc, m) int32 and (d, dmin) fp32 of each row's sub-blocks, [out, nsub] each (d / dmin:
+    those of the super-block the sub-block sits in)."""
     sc, m = q4k_unpack_scales(blocks["scales"])
-    d = f16_to_f32(blocks["d"])[..., None]
-    dmin = f16_to_f32(blocks["dmin"])[..., None]
+    one = np.ones((1, Q4K_SUBS), np.float32)
+    d = f16_to_f32(blocks["d"])[:, None] * one
+    dmin = f16_to_f32(blocks["dmin"])[:, None] * one
+    return (
+        _q4k_rows(sc, n_out, n_in),
+        _q4k_rows(m, n_out, n_in),
+        _q4k_rows(d, n_out, n_in),
+        _q4k_rows(dmin, n_out, n_in),
+    )
+
+
+def q4k_sub_scales(blocks: np.ndarray, n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fp32 sub-block step and minimum [out, nsub] as the dequantiser uses them:
+    d * (float)sc_j and dmin * (float)m_j, each one fp32 product."""
+    sc, m, d, dmin = q4k_sub_params(blocks, n_out, n_in)
     step = (d * sc.astype(np.float32)).astype(np.float32)
     low = (dmin * m.astype(np.float32)).astype(np.float32)
-    return step.reshape(blocks.shape[0], -1), low.reshape(blocks.shape[0], -1)
+    return step, low
 
 
-def dequantize_q4k(blocks: np.ndarray, n_in: int) -> np.ndarray:
+def dequantize_q4k(blocks: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
     """float32 [out, n_in]: (d sc_j) * q - (dmin m_j), in fp32."""
-    step, low = q4k_sub_scales(blocks)
-    q = q4k_codes(blocks, blocks.shape[1] * QK_K).astype(np.float32)
-    q = q.reshape(blocks.shape[0], -1, QK_K_SUB)
+    step, low = q4k_sub_scales(blocks, n_out, n_in)
+    nsub = q4k_row_subs(n_in)
+    q = q4k_codes(blocks, n_out, nsub * QK_K_SUB).astype(np.float32)
+    q = q.reshape(n_out, nsub, QK_K_SUB)
     w = (q * step[..., None]).astype(np.float32) - low[..., None]
-    return w.reshape(blocks.shape[0], -1)[:, :n_in].astype(np.float32)
+    return w.reshape(n_out, -1)[:, :n_in].astype(np.float32)
 
 
 def _q4k_padded(w_t: np.ndarray) -> np.ndarray:
-    """w_t [out, in] as zero-padded sub-blocks [out, nsb * 8, 32] (float32)."""
+    """w_t [out, in] as zero-padded sub-blocks [out, nsub, 32] (float32)."""
     w_t = np.asarray(w_t, dtype=np.float32)
     n_out, n_in = w_t.shape
-    padded = np.zeros((n_out, q4k_blocks(n_in) * QK_K), dtype=np.float32)
+    padded = np.zeros((n_out, q4k_row_subs(n_in) * QK_K_SUB), dtype=np.float32)
     padded[:, :n_in] = w_t
     return padded.reshape(n_out, -1, QK_K_SUB)
 
@@ -671,32 +712,86 @@ def _q4k_six_bit(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d16.view(np.uint16), q.astype(np.uint8)
 
 
+def _q4k_six_bit_refined(
+    g: np.ndarray,
+    a: np.ndarray,
+    s: np.ndarray,
+    m: np.ndarray,
+    d: np.ndarray,
+    dmin: np.ndarray,
+    top: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The 6-bit (sc, m) [nsb, 8] of each sub-block g [nsb, 8, 32] (objective weights a) for the
+    super-block's fp32 d / dmin [nsb]: of sc in {floor, ceil}(s / d) and m in {floor, ceil}(m /
+    dmin), the pair whose nearest codes give the smallest weighted error (the nearest 6-bit
+    values alone ignore that a super-scale shared by several rows' sub-blocks leaves the
+    smaller ones few levels)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rs = np.where(d[:, None] > 0, s / np.where(d > 0, d, 1.0)[:, None], 0.0)
+        rm = np.where(dmin[:, None] > 0, m / np.where(dmin > 0, dmin, 1.0)[:, None], 0.0)
+    best_err = np.full(s.shape, np.inf)
+    best_sc = np.zeros(s.shape, np.uint8)
+    best_m = np.zeros(s.shape, np.uint8)
+    d32 = d.astype(np.float32)[:, None]
+    dm32 = dmin.astype(np.float32)[:, None]
+    for sc_c in (np.floor(rs), np.ceil(rs)):
+        sc_c = np.clip(sc_c, 0, Q4K_SCALE_MAX)
+        step = (d32 * sc_c.astype(np.float32)).astype(np.float32)[..., None]
+        for m_c in (np.floor(rm), np.ceil(rm)):
+            m_c = np.clip(m_c, 0, Q4K_SCALE_MAX)
+            low = (dm32 * m_c.astype(np.float32)).astype(np.float32)[..., None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                q = round_half_away((g + low) / np.where(step > 0, step, 1))
+            q = np.where(step > 0, np.clip(q, 0, top), 0).astype(np.float32)
+            diff = (q * step - low - g).astype(np.float64)
+            err = _weighted_sq(diff, a)
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            best_sc = np.where(better, sc_c, best_sc).astype(np.uint8)
+            best_m = np.where(better, m_c, best_m).astype(np.uint8)
+    return best_sc, best_m
+
+
 def q4k_blocks_with_scales(
-    w_t: np.ndarray, s: np.ndarray, m: np.ndarray, bits: int = 4
+    w_t: np.ndarray,
+    s: np.ndarray,
+    m: np.ndarray,
+    bits: int = 4,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
-    """BLOCK_Q4K_DTYPE [out, nsb] of w_t [out, in] for the sub-block steps s and minimums m
-    [out, nsb * 8] (>= 0): their 6-bit quantisation per super-block, then the nearest codes
-    for the stored step and minimum."""
-    n_out = w_t.shape[0]
-    g = _q4k_padded(w_t)
-    nsb = g.shape[1] // Q4K_SUBS
-    out = np.zeros((n_out, nsb), dtype=KQUANT_DTYPES[bits])
+    """BLOCK_Q4K_DTYPE [nsb] of w_t [out, in] for the sub-block steps s and minimums m
+    [out, nsub] (>= 0): the stream's super-blocks (rows' sub-blocks in row-major order, 8 to a
+    super-block), their 6-bit quantisation per super-block (the nearest 6-bit values, or with
+    the objective's weights [out, nsub, 32] the better of their floors and ceilings:
+    :func:`_q4k_six_bit_refined`), then the nearest codes for the stored step and minimum."""
+    n_out, n_in = w_t.shape
+    g = _q4k_stream(_q4k_padded(w_t))  # [nsb, 8, 32]
+    nsb = g.shape[0]
+    out = np.zeros(nsb, dtype=KQUANT_DTYPES[bits])
     top = kquant_code_max(bits)
-    out["d"], sc = _q4k_six_bit(np.asarray(s, np.float64).reshape(n_out, nsb, Q4K_SUBS))
-    out["dmin"], mq = _q4k_six_bit(np.asarray(m, np.float64).reshape(n_out, nsb, Q4K_SUBS))
+    sv = _q4k_stream(np.asarray(s, np.float64).reshape(n_out, -1))
+    mv = _q4k_stream(np.asarray(m, np.float64).reshape(n_out, -1))
+    out["d"], sc = _q4k_six_bit(sv)
+    out["dmin"], mq = _q4k_six_bit(mv)
+    if weights is not None:
+        a = _q4k_stream(np.asarray(weights, np.float32))
+        d = f16_to_f32(out["d"]).astype(np.float64)
+        dmin = f16_to_f32(out["dmin"]).astype(np.float64)
+        sc, mq = _q4k_six_bit_refined(g, a, sv, mv, d, dmin, top)
     out["scales"] = q4k_pack_scales(sc, mq)
-    step, low = q4k_sub_scales(out)
+    sc32, m32 = q4k_unpack_scales(out["scales"])
+    step = (f16_to_f32(out["d"])[:, None] * sc32.astype(np.float32)).astype(np.float32)
+    low = (f16_to_f32(out["dmin"])[:, None] * m32.astype(np.float32)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         v = round_half_away((g + low[..., None]) / np.where(step > 0, step, 1)[..., None])
     v = np.where(step[..., None] > 0, np.clip(v, 0, top), 0).astype(np.uint8)
-    v = v.reshape(n_out, nsb, Q4K_SUBS, QK_K_SUB)
     qs = (v[..., :16] & 0x0F) | ((v[..., 16:] & 0x0F) << 4)
     if bits == 5:  # the fifth bits: bit k of the little-endian word of 4 more bytes
         hi = ((v >> 4) & 1).astype(np.uint32) << np.arange(QK_K_SUB, dtype=np.uint32)
         word = hi.sum(axis=-1, dtype=np.uint32)
         hb = np.stack([(word >> (8 * i)) & 0xFF for i in range(4)], axis=-1).astype(np.uint8)
         qs = np.concatenate([qs, hb], axis=-1)
-    out["qs"] = qs.reshape(n_out, nsb, -1)
+    out["qs"] = qs.reshape(nsb, -1)
     return out
 
 
@@ -706,23 +801,27 @@ def quantize_q4k(
     search: str = DEFAULT_SCALE_SEARCH,
     bits: int = 4,
 ) -> np.ndarray:
-    """w_t [out, in] -> BLOCK_Q4K_DTYPE [out, nsb] (module comment: the sub-block search,
-    weighted by importance [in] when given, then the 6-bit scales and the codes)."""
+    """w_t [out, in] -> BLOCK_Q4K_DTYPE [nsb], the matrix's stream of super-blocks (module
+    comment: the sub-block search, weighted by importance [in] when given (each row's
+    sub-blocks weighted by the same channels), then the 6-bit scales per super-block and the
+    codes)."""
     w_t = np.asarray(w_t, dtype=np.float32)
     n_out, n_in = w_t.shape
-    nsb = q4k_blocks(n_in)
+    nsub = q4k_row_subs(n_in)
     imp = normalise_importance(importance, n_in, "q4k scale search")
-    flat = np.zeros(nsb * QK_K, np.float32)
+    flat = np.zeros(nsub * QK_K_SUB, np.float32)
     flat[:n_in] = 1 if imp is None else imp  # padded inputs weigh nothing
     imp_g = flat.reshape(-1, QK_K_SUB)
-    s = np.zeros((n_out, nsb * Q4K_SUBS))
-    m = np.zeros((n_out, nsb * Q4K_SUBS))
-    rows = max(1, SEARCH_CHUNK // max(1, nsb * QK_K))
+    s = np.zeros((n_out, nsub))
+    m = np.zeros((n_out, nsub))
+    a_all = np.zeros((n_out, nsub, QK_K_SUB), np.float32)
+    rows = max(1, SEARCH_CHUNK // max(1, nsub * QK_K_SUB))
     for r0 in range(0, n_out, rows):
         g = _q4k_padded(w_t[r0 : r0 + rows])
         a = _objective_weights(g, imp_g)
+        a_all[r0 : r0 + rows] = a
         s[r0 : r0 + rows], m[r0 : r0 + rows] = _q4k_sub_search(g, a, search, kquant_code_max(bits))
-    return q4k_blocks_with_scales(w_t, s, m, bits)
+    return q4k_blocks_with_scales(w_t, s, m, bits, None if search == "none" else a_all)
 
 
 # -- stored layouts ----------------------------------------------------------------------------
@@ -953,7 +1052,8 @@ class QuantTensor:
     scheme: str
     n_out: int
     n_in: int
-    #: fp32 [out,in] | uint16 [out,in] | int8 [out,in] | BLOCK_Q4 [out,nb] | BLOCK_Q4K [out,nsb]
+    #: fp32 [out,in] | uint16 [out,in] | int8 [out,in] | BLOCK_Q4 [out,nb] | BLOCK_Q4K [nsb]
+    #: (q4k / q5k: the matrix's one stream of super-blocks, rows sharing them)
     data: np.ndarray
     #: int8: float32 [out] (one scale per output channel), or [out, ceil(in / 32)] (one per
     #: block of 32 inputs: the dense matrices of --dense-quant int8, see quantize_matrix)
@@ -979,7 +1079,7 @@ class QuantTensor:
             assert self.scale is not None
             return q8_channel_dtype(self.n_out, self.stored_in, self.scale.size).itemsize
         if self.scheme in KQUANT_BITS:
-            return self.n_out * q4k_row_bytes(self.n_in, KQUANT_BITS[self.scheme])
+            return q4k_bytes(self.n_out, self.n_in, KQUANT_BITS[self.scheme])
         return int(self.data.nbytes)
 
     def dequantize(self) -> np.ndarray:
@@ -995,7 +1095,7 @@ class QuantTensor:
                 return (self.data.astype(np.float32) * per).astype(np.float32)
             return dequantize_int8(self.data, self.scale)
         if self.scheme in KQUANT_BITS:
-            return dequantize_q4k(self.data, self.n_in)
+            return dequantize_q4k(self.data, self.n_out, self.n_in)
         return dequantize_int4(self.data, self.n_in)
 
     def roundtrip_bound(self, w_t: np.ndarray) -> np.ndarray:
@@ -1010,7 +1110,7 @@ class QuantTensor:
         # scale may clip) its distance to that code's value.
         if self.scheme in KQUANT_BITS:
             kmax = kquant_code_max(KQUANT_BITS[self.scheme])
-            step, low = q4k_sub_scales(self.data)
+            step, low = q4k_sub_scales(self.data, self.n_out, self.n_in)
             st = np.repeat(step.astype(np.float64), QK_K_SUB, axis=1)[:, : self.n_in]
             lo = np.repeat(low.astype(np.float64), QK_K_SUB, axis=1)[:, : self.n_in]
             w64 = w_t.astype(np.float64)
@@ -1035,8 +1135,9 @@ class QuantTensor:
 def divide_rows(t: QuantTensor, s: np.ndarray) -> QuantTensor | None:
     """t with output row o divided by s[o] > 0, its codes kept: int8 scales / s in fp32, int4
     block scales fp16(d / s) (the row's relative error is unchanged up to that rounding); None
-    when a scale leaves the fp16 range or flushes to zero. fp32 / fp16 tensors are divided
-    and rounded again."""
+    when a scale leaves the fp16 range or flushes to zero, and for q4k / q5k whose rows share
+    super-blocks (q4k_group_rows > 1: quantise the divided weights instead). fp32 / fp16
+    tensors are divided and rounded again."""
     s = np.asarray(s, dtype=np.float32)
     if t.scheme == "int8":
         assert t.scale is not None
@@ -1052,9 +1153,12 @@ def divide_rows(t: QuantTensor, s: np.ndarray) -> QuantTensor | None:
         out["d"] = d16.view(np.uint16)
         return QuantTensor("int4", t.n_out, t.n_in, out)
     if t.scheme in KQUANT_BITS:
+        if q4k_group_rows(t.n_in) > 1:
+            return None  # super-blocks shared by rows: no row's scale is its own
         out = t.data.copy()
+        row = np.arange(out.shape[0]) // (q4k_row_subs(t.n_in) // Q4K_SUBS)
         for f in ("d", "dmin"):
-            v = f16_to_f32(t.data[f]) / s[:, None]
+            v = f16_to_f32(t.data[f]) / s[row]
             v16 = v.astype(np.float16)
             if not np.all(np.abs(v) <= FP16_MAX) or np.any((v16 == 0) & (v != 0)):
                 return None
@@ -1305,7 +1409,7 @@ def expert_matrix_bytes(d_model: int, d_ff: int, gated: bool, scheme: str) -> in
         )
     if scheme in KQUANT_BITS:
         bits = KQUANT_BITS[scheme]
-        return n_in_d * d_ff * q4k_row_bytes(d_model, bits) + d_model * q4k_row_bytes(d_ff, bits)
+        return n_in_d * q4k_bytes(d_ff, d_model, bits) + q4k_bytes(d_model, d_ff, bits)
     width = {"fp32": 4, "fp16": 2, "int8": 1}[check_scheme(scheme)]
     if scheme == "int8":
         return (

@@ -15,7 +15,6 @@ import numpy as np
 
 from ..ir.moe import MoELayer
 from ..quant.formats import (
-    Q4K_SUBS,
     Q8_MAX,
     QK4,
     QK8,
@@ -25,7 +24,7 @@ from ..quant.formats import (
     f16_to_f32,
     int4_values,
     q4k_codes,
-    q4k_unpack_scales,
+    q4k_sub_params,
     q8_blocks,
 )
 from .f32 import gelu_f32, gelu_tanh_f32, route_gates_f32, seq_dot, silu_f32
@@ -192,17 +191,17 @@ def matvec_q4_q8(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) 
     return _block_matvec(int4_values(blocks, n_in), xq, sx, n_in, f16_to_f32(blocks["d"]))
 
 
-def matvec_q4k_q8(blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_in: int) -> np.ndarray:
-    """colibri_matvec_q4k_q8 / _q5k_q8 (super-blocks [out, nsb], formats.py's q4k section): for
-    each sub-block b in order, acc += (float)(sc * isum_b) * (d * sx[b]), then
-    acc -= (float)(m * xsum_b) * (dmin * sx[b]); isum_b = sum q * xq, xsum_b = sum xq."""
-    t, n_out = xq.shape[0], blocks.shape[0]
+def matvec_q4k_q8(
+    blocks: np.ndarray, xq: np.ndarray, sx: np.ndarray, n_out: int, n_in: int
+) -> np.ndarray:
+    """colibri_matvec_q4k_q8 / _q5k_q8 (a matrix's stream of super-blocks [nsb], formats.py's
+    q4k section): for each sub-block b of a row in order, acc += (float)(sc * isum_b) *
+    (d * sx[b]), then acc -= (float)(m * xsum_b) * (dmin * sx[b]); isum_b = sum q * xq,
+    xsum_b = sum xq; sc, m, d and dmin those of the row's sub-block b wherever it sits."""
+    t = xq.shape[0]
     nb = q8_blocks(n_in)
-    sc, m = (v.reshape(n_out, -1)[:, :nb] for v in q4k_unpack_scales(blocks["scales"]))
-    sub = np.arange(nb) // Q4K_SUBS  # the super-block of each sub-block
-    d = f16_to_f32(blocks["d"])[:, sub]  # [out, nb]
-    dmin = f16_to_f32(blocks["dmin"])[:, sub]
-    wb = _weight_blocks(q4k_codes(blocks, n_in), n_in)
+    sc, m, d, dmin = q4k_sub_params(blocks, n_out, n_in)  # [out, nb] each
+    wb = _weight_blocks(q4k_codes(blocks, n_out, n_in), n_in)
     xsum_all = _padded_blocks(xq, n_in).sum(axis=2)  # [T, nb], exact
     acc = np.zeros((t, n_out), dtype=np.float32)
     rows = max(1, BLOCK_SUM_ELEMS // max(1, n_out * nb))
@@ -234,7 +233,7 @@ def matvec(t: QuantTensor, x: np.ndarray, act: str) -> np.ndarray:
         if t.scheme == "int4":
             return matvec_q4_q8(t.data, xq, sx, t.n_in)
         if t.scheme in ("q4k", "q5k"):
-            return matvec_q4k_q8(t.data, xq, sx, t.n_in)
+            return matvec_q4k_q8(t.data, xq, sx, t.n_out, t.n_in)
         # fp16 weights have no integer kernel: activations stay fp32
     if t.scheme in ("q4k", "q5k"):
         raise ValueError(f"{t.scheme} weights have an int8-activation kernel only (act='int8')")
