@@ -43,7 +43,8 @@
 #define LM_FLAGS_KNOWN 0x7u
 
 #define LM_MAX_THREADS 256
-/* An expert's read is split in chunks of this many bytes of a part (lm_cache.c, lm_reader.c). */
+/* An expert's read is split in chunks of this many bytes of a part (lm_cache.c, lm_reader.c;
+ * COLIBRI_LM_READ_CHUNK in the environment replaces it). */
 #define LM_READ_CHUNK ((uint64_t)1u << 19)
 #define LM_PARTS 6             /* stored parts of an expert: w1, w2, w3 and their int8 scales */
 #define LM_PAR_MIN_WORK 32768u /* lm_run_sized */
@@ -103,7 +104,7 @@ typedef struct {
     const lm_expert *src;
     int32_t state;      /* LM_SLOT_READY / _LOADING / _FAILED, under the reader's mutex */
     colibri_status got; /* the read's status (LM_SLOT_FAILED) */
-    /* a queued read in LM_READ_CHUNK pieces, which the reader and a thread waiting for the
+    /* a queued read in lm_cache.chunk pieces, which the reader and a thread waiting for the
      * slot take in turn (lm_reader.c); under the reader's mutex while LM_SLOT_LOADING */
     uint32_t n_chunks;  /* the read's chunks (clb_lm_slot_chunks) */
     uint32_t next;      /* the first chunk no thread has taken yet */
@@ -147,7 +148,9 @@ typedef struct {
     colibri_crc32_tables tables; /* for the reads' CRC-32 */
     lm_reader *reader;           /* the thread that reads the experts (NULL: inline) */
     uint32_t max_chunks;         /* chunks of a slot's read at most (lm_slot.crcs) */
-    uint32_t chunk_op;           /* colibri_crc32_shift(LM_READ_CHUNK), for the combining */
+    uint64_t chunk;              /* bytes of a read's chunk (LM_READ_CHUNK; the environment's
+                                    COLIBRI_LM_READ_CHUNK) */
+    uint32_t chunk_op;           /* colibri_crc32_shift(chunk), for the combining */
     uint32_t *crcs;              /* [n_slots][max_chunks] the slots' lm_slot.crcs */
     lm_predict *predict;         /* [n_layers] */
     int32_t *evictor;            /* [n_experts]: 1 + the layer whose prefetch evicted it, or 0 */
@@ -313,7 +316,7 @@ colibri_status clb_lm_slot_read(const colibri_lm_t *lm, const lm_layer *ly, cons
                                 unsigned char *data);
 
 /** @brief The chunks slot sl's read is split in (its expert and layer set: queued). */
-uint32_t clb_lm_slot_chunks(const lm_slot *sl);
+uint32_t clb_lm_slot_chunks(const lm_cache *c, const lm_slot *sl);
 
 /** @brief Read chunk i of slot sl's expert into its data, its CRC-32 in *crc (0 unchecked);
  *         touches only what init made immutable and that chunk (any thread). */

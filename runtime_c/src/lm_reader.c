@@ -19,7 +19,7 @@
 #endif
 
 #ifndef COLIBRI_NO_THREADS
-/* A queued slot's read is split in chunks (LM_READ_CHUNK of a part, lm_slot.n_chunks). The
+/* A queued slot's read is split in chunks (lm_cache.chunk bytes of a part, lm_slot.n_chunks). The
  * reader takes the oldest queued read's next chunk, reads it without the mutex, and records it;
  * a thread that waits for a slot (clb_lm_reader_reap) takes that slot's chunks as well, so a
  * read the caller needs now runs on both cores, and the caller never waits for more than the
@@ -151,7 +151,7 @@ void clb_lm_reader_queue(lm_cache *c, uint32_t s)
 {
     lm_reader *r = c->reader;
     lm_slot *sl = &c->slots[s];
-    const uint32_t n = clb_lm_slot_chunks(sl);
+    const uint32_t n = clb_lm_slot_chunks(c, sl);
     pthread_mutex_lock(&r->mu);
     sl->state = n > 0u ? LM_SLOT_LOADING : LM_SLOT_READY;
     sl->got = COLIBRI_OK;
