@@ -201,6 +201,13 @@ uint32_t colibri_crc32(const colibri_crc32_tables *ct, const unsigned char *p, u
  *         followed by these n, so a blob can be checked a chunk at a time as it is read. */
 uint32_t colibri_crc32_update(const colibri_crc32_tables *ct, uint32_t crc, const unsigned char *p,
                               uint64_t n);
+/** @brief zlib's crc32_combine: the CRC-32 of blob A followed by blob B from crc_a (A's),
+ *         crc_b (B's) and len_b (B's bytes), so parts of a blob read apart can be checked. */
+uint32_t colibri_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+/** @brief The operator colibri_crc32_combine applies for len_b bytes (x^(8 len_b) mod P). */
+uint32_t colibri_crc32_shift(uint64_t len_b);
+/** @brief colibri_crc32_combine with the operator colibri_crc32_shift(len_b) made once. */
+uint32_t colibri_crc32_combine_op(uint32_t crc_a, uint32_t crc_b, uint32_t op);
 /** colibri_crc32 by the tables alone (what it does without PCLMULQDQ): for the tests. */
 uint32_t colibri_crc32_portable(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n);
 

@@ -254,6 +254,46 @@ uint32_t colibri_crc32_update(const colibri_crc32_tables *ct, uint32_t crc, cons
     return crc32_more(ct, crc, p, n);
 }
 
+/* Polynomials over GF(2) modulo the CRC-32 polynomial, in the CRC's reflected bit order (bit
+ * 31 is x^0): a times b. */
+static uint32_t crc32_mulmod(uint32_t a, uint32_t b)
+{
+    uint32_t prod = 0;
+    for (uint32_t bit = 0x80000000u; bit != 0u; bit >>= 1) {
+        prod ^= (a & bit) != 0u ? b : 0u;
+        b = (b & 1u) != 0u ? (b >> 1) ^ 0xEDB88320u : b >> 1; /* b times x */
+    }
+    return prod;
+}
+
+/* x^(8 n) modulo the polynomial: the shift n bytes appended to a message apply to its CRC. */
+static uint32_t crc32_x8n(uint64_t n)
+{
+    uint32_t acc = 0x80000000u; /* x^0 */
+    uint32_t sq = 0x00800000u;  /* x^8, squared for each bit of n */
+    for (; n != 0u; n >>= 1) {
+        acc = (n & 1u) != 0u ? crc32_mulmod(acc, sq) : acc;
+        sq = crc32_mulmod(sq, sq);
+    }
+    return acc;
+}
+
+uint32_t colibri_crc32_shift(uint64_t len_b)
+{
+    return crc32_x8n(len_b);
+}
+
+uint32_t colibri_crc32_combine_op(uint32_t crc_a, uint32_t crc_b, uint32_t op)
+{
+    /* the pre- and post-inversion cancel: CRC(A B) = CRC(A) x^(8 |B|) + CRC(B) mod P */
+    return crc32_mulmod(crc_a, op) ^ crc_b;
+}
+
+uint32_t colibri_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    return colibri_crc32_combine_op(crc_a, crc_b, crc32_x8n(len_b));
+}
+
 uint32_t colibri_crc32_portable(const colibri_crc32_tables *ct, const unsigned char *p, uint64_t n)
 {
     return crc32_update(ct, 0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;

@@ -180,6 +180,24 @@ static uint64_t al_slot(uint64_t n)
     return (n + (LM_SLOT_ALIGN - 1u)) & ~(uint64_t)(LM_SLOT_ALIGN - 1u);
 }
 
+/* The bytes of a read's chunks: LM_READ_CHUNK, or COLIBRI_LM_READ_CHUNK from the environment
+ * (at least 64; the tests' small experts are read in many chunks with a few KiB), read by
+ * colibri_lm_init. */
+static uint64_t read_chunk_bytes(void)
+{
+    const char *v = getenv("COLIBRI_LM_READ_CHUNK");
+    const uint64_t b =
+        v != NULL && v[0] >= '0' && v[0] <= '9' ? strtoull(v, NULL, 10) : LM_READ_CHUNK;
+    return b < 64u ? 64u : b;
+}
+
+/* The chunks of a read into a slot of `slot` bytes at most: each part's in `chunk`-byte
+ * pieces, the last of a part shorter. */
+static uint64_t slot_max_chunks(uint64_t slot, uint64_t chunk)
+{
+    return slot / chunk + LM_PARTS;
+}
+
 void clb_lm_cache_free(lm_cache *c)
 {
     if (c == NULL) {
@@ -187,6 +205,7 @@ void clb_lm_cache_free(lm_cache *c)
     }
     clb_lm_reader_stop(c); /* joins the reader: nothing writes the slots any more */
     free(c->predict);
+    free(c->crcs);
     free(c->evictor);
     free(c->ref_used);
     free(c->ref_pin);
@@ -269,7 +288,9 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
                    add64(slot_block_bytes(mul64(n_slots, slot)), 8u * (uint64_t)lm->n_experts));
     *bytes = add64(*bytes, mul64(n_owners, 12u)); /* pin_hot's ranking (lm_hot) */
     *bytes = add64(*bytes, mul64(lm->h.n_layers, sizeof(lm_predict)));
-    *bytes = add64(*bytes, LM_READER_BYTES + 4u * n_slots); /* the reader and its queue */
+    /* the reader and the slots' chunk CRC-32s (lm_slot.crcs) */
+    *bytes = add64(*bytes, add64(LM_READER_BYTES,
+                                 mul64(4u * n_slots, slot_max_chunks(slot, read_chunk_bytes()))));
     if ((config->expert_flags & COLIBRI_LM_NO_PREFETCH) == 0u) {
         *bytes = add64(*bytes, 16u * (uint64_t)lm->n_experts); /* ref_used, ref_pin */
     }
@@ -311,12 +332,17 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     c->resident = (int32_t *)malloc((size_t)lm->n_experts * sizeof *c->resident);
     c->predict = (lm_predict *)calloc(lm->h.n_layers, sizeof *c->predict);
     c->evictor = (int32_t *)calloc((size_t)lm->n_experts, sizeof *c->evictor);
+    c->chunk = read_chunk_bytes();
+    c->max_chunks = (uint32_t)slot_max_chunks(slot, c->chunk); /* plan counted n_slots of them */
+    c->chunk_op = colibri_crc32_shift(c->chunk);
+    c->crcs = (uint32_t *)malloc((size_t)n_slots * c->max_chunks * sizeof *c->crcs);
     if (c->prefetch) {
         c->ref_used = (uint64_t *)calloc((size_t)lm->n_experts, sizeof *c->ref_used);
         c->ref_pin = (uint64_t *)calloc((size_t)lm->n_experts, sizeof *c->ref_pin);
     }
     if (c->slots == NULL || c->resident == NULL || c->predict == NULL || c->evictor == NULL ||
-        data == NULL || (c->prefetch && (c->ref_used == NULL || c->ref_pin == NULL))) {
+        c->crcs == NULL || data == NULL ||
+        (c->prefetch && (c->ref_used == NULL || c->ref_pin == NULL))) {
         free(data);
         clb_lm_cache_free(c);
         return COLIBRI_ERR_NOMEM;
@@ -325,6 +351,7 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     for (uint64_t s = 0; s < n_slots; s++) {
         c->slots[s].expert = -1;
         c->slots[s].data = c->data + s * slot;
+        c->slots[s].crcs = c->crcs + s * c->max_chunks;
     }
     for (int32_t g = 0; g < lm->n_experts; g++) {
         c->resident[g] = -1;
@@ -335,9 +362,9 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     lm->cache = c;
     colibri_status st = pin_hot(lm, config, max_k);
     c->ref_cap = c->n_slots - lm->stats.n_pinned;
-    if (st == COLIBRI_OK && c->prefetch) {
-        st = clb_lm_reader_start(
-            lm); /* after pin_hot's reads: the slots are the caller's until now */
+    if (st == COLIBRI_OK) {
+        /* after pin_hot's reads: the slots are the caller's until now */
+        st = clb_lm_reader_start(lm);
     }
     if (st != COLIBRI_OK) {
         clb_lm_cache_free(c);
@@ -382,12 +409,13 @@ static int slot_layout(const lm_layer *ly, const lm_expert *e, unsigned char *da
     return n;
 }
 
-/* A part is read LM_READ_CHUNK bytes at a time, each chunk's CRC-32 taken right after its read
+/* A part is read a chunk at a time, each chunk's CRC-32 taken right after its read
  * while the chunk is still in the core's cache, not the whole part (megabytes) read and then
  * brought back from memory for the check. With the 512-bit CRC fold (crc32.c) the difference
  * was within the noise on the 353 M model (int8, quarter budget, decode at load 8.5 on 2 CPUs:
- * chunks of 256 KiB 49.5 / 49.7 tokens/s, 1 MiB 50.8 / 52.4, whole parts 51.0 / 51.5). */
-#define LM_READ_CHUNK ((uint64_t)1u << 20)
+ * chunks of 256 KiB 49.5 / 49.7 tokens/s, 1 MiB 50.8 / 52.4, whole parts 51.0 / 51.5). The
+ * chunks are lm_cache.chunk (LM_READ_CHUNK, 512 KiB): the reader thread and a thread waiting
+ * for the slot share a read chunk by chunk (lm_reader.c, clb_lm_chunk_read). */
 
 /* Read expert e's stored parts from the file into data. Unless COLIBRI_LOAD_SKIP_CHECKSUM or
  * COLIBRI_LM_NO_READ_CHECK, every part read is checked against the CRC-32 the file's table gave
@@ -408,8 +436,8 @@ colibri_status clb_lm_slot_read(const colibri_lm_t *lm, const lm_layer *ly, cons
     for (int i = 0; i < n; i++) {
         const uint64_t off = (uint64_t)(p[i].src - base);
         uint32_t crc = 0;
-        for (uint64_t done = 0; done < p[i].len; done += LM_READ_CHUNK) {
-            const uint64_t len = p[i].len - done < LM_READ_CHUNK ? p[i].len - done : LM_READ_CHUNK;
+        for (uint64_t done = 0; done < p[i].len; done += c->chunk) {
+            const uint64_t len = p[i].len - done < c->chunk ? p[i].len - done : c->chunk;
             const colibri_status st = pread_all(c->fd, dst[i] + done, len, off + done);
             if (st != COLIBRI_OK) {
                 return st;
@@ -417,6 +445,85 @@ colibri_status clb_lm_slot_read(const colibri_lm_t *lm, const lm_layer *ly, cons
             crc = c->check_crc ? colibri_crc32_update(&c->tables, crc, dst[i] + done, len) : 0u;
         }
         if (c->check_crc && crc != e->crc[i]) {
+            return COLIBRI_ERR_CHECKSUM;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+/* Chunk i of the read of expert e into data (slot_layout): its part in p[*part] / dst[*part],
+ * its bytes at [*off, *off + *len) of the part; 0 when there is no chunk i. */
+static int slot_chunk(const lm_cache *c, const lm_slot *sl, uint32_t i, lm_part *p,
+                      unsigned char **dst, int *part, uint64_t *off, uint64_t *len)
+{
+    const uint64_t chunk = c->chunk;
+    const int n = slot_layout(sl->src_layer, sl->src, sl->data, p, dst);
+    uint64_t k = i;
+    for (int j = 0; j < n; j++) {
+        const uint64_t nc = (p[j].len + chunk - 1u) / chunk;
+        if (k < nc) {
+            *part = j;
+            *off = k * chunk;
+            *len = p[j].len - *off < chunk ? p[j].len - *off : chunk;
+            return 1;
+        }
+        k -= nc;
+    }
+    return 0;
+}
+
+uint32_t clb_lm_slot_chunks(const lm_cache *c, const lm_slot *sl)
+{
+    lm_part p[LM_PARTS];
+    unsigned char *dst[LM_PARTS];
+    const int n = slot_layout(sl->src_layer, sl->src, sl->data, p, dst);
+    uint64_t k = 0;
+    for (int j = 0; j < n; j++) {
+        k += (p[j].len + c->chunk - 1u) / c->chunk;
+    }
+    return (uint32_t)k; /* <= max_chunks (slot_max_chunks) */
+}
+
+colibri_status clb_lm_chunk_read(const colibri_lm_t *lm, const lm_slot *sl, uint32_t i,
+                                 uint32_t *crc)
+{
+    const lm_cache *c = lm->cache;
+    lm_part p[LM_PARTS];
+    unsigned char *dst[LM_PARTS];
+    int j = 0;
+    uint64_t off = 0, len = 0;
+    *crc = 0;
+    if (!slot_chunk(c, sl, i, p, dst, &j, &off, &len)) {
+        return COLIBRI_ERR_EXPERT; /* not reached: i < clb_lm_slot_chunks */
+    }
+    const uint64_t at = (uint64_t)(p[j].src - (const unsigned char *)lm->map) + off;
+    const colibri_status st = pread_all(c->fd, dst[j] + off, len, at);
+    if (st == COLIBRI_OK && c->check_crc) {
+        *crc = colibri_crc32(&c->tables, dst[j] + off, len);
+    }
+    return st;
+}
+
+/* Every part's CRC-32 from its chunks' (in order: CRC(A B) from CRC(A), CRC(B) and |B|), the
+ * same check as clb_lm_slot_read's. */
+colibri_status clb_lm_slot_verify(const colibri_lm_t *lm, const lm_slot *sl)
+{
+    const lm_cache *c = lm->cache;
+    if (!c->check_crc) {
+        return COLIBRI_OK;
+    }
+    lm_part p[LM_PARTS];
+    unsigned char *dst[LM_PARTS];
+    const int n = slot_layout(sl->src_layer, sl->src, sl->data, p, dst);
+    uint32_t k = 0;
+    for (int j = 0; j < n; j++) {
+        uint32_t crc = 0;
+        for (uint64_t off = 0; off < p[j].len; off += c->chunk) {
+            const uint64_t len = p[j].len - off < c->chunk ? p[j].len - off : c->chunk;
+            const uint32_t op = len == c->chunk ? c->chunk_op : colibri_crc32_shift(len);
+            crc = colibri_crc32_combine_op(crc, sl->crcs[k++], op);
+        }
+        if (crc != sl->src->crc[j]) {
             return COLIBRI_ERR_CHECKSUM;
         }
     }
@@ -744,9 +851,45 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
     if (s == c->n_slots) {
         return COLIBRI_ERR_BUDGET; /* not reached: the LRU slots hold top_k (setup, pin_hot) */
     }
-    const colibri_status fill = slot_fill(lm, ly, &ly->experts[owner], g, s);
     c->slots[s].pin = c->epoch;
-    return fill;
+    lm_part p[LM_PARTS];
+    const int n = expert_parts(ly, &ly->experts[owner], p);
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        bytes += p[i].len;
+    }
+    /* an expert of two chunks or more (a smaller one is read on the caller's thread at once:
+     * handing it over costs more than it saves, a waking thread takes tens of microseconds;
+     * stdlib-small-s1's 19 KB experts decoded at 0.28x all-resident instead of 0.48x when every
+     * miss went to the reader) */
+    if (c->reader != NULL && bytes >= 2u * c->chunk) {
+        /* read by the reader thread while the caller computes what is resident, and by the
+         * caller once it needs the expert (clb_lm_expert_wait): chunk by chunk, both at once */
+        slot_assign(lm, ly, &ly->experts[owner], g, s, c->clock);
+        clb_lm_reader_queue(c, s);
+        return COLIBRI_OK;
+    }
+    return slot_fill(lm, ly, &ly->experts[owner], g, s);
+}
+
+colibri_status clb_lm_expert_wait(colibri_lm_t *lm, const lm_layer *ly, int32_t id, int wait,
+                                  int *busy)
+{
+    lm_cache *c = lm->cache;
+    *busy = 0;
+    if (c == NULL) {
+        return COLIBRI_OK;
+    }
+    const int32_t s = c->resident[ly->first_expert + ly->experts[id].owner];
+    return s < 0 ? COLIBRI_ERR_EXPERT /* not reached: clb_lm_expert_use made it resident */
+                 : clb_lm_reader_reap(c, (uint32_t)s, wait, busy);
+}
+
+int clb_lm_expert_help(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
+{
+    lm_cache *c = lm->cache;
+    const int32_t s = c == NULL ? -1 : c->resident[ly->first_expert + ly->experts[id].owner];
+    return s >= 0 && c->reader != NULL && clb_lm_reader_help(c, (uint32_t)s);
 }
 
 /* The expert a layer routes to as `id`: in place in the mapping (no budget), else its slot

@@ -43,6 +43,9 @@
 #define LM_FLAGS_KNOWN 0x7u
 
 #define LM_MAX_THREADS 256
+/* An expert's read is split in chunks of this many bytes of a part (lm_cache.c, lm_reader.c;
+ * COLIBRI_LM_READ_CHUNK in the environment replaces it). */
+#define LM_READ_CHUNK ((uint64_t)1u << 19)
 #define LM_PARTS 6             /* stored parts of an expert: w1, w2, w3 and their int8 scales */
 #define LM_PAR_MIN_WORK 32768u /* lm_run_sized */
 #define LM_DEFAULT_BATCH 64
@@ -114,6 +117,14 @@ typedef struct {
     const lm_expert *src;
     int32_t state;      /* LM_SLOT_READY / _LOADING / _FAILED, under the reader's mutex */
     colibri_status got; /* the read's status (LM_SLOT_FAILED) */
+    /* a queued read in lm_cache.chunk pieces, which the reader and a thread waiting for the
+     * slot take in turn (lm_reader.c); under the reader's mutex while LM_SLOT_LOADING */
+    uint32_t n_chunks;  /* the read's chunks (clb_lm_slot_chunks) */
+    uint32_t next;      /* the first chunk no thread has taken yet */
+    uint32_t left;      /* chunks not yet read */
+    colibri_status err; /* the first failed chunk's status, COLIBRI_OK while none */
+    uint64_t seq;       /* when it was queued: the reader takes the oldest read first */
+    uint32_t *crcs;     /* [lm_cache.max_chunks] each chunk's CRC-32, combined at the end */
 } lm_slot;
 
 enum { LM_SLOT_READY = 0, LM_SLOT_LOADING = 1, LM_SLOT_FAILED = 2 };
@@ -148,7 +159,12 @@ typedef struct {
     float pred_gates[COLIBRI_MAX_TOP_K];
     int check_crc;               /* COLIBRI_LOAD_SKIP_CHECKSUM clear: each read is verified */
     colibri_crc32_tables tables; /* for the reads' CRC-32 */
-    lm_reader *reader;           /* the thread that reads prefetched experts (NULL: inline) */
+    lm_reader *reader;           /* the thread that reads the experts (NULL: inline) */
+    uint32_t max_chunks;         /* chunks of a slot's read at most (lm_slot.crcs) */
+    uint64_t chunk;              /* bytes of a read's chunk (LM_READ_CHUNK; the environment's
+                                    COLIBRI_LM_READ_CHUNK) */
+    uint32_t chunk_op;           /* colibri_crc32_shift(chunk), for the combining */
+    uint32_t *crcs;              /* [n_slots][max_chunks] the slots' lm_slot.crcs */
     lm_predict *predict;         /* [n_layers] */
     int32_t *evictor;            /* [n_experts]: 1 + the layer whose prefetch evicted it, or 0 */
     /* With prefetch: the slots of the same handle without it (an LRU of the same slots less the
@@ -312,12 +328,32 @@ void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly);
 colibri_status clb_lm_slot_read(const colibri_lm_t *lm, const lm_layer *ly, const lm_expert *e,
                                 unsigned char *data);
 
+/** @brief The chunks slot sl's read is split in (its expert and layer set: queued). */
+uint32_t clb_lm_slot_chunks(const lm_cache *c, const lm_slot *sl);
+
+/** @brief Read chunk i of slot sl's expert into its data, its CRC-32 in *crc (0 unchecked);
+ *         touches only what init made immutable and that chunk (any thread). */
+colibri_status clb_lm_chunk_read(const colibri_lm_t *lm, const lm_slot *sl, uint32_t i,
+                                 uint32_t *crc);
+
+/** @brief Slot sl's parts checked against the file's CRC-32s from its chunks' sl->crcs. */
+colibri_status clb_lm_slot_verify(const colibri_lm_t *lm, const lm_slot *sl);
+
+/** @brief Whether the expert `id` of layer ly is in its slot (*busy = 1 while being read; with
+ *         `wait`, helping with its read until it is): a failed read is returned. */
+colibri_status clb_lm_expert_wait(colibri_lm_t *lm, const lm_layer *ly, int32_t id, int wait,
+                                  int *busy);
+
+/** @brief One chunk of the read of expert `id` of layer ly that no thread has taken, read on
+ *         this thread: 1, or 0 when there is none. */
+int clb_lm_expert_help(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
+
 /** @brief Free slot s (after a failed read). */
 void clb_lm_slot_clear(lm_cache *c, uint32_t s);
 
 /* lm_reader.c */
 
-/** Bytes clb_lm_reader_start allocates besides its queue (at least sizeof(lm_reader)). */
+/** Bytes clb_lm_reader_start allocates (at least sizeof(lm_reader)). */
 #define LM_READER_BYTES 512u
 
 /** @brief The reader thread for lm's cache (none when the system gives no thread). */
@@ -328,6 +364,10 @@ void clb_lm_reader_stop(lm_cache *c);
 
 /** @brief Hand slot s (assigned, its bytes not yet read) to the reader. */
 void clb_lm_reader_queue(lm_cache *c, uint32_t s);
+
+/** @brief One chunk of slot s's queued read that no thread has taken, read on this thread: 1,
+ *         or 0 when there is none. */
+int clb_lm_reader_help(lm_cache *c, uint32_t s);
 
 /** @brief Slot s's read seen finished (waiting for it with `wait`; *busy = 1 when it is still
  *         being read): a failed read frees the slot and is returned. */

@@ -1,10 +1,11 @@
 /**
  * @file lm_reader.c
- * @brief The reader thread of a whole model's expert cache (colibri_lm.h, expert_ram_budget > 0
- *        with the prefetch on): the experts the prefetch predicts are read into their slots on
- *        this thread while the caller's thread computes the current layer; a use of an expert
- *        still being read waits for it (lm_cache.c). Without threads (COLIBRI_NO_THREADS) the
- *        functions do nothing and the prefetch reads inline.
+ * @brief The reader thread of a whole model's expert cache (colibri_lm.h, expert_ram_budget > 0):
+ *        the experts a layer misses and those the prefetch predicts are read into their slots
+ *        on this thread while the caller's thread computes what is resident; a use of an
+ *        expert still being read reads its remaining chunks alongside, then waits (lm_cache.c).
+ *        Without threads (COLIBRI_NO_THREADS) the functions do nothing and every read is
+ *        inline.
  *        Compiled out with COLIBRI_NO_FILESYSTEM (MCUs run the generated C).
  */
 #ifndef COLIBRI_NO_FILESYSTEM
@@ -18,59 +19,94 @@
 #endif
 
 #ifndef COLIBRI_NO_THREADS
+/* A queued slot's read is split in chunks (lm_cache.chunk bytes of a part, lm_slot.n_chunks). The
+ * reader takes the oldest queued read's next chunk, reads it without the mutex, and records it;
+ * a thread that waits for a slot (clb_lm_reader_reap) takes that slot's chunks as well, so a
+ * read the caller needs now runs on both cores, and the caller never waits for more than the
+ * chunks the reader holds. The thread that records a read's last chunk checks its CRC-32s
+ * (combined from the chunks') and sets the slot READY or FAILED. */
 struct lm_reader {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t job, done;
     colibri_lm_t *lm;
-    uint32_t *queue; /* slots to read, in order; a slot is queued at most once */
-    uint32_t head, tail, cap;
+    uint64_t seq;   /* reads queued so far: lm_slot.seq, the reader's order */
+    uint64_t avail; /* chunks of queued reads that no thread has taken */
     int stop;
 };
 
 _Static_assert(sizeof(lm_reader) <= LM_READER_BYTES, "LM_READER_BYTES below sizeof(lm_reader)");
 
+/* Under the mutex: the oldest queued slot with a chunk no thread has taken (avail > 0). */
+static uint32_t oldest_read(const lm_cache *c)
+{
+    uint32_t best = c->n_slots;
+    for (uint32_t s = 0; s < c->n_slots; s++) {
+        const lm_slot *sl = &c->slots[s];
+        if (sl->state == LM_SLOT_LOADING && sl->next < sl->n_chunks &&
+            (best == c->n_slots || sl->seq < c->slots[best].seq)) {
+            best = s;
+        }
+    }
+    return best;
+}
+
+/* Under the mutex (released while reading): slot s's next chunk taken, read and recorded; the
+ * last one's thread checks the read and wakes the waiting threads. */
+static void read_chunk(lm_reader *r, lm_slot *sl)
+{
+    const uint32_t i = sl->next++;
+    r->avail--;
+    pthread_mutex_unlock(&r->mu);
+    uint32_t crc = 0;
+    const colibri_status st = clb_lm_chunk_read(r->lm, sl, i, &crc);
+    sl->crcs[i] = crc; /* this chunk's alone; the mutex orders it before the check */
+    pthread_mutex_lock(&r->mu);
+    sl->err = sl->err == COLIBRI_OK ? st : sl->err;
+    if (--sl->left > 0u) {
+        return;
+    }
+    colibri_status got = sl->err;
+    pthread_mutex_unlock(&r->mu); /* every chunk recorded: the slot is this thread's to check */
+    got = got == COLIBRI_OK ? clb_lm_slot_verify(r->lm, sl) : got;
+    pthread_mutex_lock(&r->mu);
+    sl->state = got == COLIBRI_OK ? LM_SLOT_READY : LM_SLOT_FAILED;
+    sl->got = got;
+    pthread_cond_broadcast(&r->done);
+}
+
 static void *reader_main(void *arg)
 {
     lm_reader *r = (lm_reader *)arg;
-    const colibri_lm_t *lm = r->lm;
-    lm_slot *slots = lm->cache->slots;
+    lm_cache *c = r->lm->cache;
     pthread_mutex_lock(&r->mu);
     for (;;) {
-        while (!r->stop && r->head == r->tail) {
+        while (!r->stop && r->avail == 0u) {
             pthread_cond_wait(&r->job, &r->mu);
         }
         if (r->stop) {
             break;
         }
-        lm_slot *sl = &slots[r->queue[r->head % r->cap]];
-        r->head++;
-        pthread_mutex_unlock(&r->mu);
-        const colibri_status st = clb_lm_slot_read(lm, sl->src_layer, sl->src, sl->data);
-        pthread_mutex_lock(&r->mu);
-        sl->state = st == COLIBRI_OK ? LM_SLOT_READY : LM_SLOT_FAILED;
-        sl->got = st;
-        pthread_cond_broadcast(&r->done);
+        const uint32_t s = oldest_read(c);
+        if (s == c->n_slots) {
+            r->avail = 0u; /* not reached: avail counts the untaken chunks */
+            continue;
+        }
+        read_chunk(r, &c->slots[s]);
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
-/* The reader thread (with a budget and the prefetch on); none (reads inline) when the system
- * will not give one. */
+/* The reader thread (with a budget); none (reads inline) when the system will not give one. */
 colibri_status clb_lm_reader_start(colibri_lm_t *lm)
 {
     lm_cache *c = lm->cache;
     lm_reader *r = (lm_reader *)calloc(1u, sizeof *r);
-    uint32_t *queue = (uint32_t *)malloc((size_t)c->n_slots * sizeof *queue);
-    if (r == NULL || queue == NULL) {
-        free(r);
-        free(queue);
+    if (r == NULL) {
         return COLIBRI_ERR_NOMEM;
     }
     r->lm = lm;
-    r->queue = queue;
-    r->cap = c->n_slots;
     int made = pthread_mutex_init(&r->mu, NULL) == 0;
     made += made == 1 && pthread_cond_init(&r->job, NULL) == 0;
     made += made == 2 && pthread_cond_init(&r->done, NULL) == 0;
@@ -85,9 +121,8 @@ colibri_status clb_lm_reader_start(colibri_lm_t *lm)
         if (made >= 1) {
             pthread_mutex_destroy(&r->mu);
         }
-        free(queue);
         free(r);
-        return COLIBRI_OK; /* no thread: the prefetch reads inline */
+        return COLIBRI_OK; /* no thread: the misses and the prefetch read inline */
     }
     c->reader = r;
     return COLIBRI_OK;
@@ -107,7 +142,6 @@ void clb_lm_reader_stop(lm_cache *c)
     pthread_cond_destroy(&r->done);
     pthread_cond_destroy(&r->job);
     pthread_mutex_destroy(&r->mu);
-    free(r->queue);
     free(r);
     c->reader = NULL;
 }
@@ -116,18 +150,44 @@ void clb_lm_reader_stop(lm_cache *c)
 void clb_lm_reader_queue(lm_cache *c, uint32_t s)
 {
     lm_reader *r = c->reader;
+    lm_slot *sl = &c->slots[s];
+    const uint32_t n = clb_lm_slot_chunks(c, sl);
     pthread_mutex_lock(&r->mu);
-    c->slots[s].state = LM_SLOT_LOADING;
-    r->queue[r->tail % r->cap] = s;
-    r->tail++;
+    sl->state = n > 0u ? LM_SLOT_LOADING : LM_SLOT_READY;
+    sl->got = COLIBRI_OK;
+    sl->err = COLIBRI_OK;
+    sl->n_chunks = n;
+    sl->next = 0;
+    sl->left = n;
+    sl->seq = r->seq++;
+    r->avail += n;
     pthread_cond_signal(&r->job);
     pthread_mutex_unlock(&r->mu);
-    c->slots[s].queued = 1;
+    sl->queued = 1;
 }
 
-/* Slot s's queued read seen finished (waiting for it when `wait`): queued cleared, a failed
- * read's slot freed; its status (COLIBRI_OK while still loading without `wait`). Returns 1 in
- * *busy when it is still loading. */
+/* One chunk of slot s's queued read that no thread has taken, read on this thread: 1, or 0
+ * when there is none (not queued, or every chunk taken). */
+int clb_lm_reader_help(lm_cache *c, uint32_t s)
+{
+    lm_reader *r = c->reader;
+    lm_slot *sl = &c->slots[s];
+    if (!sl->queued) {
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    const int take = sl->state == LM_SLOT_LOADING && sl->next < sl->n_chunks;
+    if (take) {
+        read_chunk(r, sl);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return take;
+}
+
+/* Slot s's queued read seen finished (with `wait`: this thread reads its chunks no thread has
+ * taken, then waits for the others): queued cleared, a failed read's slot freed; its status
+ * (COLIBRI_OK while still loading without `wait`). Returns 1 in *busy when it is still
+ * loading. */
 colibri_status clb_lm_reader_reap(lm_cache *c, uint32_t s, int wait, int *busy)
 {
     lm_reader *r = c->reader;
@@ -138,7 +198,11 @@ colibri_status clb_lm_reader_reap(lm_cache *c, uint32_t s, int wait, int *busy)
     }
     pthread_mutex_lock(&r->mu);
     while (wait && sl->state == LM_SLOT_LOADING) {
-        pthread_cond_wait(&r->done, &r->mu);
+        if (sl->next < sl->n_chunks) {
+            read_chunk(r, sl);
+        } else {
+            pthread_cond_wait(&r->done, &r->mu);
+        }
     }
     const int32_t state = sl->state;
     const colibri_status got = sl->got;
@@ -170,6 +234,13 @@ void clb_lm_reader_queue(lm_cache *c, uint32_t s)
 {
     (void)c;
     (void)s;
+}
+
+int clb_lm_reader_help(lm_cache *c, uint32_t s)
+{
+    (void)c;
+    (void)s;
+    return 0;
 }
 
 colibri_status clb_lm_reader_reap(lm_cache *c, uint32_t s, int wait, int *busy)

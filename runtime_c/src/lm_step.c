@@ -218,6 +218,79 @@ static colibri_status lm_moe_runs(colibri_lm_t *lm, const lm_layer *ly, const fl
     return g1 - g0 > 1 ? clb_lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
 }
 
+/* Runs g0 .. g1 - 1 once their experts are in their slots. With a budget a miss is read by the
+ * reader thread, and by this one when it needs the expert (clb_lm_expert_use, lm_reader.c). On
+ * the pool every read is done first (this thread reading chunks alongside the reader). On one
+ * thread the runs whose experts are resident go first, while the reader reads the others;
+ * then, until every run is done: a run whose read is done, else a chunk of a read no thread
+ * has taken yet, else a wait for the first read left. Which run goes when changes no output:
+ * each writes its own rows, and the scatter adds them in expert order. */
+static colibri_status lm_moe_loaded(colibri_lm_t *lm, const lm_layer *ly, const float *x, int32_t n,
+                                    int32_t g0, int32_t g1)
+{
+    if (lm->cache == NULL) {
+        return lm_moe_runs(lm, ly, x, n, g0, g1);
+    }
+    int busy = 0;
+    colibri_status st = COLIBRI_OK;
+    if (lm->pool != NULL && g1 - g0 > 1) {
+        for (int32_t g = g0; g < g1 && st == COLIBRI_OK; g++) {
+            st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g), 1, &busy);
+        }
+        return st == COLIBRI_OK ? lm_moe_runs(lm, ly, x, n, g0, g1) : st;
+    }
+    uint64_t late[4] = {0u, 0u, 0u, 0u}; /* runs g0 + i (i < 256) still being read */
+    int32_t n_late = 0;
+    for (int32_t g = g0; g < g1; g++) { /* the resident ones first (past 256 runs: in order) */
+        const int32_t i = g - g0;
+        st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g), i >= 256, &busy);
+        if (st == COLIBRI_OK && busy) {
+            late[i / 64] |= (uint64_t)1u << (i % 64);
+            n_late++;
+            continue;
+        }
+        st = st == COLIBRI_OK ? lm_moe_runs(lm, ly, x, n, g, g + 1) : st;
+        if (st != COLIBRI_OK) {
+            return st;
+        }
+    }
+    while (n_late > 0) {
+        int32_t ran = 0, first = -1;
+        for (int32_t i = 0; i < g1 - g0 && i < 256; i++) { /* those read since */
+            if ((late[i / 64] >> (i % 64) & 1u) == 0u) {
+                continue;
+            }
+            st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g0 + i), 0, &busy);
+            first = first < 0 && st == COLIBRI_OK && busy ? i : first;
+            if (st == COLIBRI_OK && busy) {
+                continue;
+            }
+            st = st == COLIBRI_OK ? lm_moe_runs(lm, ly, x, n, g0 + i, g0 + i + 1) : st;
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+            late[i / 64] &= ~((uint64_t)1u << (i % 64));
+            n_late--;
+            ran++;
+        }
+        if (ran > 0 || n_late == 0) {
+            continue;
+        }
+        int helped = 0; /* none read: a chunk of the first read with one left, or a wait */
+        for (int32_t i = first; i < g1 - g0 && i < 256 && !helped; i++) {
+            helped = (late[i / 64] >> (i % 64) & 1u) != 0u &&
+                     clb_lm_expert_help(lm, ly, run_expert_id(lm, g0 + i));
+        }
+        if (!helped) {
+            st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g0 + first), 1, &busy);
+            if (st != COLIBRI_OK) {
+                return st;
+            }
+        }
+    }
+    return COLIBRI_OK;
+}
+
 /* With a budget: the runs in waves of as many experts as the LRU slots hold, each wave's
  * experts made resident (one use each: the rows of a chunk that route to an expert share one
  * read of it), then run. */
@@ -237,7 +310,7 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
                 return st;
             }
         }
-        const colibri_status st = lm_moe_runs(lm, ly, x, n, g0, g1);
+        const colibri_status st = lm_moe_loaded(lm, ly, x, n, g0, g1);
         if (st != COLIBRI_OK) {
             return st;
         }
@@ -321,7 +394,7 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
     }
     lm_moe_owners(lm, ng);
     st = lm->cache != NULL && n > 1 ? lm_moe_waves(lm, ly, x, n, ng)
-                                    : lm_moe_runs(lm, ly, x, n, 0, ng);
+                                    : lm_moe_loaded(lm, ly, x, n, 0, ng);
     if (st != COLIBRI_OK) {
         return st;
     }

@@ -7,7 +7,8 @@
  *        alignment 0..15 and for a few larger sizes, so both paths return the same bits; with
  *        VPCLMULQDQ (512-bit folding from 256 bytes on) every length 0..1100 at a few
  *        alignments; and colibri_crc32_update over any split of a blob (the expert reads check
- *        a chunk at a time) against the whole blob's CRC.
+ *        a chunk at a time) against the whole blob's CRC, and colibri_crc32_combine of
+ *        the chunks' own CRCs (two threads share an expert's read) likewise.
  */
 #include "colibri_internal.h"
 #include "test_harness.h"
@@ -91,6 +92,20 @@ int main(void)
         CHECK_INT(whole, c);
     }
     CHECK_INT(colibri_crc32(&ct, check, 9u), colibri_crc32_update(&ct, 0u, check, 9u));
+    /* chunks checked apart (the expert reads share a read between two threads): each chunk's
+     * own CRC-32, combined in order, is the whole blob's; empty chunks and a 0 CRC included */
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        uint32_t c = 0;
+        for (size_t done = 0; done < total; done += steps[i]) {
+            const size_t n = total - done < steps[i] ? total - done : steps[i];
+            c = colibri_crc32_combine(c, colibri_crc32(&ct, buf + 1 + done, n), n);
+        }
+        CHECK_INT(whole, c);
+    }
+    CHECK_INT(whole, colibri_crc32_combine(whole, 0u, 0u));
+    CHECK_INT(whole, colibri_crc32_combine(0u, whole, total));
+    CHECK_INT(0xCBF43926u, colibri_crc32_combine(colibri_crc32(&ct, check, 4u),
+                                                 colibri_crc32(&ct, check + 4, 5u), 5u));
 
     const size_t big[] = {4096u, 65536u + 13u, (1u << 20) + 7u};
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {

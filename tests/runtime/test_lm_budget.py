@@ -93,6 +93,43 @@ def test_quarter_budget_is_bit_identical(
         assert s["restores"] == 0
 
 
+COUNTERS = ("loads", "hits", "misses", "bytes_read", "prefetches", "prefetch_hits", "restores")
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("prefetch", ["always", True, False], ids=["always", "default", "no"])
+@pytest.mark.parametrize("chunk", [100, 4096])
+def test_misses_read_on_two_threads_are_bit_identical(
+    files: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    chunk: int,
+    prefetch: bool | str,
+    threads: int,
+) -> None:
+    """A miss of two chunks or more is read by the reader thread and the caller together,
+    chunk by chunk, while the caller runs the resident experts (lm_reader.c); these experts
+    are smaller than two default chunks (read inline), so COLIBRI_LM_READ_CHUNK makes the
+    chunks 100 B (odd: parts end mid-chunk) or 4 KiB. The logits, ids and counters are the
+    inline reads' and the logits all-resident's, decode and a batched prefill."""
+    for scheme in ("int8", "int4"):
+        want, want_ids, base = _decode(files[scheme])
+        kw = dict(ram_budget=base["expert_bytes"] // 4, prefetch=prefetch, threads=threads)
+        _, _, inline = _decode(files[scheme], **kw)
+        with LM(files[scheme]) as lm:
+            want_pre = lm.prefill(PROMPT + want_ids)
+        monkeypatch.setenv("COLIBRI_LM_READ_CHUNK", str(chunk))
+        got, ids, s = _decode(files[scheme], **kw)
+        with LM(files[scheme], prefill_batch=8, **kw) as lm:
+            got_pre = lm.prefill(PROMPT + want_ids)
+            assert lm.stats()["misses"] > 0
+        monkeypatch.delenv("COLIBRI_LM_READ_CHUNK")
+        _same_bits(got, want, f"{scheme} chunks of {chunk}")
+        _same_bits(got_pre, want_pre, f"{scheme} prefill, chunks of {chunk}")
+        assert ids == want_ids
+        assert {k: s[k] for k in COUNTERS} == {k: inline[k] for k in COUNTERS}
+        assert s["misses"] > s["n_slots"]
+
+
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_prefetch_never_lowers_the_hit_rate(files: dict[str, Path], scheme: str) -> None:
     """Issue 41: on a model whose next experts cannot be predicted (random weights), the

@@ -228,13 +228,18 @@ def test_file_changed_after_load_is_a_status(
     assert r.stdout.strip() == f"status {ERR_CHANGED}", r.stdout + r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("chunk", [None, "4096"], ids=["inline", "two-threads"])
 def test_budgeted_expert_changed_in_place_is_a_checksum_error(
-    files: dict[str, Path], tmp_path: Path
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: str | None
 ) -> None:
     """Before: with a RAM budget, an expert changed in the file after the load (the file's
     size and times kept, so nothing at the file level shows it) was read into a slot and run:
     logits off by 2.78, status OK. Now every read is checked against the tensor's CRC-32;
-    with verify=False (COLIBRI_LOAD_SKIP_CHECKSUM) it is not, as documented."""
+    with verify=False (COLIBRI_LOAD_SKIP_CHECKSUM) it is not, as documented. two-threads:
+    4 KiB chunks (COLIBRI_LM_READ_CHUNK), so each miss is read by the reader thread and the
+    caller together and checked from its chunks' combined CRC-32s: the same status."""
+    if chunk is not None:
+        monkeypatch.setenv("COLIBRI_LM_READ_CHUNK", chunk)
     path = tmp_path / "m.clb"
     original = files["small"].read_bytes()
     with LM(files["small"], ram_budget=1 << 30) as lm:
