@@ -125,6 +125,7 @@ typedef struct {
     colibri_status err; /* the first failed chunk's status, COLIBRI_OK while none */
     uint64_t seq;       /* when it was queued: the reader takes the oldest read first */
     uint32_t *crcs;     /* [lm_cache.max_chunks] each chunk's CRC-32, combined at the end */
+    int32_t whole;      /* its chunks are taken and read together (clb_lm_slot_whole) */
 } lm_slot;
 
 enum { LM_SLOT_READY = 0, LM_SLOT_LOADING = 1, LM_SLOT_FAILED = 2 };
@@ -335,6 +336,14 @@ uint32_t clb_lm_slot_chunks(const lm_cache *c, const lm_slot *sl);
  *         touches only what init made immutable and that chunk (any thread). */
 colibri_status clb_lm_chunk_read(const colibri_lm_t *lm, const lm_slot *sl, uint32_t i,
                                  uint32_t *crc);
+
+/** @brief Whether slot sl's queued read is read whole, with one system call (its expert's parts
+ *         lie together in the file, a chunk each). */
+int clb_lm_slot_whole(const lm_cache *c, const lm_slot *sl);
+
+/** @brief Slot sl's whole read (clb_lm_slot_whole): every chunk read, their CRC-32s in sl->crcs
+ *         (0 unchecked); touches only what init made immutable and that slot (any thread). */
+colibri_status clb_lm_slot_read_whole(const colibri_lm_t *lm, const lm_slot *sl);
 
 /** @brief Slot sl's parts checked against the file's CRC-32s from its chunks' sl->crcs. */
 colibri_status clb_lm_slot_verify(const colibri_lm_t *lm, const lm_slot *sl);

@@ -24,7 +24,10 @@
  * a thread that waits for a slot (clb_lm_reader_reap) takes that slot's chunks as well, so a
  * read the caller needs now runs on both cores, and the caller never waits for more than the
  * chunks the reader holds. The thread that records a read's last chunk checks its CRC-32s
- * (combined from the chunks') and sets the slot READY or FAILED. */
+ * (combined from the chunks') and sets the slot READY or FAILED. A read of one chunk a part
+ * whose parts lie together in the file (lm_slot.whole: experts of a chunk or less, e.g.
+ * stdlib-small-s1's 19 KB) is taken whole by one thread and read with one system call instead
+ * of one per part, each with its mutex round. */
 struct lm_reader {
     pthread_t thread;
     pthread_mutex_t mu;
@@ -55,15 +58,23 @@ static uint32_t oldest_read(const lm_cache *c)
  * last one's thread checks the read and wakes the waiting threads. */
 static void read_chunk(lm_reader *r, lm_slot *sl)
 {
-    const uint32_t i = sl->next++;
-    r->avail--;
+    const uint32_t i = sl->next;
+    const uint32_t take = sl->whole ? sl->n_chunks : 1u; /* whole: every chunk, from 0 */
+    sl->next += take;
+    r->avail -= take;
     pthread_mutex_unlock(&r->mu);
-    uint32_t crc = 0;
-    const colibri_status st = clb_lm_chunk_read(r->lm, sl, i, &crc);
-    sl->crcs[i] = crc; /* this chunk's alone; the mutex orders it before the check */
+    colibri_status st = COLIBRI_OK;
+    if (sl->whole) {
+        st = clb_lm_slot_read_whole(r->lm, sl); /* its chunks' CRC-32s in sl->crcs */
+    } else {
+        uint32_t crc = 0;
+        st = clb_lm_chunk_read(r->lm, sl, i, &crc);
+        sl->crcs[i] = crc; /* this chunk's alone; the mutex orders it before the check */
+    }
     pthread_mutex_lock(&r->mu);
     sl->err = sl->err == COLIBRI_OK ? st : sl->err;
-    if (--sl->left > 0u) {
+    sl->left -= take;
+    if (sl->left > 0u) {
         return;
     }
     colibri_status got = sl->err;
@@ -152,7 +163,9 @@ void clb_lm_reader_queue(lm_cache *c, uint32_t s)
     lm_reader *r = c->reader;
     lm_slot *sl = &c->slots[s];
     const uint32_t n = clb_lm_slot_chunks(c, sl);
+    const int32_t whole = clb_lm_slot_whole(c, sl);
     pthread_mutex_lock(&r->mu);
+    sl->whole = whole;
     sl->state = n > 0u ? LM_SLOT_LOADING : LM_SLOT_READY;
     sl->got = COLIBRI_OK;
     sl->err = COLIBRI_OK;
