@@ -228,16 +228,26 @@ def test_file_changed_after_load_is_a_status(
     assert r.stdout.strip() == f"status {ERR_CHANGED}", r.stdout + r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("chunk", [None, "4096"], ids=["inline", "two-threads"])
+@pytest.mark.parametrize(
+    ("chunk", "ahead"),
+    [(None, False), ("4096", False), (None, True)],
+    ids=["inline", "two-threads", "read-ahead"],
+)
 def test_budgeted_expert_changed_in_place_is_a_checksum_error(
-    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: str | None
+    files: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chunk: str | None,
+    ahead: bool,
 ) -> None:
     """Before: with a RAM budget, an expert changed in the file after the load (the file's
     size and times kept, so nothing at the file level shows it) was read into a slot and run:
     logits off by 2.78, status OK. Now every read is checked against the tensor's CRC-32;
     with verify=False (COLIBRI_LOAD_SKIP_CHECKSUM) it is not, as documented. two-threads:
     4 KiB chunks (COLIBRI_LM_READ_CHUNK), so each miss is read by the reader thread and the
-    caller together and checked from its chunks' combined CRC-32s: the same status."""
+    caller together and checked from its chunks' combined CRC-32s: the same status.
+    read-ahead: every prediction read ahead by the reader thread, a small expert's parts with
+    one system call (lm_slot.whole), four slots so that there are slots to read into."""
     if chunk is not None:
         monkeypatch.setenv("COLIBRI_LM_READ_CHUNK", chunk)
     path = tmp_path / "m.clb"
@@ -251,7 +261,8 @@ def test_budgeted_expert_changed_in_place_is_a_checksum_error(
         path.write_bytes(original)
         st = os.stat(path)
         # two slots (top_k): layer 1's experts are read from the file at nearly every token
-        with LM(path, ram_budget=2 * slot, prefetch=False, pin=0, verify=verify) as lm:
+        n_slots, prefetch = (4, "always") if ahead else (2, False)
+        with LM(path, ram_budget=n_slots * slot, prefetch=prefetch, pin=0, verify=verify) as lm:
             lm.forward(ids[0], 0)
             data = bytearray(original)
             for offset, nbytes in parts:  # every stored part of layer 1's experts
@@ -267,6 +278,7 @@ def test_budgeted_expert_changed_in_place_is_a_checksum_error(
                     lm.forward(t, pos)
             except RuntimeStatusError as e:
                 status = e.status
-            outcomes[verify] = (status, lm.stats()["misses"])
+            outcomes[verify] = (status, lm.stats()["misses"], lm.stats()["prefetches"])
     assert outcomes[True][0] == ERR_CHECKSUM, outcomes
     assert outcomes[False][0] == 0 and outcomes[False][1] > 2, outcomes
+    assert not ahead or outcomes[False][2] > 0, outcomes  # the reader read ahead
