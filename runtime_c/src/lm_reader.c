@@ -26,8 +26,8 @@
  * chunks the reader holds. The thread that records a read's last chunk checks its CRC-32s
  * (combined from the chunks') and sets the slot READY or FAILED. A read of one chunk a part
  * whose parts lie together in the file (lm_slot.whole: experts of a chunk or less, e.g.
- * stdlib-small-s1's 19 KB) is taken whole by one thread and read with one system call instead
- * of one per part, each with its mutex round. */
+ * stdlib-small-s1's 38 KB int8) is taken whole by one thread and read with one system call
+ * instead of one per part, each with its mutex round. */
 struct lm_reader {
     pthread_t thread;
     pthread_mutex_t mu;
