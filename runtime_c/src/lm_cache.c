@@ -375,29 +375,6 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     return st;
 }
 
-/* pread exactly len bytes at off: COLIBRI_ERR_IO on a read error, COLIBRI_ERR_CHANGED when
- * the file ends before them (truncated since the load, which checked every tensor's extent). */
-static colibri_status pread_all(int fd, unsigned char *dst, uint64_t len, uint64_t off)
-{
-    while (len > 0u) {
-        const size_t chunk = len > (uint64_t)(1u << 30) ? (size_t)(1u << 30) : (size_t)len;
-        const ssize_t got = pread(fd, dst, chunk, (off_t)off);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got == 0) {
-            return COLIBRI_ERR_CHANGED;
-        }
-        if (got < 0) {
-            return COLIBRI_ERR_IO;
-        }
-        dst += got;
-        len -= (uint64_t)got;
-        off += (uint64_t)got;
-    }
-    return COLIBRI_OK;
-}
-
 /* Where expert e's parts go in a slot's data (expert_parts' order, each 64-aligned). */
 static int slot_layout(const lm_layer *ly, const lm_expert *e, unsigned char *data, lm_part *p,
                        unsigned char **dst)
@@ -451,6 +428,23 @@ static colibri_status preadv_all(int fd, struct iovec *iov, int n, uint64_t off)
         }
     }
     return COLIBRI_OK;
+}
+
+/* Read exactly len bytes at off into dst (preadv_all of one iovec, a GiB at a time):
+ * COLIBRI_ERR_IO on a read error, COLIBRI_ERR_CHANGED when the file ends before them
+ * (truncated since the load, which checked every tensor's extent). */
+static colibri_status pread_all(int fd, unsigned char *dst, uint64_t len, uint64_t off)
+{
+    colibri_status st = COLIBRI_OK;
+    while (len > 0u && st == COLIBRI_OK) {
+        const size_t chunk = len > (uint64_t)(1u << 30) ? (size_t)(1u << 30) : (size_t)len;
+        struct iovec v = {dst, chunk};
+        st = preadv_all(fd, &v, 1, off);
+        dst += chunk;
+        len -= (uint64_t)chunk;
+        off += (uint64_t)chunk;
+    }
+    return st;
 }
 
 /* Whether an expert's parts (n, p) lie in the file in increasing order with gaps of at most
