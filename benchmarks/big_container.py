@@ -42,17 +42,19 @@ weights ones), so the runtime and `colibri reference F.clb` read it like any con
 ``--run BUDGET`` then decodes with the prebuilt model-file runner (one compute thread, default
 flags, the file evicted from the page cache first) under GNU time: tokens/s of the decode loop
 (``COLIBRI_TIMING``), wall time of the whole run (load: the CRC check of every tensor reads the
-file once), hit rate, bytes of experts read per generated token, peak RSS, bytes read from
-storage. ``--run 0`` runs with every expert resident; ``--compare`` checks that the budgeted
-runs' generated ids equal the first run's.
+file once), hit rate, bytes of experts read per token (prompt and generated), peak RSS, bytes
+read from storage. ``--run 0`` runs with every expert resident; ``--compare`` checks that every
+run generated the same ids (and, with ``--logits``, the same prompt logits, bit for bit).
 
     python benchmarks/big_container.py OUT.clb [--shape mixtral-8x7b|5g|tiny] [--hidden N] ...
-        [--seed 0] [--max-context 64] [--run 8G[,0]] [--prompt 8] [--tokens 16] [--json F]
+        [--seed 0] [--gain 1] [--max-context 64] [--no-write] [--run 8G[,0] [--compare]
+        [--logits] [--prompt 8] [--tokens 16]] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -277,9 +279,9 @@ def int4_chunks(
     for r0 in range(0, n_out, rows):
         r = min(rows, n_out - r0)
         out = np.empty((r, nb), BLOCK_Q4_DTYPE)
-        qs = np.frombuffer(codes.bytes(r * nb * (QK4 // 2)), np.uint8).reshape(r, nb, QK4 // 2)
+        raw = codes.bit_generator.random_raw(r * nb * (QK4 // 2) // 8)  # 64 bits a draw
+        qs = raw.view(np.uint8).reshape(r, nb, QK4 // 2)
         if pad:
-            qs = qs.copy()
             # value i of a block is qs[i] & 15 for i < 16, qs[i - 16] >> 4 for i >= 16
             for i in range(QK4 - pad, QK4):
                 if i < 16:
@@ -287,9 +289,9 @@ def int4_chunks(
                 else:
                     qs[:, -1, i - 16] = (qs[:, -1, i - 16] & 0x0F) | 0x80
         out["qs"] = qs
-        u = scales.random(r * nb)
-        mag = 0.5 + 2.0 * np.mod(u, 0.5)
-        d = np.where(u < 0.5, -base, base) * mag
+        u = scales.random(r * nb, dtype=np.float32)
+        mag = np.float32(0.5) + np.float32(2.0) * np.mod(u, np.float32(0.5))
+        d = np.where(u < np.float32(0.5), np.float32(-base), np.float32(base)) * mag
         out["d"] = d.astype(np.float16).view(np.uint16).reshape(r, nb)
         yield out
 
@@ -424,10 +426,17 @@ def image_bytes(s: Shape, max_context: int, seed: int, gain: float = GAIN) -> by
 
 
 def run_budget(
-    runner: Path, clb: Path, budget: int, prompt: list[int], tokens: int, work: Path
+    runner: Path,
+    clb: Path,
+    budget: int,
+    prompt: list[int],
+    tokens: int,
+    work: Path,
+    logits: bool = False,
 ) -> dict[str, Any]:
     """One run of the model-file runner (one thread, default flags) with the file evicted from
-    the page cache first, under GNU time."""
+    the page cache first, under GNU time; with `logits` the prompt's logits are asked too (the
+    prompt then runs a token at a time) and their SHA-256 kept."""
     from colibri.targets.lmrun import (
         SamplingOptions,
         lmfile_args,
@@ -437,7 +446,7 @@ def run_budget(
     )
 
     work.mkdir(parents=True, exist_ok=True)
-    write_lm_input(work / "input.bin", prompt, tokens, SamplingOptions(), False)
+    write_lm_input(work / "input.bin", prompt, tokens, SamplingOptions(), logits)
     fd = os.open(clb, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -473,7 +482,11 @@ def run_budget(
         got["stats"] = stats
         got["hit_rate"] = stats["hits"] / stats["loads"] if stats["loads"] else 0.0
         got["expert_bytes_read_per_token"] = stats["bytes_read"] / (len(prompt) + tokens)
-    got["ids"] = [int(i) for i in read_lm_output(work / "output.bin", tokens).tokens]
+    out = read_lm_output(work / "output.bin", tokens)
+    got["ids"] = [int(i) for i in out.tokens]
+    if out.logits is not None:
+        got["logits_sha256"] = hashlib.sha256(out.logits.tobytes()).hexdigest()
+        got["logits_std"] = float(out.logits.std())
     return got
 
 
@@ -498,7 +511,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", help="expert RAM budgets to decode with, e.g. 8G or 8G,0")
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
     ap.add_argument("--tokens", type=int, default=16, help="generated tokens")
-    ap.add_argument("--compare", action="store_true", help="the runs' ids must be equal")
+    ap.add_argument(
+        "--compare", action="store_true", help="the runs' ids (and logits) must be equal"
+    )
+    ap.add_argument("--logits", action="store_true", help="ask the prompt's logits too")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
     sizes = dict(SHAPES[args.shape])
@@ -537,12 +553,14 @@ def main(argv: list[str] | None = None) -> int:
             for k, text in enumerate(args.run.split(",")):
                 budget = parse_size(text)
                 log(f"run: budget {budget} bytes, {args.prompt} prompt + {args.tokens} tokens")
-                got = run_budget(runner, args.out, budget, prompt, args.tokens, Path(tmp) / str(k))
+                work = Path(tmp) / str(k)
+                got = run_budget(runner, args.out, budget, prompt, args.tokens, work, args.logits)
                 runs.append(got)
                 log(json.dumps({k: v for k, v in got.items() if k != "ids"}))
         report["runs"] = runs
-        if args.compare and len({tuple(r.get("ids", ())) for r in runs}) != 1:
-            log("the runs generated different ids")
+        same = {(tuple(r.get("ids", ())), r.get("logits_sha256")) for r in runs}
+        if args.compare and len(same) != 1:
+            log("the runs generated different ids or logits")
             return 1
         if any("error" in r for r in runs):
             return 1
