@@ -433,6 +433,7 @@ def run_budget(
     tokens: int,
     work: Path,
     logits: bool = False,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     """One run of the model-file runner (one thread, default flags) with the file evicted from
     the page cache first, under GNU time; with `logits` the prompt's logits are asked too (the
@@ -457,7 +458,12 @@ def run_budget(
     cmd += lmfile_args(clb.resolve(), ram_budget=budget, threads=1)
     env = dict(os.environ, COLIBRI_TIMING="1")
     load = os.getloadavg()[0]
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(
+            cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"budget_bytes": budget, "exit": -1, "error": f"timed out after {timeout} s"}
     got: dict[str, Any] = {"budget_bytes": budget, "exit": proc.returncode, "load_before": load}
     got["load_after"] = os.getloadavg()[0]
     if proc.returncode != 0:
@@ -515,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         "--compare", action="store_true", help="the runs' ids (and logits) must be equal"
     )
     ap.add_argument("--logits", action="store_true", help="ask the prompt's logits too")
+    ap.add_argument("--timeout", type=float, help="seconds a run may take (default: no limit)")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
     sizes = dict(SHAPES[args.shape])
@@ -554,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
                 budget = parse_size(text)
                 log(f"run: budget {budget} bytes, {args.prompt} prompt + {args.tokens} tokens")
                 work = Path(tmp) / str(k)
-                got = run_budget(runner, args.out, budget, prompt, args.tokens, work, args.logits)
+                got = run_budget(
+                    runner, args.out, budget, prompt, args.tokens, work, args.logits, args.timeout
+                )
                 runs.append(got)
                 log(json.dumps({k: v for k, v in got.items() if k != "ids"}))
         report["runs"] = runs
