@@ -206,3 +206,31 @@ def test_seeded_random_shapes_match_the_mirror(tmp_path: Path, seed: int) -> Non
             assert stats["hits"] + stats["misses"] == stats["loads"] > 0 and stats["misses"] > 0
         else:
             assert stats["n_slots"] == 0 and stats["loads"] == 0
+
+
+def test_lean_reference_reads_a_mapping(clb: Path, tmp_path: Path) -> None:
+    """`colibri reference F.clb` reads the file mapped (read_lm_model lean): the stored
+    tensors are read-only views of the mapping, the fp32 copies of quantised matrices are
+    placeholders without memory, the experts' storage is the file's table, and the mirror's
+    logits are those of the model read whole; a corrupt byte is still a CRC-32 error."""
+    from colibri.errors import ModelFormatError
+
+    whole, q_whole, _ = read_lm_model(clb)
+    model, q, _ = read_lm_model(clb, lean=True)
+    assert q is not None and q_whole is not None
+    codes = q.experts[1][3].w1.data
+    assert not codes.flags.writeable and not codes.flags.owndata
+    moe = model.layers[1].moe
+    assert moe is not None and moe.storage_map() == list(range(SHAPE.experts))
+    assert moe.experts[3].w1.strides == (0, 0) and np.isnan(moe.experts[3].w1).all()
+    assert model.layers[0].attention.wq.strides == (0, 0)
+    ids = [5, 299, 17, 0, 123]
+    want = forward(whole, ids, KVCache(), quant=q_whole)
+    got = forward(model, ids, KVCache(), quant=q)
+    assert np.array_equal(got, want) and np.isfinite(got).all()
+    bad = tmp_path / "bad.clb"
+    data = bytearray(clb.read_bytes())
+    data[-100] ^= 1  # inside the last expert's w3
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelFormatError, match="CRC-32"):
+        read_lm_model(bad, lean=True)
