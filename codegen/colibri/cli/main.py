@@ -478,7 +478,7 @@ def _reference_lm_file(a: argparse.Namespace) -> int:
     _check_output_files(a.logits)
     progress = _progress(a, a.model)
     with progress.stage("load"):
-        model, q, max_context = read_lm_model(a.model)
+        model, q, max_context = read_lm_model(a.model, lean=True)  # mapped: any size
     return _reference_generate(a, model, q, max_context, progress)
 
 

@@ -463,8 +463,12 @@ def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
     raise ModelFormatError(f"tensor '{name}' has dtype {arr.dtype}, not a matrix scheme")
 
 
-def _f32_of(t: QuantTensor) -> np.ndarray:
-    """A stored matrix as the IR's fp32 [in, out] weights (dequantised when quantised)."""
+def _f32_of(t: QuantTensor, lean: bool = False) -> np.ndarray:
+    """A stored matrix as the IR's fp32 [in, out] weights (dequantised when quantised; with
+    `lean` a quantised one is a read-only NaN placeholder of that shape, no memory: see
+    :func:`read_lm_model`)."""
+    if lean and t.scheme != "fp32":
+        return np.broadcast_to(np.float32(np.nan), (t.n_in, t.n_out))
     return np.ascontiguousarray(t.dequantize().T, np.float32)
 
 
@@ -476,24 +480,33 @@ def _stored_ffn(lm: LMContainer, prefix: str, act: str) -> QuantExpert:
 
 
 def read_lm_model(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str], lean: bool = False
 ) -> tuple[MoETransformer, TransformerQuant | None, int]:
     """A version-2 container back as the model and quantisation it was written from: (the
     model IR, with quantised matrices dequantised to fp32; the TransformerQuant of its stored
     weights, None when everything is fp32; its max_context). The numpy reference
     (:func:`colibri.reference.transformer.forward` with ``quant=``) on these gives what it gives
-    on the checkpoint with the flags the file was converted with (`colibri reference F.clb`)."""
+    on the checkpoint with the flags the file was converted with (`colibri reference F.clb`).
+
+    `lean` (`colibri reference F.clb`: a file larger than the RAM): the file is mapped and the
+    stored tensors are views of it, and the IR's fp32 copies of quantised matrices (the
+    attention projections under --dense-quant, quantised experts and dense MLPs) are NaN
+    placeholders without memory, which the quantised mirror never reads (it runs the
+    TransformerQuant's tensors); the embedding and LM head are still dequantised. Memory: those
+    two in fp32 and one matrix's codes at a time, whatever the experts' total."""
     source = str(path)
-    lm = read_lm_container(path)
+    lm = read_lm_container(path, mapped=lean)
     try:
-        return _lm_model(lm, source)
+        return _lm_model(lm, source, lean)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelFormatError(f"{source}: not a whole model this version reads ({exc})") from None
     except ModelFormatError as exc:
         raise ModelFormatError(f"{source}: {exc}") from None
 
 
-def _lm_model(lm: LMContainer, source: str) -> tuple[MoETransformer, TransformerQuant | None, int]:
+def _lm_model(
+    lm: LMContainer, source: str, lean: bool = False
+) -> tuple[MoETransformer, TransformerQuant | None, int]:
     from ..ir.moe import FLAG_GATED, FLAG_NORM_TOPK, Expert, MoEConfig, MoELayer
     from ..ir.transformer import Attention, TransformerConfig
     from ..quant.formats import QuantRouter, quantize_expert
@@ -513,7 +526,7 @@ def _lm_model(lm: LMContainer, source: str) -> tuple[MoETransformer, Transformer
         m = _stored_matrix(lm, name)
         if m.scheme != "fp32":
             q.dense[key] = m
-        return _f32_of(m)
+        return _f32_of(m, lean)
 
     embed_t = _stored_matrix(lm, "embed")
     if embed_t.scheme != "fp32":
@@ -549,7 +562,7 @@ def _lm_model(lm: LMContainer, source: str) -> tuple[MoETransformer, Transformer
         if desc["ffn_d_ff"]:
             qf = _stored_ffn(lm, f"{p}.ffn", acts[desc["ffn_act"]])
             assert qf.w3 is not None
-            ffn = Expert(w1=_f32_of(qf.w1), w2=_f32_of(qf.w2), w3=_f32_of(qf.w3))
+            ffn = Expert(w1=_f32_of(qf.w1, lean), w2=_f32_of(qf.w2, lean), w3=_f32_of(qf.w3, lean))
             if qf.scheme != "fp32":
                 q.dense_ffn[i] = qf
         moe: MoELayer | None = None
@@ -586,8 +599,8 @@ def _lm_model(lm: LMContainer, source: str) -> tuple[MoETransformer, Transformer
                     qe = _stored_ffn(lm, ep, ea)
                     assert qe.w3 is not None
                     stored[j] = Expert(
-                        w1=_f32_of(qe.w1), w2=_f32_of(qe.w2), w3=_f32_of(qe.w3),
-                        b1=qe.b1, b2=qe.b2,
+                        w1=_f32_of(qe.w1, lean), w2=_f32_of(qe.w2, lean),
+                        w3=_f32_of(qe.w3, lean), b1=qe.b1, b2=qe.b2,
                     )  # fmt: skip
                     qexperts[j] = qe
             q.experts[i] = qexperts
@@ -600,6 +613,8 @@ def _lm_model(lm: LMContainer, source: str) -> tuple[MoETransformer, Transformer
                 source=source,
                 shared_expert=ffn,
                 shared_gate=t.get(f"{p}.shared_gate"),
+                storage=owners,  # the file's table, as the C reads it (not a content hash:
+                # lean placeholders all hash alike)
             )
             ffn_mlp = None
         else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import zlib
@@ -535,11 +536,21 @@ def read_lm_table(
     return h, meta, entries, arrays
 
 
-def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
+def read_lm_container(path: str | os.PathLike[str], mapped: bool = False) -> LMContainer:
     """Read a version-2 container back: header, tensors (CRC-32 checked), metadata; a
-    ModelFormatError names what is wrong."""
+    ModelFormatError names what is wrong. `mapped`: the file is mapped read-only and the
+    tensors are views of the mapping, not copies (a file larger than the RAM: the page cache
+    holds what is read; the CRC-32 checks read every tensor once)."""
     source = str(path)
-    data = Path(path).read_bytes()
+    data: bytes | memoryview
+    if mapped:
+        try:
+            with open(path, "rb") as f:  # the mapping keeps its own reference to the file
+                data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
+            raise ModelFormatError(f"{source}: cannot map ({exc})") from None
+    else:
+        data = Path(path).read_bytes()
     if len(data) < HEADER_SIZE:
         raise ModelFormatError(f"{source}: truncated: {len(data)} bytes, the header is 128")
     h = dict(zip(HEADER_FIELDS, LM_HEADER.unpack_from(data, 0)))
@@ -610,11 +621,11 @@ def read_lm_container(path: str | os.PathLike[str]) -> LMContainer:
             arr = np.frombuffer(data, LM_DTYPES[dtype], count, off).reshape(shape)
         else:
             raise ModelFormatError(f"{source}: tensor '{name}' has unknown dtype {dtype}")
-        tensors[name] = arr.copy()
+        tensors[name] = arr if mapped else arr.copy()
         shapes[name] = tuple(shape)
     mo = int(h["meta_offset"])
     try:
-        meta = json.loads(data[mo : mo + int(h["meta_bytes"])].decode())
+        meta = json.loads(bytes(data[mo : mo + int(h["meta_bytes"])]).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFormatError(f"{source}: metadata is not valid JSON ({exc})") from exc
     return LMContainer(h, tensors, meta, shapes)
