@@ -10,6 +10,7 @@ its frames is in colibri/__main__.py or colibri/cli, i.e. when colibri's entry h
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -66,3 +67,44 @@ def test_ctrl_c_is_quiet_at_every_moment(tmp_path: Path, delay: float, launcher:
     if out.exists():
         assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.bin", "router.bin"]
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+#: A finder that, when colibri.cli.main is imported, does what numpy's C core does when a Ctrl-C
+#: lands in its import of `datetime` (CI saw it at the delay 0.05): the KeyboardInterrupt is
+#: raised inside and reported as an ImportError. SIGNAL 0: the same ImportError without a Ctrl-C.
+_SWALLOW = """
+import importlib.abc, os, signal, sys
+SIGNAL = {signal}
+class Swallow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "colibri.cli.main":
+            return None
+        if SIGNAL:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(100000):
+                    pass
+            except KeyboardInterrupt:
+                pass
+        raise ImportError('PyCapsule_Import could not import module "datetime"')
+sys.meta_path.insert(0, Swallow())
+from colibri.cli import entry
+sys.exit(entry(["--help"]))
+"""
+
+
+def test_ctrl_c_turned_into_an_import_error_is_quiet() -> None:
+    """A Ctrl-C during the imports that an extension reports as an ImportError ends the CLI as
+    any Ctrl-C does (exit 130, one line); the same ImportError without a Ctrl-C is still an
+    error with its traceback (the entry does not hide a broken install)."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "codegen"))
+    run = [sys.executable, "-c"]
+    done = subprocess.run(
+        [*run, _SWALLOW.format(signal=1)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (130, "colibri: interrupted\n"), done.stderr
+    done = subprocess.run(
+        [*run, _SWALLOW.format(signal=0)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "PyCapsule_Import could not import module" in done.stderr, done.stderr
