@@ -279,8 +279,9 @@ colibri_status colibri_lm_measure(const colibri_lm_config_t *config, colibri_lm_
  *               call)
  * @return COLIBRI_ERR_ARG for a token outside the vocabulary, COLIBRI_ERR_NOMEM when pos is
  *         outside the KV cache (context overflow), COLIBRI_ERR_POSITION (above),
- *         COLIBRI_ERR_CHANGED when the file changed since the load, else the MoE runtime's
- *         status.
+ *         COLIBRI_ERR_CHANGED when the file changed since the load, COLIBRI_ERR_NAN when a
+ *         router input or a logit is NaN or Inf (fp32 overflowed: weights far out of range),
+ *         else the MoE runtime's status.
  */
 colibri_status colibri_lm_forward(colibri_lm_t *lm, int32_t token, int32_t pos,
                                   const float **logits);

@@ -8,9 +8,34 @@
 #include "colibri_quant.h"
 #include "colibri_transformer.h"
 
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* 1 / rms(x) when the sum of squares overflowed fp32: the same sum over x * 2^-e, where 2^e is
+ * max |x| rounded up to a power of two (an exact scaling), so no square overflows; the result is
+ * 2^-e / sqrt(ss' / n + eps 2^-2e). NaN when x holds NaN or Inf (as the plain sum gives). */
+static float rmsnorm_inv_scaled(const float *x, int32_t n, float eps)
+{
+    float m = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        if (!(a <= FLT_MAX)) {
+            return NAN;
+        }
+        m = a > m ? a : m;
+    }
+    int e = 0;
+    (void)frexpf(m, &e); /* m < 2^e */
+    const float s = ldexpf(1.0f, -e);
+    float ss = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        const float v = x[i] * s;
+        ss += v * v;
+    }
+    return s / sqrtf(ss / (float)n + eps * s * s);
+}
 
 void colibri_rmsnorm_f32(const float *x, const float *w, float *y, int32_t n, float eps)
 {
@@ -18,7 +43,10 @@ void colibri_rmsnorm_f32(const float *x, const float *w, float *y, int32_t n, fl
     for (int32_t i = 0; i < n; i++) {
         ss += x[i] * x[i];
     }
-    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    /* a sum past FLT_MAX (activations above about 1.8e19) is redone scaled: 1 / sqrt(Inf)
+     * would make the whole row 0 without a trace */
+    const float inv =
+        (ss <= FLT_MAX) ? 1.0f / sqrtf(ss / (float)n + eps) : rmsnorm_inv_scaled(x, n, eps);
     for (int32_t i = 0; i < n; i++) {
         y[i] = w[i] * (x[i] * inv);
     }

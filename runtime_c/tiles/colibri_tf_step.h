@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "colibri_math.h"
 #include "colibri_quant.h"
@@ -247,6 +248,18 @@ static inline colibri_status colibri_tfi_logits(const colibri_tf_model_t *m, int
     const colibri_status st = colibri_tfi_linear(m, 1, w, b, y, m->h, 1);
     if (st != COLIBRI_OK) {
         return st;
+    }
+    /* a NaN or Inf logit (fp32 overflowed on the way, or a NaN weight the load did not scan)
+     * is an error, not an answer: the largest |logit| as bits, an integer max GCC vectorises */
+    uint32_t top = 0u;
+    for (int32_t i = 0; i < m->vocab; i++) {
+        uint32_t bits;
+        memcpy(&bits, &m->logits[i], sizeof bits);
+        bits &= 0x7fffffffu;
+        top = bits > top ? bits : top;
+    }
+    if (top >= 0x7f800000u) {
+        return COLIBRI_ERR_NAN;
     }
     *logits = m->logits;
     return COLIBRI_OK;

@@ -257,6 +257,29 @@ def test_transformer_ops_match_c(lib: ctypes.CDLL) -> None:
         _same_bits(y, want[t], "colibri_swiglu_f32")
 
 
+def test_rmsnorm_past_fp32s_sum_of_squares(lib: ctypes.CDLL) -> None:
+    """Rows whose sum of squares overflows fp32 (activations above about 1.8e19): summed again
+    scaled by a power of two, the C and the mirror give the same bits, close to float64's
+    RMSNorm; a row holding NaN or Inf is all NaN (it used to be 0 but for the Inf: a forward
+    pass whose activations overflowed ended in logits of 0 without an error)."""
+    rng = np.random.default_rng(11)
+    nw = rng.uniform(0.5, 1.5, 24).astype(np.float32)
+    rows = [rng.standard_normal(24).astype(np.float32) * np.float32(scale) for scale in
+            (1.0, 3e18, 2e19, 1e30, 1e38)]  # fmt: skip
+    rows.append(np.where(np.arange(24) == 5, np.float32(np.inf), rows[0]).astype(np.float32))
+    rows.append(np.where(np.arange(24) == 7, np.float32(np.nan), rows[2]).astype(np.float32))
+    x = np.stack(rows)
+    want = f32.rmsnorm_f32(x, nw, 1e-5)
+    for t in range(len(rows)):
+        y = np.empty(24, np.float32)
+        lib.colibri_rmsnorm_f32(_p(x[t]), _p(nw), _p(y), 24, ctypes.c_float(1e-5))
+        _same_bits(y, want[t], f"colibri_rmsnorm_f32 row {t}")
+    x64 = x[:5].astype(np.float64)
+    exact = nw * x64 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(want[:5], exact, rtol=2e-6, atol=0)
+    assert np.isnan(want[5:]).all()
+
+
 @pytest.mark.parametrize("window", [0, 5])
 def test_rope_and_attention_match_c(lib: ctypes.CDLL, window: int) -> None:
     """A prompt of 12 positions, one token at a time through the C (as <name>_lm_step), and

@@ -28,7 +28,7 @@ BIG_CONTEXT = 4096  # above COLIBRI_LM_DEFAULT_CONTEXT
 DEFAULT_CONTEXT = 2048
 N_LAYERS, N_EXPERTS = 2, 8
 PROMPT = [3, 17, 5, 60, 9, 41]
-ERR_ARG, ERR_CHECKSUM, ERR_MEMORY, ERR_POSITION, ERR_CHANGED = -1, -15, -18, -19, -20
+ERR_ARG, ERR_NAN, ERR_CHECKSUM, ERR_MEMORY, ERR_POSITION, ERR_CHANGED = -1, -10, -15, -18, -19, -20
 
 
 @pytest.fixture(scope="module")
@@ -280,5 +280,7 @@ def test_budgeted_expert_changed_in_place_is_a_checksum_error(
                 status = e.status
             outcomes[verify] = (status, lm.stats()["misses"], lm.stats()["prefetches"])
     assert outcomes[True][0] == ERR_CHECKSUM, outcomes
-    assert outcomes[False][0] == 0 and outcomes[False][1] > 2, outcomes
+    # unchecked, the changed weights run: the steps either return logits or meet the NaN /
+    # Inf those bytes make (COLIBRI_ERR_NAN, colibri_tfi_logits), never a checksum error
+    assert outcomes[False][0] in (0, ERR_NAN) and outcomes[False][1] > 2, outcomes
     assert not ahead or outcomes[False][2] > 0, outcomes  # the reader read ahead

@@ -250,14 +250,27 @@ def linear_f32(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray
 
 def rmsnorm_f32(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """colibri_rmsnorm_f32 on every row: ss summed in order, inv = 1 / sqrt(ss / n + eps),
-    y = w * (x * inv)."""
+    y = w * (x * inv). A row whose ss overflows fp32 is summed again over x * 2^-e (2^e: max
+    |x| rounded up to a power of two, frexp's exponent), inv = 2^-e / sqrt(ss' / n + eps
+    2^-2e); NaN when the row holds NaN or Inf (rmsnorm_inv_scaled)."""
     x = np.asarray(x, dtype=F32)
     n = x.shape[-1]
     ss = np.zeros(x.shape[:-1], dtype=F32)
-    for i in range(n):
-        ss += x[..., i] * x[..., i]
-    inv = F32(1.0) / np.sqrt(ss / F32(n) + F32(eps))
-    return np.asarray(np.asarray(w, dtype=F32) * (x * inv[..., None]), dtype=F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(n):
+            ss += x[..., i] * x[..., i]
+        inv = F32(1.0) / np.sqrt(ss / F32(n) + F32(eps))
+        big = ~(ss <= np.finfo(F32).max)
+        if big.any():
+            m = np.abs(x[big]).max(axis=-1)
+            s = np.ldexp(F32(1.0), -np.frexp(m)[1]).astype(F32)
+            ss2 = np.zeros(m.shape, dtype=F32)
+            for i in range(n):
+                v = x[big][..., i] * s
+                ss2 += v * v
+            scaled = s / np.sqrt(ss2 / F32(n) + F32(eps) * s * s)
+            inv[big] = np.where(np.isfinite(x[big]).all(axis=-1), scaled, F32(np.nan))
+        return np.asarray(np.asarray(w, dtype=F32) * (x * inv[..., None]), dtype=F32)
 
 
 def rope_f32(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

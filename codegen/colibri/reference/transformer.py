@@ -208,7 +208,7 @@ def forward(
         )
     cache = KVCache() if cache is None else cache
     if q is not None:
-        return mirror_forward(model, ids, cache, q, capture).astype(np.float64)
+        return _finite_last(mirror_forward(model, ids, cache, q, capture).astype(np.float64))
     start = cache.length
     x = model.embed[ids].astype(np.float64)
     last_moe = max((i for i, layer in enumerate(model.layers) if layer.moe), default=-1)
@@ -219,7 +219,18 @@ def forward(
     if not logits:
         return np.zeros((ids.size, 0))
     x = rms_norm(x, model.final_norm, c.rms_norm_eps)
-    return np.asarray(x @ model.lm_head.astype(np.float64).T)
+    return _finite_last(np.asarray(x @ model.lm_head.astype(np.float64).T))
+
+
+def _finite_last(logits: np.ndarray) -> np.ndarray:
+    """The logits, when the last row's (what the C returns) are all finite; an InputError as
+    the C's COLIBRI_ERR_NAN otherwise (colibri_tfi_logits)."""
+    if logits.size and not np.isfinite(logits[-1]).all():
+        raise InputError(
+            "NaN or Inf in the logits: the forward pass overflowed or the weights hold NaN "
+            "(the C refuses the step with COLIBRI_ERR_NAN)"
+        )
+    return logits
 
 
 # -- the quantised mirror ----------------------------------------------------------------------
