@@ -7,10 +7,10 @@ container for gated experts); OUT_DIR/seed/*.bin pack a seed flat layout model f
 fuzz_seed.c: u16 config length, u16 router length (little-endian), config.json, router.bin,
 model.bin. OUT_DIR/lm/*.clb are whole-model containers (version 2, for fuzz_lm.c) that
 `colibri convert` writes from tiny seeded Hugging Face checkpoints (Mixtral, Qwen2-MoE with a
-shared expert and a dense layer, OLMoE; fp32 / fp16 / int8 / int4 experts, int8 dense
-matrices, tied and untied heads, calibration heat), each a few KB; they need torch and
-transformers in that Python (pip install -e '.[test]', as tests/hf_tiny.py), and are skipped
-with a note without them. Only the CLI is used (no import of the colibri package).
+shared expert and a dense layer, OLMoE; fp32 / fp16 / int8 / int4 / q4k / q5k experts, int8 /
+int4 / q4k dense matrices, tied and untied heads, calibration heat), each a few KB; they need
+torch and transformers in that Python (pip install -e '.[test]', as tests/hf_tiny.py), and are
+skipped with a note without them. Only the CLI is used (no import of the colibri package).
 """
 
 from __future__ import annotations
@@ -104,6 +104,13 @@ LMS: list[tuple[str, str, dict[str, object], list[str]]] = [
     ),
     ("olmoe_fp32_tied", "olmoe", {"tie_word_embeddings": True, "num_experts_per_tok": 1}, []),
     ("olmoe_int4_heat", "olmoe", {}, ["--quant", "int4", "--calib", "CALIB"]),
+    ("mixtral_q4k_dense_q4k", "mixtral", {}, ["--quant", "q4k", "--dense-quant", "q4k"]),
+    (
+        "qwen2_moe_q5k_dense_int4",
+        "qwen2_moe",
+        {"num_hidden_layers": 2, "mlp_only_layers": [0], "moe_intermediate_size": 20},
+        ["--quant", "q5k", "--dense-quant", "int4", "--calib", "CALIB"],
+    ),
 ]
 
 # Run with the corpus's Python: writes OUT/<name>/ checkpoints (seeded weights, as

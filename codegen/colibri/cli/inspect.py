@@ -32,7 +32,6 @@ from ..frontends.container import (
     DTYPE_Q5K,
     EXPERT_COLUMNS,
     HEAT_TENSOR,
-    LAYER_DESC,
     SCHEME_CODES,
     TOKENIZER_TENSOR,
     LMTableEntry,
@@ -439,7 +438,7 @@ def _is_parameter(e: LMTableEntry) -> bool:
 
 
 def _file_model(
-    config: TransformerConfig, names: set[str], arrays: dict[str, np.ndarray]
+    config: TransformerConfig, names: set[str], descs: list[dict[str, int]]
 ) -> MoETransformer:
     """The container's model as shape-only arrays (from its config and layer descriptors), for
     the arena planner (colibri.plan.memory.plan_transformer)."""
@@ -453,8 +452,7 @@ def _file_model(
         return _shaped((n,)) if name in names else None
 
     layers = []
-    for i in range(c.n_layers):
-        desc = dict(zip(LAYER_DESC, (int(v) for v in arrays[f"layer.{i}.desc"])))
+    for i, desc in enumerate(descs):
         p = f"layer.{i}.attn"
         att = Attention(
             wq=_shaped((d, hq)),
@@ -499,17 +497,18 @@ def _file_model(
 def lm_file_report(path: Path) -> Report:
     """`colibri inspect F.clb` of a whole-model container: everything from its header, metadata
     and tensor table (descriptors and expert tables read, CRC-checked; no weight is read)."""
+    from ..emit.lmfile import layer_desc, lm_config, lm_scheme_names
+
     h, meta, entries, arrays = read_lm_table(path, (".desc", ".experts"))
-    cfg = meta.get("config")
-    fields = set(TransformerConfig.__dataclass_fields__)
-    if not isinstance(cfg, dict) or not set(cfg) <= fields:
-        raise ModelFormatError(f"{path}: the container's metadata has no model config")
-    config = TransformerConfig(**cfg)
+    try:  # the header and descriptors checked as the C and `colibri reference` check them
+        config = lm_config(h, meta)
+        scheme, act, dense, _, router = lm_scheme_names(h, meta)
+        dense_codes = int(h["dense_scheme"]), int(h["dense_act"])
+        descs = [layer_desc(arrays, i, *dense_codes) for i in range(config.n_layers)]
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: {exc}") from None
     names = {e.name for e in entries}
-    for i in range(config.n_layers):
-        if f"layer.{i}.desc" not in arrays or arrays[f"layer.{i}.desc"].size != len(LAYER_DESC):
-            raise ModelFormatError(f"{path}: layer {i} has no descriptor")
-    model = _file_model(config, names, arrays)
+    model = _file_model(config, names, descs)
     size = {e.name: int(np.prod(e.shape)) for e in entries if _is_parameter(e)}
     total = sum(size.values())
     routed = active = 0
@@ -527,9 +526,6 @@ def lm_file_report(path: Path) -> Report:
         active += m.config.top_k * max(per.values(), default=0)
         expert_schemes.update(_SCHEME_NAMES.get(int(code), "?") for code in table[:, 1])
     active += total - sum(v for n, v in size.items() if ".expert." in n)
-    q = meta.get("quantization") or {}
-    scheme, dense = str(q.get("scheme", "fp32")), str(q.get("dense_scheme", "fp32"))
-    router = str(q.get("router_scheme", "fp32"))
     max_context = int(h["max_context"])
     dims: dict[str, Any] = {
         "layers": config.n_layers,
@@ -583,7 +579,7 @@ def lm_file_report(path: Path) -> Report:
             "schemes": {
                 "experts": scheme,
                 "expert_mix": dict(sorted(expert_schemes.items())),
-                "act": str(q.get("act", "fp32")),
+                "act": act,
                 "dense": dense,
                 "router": router,
             },

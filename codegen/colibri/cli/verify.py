@@ -10,56 +10,25 @@ raised as the reader's ColibriError.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..errors import ModelFormatError, ToolchainNotFound
 from ..frontends.container import MAGIC as CONTAINER_MAGIC
-from ..frontends.container import read_container, read_table
+from ..frontends.container import (
+    check_lm_meta,
+    check_meta_against_header,
+    read_container,
+    read_table,
+)
 from ..frontends.hf import HFCheckpoint, check_architectures, is_hf_checkpoint
 from ..frontends.load import load_model
 from ..frontends.seed import SEED_MAGIC
 from ..ir.moe import MoELayer
-
-
-def _same(header: object, meta: object) -> bool:
-    """A metadata value equals the header's: the same kind (a bool is not 0 / 1) and value;
-    floats as the header stores them (float32 or float64)."""
-    if isinstance(header, bool) or isinstance(meta, bool) or header is None or meta is None:
-        return type(header) is type(meta) and header == meta
-    if isinstance(header, float):
-        if isinstance(meta, bool) or not isinstance(meta, (int, float)):
-            return False
-        return header == meta or float(np.float32(meta)) == header
-    if isinstance(header, int):
-        return isinstance(meta, int) and header == meta
-    return bool(header == meta)
-
-
-def check_meta_against_header(
-    source: str, meta: dict[str, Any], fields: list[tuple[str, str, object]], section: str
-) -> int:
-    """Every field present in both the metadata JSON (`meta[key]`) and the header (`fields`:
-    key, the header's name for it, its value there) must agree; a contradiction is a
-    ModelFormatError naming both. Returns how many fields were compared."""
-    n = 0
-    for key, hname, hval in fields:
-        if key not in meta:
-            continue
-        n += 1
-        if not _same(hval, meta[key]):
-            raise ModelFormatError(
-                f"{source}: metadata {section}.{key} = {json.dumps(meta[key])} contradicts the "
-                f"header's {hname} = {json.dumps(hval)}; the file is corrupt or was edited: "
-                f"convert the model again"
-            )
-    return n
 
 
 def _check_v1_meta(source: str, data: bytes) -> int:
@@ -86,57 +55,6 @@ def _check_v1_meta(source: str, data: bytes) -> int:
             ("vocab_size", "vocab_size", vocab or None),
         ],
         "config",
-    )
-
-
-def _check_v2_meta(source: str, h: dict[str, Any], meta: dict[str, Any]) -> int:
-    from ..frontends.container import (
-        ACT_CODES,
-        FLAG_CLIP_QKV,
-        FLAG_QK_NORM,
-        FLAG_TIED,
-        SCHEME_CODES,
-    )
-
-    if not isinstance(meta, dict):
-        raise ModelFormatError(f"{source}: metadata is not a JSON object; the file is corrupt")
-    cfg, quant = meta.get("config"), meta.get("quantization")
-    if not isinstance(cfg, dict) or not isinstance(quant, dict):
-        raise ModelFormatError(
-            f"{source}: metadata has no 'config' / 'quantization' object; the file is corrupt"
-        )
-    flags = int(h["flags"])
-    n = check_meta_against_header(
-        source,
-        cfg,
-        [
-            (key, key, int(h[key]))
-            for key in ("n_layers", "vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim")
-        ]
-        + [
-            ("rms_norm_eps", "rms_norm_eps", float(h["rms_norm_eps"])),
-            ("rope_theta", "rope_theta", float(h["rope_theta"])),
-            ("tie_word_embeddings", "flags (tied)", bool(flags & FLAG_TIED)),
-            ("qk_norm", "flags (qk_norm)", bool(flags & FLAG_QK_NORM)),
-            (
-                "clip_qkv",
-                "clip_qkv and flags",
-                float(h["clip_qkv"]) if flags & FLAG_CLIP_QKV else None,
-            ),
-            ("sliding_window", "sliding_window", int(h["sliding_window"]) or None),
-        ],
-        "config",
-    )
-    schemes = {v: k for k, v in SCHEME_CODES.items()}
-    acts = {v: k for k, v in ACT_CODES.items()}
-    return n + check_meta_against_header(
-        source,
-        quant,
-        [
-            ("dense_scheme", "dense_scheme", schemes.get(int(h["dense_scheme"]))),
-            ("dense_act", "dense_act", acts.get(int(h["dense_act"]))),
-        ],
-        "quantization",
     )
 
 
@@ -177,7 +95,6 @@ def _verify_hf(path: Path, say: Callable[[str], None]) -> None:
 def _verify_lm_file(p: Path, say: Callable[[str], None]) -> None:
     """A whole-model container (version 2): the Python reader's checks, NaN / Inf, then the C
     runtime's colibri_lm_init (every tensor the model uses, with its dtype and shape)."""
-    import numpy as np
 
     from ..frontends.container import read_lm_container
     from ..targets.binding import LM, RuntimeStatusError
@@ -194,7 +111,7 @@ def _verify_lm_file(p: Path, say: Callable[[str], None]) -> None:
         if arr.dtype == np.float32 and not np.isfinite(arr).all():
             raise ModelFormatError(f"{p}: tensor '{name}' holds NaN or Inf")
     say("weights: no fp32 value NaN or Inf")
-    n = _check_v2_meta(str(p), h, c.meta)
+    n = check_lm_meta(str(p), h, c.meta)
     say(f"metadata agrees with the header ({n} fields in both)")
     try:
         with LM(p) as lm:

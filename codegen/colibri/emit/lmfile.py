@@ -18,6 +18,7 @@ reads one back as the model and quantisation it was written from (`colibri refer
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -51,11 +52,13 @@ from ..frontends.container import (
     SCHEME_CODES,
     TOKENIZER_TENSOR,
     LMContainer,
+    check_lm_meta,
+    q4_blocks,
     q4k_stream_dtype,
     q4k_stream_stored,
     read_lm_container,
 )
-from ..ir.transformer import DecoderLayer, MoETransformer
+from ..ir.transformer import DecoderLayer, MoETransformer, TransformerConfig
 from ..paths import Needed, write_file_atomic
 from ..quant.formats import QuantExpert, QuantTensor
 from ..quant.model import TransformerQuant
@@ -435,32 +438,68 @@ def write_lm_container_streamed(
 # -- the model back from a container (`colibri reference F.clb`) -----------------------------------
 
 
-def _stored_matrix(lm: LMContainer, name: str) -> QuantTensor:
-    """The matrix `name` [out, in] as stored: its scheme from its dtype (fp32, fp16 bits,
-    int8 with `name.scale`, int4 / q4k blocks), exactly the QuantTensor the writer was given."""
+#: Bounds the C reader puts on a version-2 header (runtime_c/src/lm_parse.c: LM_MAX_DIM,
+#: COLIBRI_LM_MAX_LAYERS / _HEADS, LM_MAX_EXPERTS, COLIBRI_MAX_TOP_K).
+LM_MAX_DIM = 1 << 24
+LM_MAX_LAYERS = 4096
+LM_MAX_HEADS = 4096
+LM_MAX_EXPERTS = 65535
+LM_MAX_TOP_K = 64
+_SCHEME_DTYPES = {
+    "fp32": np.dtype("<f4"),
+    "fp16": np.dtype("<u2"),
+    "int8": np.dtype("i1"),
+    "int4": BLOCK_Q4_DTYPE,
+    "q4k": BLOCK_Q4K_DTYPE,
+    "q5k": BLOCK_Q5K_DTYPE,
+}
+
+
+def _stored_matrix(
+    lm: LMContainer, name: str, scheme: str, n_out: int, n_in: int, blocked: bool = False
+) -> QuantTensor:
+    """The matrix `name` [n_out, n_in] as stored, which must be in `scheme` (fp32, fp16 bits,
+    int8 with `name.scale`: one per row, or per block of 32 inputs when `blocked`, int4 / q4k /
+    q5k blocks) and of that shape, as the C reader requires: exactly the QuantTensor the writer
+    was given."""
     arr = lm.tensors.get(name)
     if arr is None:
         raise ModelFormatError(f"tensor '{name}' is missing")
     shape = lm.shapes[name]
-    if len(shape) != 2:
-        raise ModelFormatError(f"tensor '{name}' is not a matrix")
-    n_out, n_in = shape
-    if arr.dtype == BLOCK_Q4_DTYPE:
-        return QuantTensor("int4", n_out, n_in, arr)
-    if arr.dtype == BLOCK_Q4K_DTYPE:
-        return QuantTensor("q4k", n_out, n_in, arr)
-    if arr.dtype == BLOCK_Q5K_DTYPE:
-        return QuantTensor("q5k", n_out, n_in, arr)
-    if arr.dtype == np.dtype("<u2"):
-        return QuantTensor("fp16", n_out, n_in, arr)
-    if arr.dtype == np.dtype("i1"):
-        scale = lm.tensors.get(f"{name}.scale")
-        if scale is None:
-            raise ModelFormatError(f"int8 tensor '{name}' has no '{name}.scale'")
-        return QuantTensor("int8", n_out, n_in, arr, scale.astype(np.float32))
-    if arr.dtype == np.dtype("<f4"):
-        return QuantTensor("fp32", n_out, n_in, arr)
-    raise ModelFormatError(f"tensor '{name}' has dtype {arr.dtype}, not a matrix scheme")
+    if arr.dtype != _SCHEME_DTYPES[scheme]:
+        raise ModelFormatError(
+            f"tensor '{name}' is stored as {arr.dtype}, but the file's tables make it {scheme}"
+        )
+    if shape != (n_out, n_in):
+        raise ModelFormatError(
+            f"tensor '{name}' has shape {list(shape)}, the header's dimensions make it "
+            f"{[n_out, n_in]}"
+        )
+    scale = None
+    if scheme == "int8":
+        scale = _stored_vector(
+            lm, f"{name}.scale", (n_out, q4_blocks(n_in)) if blocked else (n_out,)
+        )
+    return QuantTensor(scheme, n_out, n_in, arr, scale)
+
+
+def _optional_vector(lm: LMContainer, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The fp32 tensor `name`, which must have exactly `shape`; None when absent."""
+    arr = lm.tensors.get(name)
+    if arr is not None and (arr.dtype != np.dtype("<f4") or lm.shapes[name] != shape):
+        raise ModelFormatError(
+            f"tensor '{name}' is {arr.dtype} {list(lm.shapes[name])}, expected float32 "
+            f"{list(shape)}"
+        )
+    return arr
+
+
+def _stored_vector(lm: LMContainer, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The fp32 tensor `name` of exactly `shape`, which must be present."""
+    arr = _optional_vector(lm, name, shape)
+    if arr is None:
+        raise ModelFormatError(f"tensor '{name}' is missing")
+    return arr
 
 
 def _f32_of(t: QuantTensor, lean: bool = False) -> np.ndarray:
@@ -472,11 +511,15 @@ def _f32_of(t: QuantTensor, lean: bool = False) -> np.ndarray:
     return np.ascontiguousarray(t.dequantize().T, np.float32)
 
 
-def _stored_ffn(lm: LMContainer, prefix: str, act: str) -> QuantExpert:
-    """A SwiGLU FFN stored out-major (`prefix.w1` / `.w2` / `.w3`, optional fp32 biases)."""
-    w1, w2, w3 = (_stored_matrix(lm, f"{prefix}.{n}") for n in ("w1", "w2", "w3"))
-    b1, b2 = (lm.tensors.get(f"{prefix}.{n}") for n in ("b1", "b2"))
-    return QuantExpert(w1.scheme, act, w1, w2, w3, b1, b2)
+def _stored_ffn(
+    lm: LMContainer, prefix: str, scheme: str, act: str, d_model: int, d_ff: int
+) -> QuantExpert:
+    """A SwiGLU FFN stored out-major (`prefix.w1` / `.w2` / `.w3`) in `scheme`; biases are not
+    part of the format (the C reads none)."""
+    w1 = _stored_matrix(lm, f"{prefix}.w1", scheme, d_ff, d_model)
+    w2 = _stored_matrix(lm, f"{prefix}.w2", scheme, d_model, d_ff)
+    w3 = _stored_matrix(lm, f"{prefix}.w3", scheme, d_ff, d_model)
+    return QuantExpert(scheme, act, w1, w2, w3, None, None)
 
 
 def read_lm_model(
@@ -504,106 +547,276 @@ def read_lm_model(
         raise ModelFormatError(f"{source}: {exc}") from None
 
 
+def lm_config(h: dict[str, int | float], meta: object) -> TransformerConfig:
+    """The dimensions of a version-2 container as the C reads them: from its header `h`,
+    checked as the C checks them (lm_parse.c, header_read); the metadata JSON `meta` must
+    agree with the header. A ModelFormatError names what does not (its caller names the
+    file)."""
+    check_lm_meta("", h, meta)
+    assert isinstance(meta, dict)
+    arch = meta["config"].get("architecture")
+    if not isinstance(arch, str):
+        raise ModelFormatError("metadata config.architecture is not a string")
+    d = {k: int(h[k]) for k in ("n_layers", "vocab_size", "d_model", "n_heads", "n_kv_heads")}
+    hd, ctx, flags = int(h["head_dim"]), int(h["max_context"]), int(h["flags"])
+    eps, clip, theta = float(h["rms_norm_eps"]), float(h["clip_qkv"]), float(h["rope_theta"])
+    bad = [
+        f"{k} {v}"
+        for k, v, top in (
+            ("n_layers", d["n_layers"], LM_MAX_LAYERS),
+            ("vocab_size", d["vocab_size"], LM_MAX_DIM),
+            ("d_model", d["d_model"], LM_MAX_DIM),
+            ("n_heads", d["n_heads"], LM_MAX_HEADS),
+            ("n_kv_heads", d["n_kv_heads"], d["n_heads"]),
+            ("head_dim", hd, 65536),
+            ("max_context", ctx, LM_MAX_DIM),
+        )
+        if not 1 <= v <= top
+    ]
+    if d["n_heads"] % max(d["n_kv_heads"], 1) or hd % 2 or d["n_heads"] * hd > LM_MAX_DIM:
+        bad.append(f"n_heads {d['n_heads']} / n_kv_heads {d['n_kv_heads']} / head_dim {hd}")
+    if flags & ~(FLAG_TIED | FLAG_QK_NORM | FLAG_CLIP_QKV):
+        bad.append(f"flags {flags:#x}")
+    if not (math.isfinite(eps) and eps > 0):
+        bad.append(f"rms_norm_eps {eps}")
+    if not (math.isfinite(clip) and clip >= 0) or bool(flags & FLAG_CLIP_QKV) != (clip > 0):
+        bad.append(f"clip_qkv {clip}")
+    if not (math.isfinite(theta) and theta > 0):
+        bad.append(f"rope_theta {theta}")
+    if int(h["sliding_window"]) > 2**31 - 1:
+        bad.append(f"sliding_window {h['sliding_window']}")
+    if bad:
+        raise ModelFormatError(f"the header's {', '.join(bad)} are out of range")
+    return TransformerConfig(
+        arch,
+        d["vocab_size"],
+        d["d_model"],
+        d["n_layers"],
+        d["n_heads"],
+        d["n_kv_heads"],
+        hd,
+        theta,
+        eps,
+        tie_word_embeddings=bool(flags & FLAG_TIED),
+        qk_norm=bool(flags & FLAG_QK_NORM),
+        clip_qkv=clip if flags & FLAG_CLIP_QKV else None,
+        sliding_window=int(h["sliding_window"]) or None,
+    )
+
+
+def _schemes_ok(scheme: int, act: int) -> bool:
+    """A (scheme, activation) code pair the kernels have (int8 activations for int8 / int4 /
+    q4k / q5k only, and required by q4k / q5k), as the C checks it."""
+    q8, q4k = SCHEME_CODES["int8"], SCHEME_CODES["q4k"]
+    return (
+        0 <= scheme <= SCHEME_CODES["q5k"]
+        and act in (0, 1)
+        and (scheme >= q8 if act == 1 else scheme < q4k)
+    )
+
+
+def layer_desc(arrays: dict[str, np.ndarray], i: int, dense: int, dense_act: int) -> dict[str, int]:
+    """Layer i's descriptor (the int32 tensor ``layer.{i}.desc`` of `arrays`), checked as the C
+    checks it (lm_parse.c, read_desc) against the header's dense scheme / activation codes."""
+    from ..ir.moe import FLAG_GATED, FLAG_NORM_TOPK
+
+    name = f"layer.{i}.desc"
+    arr = arrays.get(name)
+    if arr is None or arr.dtype != np.dtype("<i4") or arr.shape != (len(LAYER_DESC),):
+        raise ModelFormatError(f"tensor '{name}' is missing or not int32 [{len(LAYER_DESC)}]")
+    v = dict(zip(LAYER_DESC, (int(x) for x in arr)))
+    ok = v["is_moe"] in (0, 1) and 0 <= v["ffn_d_ff"] <= LM_MAX_DIM
+    if v["is_moe"]:
+        ok = ok and (
+            1 <= v["n_experts"] <= LM_MAX_EXPERTS
+            and 1 <= v["top_k"] <= min(v["n_experts"], LM_MAX_TOP_K)
+            and 1 <= v["d_ff"] <= LM_MAX_DIM
+            and v["moe_flags"] & ~(FLAG_NORM_TOPK | FLAG_GATED) == 0
+            and bool(v["moe_flags"] & FLAG_GATED)
+            and 0 <= v["router_scheme"] <= SCHEME_CODES["int8"]
+        )
+    else:
+        ok = ok and v["ffn_d_ff"] >= 1
+    if v["ffn_d_ff"] and (v["ffn_scheme"] != dense or v["ffn_act"] != dense_act):
+        ok = False
+    if v["has_shared_gate"] not in (0, 1) or (
+        v["has_shared_gate"] and (not v["is_moe"] or not v["ffn_d_ff"])
+    ):
+        ok = False
+    if not ok:
+        raise ModelFormatError(f"layer {i}'s descriptor {list(v.values())} is out of range")
+    return v
+
+
+def _check_stored(lm: LMContainer, c: TransformerConfig, max_context: int) -> None:
+    """What the C checks of every tensor at load besides shapes: every fp32 value finite (its
+    default NaN / Inf scan); and what it stores precomputed, the RoPE tables, equal to those of
+    the header's rope_theta, which the numpy reference computes again."""
+    for name, arr in lm.tensors.items():
+        if arr.dtype == np.dtype("<f4") and not np.isfinite(arr).all():
+            raise ModelFormatError(f"tensor '{name}' holds NaN or Inf")
+    half = c.head_dim // 2
+    cos, sin = rope_tables(c, np.arange(max_context))
+    for name, want in (("rope.cos", cos), ("rope.sin", sin)):
+        got = _stored_vector(lm, name, (max_context, half))
+        if not np.array_equal(got, want[:, :half].astype(np.float32)):
+            raise ModelFormatError(
+                f"tensor '{name}' is not the RoPE table of the header's rope_theta {c.rope_theta}"
+            )
+
+
+def lm_scheme_names(h: dict[str, int | float], meta: dict) -> tuple[str, str, str, str, str]:
+    """The schemes a version-2 container was converted with (after :func:`lm_config`): the
+    experts' and their activations' (the metadata's defaults; each expert's own are in its
+    layer's table), the dense matrices' and their activations' (the header's) and the
+    routers'; a ModelFormatError when the header's pair is not one the kernels have or the
+    metadata names an unknown scheme."""
+    dense_code, dense_act_code = int(h["dense_scheme"]), int(h["dense_act"])
+    if not _schemes_ok(dense_code, dense_act_code):
+        raise ModelFormatError(
+            f"the header's dense_scheme {dense_code} / dense_act {dense_act_code} are not a "
+            f"scheme the kernels have"
+        )
+    qm = meta["quantization"]
+    names = qm.get("scheme", "fp32"), qm.get("act", "fp32"), qm.get("router_scheme", "fp32")
+    if not all(isinstance(v, str) for v in names) or (
+        names[0] not in SCHEME_CODES or names[1] not in ACT_CODES or names[2] not in SCHEME_CODES
+    ):
+        raise ModelFormatError(
+            f"metadata quantization {json.dumps(qm)[:200]} names an unknown scheme"
+        )
+    schemes = {v: k for k, v in SCHEME_CODES.items()}
+    acts = {v: k for k, v in ACT_CODES.items()}
+    return names[0], names[1], schemes[dense_code], acts[dense_act_code], names[2]
+
+
 def _lm_model(
     lm: LMContainer, source: str, lean: bool = False
 ) -> tuple[MoETransformer, TransformerQuant | None, int]:
     from ..ir.moe import FLAG_GATED, FLAG_NORM_TOPK, Expert, MoEConfig, MoELayer
-    from ..ir.transformer import Attention, TransformerConfig
+    from ..ir.transformer import Attention
     from ..quant.formats import QuantRouter, quantize_expert
 
     h, t = lm.header, lm.tensors
-    c = TransformerConfig(**lm.meta["config"])
-    qm = lm.meta.get("quantization") or {}
-    scheme, act = str(qm.get("scheme", "fp32")), str(qm.get("act", "fp32"))
-    dense, router = str(qm.get("dense_scheme", "fp32")), str(qm.get("router_scheme", "fp32"))
-    dense_act = str(qm.get("dense_act", "fp32"))
-    quantised = scheme != "fp32" or dense != "fp32" or router != "fp32"
-    q = TransformerQuant(scheme, act, {}, dense, dense_act, router_scheme=router)
+    c = lm_config(h, lm.meta)
+    max_context = int(h["max_context"])
     acts = {v: k for k, v in ACT_CODES.items()}
     schemes = {v: k for k, v in SCHEME_CODES.items()}
+    dense_code, dense_act_code = int(h["dense_scheme"]), int(h["dense_act"])
+    scheme, act, dense, dense_act, router = lm_scheme_names(h, lm.meta)
+    _check_stored(lm, c, max_context)
+    q = TransformerQuant(scheme, act, {}, dense, dense_act, router_scheme=router)
+    blocked = dense == "int8"
+    dm, hq, hkv = c.d_model, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
 
-    def mat(name: str, key: str) -> np.ndarray:
-        m = _stored_matrix(lm, name)
+    def mat(name: str, key: str, n_out: int, n_in: int) -> np.ndarray:
+        m = _stored_matrix(lm, name, dense, n_out, n_in, blocked)
         if m.scheme != "fp32":
             q.dense[key] = m
         return _f32_of(m, lean)
 
-    embed_t = _stored_matrix(lm, "embed")
+    embed_t = _stored_matrix(lm, "embed", dense, c.vocab_size, dm, blocked)
     if embed_t.scheme != "fp32":
         q.dense["embed"] = embed_t
     embed = np.ascontiguousarray(embed_t.dequantize(), np.float32)  # [vocab, d] as stored
     lm_head = embed
     if not c.tie_word_embeddings:
-        head_t = _stored_matrix(lm, "lm_head")
+        head_t = _stored_matrix(lm, "lm_head", dense, c.vocab_size, dm, blocked)
         if head_t.scheme != "fp32":
             q.dense["lm_head"] = head_t
         lm_head = np.ascontiguousarray(head_t.dequantize(), np.float32)
     layers = []
     for i in range(c.n_layers):
         p = f"layer.{i}"
-        desc = dict(zip(LAYER_DESC, (int(v) for v in t[f"{p}.desc"])))
+        desc = layer_desc(t, i, dense_code, dense_act_code)
 
-        def opt(name: str) -> np.ndarray | None:
-            return t.get(name)
+        def vec(name: str, n: int, p: str = p) -> np.ndarray | None:
+            return _optional_vector(lm, f"{p}.{name}", (n,))
 
         att = Attention(
-            wq=mat(f"{p}.attn.q", f"l{i}.wq"),
-            wk=mat(f"{p}.attn.k", f"l{i}.wk"),
-            wv=mat(f"{p}.attn.v", f"l{i}.wv"),
-            wo=mat(f"{p}.attn.o", f"l{i}.wo"),
-            bq=opt(f"{p}.attn.q_bias"),
-            bk=opt(f"{p}.attn.k_bias"),
-            bv=opt(f"{p}.attn.v_bias"),
-            bo=opt(f"{p}.attn.o_bias"),
-            q_norm=opt(f"{p}.attn.q_norm"),
-            k_norm=opt(f"{p}.attn.k_norm"),
+            wq=mat(f"{p}.attn.q", f"l{i}.wq", hq, dm),
+            wk=mat(f"{p}.attn.k", f"l{i}.wk", hkv, dm),
+            wv=mat(f"{p}.attn.v", f"l{i}.wv", hkv, dm),
+            wo=mat(f"{p}.attn.o", f"l{i}.wo", dm, hq),
+            bq=vec("attn.q_bias", hq),
+            bk=vec("attn.k_bias", hkv),
+            bv=vec("attn.v_bias", hkv),
+            bo=vec("attn.o_bias", dm),
+            q_norm=_stored_vector(lm, f"{p}.attn.q_norm", (hq,)) if c.qk_norm else None,
+            k_norm=_stored_vector(lm, f"{p}.attn.k_norm", (hkv,)) if c.qk_norm else None,
         )
         ffn: Expert | None = None
         if desc["ffn_d_ff"]:
-            qf = _stored_ffn(lm, f"{p}.ffn", acts[desc["ffn_act"]])
+            qf = _stored_ffn(lm, f"{p}.ffn", dense, dense_act, dm, desc["ffn_d_ff"])
             assert qf.w3 is not None
             ffn = Expert(w1=_f32_of(qf.w1, lean), w2=_f32_of(qf.w2, lean), w3=_f32_of(qf.w3, lean))
             if qf.scheme != "fp32":
                 q.dense_ffn[i] = qf
         moe: MoELayer | None = None
         if desc["is_moe"]:
-            e, flags = desc["n_experts"], desc["moe_flags"]
+            e, flags, f = desc["n_experts"], desc["moe_flags"], desc["d_ff"]
             mc = MoEConfig(
                 e,
                 desc["top_k"],
-                c.d_model,
-                desc["d_ff"],
+                dm,
+                f,
                 activation="silu",
                 gated=bool(flags & FLAG_GATED),
                 norm_topk_prob=bool(flags & FLAG_NORM_TOPK),
                 vocab_size=c.vocab_size,
             )
-            rt = _stored_matrix(lm, f"{p}.router")
+            rt = _stored_matrix(lm, f"{p}.router", schemes[desc["router_scheme"]], e, dm)
             router_w = np.ascontiguousarray(rt.dequantize(), np.float32)  # [E, d]
             if rt.scheme != "fp32":
                 q.routers[i] = QuantRouter(rt.scheme, rt.data, rt.scale)
-            table = t[f"{p}.experts"].reshape(e, len(EXPERT_COLUMNS))
+            tname = f"{p}.experts"
+            table = t.get(tname)
+            if (
+                table is None
+                or table.dtype != np.dtype("<i4")
+                or lm.shapes[tname]
+                != (
+                    e,
+                    len(EXPERT_COLUMNS),
+                )
+            ):
+                raise ModelFormatError(
+                    f"tensor '{tname}' is missing or not int32 [{e}, {len(EXPERT_COLUMNS)}]"
+                )
             owners = [int(o) for o in table[:, 0]]
+            for j, (o, es, ea) in enumerate(table.tolist()):
+                if not (0 <= o < e and owners[o] == o and _schemes_ok(es, ea)):
+                    raise ModelFormatError(
+                        f"layer {i}'s expert table row {j} [owner {o}, scheme {es}, act {ea}] "
+                        f"is out of range (owners must store themselves; q4k / q5k need int8 "
+                        f"activations)"
+                    )
             stored: dict[int, Expert] = {}
             qexperts: dict[int, QuantExpert] = {}
             for j in sorted(set(owners)):
                 ep = f"{p}.expert.{j}"
                 es, ea = schemes[int(table[j, 1])], acts[int(table[j, 2])]
-                if es == "fp32":
+                if es == "fp32":  # the MoE IR layout [in][out], as the C reads it
                     stored[j] = Expert(
-                        w1=t[f"{ep}.w1"], w2=t[f"{ep}.w2"], w3=t.get(f"{ep}.w3"),
-                        b1=t.get(f"{ep}.b1"), b2=t.get(f"{ep}.b2"),
+                        w1=_stored_vector(lm, f"{ep}.w1", (dm, f)),
+                        w2=_stored_vector(lm, f"{ep}.w2", (f, dm)),
+                        w3=_stored_vector(lm, f"{ep}.w3", (dm, f)),
                     )  # fmt: skip
                     qexperts[j] = quantize_expert(stored[j], "fp32", "fp32")
                 else:
-                    qe = _stored_ffn(lm, ep, ea)
+                    qe = _stored_ffn(lm, ep, es, ea, dm, f)
                     assert qe.w3 is not None
                     stored[j] = Expert(
-                        w1=_f32_of(qe.w1, lean), w2=_f32_of(qe.w2, lean),
-                        w3=_f32_of(qe.w3, lean), b1=qe.b1, b2=qe.b2,
-                    )  # fmt: skip
+                        w1=_f32_of(qe.w1, lean), w2=_f32_of(qe.w2, lean), w3=_f32_of(qe.w3, lean)
+                    )
                     qexperts[j] = qe
+            heat = vec(HEAT_TENSOR, e)
+            if heat is not None and (heat < 0).any():
+                raise ModelFormatError(f"tensor '{p}.{HEAT_TENSOR}' holds a negative value")
             q.experts[i] = qexperts
+            gate = (
+                _stored_vector(lm, f"{p}.shared_gate", (dm,)) if desc["has_shared_gate"] else None
+            )
             moe = MoELayer(
                 mc,
                 router_w,
@@ -612,15 +825,19 @@ def _lm_model(
                 sharing_map=owners,
                 source=source,
                 shared_expert=ffn,
-                shared_gate=t.get(f"{p}.shared_gate"),
+                shared_gate=gate,
                 storage=owners,  # the file's table, as the C reads it (not a content hash:
                 # lean placeholders all hash alike)
             )
             ffn_mlp = None
         else:
             ffn_mlp = ffn
-        layers.append(
-            DecoderLayer(t[f"{p}.input_norm"], att, t[f"{p}.post_norm"], moe=moe, mlp=ffn_mlp)
-        )
-    model = MoETransformer(c, embed, layers, t["final_norm"], lm_head, source)
-    return model, (q if quantised else None), int(h["max_context"])
+        input_norm = _stored_vector(lm, f"{p}.input_norm", (dm,))
+        post_norm = _stored_vector(lm, f"{p}.post_norm", (dm,))
+        layers.append(DecoderLayer(input_norm, att, post_norm, moe=moe, mlp=ffn_mlp))
+    final_norm = _stored_vector(lm, "final_norm", (dm,))
+    model = MoETransformer(c, embed, layers, final_norm, lm_head, source)
+    quantised = bool(q.dense or q.dense_ffn or q.routers) or any(
+        e.scheme != "fp32" for layer in q.experts.values() for e in layer.values()
+    )
+    return model, (q if quantised else None), max_context

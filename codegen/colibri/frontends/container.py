@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -243,6 +244,12 @@ LAYER_DESC = (
 EXPERT_COLUMNS = ("owner", "scheme", "act")
 
 
+def entry_name(raw: bytes) -> str:
+    """A table entry's name: its bytes up to the first NUL, as the C reader compares them
+    (whatever follows the NUL is padding)."""
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
 def align(n: int) -> int:
     """`n` rounded up to a multiple of ALIGN (where the metadata ends and each blob starts)."""
     return (n + ALIGN - 1) // ALIGN * ALIGN
@@ -323,7 +330,7 @@ def read_table(data: bytes, source: str) -> tuple[tuple[int, ...], list[TensorEn
         name_b, dtype, ndim, s0, s1, s2, s3, off, nb, expert, crc = ENTRY.unpack_from(
             data, table_off + i * ENTRY_SIZE
         )
-        name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+        name = entry_name(name_b)
         if dtype not in DTYPES or not 1 <= ndim <= 4:
             raise ModelFormatError(f"{source}: tensor '{name}' has unknown dtype {dtype}/ndim")
         shape = (s0, s1, s2, s3)[:ndim]
@@ -454,6 +461,28 @@ def is_lm_container(path: str | os.PathLike[str]) -> bool:
     )
 
 
+def check_lm_layout(h: dict[str, Any], size: int, source: str) -> None:
+    """A version-2 header's sizes and offsets against the file's `size` bytes, as the C
+    checks them: the table right after the header, the metadata after it, the data aligned,
+    all inside the file."""
+    if h["file_size"] != size:
+        raise ModelFormatError(
+            f"{source}: the header says {h['file_size']} bytes, the file has {size}: "
+            f"truncated or corrupt"
+        )
+    n = int(h["n_tensors"])
+    if (
+        h["alignment"] != ALIGN
+        or h["table_offset"] != HEADER_SIZE
+        or n == 0
+        or h["meta_offset"] != HEADER_SIZE + ENTRY_SIZE * n
+        or h["meta_offset"] + h["meta_bytes"] > h["data_offset"]
+        or h["data_offset"] % ALIGN
+        or h["data_offset"] > size
+    ):
+        raise ModelFormatError(f"{source}: inconsistent header offsets")
+
+
 def read_lm_header(path: str | os.PathLike[str]) -> tuple[dict[str, int | float], dict]:
     """The header fields and metadata of a version-2 container, without reading its tensors
     (the runtime validates those); ModelFormatError when it is not one."""
@@ -474,6 +503,7 @@ def read_lm_header(path: str | os.PathLike[str]) -> tuple[dict[str, int | float]
                     f"whole model: generate C from it (`colibri generate {source} --out DIR`) "
                     f"and run DIR, or convert a Hugging Face checkpoint without --layer"
                 )
+            check_lm_layout(h, os.fstat(f.fileno()).st_size, source)
             f.seek(int(h["meta_offset"]))
             raw = f.read(min(int(h["meta_bytes"]), 1 << 24))
     except OSError as exc:
@@ -521,14 +551,17 @@ def read_lm_table(
                 )
                 if not 1 <= ndim <= 4:
                     raise ModelFormatError(f"{source}: tensor {i} has {ndim} dimensions")
-                name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+                name = entry_name(name_b)
                 e = LMTableEntry(name, dtype, (s0, s1, s2, s3)[:ndim], nb, off, crc)
                 entries.append(e)
+                if off + nb > int(h["file_size"]):
+                    raise ModelFormatError(f"{source}: tensor '{name}' is misplaced or truncated")
                 if suffixes and name.endswith(suffixes) and dtype in LM_DTYPES:
                     f.seek(off)
                     data = f.read(nb)
                     dt = LM_DTYPES[dtype]
-                    if len(data) != nb or zlib.crc32(data) != crc or nb % dt.itemsize:
+                    count = math.prod(e.shape)
+                    if len(data) != nb or zlib.crc32(data) != crc or nb != count * dt.itemsize:
                         raise ModelFormatError(f"{source}: tensor '{name}' is truncated or corrupt")
                     arrays[name] = np.frombuffer(data, dt).reshape(e.shape).copy()
     except OSError as exc:
@@ -561,19 +594,8 @@ def read_lm_container(path: str | os.PathLike[str], mapped: bool = False) -> LMC
             f"{source}: container version {h['version']} kind {h['kind']}: not a whole-model "
             f"(version 2) container"
         )
-    if h["file_size"] != len(data):
-        raise ModelFormatError(
-            f"{source}: the header says {h['file_size']} bytes, the file has {len(data)}: "
-            f"truncated or corrupt"
-        )
+    check_lm_layout(h, len(data), source)
     n = int(h["n_tensors"])
-    if (
-        h["meta_offset"] != HEADER_SIZE + ENTRY_SIZE * n
-        or h["meta_offset"] + h["meta_bytes"] > h["data_offset"]
-        or h["data_offset"] % ALIGN
-        or h["data_offset"] > len(data)
-    ):
-        raise ModelFormatError(f"{source}: inconsistent header offsets")
     tensors: dict[str, np.ndarray] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     end = int(h["data_offset"])
@@ -581,9 +603,9 @@ def read_lm_container(path: str | os.PathLike[str], mapped: bool = False) -> LMC
         name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _expert, crc = ENTRY.unpack_from(
             data, HEADER_SIZE + i * ENTRY_SIZE
         )
-        name = name_b.rstrip(b"\0").decode("utf-8", "replace")
+        name = entry_name(name_b)
         shape = (s0, s1, s2, s3)[:ndim]
-        if off % ALIGN or off < end or off + nb > len(data) or not 1 <= ndim <= 4:
+        if not name or off % ALIGN or off < end or off + nb > len(data) or not 1 <= ndim <= 4:
             raise ModelFormatError(f"{source}: tensor '{name}' is misplaced or truncated")
         end = off + nb
         if zlib.crc32(data[off : off + nb]) != crc:
@@ -639,7 +661,7 @@ def read_lm_tokenizer(path: str | os.PathLike[str]) -> bytes | None:
         table = f.read(ENTRY_SIZE * int(h["n_tensors"]) + HEADER_SIZE)[HEADER_SIZE:]
         for i in range(len(table) // ENTRY_SIZE):
             fields = ENTRY.unpack_from(table, i * ENTRY_SIZE)
-            if fields[0].rstrip(b"\0") != TOKENIZER_TENSOR.encode():
+            if entry_name(fields[0]) != TOKENIZER_TENSOR:
                 continue
             off, nb, crc = fields[7], fields[8], fields[10]
             f.seek(off)
@@ -648,3 +670,92 @@ def read_lm_tokenizer(path: str | os.PathLike[str]) -> bytes | None:
                 raise ModelFormatError(f"{source}: the embedded tokenizer.json is corrupt")
             return data
     return None
+
+
+# -- the metadata JSON against the header (`colibri verify`, the whole-model reader) ----------
+
+
+def _same(header: object, meta: object) -> bool:
+    """A metadata value equals the header's: the same kind (a bool is not 0 / 1) and value;
+    floats as the header stores them (float32 or float64)."""
+    if isinstance(header, bool) or isinstance(meta, bool) or header is None or meta is None:
+        return type(header) is type(meta) and header == meta
+    if isinstance(header, float):
+        if isinstance(meta, bool) or not isinstance(meta, (int, float)):
+            return False
+        return header == meta or float(np.float32(meta)) == header
+    if isinstance(header, int):
+        return isinstance(meta, int) and header == meta
+    return bool(header == meta)
+
+
+def _at(source: str) -> str:
+    """A message's "SOURCE: " prefix, or nothing for a caller that adds its own."""
+    return f"{source}: " if source else ""
+
+
+def check_meta_against_header(
+    source: str, meta: dict[str, Any], fields: list[tuple[str, str, object]], section: str
+) -> int:
+    """Every field present in both the metadata JSON (`meta[key]`) and the header (`fields`:
+    key, the header's name for it, its value there) must agree; a contradiction is a
+    ModelFormatError naming both. Returns how many fields were compared."""
+    n = 0
+    for key, hname, hval in fields:
+        if key not in meta:
+            continue
+        n += 1
+        if not _same(hval, meta[key]):
+            raise ModelFormatError(
+                f"{_at(source)}metadata {section}.{key} = {json.dumps(meta[key])} contradicts the "
+                f"header's {hname} = {json.dumps(hval)}; the file is corrupt or was edited: "
+                f"convert the model again"
+            )
+    return n
+
+
+def check_lm_meta(source: str, h: dict[str, Any], meta: object) -> int:
+    """The metadata JSON of a version-2 container against its header (what the C reads): a
+    JSON object with 'config' and 'quantization' objects whose fields the header also holds
+    agree with it; a ModelFormatError names the first that does not. Returns how many fields
+    were compared."""
+    if not isinstance(meta, dict):
+        raise ModelFormatError(f"{_at(source)}metadata is not a JSON object; the file is corrupt")
+    cfg, quant = meta.get("config"), meta.get("quantization")
+    if not isinstance(cfg, dict) or not isinstance(quant, dict):
+        raise ModelFormatError(
+            f"{_at(source)}metadata has no 'config' / 'quantization' object; the file is corrupt"
+        )
+    flags = int(h["flags"])
+    n = check_meta_against_header(
+        source,
+        cfg,
+        [
+            (key, key, int(h[key]))
+            for key in ("n_layers", "vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim")
+        ]
+        + [
+            ("rms_norm_eps", "rms_norm_eps", float(h["rms_norm_eps"])),
+            ("rope_theta", "rope_theta", float(h["rope_theta"])),
+            ("tie_word_embeddings", "flags (tied)", bool(flags & FLAG_TIED)),
+            ("qk_norm", "flags (qk_norm)", bool(flags & FLAG_QK_NORM)),
+            (
+                "clip_qkv",
+                "clip_qkv and flags",
+                float(h["clip_qkv"]) if flags & FLAG_CLIP_QKV else None,
+            ),
+            ("sliding_window", "sliding_window", int(h["sliding_window"]) or None),
+        ],
+        "config",
+    )
+    schemes = {v: k for k, v in SCHEME_CODES.items()}
+    acts = {v: k for k, v in ACT_CODES.items()}
+    return n + check_meta_against_header(
+        source,
+        quant,
+        [
+            ("dense_scheme", "dense_scheme", schemes.get(int(h["dense_scheme"]))),
+            ("dense_act", "dense_act", acts.get(int(h["dense_act"]))),
+        ],
+        "quantization",
+    )
