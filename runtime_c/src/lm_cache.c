@@ -183,8 +183,8 @@ static uint64_t al_slot(uint64_t n)
 }
 
 /* The bytes of a read's chunks: LM_READ_CHUNK, or COLIBRI_LM_READ_CHUNK from the environment
- * (at least 64; the tests' small experts are read in many chunks with a few KiB), read by
- * colibri_lm_init. */
+ * (at least 64; the tests' small experts are read in many chunks with a few KiB), read once by
+ * clb_lm_cache_plan for colibri_lm_init. */
 static uint64_t read_chunk_bytes(void)
 {
     const char *v = getenv("COLIBRI_LM_READ_CHUNK");
@@ -291,8 +291,9 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
     *bytes = add64(*bytes, mul64(n_owners, 12u)); /* pin_hot's ranking (lm_hot) */
     *bytes = add64(*bytes, mul64(lm->h.n_layers, sizeof(lm_predict)));
     /* the reader and the slots' chunk CRC-32s (lm_slot.crcs) */
-    *bytes = add64(*bytes, add64(LM_READER_BYTES,
-                                 mul64(4u * n_slots, slot_max_chunks(slot, read_chunk_bytes()))));
+    lm->read_chunk = read_chunk_bytes(); /* once: setup allocates what this counts */
+    *bytes = add64(
+        *bytes, add64(LM_READER_BYTES, mul64(4u * n_slots, slot_max_chunks(slot, lm->read_chunk))));
     if ((config->expert_flags & COLIBRI_LM_NO_PREFETCH) == 0u) {
         *bytes = add64(*bytes, 16u * (uint64_t)lm->n_experts); /* ref_used, ref_pin */
     }
@@ -334,7 +335,7 @@ colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *c
     c->resident = (int32_t *)malloc((size_t)lm->n_experts * sizeof *c->resident);
     c->predict = (lm_predict *)calloc(lm->h.n_layers, sizeof *c->predict);
     c->evictor = (int32_t *)calloc((size_t)lm->n_experts, sizeof *c->evictor);
-    c->chunk = read_chunk_bytes();
+    c->chunk = lm->read_chunk;
     c->max_chunks = (uint32_t)slot_max_chunks(slot, c->chunk); /* plan counted n_slots of them */
     c->chunk_op = colibri_crc32_shift(c->chunk);
     c->crcs = (uint32_t *)malloc((size_t)n_slots * c->max_chunks * sizeof *c->crcs);

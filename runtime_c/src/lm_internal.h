@@ -223,8 +223,9 @@ struct colibri_lm {
     size_t arena_bytes;
     lm_expert *experts; /* every layer's, in order */
     int32_t n_experts;
-    lm_cache *cache; /* NULL: all experts read in place from the mapping */
-    void *packed;    /* the packed matrices (lm_pack), NULL: none */
+    lm_cache *cache;     /* NULL: all experts read in place from the mapping */
+    uint64_t read_chunk; /* a miss's chunk bytes, read once by clb_lm_cache_plan */
+    void *packed;        /* the packed matrices (lm_pack), NULL: none */
     size_t packed_bytes;
     colibri_lm_stats_t stats;
     colibri_tf_model_t tf; /* the view tf_step.c's step functions run (clb_lm_view) */
