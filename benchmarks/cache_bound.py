@@ -13,8 +13,8 @@ as the runtime's are. Policies:
 - LRU: least recently used out (the runtime without prefetch);
 - LFU: the expert with the fewest uses so far out, ties to the least recent (online);
 - pin P + LRU: the P experts used most over the whole text (an oracle of the counts, as
-  calibration heat approximates them) held, the other slots LRU (the runtime's --pin, which
-  needs top_k LRU slots for the misses);
+  calibration heat approximates them) held from the start, the other slots LRU (the runtime's
+  --pin, which loads its pins at start-up and needs top_k LRU slots for the misses);
 - OPT: Belady's.
 
 With a miss costing m microseconds and a resident step r, decode runs at about
