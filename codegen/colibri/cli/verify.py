@@ -113,6 +113,13 @@ def _verify_lm_file(p: Path, say: Callable[[str], None]) -> None:
     say("weights: no fp32 value NaN or Inf")
     n = check_lm_meta(str(p), h, c.meta)
     say(f"metadata agrees with the header ({n} fields in both)")
+    from ..emit.lmfile import read_lm_model
+
+    read_lm_model(p, lean=True)
+    say(
+        "model: every tensor in the scheme its tables name and the shape the header gives, "
+        "layer descriptors and expert tables in range, RoPE tables those of rope_theta"
+    )
     try:
         with LM(p) as lm:
             say(
