@@ -37,6 +37,7 @@ import subprocess
 import sys
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,13 @@ EDGE_WORDS = [
     b"\xff\xff\xff\xff",
     b"\x00\x7c\x00\xfc",  # fp16 +Inf, -Inf
 ]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_overflow() -> Iterator[None]:
+    """The mutants' weights overflow fp32 on purpose: the outcome is checked, not warned."""
+    with np.errstate(all="ignore"):
+        yield
 
 
 @pytest.fixture(scope="module")

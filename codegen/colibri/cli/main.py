@@ -511,7 +511,9 @@ def _reference_generate(
     prompt = _check_context(a, max_context)
     cache = KVCache()
     new: list[int] = []
-    with progress.stage("forward", 1 + a.max_new_tokens) as st:
+    # overflow on the way is reported as an error (NaN or Inf in a router input or the
+    # logits), not as numpy's warnings
+    with progress.stage("forward", 1 + a.max_new_tokens) as st, np.errstate(all="ignore"):
         logits = forward(model, prompt, cache, quant=q)
         st.update(1, f"prompt ({len(prompt)} tokens)")
         last = logits[-1]
