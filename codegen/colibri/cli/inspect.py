@@ -32,7 +32,7 @@ from ..frontends.container import (
     DTYPE_Q5K,
     EXPERT_COLUMNS,
     HEAT_TENSOR,
-    SCHEME_CODES,
+    SCHEME_NAMES,
     TOKENIZER_TENSOR,
     LMTableEntry,
     is_lm_container,
@@ -426,7 +426,6 @@ _FILE_DTYPES = {
     5: "q4k in the old row layout (no longer read: convert again)",
     6: "q5k in the old row layout (no longer read: convert again)",
 }
-_SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
 #: Tensors of a container that are not weights (descriptors, tables, tokenizer, RoPE tables).
 _NOT_PARAMETERS = (".desc", ".experts", f".{HEAT_TENSOR}", ".scale")
 
@@ -524,7 +523,7 @@ def lm_file_report(path: Path) -> Report:
         }
         routed += sum(per[int(o)] for o in table[:, 0])
         active += m.config.top_k * max(per.values(), default=0)
-        expert_schemes.update(_SCHEME_NAMES.get(int(code), "?") for code in table[:, 1])
+        expert_schemes.update(SCHEME_NAMES.get(int(code), "?") for code in table[:, 1])
     active += total - sum(v for n, v in size.items() if ".expert." in n)
     max_context = int(h["max_context"])
     dims: dict[str, Any] = {

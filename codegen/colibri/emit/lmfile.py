@@ -30,6 +30,7 @@ from .. import __version__
 from ..errors import ConfigError, ModelFormatError
 from ..frontends.container import (
     ACT_CODES,
+    ACT_NAMES,
     ALIGN,
     BLOCK_Q4_DTYPE,
     BLOCK_Q4K_DTYPE,
@@ -50,6 +51,7 @@ from ..frontends.container import (
     MAGIC,
     NO_EXPERT,
     SCHEME_CODES,
+    SCHEME_NAMES,
     TOKENIZER_TENSOR,
     LMContainer,
     check_lm_meta,
@@ -537,8 +539,13 @@ def read_lm_model(
     placeholders without memory, which the quantised mirror never reads (it runs the
     TransformerQuant's tensors); the embedding and LM head are still dequantised. Memory: those
     two in fp32 and one matrix's codes at a time, whatever the experts' total."""
-    source = str(path)
-    lm = read_lm_container(path, mapped=lean)
+    return lm_model(read_lm_container(path, mapped=lean), str(path), lean)
+
+
+def lm_model(
+    lm: LMContainer, source: str, lean: bool = False
+) -> tuple[MoETransformer, TransformerQuant | None, int]:
+    """:func:`read_lm_model` of a container already read (`colibri verify`: one read)."""
     try:
         return _lm_model(lm, source, lean)
     except (KeyError, TypeError, ValueError) as exc:
@@ -685,9 +692,7 @@ def lm_scheme_names(h: dict[str, int | float], meta: dict) -> tuple[str, str, st
         raise ModelFormatError(
             f"metadata quantization {json.dumps(qm)[:200]} names an unknown scheme"
         )
-    schemes = {v: k for k, v in SCHEME_CODES.items()}
-    acts = {v: k for k, v in ACT_CODES.items()}
-    return names[0], names[1], schemes[dense_code], acts[dense_act_code], names[2]
+    return names[0], names[1], SCHEME_NAMES[dense_code], ACT_NAMES[dense_act_code], names[2]
 
 
 def _lm_model(
@@ -700,10 +705,8 @@ def _lm_model(
     h, t = lm.header, lm.tensors
     c = lm_config(h, lm.meta)
     max_context = int(h["max_context"])
-    acts = {v: k for k, v in ACT_CODES.items()}
-    schemes = {v: k for k, v in SCHEME_CODES.items()}
-    dense_code, dense_act_code = int(h["dense_scheme"]), int(h["dense_act"])
     scheme, act, dense, dense_act, router = lm_scheme_names(h, lm.meta)
+    dense_code, dense_act_code = SCHEME_CODES[dense], ACT_CODES[dense_act]
     _check_stored(lm, c, max_context)
     q = TransformerQuant(scheme, act, {}, dense, dense_act, router_scheme=router)
     blocked = dense == "int8"
@@ -765,7 +768,7 @@ def _lm_model(
                 norm_topk_prob=bool(flags & FLAG_NORM_TOPK),
                 vocab_size=c.vocab_size,
             )
-            rt = _stored_matrix(lm, f"{p}.router", schemes[desc["router_scheme"]], e, dm)
+            rt = _stored_matrix(lm, f"{p}.router", SCHEME_NAMES[desc["router_scheme"]], e, dm)
             router_w = np.ascontiguousarray(rt.dequantize(), np.float32)  # [E, d]
             if rt.scheme != "fp32":
                 q.routers[i] = QuantRouter(rt.scheme, rt.data, rt.scale)
@@ -795,7 +798,7 @@ def _lm_model(
             qexperts: dict[int, QuantExpert] = {}
             for j in sorted(set(owners)):
                 ep = f"{p}.expert.{j}"
-                es, ea = schemes[int(table[j, 1])], acts[int(table[j, 2])]
+                es, ea = SCHEME_NAMES[int(table[j, 1])], ACT_NAMES[int(table[j, 2])]
                 if es == "fp32":  # the MoE IR layout [in][out], as the C reads it
                     stored[j] = Expert(
                         w1=_stored_vector(lm, f"{ep}.w1", (dm, f)),

@@ -222,6 +222,9 @@ KIND_DECODER = 1
 #: Weight schemes of the version-2 descriptors (colibri_quant_scheme order).
 SCHEME_CODES = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "q4k": 4, "q5k": 5}
 ACT_CODES = {"fp32": 0, "int8": 1}
+#: The codes back to their names.
+SCHEME_NAMES = {v: k for k, v in SCHEME_CODES.items()}
+ACT_NAMES = {v: k for k, v in ACT_CODES.items()}
 #: Version-2 header flags.
 FLAG_TIED = 0x1
 FLAG_QK_NORM = 0x2
@@ -748,14 +751,12 @@ def check_lm_meta(source: str, h: dict[str, Any], meta: object) -> int:
         ],
         "config",
     )
-    schemes = {v: k for k, v in SCHEME_CODES.items()}
-    acts = {v: k for k, v in ACT_CODES.items()}
     return n + check_meta_against_header(
         source,
         quant,
         [
-            ("dense_scheme", "dense_scheme", schemes.get(int(h["dense_scheme"]))),
-            ("dense_act", "dense_act", acts.get(int(h["dense_act"]))),
+            ("dense_scheme", "dense_scheme", SCHEME_NAMES.get(int(h["dense_scheme"]))),
+            ("dense_act", "dense_act", ACT_NAMES.get(int(h["dense_act"]))),
         ],
         "quantization",
     )
