@@ -530,35 +530,51 @@ KX_AVX512VNNI void colibri_x86_matmul_q4_q8_avx512(const colibri_block_q4_32 *w,
  * L1) was slower (16-25 GB/s); on a Xeon the hardware alone stopped at a plain loop's 14.6 GB/s
  * (figures at kx_ahead).
  */
-/* How many bytes ahead of the packed matrices' stream their kernels prefetch into L2 (0: none):
- * COLIBRI_X86_PREFETCH=<bytes> in the environment (0 turns it off; at most 1 MiB), else 8192 on
- * Intel CPUs and 0 elsewhere, chosen on the first call. On a Xeon (Sapphire Rapids family, one
- * core) the hardware prefetchers alone streamed a packed int8 model at 14.6 GB/s, the speed of a
- * plain read loop; 8 KB ahead into L2 took issue 13's int8 decode from 121-134 to 135-157
- * tokens/s and int4 from 142-152 to 217-234 (interleaved runs); into L1 int8 reached only
- * 137-149. On a Zen 4 every distance tried into L1 was slower than none (see the packed
- * matrices' comment), so AMD CPUs keep the hardware's stream alone. Outputs do not depend on
- * it. */
-static atomic_int kx_ahead_bytes = -1;
+/* How many bytes ahead of the packed matrices' stream their kernels prefetch into L2 (0: none),
+ * for one token (decode) and for several (prefill, the experts' groups of tokens).
+ * COLIBRI_X86_PREFETCH=<bytes> in the environment sets both (0 turns it off; at most 1 MiB).
+ * Else, chosen on the first call: one token 8192 on Intel CPUs and 0 elsewhere, several tokens
+ * 8192 on every CPU.
+ * One token: on a Xeon (Sapphire Rapids family, one core) the hardware prefetchers alone
+ * streamed a packed int8 model at 14.6 GB/s, the speed of a plain read loop; 8 KB ahead into L2
+ * took issue 13's int8 decode from 121-134 to 135-157 tokens/s and int4 from 142-152 to 217-234
+ * (interleaved runs); into L1 int8 reached only 137-149. On a Zen 4 every distance tried into L1
+ * was slower than none (see the packed matrices' comment), and 8 KB into L2 too (issue 13's int8
+ * decode 177-228 -> 139-163 tokens/s), so AMD CPUs keep the hardware's stream alone.
+ * Several tokens: the tiles compute long enough on each group of sixteen rows for the hardware
+ * stream to stall between groups; on the Zen 4, a 1024 x 2816 int4 matrix streamed from DRAM
+ * with 8 / 16 tokens took 0.354 / 0.484 ms without and 0.175 / 0.318 ms with 8 KB into L2
+ * (0.257 / 0.462 -> 0.168 / 0.312 at 2816 x 1024; int8 alike). Outputs do not depend on it. */
+static atomic_int kx_ahead_bytes = -1;       /* one token */
+static atomic_int kx_ahead_multi_bytes = -1; /* several */
 
-static int32_t kx_ahead(void)
+static void kx_ahead_choose(void)
 {
-    int v = atomic_load_explicit(&kx_ahead_bytes, memory_order_relaxed);
-    if (v < 0) { /* every racing thread computes the same value */
-        const char *env = getenv("COLIBRI_X86_PREFETCH");
-        if (env != NULL && env[0] != '\0') {
-            const long n = strtol(env, NULL, 10);
-            v = (n <= 0) ? 0 : (n > (1L << 20)) ? (1 << 20) : (int)n;
-        } else {
-            unsigned a = 0u, b = 0u, c = 0u, d = 0u;
-            /* vendor "GenuineIntel": EBX, EDX, ECX of leaf 0 */
-            const int intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756E6547u &&
-                              d == 0x49656E69u && c == 0x6C65746Eu;
-            v = intel ? 8192 : 0;
-        }
-        atomic_store_explicit(&kx_ahead_bytes, v, memory_order_relaxed);
+    /* every racing thread computes the same values */
+    int one, multi;
+    const char *env = getenv("COLIBRI_X86_PREFETCH");
+    if (env != NULL && env[0] != '\0') {
+        const long n = strtol(env, NULL, 10);
+        one = multi = (n <= 0) ? 0 : (n > (1L << 20)) ? (1 << 20) : (int)n;
+    } else {
+        unsigned a = 0u, b = 0u, c = 0u, d = 0u;
+        /* vendor "GenuineIntel": EBX, EDX, ECX of leaf 0 */
+        const int intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756E6547u && d == 0x49656E69u &&
+                          c == 0x6C65746Eu;
+        one = intel ? 8192 : 0;
+        multi = 8192;
     }
-    return v;
+    atomic_store_explicit(&kx_ahead_multi_bytes, multi, memory_order_relaxed);
+    atomic_store_explicit(&kx_ahead_bytes, one, memory_order_relaxed);
+}
+
+static int32_t kx_ahead(int32_t n_tok)
+{
+    atomic_int *v = n_tok > 1 ? &kx_ahead_multi_bytes : &kx_ahead_bytes;
+    if (atomic_load_explicit(v, memory_order_relaxed) < 0) {
+        kx_ahead_choose();
+    }
+    return atomic_load_explicit(v, memory_order_relaxed);
 }
 
 #define KX_PK512_CORR 4096 /* (token, block) corrections per batch of tokens: 16 KB of stack */
@@ -681,7 +697,7 @@ KX_NOINLINE KX_AVX512VNNI void colibri_x86_matmul_packed_avx512(
     const size_t regs = kx_pk512_group_regs(kind, nb);
     (void)n_out;
     const int32_t mult = (kind == COLIBRI_X86_PACK_Q4) ? -8 : -128;
-    const uintptr_t ahead = (uintptr_t)kx_ahead();
+    const uintptr_t ahead = (uintptr_t)kx_ahead(n_tok);
     int32_t corr[KX_PK512_CORR];
     int32_t batch = KX_PK512_CORR / nb; /* nb <= KX_PK512_CORR: colibri_x86_packed_bytes */
     if (batch > KX_MM512_TILE) {
