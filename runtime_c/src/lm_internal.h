@@ -401,6 +401,14 @@ void clb_lm_pool_free(lm_pool *pool);
 colibri_status clb_lm_pool_create(colibri_lm_t *lm, lm_pool **out);
 #endif
 
+#ifndef COLIBRI_NO_THREADS
+/** @brief Spin until ready(obj, seen) (C11 atomics read without a mutex), at most LM_SPIN_NS
+ *         of the clock, yielding the core after LM_SPIN_YIELD polls: 1 if it came true, 0 when
+ *         the time ran out (the caller then blocks on its condition variable). The pool's
+ *         waits and the expert reader's (lm_reader.c) both spin so. */
+int clb_lm_spin(int (*ready)(const void *, uint64_t), const void *obj, uint64_t seen);
+#endif
+
 /** @brief Run a job on every thread; the first failing status in thread order, else OK. */
 colibri_status clb_lm_run(colibri_lm_t *lm, lm_job_fn fn, void *arg);
 

@@ -78,26 +78,26 @@ static int64_t now_ns(void)
 }
 
 /* A new job was posted (or the pool stops) since generation `seen`: a worker's wait. */
-static int job_posted(lm_pool *pool, uint64_t seen)
+static int job_posted(const void *obj, uint64_t seen)
 {
+    const lm_pool *pool = (const lm_pool *)obj;
     return atomic_load_explicit(&pool->gen, memory_order_acquire) != seen ||
            atomic_load_explicit(&pool->stop, memory_order_relaxed) != 0;
 }
 
 /* Every worker finished the current job: the caller's wait. */
-static int jobs_done(lm_pool *pool, uint64_t seen)
+static int jobs_done(const void *obj, uint64_t seen)
 {
     (void)seen;
+    const lm_pool *pool = (const lm_pool *)obj;
     return atomic_load_explicit(&pool->pending, memory_order_acquire) == 0;
 }
 
-/* Spin until ready(pool, seen), at most LM_SPIN_NS; 1 if it came true while spinning (the
- * caller then takes the mutex without waiting). */
-static int pool_spin(lm_pool *pool, int (*ready)(lm_pool *, uint64_t), uint64_t seen)
+int clb_lm_spin(int (*ready)(const void *, uint64_t), const void *obj, uint64_t seen)
 {
     int64_t start = -1;
     for (int32_t i = 1;; i++) {
-        if (ready(pool, seen)) {
+        if (ready(obj, seen)) {
             return 1;
         }
         if (i > LM_SPIN_YIELD) {
@@ -122,7 +122,7 @@ static void *lm_worker(void *p)
     const int32_t tid = ((lm_worker_arg *)p)->tid;
     uint64_t seen = 0;
     for (;;) {
-        (void)pool_spin(pool, job_posted, seen);
+        (void)clb_lm_spin(job_posted, pool, seen);
         pthread_mutex_lock(&pool->mu);
         while (!pool->stop && pool->gen == seen) {
             pthread_cond_wait(&pool->wake, &pool->mu); /* idle past the spin: blocked */
@@ -258,7 +258,7 @@ colibri_status clb_lm_run(colibri_lm_t *lm, lm_job_fn fn, void *arg)
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mu);
         colibri_status st = fn(lm, arg, 0, pool->n_workers + 1);
-        (void)pool_spin(pool, jobs_done, 0);
+        (void)clb_lm_spin(jobs_done, pool, 0);
         pthread_mutex_lock(&pool->mu);
         while (pool->pending > 0) {
             pthread_cond_wait(&pool->done, &pool->mu);
