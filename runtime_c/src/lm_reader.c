@@ -118,14 +118,19 @@ static void *reader_main(void *arg)
     lm_cache *c = r->lm->cache;
     pthread_mutex_lock(&r->mu);
     for (;;) {
-        if (!r->stop && r->avail == 0u) { /* idle: spin a while before blocking */
-            const uint64_t seen = atomic_load_explicit(&r->posted, memory_order_relaxed);
-            pthread_mutex_unlock(&r->mu);
-            (void)clb_lm_spin(read_posted, r, seen);
-            pthread_mutex_lock(&r->mu);
-        }
+        /* idle: spin until a spin runs out of time, then block. A read posted while spinning
+         * may have been taken by the caller meanwhile (clb_lm_reader_reap): spin again then,
+         * or the next post would pay the wake-up. */
+        int spin = 1;
         while (!r->stop && r->avail == 0u) {
-            pthread_cond_wait(&r->job, &r->mu);
+            if (spin) {
+                const uint64_t seen = atomic_load_explicit(&r->posted, memory_order_relaxed);
+                pthread_mutex_unlock(&r->mu);
+                spin = clb_lm_spin(read_posted, r, seen);
+                pthread_mutex_lock(&r->mu);
+            } else {
+                pthread_cond_wait(&r->job, &r->mu);
+            }
         }
         if (r->stop) {
             break;

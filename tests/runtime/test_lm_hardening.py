@@ -229,9 +229,15 @@ def test_file_changed_after_load_is_a_status(
 
 
 @pytest.mark.parametrize(
-    ("chunk", "ahead"),
-    [(None, False), ("4096", False), (None, True)],
-    ids=["inline", "two-threads", "read-ahead"],
+    ("chunk", "ahead", "last"),
+    [
+        (None, False, False),
+        ("4096", False, False),
+        (None, True, False),
+        ("100", False, True),
+        ("100", True, True),
+    ],
+    ids=["inline", "two-threads", "read-ahead", "two-threads-last-byte", "read-ahead-last-byte"],
 )
 def test_budgeted_expert_changed_in_place_is_a_checksum_error(
     files: dict[str, Path],
@@ -239,6 +245,7 @@ def test_budgeted_expert_changed_in_place_is_a_checksum_error(
     monkeypatch: pytest.MonkeyPatch,
     chunk: str | None,
     ahead: bool,
+    last: bool,
 ) -> None:
     """Before: with a RAM budget, an expert changed in the file after the load (the file's
     size and times kept, so nothing at the file level shows it) was read into a slot and run:
@@ -247,7 +254,10 @@ def test_budgeted_expert_changed_in_place_is_a_checksum_error(
     4 KiB chunks (COLIBRI_LM_READ_CHUNK), so each miss is read by the reader thread and the
     caller together and checked from its chunks' combined CRC-32s: the same status.
     read-ahead: every prediction read ahead by the reader thread, a small expert's parts with
-    one system call (lm_slot.whole), four slots so that there are slots to read into."""
+    one system call (lm_slot.whole), four slots so that there are slots to read into.
+    last-byte: 100-byte chunks, and only the last byte of each part changed, in its last chunk,
+    a partial one (a part of several chunks is checked from its chunks' CRC-32s combined, a
+    part of one chunk by its own CRC-32 with no combining step)."""
     if chunk is not None:
         monkeypatch.setenv("COLIBRI_LM_READ_CHUNK", chunk)
     path = tmp_path / "m.clb"
@@ -266,9 +276,12 @@ def test_budgeted_expert_changed_in_place_is_a_checksum_error(
             lm.forward(ids[0], 0)
             data = bytearray(original)
             for offset, nbytes in parts:  # every stored part of layer 1's experts
-                data[offset : offset + nbytes] = bytes(
-                    b ^ 0x5A for b in data[offset : offset + nbytes]
-                )
+                if last:
+                    data[offset + nbytes - 1] ^= 0x5A
+                else:
+                    data[offset : offset + nbytes] = bytes(
+                        b ^ 0x5A for b in data[offset : offset + nbytes]
+                    )
             with open(path, "r+b") as f:
                 f.write(data)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the file looks untouched
