@@ -241,6 +241,12 @@ void colibri_silu_mul_f32(float *h, const float *g, size_t n);
 /** @brief y[i] = y[i] + a * x[i] for i < n (a multiply, then an add: no FMA). */
 void colibri_axpy_f32(float *y, float a, const float *x, int32_t n);
 
+/** @brief The attention's weighted sum of values: out[i] = 0, then for t = 0 .. n - 1 in order
+ *         out[i] = out[i] + (w[t] / sum) * v[t * stride + i], for i < d (one colibri_axpy_f32
+ *         per row, the same bits; on x86 the d sums stay in registers across the rows). */
+void colibri_wsum_f32(float *out, const float *w, float sum, const float *v, size_t stride,
+                      int32_t n, int32_t d);
+
 /** @brief The first index of the largest of x[0..n) (n >= 1), or -1 when one is NaN or
  *         infinite (greedy sampling's argmax and its finiteness check in one pass). */
 int32_t colibri_argmax_f32(const float *x, int32_t n);
@@ -337,6 +343,8 @@ void colibri_matmul_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, co
                               float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_silu_mul_f32_ref(float *h, const float *g, size_t n);
 void colibri_axpy_f32_ref(float *y, float a, const float *x, int32_t n);
+void colibri_wsum_f32_ref(float *out, const float *w, float sum, const float *v, size_t stride,
+                          int32_t n, int32_t d);
 int32_t colibri_argmax_f32_ref(const float *x, int32_t n);
 
 #ifdef __cplusplus

@@ -426,6 +426,22 @@ void colibri_axpy_f32(float *y, float a, const float *x, int32_t n)
     }
 }
 
+void colibri_wsum_f32(float *out, const float *w, float sum, const float *v, size_t stride,
+                      int32_t n, int32_t d)
+{
+    COLIBRI_X86_KERNEL(wsum_f32, (out, w, sum, v, stride, n, d));
+    for (int32_t i = 0; i < d; i++) {
+        out[i] = 0.0f;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        const float a = w[t] / sum;
+        const float *vt = v + (size_t)t * stride;
+        for (int32_t i = 0; i < d; i++) {
+            out[i] += a * vt[i];
+        }
+    }
+}
+
 int32_t colibri_argmax_f32(const float *x, int32_t n)
 {
 #if defined(COLIBRI_X86_DISPATCH)

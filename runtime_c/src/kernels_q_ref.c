@@ -193,6 +193,17 @@ void colibri_axpy_f32_ref(float *y, float a, const float *x, int32_t n)
     }
 }
 
+void colibri_wsum_f32_ref(float *out, const float *w, float sum, const float *v, size_t stride,
+                          int32_t n, int32_t d)
+{
+    for (int32_t i = 0; i < d; i++) {
+        out[i] = 0.0f;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        colibri_axpy_f32_ref(out, w[t] / sum, v + (size_t)t * stride, d);
+    }
+}
+
 int32_t colibri_argmax_f32_ref(const float *x, int32_t n)
 {
     int32_t best = 0;

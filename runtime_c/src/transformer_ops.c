@@ -128,13 +128,9 @@ colibri_status colibri_attention_f32(const colibri_attention_shape_t *shape, int
             scores[t] = colibri_expf(scores[t] - max);
             sum += scores[t];
         }
-        float *oh = out + (size_t)h * (size_t)hd;
-        for (int32_t i = 0; i < hd; i++) {
-            oh[i] = 0.0f;
-        }
-        for (int32_t t = first; t <= pos; t++) {
-            colibri_axpy_f32(oh, scores[t] / sum, v_cache + (base + (size_t)t) * (size_t)hd, hd);
-        }
+        colibri_wsum_f32(out + (size_t)h * (size_t)hd, scores + first, sum,
+                         v_cache + (base + (size_t)first) * (size_t)hd, (size_t)hd, pos - first + 1,
+                         hd);
     }
     return COLIBRI_OK;
 }

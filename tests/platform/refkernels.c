@@ -41,7 +41,7 @@
 #define RK_NB4 ((RK_IN + COLIBRI_QK4 - 1) / COLIBRI_QK4)
 #define RK_LDY (RK_OUT + 1)
 /* Kernels compared (the line's count): quantise, dot q8, dot q4, 6 matvecs, 3 matmuls, silu-mul,
- * axpy, argmax, fp16 conversion, the x86 packed matmul. */
+ * axpy, wsum, argmax, fp16 conversion, the x86 packed matmul. */
 #define RK_KERNELS 17
 
 static float rk_wf[RK_OUT * RK_IN];
@@ -292,6 +292,16 @@ static void rk_compare(int32_t n_out, int32_t n_in, int32_t n_tok)
     colibri_axpy_f32(rk_y, 0.37f, rk_x, n);
     colibri_axpy_f32_ref(rk_yref, 0.37f, rk_x, n);
     rk_floats("axpy_f32", rk_y, rk_yref, n);
+    /* the attention's weighted sum: n_tok value rows of n_in, weights from the inputs */
+    float w[RK_TOK];
+    float wsum = 0.0f;
+    for (int32_t t = 0; t < n_tok; t++) {
+        w[t] = rk_x[t] * rk_x[t] + 0.5f;
+        wsum += w[t];
+    }
+    colibri_wsum_f32(rk_y, w, wsum, rk_x, (size_t)n_in, n_tok, n_in);
+    colibri_wsum_f32_ref(rk_yref, w, wsum, rk_x, (size_t)n_in, n_tok, n_in);
+    rk_floats("wsum_f32", rk_y, rk_yref, n_in);
     rk_int("argmax_f32", n, colibri_argmax_f32(rk_x, n), colibri_argmax_f32_ref(rk_x, n));
     rk_x[n / 2] = INFINITY;
     rk_int("argmax_f32 inf", n, colibri_argmax_f32(rk_x, n), colibri_argmax_f32_ref(rk_x, n));

@@ -464,6 +464,40 @@ def test_elementwise_match_the_base(kq: ctypes.CDLL, level: str) -> None:
 
 
 @pytest.mark.parametrize("level", list(LEVELS))
+def test_wsum_matches_the_base(kq: ctypes.CDLL, level: str) -> None:
+    """colibri_wsum_f32 (the attention's weighted sum of value rows, its sums held in registers
+    on x86): every level the same bits as the base level's row-by-row code and as one
+    numpy's float32 steps row by row (a = w[t] / sum, out + a * v), over widths off 8 and 64
+    (tails), 1..70 rows, a row stride wider than the width, and weights with zeros, tiny and
+    huge values and a NaN."""
+    f32p, i32, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t
+    kq.colibri_wsum_f32.argtypes = [f32p, f32p, ctypes.c_float, f32p, sz, i32, i32]
+    rng = np.random.default_rng(17)
+    for d, n in ((1, 1), (7, 3), (8, 70), (9, 5), (63, 9), (64, 33), (65, 2), (128, 64), (200, 17)):
+        stride = d + 3
+        v = rng.standard_normal(n * stride).astype(np.float32)
+        w = np.exp(rng.standard_normal(n)).astype(np.float32)
+        w[0] = 0.0
+        if n > 3:
+            w[1], w[2], w[3] = 1e-30, 3e30, np.nan if d == 63 else 2.0
+        total = np.float32(w[np.isfinite(w)].sum())
+        ref = np.zeros(d, np.float32)
+        with np.errstate(all="ignore"):
+            for t in range(n):
+                ref = ref + (w[t] / total) * v[t * stride : t * stride + d]
+        out = {}
+        for lv in ("base", level):
+            if kq.colibri_kernel_set_level(LEVELS[lv]) != LEVELS[lv]:
+                pytest.skip(f"this CPU has no {lv} (or the host is not x86-64)")
+            o = np.full(d, 7.0, np.float32)  # overwritten, never added to
+            kq.colibri_wsum_f32(_p(o), _p(w), total, _p(v), stride, n, d)
+            out[lv] = o
+        _same_bits(out["base"], ref, f"base wsum d={d} n={n}")
+        _same_bits(out[level], out["base"], f"{level} wsum d={d} n={n}")
+    kq.colibri_kernel_set_level(3)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
 def test_argmax_matches_the_base(kq: ctypes.CDLL, level: str) -> None:
     """colibri_argmax_f32 (greedy sampling): the first index of the largest value at every
     level, ties and +-0 included, lengths off 8, and -1 for NaN or an infinity anywhere

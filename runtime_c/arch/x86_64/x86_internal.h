@@ -152,6 +152,8 @@ void colibri_x86_matvec_f16_f32_avx2(const uint16_t *w, const float *x, float *y
 void colibri_x86_silu_mul_f32_avx2(float *h, const float *g, size_t n);
 int32_t colibri_x86_argmax_f32_avx2(const float *x, int32_t n);
 void colibri_x86_axpy_f32_avx2(float *y, float a, const float *x, int32_t n);
+void colibri_x86_wsum_f32_avx2(float *out, const float *w, float sum, const float *v, size_t stride,
+                               int32_t n, int32_t d);
 
 /* x86_matvec.c (the VNNI levels' and x86_matvec_avx512.c's too) */
 #define KX_DECLARE_MATVECS(LEVEL)                                                                  \
