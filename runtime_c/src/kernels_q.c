@@ -122,6 +122,7 @@ void colibri_matvec_q4_f32(const colibri_block_q4_32 *w, const float *x, float *
 
 void colibri_quantize_row_q8(const float *x, int8_t *xq, float *sx, int32_t n)
 {
+    COLIBRI_X86_KERNEL(quantize_row_q8, (x, xq, sx, n));
     for (int32_t i0 = 0, b = 0; i0 < n; i0 += COLIBRI_QK8, b++) {
         const int32_t m = (n - i0 < COLIBRI_QK8) ? n - i0 : COLIBRI_QK8;
 #if defined(COLIBRI_ISA_QUANTIZE_BLOCK_Q8) /* 0: the block needs the scalar code */

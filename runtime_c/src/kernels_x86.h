@@ -47,6 +47,8 @@ typedef struct {
     void (*wsum_f32)(float *out, const float *w, float sum, const float *v, size_t stride,
                      int32_t n, int32_t d);
     int32_t (*argmax_f32)(const float *x, int32_t n);
+    /* colibri_quantize_row_q8 (NULL: kernels_q.c's blocks, SSE2 on x86-64) */
+    void (*quantize_row_q8)(const float *x, int8_t *xq, float *sx, int32_t n);
 } colibri_x86_kernels_t;
 
 /** @brief The table of the level in use (chosen by CPUID on the first call; thread-safe). */

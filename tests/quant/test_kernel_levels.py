@@ -464,6 +464,42 @@ def test_elementwise_match_the_base(kq: ctypes.CDLL, level: str) -> None:
 
 
 @pytest.mark.parametrize("level", list(LEVELS))
+def test_quantize_row_matches_the_mirror(kq: ctypes.CDLL, level: str) -> None:
+    """colibri_quantize_row_q8 (every matrix's input; AVX-512 blocks at that level): the codes
+    and block scales of the numpy mirror (quantize_rows_q8) at every level, over lengths with a
+    partial last block, blocks of zeros, of values below 2^-100 and near 2^-120, with an
+    infinity or a NaN, of huge values and of exact half-way codes."""
+    kq.colibri_quantize_row_q8.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int32,
+    ]
+    if kq.colibri_kernel_set_level(LEVELS[level]) != LEVELS[level]:
+        pytest.skip(f"this CPU has no {level} (or the host is not x86-64)")
+    rng = np.random.default_rng(23)
+    for n in (1, 31, 32, 33, 100, 320, 1024, 2816):
+        x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(np.float32)
+        if n >= 320:
+            x[0:32] = 0.0
+            x[32:64] = rng.standard_normal(32).astype(np.float32) * np.float32(1e-31)
+            x[64:96] = rng.standard_normal(32).astype(np.float32) * np.float32(2e-36)
+            x[100], x[140], x[170] = np.inf, np.nan, -np.inf
+            x[192:224] = rng.choice([-3e38, 3e38, 1.0], 32).astype(np.float32)
+            x[224:256] = (np.arange(32, dtype=np.float32) - 16.0) * np.float32(0.5)  # x.5 codes
+            x[256] = np.float32(127.0)
+        nb = (n + 31) // 32
+        xq = np.zeros(n, np.int8)
+        sx = np.zeros(nb, np.float32)
+        kq.colibri_quantize_row_q8(_p(x), _p(xq), _p(sx), n)
+        with np.errstate(all="ignore"):
+            eq, es = quantize_rows_q8(x[None, :])
+        assert np.array_equal(xq, np.asarray(eq).reshape(-1)[:n]), (level, n)
+        _same_bits(sx, np.asarray(es, np.float32).reshape(-1)[:nb], f"{level} sx n={n}")
+    kq.colibri_kernel_set_level(3)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
 def test_wsum_matches_the_base(kq: ctypes.CDLL, level: str) -> None:
     """colibri_wsum_f32 (the attention's weighted sum of value rows, its sums held in registers
     on x86): every level the same bits as the base level's row-by-row code and as one

@@ -75,7 +75,8 @@ static const colibri_x86_kernels_t kx_levels[4] = {
     [COLIBRI_KERNEL_AVX2] = {KX_FLOAT_KERNELS, KX_INT_KERNELS(avx2, avx2)},
 #if defined(KX_HAVE_VNNI)
     [COLIBRI_KERNEL_AVX_VNNI] = {KX_FLOAT_KERNELS, KX_INT_KERNELS(avxvnni, avxvnni)},
-    [COLIBRI_KERNEL_AVX512_VNNI] = {KX_FLOAT_KERNELS, KX_INT_KERNELS(avx512z, avx512)},
+    [COLIBRI_KERNEL_AVX512_VNNI] = {KX_FLOAT_KERNELS, KX_INT_KERNELS(avx512z, avx512),
+                                    .quantize_row_q8 = colibri_x86_quantize_row_q8_avx512},
 #endif
 };
 

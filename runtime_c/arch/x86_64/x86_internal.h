@@ -184,6 +184,8 @@ KX_DECLARE_MATMULS(avxvnni);
 KX_DECLARE_MATVECS(avx512vnni); /* 256-bit, below eight rows of the 512-bit ones */
 KX_DECLARE_MATVECS(avx512z);
 KX_DECLARE_MATMULS(avx512);
+/* x86_matvec_avx512.c: colibri_quantize_row_q8 at the AVX-512 VNNI level */
+void colibri_x86_quantize_row_q8_avx512(const float *x, int8_t *xq, float *sx, int32_t n);
 #endif
 
 #if defined(KX_HAVE_VNNI)

@@ -372,6 +372,49 @@ KX_NOINLINE KX_AVX512VNNI void colibri_x86_matvec_q4_q8_avx512z(const colibri_bl
         _mm256_storeu_ps(y + o0, _mm256_set_m128(acc_hi, acc_lo));
     }
 }
+/*
+ * colibri_quantize_row_q8 on AVX-512 (every matrix's input, per token): a whole block of 32 in
+ * two registers, the SSE2 block's steps (kernels_sse2.h) on sixteen lanes: max |x| on the
+ * bits, one division, the codes by truncating x * (127 / amax * 65536) and rounding half away
+ * from zero in fixed point, packed with saturation (which changes none: |code| <= 127). Blocks
+ * below 2^-100, with an infinity or a NaN, and a partial last block take the scalar block
+ * (kernels_scalar.h), as the SSE2 path does: the same bits on every path.
+ */
+#include "../../src/kernels_scalar.h"
+
+KX_AVX512VNNI void colibri_x86_quantize_row_q8_avx512(const float *x, int8_t *xq, float *sx,
+                                                      int32_t n)
+{
+    const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i half = _mm512_set1_epi32(32768);
+    int32_t i0 = 0, b = 0;
+    for (; i0 + COLIBRI_QK8 <= n; i0 += COLIBRI_QK8, b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + i0);
+        const __m512 x1 = _mm512_loadu_ps(x + i0 + 16);
+        const __m512i a = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), abs_mask),
+                                           _mm512_and_si512(_mm512_castps_si512(x1), abs_mask));
+        const uint32_t abits = _mm512_reduce_max_epu32(a);
+        if (abits < 0x0D800000u || abits >= 0x7F800000u) { /* below 2^-100, infinity or NaN */
+            sx[b] = colibri_quantize_block_q8_scalar(x + i0, xq + i0, COLIBRI_QK8);
+            continue;
+        }
+        float amax;
+        memcpy(&amax, &abits, sizeof amax);
+        const __m512 inv16 = _mm512_set1_ps(((float)COLIBRI_Q8_MAX / amax) * 65536.0f);
+        const __m512i t0 = _mm512_cvttps_epi32(_mm512_mul_ps(x0, inv16));
+        const __m512i t1 = _mm512_cvttps_epi32(_mm512_mul_ps(x1, inv16));
+        const __m512i c0 = _mm512_srai_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(t0, half), _mm512_srai_epi32(t0, 31)), 16);
+        const __m512i c1 = _mm512_srai_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(t1, half), _mm512_srai_epi32(t1, 31)), 16);
+        _mm_storeu_si128((__m128i *)(void *)(xq + i0), _mm512_cvtsepi32_epi8(c0));
+        _mm_storeu_si128((__m128i *)(void *)(xq + i0 + 16), _mm512_cvtsepi32_epi8(c1));
+        sx[b] = amax / (float)COLIBRI_Q8_MAX;
+    }
+    if (i0 < n) {
+        sx[b] = colibri_quantize_block_q8_scalar(x + i0, xq + i0, n - i0);
+    }
+}
 #else
 /* ISO C wants a declaration in every translation unit. */
 typedef int x86_matvec_avx512_unused;
