@@ -63,6 +63,18 @@ static int read_finished(const void *obj, uint64_t seen)
     return atomic_load_explicit(&r->finished, memory_order_acquire) != seen;
 }
 
+/* Under the mutex: released, a spin until ready(r, the counter as it was now), taken back; 1
+ * if it came true, 0 when the spin ran out of time (the caller then blocks). */
+static int spin_unlocked(lm_reader *r, int (*ready)(const void *, uint64_t),
+                         const _Atomic uint64_t *counter)
+{
+    const uint64_t seen = atomic_load_explicit(counter, memory_order_relaxed);
+    pthread_mutex_unlock(&r->mu);
+    const int got = clb_lm_spin(ready, r, seen);
+    pthread_mutex_lock(&r->mu);
+    return got;
+}
+
 _Static_assert(sizeof(lm_reader) <= LM_READER_BYTES, "LM_READER_BYTES below sizeof(lm_reader)");
 
 /* Under the mutex: the oldest queued slot with a chunk no thread has taken (avail > 0). */
@@ -124,10 +136,7 @@ static void *reader_main(void *arg)
         int spin = 1;
         while (!r->stop && r->avail == 0u) {
             if (spin) {
-                const uint64_t seen = atomic_load_explicit(&r->posted, memory_order_relaxed);
-                pthread_mutex_unlock(&r->mu);
-                spin = clb_lm_spin(read_posted, r, seen);
-                pthread_mutex_lock(&r->mu);
+                spin = spin_unlocked(r, read_posted, &r->posted);
             } else {
                 pthread_cond_wait(&r->job, &r->mu);
             }
@@ -253,10 +262,7 @@ colibri_status clb_lm_reader_reap(lm_cache *c, uint32_t s, int wait, int *busy)
         if (sl->next < sl->n_chunks) {
             read_chunk(r, sl);
         } else if (spin) { /* every chunk taken: spin while the reads finish (this one's too) */
-            const uint64_t seen = atomic_load_explicit(&r->finished, memory_order_relaxed);
-            pthread_mutex_unlock(&r->mu);
-            spin = clb_lm_spin(read_finished, r, seen);
-            pthread_mutex_lock(&r->mu);
+            spin = spin_unlocked(r, read_finished, &r->finished);
         } else {
             pthread_cond_wait(&r->done, &r->mu);
         }
