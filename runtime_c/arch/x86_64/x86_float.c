@@ -173,6 +173,7 @@ KX_AVX2 void colibri_x86_axpy_f32_avx2(float *y, float a, const float *x, int32_
         y[i] += a * x[i];
     }
 }
+
 /* colibri_wsum_f32: 64 (then 8) of the d sums in registers across all n rows, each the
  * scalar code's steps (a = w[t] / sum, out + a * v, from 0.0f, t in order); the last d % 8 as
  * the scalar code. Per row the scalar code ran one colibri_axpy_f32 call (through the dispatch
@@ -217,6 +218,7 @@ KX_AVX2 void colibri_x86_wsum_f32_avx2(float *out, const float *w, float sum, co
         out[i0] = s;
     }
 }
+
 KX_FLOAT_MATVEC(colibri_x86_matvec_f16_f32_avx2, KX_AVX2, uint16_t, KX_LOAD_F16, KX_SCALAR_F16)
 #else
 /* ISO C wants a declaration in every translation unit. */

@@ -372,6 +372,7 @@ KX_NOINLINE KX_AVX512VNNI void colibri_x86_matvec_q4_q8_avx512z(const colibri_bl
         _mm256_storeu_ps(y + o0, _mm256_set_m128(acc_hi, acc_lo));
     }
 }
+
 /*
  * colibri_quantize_row_q8 on AVX-512 (every matrix's input, per token): a whole block of 32 in
  * two registers, the SSE2 block's steps (kernels_sse2.h) on sixteen lanes: max |x| on the
