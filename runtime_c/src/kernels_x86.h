@@ -47,6 +47,9 @@ typedef struct {
     void (*wsum_f32)(float *out, const float *w, float sum, const float *v, size_t stride,
                      int32_t n, int32_t d);
     int32_t (*argmax_f32)(const float *x, int32_t n);
+    /* colibri_topk_f32's scan: the start of the first group of 32 of x[0..n) holding a value
+     * above thr, or of the last 1..31 (n if none and n % 32 == 0) */
+    int32_t (*first_above_f32)(const float *x, int32_t n, float thr);
     /* colibri_quantize_row_q8 (NULL: kernels_q.c's blocks, SSE2 on x86-64) */
     void (*quantize_row_q8)(const float *x, int8_t *xq, float *sx, int32_t n);
 } colibri_x86_kernels_t;

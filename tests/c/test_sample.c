@@ -83,7 +83,7 @@ static void fill(int32_t n, int32_t levels)
 
 static void test_topk_matches_ranking(void)
 {
-    static const int32_t sizes[] = {1, 2, 3, 5, 8, 17, 64, 129, 1000};
+    static const int32_t sizes[] = {1, 2, 3, 5, 8, 17, 64, 129, 255, 256, 257, 1000, MAX_N};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         const int32_t n = sizes[s];
         for (int32_t levels = 2; levels <= 4096; levels *= 8) {

@@ -59,7 +59,8 @@
 #define KX_FLOAT_KERNELS                                                                           \
     .matvec_f32 = colibri_x86_matvec_f32_avx2, .matvec_f16_f32 = colibri_x86_matvec_f16_f32_avx2,  \
     .silu_mul_f32 = colibri_x86_silu_mul_f32_avx2, .axpy_f32 = colibri_x86_axpy_f32_avx2,          \
-    .wsum_f32 = colibri_x86_wsum_f32_avx2, .argmax_f32 = colibri_x86_argmax_f32_avx2
+    .wsum_f32 = colibri_x86_wsum_f32_avx2, .argmax_f32 = colibri_x86_argmax_f32_avx2,              \
+    .first_above_f32 = colibri_x86_first_above_f32_avx2
 
 /* The int8 / int4 kernels of a level: its one-token matvecs (suffix MV) and multi-token matmuls
  * (suffix MM). */

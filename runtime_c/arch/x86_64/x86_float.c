@@ -174,6 +174,23 @@ KX_AVX2 void colibri_x86_axpy_f32_avx2(float *y, float a, const float *x, int32_
     }
 }
 
+/* colibri_topk_f32's scan (the sampler's top-k over a vocabulary): 32 values a step, their max
+ * against thr; a NaN never counts as above (it never enters the selection either). */
+KX_AVX2 int32_t colibri_x86_first_above_f32_avx2(const float *x, int32_t n, float thr)
+{
+    const __m256 t = _mm256_set1_ps(thr);
+    int32_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256 m =
+            _mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i + 8)),
+                          _mm256_max_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(x + i + 24)));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(m, t, _CMP_GT_OQ)) != 0) {
+            return i;
+        }
+    }
+    return i;
+}
+
 /* colibri_wsum_f32: 64 (then 8) of the d sums in registers across all n rows, each the
  * scalar code's steps (a = w[t] / sum, out + a * v, from 0.0f, t in order); the last d % 8 as
  * the scalar code. Per row the scalar code ran one colibri_axpy_f32 call (through the dispatch
