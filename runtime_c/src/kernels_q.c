@@ -435,11 +435,7 @@ void colibri_wsum_f32(float *out, const float *w, float sum, const float *v, siz
         out[i] = 0.0f;
     }
     for (int32_t t = 0; t < n; t++) {
-        const float a = w[t] / sum;
-        const float *vt = v + (size_t)t * stride;
-        for (int32_t i = 0; i < d; i++) {
-            out[i] += a * vt[i];
-        }
+        colibri_axpy_f32(out, w[t] / sum, v + (size_t)t * stride, d);
     }
 }
 

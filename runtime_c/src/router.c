@@ -424,9 +424,7 @@ void colibri_topk_f32(const float *x, int32_t n, int32_t k, int32_t *ids, float 
         while (i < n) {
             i += kx->first_above_f32(x + i, n - i, st.vals[k - 1]);
             const int32_t m = n - i < 32 ? n - i : 32;
-            if (m > 0) {
-                route_select(&st, x + i, i, m);
-            }
+            route_select(&st, x + i, i, m); /* none past the end: m = 0 selects nothing */
             i += m;
         }
         return;

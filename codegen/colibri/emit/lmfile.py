@@ -706,7 +706,7 @@ def _lm_model(
     c = lm_config(h, lm.meta)
     max_context = int(h["max_context"])
     scheme, act, dense, dense_act, router = lm_scheme_names(h, lm.meta)
-    dense_code, dense_act_code = SCHEME_CODES[dense], ACT_CODES[dense_act]
+    dense_code, dense_act_code = int(h["dense_scheme"]), int(h["dense_act"])  # checked above
     _check_stored(lm, c, max_context)
     q = TransformerQuant(scheme, act, {}, dense, dense_act, router_scheme=router)
     blocked = dense == "int8"

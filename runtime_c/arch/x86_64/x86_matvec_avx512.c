@@ -5,6 +5,8 @@
  */
 #include "x86_internal.h"
 
+#include "../../src/kernels_scalar.h"
+
 #if defined(COLIBRI_X86_DISPATCH) && defined(KX_HAVE_VNNI)
 /*
  * colibri_matvec_q8_q8 / q8b_q8 / q4_q8, AVX-512 VNNI on 512-bit registers: the float steps of
@@ -381,8 +383,6 @@ KX_NOINLINE KX_AVX512VNNI void colibri_x86_matvec_q4_q8_avx512z(const colibri_bl
  * below 2^-100, with an infinity or a NaN, and a partial last block take the scalar block
  * (kernels_scalar.h), as the SSE2 path does: the same bits on every path.
  */
-#include "../../src/kernels_scalar.h"
-
 KX_AVX512VNNI void colibri_x86_quantize_row_q8_avx512(const float *x, int8_t *xq, float *sx,
                                                       int32_t n)
 {
