@@ -238,6 +238,10 @@ void colibri_matvec_f32(const float *w, const float *x, float *y, int32_t n_out,
  *         colibri_math.h functions on every kernel path. */
 void colibri_silu_mul_f32(float *h, const float *g, size_t n);
 
+/** @brief x[j] = colibri_expf(x[j] - m) for j < n (the attention's softmax numerators), the
+ *         bits of the scalar colibri_math.h function on every kernel path. */
+void colibri_exp_shift_f32(float *x, size_t n, float m);
+
 /** @brief y[i] = y[i] + a * x[i] for i < n (a multiply, then an add: no FMA). */
 void colibri_axpy_f32(float *y, float a, const float *x, int32_t n);
 
@@ -342,6 +346,7 @@ void colibri_matmul_q8b_q8_ref(const int8_t *q, const float *scale, const int8_t
 void colibri_matmul_q4_q8_ref(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx,
                               float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
 void colibri_silu_mul_f32_ref(float *h, const float *g, size_t n);
+void colibri_exp_shift_f32_ref(float *x, size_t n, float m);
 void colibri_axpy_f32_ref(float *y, float a, const float *x, int32_t n);
 void colibri_wsum_f32_ref(float *out, const float *w, float sum, const float *v, size_t stride,
                           int32_t n, int32_t d);

@@ -24,6 +24,11 @@ extern "C" {
 /** @brief y[n] = w * x / sqrt(mean(x^2) + eps); y may alias x. */
 void colibri_rmsnorm_f32(const float *x, const float *w, float *y, int32_t n, float eps);
 
+/** @brief colibri_rmsnorm_f32 of n_rows rows of n, stride floats apart in x and in y (the same
+ *         bits row by row, several rows' sums interleaved); y may alias x. */
+void colibri_rmsnorm_rows_f32(const float *x, const float *w, float *y, int32_t n_rows, int32_t n,
+                              size_t stride, float eps);
+
 /** @brief y[n_out] = w[n_out][n_in] x[n_in] (+ b[n_out] when b != NULL); y must not alias x. */
 void colibri_linear_f32(const float *x, const float *w, const float *b, float *y, int32_t n_in,
                         int32_t n_out);

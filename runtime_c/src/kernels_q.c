@@ -419,6 +419,14 @@ void colibri_silu_mul_f32(float *h, const float *g, size_t n)
     }
 }
 
+void colibri_exp_shift_f32(float *x, size_t n, float m)
+{
+    COLIBRI_X86_KERNEL(exp_shift_f32, (x, n, m));
+    for (size_t j = 0; j < n; ++j) {
+        x[j] = colibri_expf(x[j] - m);
+    }
+}
+
 void colibri_axpy_f32(float *y, float a, const float *x, int32_t n)
 {
     COLIBRI_X86_KERNEL(axpy_f32, (y, a, x, n));

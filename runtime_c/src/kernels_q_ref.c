@@ -186,6 +186,13 @@ void colibri_silu_mul_f32_ref(float *h, const float *g, size_t n)
     }
 }
 
+void colibri_exp_shift_f32_ref(float *x, size_t n, float m)
+{
+    for (size_t j = 0; j < n; j++) {
+        x[j] = colibri_expf(x[j] - m);
+    }
+}
+
 void colibri_axpy_f32_ref(float *y, float a, const float *x, int32_t n)
 {
     for (int32_t i = 0; i < n; i++) {

@@ -41,8 +41,10 @@ typedef struct {
                           float *y, int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
     void (*matmul_q4_q8)(const colibri_block_q4_32 *w, const int8_t *xq, const float *sx, float *y,
                          int32_t ldy, int32_t n_out, int32_t n_in, int32_t n_tok);
-    /* element-wise (colibri_silu_mul_f32, colibri_axpy_f32, colibri_wsum_f32) */
+    /* element-wise (colibri_silu_mul_f32, colibri_exp_shift_f32, colibri_axpy_f32,
+     * colibri_wsum_f32) */
     void (*silu_mul_f32)(float *h, const float *g, size_t n);
+    void (*exp_shift_f32)(float *x, size_t n, float m);
     void (*axpy_f32)(float *y, float a, const float *x, int32_t n);
     void (*wsum_f32)(float *out, const float *w, float sum, const float *v, size_t stride,
                      int32_t n, int32_t d);

@@ -37,18 +37,54 @@ static float rmsnorm_inv_scaled(const float *x, int32_t n, float eps)
     return s / sqrtf(ss / (float)n + eps * s * s);
 }
 
+/* y = w * (x * inv), inv from the row's sum of squares ss. A sum past FLT_MAX (activations
+ * above about 1.8e19) is redone scaled: 1 / sqrt(Inf) would make the whole row 0 without a
+ * trace. */
+static void rmsnorm_apply(const float *x, const float *w, float *y, int32_t n, float eps, float ss)
+{
+    const float inv =
+        (ss <= FLT_MAX) ? 1.0f / sqrtf(ss / (float)n + eps) : rmsnorm_inv_scaled(x, n, eps);
+    for (int32_t i = 0; i < n; i++) {
+        y[i] = w[i] * (x[i] * inv);
+    }
+}
+
 void colibri_rmsnorm_f32(const float *x, const float *w, float *y, int32_t n, float eps)
 {
     float ss = 0.0f;
     for (int32_t i = 0; i < n; i++) {
         ss += x[i] * x[i];
     }
-    /* a sum past FLT_MAX (activations above about 1.8e19) is redone scaled: 1 / sqrt(Inf)
-     * would make the whole row 0 without a trace */
-    const float inv =
-        (ss <= FLT_MAX) ? 1.0f / sqrtf(ss / (float)n + eps) : rmsnorm_inv_scaled(x, n, eps);
-    for (int32_t i = 0; i < n; i++) {
-        y[i] = w[i] * (x[i] * inv);
+    rmsnorm_apply(x, w, y, n, eps, ss);
+}
+
+/* Four rows' sums of squares side by side: each row's sum is still one chain of adds in
+ * ascending i (colibri_rmsnorm_f32's bits), but four chains overlap where one row waited on
+ * each add's latency (a 1024-wide row: 1,024 dependent adds). */
+void colibri_rmsnorm_rows_f32(const float *x, const float *w, float *y, int32_t n_rows, int32_t n,
+                              size_t stride, float eps)
+{
+    int32_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const float *x0 = x + (size_t)r * stride;
+        const float *x1 = x0 + stride;
+        const float *x2 = x1 + stride;
+        const float *x3 = x2 + stride;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int32_t i = 0; i < n; i++) {
+            s0 += x0[i] * x0[i];
+            s1 += x1[i] * x1[i];
+            s2 += x2[i] * x2[i];
+            s3 += x3[i] * x3[i];
+        }
+        float *y0 = y + (size_t)r * stride;
+        rmsnorm_apply(x0, w, y0, n, eps, s0);
+        rmsnorm_apply(x1, w, y0 + stride, n, eps, s1);
+        rmsnorm_apply(x2, w, y0 + 2u * stride, n, eps, s2);
+        rmsnorm_apply(x3, w, y0 + 3u * stride, n, eps, s3);
+    }
+    for (; r < n_rows; r++) {
+        colibri_rmsnorm_f32(x + (size_t)r * stride, w, y + (size_t)r * stride, n, eps);
     }
 }
 
@@ -123,9 +159,10 @@ colibri_status colibri_attention_f32(const colibri_attention_shape_t *shape, int
             scores[t] = scores[t] * scale;
             max = scores[t] > max ? scores[t] : max;
         }
+        /* the numerators side by side where the CPU has lanes, their sum in ascending t */
+        colibri_exp_shift_f32(scores + first, (size_t)(pos - first + 1), max);
         float sum = 0.0f;
         for (int32_t t = first; t <= pos; t++) {
-            scores[t] = colibri_expf(scores[t] - max);
             sum += scores[t];
         }
         colibri_wsum_f32(out + (size_t)h * (size_t)hd, scores + first, sum,

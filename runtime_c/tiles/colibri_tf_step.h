@@ -141,10 +141,7 @@ static inline colibri_status colibri_tfi_attention(const colibri_tf_model_t *m, 
     const size_t nd = (size_t)n * (size_t)d;
     const colibri_tf_layer_t *ly = colibri_tfi_layer(m, l);
     float *x = m->x;
-    for (int32_t t = 0; t < n; t++) {
-        const size_t r = (size_t)t * (size_t)d;
-        colibri_rmsnorm_f32(x + r, ly->input_norm, m->h + r, d, m->eps);
-    }
+    colibri_rmsnorm_rows_f32(x, ly->input_norm, m->h, n, d, (size_t)d, m->eps);
     const colibri_status st = colibri_tfi_attend(m, ly, l, pos0, n);
     if (st != COLIBRI_OK) {
         return st;
@@ -152,10 +149,7 @@ static inline colibri_status colibri_tfi_attention(const colibri_tf_model_t *m, 
     for (size_t i = 0; i < nd; ++i) {
         x[i] += m->proj[i];
     }
-    for (int32_t t = 0; t < n; t++) {
-        const size_t r = (size_t)t * (size_t)d;
-        colibri_rmsnorm_f32(x + r, ly->post_norm, m->h + r, d, m->eps);
-    }
+    colibri_rmsnorm_rows_f32(x, ly->post_norm, m->h, n, d, (size_t)d, m->eps);
     return COLIBRI_OK;
 }
 

@@ -289,6 +289,12 @@ static void rk_compare(int32_t n_out, int32_t n_in, int32_t n_tok)
     colibri_silu_mul_f32(rk_y, rk_x + (n_tok * n_in - n), (size_t)n);
     colibri_silu_mul_f32_ref(rk_yref, rk_x + (n_tok * n_in - n), (size_t)n);
     rk_floats("silu_mul_f32", rk_y, rk_yref, n);
+    for (int32_t i = 0; i < n; i++) {
+        rk_y[i] = rk_yref[i] = 40.0f * rk_x[i]; /* x - m in about -207..113: both ends */
+    }
+    colibri_exp_shift_f32(rk_y, (size_t)n, 47.0f);
+    colibri_exp_shift_f32_ref(rk_yref, (size_t)n, 47.0f);
+    rk_floats("exp_shift_f32", rk_y, rk_yref, n);
     colibri_axpy_f32(rk_y, 0.37f, rk_x, n);
     colibri_axpy_f32_ref(rk_yref, 0.37f, rk_x, n);
     rk_floats("axpy_f32", rk_y, rk_yref, n);

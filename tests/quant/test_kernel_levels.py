@@ -427,10 +427,10 @@ def test_packed_matrices_match_the_mirror(
 
 @pytest.mark.parametrize("level", list(LEVELS))
 def test_elementwise_match_the_base(kq: ctypes.CDLL, level: str) -> None:
-    """colibri_silu_mul_f32 (SwiGLU's mix, colibri_expf inside) and colibri_axpy_f32 (the
-    attention's weighted sum of values): every level the same bits as the base level's scalar
-    code, over lengths off the SIMD width and inputs across colibri_expf's branches (below
-    -87, above ln FLT_MAX, where 2^n overflows, infinities, NaN)."""
+    """colibri_silu_mul_f32 (SwiGLU's mix, colibri_expf inside), colibri_exp_shift_f32 (the
+    attention's softmax numerators) and colibri_axpy_f32: every level the same bits as the base
+    level's scalar code, over lengths off the SIMD width and inputs across colibri_expf's
+    branches (below -87, above ln FLT_MAX, where 2^n overflows, infinities, NaN)."""
     kq.colibri_axpy_f32.argtypes = [
         ctypes.c_void_p,
         ctypes.c_float,
@@ -438,6 +438,7 @@ def test_elementwise_match_the_base(kq: ctypes.CDLL, level: str) -> None:
         ctypes.c_int32,
     ]
     kq.colibri_silu_mul_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    kq.colibri_exp_shift_f32.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_float]
     rng = np.random.default_rng(5)
     edges = np.array(
         [0.0, -0.0, 87.0, -87.0, 87.5, -88.72, -88.73, -88.7228394, 88.7228394, 200.0, -200.0,
@@ -457,9 +458,14 @@ def test_elementwise_match_the_base(kq: ctypes.CDLL, level: str) -> None:
             h, y = h0.copy(), y0.copy()
             kq.colibri_silu_mul_f32(_p(h), _p(g), n)
             kq.colibri_axpy_f32(_p(y), 0.37, _p(x), n)
-            out[lv] = (h, y)
+            e = [h0.copy() for _ in range(3)]
+            for ej, m in zip(e, (0.0, 1.5, -3.0), strict=True):  # x - m across the branches
+                kq.colibri_exp_shift_f32(_p(ej), n, m)
+            out[lv] = (h, y, *e)
         _same_bits(out[level][0], out["base"][0], f"{level} silu_mul n={n}")
         _same_bits(out[level][1], out["base"][1], f"{level} axpy n={n}")
+        for j in range(2, 5):
+            _same_bits(out[level][j], out["base"][j], f"{level} exp_shift n={n} case {j}")
     kq.colibri_kernel_set_level(3)
 
 

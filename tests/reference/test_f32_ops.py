@@ -261,7 +261,8 @@ def test_rmsnorm_past_fp32s_sum_of_squares(lib: ctypes.CDLL) -> None:
     """Rows whose sum of squares overflows fp32 (activations above about 1.8e19): summed again
     scaled by a power of two, the C and the mirror give the same bits, close to float64's
     RMSNorm; a row holding NaN or Inf is all NaN (it used to be 0 but for the Inf: a forward
-    pass whose activations overflowed ended in logits of 0 without an error)."""
+    pass whose activations overflowed ended in logits of 0 without an error). The many-rows
+    form (prefill) gives the same bits for any mix of such rows."""
     rng = np.random.default_rng(11)
     nw = rng.uniform(0.5, 1.5, 24).astype(np.float32)
     rows = [rng.standard_normal(24).astype(np.float32) * np.float32(scale) for scale in
@@ -274,6 +275,18 @@ def test_rmsnorm_past_fp32s_sum_of_squares(lib: ctypes.CDLL) -> None:
         y = np.empty(24, np.float32)
         lib.colibri_rmsnorm_f32(_p(x[t]), _p(nw), _p(y), 24, ctypes.c_float(1e-5))
         _same_bits(y, want[t], f"colibri_rmsnorm_f32 row {t}")
+    # colibri_rmsnorm_rows_f32: four rows' sums at a time, the same bits row by row, for every
+    # row count (the rows past a group of four one by one), out of place and in place
+    f = lib.colibri_rmsnorm_rows_f32
+    f.argtypes = [F, F, F, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t, ctypes.c_float]
+    for n_rows in range(1, len(rows) + 1):
+        for start in (0, len(rows) - n_rows):
+            xs = x[start : start + n_rows].copy()
+            y = np.full_like(xs, 7.0)
+            f(_p(xs), _p(nw), _p(y), n_rows, 24, 24, 1e-5)
+            _same_bits(y, want[start : start + n_rows], f"rows {start}..+{n_rows}")
+            f(_p(xs), _p(nw), _p(xs), n_rows, 24, 24, 1e-5)
+            _same_bits(xs, want[start : start + n_rows], f"rows {start}..+{n_rows} in place")
     x64 = x[:5].astype(np.float64)
     exact = nw * x64 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(want[:5], exact, rtol=2e-6, atol=0)

@@ -58,7 +58,8 @@
 /* The float kernels and element-wise operations are AVX2 code at every level above base. */
 #define KX_FLOAT_KERNELS                                                                           \
     .matvec_f32 = colibri_x86_matvec_f32_avx2, .matvec_f16_f32 = colibri_x86_matvec_f16_f32_avx2,  \
-    .silu_mul_f32 = colibri_x86_silu_mul_f32_avx2, .axpy_f32 = colibri_x86_axpy_f32_avx2,          \
+    .silu_mul_f32 = colibri_x86_silu_mul_f32_avx2,                                                 \
+    .exp_shift_f32 = colibri_x86_exp_shift_f32_avx2, .axpy_f32 = colibri_x86_axpy_f32_avx2,        \
     .wsum_f32 = colibri_x86_wsum_f32_avx2, .argmax_f32 = colibri_x86_argmax_f32_avx2,              \
     .first_above_f32 = colibri_x86_first_above_f32_avx2
 

@@ -117,6 +117,18 @@ KX_AVX2 void colibri_x86_silu_mul_f32_avx2(float *h, const float *g, size_t n)
     }
 }
 
+KX_AVX2 void colibri_x86_exp_shift_f32_avx2(float *x, size_t n, float m)
+{
+    const __m256 mv = _mm256_set1_ps(m);
+    size_t j = 0;
+    for (; j + 8u <= n; j += 8u) {
+        _mm256_storeu_ps(x + j, kx_expf8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
+    }
+    for (; j < n; ++j) {
+        x[j] = colibri_expf(x[j] - m);
+    }
+}
+
 /* Two passes over x (in cache for a vocabulary of logits): the largest value and whether any
  * is NaN / infinite (exponent all ones), then the first index holding it. */
 KX_AVX2 int32_t colibri_x86_argmax_f32_avx2(const float *x, int32_t n)

@@ -150,6 +150,7 @@ void colibri_x86_matvec_f32_avx2(const float *w, const float *x, float *y, int32
 void colibri_x86_matvec_f16_f32_avx2(const uint16_t *w, const float *x, float *y, int32_t n_out,
                                      int32_t n_in);
 void colibri_x86_silu_mul_f32_avx2(float *h, const float *g, size_t n);
+void colibri_x86_exp_shift_f32_avx2(float *x, size_t n, float m);
 int32_t colibri_x86_argmax_f32_avx2(const float *x, int32_t n);
 int32_t colibri_x86_first_above_f32_avx2(const float *x, int32_t n, float thr);
 void colibri_x86_axpy_f32_avx2(float *y, float a, const float *x, int32_t n);
