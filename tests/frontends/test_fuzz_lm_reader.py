@@ -373,6 +373,51 @@ def test_an_expert_table_row_out_of_range_is_named(bases: dict[str, bytes], tmp_
         read_lm_model(path)
 
 
+def _edit_entry(
+    buf: bytearray, index: int, name: bytes | None = None, off: int | None = None
+) -> None:
+    """Table entry `index` given another name and / or data offset."""
+    at = HEADER_SIZE + index * ENTRY_SIZE
+    fields = list(ENTRY.unpack_from(buf, at))
+    fields[0] = fields[0] if name is None else name.ljust(NAME_SIZE, b"\0")
+    fields[7] = fields[7] if off is None else off
+    ENTRY.pack_into(buf, at, *fields)
+
+
+@pytest.mark.parametrize("edit", ["empty name", "duplicate name", "misaligned", "before the last"])
+def test_misplaced_table_entries_are_refused_by_every_reader(
+    bases: dict[str, bytes], tmp_path: Path, edit: str
+) -> None:
+    """A table entry the C refuses (an empty name, a name twice, data not aligned or not after
+    the previous tensor's) is refused by the whole-model reader and by `colibri inspect`'s table
+    reader alike, naming the entry (inspect read such a table and reported on it)."""
+    from conftest import require_board
+
+    buf = bytearray(bases["mixtral_int8_dense_int8_heat.clb"])
+    first = ENTRY.unpack_from(buf, HEADER_SIZE)
+    second = ENTRY.unpack_from(buf, HEADER_SIZE + ENTRY_SIZE)
+    if edit == "empty name":
+        _edit_entry(buf, 1, name=b"")
+    elif edit == "duplicate name":
+        _edit_entry(buf, 1, name=first[0].split(b"\0", 1)[0])
+    elif edit == "misaligned":
+        _edit_entry(buf, 1, off=int(second[7]) + 4)
+    else:
+        _edit_entry(buf, 1, off=int(first[7]))  # the first tensor's bytes again
+    path = tmp_path / "m.clb"
+    path.write_bytes(bytes(fix_checksums(buf)))
+    message = "appears twice" if edit == "duplicate name" else r"tensor 1 \('.*'\) is misplaced"
+    with pytest.raises(ColibriError, match=message):
+        read_lm_model(path)
+    with pytest.raises(ColibriError, match=message):
+        lm_file_report(path)
+    require_board("host")
+    from colibri.targets.binding import LM, RuntimeStatusError
+
+    with pytest.raises((RuntimeStatusError, ColibriError)):
+        LM(path).close()
+
+
 def tensor_offsets(base: bytes) -> dict[str, int]:
     """Each tensor's byte offset in the container `base`."""
     n = int(LM_HEADER.unpack_from(base, 0)[FIELD["n_tensors"]])

@@ -530,6 +530,21 @@ class LMTableEntry:
     crc: int
 
 
+def lm_table_entry(
+    table: bytes | memoryview, at: int, i: int, end: int, size: int, source: str
+) -> LMTableEntry:
+    """Entry `i` of a version-2 table (unpacked at byte `at`), placed as the C reader checks it:
+    a name, 1..4 dimensions, its bytes aligned, after the previous tensor's `end` and inside
+    the file's `size`; a ModelFormatError names the tensor otherwise."""
+    name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _expert, crc = ENTRY.unpack_from(table, at)
+    name = entry_name(name_b)
+    if not 1 <= ndim <= 4:
+        raise ModelFormatError(f"{source}: tensor {i} ('{name}') has {ndim} dimensions")
+    if not name or off % ALIGN or off < end or off + nb > size:
+        raise ModelFormatError(f"{source}: tensor {i} ('{name}') is misplaced or truncated")
+    return LMTableEntry(name, dtype, (s0, s1, s2, s3)[:ndim], nb, off, crc)
+
+
 def read_lm_table(
     path: str | os.PathLike[str], small: Iterable[str] = ()
 ) -> tuple[dict[str, int | float], dict, list[LMTableEntry], dict[str, np.ndarray]]:
@@ -548,25 +563,28 @@ def read_lm_table(
             table = f.read(ENTRY_SIZE * n)
             if len(table) != ENTRY_SIZE * n:
                 raise ModelFormatError(f"{source}: truncated tensor table")
+            end, seen = int(h["data_offset"]), set()
             for i in range(n):
-                name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _e, crc = ENTRY.unpack_from(
-                    table, i * ENTRY_SIZE
-                )
-                if not 1 <= ndim <= 4:
-                    raise ModelFormatError(f"{source}: tensor {i} has {ndim} dimensions")
-                name = entry_name(name_b)
-                e = LMTableEntry(name, dtype, (s0, s1, s2, s3)[:ndim], nb, off, crc)
+                e = lm_table_entry(table, i * ENTRY_SIZE, i, end, int(h["file_size"]), source)
+                if e.name in seen:
+                    raise ModelFormatError(f"{source}: tensor '{e.name}' appears twice")
+                seen.add(e.name)
+                end = e.offset + e.nbytes
                 entries.append(e)
-                if off + nb > int(h["file_size"]):
-                    raise ModelFormatError(f"{source}: tensor '{name}' is misplaced or truncated")
-                if suffixes and name.endswith(suffixes) and dtype in LM_DTYPES:
-                    f.seek(off)
-                    data = f.read(nb)
-                    dt = LM_DTYPES[dtype]
+                if suffixes and e.name.endswith(suffixes) and e.dtype in LM_DTYPES:
+                    f.seek(e.offset)
+                    data = f.read(e.nbytes)
+                    dt = LM_DTYPES[e.dtype]
                     count = math.prod(e.shape)
-                    if len(data) != nb or zlib.crc32(data) != crc or nb != count * dt.itemsize:
-                        raise ModelFormatError(f"{source}: tensor '{name}' is truncated or corrupt")
-                    arrays[name] = np.frombuffer(data, dt).reshape(e.shape).copy()
+                    if (
+                        len(data) != e.nbytes
+                        or zlib.crc32(data) != e.crc
+                        or e.nbytes != count * dt.itemsize
+                    ):
+                        raise ModelFormatError(
+                            f"{source}: tensor '{e.name}' is truncated or corrupt"
+                        )
+                    arrays[e.name] = np.frombuffer(data, dt).reshape(e.shape).copy()
     except OSError as exc:
         raise ModelFormatError(f"{source}: cannot read ({exc.strerror})") from None
     return h, meta, entries, arrays
@@ -603,13 +621,9 @@ def read_lm_container(path: str | os.PathLike[str], mapped: bool = False) -> LMC
     shapes: dict[str, tuple[int, ...]] = {}
     end = int(h["data_offset"])
     for i in range(n):
-        name_b, dtype, ndim, s0, s1, s2, s3, off, nb, _expert, crc = ENTRY.unpack_from(
-            data, HEADER_SIZE + i * ENTRY_SIZE
-        )
-        name = entry_name(name_b)
-        shape = (s0, s1, s2, s3)[:ndim]
-        if not name or off % ALIGN or off < end or off + nb > len(data) or not 1 <= ndim <= 4:
-            raise ModelFormatError(f"{source}: tensor '{name}' is misplaced or truncated")
+        e = lm_table_entry(data, HEADER_SIZE + i * ENTRY_SIZE, i, end, len(data), source)
+        name, dtype, shape, off, nb, crc = e.name, e.dtype, e.shape, e.offset, e.nbytes, e.crc
+        ndim = len(shape)
         end = off + nb
         if zlib.crc32(data[off : off + nb]) != crc:
             raise ModelFormatError(f"{source}: tensor '{name}' fails its CRC-32 check (corrupt)")
