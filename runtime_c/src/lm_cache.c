@@ -803,10 +803,23 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly, int32_
 
 void clb_lm_uses_begin(colibri_lm_t *lm)
 {
-    /* every read still queued finished first: which slots a miss or a prefetch may take then
-     * never depends on the reader's timing, so the counters are the same on every run */
-    reader_reap_all(lm->cache, 1);
     lm->cache->epoch++;
+}
+
+/* Every read still queued finished first, so that which slots a miss or a prefetch may take
+ * never depends on the reader's timing (the counters are the same on every run), except the
+ * reads of the experts these uses pinned: those slots are neither victims nor reaped until
+ * their runs (clb_lm_expert_wait), so the uses are counted the same either way, and a token's
+ * runs whose experts are in place compute while the reader finishes the others. */
+void clb_lm_uses_settle(colibri_lm_t *lm)
+{
+    lm_cache *c = lm->cache;
+    int busy = 0;
+    for (uint32_t s = 0; c->reader != NULL && s < c->n_slots; s++) {
+        if (c->slots[s].pin != c->epoch) {
+            (void)clb_lm_reader_reap(c, s, 1, &busy);
+        }
+    }
 }
 
 void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
@@ -937,10 +950,8 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
             break;
         }
     }
-    if (c->resident[g] >= 0) { /* a prefetch still being read: wait for it */
-        int busy = 0;
-        (void)clb_lm_reader_reap(c, (uint32_t)c->resident[g], 1, &busy); /* failed: freed, a miss */
-    }
+    /* a prefetch still being read is a hit here; its run waits for it (clb_lm_expert_wait)
+     * and reads the expert again if the read failed (lm_step.c, lm_expert_ready) */
     const int pinned = c->resident[g] >= 0 && c->slots[c->resident[g]].pinned;
     const int ref_hit = c->ref_used != NULL && !pinned && c->ref_used[g] != 0u;
     const int32_t ref_victim = c->ref_used != NULL && !pinned ? ref_use(lm, g) : -1;

@@ -307,8 +307,13 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
 colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config);
 
 /** @brief Start a set of uses that must not evict one another (a layer's top_k for a token, a
- *         wave of a prefill chunk): clb_lm_expert_pin each, then clb_lm_expert_use each. */
+ *         wave of a prefill chunk): clb_lm_expert_pin each, clb_lm_uses_settle, then
+ *         clb_lm_expert_use each. */
 void clb_lm_uses_begin(colibri_lm_t *lm);
+
+/** @brief After the pins: every read still queued finished, but those of the experts just
+ *         pinned (their runs wait for them: clb_lm_expert_wait). */
+void clb_lm_uses_settle(colibri_lm_t *lm);
 
 /** @brief Expert `id` of layer ly, if resident, kept until the current uses are done. */
 void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id);

@@ -225,6 +225,22 @@ static colibri_status lm_moe_runs(colibri_lm_t *lm, const lm_layer *ly, const fl
  * then, until every run is done: a run whose read is done, else a chunk of a read no thread
  * has taken yet, else a wait for the first read left. Which run goes when changes no output:
  * each writes its own rows, and the scatter adds them in expert order. */
+/* Run g's expert in its slot yet (clb_lm_expert_wait; *busy: still being read, only without
+ * `wait`)? A read that failed (its slot freed) is read again once, as a miss, and waited for:
+ * the status is the read's failure when that fails too (or finds no slot to read into). */
+static colibri_status lm_expert_ready(colibri_lm_t *lm, const lm_layer *ly, int32_t g, int wait,
+                                      int *busy)
+{
+    const int32_t id = run_expert_id(lm, g);
+    const colibri_status st = clb_lm_expert_wait(lm, ly, id, wait, busy);
+    if (st == COLIBRI_OK) {
+        return st;
+    }
+    colibri_status again = clb_lm_expert_use(lm, ly, id);
+    again = again == COLIBRI_OK ? clb_lm_expert_wait(lm, ly, id, 1, busy) : again;
+    return again == COLIBRI_OK ? again : st;
+}
+
 static colibri_status lm_moe_loaded(colibri_lm_t *lm, const lm_layer *ly, const float *x, int32_t n,
                                     int32_t g0, int32_t g1)
 {
@@ -235,7 +251,7 @@ static colibri_status lm_moe_loaded(colibri_lm_t *lm, const lm_layer *ly, const 
     colibri_status st = COLIBRI_OK;
     if (lm->pool != NULL && g1 - g0 > 1) {
         for (int32_t g = g0; g < g1 && st == COLIBRI_OK; g++) {
-            st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g), 1, &busy);
+            st = lm_expert_ready(lm, ly, g, 1, &busy);
         }
         return st == COLIBRI_OK ? lm_moe_runs(lm, ly, x, n, g0, g1) : st;
     }
@@ -243,7 +259,7 @@ static colibri_status lm_moe_loaded(colibri_lm_t *lm, const lm_layer *ly, const 
     int32_t n_late = 0;
     for (int32_t g = g0; g < g1; g++) { /* the resident ones first (past 256 runs: in order) */
         const int32_t i = g - g0;
-        st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g), i >= 256, &busy);
+        st = lm_expert_ready(lm, ly, g, i >= 256, &busy);
         if (st == COLIBRI_OK && busy) {
             late[i / 64] |= (uint64_t)1u << (i % 64);
             n_late++;
@@ -260,7 +276,7 @@ static colibri_status lm_moe_loaded(colibri_lm_t *lm, const lm_layer *ly, const 
             if ((late[i / 64] >> (i % 64) & 1u) == 0u) {
                 continue;
             }
-            st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g0 + i), 0, &busy);
+            st = lm_expert_ready(lm, ly, g0 + i, 0, &busy);
             first = first < 0 && st == COLIBRI_OK && busy ? i : first;
             if (st == COLIBRI_OK && busy) {
                 continue;
@@ -282,7 +298,7 @@ static colibri_status lm_moe_loaded(colibri_lm_t *lm, const lm_layer *ly, const 
                      clb_lm_expert_help(lm, ly, run_expert_id(lm, g0 + i));
         }
         if (!helped) {
-            st = clb_lm_expert_wait(lm, ly, run_expert_id(lm, g0 + first), 1, &busy);
+            st = lm_expert_ready(lm, ly, g0 + first, 1, &busy);
             if (st != COLIBRI_OK) {
                 return st;
             }
@@ -304,6 +320,7 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
         for (int32_t g = g0; g < end; g++) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
+        clb_lm_uses_settle(lm);
         for (; g1 < end; g1++) {
             const colibri_status st = clb_lm_expert_use(lm, ly, run_expert_id(lm, g1));
             if (st != COLIBRI_OK) {
@@ -382,6 +399,7 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
         for (int32_t g = 0; g < ng; ++g) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
+        clb_lm_uses_settle(lm);
         for (int32_t g = 0; g < ng; ++g) {
             st = clb_lm_expert_use(lm, ly, run_expert_id(lm, g));
             if (st != COLIBRI_OK) {
