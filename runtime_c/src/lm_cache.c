@@ -713,16 +713,53 @@ static int slot_spare(const lm_cache *c, const lm_slot *sl)
     return sl->expert < 0 || c->ref_used[sl->expert] == 0u;
 }
 
+/* A read handed to the reader thread is waited for lazily: by the run of the expert it holds
+ * (clb_lm_expert_wait), or when its slot is chosen as a victim (slot_settle). So that which
+ * slot is chosen never depends on the reader's timing (the counters are the same on every
+ * run), the choice looks at when a read was queued, never at whether it has finished: a slot
+ * queued during the current set of uses (clb_lm_uses_begin) is held, as one being read; one
+ * queued before them is a candidate like any other. Reads nobody waits for finish on the
+ * reader's thread while the caller computes. */
+static int slot_held(const lm_cache *c, const lm_slot *sl)
+{
+    return sl->queued && sl->qepoch == c->epoch;
+}
+
+/* Slot s chosen as a victim: its read, if one is still queued, dropped when no thread has
+ * started it (its bytes are about to be replaced), else waited for (a failed read frees the
+ * slot). Returns s. */
+static uint32_t slot_settle(lm_cache *c, uint32_t s)
+{
+    int busy = 0;
+    if (s < c->n_slots && c->slots[s].queued && !clb_lm_reader_cancel(c, s)) {
+        (void)clb_lm_reader_reap(c, s, 1, &busy);
+    }
+    return s;
+}
+
+/* Whether expert e of layer ly is two chunks or more: its reads go to the reader thread at
+ * once (a smaller one costs the caller more to hand over than to read). */
+static int slot_big(const lm_cache *c, const lm_layer *ly, const lm_expert *e)
+{
+    lm_part p[LM_PARTS];
+    const int n = expert_parts(ly, e, p);
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        bytes += p[i].len;
+    }
+    return bytes >= 2u * c->chunk;
+}
+
 /* The least recently used slot (a free one first, then a prefetch never used: used 0), never
- * a pinned one, one being read, one read ahead for a layer that has not run yet, nor one whose
- * pin is `pin` (0: any); with `spare_only` (prefetch on) only a slot that holds no expert of
- * the run without prefetch (slot_spare). n_slots when there is none. */
+ * a pinned one, one being read (slot_held), one read ahead for a layer that has not run yet,
+ * nor one whose pin is `pin` (0: any); with `spare_only` (prefetch on) only a slot that holds
+ * no expert of the run without prefetch (slot_spare). n_slots when there is none. */
 static uint32_t slot_victim(const lm_cache *c, uint64_t pin, int spare_only)
 {
     uint32_t best = c->n_slots;
     for (uint32_t s = 0; s < c->n_slots; s++) {
         const lm_slot *sl = &c->slots[s];
-        if (sl->pinned || sl->queued || sl->ahead || (pin != 0u && sl->pin == pin) ||
+        if (sl->pinned || slot_held(c, sl) || sl->ahead || (pin != 0u && sl->pin == pin) ||
             (spare_only && !slot_spare(c, sl))) {
             continue;
         }
@@ -790,7 +827,7 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly, int32_
             s = c->slots[s].expert == ref_victim && !c->slots[s].pinned ? s : c->n_slots;
         }
         if (s != c->n_slots) {
-            return s;
+            return slot_settle(c, s);
         }
     }
     uint32_t s = slot_victim(c, c->epoch, 0);
@@ -798,28 +835,12 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly, int32_
         reader_reap_all(c, 1);
         s = slot_victim(c, c->epoch, 0);
     }
-    return s;
+    return slot_settle(c, s);
 }
 
 void clb_lm_uses_begin(colibri_lm_t *lm)
 {
     lm->cache->epoch++;
-}
-
-/* Every read still queued finished first, so that which slots a miss or a prefetch may take
- * never depends on the reader's timing (the counters are the same on every run), except the
- * reads of the experts these uses pinned: those slots are neither victims nor reaped until
- * their runs (clb_lm_expert_wait), so the uses are counted the same either way, and a token's
- * runs whose experts are in place compute while the reader finishes the others. */
-void clb_lm_uses_settle(colibri_lm_t *lm)
-{
-    lm_cache *c = lm->cache;
-    int busy = 0;
-    for (uint32_t s = 0; c->reader != NULL && s < c->n_slots; s++) {
-        if (c->slots[s].pin != c->epoch) {
-            (void)clb_lm_reader_reap(c, s, 1, &busy);
-        }
-    }
 }
 
 void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id)
@@ -991,7 +1012,7 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
         /* read by the reader thread while the caller computes what is resident, and by the
          * caller once it needs the expert (clb_lm_expert_wait): chunk by chunk, both at once */
         slot_assign(lm, ly, &ly->experts[owner], g, s, c->clock);
-        clb_lm_reader_queue(c, s);
+        clb_lm_reader_queue(c, s, 1);
         return COLIBRI_OK;
     }
     return slot_fill(lm, ly, &ly->experts[owner], g, s);
@@ -1078,6 +1099,7 @@ static void ref_restore(colibri_lm_t *lm, int32_t done)
             reader_reap_all(c, 1);
             s = slot_victim(c, c->epoch, 1);
         }
+        s = slot_settle(c, s);
         const lm_layer *ly = expert_layer(lm, g);
         if (s == c->n_slots || ly == NULL) {
             break; /* not reached: as many spare slots as displaced experts */
@@ -1088,7 +1110,7 @@ static void ref_restore(colibri_lm_t *lm, int32_t done)
         lm->stats.restores++;
         lm_slot *sl = &c->slots[s];
         if (c->reader != NULL) {
-            clb_lm_reader_queue(c, s);
+            clb_lm_reader_queue(c, s, slot_big(c, ly, sl->src));
         } else if (clb_lm_slot_read(lm, ly, sl->src, sl->data) != COLIBRI_OK) {
             clb_lm_slot_clear(c, s); /* a use of the expert reads it again (and reports) */
         }
@@ -1108,7 +1130,7 @@ static uint32_t ahead_victim(const lm_cache *c, const lm_layer *next, uint64_t p
     uint32_t spare = c->n_slots, other = c->n_slots, own = c->n_slots;
     for (uint32_t s = 0; s < c->n_slots; s++) {
         const lm_slot *sl = &c->slots[s];
-        if (sl->pinned || sl->queued || sl->ahead || sl->pin == pin) {
+        if (sl->pinned || slot_held(c, sl) || sl->ahead || sl->pin == pin) {
             continue;
         }
         if (sl->expert < 0) {
@@ -1133,6 +1155,11 @@ static uint32_t ahead_victim(const lm_cache *c, const lm_layer *next, uint64_t p
  * once, without waiting for the window's end. */
 #define LM_PREDICT_WINDOW 16u
 #define LM_PREDICT_QUIT 4u
+/* A live window that fails sends the layer back to a shadow that predicts once every 2, 4, 8
+ * then 16 chances (a prediction is a router pass; on a small model, whose steps take tens of
+ * microseconds, the shadow's predictions and the failed windows' reads cost several percent
+ * of the time); a live window that holds resets it. */
+#define LM_PREDICT_BACKOFF 4u
 
 /* After the current layer made its top_k experts resident, before they compute: the next
  * layer's router on the current hidden state (lm->hbuf) predicts its experts. A layer's
@@ -1164,6 +1191,10 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
     }
     lm_predict *pr = &c->predict[next - lm->layers];
     const int32_t k = next->top_k;
+    if (!pr->live && !c->always && (pr->tick++ & ((1u << pr->backoff) - 1u)) != 0u) {
+        pr->n_pending = 0; /* a shadow backing off: no prediction this time */
+        return;
+    }
     if (k > COLIBRI_MAX_TOP_K || colibri_route(&next->moe, lm->hbuf, 1, k, c->pred_ids,
                                                c->pred_gates, lm->route_temp) != COLIBRI_OK) {
         return;
@@ -1208,7 +1239,7 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
         if (c->resident[g] >= 0) {
             continue; /* two ids of one stored expert */
         }
-        const uint32_t s = ahead_victim(c, next, pin);
+        const uint32_t s = slot_settle(c, ahead_victim(c, next, pin));
         if (s == c->n_slots) {
             break; /* every other slot is pinned, protected, being read or next's */
         }
@@ -1224,7 +1255,10 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
             lm->stats.bytes_prefetched += p[j].len;
         }
         if (c->reader != NULL) {
-            clb_lm_reader_queue(c, s);
+            /* a small expert wakes a blocked reader only while the layer's read-aheads are
+             * mostly used: a wrong one is then dropped unread when its slot is taken */
+            clb_lm_reader_queue(c, s,
+                                slot_big(c, next, sl->src) || 4u * pr->used >= 3u * pr->issued);
         } else if (clb_lm_slot_read(lm, next, sl->src, sl->data) != COLIBRI_OK) {
             clb_lm_slot_clear(c, s); /* a use of the expert reads it again (and reports) */
             break;
@@ -1246,15 +1280,16 @@ void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly)
     if (c->ref_used != NULL) {
         ref_restore(lm, (int32_t)(ly - lm->layers)); /* when no prefetch followed ly's uses */
     }
-    reader_reap_all(c, 0);
     lm_predict *pr = &c->predict[ly - lm->layers];
     pr->n_pending = 0;
     if (pr->live && (pr->issued + pr->restored >= 2u * pr->used + LM_PREDICT_QUIT ||
                      pr->lost >= pr->gain + LM_PREDICT_QUIT)) {
         /* the reads wasted (wrong read-aheads and reads back) outnumber the misses saved by
          * LM_PREDICT_QUIT, or the read-aheads lost LM_PREDICT_QUIT more hits than they gained:
-         * the shadow again, a new window */
+         * the shadow again, a new window, backing off */
+        const uint32_t b = pr->backoff < LM_PREDICT_BACKOFF ? pr->backoff + 1u : pr->backoff;
         *pr = (lm_predict){0};
+        pr->backoff = b;
     } else if (pr->issued >= LM_PREDICT_WINDOW) {
         /* on once half the experts predicted are used, and while at least half are and they
          * gain at least the hits they lose (the run without prefetch counted alongside). The
@@ -1262,8 +1297,13 @@ void clb_lm_layer_done(colibri_lm_t *lm, const lm_layer *ly)
          * live layers in the shadow that gained hits (issue 41 item 1) */
         const uint32_t live = pr->live ? 2u * pr->used >= pr->issued && pr->gain >= pr->lost
                                        : 2u * pr->used >= pr->issued;
+        uint32_t b = pr->backoff;
+        if (pr->live) {
+            b = live ? 0u : b < LM_PREDICT_BACKOFF ? b + 1u : b;
+        }
         *pr = (lm_predict){0};
         pr->live = live;
+        pr->backoff = b;
     }
 }
 

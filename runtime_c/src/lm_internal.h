@@ -104,13 +104,14 @@ typedef struct {
 
 /** An expert slot (expert_ram_budget > 0): a copy of one expert's stored bytes. */
 typedef struct {
-    int32_t expert; /* model-wide expert index, -1 when free */
-    int32_t ahead;  /* filled by the prefetch, not yet used by the layer it was predicted for */
-    int32_t pinned; /* filled at init with a hot expert: never evicted */
-    int32_t queued; /* handed to the reader thread, completion not yet seen by the caller */
-    uint64_t used;  /* use clock of its last use or fill (LRU; 0: a prefetch never used) */
-    uint64_t pin;   /* == lm_cache.epoch: the prefetch may not evict it */
-    lm_expert e;    /* the expert's descriptor, pointers into data */
+    int32_t expert;  /* model-wide expert index, -1 when free */
+    int32_t ahead;   /* filled by the prefetch, not yet used by the layer it was predicted for */
+    int32_t pinned;  /* filled at init with a hot expert: never evicted */
+    int32_t queued;  /* handed to the reader thread, completion not yet seen by the caller */
+    uint64_t qepoch; /* lm_cache.epoch when it was queued (lm_cache.c, slot_held) */
+    uint64_t used;   /* use clock of its last use or fill (LRU; 0: a prefetch never used) */
+    uint64_t pin;    /* == lm_cache.epoch: the prefetch may not evict it */
+    lm_expert e;     /* the expert's descriptor, pointers into data */
     unsigned char *data;
     /* the reader thread's job (set before it is queued, read-only while queued) */
     const lm_layer *src_layer;
@@ -141,6 +142,9 @@ typedef struct {
     uint32_t gain;     /* of used: hits the run without prefetch misses (hits it gains) */
     uint32_t lost;     /* misses of uses the run without prefetch hits (hits it loses) */
     uint32_t live;     /* 1: predicted experts are read ahead; 0: only counted (shadow) */
+    uint32_t backoff;  /* live windows that failed in a row (at most LM_PREDICT_BACKOFF): the
+                        * shadow predicts once every 2^backoff of its chances */
+    uint32_t tick;     /* the shadow's chances since the window began */
     int32_t n_pending; /* shadow: the last prediction's experts not resident */
     int32_t pending[COLIBRI_MAX_TOP_K]; /* ... their model-wide indices */
 } lm_predict;
@@ -307,13 +311,8 @@ colibri_status clb_lm_cache_plan(colibri_lm_t *lm, const colibri_lm_config_t *co
 colibri_status clb_lm_cache_setup(colibri_lm_t *lm, const colibri_lm_config_t *config);
 
 /** @brief Start a set of uses that must not evict one another (a layer's top_k for a token, a
- *         wave of a prefill chunk): clb_lm_expert_pin each, clb_lm_uses_settle, then
- *         clb_lm_expert_use each. */
+ *         wave of a prefill chunk): clb_lm_expert_pin each, then clb_lm_expert_use each. */
 void clb_lm_uses_begin(colibri_lm_t *lm);
-
-/** @brief After the pins: every read still queued finished, but those of the experts just
- *         pinned (their runs wait for them: clb_lm_expert_wait). */
-void clb_lm_uses_settle(colibri_lm_t *lm);
 
 /** @brief Expert `id` of layer ly, if resident, kept until the current uses are done. */
 void clb_lm_expert_pin(colibri_lm_t *lm, const lm_layer *ly, int32_t id);
@@ -377,8 +376,14 @@ colibri_status clb_lm_reader_start(colibri_lm_t *lm);
 /** @brief Stop and join the reader, free it (none: nothing). */
 void clb_lm_reader_stop(lm_cache *c);
 
-/** @brief Hand slot s (assigned, its bytes not yet read) to the reader. */
-void clb_lm_reader_queue(lm_cache *c, uint32_t s);
+/** @brief Hand slot s (assigned, its bytes not yet read) to the reader; a reader blocked
+ *         in its wait is woken only with `wake` (else the read waits for the reader's next
+ *         wake-up, or for the thread that needs it: clb_lm_reader_reap / _cancel). */
+void clb_lm_reader_queue(lm_cache *c, uint32_t s, int wake);
+
+/** @brief Slot s's queued read dropped if no thread has taken a chunk of it yet (its slot is
+ *         about to hold another expert): 1, else 0. */
+int clb_lm_reader_cancel(lm_cache *c, uint32_t s);
 
 /** @brief One chunk of slot s's queued read that no thread has taken, read on this thread: 1,
  *         or 0 when there is none. */

@@ -46,6 +46,7 @@ struct lm_reader {
     _Atomic uint64_t posted;   /* chunks ever queued (the reader's spin) */
     _Atomic uint64_t finished; /* reads ever finished (a waiting caller's spin) */
     _Atomic int stop;
+    int blocked; /* the reader waits in `job` (under the mutex) */
 };
 
 /* A chunk was queued since `seen` (or the reader stops): the reader's spin. */
@@ -138,7 +139,9 @@ static void *reader_main(void *arg)
             if (spin) {
                 spin = spin_unlocked(r, read_posted, &r->posted);
             } else {
+                r->blocked = 1;
                 pthread_cond_wait(&r->job, &r->mu);
+                r->blocked = 0;
             }
         }
         if (r->stop) {
@@ -203,8 +206,10 @@ void clb_lm_reader_stop(lm_cache *c)
     c->reader = NULL;
 }
 
-/* Hand slot s (assigned, its bytes not read) to the reader. */
-void clb_lm_reader_queue(lm_cache *c, uint32_t s)
+/* Hand slot s (assigned, its bytes not read) to the reader. A reader blocked in its wait is
+ * woken only with `wake`: on a virtual machine the wake-up (a futex call and an interrupt to
+ * the other vCPU) cost the caller more than reading a small expert itself. */
+void clb_lm_reader_queue(lm_cache *c, uint32_t s, int wake)
 {
     lm_reader *r = c->reader;
     lm_slot *sl = &c->slots[s];
@@ -219,11 +224,34 @@ void clb_lm_reader_queue(lm_cache *c, uint32_t s)
     sl->next = 0;
     sl->left = n;
     sl->seq = r->seq++;
+    sl->qepoch = c->epoch;
     r->avail += n;
     atomic_fetch_add_explicit(&r->posted, n, memory_order_release);
-    pthread_cond_signal(&r->job);
+    if (wake || !r->blocked) {
+        pthread_cond_signal(&r->job);
+    }
     pthread_mutex_unlock(&r->mu);
     sl->queued = 1;
+}
+
+int clb_lm_reader_cancel(lm_cache *c, uint32_t s)
+{
+    lm_reader *r = c->reader;
+    lm_slot *sl = &c->slots[s];
+    if (!sl->queued) {
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    const int drop = sl->state == LM_SLOT_LOADING && sl->next == 0u;
+    if (drop) {
+        r->avail -= sl->n_chunks;
+        sl->next = sl->n_chunks;
+        sl->left = 0u;
+        sl->state = LM_SLOT_READY;
+    }
+    pthread_mutex_unlock(&r->mu);
+    sl->queued = drop ? 0 : sl->queued;
+    return drop;
 }
 
 /* One chunk of slot s's queued read that no thread has taken, read on this thread: 1, or 0
@@ -293,10 +321,18 @@ void clb_lm_reader_stop(lm_cache *c)
     (void)c;
 }
 
-void clb_lm_reader_queue(lm_cache *c, uint32_t s)
+void clb_lm_reader_queue(lm_cache *c, uint32_t s, int wake)
 {
     (void)c;
     (void)s;
+    (void)wake;
+}
+
+int clb_lm_reader_cancel(lm_cache *c, uint32_t s)
+{
+    (void)c;
+    (void)s;
+    return 0;
 }
 
 int clb_lm_reader_help(lm_cache *c, uint32_t s)

@@ -320,7 +320,6 @@ static colibri_status lm_moe_waves(colibri_lm_t *lm, const lm_layer *ly, const f
         for (int32_t g = g0; g < end; g++) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
-        clb_lm_uses_settle(lm);
         for (; g1 < end; g1++) {
             const colibri_status st = clb_lm_expert_use(lm, ly, run_expert_id(lm, g1));
             if (st != COLIBRI_OK) {
@@ -399,7 +398,6 @@ static colibri_status lm_moe(colibri_lm_t *lm, lm_layer *ly, const lm_layer *nex
         for (int32_t g = 0; g < ng; ++g) {
             clb_lm_expert_pin(lm, ly, run_expert_id(lm, g));
         }
-        clb_lm_uses_settle(lm);
         for (int32_t g = 0; g < ng; ++g) {
             st = clb_lm_expert_use(lm, ly, run_expert_id(lm, g));
             if (st != COLIBRI_OK) {
