@@ -998,17 +998,11 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
         return COLIBRI_ERR_BUDGET; /* not reached: the LRU slots hold top_k (setup, pin_hot) */
     }
     c->slots[s].pin = c->epoch;
-    lm_part p[LM_PARTS];
-    const int n = expert_parts(ly, &ly->experts[owner], p);
-    uint64_t bytes = 0;
-    for (int i = 0; i < n; i++) {
-        bytes += p[i].len;
-    }
     /* an expert of two chunks or more (a smaller one is read on the caller's thread at once:
      * handing it over costs more than it saves, a waking thread takes tens of microseconds;
      * stdlib-small-s1's 19 KB experts decoded at 0.28x all-resident instead of 0.48x when every
      * miss went to the reader) */
-    if (c->reader != NULL && bytes >= 2u * c->chunk) {
+    if (c->reader != NULL && slot_big(c, ly, &ly->experts[owner])) {
         /* read by the reader thread while the caller computes what is resident, and by the
          * caller once it needs the expert (clb_lm_expert_wait): chunk by chunk, both at once */
         slot_assign(lm, ly, &ly->experts[owner], g, s, c->clock);
@@ -1099,11 +1093,11 @@ static void ref_restore(colibri_lm_t *lm, int32_t done)
             reader_reap_all(c, 1);
             s = slot_victim(c, c->epoch, 1);
         }
-        s = slot_settle(c, s);
         const lm_layer *ly = expert_layer(lm, g);
         if (s == c->n_slots || ly == NULL) {
             break; /* not reached: as many spare slots as displaced experts */
         }
+        s = slot_settle(c, s);
         c->evictor[g] = 0;
         c->predict[done].restored++;
         slot_assign(lm, ly, &ly->experts[g - ly->first_expert], g, s, c->ref_used[g]);
