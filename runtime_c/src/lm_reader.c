@@ -234,6 +234,8 @@ void clb_lm_reader_queue(lm_cache *c, uint32_t s, int wake)
     sl->queued = 1;
 }
 
+/* Slot s's queued read dropped when no thread has taken a chunk of it (its slot is about to
+ * hold another expert: lm_cache.c, slot_settle); 1 if dropped. */
 int clb_lm_reader_cancel(lm_cache *c, uint32_t s)
 {
     lm_reader *r = c->reader;

@@ -218,13 +218,6 @@ static colibri_status lm_moe_runs(colibri_lm_t *lm, const lm_layer *ly, const fl
     return g1 - g0 > 1 ? clb_lm_run(lm, job_moe, &j) : job_moe(lm, &j, 0, 1);
 }
 
-/* Runs g0 .. g1 - 1 once their experts are in their slots. With a budget a miss is read by the
- * reader thread, and by this one when it needs the expert (clb_lm_expert_use, lm_reader.c). On
- * the pool every read is done first (this thread reading chunks alongside the reader). On one
- * thread the runs whose experts are resident go first, while the reader reads the others;
- * then, until every run is done: a run whose read is done, else a chunk of a read no thread
- * has taken yet, else a wait for the first read left. Which run goes when changes no output:
- * each writes its own rows, and the scatter adds them in expert order. */
 /* Run g's expert in its slot yet (clb_lm_expert_wait; *busy: still being read, only without
  * `wait`)? A read that failed (its slot freed) is read again once, as a miss, and waited for:
  * the status is the read's failure when that fails too (or finds no slot to read into). */
@@ -241,6 +234,13 @@ static colibri_status lm_expert_ready(colibri_lm_t *lm, const lm_layer *ly, int3
     return again == COLIBRI_OK ? again : st;
 }
 
+/* Runs g0 .. g1 - 1 once their experts are in their slots. With a budget a miss is read by the
+ * reader thread, and by this one when it needs the expert (clb_lm_expert_use, lm_reader.c). On
+ * the pool every read is done first (this thread reading chunks alongside the reader). On one
+ * thread the runs whose experts are resident go first, while the reader reads the others;
+ * then, until every run is done: a run whose read is done, else a chunk of a read no thread
+ * has taken yet, else a wait for the first read left. Which run goes when changes no output:
+ * each writes its own rows, and the scatter adds them in expert order. */
 static colibri_status lm_moe_loaded(colibri_lm_t *lm, const lm_layer *ly, const float *x, int32_t n,
                                     int32_t g0, int32_t g1)
 {
