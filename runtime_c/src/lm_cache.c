@@ -697,12 +697,12 @@ static colibri_status slot_fill(colibri_lm_t *lm, const lm_layer *ly, const lm_e
     return st;
 }
 
-/* Every queued slot whose read has finished seen (waiting for all with `wait`). */
-static void reader_reap_all(lm_cache *c, int wait)
+/* Every queued read waited for and seen finished. */
+static void reader_reap_all(lm_cache *c)
 {
     int busy = 0;
     for (uint32_t s = 0; c->reader != NULL && s < c->n_slots; s++) {
-        (void)clb_lm_reader_reap(c, s, wait, &busy);
+        (void)clb_lm_reader_reap(c, s, 1, &busy);
     }
 }
 
@@ -737,9 +737,8 @@ static uint32_t slot_settle(lm_cache *c, uint32_t s)
     return s;
 }
 
-/* Whether expert e of layer ly is two chunks or more: its reads go to the reader thread at
- * once (a smaller one costs the caller more to hand over than to read). */
-static int slot_big(const lm_cache *c, const lm_layer *ly, const lm_expert *e)
+/* Bytes of expert e's stored parts (what a read of it reads). */
+static uint64_t expert_bytes(const lm_layer *ly, const lm_expert *e)
 {
     lm_part p[LM_PARTS];
     const int n = expert_parts(ly, e, p);
@@ -747,6 +746,13 @@ static int slot_big(const lm_cache *c, const lm_layer *ly, const lm_expert *e)
     for (int i = 0; i < n; i++) {
         bytes += p[i].len;
     }
+    return bytes;
+}
+
+/* Whether a read of `bytes` is two chunks or more: it goes to the reader thread at once (a
+ * smaller one costs the caller more to hand over than to read). */
+static int read_big(const lm_cache *c, uint64_t bytes)
+{
     return bytes >= 2u * c->chunk;
 }
 
@@ -832,7 +838,7 @@ static uint32_t demand_victim(const colibri_lm_t *lm, const lm_layer *ly, int32_
     }
     uint32_t s = slot_victim(c, c->epoch, 0);
     if (s == c->n_slots) {
-        reader_reap_all(c, 1);
+        reader_reap_all(c);
         s = slot_victim(c, c->epoch, 0);
     }
     return slot_settle(c, s);
@@ -1002,7 +1008,7 @@ colibri_status clb_lm_expert_use(colibri_lm_t *lm, const lm_layer *ly, int32_t i
      * handing it over costs more than it saves, a waking thread takes tens of microseconds;
      * stdlib-small-s1's 19 KB experts decoded at 0.28x all-resident instead of 0.48x when every
      * miss went to the reader) */
-    if (c->reader != NULL && slot_big(c, ly, &ly->experts[owner])) {
+    if (c->reader != NULL && read_big(c, expert_bytes(ly, &ly->experts[owner]))) {
         /* read by the reader thread while the caller computes what is resident, and by the
          * caller once it needs the expert (clb_lm_expert_wait): chunk by chunk, both at once */
         slot_assign(lm, ly, &ly->experts[owner], g, s, c->clock);
@@ -1090,7 +1096,7 @@ static void ref_restore(colibri_lm_t *lm, int32_t done)
         }
         uint32_t s = slot_victim(c, c->epoch, 1);
         if (s == c->n_slots) {
-            reader_reap_all(c, 1);
+            reader_reap_all(c);
             s = slot_victim(c, c->epoch, 1);
         }
         const lm_layer *ly = expert_layer(lm, g);
@@ -1104,7 +1110,7 @@ static void ref_restore(colibri_lm_t *lm, int32_t done)
         lm->stats.restores++;
         lm_slot *sl = &c->slots[s];
         if (c->reader != NULL) {
-            clb_lm_reader_queue(c, s, slot_big(c, ly, sl->src));
+            clb_lm_reader_queue(c, s, read_big(c, expert_bytes(ly, sl->src)));
         } else if (clb_lm_slot_read(lm, ly, sl->src, sl->data) != COLIBRI_OK) {
             clb_lm_slot_clear(c, s); /* a use of the expert reads it again (and reports) */
         }
@@ -1243,16 +1249,12 @@ void clb_lm_prefetch(colibri_lm_t *lm, const lm_layer *next)
         slot_assign(lm, next, &next->experts[owner], g, s, 0u);
         c->evictor[g] = 0;
         lm_slot *sl = &c->slots[s];
-        lm_part p[LM_PARTS];
-        const int n = expert_parts(next, sl->src, p);
-        for (int j = 0; j < n; j++) {
-            lm->stats.bytes_prefetched += p[j].len;
-        }
+        const uint64_t bytes = expert_bytes(next, sl->src);
+        lm->stats.bytes_prefetched += bytes;
         if (c->reader != NULL) {
             /* a small expert wakes a blocked reader only while the layer's read-aheads are
              * mostly used: a wrong one is then dropped unread when its slot is taken */
-            clb_lm_reader_queue(c, s,
-                                slot_big(c, next, sl->src) || 4u * pr->used >= 3u * pr->issued);
+            clb_lm_reader_queue(c, s, read_big(c, bytes) || 4u * pr->used >= 3u * pr->issued);
         } else if (clb_lm_slot_read(lm, next, sl->src, sl->data) != COLIBRI_OK) {
             clb_lm_slot_clear(c, s); /* a use of the expert reads it again (and reports) */
             break;
